@@ -1,0 +1,320 @@
+#include "ir/graph.h"
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace kiln::ir {
+
+Shape Shape::of(const std::vector<int64_t>& v) {
+  Shape s;
+  for (auto d : v) s.dims.emplace_back(d);
+  return s;
+}
+
+bool Shape::is_static() const {
+  for (auto& d : dims)
+    if (!d.is_static()) return false;
+  return true;
+}
+
+std::vector<int64_t> Shape::to_vector() const {
+  std::vector<int64_t> v;
+  for (auto& d : dims) v.push_back(d.is_static() ? d.value : -1);
+  return v;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (auto& d : dims) {
+    if (!d.is_static()) return -1;
+    n *= d.value;
+  }
+  return n;
+}
+
+std::string Shape::to_string() const {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ", ";
+    s += dims[i].is_static() ? std::to_string(dims[i].value) : (dims[i].symbol.empty() ? "?" : dims[i].symbol);
+  }
+  return s + "]";
+}
+
+int64_t Attributes::get_int(const std::string& k, int64_t def) const {
+  auto it = map_.find(k);
+  if (it == map_.end()) return def;
+  if (auto p = std::get_if<int64_t>(&it->second)) return *p;
+  if (auto p = std::get_if<double>(&it->second)) return static_cast<int64_t>(*p);
+  return def;
+}
+double Attributes::get_float(const std::string& k, double def) const {
+  auto it = map_.find(k);
+  if (it == map_.end()) return def;
+  if (auto p = std::get_if<double>(&it->second)) return *p;
+  if (auto p = std::get_if<int64_t>(&it->second)) return static_cast<double>(*p);
+  return def;
+}
+std::string Attributes::get_string(const std::string& k, const std::string& def) const {
+  auto it = map_.find(k);
+  if (it == map_.end()) return def;
+  if (auto p = std::get_if<std::string>(&it->second)) return *p;
+  return def;
+}
+std::vector<int64_t> Attributes::get_ints(const std::string& k, const std::vector<int64_t>& def) const {
+  auto it = map_.find(k);
+  if (it == map_.end()) return def;
+  if (auto p = std::get_if<std::vector<int64_t>>(&it->second)) return *p;
+  if (auto p = std::get_if<int64_t>(&it->second)) return {*p};
+  return def;
+}
+std::vector<double> Attributes::get_floats(const std::string& k, const std::vector<double>& def) const {
+  auto it = map_.find(k);
+  if (it == map_.end()) return def;
+  if (auto p = std::get_if<std::vector<double>>(&it->second)) return *p;
+  return def;
+}
+const Tensor* Attributes::get_tensor(const std::string& k) const {
+  auto it = map_.find(k);
+  if (it == map_.end()) return nullptr;
+  return std::get_if<Tensor>(&it->second);
+}
+const AttrValue* Attributes::find(const std::string& k) const {
+  auto it = map_.find(k);
+  return it == map_.end() ? nullptr : &it->second;
+}
+
+std::string Graph::unique_name(const std::string& base) {
+  std::string b = base.empty() ? "v" : base;
+  if (!by_name_.count(b)) return b;
+  for (int i = 1;; ++i) {
+    std::string c = b + "." + std::to_string(i);
+    if (!by_name_.count(c)) return c;
+  }
+}
+
+Value* Graph::new_value(const std::string& name, DType dtype, Shape shape) {
+  auto v = std::make_unique<Value>();
+  v->name = unique_name(name);
+  v->dtype = dtype;
+  v->shape = std::move(shape);
+  Value* p = v.get();
+  by_name_[p->name] = p;
+  values_.push_back(std::move(v));
+  return p;
+}
+
+Value* Graph::add_input(const std::string& name, DType dtype, Shape shape) {
+  Value* v = new_value(name, dtype, std::move(shape));
+  inputs.push_back(v);
+  return v;
+}
+
+Value* Graph::add_initializer(const std::string& name, Tensor t) {
+  Value* v = new_value(name, t.dtype(), Shape::of(t.dims()));
+  v->data = std::make_shared<Tensor>(std::move(t));
+  initializers.push_back(v);
+  return v;
+}
+
+Node* Graph::insert_node(size_t pos, const std::string& op, const std::string& name, std::vector<Value*> ins,
+                         const std::vector<std::string>& output_names, Attributes attrs) {
+  auto n = std::make_unique<Node>();
+  n->op = op;
+  n->name = name;
+  n->inputs = std::move(ins);
+  n->attrs = std::move(attrs);
+  n->owner = this;
+  for (size_t i = 0; i < output_names.size(); ++i) {
+    Value* v = new_value(output_names[i]);
+    v->producer = n.get();
+    v->producer_output = static_cast<int>(i);
+    n->outputs.push_back(v);
+  }
+  Node* p = n.get();
+  pos = std::min(pos, nodes_.size());
+  nodes_.insert(nodes_.begin() + static_cast<long>(pos), std::move(n));
+  return p;
+}
+
+Node* Graph::add_node(const std::string& op, const std::string& name, std::vector<Value*> ins,
+                      const std::vector<std::string>& output_names, Attributes attrs) {
+  return insert_node(nodes_.size(), op, name, std::move(ins), output_names, std::move(attrs));
+}
+
+int Graph::index_of(const Node* n) const {
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].get() == n) return static_cast<int>(i);
+  return -1;
+}
+
+void Graph::remove_node(Node* n) {
+  int i = index_of(n);
+  if (i < 0) return;
+  for (Value* o : n->outputs) {
+    o->producer = nullptr;
+    by_name_.erase(o->name);
+  }
+  nodes_.erase(nodes_.begin() + i);
+}
+
+void Graph::replace_all_uses(Value* from, Value* to) {
+  for (auto& n : nodes_) {
+    for (auto& in : n->inputs)
+      if (in == from) in = to;
+    for (auto& r : n->regions) r->replace_all_uses(from, to);
+  }
+  for (auto& o : outputs)
+    if (o == from) o = to;
+}
+
+std::vector<Use> Graph::uses(const Value* v) const {
+  std::vector<Use> u;
+  for (auto& n : nodes_)
+    for (int i = 0; i < n->num_inputs(); ++i)
+      if (n->inputs[i] == v) u.push_back({n.get(), i});
+  return u;
+}
+
+bool Graph::is_graph_output(const Value* v) const {
+  return std::find(outputs.begin(), outputs.end(), v) != outputs.end();
+}
+
+Value* Graph::find_value(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+static void collect_region_inputs(const Graph& g, std::unordered_set<const Value*>& used) {
+  for (auto& n : g.nodes()) {
+    for (auto* in : n->inputs)
+      if (in) used.insert(in);
+    for (auto& r : n->regions) collect_region_inputs(*r, used);
+  }
+  for (auto* o : g.outputs) used.insert(o);
+}
+
+void Graph::remove_unused_initializers() {
+  std::unordered_set<const Value*> used;
+  collect_region_inputs(*this, used);
+  std::vector<Value*> keep;
+  for (Value* v : initializers) {
+    if (used.count(v)) keep.push_back(v);
+    else by_name_.erase(v->name);
+  }
+  initializers = keep;
+}
+
+int Graph::dead_code_elimination() {
+  std::unordered_set<const Value*> live(outputs.begin(), outputs.end());
+  std::vector<bool> keep(nodes_.size(), false);
+  for (int i = static_cast<int>(nodes_.size()) - 1; i >= 0; --i) {
+    Node* n = nodes_[i].get();
+    bool needed = false;
+    for (Value* o : n->outputs)
+      if (live.count(o)) needed = true;
+    // Nodes with side effects on state (marked by attribute) are kept.
+    if (n->attrs.get_int("kiln_side_effect", 0)) needed = true;
+    if (!needed) continue;
+    keep[i] = true;
+    for (Value* in : n->inputs)
+      if (in) live.insert(in);
+    std::unordered_set<const Value*> sub;
+    for (auto& r : n->regions) collect_region_inputs(*r, sub);
+    live.insert(sub.begin(), sub.end());
+  }
+  int removed = 0;
+  std::vector<std::unique_ptr<Node>> kept;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (keep[i]) {
+      kept.push_back(std::move(nodes_[i]));
+    } else {
+      for (Value* o : nodes_[i]->outputs) by_name_.erase(o->name), o->producer = nullptr;
+      ++removed;
+    }
+  }
+  nodes_ = std::move(kept);
+  return removed;
+}
+
+std::unique_ptr<Graph> Graph::clone() const {
+  auto g = std::make_unique<Graph>();
+  g->name = name;
+  g->opset = opset;
+  std::unordered_map<const Value*, Value*> map;
+  auto mapv = [&](Value* v) -> Value* { return v ? map.at(v) : nullptr; };
+  for (Value* v : inputs) map[v] = g->add_input(v->name, v->dtype, v->shape);
+  for (Value* v : initializers) {
+    Value* nv = g->new_value(v->name, v->dtype, v->shape);
+    nv->data = v->data;
+    g->initializers.push_back(nv);
+    map[v] = nv;
+  }
+  std::function<void(const Graph&, Graph&)> copy_nodes = [&](const Graph& src, Graph& dst) {
+    for (auto& n : src.nodes()) {
+      std::vector<Value*> ins;
+      for (Value* in : n->inputs) ins.push_back(in ? map.count(in) ? map.at(in) : in : nullptr);
+      std::vector<std::string> outs;
+      for (Value* o : n->outputs) outs.push_back(o->name);
+      Node* nn = dst.add_node(n->op, n->name, ins, outs, n->attrs);
+      for (size_t i = 0; i < n->outputs.size(); ++i) {
+        nn->outputs[i]->dtype = n->outputs[i]->dtype;
+        nn->outputs[i]->shape = n->outputs[i]->shape;
+        map[n->outputs[i]] = nn->outputs[i];
+      }
+      for (auto& r : n->regions) {
+        auto nr = std::make_unique<Graph>();
+        nr->name = r->name;
+        for (Value* v : r->inputs) map[v] = nr->add_input(v->name, v->dtype, v->shape);
+        copy_nodes(*r, *nr);
+        for (Value* o : r->outputs) nr->outputs.push_back(mapv(o));
+        nn->regions.push_back(std::move(nr));
+      }
+    }
+  };
+  copy_nodes(*this, *g);
+  for (Value* o : outputs) g->outputs.push_back(mapv(o));
+  for (const StateBinding& sb : state) g->state.push_back({sb.kind, mapv(sb.input), mapv(sb.output), sb.initial});
+  return g;
+}
+
+Status Graph::topo_sort() {
+  std::unordered_map<const Value*, Node*> prod;
+  for (auto& n : nodes_)
+    for (Value* o : n->outputs) prod[o] = n.get();
+  std::unordered_map<const Node*, int> state;  // 0 new, 1 visiting, 2 done
+  std::vector<std::unique_ptr<Node>> order;
+  std::unordered_map<const Node*, size_t> pos;
+  for (size_t i = 0; i < nodes_.size(); ++i) pos[nodes_[i].get()] = i;
+  std::vector<std::unique_ptr<Node>> old = std::move(nodes_);
+  nodes_.clear();
+  std::function<bool(Node*)> visit = [&](Node* n) -> bool {
+    int& s = state[n];
+    if (s == 2) return true;
+    if (s == 1) return false;
+    s = 1;
+    for (Value* in : n->inputs) {
+      if (!in) continue;
+      auto it = prod.find(in);
+      if (it != prod.end() && !visit(it->second)) return false;
+    }
+    s = 2;
+    nodes_.push_back(std::move(old[pos[n]]));
+    return true;
+  };
+  for (size_t i = 0; i < old.size(); ++i) {
+    if (!old[i]) continue;
+    Node* n = old[i].get();
+    if (!visit(n)) {
+      for (auto& o : old)
+        if (o) nodes_.push_back(std::move(o));
+      return Status::error("graph has a cycle through node '" + n->name + "' (" + n->op + ")");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace kiln::ir

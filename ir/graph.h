@@ -1,0 +1,183 @@
+// The kiln IR: Values, Nodes, Graphs with nested regions, typed attributes.
+//
+// A Graph owns its Nodes (kept in topological order) and its Values. A Value is
+// produced by exactly one Node output, or is a graph input, or an initializer
+// (a named constant tensor: parameters and folded constants). Node inputs may be
+// nullptr for omitted optional ONNX inputs. Uses are computed on demand.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ir/dtype.h"
+#include "ir/status.h"
+#include "ir/tensor.h"
+
+namespace kiln::ir {
+
+/// One dimension: a static extent, or a named symbol (ONNX dim_param) when
+/// value < 0 and `symbol` is non-empty. value == -1 with empty symbol means unknown.
+struct Dim {
+  int64_t value = -1;
+  std::string symbol;
+  Dim() = default;
+  Dim(int64_t v) : value(v) {}  // NOLINT(implicit)
+  explicit Dim(std::string sym) : value(-1), symbol(std::move(sym)) {}
+  bool is_static() const { return value >= 0; }
+  bool operator==(const Dim& o) const { return value == o.value && symbol == o.symbol; }
+};
+
+/// Tensor shape: rank and per-dimension extents (static or symbolic).
+struct Shape {
+  std::vector<Dim> dims;
+  Shape() = default;
+  Shape(std::vector<Dim> d) : dims(std::move(d)) {}  // NOLINT(implicit)
+  static Shape of(const std::vector<int64_t>& v);
+  int rank() const { return static_cast<int>(dims.size()); }
+  bool is_static() const;
+  /// Static dims as int64 (-1 for non-static ones).
+  std::vector<int64_t> to_vector() const;
+  /// Product of static dims; -1 if any dim is not static.
+  int64_t numel() const;
+  std::string to_string() const;
+  bool operator==(const Shape& o) const { return dims == o.dims; }
+};
+
+class Node;
+class Graph;
+
+/// An SSA value: the result of one node output, a graph input or an initializer.
+class Value {
+ public:
+  std::string name;
+  DType dtype = DType::undefined;
+  Shape shape;
+  Node* producer = nullptr;   ///< null for graph inputs and initializers
+  int producer_output = -1;   ///< index into producer->outputs
+  /// Set for initializers (parameters, folded constants).
+  std::shared_ptr<Tensor> data;
+  bool is_initializer() const { return data != nullptr; }
+};
+
+/// Attribute value: int, float, string, tensor, or lists of int/float/string.
+using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>, std::vector<double>,
+                               std::vector<std::string>, Tensor>;
+
+/// Named attributes, ordered by name (for stable printing).
+class Attributes {
+ public:
+  bool has(const std::string& k) const { return map_.count(k) != 0; }
+  void set(const std::string& k, AttrValue v) { map_[k] = std::move(v); }
+  void erase(const std::string& k) { map_.erase(k); }
+  int64_t get_int(const std::string& k, int64_t def) const;
+  double get_float(const std::string& k, double def) const;
+  std::string get_string(const std::string& k, const std::string& def) const;
+  std::vector<int64_t> get_ints(const std::string& k, const std::vector<int64_t>& def = {}) const;
+  std::vector<double> get_floats(const std::string& k, const std::vector<double>& def = {}) const;
+  const Tensor* get_tensor(const std::string& k) const;
+  const AttrValue* find(const std::string& k) const;
+  const std::map<std::string, AttrValue>& all() const { return map_; }
+
+ private:
+  std::map<std::string, AttrValue> map_;
+};
+
+/// An operation. `op` names an entry of the op table (ONNX op names for ONNX ops).
+class Node {
+ public:
+  std::string op;
+  std::string name;
+  std::vector<Value*> inputs;   ///< nullptr entries for omitted optional inputs
+  std::vector<Value*> outputs;
+  Attributes attrs;
+  /// Nested regions (e.g. the body of a gradient-accumulation loop).
+  std::vector<std::unique_ptr<Graph>> regions;
+  Graph* owner = nullptr;
+
+  Value* input(int i) const { return i < static_cast<int>(inputs.size()) ? inputs[i] : nullptr; }
+  Value* output(int i) const { return outputs[i]; }
+  int num_inputs() const { return static_cast<int>(inputs.size()); }
+  int num_outputs() const { return static_cast<int>(outputs.size()); }
+};
+
+/// A use of a value: node `user` reads it as input `index`.
+struct Use {
+  Node* user;
+  int index;
+};
+
+/// State carried from one training step to the next: the step reads `input`
+/// (a graph input) and produces `output` (also a graph output); the trainer feeds
+/// `output` back as the next step's `input`. `initial` is the value before step 1
+/// (parameters: the ONNX initializer; optimizer state: zeros).
+struct StateBinding {
+  std::string kind;   ///< "parameter", "optimizer_state", "buffer" (BatchNorm running stats), "counter"
+  Value* input = nullptr;
+  Value* output = nullptr;
+  std::shared_ptr<Tensor> initial;
+};
+
+/// A graph (or region): nodes in topological order, inputs, outputs, initializers.
+class Graph {
+ public:
+  std::string name = "main";
+  std::vector<Value*> inputs;        ///< runtime inputs (not initializers)
+  std::vector<Value*> outputs;
+  std::vector<Value*> initializers;  ///< values with data, in insertion order
+  /// Training state (empty for inference graphs), printed in the IR dump.
+  std::vector<StateBinding> state;
+  /// Optional opset version of the default ONNX domain the graph came from.
+  int64_t opset = 17;
+
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  /// Creates a fresh value; the name is made unique by suffixing ".N" if taken.
+  Value* new_value(const std::string& name, DType dtype = DType::undefined, Shape shape = {});
+  /// Adds a graph input.
+  Value* add_input(const std::string& name, DType dtype, Shape shape);
+  /// Adds an initializer holding `t` (dtype and shape taken from it).
+  Value* add_initializer(const std::string& name, Tensor t);
+  /// Appends a node at the end. Output values are created with the given names.
+  Node* add_node(const std::string& op, const std::string& name, std::vector<Value*> inputs,
+                 const std::vector<std::string>& output_names, Attributes attrs = {});
+  /// Inserts a node before position `pos` (index into nodes()).
+  Node* insert_node(size_t pos, const std::string& op, const std::string& name, std::vector<Value*> inputs,
+                    const std::vector<std::string>& output_names, Attributes attrs = {});
+  /// Removes a node (its outputs must be unused). The node's output values stay owned but orphaned.
+  void remove_node(Node* n);
+  /// Replaces every use of `from` (node inputs and graph outputs) by `to`.
+  void replace_all_uses(Value* from, Value* to);
+  /// Removes initializers and inputs that no node or output uses.
+  void remove_unused_initializers();
+  /// Removes nodes whose outputs are transitively unused by graph outputs. Returns count removed.
+  int dead_code_elimination();
+
+  const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
+  std::vector<std::unique_ptr<Node>>& mutable_nodes() { return nodes_; }
+  /// Position of `n` in nodes(), or -1.
+  int index_of(const Node* n) const;
+  /// Finds a value by name (inputs, initializers, node outputs), or nullptr.
+  Value* find_value(const std::string& name) const;
+  /// All uses of `v` by nodes of this graph (not nested regions).
+  std::vector<Use> uses(const Value* v) const;
+  bool is_graph_output(const Value* v) const;
+  /// Creates a unique value name derived from `base`.
+  std::string unique_name(const std::string& base);
+  /// Deep copy of the whole graph (tensor data shared, not copied).
+  std::unique_ptr<Graph> clone() const;
+  /// Sorts nodes topologically (stable with respect to the current order). Error on a cycle.
+  Status topo_sort();
+
+ private:
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<Value>> values_;
+  std::map<std::string, Value*> by_name_;
+};
+
+}  // namespace kiln::ir

@@ -1,0 +1,138 @@
+#include "ir/op_table.h"
+
+#include <cstdlib>
+#include <iostream>
+
+namespace kiln::ir {
+
+const char* fusion_class_name(FusionClass f) {
+  switch (f) {
+    case FusionClass::pointwise: return "pointwise";
+    case FusionClass::reduction: return "reduction";
+    case FusionClass::library: return "library";
+    case FusionClass::view: return "view";
+    default: return "opaque";
+  }
+}
+
+const char* precision_policy_name(PrecisionPolicy p) {
+  switch (p) {
+    case PrecisionPolicy::low_precision: return "low_precision";
+    case PrecisionPolicy::follow_inputs: return "follow_inputs";
+    case PrecisionPolicy::fp32: return "fp32";
+    default: return "not_float";
+  }
+}
+
+Status InferContext::fail(const std::string& msg) const {
+  return Status::error("node '" + node.name + "' (" + node.op + "): " + msg);
+}
+
+Status KernelContext::fail(const std::string& msg) const {
+  return Status::error("node '" + node.name + "' (" + node.op + "): " + msg);
+}
+
+OpTable& OpTable::get() {
+  static OpTable* table = [] {
+    auto* t = new OpTable();
+    register_elementwise_ops(*t);
+    register_shape_ops(*t);
+    register_nn_ops(*t);
+    register_reduction_ops(*t);
+    register_loss_ops(*t);
+    register_training_ops(*t);
+    return t;
+  }();
+  return *table;
+}
+
+const OpDef* OpTable::find(const std::string& name) const {
+  auto it = ops_.find(name);
+  return it == ops_.end() ? nullptr : &it->second;
+}
+
+OpDef* OpTable::find_mutable(const std::string& name) {
+  auto it = ops_.find(name);
+  return it == ops_.end() ? nullptr : &it->second;
+}
+
+OpDef& OpTable::add(OpDef def) {
+  if (ops_.count(def.name)) {
+    std::cerr << "kiln: op '" << def.name << "' registered twice\n";
+    std::abort();
+  }
+  std::string n = def.name;
+  return ops_[n] = std::move(def);
+}
+
+Status infer_node(Node& n) {
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
+  if (!def->infer) return Status::error("op '" + n.op + "' has no type inference");
+  InferContext ctx{n, {}, {}, {}};
+  for (Value* v : n.inputs) {
+    TypeInfo ti;
+    if (v) {
+      ti.dtype = v->dtype;
+      ti.shape = v->shape;
+    }
+    ctx.in.push_back(ti);
+    ctx.values.push_back(v && v->data ? v->data.get() : nullptr);
+  }
+  ctx.out.resize(n.outputs.size());
+  KILN_RETURN_IF_ERROR(def->infer(ctx));
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    if (i < ctx.out.size() && ctx.out[i].present()) {
+      n.outputs[i]->dtype = ctx.out[i].dtype;
+      n.outputs[i]->shape = ctx.out[i].shape;
+    }
+  }
+  return Status::ok();
+}
+
+Status infer_graph(Graph& g) {
+  for (auto& n : g.nodes()) KILN_RETURN_IF_ERROR(infer_node(*n));
+  return Status::ok();
+}
+
+Cost node_cost(const Node& n) {
+  const OpDef* def = OpTable::get().find(n.op);
+  if (def && def->cost) return def->cost(n);
+  Cost c;
+  for (Value* v : n.inputs)
+    if (v && v->shape.numel() > 0) c.bytes += static_cast<double>(v->shape.numel() * dtype_size(v->dtype));
+  for (Value* v : n.outputs)
+    if (v->shape.numel() > 0) {
+      c.bytes += static_cast<double>(v->shape.numel() * dtype_size(v->dtype));
+      c.flops += static_cast<double>(v->shape.numel());
+    }
+  return c;
+}
+
+Expected<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
+  int r = std::max(a.rank(), b.rank());
+  Shape out;
+  out.dims.resize(r);
+  for (int i = 0; i < r; ++i) {
+    int ia = i - (r - a.rank()), ib = i - (r - b.rank());
+    Dim da = ia >= 0 ? a.dims[ia] : Dim(1);
+    Dim db = ib >= 0 ? b.dims[ib] : Dim(1);
+    if (da == db) out.dims[i] = da;
+    else if (da.is_static() && da.value == 1) out.dims[i] = db;
+    else if (db.is_static() && db.value == 1) out.dims[i] = da;
+    else if (!da.is_static() && db.is_static()) out.dims[i] = db;
+    else if (!db.is_static() && da.is_static()) out.dims[i] = da;
+    else if (!da.is_static() && !db.is_static()) out.dims[i] = da;
+    else
+      return Status::error("shapes " + a.to_string() + " and " + b.to_string() + " do not broadcast");
+  }
+  return out;
+}
+
+Expected<int> normalize_axis(int64_t axis, int rank) {
+  if (axis < -rank || axis >= std::max(rank, 1))
+    return Status::error("axis " + std::to_string(axis) + " out of range for rank " + std::to_string(rank));
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+}  // namespace kiln::ir

@@ -1,0 +1,177 @@
+// The op table: ONE entry per op kind (DESIGN.md invariant 1, convention 1).
+//
+// An entry holds the op's name, arity, attribute schema, type/shape inference,
+// gradient rule (or an explicit "not differentiable"), precision policy, cost
+// model, fusion class and eager kernel. Autodiff, autocast, remat, fusion, the
+// memory planner and the eager interpreter all read this table; nothing keeps a
+// private list of op names.
+//
+// The eager kernel field is filled at start-up by runtime/kernels
+// (`kiln::runtime::register_eager_kernels()`), because the ir library cannot
+// link the runtime. Everything else is set where the op is declared, in ir/ops/.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+#include "ir/tensor.h"
+
+namespace kiln::ir {
+
+/// How code generation may group the op (DESIGN.md: pointwise / reduction / library / view).
+enum class FusionClass { pointwise, reduction, library, view, opaque };
+/// Mixed-precision policy: run in bf16 (fp32 accumulation), follow the widest input, or always fp32.
+enum class PrecisionPolicy { low_precision, follow_inputs, fp32, not_float };
+
+const char* fusion_class_name(FusionClass f);
+const char* precision_policy_name(PrecisionPolicy p);
+
+/// Attribute kinds of the schema.
+enum class AttrKind { i, f, s, ints, floats, strings, tensor };
+/// One attribute of an op's schema. Unknown attributes on a node are a verifier error.
+struct AttrSpec {
+  std::string name;
+  AttrKind kind;
+  bool required = false;
+};
+
+/// Element type and shape of one value.
+struct TypeInfo {
+  DType dtype = DType::undefined;
+  Shape shape;
+  bool present() const { return dtype != DType::undefined; }
+};
+
+/// Input of type/shape inference. `values[i]` is the constant value of input i
+/// when known (initializers, folded constants, or every input in eager mode), else nullptr.
+struct InferContext {
+  const Node& node;
+  std::vector<TypeInfo> in;              ///< dtype undefined for omitted optional inputs
+  std::vector<const Tensor*> values;
+  std::vector<TypeInfo> out;             ///< to be filled, one per node output
+
+  const Attributes& attrs() const { return node.attrs; }
+  int num_inputs() const { return static_cast<int>(in.size()); }
+  bool has_input(int i) const { return i < num_inputs() && in[i].present(); }
+  const Tensor* value(int i) const { return i < static_cast<int>(values.size()) ? values[i] : nullptr; }
+  /// Error naming the node and op.
+  Status fail(const std::string& msg) const;
+};
+
+/// Cost of one execution of a node: floating-point operations and bytes moved.
+struct Cost {
+  double flops = 0;
+  double bytes = 0;
+};
+
+/// Context of an eager kernel: inputs (nullptr for omitted optional ones), outputs
+/// already allocated with the dtypes/shapes computed by the op's inference.
+struct KernelContext {
+  const Node& node;
+  std::vector<const Tensor*> inputs;
+  std::vector<Tensor> outputs;
+  bool training = false;      ///< Dropout / BatchNormalization training behaviour
+  uint64_t seed = 0;          ///< Philox seed of the run
+  uint64_t step = 0;          ///< Philox offset base (advanced once per training step)
+  uint64_t op_id = 0;         ///< stable id of the node in its graph (Philox subsequence)
+  const Attributes& attrs() const { return node.attrs; }
+  const Tensor& in(int i) const { return *inputs[i]; }
+  bool has_input(int i) const { return i < static_cast<int>(inputs.size()) && inputs[i] != nullptr; }
+  Tensor& out(int i) { return outputs[i]; }
+  Status fail(const std::string& msg) const;
+};
+
+/// Context of a gradient rule, implemented by the autodiff pass. A rule reads the
+/// forward node's inputs/outputs and output gradients and emits IR that computes
+/// input gradients, with the same ops any graph uses (DESIGN.md convention 3).
+class GradContext {
+ public:
+  virtual ~GradContext() = default;
+  virtual const Node& node() const = 0;
+  Value* input(int i) const { return node().input(i); }
+  Value* output(int i) const { return node().output(i); }
+  /// Gradient flowing into output i, or nullptr when that output does not reach the loss.
+  virtual Value* grad_output(int i) = 0;
+  /// True when input i needs a gradient (float, reaches a trainable parameter).
+  virtual bool needs_grad(int i) const = 0;
+  /// Records the gradient of input i (shape must equal the input's shape).
+  virtual void set_grad_input(int i, Value* g) = 0;
+  /// Emits a node into the backward graph; returns its outputs (shapes inferred).
+  virtual std::vector<Value*> emit(const std::string& op, std::vector<Value*> inputs, int num_outputs,
+                                   Attributes attrs = {}) = 0;
+  Value* emit1(const std::string& op, std::vector<Value*> inputs, Attributes attrs = {}) {
+    return emit(op, std::move(inputs), 1, std::move(attrs))[0];
+  }
+  /// Scalar or 1-D constants as initializers of the graph.
+  virtual Value* const_f(double v, DType dtype) = 0;
+  virtual Value* const_i64(const std::vector<int64_t>& v) = 0;
+  /// Sums `g` over broadcast dims so its shape becomes `target`'s shape (ReduceSum + Reshape).
+  virtual Value* unbroadcast(Value* g, const Value* target) = 0;
+};
+
+using InferFn = std::function<Status(InferContext&)>;
+using GradFn = std::function<Status(GradContext&)>;
+using CostFn = std::function<Cost(const Node&)>;
+using KernelFn = std::function<Status(KernelContext&)>;
+
+/// Whether an op has a gradient rule.
+enum class Differentiability { differentiable, not_differentiable };
+
+/// One op kind.
+struct OpDef {
+  std::string name;
+  std::string doc;                ///< one line; cites the ONNX spec or the paper
+  int min_inputs = 0, max_inputs = 0;
+  int min_outputs = 1, max_outputs = 1;
+  std::vector<AttrSpec> attrs;
+  InferFn infer;
+  Differentiability diff = Differentiability::not_differentiable;
+  GradFn grad;                    ///< set iff diff == differentiable
+  PrecisionPolicy precision = PrecisionPolicy::follow_inputs;
+  CostFn cost;                    ///< optional; default_cost used when empty
+  FusionClass fusion = FusionClass::opaque;
+  KernelFn kernel;                ///< eager CPU kernel (filled by the runtime)
+  bool onnx = true;               ///< an ONNX op (imported/exported by name) vs a kiln-internal op
+};
+
+/// The table. Access with OpTable::get(); entries are registered once on first use.
+class OpTable {
+ public:
+  static OpTable& get();
+  const OpDef* find(const std::string& name) const;
+  OpDef* find_mutable(const std::string& name);
+  /// Adds an entry (aborts on a duplicate name: a programming error).
+  OpDef& add(OpDef def);
+  const std::map<std::string, OpDef>& all() const { return ops_; }
+
+ private:
+  std::map<std::string, OpDef> ops_;
+};
+
+/// Runs the op's inference on `n` from its inputs' current types (and the constant
+/// data of initializer inputs) and writes dtype/shape to its outputs.
+Status infer_node(Node& n);
+/// Infers every node of `g` in order.
+Status infer_graph(Graph& g);
+/// Cost of a node from the table (default: bytes of inputs and outputs, flops = output numel).
+Cost node_cost(const Node& n);
+
+// ---- Helpers shared by inference functions and eager kernels ----
+
+/// Numpy-style multidirectional broadcast of two shapes; error when incompatible.
+Expected<Shape> broadcast_shapes(const Shape& a, const Shape& b);
+/// Normalises a possibly negative axis for rank r; error when out of range.
+Expected<int> normalize_axis(int64_t axis, int rank);
+
+/// Registration functions of the op groups (each in ir/ops/<group>.cpp).
+void register_elementwise_ops(OpTable& t);
+void register_shape_ops(OpTable& t);
+void register_nn_ops(OpTable& t);
+void register_reduction_ops(OpTable& t);
+void register_loss_ops(OpTable& t);
+void register_training_ops(OpTable& t);
+
+}  // namespace kiln::ir

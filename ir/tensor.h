@@ -1,0 +1,95 @@
+// Host tensors: dtype, dims and shared, reference-counted storage. Used for
+// initializers and constants in the IR and as eager runtime values. All byte
+// allocations go through one counter so the runtime can report current and peak
+// bytes (like torch.cuda.max_memory_allocated).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/dtype.h"
+
+namespace kiln::ir {
+
+/// Global byte counters of live tensor storage (bytes).
+struct MemoryStats {
+  static int64_t current_bytes();
+  static int64_t peak_bytes();
+  /// Resets the peak to the current value.
+  static void reset_peak();
+};
+
+/// Contiguous byte buffer, 64-byte aligned, zero-initialised. Counted in MemoryStats.
+class Storage {
+ public:
+  explicit Storage(size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+};
+
+/// Dense row-major tensor. Copying a Tensor shares its storage (like torch.Tensor);
+/// use clone() for a deep copy.
+class Tensor {
+ public:
+  Tensor() = default;
+  /// Allocates a zero-filled tensor of the given dtype and dims.
+  Tensor(DType dtype, std::vector<int64_t> dims);
+  static Tensor scalar_f32(float v);
+  static Tensor scalar_i64(int64_t v);
+  /// 1-D i64 tensor with the given values.
+  static Tensor from_i64(const std::vector<int64_t>& v);
+  static Tensor from_f32(const std::vector<float>& v, std::vector<int64_t> dims);
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  int rank() const { return static_cast<int>(dims_.size()); }
+  int64_t dim(int i) const { return dims_[i < 0 ? i + rank() : i]; }
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  bool defined() const { return storage_ != nullptr || dtype_ != DType::undefined; }
+
+  void* raw() { return storage_ ? storage_->data() : nullptr; }
+  const void* raw() const { return storage_ ? storage_->data() : nullptr; }
+  template <typename T> T* data() { return static_cast<T*>(raw()); }
+  template <typename T> const T* data() const { return static_cast<const T*>(raw()); }
+
+  /// Deep copy with fresh storage.
+  Tensor clone() const;
+  /// Same storage, new dims (numel must match). Aborts on mismatch (caller checks).
+  Tensor reshaped(std::vector<int64_t> dims) const;
+  /// Converts to another dtype (float<->int casts truncate toward zero like ONNX Cast).
+  Tensor cast(DType to) const;
+  /// Element i read as double / written from double, whatever the dtype.
+  double get_f64(int64_t i) const;
+  void set_f64(int64_t i, double v);
+  /// Element i read as int64 (floats truncated).
+  int64_t get_i64(int64_t i) const;
+  /// All elements as int64 (for shape tensors).
+  std::vector<int64_t> to_i64_vector() const;
+  /// Debug string: dtype, dims and up to `max` values.
+  std::string debug_string(int max = 8) const;
+
+ private:
+  DType dtype_ = DType::undefined;
+  std::vector<int64_t> dims_;
+  std::shared_ptr<Storage> storage_;
+};
+
+/// Product of dims (1 for rank 0).
+int64_t numel_of(const std::vector<int64_t>& dims);
+/// Row-major strides in elements.
+std::vector<int64_t> strides_of(const std::vector<int64_t>& dims);
+/// "[2, 3, 4]"
+std::string dims_to_string(const std::vector<int64_t>& dims);
+
+}  // namespace kiln::ir

@@ -1,0 +1,57 @@
+// One pass interface and one pass manager (DESIGN.md convention 4, 5).
+//
+// A pass has a name and `run(Graph&, PassContext&) -> Expected<bool changed>`.
+// Pipelines are declarative lists of pass names. The manager implements the
+// debugging flags: --print-ir-after=PASS|all, --dump-ir-dir (NN-pass.txt),
+// --verify-each, --stop-after=N and --time-passes.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+
+namespace kiln::passes {
+
+/// Options that passes read (training configuration) and debugging switches.
+struct PassContext {
+  /// Free-form pass options, e.g. {"loss": "cross_entropy", "optim": "adamw_torch"}.
+  std::map<std::string, std::string> options;
+  std::string print_ir_after;   ///< a pass name, or "all"
+  std::string dump_ir_dir;      ///< writes NN-pass.txt after each pass when set
+  bool verify_each = false;
+  int stop_after = -1;          ///< stop after the N-th pass (1-based) when > 0
+  bool time_passes = false;
+  std::ostream* log = nullptr;  ///< where printed IR and timings go (stderr when null)
+
+  std::string opt(const std::string& k, const std::string& def = "") const {
+    auto it = options.find(k);
+    return it == options.end() ? def : it->second;
+  }
+  double opt_f(const std::string& k, double def) const;
+  int64_t opt_i(const std::string& k, int64_t def) const;
+};
+
+/// A Graph -> Graph transformation.
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  virtual std::string name() const = 0;
+  /// Transforms `g` in place; returns whether anything changed, or an error.
+  virtual Expected<bool> run(ir::Graph& g, PassContext& ctx) = 0;
+};
+
+/// Registry of passes by name (each pass file registers itself in passes/registry.cpp).
+std::unique_ptr<Pass> make_pass(const std::string& name);
+/// Names of all registered passes.
+std::vector<std::string> pass_names();
+
+/// Runs a declarative list of passes with the debugging switches of `ctx`.
+/// Errors name the pass that failed (and the verifier's message under --verify-each).
+Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, PassContext& ctx);
+
+}  // namespace kiln::passes

@@ -1,0 +1,63 @@
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "ir/printer.h"
+#include "ir/verifier.h"
+#include "passes/pass.h"
+
+namespace kiln::passes {
+
+double PassContext::opt_f(const std::string& k, double def) const {
+  auto it = options.find(k);
+  if (it == options.end() || it->second.empty()) return def;
+  return std::stod(it->second);
+}
+int64_t PassContext::opt_i(const std::string& k, int64_t def) const {
+  auto it = options.find(k);
+  if (it == options.end() || it->second.empty()) return def;
+  return std::stoll(it->second);
+}
+
+Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, PassContext& ctx) {
+  std::ostream& log = ctx.log ? *ctx.log : std::cerr;
+  if (!ctx.dump_ir_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(ctx.dump_ir_dir, ec);
+    if (ec) return Status::error("--dump-ir-dir '" + ctx.dump_ir_dir + "': " + ec.message());
+    std::ofstream(ctx.dump_ir_dir + "/00-input.txt") << ir::graph_to_string(g);
+  }
+  int idx = 0;
+  for (const std::string& name : pipeline) {
+    ++idx;
+    auto pass = make_pass(name);
+    if (!pass) return Status::error("unknown pass '" + name + "'");
+    auto t0 = std::chrono::steady_clock::now();
+    auto changed = pass->run(g, ctx);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!changed) return changed.status().with_context("pass '" + name + "'");
+    if (ctx.time_passes) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "[time-passes] %-28s %9.3f ms%s\n", name.c_str(), secs * 1e3,
+                    *changed ? "" : "  (no change)");
+      log << buf;
+    }
+    if (ctx.verify_each) {
+      Status st = ir::verify_graph(g);
+      if (!st) return st.with_context("verifier after pass '" + name + "'");
+    }
+    if (ctx.print_ir_after == "all" || ctx.print_ir_after == name)
+      log << "// ----- IR after " << name << " -----\n" << ir::graph_to_string(g);
+    if (!ctx.dump_ir_dir.empty()) {
+      char fn[64];
+      std::snprintf(fn, sizeof fn, "/%02d-", idx);
+      std::ofstream(ctx.dump_ir_dir + fn + name + ".txt") << ir::graph_to_string(g);
+    }
+    if (ctx.stop_after > 0 && idx >= ctx.stop_after) break;
+  }
+  return Status::ok();
+}
+
+}  // namespace kiln::passes

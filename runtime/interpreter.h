@@ -1,0 +1,44 @@
+// The eager interpreter: runs a Graph op by op with the op table's eager kernels,
+// one allocation per result, each buffer freed after its last use (as PyTorch
+// eager runs ATen ops). It is the oracle for every compiled result (DESIGN.md
+// convention 8) and the baseline of every reported speed-up.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+#include "ir/tensor.h"
+
+namespace kiln::runtime {
+
+using ir::Tensor;
+
+/// Fills the eager-kernel field of every op-table entry (idempotent).
+void register_eager_kernels();
+
+/// Options of one eager run.
+struct RunOptions {
+  bool training = false;   ///< Dropout active, BatchNormalization uses batch statistics
+  uint64_t seed = 0;       ///< Philox seed
+  uint64_t step = 0;       ///< Philox offset base
+  /// Names of values to keep and return besides the graph outputs (e.g. for debugging).
+  std::vector<std::string> keep;
+};
+
+/// Runs `g` on `feeds` (graph input name -> tensor). Returns every graph output
+/// and every kept value by name. Errors name the node and op at fault, or the
+/// input whose dtype/shape does not match the graph.
+Expected<std::map<std::string, Tensor>> run_graph(const ir::Graph& g, const std::map<std::string, Tensor>& feeds,
+                                                 const RunOptions& opts = {});
+
+/// Runs one node's eager kernel on concrete inputs (nullptr = omitted optional
+/// input): output shapes come from the op's inference on the actual inputs.
+Expected<std::vector<Tensor>> run_node(const ir::Node& n, const std::vector<const Tensor*>& inputs,
+                                       const RunOptions& opts = {}, uint64_t op_id = 0);
+
+/// Checks a fed tensor against a graph input's dtype and static dims.
+kiln::Status check_feed(const ir::Value& input, const Tensor& t);
+
+}  // namespace kiln::runtime

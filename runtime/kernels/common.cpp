@@ -1,0 +1,17 @@
+#include <cstdlib>
+#include <iostream>
+
+#include "runtime/kernels/kernels.h"
+
+namespace kiln::runtime::kernels {
+
+void set_kernel(ir::OpTable& t, const char* name, ir::KernelFn fn) {
+  ir::OpDef* d = t.find_mutable(name);
+  if (!d) {
+    std::cerr << "kiln: eager kernel for unknown op '" << name << "'\n";
+    std::abort();
+  }
+  d->kernel = std::move(fn);
+}
+
+}  // namespace kiln::runtime::kernels

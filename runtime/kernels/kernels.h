@@ -1,0 +1,18 @@
+// Eager CPU kernels, by group. Each register_* function sets OpDef::kernel for
+// the ops of its group (the same groups as ir/ops/).
+#pragma once
+#include "ir/op_table.h"
+
+namespace kiln::runtime::kernels {
+
+void register_elementwise_kernels(ir::OpTable& t);
+void register_shape_kernels(ir::OpTable& t);
+void register_nn_kernels(ir::OpTable& t);
+void register_reduction_kernels(ir::OpTable& t);
+void register_loss_kernels(ir::OpTable& t);
+void register_training_kernels(ir::OpTable& t);
+
+/// Sets the kernel of op `name`; aborts if the op is not in the table (a programming error).
+void set_kernel(ir::OpTable& t, const char* name, ir::KernelFn fn);
+
+}  // namespace kiln::runtime::kernels
