@@ -1,13 +1,381 @@
+// ONNX -> kiln IR import (see onnx_import.h).
+//
+// Steps, each failing with one line that starts with the model's path:
+//  1. read and parse the ModelProto (protobuf); a truncated or non-ONNX file fails here
+//     or at the sanity checks (ir_version, graph, opset_import for the default domain);
+//  2. opset of the default domain ("" / "ai.onnx") must be in 13..18;
+//  3. build the IR: initializers (raw, typed and external data), graph inputs (inputs
+//     that are also initializers are initializers; dim_param -> symbolic Dim unless
+//     bound by ImportOptions::bind_dims), Constant nodes -> initializers, every other
+//     node checked against the op table (unsupported op / non-default domain / missing
+//     input / subgraph attribute are errors naming the node);
+//  4. for opsets <= 17 (what libonnx 1.12 knows): onnx::checker::check_model and
+//     onnx::shape_inference::InferShapes, every libonnx exception turned into a Status;
+//     our own checks run first so that their errors (which name node and op) win;
+//  5. kiln's op-table type/shape inference (ir::infer_graph), errors naming the node.
 #include "frontend/onnx_import.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include "frontend/tensor_proto.h"
+#include "frontend/tensor_proto_internal.h"
+#include "ir/op_table.h"
 
 namespace kiln::frontend {
 
-Expected<std::unique_ptr<ir::Graph>> import_onnx(const std::string& path, const ImportOptions&) {
-  return Status::error(path + ": ONNX import not implemented yet");
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kMinOpset = 13;
+constexpr int64_t kMaxOpset = 18;
+constexpr int64_t kMaxLibonnxOpset = 17;  // newest opset libonnx 1.12 knows
+
+// libonnx messages span several lines ("... ==> Context: ..."); keep one line.
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
 }
 
-Status export_onnx(const ir::Graph&, const std::string& path) {
-  return Status::error(path + ": ONNX export not implemented yet");
+bool is_default_domain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
+
+std::string node_label(const onnx::NodeProto& n, const std::string& name) {
+  return "node '" + name + "' (" + n.op_type() + ")";
+}
+
+// Converts one attribute. `who` names the node for errors.
+Expected<ir::AttrValue> convert_attribute(const onnx::AttributeProto& a, const std::string& model_dir,
+                                          const std::string& who) {
+  using A = onnx::AttributeProto;
+  auto type = a.type();
+  if (type == A::UNDEFINED) {  // very old exporters leave the type unset: guess from the field set
+    if (a.has_f()) type = A::FLOAT;
+    else if (a.has_i()) type = A::INT;
+    else if (a.has_s()) type = A::STRING;
+    else if (a.has_t()) type = A::TENSOR;
+    else if (a.has_g()) type = A::GRAPH;
+    else if (a.floats_size()) type = A::FLOATS;
+    else if (a.ints_size()) type = A::INTS;
+    else if (a.strings_size()) type = A::STRINGS;
+    else if (a.graphs_size()) type = A::GRAPHS;
+  }
+  switch (type) {
+    case A::INT: return ir::AttrValue(static_cast<int64_t>(a.i()));
+    case A::FLOAT: return ir::AttrValue(static_cast<double>(a.f()));
+    case A::STRING: return ir::AttrValue(a.s());
+    case A::INTS: return ir::AttrValue(std::vector<int64_t>(a.ints().begin(), a.ints().end()));
+    case A::FLOATS: {
+      std::vector<double> v(a.floats().begin(), a.floats().end());
+      return ir::AttrValue(std::move(v));
+    }
+    case A::STRINGS: return ir::AttrValue(std::vector<std::string>(a.strings().begin(), a.strings().end()));
+    case A::TENSOR: {
+      auto t = tensor_from_proto_named(a.t(), model_dir, who + ": attribute '" + a.name() + "'");
+      if (!t) return t.status();
+      return ir::AttrValue(std::move(*t));
+    }
+    case A::GRAPH:
+    case A::GRAPHS:
+      return Status::error(who + ": attribute '" + a.name() +
+                           "' is a subgraph; control flow with subgraphs (If/Loop/Scan) is not supported");
+    default:
+      return Status::error(who + ": attribute '" + a.name() + "' has unsupported attribute type " +
+                           std::to_string(static_cast<int>(type)));
+  }
+}
+
+// Value of a Constant node (ONNX Constant-13: exactly one of value, value_float(s), value_int(s),
+// value_string(s), sparse_value).
+Expected<ir::Tensor> constant_value(const onnx::NodeProto& n, const std::string& model_dir, const std::string& who) {
+  if (n.attribute_size() != 1) return Status::error(who + ": Constant must have exactly one attribute");
+  const auto& a = n.attribute(0);
+  const std::string& k = a.name();
+  if (k == "value") return tensor_from_proto_named(a.t(), model_dir, who + ": attribute 'value'");
+  if (k == "value_float") return ir::Tensor::scalar_f32(a.f());
+  if (k == "value_int") return ir::Tensor::scalar_i64(a.i());
+  if (k == "value_floats") {
+    std::vector<float> v(a.floats().begin(), a.floats().end());
+    return ir::Tensor::from_f32(v, {static_cast<int64_t>(v.size())});
+  }
+  if (k == "value_ints") return ir::Tensor::from_i64(std::vector<int64_t>(a.ints().begin(), a.ints().end()));
+  return Status::error(who + ": Constant attribute '" + k + "' is not supported (strings and sparse tensors)");
+}
+
+Expected<ir::DType> value_info_dtype(const onnx::ValueInfoProto& vi, const std::string& what) {
+  if (!vi.type().has_tensor_type())
+    return Status::error(what + " '" + vi.name() + "' is not a tensor (sequences, maps and optionals are not supported)");
+  auto dt = ir::dtype_from_onnx(vi.type().tensor_type().elem_type());
+  if (!dt) return Status::error(what + " '" + vi.name() + "': " + dt.message());
+  return *dt;
+}
+
+class Importer {
+ public:
+  Importer(std::string path, const ImportOptions& opts) : path_(std::move(path)), opts_(opts) {
+    model_dir_ = fs::path(path_).parent_path().string();
+  }
+
+  Expected<std::unique_ptr<ir::Graph>> run() {
+    KILN_RETURN_IF_ERROR(parse());
+    KILN_RETURN_IF_ERROR(check_opset());
+    g_ = std::make_unique<ir::Graph>();
+    g_->opset = opset_;
+    KILN_RETURN_IF_ERROR(import_initializers());
+    KILN_RETURN_IF_ERROR(import_inputs());
+    KILN_RETURN_IF_ERROR(import_nodes());
+    KILN_RETURN_IF_ERROR(import_outputs());
+    KILN_RETURN_IF_ERROR(run_libonnx());
+    KILN_RETURN_IF_ERROR(infer());
+    return std::move(g_);
+  }
+
+ private:
+  Status fail(const std::string& msg) const { return Status::error(path_ + ": " + msg); }
+
+  Status parse() {
+    std::error_code ec;
+    if (!fs::exists(path_, ec)) return fail("file not found");
+    if (fs::is_directory(path_, ec)) return fail("is a directory, not an ONNX model file");
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return fail("cannot open file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string bytes = ss.str();
+    if (bytes.empty()) return fail("empty file, not an ONNX model");
+    if (!model_.ParseFromString(bytes))
+      return fail("not a valid ONNX model: protobuf parsing failed (truncated file, or not an ONNX file)");
+    if (model_.ir_version() <= 0 || !model_.has_graph())
+      return fail(std::string("not a valid ONNX model: ") + (model_.ir_version() <= 0 ? "no ir_version" : "no graph") +
+                  " (truncated file, or not an ONNX file)");
+    has_external_ = false;
+    for (const auto& t : model_.graph().initializer())
+      if (t.data_location() == onnx::TensorProto::EXTERNAL) has_external_ = true;
+    return Status::ok();
+  }
+
+  Status check_opset() {
+    opset_ = -1;
+    for (const auto& op : model_.opset_import())
+      if (is_default_domain(op.domain())) opset_ = op.version();
+    if (opset_ < 0)
+      return fail("model has no opset_import for the default ONNX domain (truncated file, or not an ONNX file)");
+    if (opset_ < kMinOpset || opset_ > kMaxOpset)
+      return fail("opset " + std::to_string(opset_) + " of the default ONNX domain is not supported (kiln accepts " +
+                  std::to_string(kMinOpset) + ".." + std::to_string(kMaxOpset) +
+                  "; re-export the model with opset_version in that range)");
+    return Status::ok();
+  }
+
+  Status define(const std::string& name, ir::Value* v, const std::string& what) {
+    if (values_.count(name)) return fail(what + " '" + name + "' is defined twice");
+    values_[name] = v;
+    return Status::ok();
+  }
+
+  Status import_initializers() {
+    const auto& graph = model_.graph();
+    if (graph.sparse_initializer_size() > 0)
+      return fail("sparse initializer '" + graph.sparse_initializer(0).values().name() + "' is not supported");
+    for (const auto& tp : graph.initializer()) {
+      if (tp.name().empty()) return fail("an initializer has no name");
+      auto t = tensor_from_proto_named(tp, model_dir_, "initializer '" + tp.name() + "'");
+      if (!t) return fail(t.message());
+      ir::Value* v = g_->add_initializer(tp.name(), std::move(*t));
+      KILN_RETURN_IF_ERROR(define(tp.name(), v, "initializer"));
+    }
+    return Status::ok();
+  }
+
+  Status import_inputs() {
+    for (const auto& vi : model_.graph().input()) {
+      if (values_.count(vi.name()) && values_[vi.name()]->is_initializer()) continue;  // older exports
+      auto dt = value_info_dtype(vi, "graph input");
+      if (!dt) return fail(dt.message());
+      const auto& tt = vi.type().tensor_type();
+      if (!tt.has_shape()) return fail("graph input '" + vi.name() + "' has no shape (unknown rank is not supported)");
+      ir::Shape shape;
+      for (const auto& d : tt.shape().dim()) {
+        if (d.has_dim_value()) {
+          if (d.dim_value() < 0)
+            return fail("graph input '" + vi.name() + "' has negative dim " + std::to_string(d.dim_value()));
+          shape.dims.emplace_back(d.dim_value());
+        } else if (d.has_dim_param() && !d.dim_param().empty()) {
+          auto it = opts_.bind_dims.find(d.dim_param());
+          if (it != opts_.bind_dims.end()) shape.dims.emplace_back(it->second);
+          else shape.dims.emplace_back(ir::Dim(d.dim_param()));
+        } else {
+          shape.dims.emplace_back();  // unknown
+        }
+      }
+      ir::Value* v = g_->add_input(vi.name(), *dt, shape);
+      KILN_RETURN_IF_ERROR(define(vi.name(), v, "graph input"));
+    }
+    return Status::ok();
+  }
+
+  Status import_nodes() {
+    const auto& graph = model_.graph();
+    const auto& table = ir::OpTable::get();
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const auto& n = graph.node(i);
+      std::string name = n.name().empty() ? n.op_type() + "_" + std::to_string(i) : n.name();
+      std::string label = node_label(n, name);
+      if (!is_default_domain(n.domain()))
+        return fail("unsupported op '" + n.op_type() + "' of domain '" + n.domain() + "' (node '" + name +
+                    "', opset " + std::to_string(opset_) + ")");
+      if (n.op_type() == "Constant") {
+        auto t = constant_value(n, model_dir_, label);
+        if (!t) return fail(t.message());
+        if (n.output_size() != 1 || n.output(0).empty()) return fail(label + ": Constant must have one output");
+        ir::Value* v = g_->add_initializer(n.output(0), std::move(*t));
+        KILN_RETURN_IF_ERROR(define(n.output(0), v, "value"));
+        continue;
+      }
+      const ir::OpDef* def = table.find(n.op_type());
+      if (!def || !def->onnx)
+        return fail("unsupported op '" + n.op_type() + "' (node '" + name + "', opset " + std::to_string(opset_) +
+                    ")");
+      std::vector<ir::Value*> ins;
+      for (const auto& in : n.input()) {
+        if (in.empty()) {
+          ins.push_back(nullptr);
+          continue;
+        }
+        auto it = values_.find(in);
+        if (it == values_.end())
+          return fail("missing initializer or value '" + in + "' used by " + label +
+                      " (not a graph input, initializer or output of an earlier node)");
+        ins.push_back(it->second);
+      }
+      while (!ins.empty() && ins.back() == nullptr) ins.pop_back();
+      ir::Attributes attrs;
+      for (const auto& a : n.attribute()) {
+        if (!a.ref_attr_name().empty())
+          return fail(label + ": attribute '" + a.name() + "' refers to a function attribute; not supported");
+        auto v = convert_attribute(a, model_dir_, label);
+        if (!v) return fail(v.message());
+        attrs.set(a.name(), std::move(*v));
+      }
+      // Trailing omitted outputs are dropped; omitted outputs in the middle get a generated name.
+      int nout = n.output_size();
+      while (nout > 0 && n.output(nout - 1).empty()) --nout;
+      std::vector<std::string> out_names;
+      for (int k = 0; k < nout; ++k) {
+        const std::string& o = n.output(k);
+        if (!o.empty() && values_.count(o))
+          return fail(label + ": output '" + o + "' is already defined (values must be assigned once)");
+        out_names.push_back(o.empty() ? name + "/unused_output_" + std::to_string(k) : o);
+      }
+      ir::Node* node = g_->add_node(n.op_type(), name, std::move(ins), out_names, std::move(attrs));
+      for (int k = 0; k < nout; ++k)
+        if (!n.output(k).empty()) values_[n.output(k)] = node->outputs[k];
+    }
+    return Status::ok();
+  }
+
+  Status import_outputs() {
+    for (const auto& vi : model_.graph().output()) {
+      auto it = values_.find(vi.name());
+      if (it == values_.end())
+        return fail("graph output '" + vi.name() + "' is not produced by any node, input or initializer");
+      g_->outputs.push_back(it->second);
+    }
+    if (g_->outputs.empty()) return fail("graph has no outputs");
+    return Status::ok();
+  }
+
+  Status run_libonnx() {
+    if (opset_ > kMaxLibonnxOpset) return Status::ok();  // libonnx 1.12 does not know opset 18
+    try {
+      if (has_external_) onnx::checker::check_model(path_);  // resolves external data next to the file
+      else onnx::checker::check_model(model_);
+    } catch (const std::exception& e) {
+      return fail("ONNX checker: " + one_line(e.what()));
+    } catch (...) {
+      return fail("ONNX checker failed with an unknown exception");
+    }
+    try {
+      onnx::shape_inference::InferShapes(model_);
+    } catch (const std::exception& e) {
+      return fail("ONNX shape inference: " + one_line(e.what()));
+    } catch (...) {
+      return fail("ONNX shape inference failed with an unknown exception");
+    }
+    return Status::ok();
+  }
+
+  Status infer() {
+    for (auto& n : g_->nodes()) {
+      Status s = ir::infer_node(*n);
+      if (!s.is_ok()) {
+        std::string m = s.message();
+        if (m.rfind("node '", 0) != 0) m = "node '" + n->name + "' (" + n->op + "): " + m;
+        return fail("type inference: " + m);
+      }
+    }
+    return Status::ok();
+  }
+
+  std::string path_;
+  ImportOptions opts_;
+  std::string model_dir_;
+  onnx::ModelProto model_;
+  bool has_external_ = false;
+  int64_t opset_ = -1;
+  std::unique_ptr<ir::Graph> g_;
+  std::unordered_map<std::string, ir::Value*> values_;
+};
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<ir::Graph>> import_onnx(const std::string& path, const ImportOptions& opts) {
+  try {
+    Importer imp(path, opts);
+    return imp.run();
+  } catch (const std::exception& e) {  // protobuf / libonnx / filesystem exceptions
+    return Status::error(path + ": import failed: " + one_line(e.what()));
+  }
+}
+
+Expected<std::map<std::string, int64_t>> parse_shape_bindings(const std::string& spec) {
+  std::map<std::string, int64_t> out;
+  if (trim(spec).empty()) return out;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::string it = trim(item);
+    if (it.empty()) return Status::error("shape binding '" + spec + "': empty item (expected name=value,...)");
+    auto eq = it.find('=');
+    if (eq == std::string::npos)
+      return Status::error("shape binding '" + it + "': expected name=value (e.g. batch=8)");
+    std::string name = trim(it.substr(0, eq)), val = trim(it.substr(eq + 1));
+    if (name.empty()) return Status::error("shape binding '" + it + "': empty dim name");
+    if (val.empty() || val.size() > 18 ||
+        !std::all_of(val.begin(), val.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+      return Status::error("shape binding '" + it + "': value '" + val + "' is not a non-negative integer");
+    if (out.count(name)) return Status::error("shape binding '" + name + "' given twice");
+    out[name] = std::stoll(val);
+  }
+  return out;
 }
 
 }  // namespace kiln::frontend

@@ -1,4 +1,9 @@
 // ONNX -> IR import and IR -> ONNX export (libonnx + protobuf).
+//
+// Import accepts opsets 13..18 of the default domain. For opsets libonnx 1.12 knows
+// (<= 17) the model is also run through onnx::checker::check_model and
+// onnx::shape_inference::InferShapes; opset 18 (PyTorch 2.x default) relies on kiln's
+// own op-table inference (ir::infer_graph) alone. Tensor conversion: tensor_proto.h.
 #pragma once
 #include <map>
 #include <memory>
@@ -11,9 +16,13 @@ namespace kiln::frontend {
 
 /// Options of an import.
 struct ImportOptions {
-  /// Values of ONNX dim_param symbols (e.g. {"batch": 8, "seq": 64}); unbound symbols stay symbolic.
+  /// Values of ONNX dim_param symbols (e.g. {"batch": 8, "seq": 64}); unbound symbols stay
+  /// symbolic; bindings of symbols that no graph input uses are ignored.
   std::map<std::string, int64_t> bind_dims;
   /// Fold shape-computation subgraphs (Shape, Gather, Concat, ...) once shapes are static.
+  /// Read by driver::load_model, which runs the "fold_constants" pass after import:
+  /// import_onnx itself only turns Constant nodes into initializers (frontend/ may not
+  /// depend on passes/ or on the runtime's kernels).
   bool fold_constants = true;
 };
 
@@ -22,7 +31,16 @@ struct ImportOptions {
 /// missing initializer, external data outside the model's folder.
 Expected<std::unique_ptr<ir::Graph>> import_onnx(const std::string& path, const ImportOptions& opts = {});
 
-/// Writes `g` as an ONNX model (opset g.opset, initializers as raw_data) that passes the ONNX checker.
+/// Parses "batch=8,seq=64" (a --shape flag) into {"batch": 8, "seq": 64}. Spaces around
+/// names/values are ignored; "" gives an empty map. Errors name the bad item: missing '=',
+/// empty name, a value that is not a non-negative integer, a name given twice.
+Expected<std::map<std::string, int64_t>> parse_shape_bindings(const std::string& spec);
+
+/// Writes `g` as an ONNX model (ir_version 8, opset g.opset, initializers as raw_data, graph
+/// inputs/outputs with dtypes and shapes, symbolic dims as dim_param) that passes the ONNX
+/// checker (checked before writing for opsets <= 17). Attributes named "kiln_*" are dropped.
+/// Errors: a kiln-internal op (OpDef::onnx == false, named with its node), nested regions,
+/// a value without dtype, an unwritable path. The file is written to "<path>.tmp" then renamed.
 Status export_onnx(const ir::Graph& g, const std::string& path);
 
 }  // namespace kiln::frontend

@@ -8,5 +8,15 @@ namespace kiln::passes {
 
 /// Re-runs type inference, removes Identity nodes and dead code.
 std::unique_ptr<Pass> make_canonicalize_pass();
+/// Evaluates nodes with constant inputs (shape subgraphs) into initializers (passes/fold_constants.cpp).
+std::unique_ptr<Pass> make_fold_constants_pass();
+/// Adds the loss and makes trainable initializers state inputs (passes/attach_loss.cpp).
+std::unique_ptr<Pass> make_attach_loss_pass();
+/// Reverse-mode differentiation over the op table (passes/autodiff.cpp).
+std::unique_ptr<Pass> make_autodiff_pass();
+/// Clipping, LR schedule and AdamW/SGD update as IR (passes/optimizer.cpp).
+std::unique_ptr<Pass> make_optimizer_pass();
+/// Casts every float initializer, input and Cast target to f64 (passes/to_float64.cpp).
+std::unique_ptr<Pass> make_to_float64_pass();
 
 }  // namespace kiln::passes

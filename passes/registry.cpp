@@ -10,6 +10,11 @@ namespace kiln::passes {
 static const std::map<std::string, std::function<std::unique_ptr<Pass>()>>& factories() {
   static const std::map<std::string, std::function<std::unique_ptr<Pass>()>> f = {
       {"canonicalize", make_canonicalize_pass},
+      {"fold_constants", make_fold_constants_pass},
+      {"attach_loss", make_attach_loss_pass},
+      {"autodiff", make_autodiff_pass},
+      {"optimizer", make_optimizer_pass},
+      {"to_float64", make_to_float64_pass},
   };
   return f;
 }

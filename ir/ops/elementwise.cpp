@@ -1,8 +1,491 @@
-// Op table entries: elementwise ops.
+// Op table entries: elementwise ops (ONNX opsets 13-18 semantics, plus Gelu from
+// opset 20 and the kiln-internal GeluGrad). Each entry: schema, dtype/shape
+// inference with numpy broadcasting (symbolic dims kept by broadcast_shapes),
+// precision policy, fusion class and gradient rule written as IR with forward ops
+// (DESIGN.md convention 3). Spec: https://onnx.ai/onnx/operators/
+#include <cmath>
+#include <limits>
+
 #include "ir/op_table.h"
 
 namespace kiln::ir {
 
-void register_elementwise_ops(OpTable& t) { (void)t; }
+namespace {
+
+constexpr int kVariadic = 1 << 20;
+
+// ---------------------------------------------------------------- inference
+
+Status infer_same(InferContext& c) {
+  if (!c.has_input(0)) return c.fail("missing input 0");
+  c.out[0] = c.in[0];
+  return Status::ok();
+}
+
+Status infer_float_unary(InferContext& c) {
+  KILN_RETURN_IF_ERROR(infer_same(c));
+  if (!is_float(c.in[0].dtype))
+    return c.fail(std::string("expects a float input, got ") + dtype_name(c.in[0].dtype));
+  return Status::ok();
+}
+
+/// Broadcast of inputs [first, first+count) (all present inputs), requiring equal dtypes.
+Expected<Shape> broadcast_inputs(InferContext& c, int first, int count, bool same_dtype) {
+  Shape s;
+  bool any = false;
+  DType dt = DType::undefined;
+  for (int i = first; i < first + count && i < c.num_inputs(); ++i) {
+    if (!c.has_input(i)) continue;
+    if (same_dtype) {
+      if (dt == DType::undefined) dt = c.in[i].dtype;
+      else if (dt != c.in[i].dtype)
+        return c.fail(std::string("input dtypes ") + dtype_name(dt) + " and " + dtype_name(c.in[i].dtype) +
+                      " differ");
+    }
+    if (!any) {
+      s = c.in[i].shape;
+      any = true;
+      continue;
+    }
+    auto b = broadcast_shapes(s, c.in[i].shape);
+    if (!b) return c.fail(b.message());
+    s = *b;
+  }
+  if (!any) return c.fail("no inputs");
+  return s;
+}
+
+Status infer_binary(InferContext& c) {
+  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 0, c.num_inputs(), true));
+  c.out[0] = {c.in[0].dtype, s};
+  return Status::ok();
+}
+
+Status infer_compare(InferContext& c) {
+  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 0, 2, true));
+  c.out[0] = {DType::boolean, s};
+  return Status::ok();
+}
+
+Status infer_logic(InferContext& c) {
+  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 0, c.num_inputs(), true));
+  if (c.in[0].dtype != DType::boolean) return c.fail("expects bool inputs");
+  c.out[0] = {DType::boolean, s};
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- gradient helpers
+
+Value* zero_of(GradContext& g, const Value* like) { return g.const_f(0.0, like->dtype); }
+Value* cst(GradContext& g, double v, const Value* like) { return g.const_f(v, like->dtype); }
+
+/// Registers a unary op whose gradient is dy * d(x) built by `local`.
+using LocalGrad = std::function<Value*(GradContext&, Value* dy)>;
+GradFn unary_grad(LocalGrad local) {
+  return [local](GradContext& g) -> Status {
+    Value* dy = g.grad_output(0);
+    if (!dy || !g.needs_grad(0)) return Status::ok();
+    g.set_grad_input(0, local(g, dy));
+    return Status::ok();
+  };
+}
+
+OpDef make(const std::string& name, const std::string& doc, int min_in, int max_in, InferFn infer,
+           PrecisionPolicy prec, FusionClass fusion = FusionClass::pointwise) {
+  OpDef d;
+  d.name = name;
+  d.doc = doc;
+  d.min_inputs = min_in;
+  d.max_inputs = max_in;
+  d.infer = std::move(infer);
+  d.precision = prec;
+  d.fusion = fusion;
+  return d;
+}
+
+void add_diff(OpTable& t, OpDef d, GradFn g) {
+  d.diff = Differentiability::differentiable;
+  d.grad = std::move(g);
+  t.add(std::move(d));
+}
+
+Value* emit_cast(GradContext& g, Value* v, DType to) {
+  if (v->dtype == to) return v;
+  Attributes a;
+  a.set("to", static_cast<int64_t>(dtype_to_onnx(to)));
+  return g.emit1("Cast", {v}, a);
+}
+
+}  // namespace
+
+void register_elementwise_ops(OpTable& t) {
+  using P = PrecisionPolicy;
+  const std::string spec = "ONNX spec (onnx.ai/onnx/operators): ";
+
+  // ---- binary arithmetic
+  add_diff(t, make("Add", spec + "Add-14, C = A + B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+           [](GradContext& g) -> Status {
+             Value* dy = g.grad_output(0);
+             if (!dy) return Status::ok();
+             if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
+             if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(dy, g.input(1)));
+             return Status::ok();
+           });
+  add_diff(t, make("Sub", spec + "Sub-14, C = A - B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+           [](GradContext& g) -> Status {
+             Value* dy = g.grad_output(0);
+             if (!dy) return Status::ok();
+             if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
+             if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(g.emit1("Neg", {dy}), g.input(1)));
+             return Status::ok();
+           });
+  add_diff(t, make("Mul", spec + "Mul-14, C = A * B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+           [](GradContext& g) -> Status {
+             Value* dy = g.grad_output(0);
+             if (!dy) return Status::ok();
+             if (g.needs_grad(0))
+               g.set_grad_input(0, g.unbroadcast(g.emit1("Mul", {dy, g.input(1)}), g.input(0)));
+             if (g.needs_grad(1))
+               g.set_grad_input(1, g.unbroadcast(g.emit1("Mul", {dy, g.input(0)}), g.input(1)));
+             return Status::ok();
+           });
+  add_diff(t,
+           make("Div", spec + "Div-14, C = A / B with numpy broadcasting (integers truncate toward zero)", 2, 2,
+                infer_binary, P::follow_inputs),
+           [](GradContext& g) -> Status {
+             Value* dy = g.grad_output(0);
+             if (!dy) return Status::ok();
+             Value* b = g.input(1);
+             if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(g.emit1("Div", {dy, b}), g.input(0)));
+             if (g.needs_grad(1)) {
+               // d(a/b)/db = -y / b
+               Value* t1 = g.emit1("Mul", {dy, g.emit1("Div", {g.output(0), b})});
+               g.set_grad_input(1, g.unbroadcast(g.emit1("Neg", {t1}), b));
+             }
+             return Status::ok();
+           });
+  add_diff(t,
+           make("Pow", spec + "Pow-15, Z = X ^ Y with numpy broadcasting; Y may have another numeric dtype", 2, 2,
+                [](InferContext& c) -> Status {
+                  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 0, 2, false));
+                  if (c.in[1].dtype == DType::boolean || c.in[0].dtype == DType::boolean)
+                    return c.fail("bool is not a Pow operand type");
+                  c.out[0] = {c.in[0].dtype, s};
+                  return Status::ok();
+                },
+                P::fp32),
+           [](GradContext& g) -> Status {
+             Value* dy = g.grad_output(0);
+             if (!dy) return Status::ok();
+             Value* a = g.input(0);
+             Value* b = g.input(1);
+             Value* y = g.output(0);
+             if (g.needs_grad(0)) {
+               Value* bb = emit_cast(g, b, a->dtype);
+               // dz/da = b * a^(b-1)
+               Value* p = g.emit1("Pow", {a, g.emit1("Sub", {bb, cst(g, 1.0, a)})});
+               Value* ga = g.emit1("Mul", {dy, g.emit1("Mul", {bb, p})});
+               g.set_grad_input(0, g.unbroadcast(ga, a));
+             }
+             if (g.needs_grad(1) && is_float(b->dtype)) {
+               // dz/db = z * log(a), defined as 0 where a == 0 (as PyTorch does)
+               Value* t1 = g.emit1("Mul", {dy, g.emit1("Mul", {y, g.emit1("Log", {a})})});
+               Value* is0 = g.emit1("Equal", {a, zero_of(g, a)});
+               Value* gb = g.emit1("Where", {is0, zero_of(g, t1), t1});
+               g.set_grad_input(1, g.unbroadcast(emit_cast(g, gb, b->dtype), b));
+             }
+             return Status::ok();
+           });
+
+  // ---- unary math
+  add_diff(t, make("Neg", spec + "Neg-13, y = -x", 1, 1, infer_same, P::follow_inputs),
+           unary_grad([](GradContext& g, Value* dy) { return g.emit1("Neg", {dy}); }));
+  add_diff(t, make("Abs", spec + "Abs-13, y = |x|", 1, 1, infer_same, P::follow_inputs),
+           unary_grad([](GradContext& g, Value* dy) {
+             Value* x = g.input(0);
+             // sign(x) * dy, 0 at x == 0 (PyTorch)
+             Value* neg = g.emit1("Where", {g.emit1("Less", {x, zero_of(g, x)}), g.emit1("Neg", {dy}), zero_of(g, dy)});
+             return g.emit1("Where", {g.emit1("Greater", {x, zero_of(g, x)}), dy, neg});
+           }));
+  add_diff(t, make("Sqrt", spec + "Sqrt-13, y = sqrt(x)", 1, 1, infer_float_unary, P::fp32),
+           unary_grad([](GradContext& g, Value* dy) {
+             Value* y = g.output(0);
+             return g.emit1("Div", {dy, g.emit1("Mul", {y, cst(g, 2.0, y)})});
+           }));
+  add_diff(t, make("Reciprocal", spec + "Reciprocal-13, y = 1 / x", 1, 1, infer_float_unary, P::fp32),
+           unary_grad([](GradContext& g, Value* dy) {
+             Value* y = g.output(0);
+             return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Mul", {y, y})})});
+           }));
+  add_diff(t, make("Exp", spec + "Exp-13, y = e^x", 1, 1, infer_float_unary, P::fp32),
+           unary_grad([](GradContext& g, Value* dy) { return g.emit1("Mul", {dy, g.output(0)}); }));
+  add_diff(t, make("Log", spec + "Log-13, y = ln(x)", 1, 1, infer_float_unary, P::fp32),
+           unary_grad([](GradContext& g, Value* dy) { return g.emit1("Div", {dy, g.input(0)}); }));
+  add_diff(t, make("Tanh", spec + "Tanh-13, y = tanh(x)", 1, 1, infer_float_unary, P::follow_inputs),
+           unary_grad([](GradContext& g, Value* dy) {
+             Value* y = g.output(0);
+             return g.emit1("Mul", {dy, g.emit1("Sub", {cst(g, 1.0, y), g.emit1("Mul", {y, y})})});
+           }));
+  add_diff(t, make("Sigmoid", spec + "Sigmoid-13, y = 1 / (1 + e^-x)", 1, 1, infer_float_unary, P::follow_inputs),
+           unary_grad([](GradContext& g, Value* dy) {
+             Value* y = g.output(0);
+             return g.emit1("Mul", {dy, g.emit1("Mul", {y, g.emit1("Sub", {cst(g, 1.0, y), y})})});
+           }));
+  add_diff(t, make("Relu", spec + "Relu-14, y = max(0, x)", 1, 1, infer_same, P::follow_inputs),
+           unary_grad([](GradContext& g, Value* dy) {
+             Value* y = g.output(0);
+             return g.emit1("Where", {g.emit1("Greater", {y, zero_of(g, y)}), dy, zero_of(g, dy)});
+           }));
+  {
+    OpDef d = make("LeakyRelu", spec + "LeakyRelu-16, y = x if x >= 0 else alpha * x (alpha default 0.01)", 1, 1,
+                   infer_float_unary, P::follow_inputs);
+    d.attrs = {{"alpha", AttrKind::f}};
+    add_diff(t, d, unary_grad([](GradContext& g, Value* dy) {
+               Value* x = g.input(0);
+               double alpha = g.node().attrs.get_float("alpha", 0.01);
+               Value* small = g.emit1("Mul", {dy, cst(g, alpha, dy)});
+               return g.emit1("Where", {g.emit1("Greater", {x, zero_of(g, x)}), dy, small});
+             }));
+  }
+  add_diff(t, make("Erf", spec + "Erf-13, y = erf(x)", 1, 1, infer_float_unary, P::fp32),
+           unary_grad([](GradContext& g, Value* dy) {
+             Value* x = g.input(0);
+             // d erf(x)/dx = 2/sqrt(pi) * exp(-x^2)
+             Value* e = g.emit1("Exp", {g.emit1("Neg", {g.emit1("Mul", {x, x})})});
+             return g.emit1("Mul", {dy, g.emit1("Mul", {e, cst(g, 2.0 / std::sqrt(M_PI), x)})});
+           }));
+  {
+    OpDef d = make("Gelu",
+                   spec + "Gelu-20, y = 0.5x(1+erf(x/sqrt2)); approximate='tanh': 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))",
+                   1, 1, infer_float_unary, P::follow_inputs);
+    d.attrs = {{"approximate", AttrKind::s}};
+    add_diff(t, d, unary_grad([](GradContext& g, Value* dy) {
+               Attributes a;
+               a.set("approximate", g.node().attrs.get_string("approximate", "none"));
+               return g.emit1("GeluGrad", {dy, g.input(0)}, a);
+             }));
+  }
+  {
+    OpDef d = make("GeluGrad",
+                   "kiln-internal: dx = dy * Gelu'(x) (inputs dy, x; attr approximate none|tanh as ONNX Gelu-20)", 2,
+                   2, infer_binary, P::follow_inputs);
+    d.attrs = {{"approximate", AttrKind::s}};
+    d.onnx = false;
+    t.add(d);
+  }
+  add_diff(t, make("Softplus", spec + "Softplus-1, y = ln(exp(x) + 1)", 1, 1, infer_float_unary, P::follow_inputs),
+           unary_grad([](GradContext& g, Value* dy) {
+             return g.emit1("Mul", {dy, g.emit1("Sigmoid", {g.input(0)})});
+           }));
+  add_diff(t, make("Sin", spec + "Sin-7, y = sin(x)", 1, 1, infer_float_unary, P::follow_inputs),
+           unary_grad([](GradContext& g, Value* dy) { return g.emit1("Mul", {dy, g.emit1("Cos", {g.input(0)})}); }));
+  add_diff(t, make("Cos", spec + "Cos-7, y = cos(x)", 1, 1, infer_float_unary, P::follow_inputs),
+           unary_grad([](GradContext& g, Value* dy) {
+             return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Sin", {g.input(0)})})});
+           }));
+
+  // ---- Clip
+  {
+    OpDef d = make("Clip",
+                   spec + "Clip-13, y = min(max(x, min), max); min/max optional scalar inputs (attrs min/max: Clip-6)",
+                   1, 3,
+                   [](InferContext& c) -> Status {
+                     KILN_RETURN_IF_ERROR(infer_same(c));
+                     for (int i = 1; i < 3; ++i)
+                       if (c.has_input(i) && c.in[i].shape.numel() > 1)
+                         return c.fail("min/max must be scalars, got shape " + c.in[i].shape.to_string());
+                     return Status::ok();
+                   },
+                   P::follow_inputs);
+    d.attrs = {{"min", AttrKind::f}, {"max", AttrKind::f}};
+    // Gradient passes where min <= x <= max (PyTorch clamp); no gradient to min/max.
+    add_diff(t, d, unary_grad([](GradContext& g, Value* dy) {
+               Value* x = g.input(0);
+               Value* lo = g.input(1);
+               Value* hi = g.input(2);
+               const Attributes& at = g.node().attrs;
+               if (!lo && at.has("min")) lo = cst(g, at.get_float("min", 0), x);
+               if (!hi && at.has("max")) hi = cst(g, at.get_float("max", 0), x);
+               Value* mask = nullptr;
+               if (lo) mask = g.emit1("GreaterOrEqual", {x, lo});
+               if (hi) {
+                 Value* m2 = g.emit1("LessOrEqual", {x, hi});
+                 mask = mask ? g.emit1("And", {mask, m2}) : m2;
+               }
+               if (!mask) return dy;
+               return g.emit1("Where", {mask, dy, zero_of(g, dy)});
+             }));
+  }
+
+  // ---- variadic Max / Min
+  for (const char* name : {"Max", "Min"}) {
+    std::string nm = name;
+    OpDef d = make(nm, spec + nm + "-13, elementwise " + (nm == "Max" ? "maximum" : "minimum") +
+                           " of 1..N inputs with numpy broadcasting (NaN propagates)",
+                   1, kVariadic, infer_binary, P::follow_inputs);
+    // Gradient: dy goes to the inputs equal to the result, split evenly between ties (PyTorch maximum/minimum).
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy) return Status::ok();
+      int n = g.node().num_inputs();
+      Value* y = g.output(0);
+      if (n == 1) {
+        if (g.needs_grad(0)) g.set_grad_input(0, dy);
+        return Status::ok();
+      }
+      std::vector<Value*> eq(n);
+      Value* count = nullptr;
+      for (int i = 0; i < n; ++i) {
+        eq[i] = g.emit1("Equal", {g.input(i), y});
+        Value* f = emit_cast(g, eq[i], dy->dtype);
+        count = count ? g.emit1("Add", {count, f}) : f;
+      }
+      Value* share = g.emit1("Div", {dy, count});
+      for (int i = 0; i < n; ++i)
+        if (g.needs_grad(i))
+          g.set_grad_input(i, g.unbroadcast(g.emit1("Where", {eq[i], share, zero_of(g, dy)}), g.input(i)));
+      return Status::ok();
+    });
+  }
+
+  // ---- Where
+  add_diff(t,
+           make("Where", spec + "Where-16, output = condition ? X : Y with numpy broadcasting of all three", 3, 3,
+                [](InferContext& c) -> Status {
+                  if (c.in[0].dtype != DType::boolean) return c.fail("condition must be bool");
+                  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 1, 2, true));
+                  auto b = broadcast_shapes(s, c.in[0].shape);
+                  if (!b) return c.fail(b.message());
+                  c.out[0] = {c.in[1].dtype, *b};
+                  return Status::ok();
+                },
+                P::follow_inputs),
+           [](GradContext& g) -> Status {
+             Value* dy = g.grad_output(0);
+             if (!dy) return Status::ok();
+             Value* c = g.input(0);
+             if (g.needs_grad(1))
+               g.set_grad_input(1, g.unbroadcast(g.emit1("Where", {c, dy, zero_of(g, dy)}), g.input(1)));
+             if (g.needs_grad(2))
+               g.set_grad_input(2, g.unbroadcast(g.emit1("Where", {c, zero_of(g, dy), dy}), g.input(2)));
+             return Status::ok();
+           });
+
+  // ---- comparisons and logic (not differentiable)
+  const char* cmp_doc[][2] = {{"Equal", "Equal-13, C = (A == B), bool output, numpy broadcasting"},
+                              {"Less", "Less-13, C = (A < B), bool output, numpy broadcasting"},
+                              {"LessOrEqual", "LessOrEqual-16, C = (A <= B), bool output, numpy broadcasting"},
+                              {"Greater", "Greater-13, C = (A > B), bool output, numpy broadcasting"},
+                              {"GreaterOrEqual", "GreaterOrEqual-16, C = (A >= B), bool output, numpy broadcasting"}};
+  for (auto& cd : cmp_doc) t.add(make(cd[0], spec + cd[1], 2, 2, infer_compare, P::follow_inputs));
+  t.add(make("And", spec + "And-7, logical and of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
+  t.add(make("Or", spec + "Or-7, logical or of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
+  t.add(make("Xor", spec + "Xor-7, logical xor of bool tensors, numpy broadcasting", 2, 2, infer_logic,
+             P::not_float));
+  t.add(make("Not", spec + "Not-1, logical not of a bool tensor", 1, 1,
+             [](InferContext& c) -> Status {
+               KILN_RETURN_IF_ERROR(infer_same(c));
+               if (c.in[0].dtype != DType::boolean) return c.fail("expects a bool input");
+               return Status::ok();
+             },
+             P::not_float));
+
+  // ---- Cast / CastLike / Identity
+  {
+    OpDef d = make("Cast",
+                   spec + "Cast-13, converts to dtype `to` (ONNX TensorProto type); float->int truncates toward zero",
+                   1, 1,
+                   [](InferContext& c) -> Status {
+                     if (!c.has_input(0)) return c.fail("missing input");
+                     if (!c.attrs().has("to")) return c.fail("missing attribute 'to'");
+                     auto dt = dtype_from_onnx(static_cast<int>(c.attrs().get_int("to", 0)));
+                     if (!dt) return c.fail(dt.message());
+                     c.out[0] = {*dt, c.in[0].shape};
+                     return Status::ok();
+                   },
+                   P::not_float);
+    d.attrs = {{"to", AttrKind::i, true}, {"saturate", AttrKind::i}};
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      Value* x = g.input(0);
+      if (!dy || !g.needs_grad(0) || !is_float(x->dtype) || !is_float(dy->dtype)) return Status::ok();
+      g.set_grad_input(0, emit_cast(g, dy, x->dtype));
+      return Status::ok();
+    });
+  }
+  add_diff(t,
+           make("CastLike", spec + "CastLike-15, casts input to the dtype of target_type (second input)", 2, 2,
+                [](InferContext& c) -> Status {
+                  if (!c.has_input(0) || !c.has_input(1)) return c.fail("missing input");
+                  c.out[0] = {c.in[1].dtype, c.in[0].shape};
+                  return Status::ok();
+                },
+                P::not_float),
+           [](GradContext& g) -> Status {
+             Value* dy = g.grad_output(0);
+             Value* x = g.input(0);
+             if (!dy || !g.needs_grad(0) || !is_float(x->dtype) || !is_float(dy->dtype)) return Status::ok();
+             g.set_grad_input(0, emit_cast(g, dy, x->dtype));
+             return Status::ok();
+           });
+  add_diff(t, make("Identity", spec + "Identity-16, y = x", 1, 1, infer_same, P::follow_inputs, FusionClass::view),
+           unary_grad([](GradContext&, Value* dy) { return dy; }));
+
+  // ---- Dropout
+  {
+    OpDef d = make(
+        "Dropout",
+        spec + "Dropout-13, inputs (data, ratio?, training_mode?), outputs (output, mask?); inference: output = data, "
+               "mask = ones; training: Philox mask keyed by (seed, kiln_rng_id or op id, step), kept values scaled 1/(1-ratio)",
+        1, 3,
+        [](InferContext& c) -> Status {
+          KILN_RETURN_IF_ERROR(infer_float_unary(c));
+          if (c.out.size() > 1) c.out[1] = {DType::boolean, c.in[0].shape};
+          return Status::ok();
+        },
+        P::follow_inputs, FusionClass::opaque);
+    d.max_outputs = 2;
+    d.attrs = {{"seed", AttrKind::i}, {"ratio", AttrKind::f}};
+    // Gradient: dy * mask * 1/(1-ratio). The training pipeline gives Dropout nodes a mask output
+    // (or a kiln_rng_id attribute, in which case the mask is regenerated by a Dropout node with the
+    // same rng id applied to dy). The mask form assumes training behaviour (dropout active), which
+    // is how autodiff graphs run; a constant training_mode=false makes the gradient dy.
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy || !g.needs_grad(0)) return Status::ok();
+      const Node& n = g.node();
+      Value* tm = n.input(2);
+      if (tm && tm->data && tm->data->numel() == 1 && tm->data->get_i64(0) == 0) {
+        g.set_grad_input(0, dy);
+        return Status::ok();
+      }
+      if (n.num_outputs() >= 2) {
+        Value* mask = emit_cast(g, g.output(1), dy->dtype);
+        Value* scale = nullptr;
+        Value* r = n.input(1);
+        if (!r) {
+          scale = cst(g, 1.0 / (1.0 - n.attrs.get_float("ratio", 0.5)), dy);
+        } else if (r->data && r->data->numel() == 1) {
+          double rv = r->data->get_f64(0);
+          scale = cst(g, rv < 1.0 ? 1.0 / (1.0 - rv) : 0.0, dy);
+        } else {
+          Value* rr = emit_cast(g, r, dy->dtype);
+          scale = g.emit1("Reciprocal", {g.emit1("Sub", {cst(g, 1.0, dy), rr})});
+        }
+        g.set_grad_input(0, g.emit1("Mul", {g.emit1("Mul", {dy, mask}), scale}));
+        return Status::ok();
+      }
+      if (n.attrs.has("kiln_rng_id")) {
+        Attributes a = n.attrs;
+        std::vector<Value*> ins = {dy};
+        for (int i = 1; i < n.num_inputs(); ++i) ins.push_back(n.input(i));
+        g.set_grad_input(0, g.emit1("Dropout", ins, a));
+        return Status::ok();
+      }
+      return Status::error("node '" + n.name +
+                           "' (Dropout): gradient needs the mask output or a kiln_rng_id attribute");
+    });
+  }
+}
 
 }  // namespace kiln::ir

@@ -1,8 +1,892 @@
-// Op table entries: shape ops.
+// Op table entries: shape ops (ONNX opsets 13-18 semantics; older-opset attribute
+// forms such as Squeeze/Unsqueeze/Split `axes`/`split` attributes are accepted too)
+// plus the kiln-internal SliceGrad and GatherGrad used by gradient rules.
+//
+// Inference computes exact static shapes when the shape-carrying inputs are
+// constant (initializers, or every input in eager mode); otherwise it derives the
+// rank with unknown dims, or fails when even the rank is unknown. Symbolic dims
+// are carried through untouched dims and cancelled in Reshape's -1 when possible.
+// Spec: https://onnx.ai/onnx/operators/
+#include <algorithm>
+#include <limits>
+#include <optional>
+
 #include "ir/op_table.h"
 
 namespace kiln::ir {
 
-void register_shape_ops(OpTable& t) { (void)t; }
+namespace {
+
+constexpr int kVariadic = 1 << 20;
+const std::string kSpec = "ONNX spec (onnx.ai/onnx/operators): ";
+
+/// Constant integer contents of input i, if known.
+std::optional<std::vector<int64_t>> const_ints(const InferContext& c, int i) {
+  const Tensor* t = c.value(i);
+  if (!t || !c.has_input(i)) return std::nullopt;
+  return t->to_i64_vector();
+}
+
+/// Length of a 1-D input whose contents are unknown (static first dim), or -1.
+int64_t length_of_1d(const InferContext& c, int i) {
+  if (!c.has_input(i) || c.in[i].shape.rank() != 1 || !c.in[i].shape.dims[0].is_static()) return -1;
+  return c.in[i].shape.dims[0].value;
+}
+
+/// Product of dims [b, e): static product, the single symbolic dim when the rest are 1, else unknown.
+Dim dim_product(const Shape& s, int b, int e) {
+  int64_t p = 1;
+  int nonstatic = 0;
+  Dim sym;
+  for (int i = b; i < e; ++i) {
+    if (s.dims[i].is_static()) p *= s.dims[i].value;
+    else {
+      ++nonstatic;
+      sym = s.dims[i];
+    }
+  }
+  if (nonstatic == 0) return Dim(p);
+  if (nonstatic == 1 && p == 1) return sym;
+  return Dim();
+}
+
+Status infer_passthrough_same(InferContext& c) {
+  if (!c.has_input(0)) return c.fail("missing input 0");
+  c.out[0] = c.in[0];
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------ Reshape
+
+Status infer_reshape(InferContext& c) {
+  const Shape& in = c.in[0].shape;
+  bool allowzero = c.attrs().get_int("allowzero", 0) != 0;
+  auto tv = const_ints(c, 1);
+  if (!tv) {
+    if (c.attrs().has("shape")) tv = c.attrs().get_ints("shape");  // Reshape-1 attribute form
+  }
+  if (!tv) {
+    int64_t n = length_of_1d(c, 1);
+    if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+    c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+    return Status::ok();
+  }
+  Shape out;
+  int minus = -1;
+  for (size_t i = 0; i < tv->size(); ++i) {
+    int64_t v = (*tv)[i];
+    if (v == 0 && !allowzero) {
+      if (static_cast<int>(i) >= in.rank()) return c.fail("shape[" + std::to_string(i) + "] = 0 copies a missing input dim");
+      out.dims.push_back(in.dims[i]);
+    } else if (v == -1) {
+      if (minus >= 0) return c.fail("more than one -1 in shape");
+      minus = static_cast<int>(i);
+      out.dims.push_back(Dim());
+    } else if (v < 0) {
+      return c.fail("invalid shape value " + std::to_string(v));
+    } else {
+      out.dims.push_back(Dim(v));
+    }
+  }
+  // Static products and symbolic multisets of input vs. output (without the -1).
+  int64_t p_in = 1, p_out = 1;
+  std::vector<std::string> sym_in, sym_out;
+  bool unknown = false;
+  for (auto& d : in.dims) {
+    if (d.is_static()) p_in *= d.value;
+    else if (d.symbol.empty()) unknown = true;
+    else sym_in.push_back(d.symbol);
+  }
+  for (int i = 0; i < out.rank(); ++i) {
+    if (i == minus) continue;
+    const Dim& d = out.dims[i];
+    if (d.is_static()) p_out *= d.value;
+    else if (d.symbol.empty()) unknown = true;
+    else sym_out.push_back(d.symbol);
+  }
+  if (!unknown) {
+    for (auto& s : sym_out) {
+      auto it = std::find(sym_in.begin(), sym_in.end(), s);
+      if (it == sym_in.end()) {
+        unknown = true;
+        break;
+      }
+      sym_in.erase(it);
+    }
+  }
+  if (minus >= 0) {
+    if (!unknown && sym_in.empty()) {
+      if (p_out == 0 || p_in % p_out != 0)
+        return c.fail("cannot reshape " + in.to_string() + " into " + dims_to_string(*tv));
+      out.dims[minus] = Dim(p_in / p_out);
+    } else if (!unknown && sym_in.size() == 1 && p_in == p_out) {
+      out.dims[minus] = Dim(sym_in[0]);
+    }
+  } else if (!unknown && sym_in.empty() && p_in != p_out) {
+    return c.fail("cannot reshape " + in.to_string() + " (" + std::to_string(p_in) + " elements) into " +
+                  dims_to_string(*tv));
+  }
+  c.out[0] = {c.in[0].dtype, out};
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------ Squeeze / Unsqueeze
+
+/// Axes from input 1 (opset >= 13) or the `axes` attribute (older opsets).
+/// Returns false in `known` when input 1 is present but not constant.
+std::vector<int64_t> axes_of(const InferContext& c, int input, bool& known, bool& given) {
+  known = true;
+  given = false;
+  if (c.has_input(input)) {
+    given = true;
+    auto v = const_ints(c, input);
+    if (!v) {
+      known = false;
+      return {};
+    }
+    return *v;
+  }
+  if (c.attrs().has("axes")) {
+    given = true;
+    return c.attrs().get_ints("axes");
+  }
+  return {};
+}
+
+Status infer_squeeze(InferContext& c) {
+  const Shape& in = c.in[0].shape;
+  bool known, given;
+  auto axes = axes_of(c, 1, known, given);
+  if (!known) return c.fail("axes input is not constant");
+  std::vector<bool> drop(in.rank(), false);
+  if (!given) {
+    for (int i = 0; i < in.rank(); ++i) drop[i] = in.dims[i].is_static() && in.dims[i].value == 1;
+  } else {
+    for (int64_t a : axes) {
+      auto ax = normalize_axis(a, in.rank());
+      if (!ax) return c.fail(ax.message());
+      const Dim& d = in.dims[*ax];
+      if (d.is_static() && d.value != 1)
+        return c.fail("cannot squeeze axis " + std::to_string(a) + " of size " + std::to_string(d.value));
+      drop[*ax] = true;
+    }
+  }
+  Shape out;
+  for (int i = 0; i < in.rank(); ++i)
+    if (!drop[i]) out.dims.push_back(in.dims[i]);
+  c.out[0] = {c.in[0].dtype, out};
+  return Status::ok();
+}
+
+Status infer_unsqueeze(InferContext& c) {
+  const Shape& in = c.in[0].shape;
+  bool known, given;
+  auto axes = axes_of(c, 1, known, given);
+  if (!known) {
+    int64_t n = length_of_1d(c, 1);
+    if (n < 0) return c.fail("axes input is not constant and its length is unknown");
+    c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(in.rank() + n), Dim()))};
+    return Status::ok();
+  }
+  if (!given) return c.fail("missing axes");
+  int r = in.rank() + static_cast<int>(axes.size());
+  std::vector<bool> ins(r, false);
+  for (int64_t a : axes) {
+    auto ax = normalize_axis(a, r);
+    if (!ax) return c.fail(ax.message());
+    if (ins[*ax]) return c.fail("duplicate axis " + std::to_string(a));
+    ins[*ax] = true;
+  }
+  Shape out;
+  int k = 0;
+  for (int i = 0; i < r; ++i) out.dims.push_back(ins[i] ? Dim(1) : in.dims[k++]);
+  c.out[0] = {c.in[0].dtype, out};
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------ Slice
+
+/// Normalised slice of one dim (ONNX Slice-13 clamping): first index, step, length.
+struct SliceDim {
+  int64_t start = 0, step = 1, len = 0;
+};
+
+SliceDim normalize_slice(int64_t dim, int64_t start, int64_t end, int64_t step) {
+  SliceDim s;
+  s.step = step;
+  if (start < 0) start += dim;
+  if (end < 0) end += dim;
+  if (dim == 0) {
+    s.len = 0;
+  } else if (step > 0) {
+    start = std::clamp<int64_t>(start, 0, dim);
+    end = std::clamp<int64_t>(end, 0, dim);
+    s.len = end > start ? (end - start + step - 1) / step : 0;
+  } else {
+    start = std::clamp<int64_t>(start, 0, dim - 1);
+    end = std::clamp<int64_t>(end, -1, dim - 1);
+    s.len = start > end ? (start - end + (-step) - 1) / (-step) : 0;
+  }
+  s.start = start;
+  return s;
+}
+
+Status infer_slice(InferContext& c) {
+  const Shape& in = c.in[0].shape;
+  const int r = in.rank();
+  std::optional<std::vector<int64_t>> starts, ends, axes, steps;
+  bool attr_form = !c.has_input(1) && c.attrs().has("starts");
+  if (attr_form) {  // Slice-1
+    starts = c.attrs().get_ints("starts");
+    ends = c.attrs().get_ints("ends");
+    if (c.attrs().has("axes")) axes = c.attrs().get_ints("axes");
+  } else {
+    starts = const_ints(c, 1);
+    ends = const_ints(c, 2);
+    if (c.has_input(3)) axes = const_ints(c, 3);
+    if (c.has_input(4)) steps = const_ints(c, 4);
+  }
+  bool axes_known = attr_form || !c.has_input(3) || axes.has_value();
+  bool steps_known = attr_form || !c.has_input(4) || steps.has_value();
+  Shape out = in;
+  if (!starts || !ends || !axes_known || !steps_known) {
+    // Rank is kept; sliced dims become unknown.
+    if (axes_known && axes) {
+      for (int64_t a : *axes) {
+        auto ax = normalize_axis(a, r);
+        if (!ax) return c.fail(ax.message());
+        out.dims[*ax] = Dim();
+      }
+    } else {
+      for (auto& d : out.dims) d = Dim();
+    }
+    c.out[0] = {c.in[0].dtype, out};
+    return Status::ok();
+  }
+  size_t n = starts->size();
+  if (ends->size() != n) return c.fail("starts and ends have different lengths");
+  if (!axes) {
+    axes = std::vector<int64_t>(n);
+    for (size_t i = 0; i < n; ++i) (*axes)[i] = static_cast<int64_t>(i);
+  }
+  if (!steps) steps = std::vector<int64_t>(n, 1);
+  if (axes->size() != n || steps->size() != n) return c.fail("starts, ends, axes and steps lengths differ");
+  std::vector<bool> seen(r, false);
+  for (size_t i = 0; i < n; ++i) {
+    auto ax = normalize_axis((*axes)[i], r);
+    if (!ax) return c.fail(ax.message());
+    if (seen[*ax]) return c.fail("axis " + std::to_string((*axes)[i]) + " repeated");
+    seen[*ax] = true;
+    int64_t st = (*steps)[i];
+    if (st == 0) return c.fail("step must not be 0");
+    const Dim& d = in.dims[*ax];
+    if (!d.is_static()) {
+      // Whole-dim slices keep the symbol; anything else is unknown.
+      bool whole = st == 1 && ((*starts)[i] == 0) && (*ends)[i] >= std::numeric_limits<int32_t>::max();
+      out.dims[*ax] = whole ? d : Dim();
+      continue;
+    }
+    out.dims[*ax] = Dim(normalize_slice(d.value, (*starts)[i], (*ends)[i], st).len);
+  }
+  c.out[0] = {c.in[0].dtype, out};
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------ Split
+
+Status infer_split(InferContext& c) {
+  const Shape& in = c.in[0].shape;
+  auto ax = normalize_axis(c.attrs().get_int("axis", 0), in.rank());
+  if (!ax) return c.fail(ax.message());
+  const int n = static_cast<int>(c.out.size());
+  const Dim& d = in.dims[*ax];
+  std::optional<std::vector<int64_t>> split;
+  if (c.has_input(1)) split = const_ints(c, 1);
+  else if (c.attrs().has("split")) split = c.attrs().get_ints("split");
+  if (c.attrs().has("num_outputs") && c.attrs().get_int("num_outputs", 0) != n)
+    return c.fail("num_outputs = " + std::to_string(c.attrs().get_int("num_outputs", 0)) + " but the node has " +
+                  std::to_string(n) + " outputs");
+  std::vector<Dim> sizes(n, Dim());
+  if (split) {
+    if (static_cast<int>(split->size()) != n)
+      return c.fail("split has " + std::to_string(split->size()) + " entries for " + std::to_string(n) + " outputs");
+    int64_t sum = 0;
+    for (int i = 0; i < n; ++i) {
+      if ((*split)[i] < 0) return c.fail("negative split size");
+      sizes[i] = Dim((*split)[i]);
+      sum += (*split)[i];
+    }
+    if (d.is_static() && sum != d.value)
+      return c.fail("split sizes sum to " + std::to_string(sum) + ", dim is " + std::to_string(d.value));
+  } else if (!c.has_input(1) && d.is_static()) {
+    // Equal split; with num_outputs (Split-18) the last chunk may be smaller.
+    int64_t chunk = (d.value + n - 1) / n;
+    int64_t last = d.value - chunk * (n - 1);
+    if (last < 0 || (!c.attrs().has("num_outputs") && d.value % n != 0))
+      return c.fail("dim " + std::to_string(d.value) + " cannot be split into " + std::to_string(n) + " outputs");
+    for (int i = 0; i < n; ++i) sizes[i] = Dim(i == n - 1 ? last : chunk);
+  }
+  for (int i = 0; i < n; ++i) {
+    Shape s = in;
+    s.dims[*ax] = sizes[i];
+    c.out[i] = {c.in[0].dtype, s};
+  }
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------ Pad
+
+Status infer_pad(InferContext& c) {
+  const Shape& in = c.in[0].shape;
+  const int r = in.rank();
+  std::string mode = c.attrs().get_string("mode", "constant");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
+    return c.fail("unknown mode '" + mode + "'");
+  std::optional<std::vector<int64_t>> pads;
+  if (c.has_input(1)) pads = const_ints(c, 1);
+  else if (c.attrs().has("pads")) pads = c.attrs().get_ints("pads");  // Pad-2
+  else return c.fail("missing pads");
+  std::optional<std::vector<int64_t>> axes;
+  bool axes_known = true;
+  if (c.has_input(3)) {
+    axes = const_ints(c, 3);
+    axes_known = axes.has_value();
+  }
+  Shape out = in;
+  if (!pads || !axes_known) {
+    if (axes) {
+      for (int64_t a : *axes) {
+        auto ax = normalize_axis(a, r);
+        if (!ax) return c.fail(ax.message());
+        out.dims[*ax] = Dim();
+      }
+    } else {
+      for (auto& d : out.dims) d = Dim();
+    }
+    c.out[0] = {c.in[0].dtype, out};
+    return Status::ok();
+  }
+  std::vector<int64_t> ax;
+  if (axes) ax = *axes;
+  else
+    for (int i = 0; i < r; ++i) ax.push_back(i);
+  size_t na = ax.size();
+  if (pads->size() != 2 * na)
+    return c.fail("pads has " + std::to_string(pads->size()) + " values, expected " + std::to_string(2 * na));
+  for (size_t i = 0; i < na; ++i) {
+    auto a = normalize_axis(ax[i], r);
+    if (!a) return c.fail(a.message());
+    const Dim& d = in.dims[*a];
+    int64_t b = (*pads)[i], e = (*pads)[i + na];
+    if (!d.is_static()) {
+      if (b != 0 || e != 0) out.dims[*a] = Dim();
+      continue;
+    }
+    int64_t v = d.value + b + e;
+    if (v < 0) return c.fail("negative output dim after padding");
+    if ((mode == "reflect") && (b > 0 || e > 0) && (b >= d.value || e >= d.value) && d.value > 0)
+      return c.fail("reflect pads must be smaller than the dim");
+    out.dims[*a] = Dim(v);
+  }
+  c.out[0] = {c.in[0].dtype, out};
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------ gradient helpers
+
+/// The shape of `v` as a 1-D i64 value: a constant when static, else Shape(v).
+Value* shape_of(GradContext& g, Value* v) {
+  if (v->shape.is_static()) return g.const_i64(v->shape.to_vector());
+  return g.emit1("Shape", {v});
+}
+
+/// Zeros shaped like `v` (ConstantOfShape).
+Value* zeros_like(GradContext& g, Value* v) {
+  Attributes a;
+  a.set("value", Tensor(v->dtype, {1}));
+  return g.emit1("ConstantOfShape", {shape_of(g, v)}, a);
+}
+
+GradFn reshape_back() {
+  return [](GradContext& g) -> Status {
+    Value* dy = g.grad_output(0);
+    if (!dy || !g.needs_grad(0)) return Status::ok();
+    g.set_grad_input(0, g.emit1("Reshape", {dy, shape_of(g, g.input(0))}));
+    return Status::ok();
+  };
+}
+
+OpDef make(const std::string& name, const std::string& doc, int min_in, int max_in, InferFn infer,
+           PrecisionPolicy prec, FusionClass fusion) {
+  OpDef d;
+  d.name = name;
+  d.doc = doc;
+  d.min_inputs = min_in;
+  d.max_inputs = max_in;
+  d.infer = std::move(infer);
+  d.precision = prec;
+  d.fusion = fusion;
+  return d;
+}
+
+void add_diff(OpTable& t, OpDef d, GradFn g) {
+  d.diff = Differentiability::differentiable;
+  d.grad = std::move(g);
+  t.add(std::move(d));
+}
+
+}  // namespace
+
+void register_shape_ops(OpTable& t) {
+  using P = PrecisionPolicy;
+  using F = FusionClass;
+
+  {
+    OpDef d = make("Reshape", kSpec + "Reshape-14, data reshaped to `shape` (0 copies a dim unless allowzero, -1 inferred)",
+                   1, 2, infer_reshape, P::follow_inputs, F::view);
+    d.attrs = {{"allowzero", AttrKind::i}, {"shape", AttrKind::ints}};
+    add_diff(t, d, reshape_back());
+  }
+  {
+    OpDef d = make("Transpose", kSpec + "Transpose-13, permutes axes by `perm` (default: reversed)", 1, 1,
+                   [](InferContext& c) -> Status {
+                     const Shape& in = c.in[0].shape;
+                     int r = in.rank();
+                     std::vector<int64_t> perm = c.attrs().get_ints("perm");
+                     if (perm.empty())
+                       for (int i = r - 1; i >= 0; --i) perm.push_back(i);
+                     if (static_cast<int>(perm.size()) != r) return c.fail("perm length differs from rank");
+                     std::vector<bool> seen(r, false);
+                     Shape out;
+                     for (int64_t p : perm) {
+                       if (p < 0 || p >= r || seen[p]) return c.fail("perm is not a permutation");
+                       seen[p] = true;
+                       out.dims.push_back(in.dims[p]);
+                     }
+                     c.out[0] = {c.in[0].dtype, out};
+                     return Status::ok();
+                   },
+                   P::follow_inputs, F::view);
+    d.attrs = {{"perm", AttrKind::ints}};
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy || !g.needs_grad(0)) return Status::ok();
+      int r = g.input(0)->shape.rank();
+      std::vector<int64_t> perm = g.node().attrs.get_ints("perm");
+      if (perm.empty())
+        for (int i = r - 1; i >= 0; --i) perm.push_back(i);
+      std::vector<int64_t> inv(perm.size());
+      for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+      Attributes a;
+      a.set("perm", inv);
+      g.set_grad_input(0, g.emit1("Transpose", {dy}, a));
+      return Status::ok();
+    });
+  }
+  {
+    OpDef d = make("Flatten", kSpec + "Flatten-13, 2-D [prod(dims[:axis]), prod(dims[axis:])], axis default 1", 1, 1,
+                   [](InferContext& c) -> Status {
+                     const Shape& in = c.in[0].shape;
+                     int r = in.rank();
+                     int64_t axis = c.attrs().get_int("axis", 1);
+                     if (axis < -r || axis > r) return c.fail("axis " + std::to_string(axis) + " out of range");
+                     if (axis < 0) axis += r;
+                     c.out[0] = {c.in[0].dtype,
+                                 Shape({dim_product(in, 0, static_cast<int>(axis)), dim_product(in, static_cast<int>(axis), r)})};
+                     return Status::ok();
+                   },
+                   P::follow_inputs, F::view);
+    d.attrs = {{"axis", AttrKind::i}};
+    add_diff(t, d, reshape_back());
+  }
+  {
+    OpDef d = make("Squeeze", kSpec + "Squeeze-13, removes size-1 dims listed in the axes input (all if omitted)", 1, 2,
+                   infer_squeeze, P::follow_inputs, F::view);
+    d.attrs = {{"axes", AttrKind::ints}};
+    add_diff(t, d, reshape_back());
+  }
+  {
+    OpDef d = make("Unsqueeze", kSpec + "Unsqueeze-13, inserts size-1 dims at the axes input (of the output rank)", 1, 2,
+                   infer_unsqueeze, P::follow_inputs, F::view);
+    d.attrs = {{"axes", AttrKind::ints}};
+    add_diff(t, d, reshape_back());
+  }
+  {
+    OpDef d = make("Concat", kSpec + "Concat-13, joins inputs along `axis` (negative allowed)", 1, kVariadic,
+                   [](InferContext& c) -> Status {
+                     int r = c.in[0].shape.rank();
+                     auto ax = normalize_axis(c.attrs().get_int("axis", 0), r);
+                     if (!ax) return c.fail(ax.message());
+                     Shape out = c.in[0].shape;
+                     int64_t sum = 0;
+                     bool unknown = false;
+                     for (int i = 0; i < c.num_inputs(); ++i) {
+                       if (!c.has_input(i)) return c.fail("missing input " + std::to_string(i));
+                       const Shape& s = c.in[i].shape;
+                       if (c.in[i].dtype != c.in[0].dtype) return c.fail("inputs have different dtypes");
+                       if (s.rank() != r) return c.fail("inputs have different ranks");
+                       for (int k = 0; k < r; ++k) {
+                         if (k == *ax) continue;
+                         const Dim& a = out.dims[k];
+                         const Dim& b = s.dims[k];
+                         if (a.is_static() && b.is_static() && a.value != b.value)
+                           return c.fail("input " + std::to_string(i) + " shape " + s.to_string() + " differs from " +
+                                         c.in[0].shape.to_string() + " outside the axis");
+                         if (!a.is_static() && b.is_static()) out.dims[k] = b;
+                       }
+                       if (s.dims[*ax].is_static()) sum += s.dims[*ax].value;
+                       else unknown = true;
+                     }
+                     if (c.num_inputs() == 1) unknown = false, out.dims[*ax] = c.in[0].shape.dims[*ax];
+                     else out.dims[*ax] = unknown ? Dim() : Dim(sum);
+                     c.out[0] = {c.in[0].dtype, out};
+                     return Status::ok();
+                   },
+                   P::follow_inputs, F::opaque);
+    d.attrs = {{"axis", AttrKind::i, true}};
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy) return Status::ok();
+      const Node& n = g.node();
+      int r = dy->shape.rank();
+      int64_t axis = n.attrs.get_int("axis", 0);
+      if (axis < 0) axis += r;
+      int k = n.num_inputs();
+      bool all_static = true;
+      std::vector<int64_t> sizes;
+      for (int i = 0; i < k; ++i) {
+        const Dim& d = g.input(i)->shape.dims[axis];
+        all_static = all_static && d.is_static();
+        sizes.push_back(d.value);
+      }
+      if (all_static) {
+        Attributes a;
+        a.set("axis", axis);
+        auto parts = g.emit("Split", {dy, g.const_i64(sizes)}, k, a);
+        for (int i = 0; i < k; ++i)
+          if (g.needs_grad(i)) g.set_grad_input(i, parts[i]);
+        return Status::ok();
+      }
+      // Symbolic sizes: Slice each input's range, offsets summed in-graph from Shape.
+      Value* off = g.const_i64({0});
+      Value* axes = g.const_i64({axis});
+      for (int i = 0; i < k; ++i) {
+        Attributes sa;
+        sa.set("start", axis);
+        sa.set("end", axis + 1);
+        Value* len = g.emit1("Shape", {g.input(i)}, sa);
+        Value* end = g.emit1("Add", {off, len});
+        if (g.needs_grad(i)) g.set_grad_input(i, g.emit1("Slice", {dy, off, end, axes}));
+        off = end;
+      }
+      return Status::ok();
+    });
+  }
+  {
+    OpDef d = make("Split",
+                   kSpec + "Split-18, splits along `axis` by the split input, or into num_outputs equal chunks "
+                           "(last one smaller)",
+                   1, 2, infer_split, P::follow_inputs, F::opaque);
+    d.max_outputs = kVariadic;
+    d.attrs = {{"axis", AttrKind::i}, {"num_outputs", AttrKind::i}, {"split", AttrKind::ints}};
+    add_diff(t, d, [](GradContext& g) -> Status {
+      if (!g.needs_grad(0)) return Status::ok();
+      const Node& n = g.node();
+      std::vector<Value*> parts;
+      bool any = false;
+      for (int i = 0; i < n.num_outputs(); ++i) {
+        Value* gi = g.grad_output(i);
+        any = any || gi;
+        parts.push_back(gi ? gi : zeros_like(g, g.output(i)));
+      }
+      if (!any) return Status::ok();
+      Attributes a;
+      a.set("axis", n.attrs.get_int("axis", 0));
+      g.set_grad_input(0, g.emit1("Concat", parts, a));
+      return Status::ok();
+    });
+  }
+  {
+    OpDef d = make("Slice",
+                   kSpec + "Slice-13, inputs (data, starts, ends, axes?, steps?), negative steps, indices clamped",
+                   1, 5, infer_slice, P::follow_inputs, F::view);
+    d.attrs = {{"starts", AttrKind::ints}, {"ends", AttrKind::ints}, {"axes", AttrKind::ints}};
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy || !g.needs_grad(0)) return Status::ok();
+      const Node& n = g.node();
+      std::vector<Value*> ins = {dy, shape_of(g, g.input(0))};
+      if (n.input(1)) {
+        for (int i = 1; i < n.num_inputs(); ++i) ins.push_back(n.input(i));
+      } else {  // Slice-1 attribute form
+        ins.push_back(g.const_i64(n.attrs.get_ints("starts")));
+        ins.push_back(g.const_i64(n.attrs.get_ints("ends")));
+        if (n.attrs.has("axes")) ins.push_back(g.const_i64(n.attrs.get_ints("axes")));
+      }
+      g.set_grad_input(0, g.emit1("SliceGrad", ins));
+      return Status::ok();
+    });
+  }
+  {
+    OpDef d = make("SliceGrad",
+                   "kiln-internal: zeros of shape `shape` with dy written at Slice(starts, ends, axes?, steps?) "
+                   "positions (inputs dy, shape, starts, ends, axes?, steps?; ONNX Slice-13 clamping)",
+                   4, 6,
+                   [](InferContext& c) -> Status {
+                     auto s = const_ints(c, 1);
+                     if (s) {
+                       c.out[0] = {c.in[0].dtype, Shape::of(*s)};
+                       return Status::ok();
+                     }
+                     int64_t n = length_of_1d(c, 1);
+                     if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+                     c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+                     return Status::ok();
+                   },
+                   P::follow_inputs, F::opaque);
+    d.onnx = false;
+    t.add(d);
+  }
+  {
+    OpDef d = make("Gather",
+                   kSpec + "Gather-13, out = data.shape[:axis] + indices.shape + data.shape[axis+1:], negative indices wrap",
+                   2, 2,
+                   [](InferContext& c) -> Status {
+                     const Shape& s = c.in[0].shape;
+                     auto ax = normalize_axis(c.attrs().get_int("axis", 0), s.rank());
+                     if (!ax) return c.fail(ax.message());
+                     if (c.in[1].dtype != DType::i64 && c.in[1].dtype != DType::i32)
+                       return c.fail("indices must be i32 or i64");
+                     Shape out;
+                     for (int i = 0; i < *ax; ++i) out.dims.push_back(s.dims[i]);
+                     for (auto& d : c.in[1].shape.dims) out.dims.push_back(d);
+                     for (int i = *ax + 1; i < s.rank(); ++i) out.dims.push_back(s.dims[i]);
+                     c.out[0] = {c.in[0].dtype, out};
+                     return Status::ok();
+                   },
+                   P::follow_inputs, F::opaque);
+    d.attrs = {{"axis", AttrKind::i}};
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy || !g.needs_grad(0)) return Status::ok();
+      Attributes a;
+      a.set("axis", g.node().attrs.get_int("axis", 0));
+      g.set_grad_input(0, g.emit1("GatherGrad", {g.input(1), dy, shape_of(g, g.input(0))}, a));
+      return Status::ok();
+    });
+  }
+  {
+    OpDef d = make("GatherGrad",
+                   "kiln-internal: scatter-add of dy into zeros of shape `shape` at Gather(axis) positions "
+                   "(inputs indices, dy, shape as 1-D i64; adjoint of ONNX Gather-13)",
+                   3, 3,
+                   [](InferContext& c) -> Status {
+                     auto s = const_ints(c, 2);
+                     if (s) {
+                       c.out[0] = {c.in[1].dtype, Shape::of(*s)};
+                       return Status::ok();
+                     }
+                     int64_t n = length_of_1d(c, 2);
+                     if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+                     c.out[0] = {c.in[1].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+                     return Status::ok();
+                   },
+                   P::follow_inputs, F::opaque);
+    d.attrs = {{"axis", AttrKind::i}};
+    d.onnx = false;
+    t.add(d);
+  }
+  {
+    OpDef d = make("Expand", kSpec + "Expand-13, broadcasts data to `shape` (bidirectional numpy rules)", 2, 2,
+                   [](InferContext& c) -> Status {
+                     auto s = const_ints(c, 1);
+                     if (!s) {
+                       int64_t n = length_of_1d(c, 1);
+                       if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+                       int r = std::max<int>(c.in[0].shape.rank(), static_cast<int>(n));
+                       c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(r), Dim()))};
+                       return Status::ok();
+                     }
+                     auto b = broadcast_shapes(c.in[0].shape, Shape::of(*s));
+                     if (!b) return c.fail(b.message());
+                     c.out[0] = {c.in[0].dtype, *b};
+                     return Status::ok();
+                   },
+                   P::follow_inputs, F::view);
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy || !g.needs_grad(0)) return Status::ok();
+      g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
+      return Status::ok();
+    });
+  }
+  {
+    OpDef d = make("Shape", kSpec + "Shape-15, 1-D i64 dims of the input, sliced by start/end (clamped)", 1, 1,
+                   [](InferContext& c) -> Status {
+                     int r = c.in[0].shape.rank();
+                     int64_t s = c.attrs().get_int("start", 0), e = c.attrs().get_int("end", r);
+                     if (s < 0) s += r;
+                     if (e < 0) e += r;
+                     s = std::clamp<int64_t>(s, 0, r);
+                     e = std::clamp<int64_t>(e, 0, r);
+                     c.out[0] = {DType::i64, Shape({Dim(std::max<int64_t>(0, e - s))})};
+                     return Status::ok();
+                   },
+                   P::not_float, F::opaque);
+    d.attrs = {{"start", AttrKind::i}, {"end", AttrKind::i}};
+    t.add(d);
+  }
+  {
+    OpDef d = make("ConstantOfShape",
+                   kSpec + "ConstantOfShape-9, tensor of shape `input` filled with `value` (1-element tensor, default f32 0)",
+                   1, 1,
+                   [](InferContext& c) -> Status {
+                     DType dt = DType::f32;
+                     if (const Tensor* v = c.attrs().get_tensor("value")) {
+                       if (v->numel() != 1) return c.fail("value must have one element");
+                       dt = v->dtype();
+                     }
+                     auto s = const_ints(c, 0);
+                     if (s) {
+                       for (int64_t d : *s)
+                         if (d < 0) return c.fail("negative dim in shape");
+                       c.out[0] = {dt, Shape::of(*s)};
+                       return Status::ok();
+                     }
+                     int64_t n = length_of_1d(c, 0);
+                     if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+                     c.out[0] = {dt, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+                     return Status::ok();
+                   },
+                   P::not_float, F::opaque);
+    d.attrs = {{"value", AttrKind::tensor}};
+    t.add(d);
+  }
+  {
+    OpDef d = make("Constant",
+                   kSpec + "Constant-13, one of value / value_float(s) / value_int(s) (string and sparse forms unsupported)",
+                   0, 0,
+                   [](InferContext& c) -> Status {
+                     const Attributes& a = c.attrs();
+                     if (const Tensor* v = a.get_tensor("value")) c.out[0] = {v->dtype(), Shape::of(v->dims())};
+                     else if (a.has("value_float")) c.out[0] = {DType::f32, Shape()};
+                     else if (a.has("value_int")) c.out[0] = {DType::i64, Shape()};
+                     else if (a.has("value_floats"))
+                       c.out[0] = {DType::f32, Shape::of({static_cast<int64_t>(a.get_floats("value_floats").size())})};
+                     else if (a.has("value_ints"))
+                       c.out[0] = {DType::i64, Shape::of({static_cast<int64_t>(a.get_ints("value_ints").size())})};
+                     else return c.fail("no supported value attribute (string and sparse constants are unsupported)");
+                     return Status::ok();
+                   },
+                   P::not_float, F::opaque);
+    d.attrs = {{"value", AttrKind::tensor},       {"value_float", AttrKind::f},     {"value_floats", AttrKind::floats},
+               {"value_int", AttrKind::i},        {"value_ints", AttrKind::ints},   {"value_string", AttrKind::s},
+               {"value_strings", AttrKind::strings}, {"sparse_value", AttrKind::tensor}};
+    t.add(d);
+  }
+  {
+    OpDef d = make("Range", kSpec + "Range-11, [start, limit) by delta; n = max(ceil((limit-start)/delta), 0)", 3, 3,
+                   [](InferContext& c) -> Status {
+                     DType dt = c.in[0].dtype;
+                     if (c.in[1].dtype != dt || c.in[2].dtype != dt) return c.fail("inputs have different dtypes");
+                     const Tensor *s = c.value(0), *l = c.value(1), *d = c.value(2);
+                     if (s && l && d && s->numel() == 1 && l->numel() == 1 && d->numel() == 1) {
+                       int64_t n;
+                       if (is_float(dt)) {
+                         double dv = d->get_f64(0);
+                         if (dv == 0) return c.fail("delta is 0");
+                         n = static_cast<int64_t>(std::ceil((l->get_f64(0) - s->get_f64(0)) / dv));
+                       } else {
+                         int64_t dv = d->get_i64(0), diff = l->get_i64(0) - s->get_i64(0);
+                         if (dv == 0) return c.fail("delta is 0");
+                         n = diff / dv + ((diff % dv != 0 && ((diff < 0) == (dv < 0))) ? 1 : 0);
+                       }
+                       c.out[0] = {dt, Shape::of({std::max<int64_t>(n, 0)})};
+                     } else {
+                       c.out[0] = {dt, Shape({Dim()})};
+                     }
+                     return Status::ok();
+                   },
+                   P::not_float, F::opaque);
+    t.add(d);
+  }
+  {
+    OpDef d = make("Trilu",
+                   kSpec + "Trilu-14, keeps the upper (upper=1, default) or lower triangle of the last two dims, "
+                           "diagonal offset k input",
+                   1, 2,
+                   [](InferContext& c) -> Status {
+                     KILN_RETURN_IF_ERROR(infer_passthrough_same(c));
+                     if (c.in[0].shape.rank() < 2) return c.fail("input rank must be >= 2");
+                     return Status::ok();
+                   },
+                   P::follow_inputs, F::opaque);
+    d.attrs = {{"upper", AttrKind::i}};
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy || !g.needs_grad(0)) return Status::ok();
+      std::vector<Value*> ins = {dy};
+      if (g.input(1)) ins.push_back(g.input(1));
+      g.set_grad_input(0, g.emit1("Trilu", ins, g.node().attrs));
+      return Status::ok();
+    });
+  }
+  {
+    OpDef d = make("Pad",
+                   kSpec + "Pad-18, inputs (data, pads, constant_value?, axes?), mode constant|reflect|edge|wrap",
+                   1, 4, infer_pad, P::follow_inputs, F::opaque);
+    d.attrs = {{"mode", AttrKind::s}, {"pads", AttrKind::ints}, {"value", AttrKind::f}};
+    // Gradient (constant mode only): slice dy back to the input's region. Pads must be >= 0.
+    add_diff(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy || !g.needs_grad(0)) return Status::ok();
+      const Node& n = g.node();
+      std::string mode = n.attrs.get_string("mode", "constant");
+      if (mode != "constant")
+        return Status::error("node '" + n.name + "' (Pad): gradient of mode '" + mode + "' is not implemented");
+      Value* x = g.input(0);
+      int r = x->shape.rank();
+      Value* pads = n.input(1);
+      Value* axes = n.input(3);
+      std::optional<std::vector<int64_t>> pv;
+      if (pads && pads->data) pv = pads->data->to_i64_vector();
+      else if (!pads) pv = n.attrs.get_ints("pads");
+      std::optional<std::vector<int64_t>> av;
+      if (!axes) {
+        av = std::vector<int64_t>();
+        for (int i = 0; i < r; ++i) av->push_back(i);
+      } else if (axes->data) {
+        av = axes->data->to_i64_vector();
+      }
+      if (pv && av && x->shape.is_static()) {
+        size_t na = av->size();
+        if (pv->size() != 2 * na) return Status::error("node '" + n.name + "' (Pad): pads length mismatch");
+        std::vector<int64_t> starts, ends, ax;
+        for (size_t i = 0; i < na; ++i) {
+          int64_t a = (*av)[i] < 0 ? (*av)[i] + r : (*av)[i];
+          if ((*pv)[i] < 0 || (*pv)[i + na] < 0)
+            return Status::error("node '" + n.name + "' (Pad): gradient with negative pads is not implemented");
+          starts.push_back((*pv)[i]);
+          ends.push_back((*pv)[i] + x->shape.dims[a].value);
+          ax.push_back(a);
+        }
+        g.set_grad_input(0, g.emit1("Slice", {dy, g.const_i64(starts), g.const_i64(ends), g.const_i64(ax)}));
+        return Status::ok();
+      }
+      if (!pads) return Status::error("node '" + n.name + "' (Pad): missing pads");
+      // Dynamic form: starts = pads[:na], ends = starts + dims (of the padded axes).
+      Value* dims = g.emit1("Shape", {x});
+      Value* axes_v = axes ? axes : g.const_i64(*av);
+      if (axes) dims = g.emit1("Gather", {dims, axes});
+      Attributes sa;
+      sa.set("start", int64_t(0));
+      Value* na = g.emit1("Shape", {axes_v}, sa);
+      Value* starts = g.emit1("Slice", {pads, g.const_i64({0}), na});
+      Value* ends = g.emit1("Add", {starts, dims});
+      g.set_grad_input(0, g.emit1("Slice", {dy, starts, ends, axes_v}));
+      return Status::ok();
+    });
+  }
+}
 
 }  // namespace kiln::ir

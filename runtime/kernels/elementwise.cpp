@@ -1,8 +1,407 @@
-// Eager kernels: elementwise ops.
+// Eager kernels: elementwise ops (ONNX semantics, see ir/ops/elementwise.cpp).
+// Floats are computed in f32 (f32, bf16, f16) or f64 (f64) and stored with
+// round-to-nearest-even; integers in their own type. Binary ops broadcast with
+// numpy rules through for_each_strided (util.h); loops use OpenMP when large.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/util.h"
 
 namespace kiln::runtime::kernels {
 
-void register_elementwise_kernels(ir::OpTable& t) { (void)t; }
+using ir::DType;
+using ir::KernelContext;
+using ir::KernelFn;
+using ir::Tensor;
+
+namespace {
+
+/// y[i] = f(x[i]) for the dtypes selected by the flags.
+template <bool Ints, typename F>
+KernelFn unary_kernel(F f) {
+  return [f](KernelContext& c) -> Status {
+    const Tensor& x = c.in(0);
+    Tensor& y = c.out(0);
+    return dispatch<true, Ints, false>(c, x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_t<T>;
+      const T* a = x.data<T>();
+      T* o = y.data<T>();
+      const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(static_cast<C>(f(load(a[i]))));
+    });
+  };
+}
+
+/// out[o] = f(a[ia], b[ib]) with numpy broadcasting; f returns the output storage value.
+template <typename TA, typename TB, typename TO, typename F>
+void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  const TA* pa = a.data<TA>();
+  const TB* pb = b.data<TB>();
+  TO* po = out.data<TO>();
+  const auto& od = out.dims();
+  const int64_t n = out.numel();
+  if (a.dims() == od && b.dims() == od) {
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) po[i] = f(load(pa[i]), load(pb[i]));
+    return;
+  }
+  if (a.dims() == od && b.numel() == 1) {
+    auto bv = load(pb[0]);
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) po[i] = f(load(pa[i]), bv);
+    return;
+  }
+  for_each_strided<2>(od, {broadcast_strides(a.dims(), od), broadcast_strides(b.dims(), od)},
+                      [&](int64_t o, const std::array<int64_t, 2>& off) { po[o] = f(load(pa[off[0]]), load(pb[off[1]])); });
+}
+
+/// Same-dtype binary arithmetic: out = f(a, b) in the compute type.
+template <typename F>
+KernelFn arith_kernel(F f) {
+  return [f](KernelContext& c) -> Status {
+    return dispatch_numeric(c, c.in(0).dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_t<T>;
+      binary_loop<T, T, T>(c.in(0), c.in(1), c.out(0), [&](C x, C y) { return store<T>(static_cast<C>(f(x, y))); });
+    });
+  };
+}
+
+/// Comparison: bool out = f(a, b).
+template <bool Bools, typename F>
+KernelFn compare_kernel(F f) {
+  return [f](KernelContext& c) -> Status {
+    return dispatch<true, true, Bools>(c, c.in(0).dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_t<T>;
+      binary_loop<T, T, bool_t>(c.in(0), c.in(1), c.out(0), [&](C x, C y) { return bool_t{uint8_t(f(x, y) ? 1 : 0)}; });
+    });
+  };
+}
+
+template <typename F>
+KernelFn logic_kernel(F f) {
+  return [f](KernelContext& c) -> Status {
+    if (c.in(0).dtype() != DType::boolean || c.in(1).dtype() != DType::boolean) return c.fail("expects bool inputs");
+    binary_loop<bool_t, bool_t, bool_t>(c.in(0), c.in(1), c.out(0),
+                                        [&](bool x, bool y) { return bool_t{uint8_t(f(x, y) ? 1 : 0)}; });
+    return Status::ok();
+  };
+}
+
+/// Integer power by squaring with ONNX/numpy-compatible negative exponents (truncated).
+template <typename C>
+C int_pow(C base, int64_t e) {
+  if (e < 0) {
+    if (base == 1) return 1;
+    if (base == static_cast<C>(-1)) return (e % 2) ? static_cast<C>(-1) : 1;
+    return 0;
+  }
+  C r = 1;
+  while (e) {
+    if (e & 1) r = static_cast<C>(r * base);
+    base = static_cast<C>(base * base);
+    e >>= 1;
+  }
+  return r;
+}
+
+Status pow_kernel(KernelContext& c) {
+  const Tensor& a = c.in(0);
+  const Tensor& b = c.in(1);
+  Status inner = Status::ok();
+  Status outer = dispatch_numeric(c, a.dtype(), [&](auto ta) {
+    using T = decltype(ta);
+    using C = compute_t<T>;
+    inner = dispatch_numeric(c, b.dtype(), [&](auto tb) {
+      using E = decltype(tb);
+      using CE = compute_t<E>;
+      binary_loop<T, E, T>(a, b, c.out(0), [](C x, CE e) -> T {
+        if constexpr (is_float_v<T>) {
+          return store<T>(static_cast<C>(std::pow(x, static_cast<C>(e))));
+        } else if constexpr (std::is_integral_v<CE>) {
+          return int_pow<C>(x, static_cast<int64_t>(e));
+        } else {
+          return convert<T>(std::pow(static_cast<double>(x), static_cast<double>(e)));
+        }
+      });
+    });
+  });
+  KILN_RETURN_IF_ERROR(outer);
+  return inner;
+}
+
+/// Variadic Max/Min: out = fold(pick) over all inputs with broadcasting; NaN propagates for floats.
+template <bool IsMax>
+Status minmax_kernel(KernelContext& c) {
+  Tensor& out = c.out(0);
+  const auto& od = out.dims();
+  for (int i = 0; i < static_cast<int>(c.inputs.size()); ++i)
+    if (!c.has_input(i) || c.in(i).dtype() != out.dtype()) return c.fail("inputs must all be present with one dtype");
+  return dispatch_numeric(c, out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    T* po = out.data<T>();
+    const Tensor& x0 = c.in(0);
+    strided_copy(po, x0.raw(), sizeof(T), od, broadcast_strides(x0.dims(), od), 0);
+    for (size_t k = 1; k < c.inputs.size(); ++k) {
+      const Tensor& xk = c.in(static_cast<int>(k));
+      const T* pk = xk.data<T>();
+      for_each_strided<1>(od, {broadcast_strides(xk.dims(), od)}, [&](int64_t o, const std::array<int64_t, 1>& off) {
+        C acc = load(po[o]);
+        C v = load(pk[off[0]]);
+        C r;
+        if constexpr (is_float_v<T>) {
+          if (std::isnan(acc) || std::isnan(v)) r = std::numeric_limits<C>::quiet_NaN();
+          else r = IsMax ? std::max(acc, v) : std::min(acc, v);
+        } else {
+          r = IsMax ? std::max(acc, v) : std::min(acc, v);
+        }
+        po[o] = store<T>(r);
+      });
+    }
+  });
+}
+
+Status clip_kernel(KernelContext& c) {
+  const Tensor& x = c.in(0);
+  return dispatch_numeric(c, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    C lo = std::numeric_limits<C>::lowest(), hi = std::numeric_limits<C>::max();
+    if constexpr (is_float_v<T>) {
+      lo = -std::numeric_limits<C>::infinity();
+      hi = std::numeric_limits<C>::infinity();
+    }
+    if (c.has_input(1) && c.in(1).numel() > 0) lo = load(c.in(1).data<T>()[0]);
+    else if (c.attrs().has("min")) lo = static_cast<C>(c.attrs().get_float("min", 0));
+    if (c.has_input(2) && c.in(2).numel() > 0) hi = load(c.in(2).data<T>()[0]);
+    else if (c.attrs().has("max")) hi = static_cast<C>(c.attrs().get_float("max", 0));
+    const T* a = x.data<T>();
+    T* o = c.out(0).data<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) {
+      C v = load(a[i]);
+      C r = v < lo ? lo : v;
+      r = r > hi ? hi : r;
+      o[i] = store<T>(r);
+    }
+  });
+}
+
+Status where_kernel(KernelContext& c) {
+  const Tensor& cond = c.in(0);
+  if (cond.dtype() != DType::boolean) return c.fail("condition must be bool");
+  Tensor& out = c.out(0);
+  const auto& od = out.dims();
+  return dispatch_all(c, out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const uint8_t* pc = cond.data<uint8_t>();
+    const T* px = c.in(1).data<T>();
+    const T* py = c.in(2).data<T>();
+    T* po = out.data<T>();
+    for_each_strided<3>(od,
+                        {broadcast_strides(cond.dims(), od), broadcast_strides(c.in(1).dims(), od),
+                         broadcast_strides(c.in(2).dims(), od)},
+                        [&](int64_t o, const std::array<int64_t, 3>& off) {
+                          po[o] = pc[off[0]] ? px[off[1]] : py[off[2]];
+                        });
+  });
+}
+
+/// Converts src into dst (same numel) with ONNX Cast semantics.
+Status cast_into(KernelContext& c, const Tensor& src, Tensor& dst) {
+  if (src.dtype() == dst.dtype()) {
+    if (src.nbytes()) std::memcpy(dst.raw(), src.raw(), src.nbytes());
+    return Status::ok();
+  }
+  Status inner = Status::ok();
+  Status outer = dispatch_all(c, src.dtype(), [&](auto ts) {
+    using S = decltype(ts);
+    inner = dispatch_all(c, dst.dtype(), [&](auto td) {
+      using D = decltype(td);
+      const S* ps = src.data<S>();
+      D* pd = dst.data<D>();
+      const int64_t n = src.numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+      for (int64_t i = 0; i < n; ++i) pd[i] = convert<D>(load(ps[i]));
+    });
+  });
+  KILN_RETURN_IF_ERROR(outer);
+  return inner;
+}
+
+Status copy_kernel(KernelContext& c) {
+  const Tensor& x = c.in(0);
+  if (x.nbytes()) std::memcpy(c.out(0).raw(), x.raw(), x.nbytes());
+  return Status::ok();
+}
+
+Status dropout_kernel(KernelContext& c) {
+  const Tensor& x = c.in(0);
+  Tensor& y = c.out(0);
+  bool has_mask = c.outputs.size() > 1 && c.out(1).defined() && c.out(1).raw();
+  double ratio = c.attrs().get_float("ratio", 0.5);
+  if (c.has_input(1) && c.in(1).numel() > 0) ratio = c.in(1).get_f64(0);
+  bool training = c.training;
+  if (c.has_input(2) && c.in(2).numel() > 0) training = c.in(2).get_i64(0) != 0;
+  if (ratio < 0.0 || ratio > 1.0) return c.fail("ratio " + std::to_string(ratio) + " is outside [0, 1]");
+  const int64_t n = x.numel();
+  if (!training || ratio == 0.0) {
+    KILN_RETURN_IF_ERROR(copy_kernel(c));
+    if (has_mask) std::memset(c.out(1).raw(), 1, static_cast<size_t>(n));
+    return Status::ok();
+  }
+  const uint64_t seed = c.seed, sub = rng_id(c), offset = c.step;
+  const double scale = ratio < 1.0 ? 1.0 / (1.0 - ratio) : 0.0;
+  const float r = static_cast<float>(ratio);
+  uint8_t* pm = has_mask ? c.out(1).data<uint8_t>() : nullptr;
+  return dispatch_float(c, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const T* a = x.data<T>();
+    T* o = y.data<T>();
+    const int64_t blocks = (n + 3) / 4;
+    const C s = static_cast<C>(scale);
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      auto bits = philox_block(seed, sub, offset, static_cast<uint64_t>(blk));
+      for (int w = 0; w < 4; ++w) {
+        int64_t i = blk * 4 + w;
+        if (i >= n) break;
+        bool keep = uint32_to_uniform(bits[w]) >= r;
+        o[i] = store<T>(keep ? static_cast<C>(load(a[i]) * s) : C(0));
+        if (pm) pm[i] = keep ? 1 : 0;
+      }
+    }
+  });
+}
+
+/// dx = dy * d/dx Gelu(x) (exact or tanh approximation, PyTorch formulas).
+Status gelu_grad_kernel(KernelContext& c) {
+  bool tanh_approx = c.attrs().get_string("approximate", "none") == "tanh";
+  if (c.in(0).dims() != c.in(1).dims() || c.in(0).dtype() != c.in(1).dtype())
+    return c.fail("dy and x must have one dtype and shape");
+  return dispatch_float(c, c.in(0).dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const T* pdy = c.in(0).data<T>();
+    const T* px = c.in(1).data<T>();
+    T* po = c.out(0).data<T>();
+    const int64_t n = c.in(0).numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) {
+      C x = load(px[i]), dy = load(pdy[i]);
+      C d;
+      if (tanh_approx) {
+        const C kBeta = static_cast<C>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = static_cast<C>(0.044715);
+        C inner = kBeta * (x + kKappa * x * x * x);
+        C th = std::tanh(inner);
+        d = C(0.5) * (C(1) + th) + C(0.5) * x * (C(1) - th * th) * kBeta * (C(1) + C(3) * kKappa * x * x);
+      } else {
+        C cdf = C(0.5) * (C(1) + std::erf(x * static_cast<C>(M_SQRT1_2)));
+        C pdf = std::exp(C(-0.5) * x * x) * static_cast<C>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
+        d = cdf + x * pdf;
+      }
+      po[i] = store<T>(dy * d);
+    }
+  });
+}
+
+}  // namespace
+
+void register_elementwise_kernels(ir::OpTable& t) {
+  // ---- binary arithmetic
+  set_kernel(t, "Add", arith_kernel([](auto x, auto y) { return x + y; }));
+  set_kernel(t, "Sub", arith_kernel([](auto x, auto y) { return x - y; }));
+  set_kernel(t, "Mul", arith_kernel([](auto x, auto y) { return x * y; }));
+  set_kernel(t, "Div", arith_kernel([](auto x, auto y) {
+               using C = decltype(x);
+               if constexpr (std::is_integral_v<C>) {
+                 if (y == 0) return C(0);  // integer division by zero: 0 instead of a trap
+                 if constexpr (std::is_signed_v<C>)
+                   if (y == C(-1)) return static_cast<C>(-x);
+               }
+               return static_cast<C>(x / y);
+             }));
+  set_kernel(t, "Pow", pow_kernel);
+
+  // ---- unary math (ints where ONNX allows them)
+  set_kernel(t, "Neg", unary_kernel<true>([](auto x) { return -x; }));
+  set_kernel(t, "Abs", unary_kernel<true>([](auto x) { return x < decltype(x)(0) ? -x : x; }));
+  set_kernel(t, "Relu", unary_kernel<true>([](auto x) { return x < decltype(x)(0) ? decltype(x)(0) : x; }));
+  set_kernel(t, "Sqrt", unary_kernel<false>([](auto x) { return std::sqrt(x); }));
+  set_kernel(t, "Reciprocal", unary_kernel<false>([](auto x) { return decltype(x)(1) / x; }));
+  set_kernel(t, "Exp", unary_kernel<false>([](auto x) { return std::exp(x); }));
+  set_kernel(t, "Log", unary_kernel<false>([](auto x) { return std::log(x); }));
+  set_kernel(t, "Tanh", unary_kernel<false>([](auto x) { return std::tanh(x); }));
+  set_kernel(t, "Sigmoid", unary_kernel<false>([](auto x) {
+               using C = decltype(x);
+               if (x >= C(0)) return C(1) / (C(1) + std::exp(-x));
+               C e = std::exp(x);
+               return e / (C(1) + e);
+             }));
+  set_kernel(t, "Erf", unary_kernel<false>([](auto x) { return std::erf(x); }));
+  set_kernel(t, "Softplus", unary_kernel<false>([](auto x) {
+               using C = decltype(x);
+               return x > C(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+             }));
+  set_kernel(t, "Sin", unary_kernel<false>([](auto x) { return std::sin(x); }));
+  set_kernel(t, "Cos", unary_kernel<false>([](auto x) { return std::cos(x); }));
+  set_kernel(t, "LeakyRelu", [](KernelContext& c) -> Status {
+    double alpha = c.attrs().get_float("alpha", 0.01);
+    return unary_kernel<false>([alpha](auto x) {
+      using C = decltype(x);
+      return x < C(0) ? static_cast<C>(alpha) * x : x;
+    })(c);
+  });
+  set_kernel(t, "Gelu", [](KernelContext& c) -> Status {
+    std::string approx = c.attrs().get_string("approximate", "none");
+    if (approx == "tanh")
+      return unary_kernel<false>([](auto x) {
+        using C = decltype(x);
+        const C k = static_cast<C>(M_SQRT2 * M_2_SQRTPI * 0.5);
+        return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
+      })(c);
+    if (approx != "none") return c.fail("approximate must be 'none' or 'tanh', got '" + approx + "'");
+    return unary_kernel<false>([](auto x) {
+      using C = decltype(x);
+      return C(0.5) * x * (C(1) + std::erf(x * static_cast<C>(M_SQRT1_2)));
+    })(c);
+  });
+  set_kernel(t, "GeluGrad", gelu_grad_kernel);
+  set_kernel(t, "Clip", clip_kernel);
+  set_kernel(t, "Max", minmax_kernel<true>);
+  set_kernel(t, "Min", minmax_kernel<false>);
+  set_kernel(t, "Where", where_kernel);
+
+  // ---- comparisons and logic
+  set_kernel(t, "Equal", compare_kernel<true>([](auto x, auto y) { return x == y; }));
+  set_kernel(t, "Less", compare_kernel<false>([](auto x, auto y) { return x < y; }));
+  set_kernel(t, "LessOrEqual", compare_kernel<false>([](auto x, auto y) { return x <= y; }));
+  set_kernel(t, "Greater", compare_kernel<false>([](auto x, auto y) { return x > y; }));
+  set_kernel(t, "GreaterOrEqual", compare_kernel<false>([](auto x, auto y) { return x >= y; }));
+  set_kernel(t, "And", logic_kernel([](bool x, bool y) { return x && y; }));
+  set_kernel(t, "Or", logic_kernel([](bool x, bool y) { return x || y; }));
+  set_kernel(t, "Xor", logic_kernel([](bool x, bool y) { return x != y; }));
+  set_kernel(t, "Not", [](KernelContext& c) -> Status {
+    if (c.in(0).dtype() != DType::boolean) return c.fail("expects a bool input");
+    const uint8_t* a = c.in(0).data<uint8_t>();
+    uint8_t* o = c.out(0).data<uint8_t>();
+    for (int64_t i = 0; i < c.in(0).numel(); ++i) o[i] = a[i] ? 0 : 1;
+    return Status::ok();
+  });
+
+  // ---- conversions and copies
+  set_kernel(t, "Cast", [](KernelContext& c) { return cast_into(c, c.in(0), c.out(0)); });
+  set_kernel(t, "CastLike", [](KernelContext& c) { return cast_into(c, c.in(0), c.out(0)); });
+  set_kernel(t, "Identity", copy_kernel);
+  set_kernel(t, "Dropout", dropout_kernel);
+}
 
 }  // namespace kiln::runtime::kernels

@@ -1,0 +1,213 @@
+// ONNX TensorProto <-> ir::Tensor (see tensor_proto.h). Also holds the shared
+// helper that names a tensor in error messages (initializer / Constant / tensor).
+#include "frontend/tensor_proto.h"
+
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "frontend/tensor_proto_internal.h"
+
+namespace kiln::frontend {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Splits a location on '/' and '\' (ONNX locations are POSIX-style, Windows exports use '\').
+std::vector<std::string> path_components(const std::string& p) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : p) {
+    if (c == '/' || c == '\\') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+bool is_absolute_location(const std::string& p) {
+  if (p.empty()) return false;
+  if (p[0] == '/' || p[0] == '\\') return true;
+  // Windows drive letter "C:..."
+  if (p.size() >= 2 && std::isalpha(static_cast<unsigned char>(p[0])) && p[1] == ':') return true;
+  return false;
+}
+
+Status read_external(const onnx::TensorProto& tp, const std::string& model_dir, const std::string& who,
+                     void* dst, size_t nbytes) {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto& e : tp.external_data()) {
+    try {
+      if (e.key() == "location") location = e.value();
+      else if (e.key() == "offset") offset = std::stoll(e.value());
+      else if (e.key() == "length") length = std::stoll(e.value());
+    } catch (const std::exception&) {
+      return Status::error(who + ": external data entry '" + e.key() + "' has a non-integer value '" + e.value() +
+                           "'");
+    }
+  }
+  if (location.empty()) return Status::error(who + ": external data has no 'location'");
+  if (is_absolute_location(location))
+    return Status::error(who + ": external data path '" + location +
+                         "' is absolute; only paths inside the model's folder are allowed");
+  for (const auto& c : path_components(location))
+    if (c == "..")
+      return Status::error(who + ": external data path '" + location +
+                           "' contains '..'; only paths inside the model's folder are allowed");
+  if (offset < 0) return Status::error(who + ": external data offset " + std::to_string(offset) + " is negative");
+  fs::path file = model_dir.empty() ? fs::path(location) : fs::path(model_dir) / location;
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
+    return Status::error(who + ": external data file '" + location + "' not found (looked for '" + file.string() +
+                         "')");
+  auto fsize = static_cast<int64_t>(fs::file_size(file, ec));
+  if (ec) return Status::error(who + ": cannot read external data file '" + file.string() + "'");
+  if (length < 0) length = fsize - offset;
+  if (offset + length > fsize)
+    return Status::error(who + ": external data range [" + std::to_string(offset) + ", " +
+                         std::to_string(offset + length) + ") exceeds the size " + std::to_string(fsize) +
+                         " of file '" + location + "'");
+  if (static_cast<size_t>(length) != nbytes)
+    return Status::error(who + ": external data length " + std::to_string(length) + " bytes does not match " +
+                         std::to_string(nbytes) + " bytes of its dtype and dims");
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status::error(who + ": cannot open external data file '" + file.string() + "'");
+  in.seekg(offset);
+  in.read(static_cast<char*>(dst), static_cast<std::streamsize>(nbytes));
+  if (!in) return Status::error(who + ": short read from external data file '" + file.string() + "'");
+  return Status::ok();
+}
+
+// Number of elements found in the typed field that holds this dtype.
+template <typename Field>
+Status check_count(const Field& f, int64_t numel, const std::string& who, const char* field) {
+  if (static_cast<int64_t>(f.size()) != numel)
+    return Status::error(who + ": " + field + " has " + std::to_string(f.size()) + " values, dims need " +
+                         std::to_string(numel));
+  return Status::ok();
+}
+
+}  // namespace
+
+Expected<ir::Tensor> tensor_from_proto_named(const onnx::TensorProto& tp, const std::string& model_dir,
+                                             const std::string& who) {
+  auto dt = ir::dtype_from_onnx(tp.data_type());
+  if (!dt) return Status::error(who + ": " + dt.message());
+  if (tp.has_segment()) return Status::error(who + ": segmented tensors are not supported");
+  std::vector<int64_t> dims;
+  for (int64_t d : tp.dims()) {
+    if (d < 0) return Status::error(who + ": negative dim " + std::to_string(d));
+    dims.push_back(d);
+  }
+  ir::Tensor t(*dt, dims);
+  const int64_t n = t.numel();
+  const size_t nbytes = t.nbytes();
+
+  if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
+    if (nbytes == 0) return t;
+    KILN_RETURN_IF_ERROR(read_external(tp, model_dir, who, t.raw(), nbytes));
+    return t;
+  }
+  if (tp.has_raw_data()) {
+    if (tp.raw_data().size() != nbytes)
+      return Status::error(who + ": raw_data has " + std::to_string(tp.raw_data().size()) + " bytes, " +
+                           ir::dtype_name(*dt) + ir::dims_to_string(dims) + " needs " + std::to_string(nbytes));
+    if (nbytes) std::memcpy(t.raw(), tp.raw_data().data(), nbytes);
+    return t;
+  }
+  if (n == 0) return t;
+  switch (*dt) {
+    case ir::DType::f32:
+      KILN_RETURN_IF_ERROR(check_count(tp.float_data(), n, who, "float_data"));
+      std::memcpy(t.raw(), tp.float_data().data(), nbytes);
+      break;
+    case ir::DType::f64:
+      KILN_RETURN_IF_ERROR(check_count(tp.double_data(), n, who, "double_data"));
+      std::memcpy(t.raw(), tp.double_data().data(), nbytes);
+      break;
+    case ir::DType::i64:
+      KILN_RETURN_IF_ERROR(check_count(tp.int64_data(), n, who, "int64_data"));
+      std::memcpy(t.raw(), tp.int64_data().data(), nbytes);
+      break;
+    case ir::DType::i32:
+      KILN_RETURN_IF_ERROR(check_count(tp.int32_data(), n, who, "int32_data"));
+      std::memcpy(t.raw(), tp.int32_data().data(), nbytes);
+      break;
+    case ir::DType::f16:
+    case ir::DType::bf16: {
+      // int32_data holds the uint16 bit patterns (onnx.proto: "float16 values must be bit-wise
+      // converted to an uint16_t prior to writing to the buffer").
+      KILN_RETURN_IF_ERROR(check_count(tp.int32_data(), n, who, "int32_data"));
+      auto* p = t.data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<uint16_t>(tp.int32_data(static_cast<int>(i)));
+      break;
+    }
+    case ir::DType::i8:
+    case ir::DType::u8:
+    case ir::DType::boolean: {
+      KILN_RETURN_IF_ERROR(check_count(tp.int32_data(), n, who, "int32_data"));
+      auto* p = t.data<uint8_t>();
+      for (int64_t i = 0; i < n; ++i) {
+        int32_t v = tp.int32_data(static_cast<int>(i));
+        p[i] = *dt == ir::DType::boolean ? (v != 0 ? 1 : 0) : static_cast<uint8_t>(v);
+      }
+      break;
+    }
+    default:
+      return Status::error(who + ": unsupported dtype");
+  }
+  return t;
+}
+
+Expected<ir::Tensor> tensor_from_proto(const onnx::TensorProto& tp, const std::string& model_dir) {
+  return tensor_from_proto_named(tp, model_dir, "tensor '" + tp.name() + "'");
+}
+
+Expected<ir::Tensor> load_tensor_pb(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::error(path + ": cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string bytes = ss.str();
+  onnx::TensorProto tp;
+  if (!tp.ParseFromString(bytes) || (tp.dims_size() == 0 && tp.data_type() == 0))
+    return Status::error(path + ": not a serialized ONNX TensorProto (truncated or wrong file?)");
+  std::string dir = fs::path(path).parent_path().string();
+  auto t = tensor_from_proto(tp, dir);
+  if (!t) return t.status().with_context(path);
+  return t;
+}
+
+Expected<onnx::TensorProto> tensor_to_proto(const ir::Tensor& t, const std::string& name) {
+  if (t.dtype() == ir::DType::undefined) return Status::error("tensor '" + name + "' has no dtype");
+  onnx::TensorProto tp;
+  tp.set_name(name);
+  tp.set_data_type(ir::dtype_to_onnx(t.dtype()));
+  for (int64_t d : t.dims()) tp.add_dims(d);
+  if (t.nbytes() > 0) tp.set_raw_data(static_cast<const char*>(t.raw()), t.nbytes());
+  else tp.set_raw_data(std::string());
+  return tp;
+}
+
+Status save_tensor_pb(const ir::Tensor& t, const std::string& name, const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(onnx::TensorProto tp, tensor_to_proto(t, name));
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out || !tp.SerializeToOstream(&out)) return Status::error(path + ": cannot write file");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return Status::error(path + ": cannot rename " + tmp + ": " + ec.message());
+  return Status::ok();
+}
+
+}  // namespace kiln::frontend

@@ -1,0 +1,200 @@
+// attach_loss: turns an imported forward graph into the forward half of a
+// training (or evaluation) program.
+//
+// 1. Trainable parameters: every floating-point initializer (not bool, not a
+//    constant produced by an exported Constant node, i.e. not named "/..."), minus
+//    BatchNormalization running statistics, minus those matching option "freeze"
+//    (or only those matching "trainable"). In mode "train" each becomes a graph
+//    input with a StateBinding of kind "parameter" (its ONNX initializer is the
+//    initial value); in mode "eval" it becomes a plain input of the same name.
+//    A parameter used by two nodes (tied weights) stays one value, so autodiff
+//    sums its gradients once.
+// 2. Mode: "train" sets BatchNormalization training_mode=1 with running-stat
+//    outputs bound as state of kind "buffer" (updated once per forward) and gives
+//    every Dropout a mask output (reused by its gradient) and a stable Philox id
+//    (attribute kiln_rng_id, DESIGN.md invariant 6); "eval" sets training_mode=0.
+//    Dropout's training_mode input is dropped: the run's training flag decides.
+// 3. Loss (option "loss"), PyTorch semantics, on the model output named by
+//    "logits_output" (default: the first graph output):
+//    cross_entropy: logits (..., C) and int64 labels (...), mean over labels !=
+//      ignore_index, optional label_smoothing (torch.nn.functional.cross_entropy);
+//    mse / l1: mean of squared / absolute error, labels shaped like the output;
+//    bce_with_logits: mean of max(x,0) - x*y + log(1 + exp(-|x|));
+//    model: the model's scalar output is the loss.
+//    Labels come from a new graph input named by "label_input" (default "labels").
+//    Outputs become ["loss"] in train mode, ["loss", logits] in eval mode.
+#include <map>
+#include <regex>
+#include <set>
+
+#include "passes/passes.h"
+#include "passes/training_util.h"
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+namespace {
+
+void add_output(Graph& g, Node* n, const std::string& name) {
+  Value* v = g.new_value(name);
+  v->producer = n;
+  v->producer_output = n->num_outputs();
+  n->outputs.push_back(v);
+}
+
+class AttachLoss : public Pass {
+ public:
+  std::string name() const override { return "attach_loss"; }
+  Expected<bool> run(Graph& g, PassContext& ctx) override {
+    const std::string mode = ctx.opt("mode", "train");
+    const bool train = mode == "train";
+    const std::string loss_kind = ctx.opt("loss", "cross_entropy");
+    if (g.outputs.empty()) return Status::error("model has no outputs");
+
+    // --- BatchNormalization running statistics ---
+    std::set<Value*> bn_stats;
+    for (auto& n : g.nodes())
+      if (n->op == "BatchNormalization")
+        for (int i = 3; i <= 4; ++i)
+          if (n->input(i) && n->input(i)->is_initializer()) bn_stats.insert(n->input(i));
+
+    // --- parameters ---
+    std::regex freeze_re, train_re;
+    const std::string freeze = ctx.opt("freeze"), trainable = ctx.opt("trainable");
+    try {
+      if (!freeze.empty()) freeze_re = std::regex(freeze);
+      if (!trainable.empty()) train_re = std::regex(trainable);
+    } catch (const std::regex_error& e) {
+      return Status::error("--freeze/--trainable: invalid regular expression: " + std::string(e.what()));
+    }
+    std::vector<Value*> inits = g.initializers, keep;
+    for (Value* v : inits) {
+      bool param = is_float(v->dtype) && !bn_stats.count(v) && !v->name.empty() && v->name[0] != '/' &&
+                   v->shape.numel() > 1;
+      if (param && !trainable.empty() && !std::regex_search(v->name, train_re)) param = false;
+      if (param && !freeze.empty() && std::regex_search(v->name, freeze_re)) param = false;
+      bool as_input = param || bn_stats.count(v);
+      if (!as_input) {
+        keep.push_back(v);
+        continue;
+      }
+      std::shared_ptr<Tensor> init = v->data;
+      v->data = nullptr;
+      g.inputs.push_back(v);
+      if (train && param) g.state.push_back({"parameter", v, nullptr, init});
+      if (!train || !param) init_values_[v] = init;
+    }
+    g.initializers = keep;
+
+    // --- BatchNormalization / Dropout modes ---
+    int rng_id = 0;
+    for (auto& np : g.nodes()) {
+      Node* n = np.get();
+      if (n->op == "BatchNormalization") {
+        n->attrs.set("training_mode", int64_t(train ? 1 : 0));
+        if (train) {
+          while (n->num_outputs() < 3) add_output(g, n, n->name + "/running_stat");
+          for (int i = 3; i <= 4; ++i) {
+            Value* stat = n->input(i);
+            if (stat && bn_stats.count(stat))
+              g.state.push_back({"buffer", stat, n->outputs[i - 2], init_values_[stat]});
+          }
+        } else {
+          while (n->num_outputs() > 1 && g.uses(n->outputs.back()).empty()) n->outputs.pop_back();
+        }
+        KILN_RETURN_IF_ERROR(infer_node(*n));
+      } else if (n->op == "Dropout") {
+        if (n->num_inputs() > 2) n->inputs.resize(2);
+        n->attrs.set("kiln_rng_id", int64_t(++rng_id));
+        if (train && n->num_outputs() < 2) add_output(g, n, n->outputs[0]->name + "/mask");
+        KILN_RETURN_IF_ERROR(infer_node(*n));
+      }
+    }
+
+    // --- loss ---
+    Value* logits = g.outputs[0];
+    if (!ctx.opt("logits_output").empty()) {
+      logits = nullptr;
+      for (Value* o : g.outputs)
+        if (o->name == ctx.opt("logits_output")) logits = o;
+      if (!logits) return Status::error("model has no output named '" + ctx.opt("logits_output") + "'");
+    }
+    Builder b(g, "loss");
+    Value* loss = nullptr;
+    const std::string label_name = ctx.opt("label_input", "labels");
+    if (loss_kind == "model") {
+      if (logits->shape.numel() != 1)
+        return Status::error("--loss model: output '" + logits->name + "' is not a scalar (shape " +
+                             logits->shape.to_string() + ")");
+      loss = logits->shape.rank() == 0 ? logits : b.op("Reshape", {logits, b.ints({})});
+    } else if (loss_kind == "cross_entropy") {
+      if (logits->shape.rank() < 1 || !logits->shape.is_static())
+        return Status::error("cross_entropy needs static logits of shape (..., classes); got " +
+                             logits->shape.to_string());
+      auto dims = logits->shape.to_vector();
+      int64_t classes = dims.back();
+      std::vector<int64_t> label_dims(dims.begin(), dims.end() - 1);
+      Value* labels = g.find_value(label_name);
+      if (!labels) labels = g.add_input(label_name, DType::i64, Shape::of(label_dims));
+      int64_t rows = numel_of(label_dims);
+      Value* x = logits;
+      Value* y = labels;
+      if (dims.size() != 2) {
+        x = b.op("Reshape", {logits, b.ints({rows, classes})});
+        y = b.op("Reshape", {labels, b.ints({rows})});
+      }
+      int64_t ignore = ctx.opt_i("ignore_index", -100);
+      double eps = ctx.opt_f("label_smoothing", 0.0);
+      auto sce_attrs = make_attrs({{"reduction", std::string("mean")}, {"ignore_index", ignore}});
+      if (eps <= 0) {
+        loss = b.op("SoftmaxCrossEntropyLoss", {x, y}, sce_attrs);
+      } else {
+        Value* lp = b.op("LogSoftmax", {x}, make_attrs({{"axis", int64_t(1)}}));
+        Value* nll = b.op("NegativeLogLikelihoodLoss", {lp, y}, sce_attrs);
+        Value* row_mean = b.op("ReduceMean", {lp}, make_attrs({{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t(0)}}));
+        Value* valid = b.op("Cast", {b.op("Not", {b.op("Equal", {y, b.ints({ignore})})})},
+                            make_attrs({{"to", int64_t(dtype_to_onnx(x->dtype))}}));
+        Value* smooth_sum = b.op("ReduceSum", {b.op("Mul", {row_mean, valid})}, make_attrs({{"keepdims", int64_t(0)}}));
+        Value* count = b.op("ReduceSum", {valid}, make_attrs({{"keepdims", int64_t(0)}}));
+        Value* smooth = b.op("Neg", {b.op("Div", {smooth_sum, count})});
+        loss = b.op("Add", {b.op("Mul", {nll, b.scalar(1.0 - eps, x->dtype)}), b.op("Mul", {smooth, b.scalar(eps, x->dtype)})});
+      }
+    } else if (loss_kind == "mse" || loss_kind == "l1" || loss_kind == "bce_with_logits") {
+      Value* labels = g.find_value(label_name);
+      if (!labels) labels = g.add_input(label_name, logits->dtype, logits->shape);
+      Value* per;
+      if (loss_kind == "mse") {
+        Value* d = b.op("Sub", {logits, labels});
+        per = b.op("Mul", {d, d});
+      } else if (loss_kind == "l1") {
+        per = b.op("Abs", {b.op("Sub", {logits, labels})});
+      } else {
+        Value* relu = b.op("Relu", {logits});
+        Value* xy = b.op("Mul", {logits, labels});
+        Value* sp = b.op("Softplus", {b.op("Neg", {b.op("Abs", {logits})})});
+        per = b.op("Add", {b.op("Sub", {relu, xy}), sp});
+      }
+      loss = b.op("ReduceMean", {per}, make_attrs({{"keepdims", int64_t(0)}}));
+    } else {
+      return Status::error("unknown --loss '" + loss_kind + "' (expected cross_entropy, mse, bce_with_logits, l1, model)");
+    }
+    if (!b.status()) return b.status().with_context("building the " + loss_kind + " loss");
+    if (loss->name != "loss") loss = b.op("Identity", {loss}, {}, "loss");
+    if (!b.status()) return b.status();
+    if (loss->name != "loss") return Status::error("the model already has a value named 'loss'; rename it");
+    g.outputs.clear();
+    g.outputs.push_back(loss);
+    if (!train) g.outputs.push_back(logits);
+    return true;
+  }
+
+ private:
+  std::map<Value*, std::shared_ptr<Tensor>> init_values_;
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_attach_loss_pass() { return std::make_unique<AttachLoss>(); }
+
+}  // namespace kiln::passes

@@ -1,0 +1,199 @@
+// fold_constants: evaluates nodes whose inputs are all constant at compile time and
+// replaces their outputs by initializers, so the shape subgraphs that PyTorch exports
+// (Shape -> Gather -> Unsqueeze -> Concat -> Reshape, ConstantOfShape, Range, Equal,
+// Where, Cast, Slice, Mul, ...) disappear once symbolic dims are bound, and downstream
+// shapes become static (DESIGN.md invariant 3).
+//
+// Algorithm (the classic constant-propagation sweep of ONNX Runtime's ConstantFolding
+// and onnx-simplifier, restricted to nodes we can evaluate exactly):
+//   repeat until a sweep folds nothing:
+//     for each node n in topological order:
+//       1. re-infer n (ir::infer_node), so it sees inputs folded earlier in this sweep;
+//       2. n is foldable when
+//          - it has no regions, no kiln_side_effect / kiln_rng_id attribute, is not a
+//            random op (Dropout, Random*, Bernoulli, Multinomial), and none of its outputs
+//            is bound as training state;
+//          - every present input is an initializer, and none of them may be a trainable
+//            parameter (a float initializer of more than one element whose name does not
+//            start with '/': attach_loss's definition), since folding e.g. Transpose(W)
+//            would turn a parameter into a constant; or n is Shape/Size and its input's
+//            shape is fully static (the data is not needed);
+//          - every output has a known dtype and a static shape of at most
+//            kMaxFoldElements elements (large constants stay computed at run time);
+//       3. evaluate: Shape/Size directly from the static dims (ONNX Shape-15 start/end);
+//          every other op through the op table: OpDef::kernel with an ir::KernelContext
+//          whose outputs are preallocated from the inferred types. The kernels are filled
+//          in by the runtime at start-up; an op without a kernel, or whose kernel fails,
+//          is left unfolded (never an error: the run time will evaluate it);
+//       4. the node is removed and each output becomes an initializer of the same name.
+//   then dead nodes are removed, initializers left unused by folding are dropped
+//   (other unused initializers are kept), and ir::infer_graph re-infers every node.
+#include <algorithm>
+#include <set>
+#include <unordered_set>
+
+#include "ir/op_table.h"
+#include "passes/passes.h"
+
+namespace kiln::passes {
+
+namespace {
+
+constexpr int64_t kMaxFoldElements = 1 << 20;
+
+bool is_random_op(const std::string& op) {
+  static const std::set<std::string> kRandom = {"Dropout",           "RandomNormal",      "RandomUniform",
+                                                "RandomNormalLike",  "RandomUniformLike", "Bernoulli",
+                                                "Multinomial"};
+  return kRandom.count(op) != 0;
+}
+
+// attach_loss's notion of a trainable parameter (see passes/attach_loss.cpp).
+bool may_be_parameter(const ir::Value* v) {
+  return ir::is_float(v->dtype) && !v->name.empty() && v->name[0] != '/' && v->shape.numel() > 1;
+}
+
+class FoldConstants : public Pass {
+ public:
+  std::string name() const override { return "fold_constants"; }
+
+  Expected<bool> run(ir::Graph& g, PassContext&) override {
+    created_.clear();
+    std::unordered_set<const ir::Value*> used_before = used_values(g);
+    int folded = 0;
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      std::vector<ir::Node*> order;
+      for (auto& n : g.nodes()) order.push_back(n.get());
+      for (ir::Node* n : order) {
+        if (!ir::infer_node(*n).is_ok()) continue;  // reported by the final infer_graph if it persists
+        if (try_fold(g, n)) {
+          progress = true;
+          ++folded;
+        }
+      }
+    }
+    if (folded == 0) return false;
+    g.dead_code_elimination();
+    drop_initializers_unused_after_folding(g, used_before);
+    KILN_RETURN_IF_ERROR(ir::infer_graph(g));
+    return true;
+  }
+
+ private:
+  static std::unordered_set<const ir::Value*> used_values(const ir::Graph& g) {
+    std::unordered_set<const ir::Value*> u(g.outputs.begin(), g.outputs.end());
+    for (auto& n : g.nodes())
+      for (ir::Value* v : n->inputs)
+        if (v) u.insert(v);
+    return u;
+  }
+
+  // Removes initializers that were used before the pass and are unused now (the constants
+  // that only fed folded nodes, and the folded values no one reads). Keeps the order.
+  void drop_initializers_unused_after_folding(ir::Graph& g,
+                                              const std::unordered_set<const ir::Value*>& used_before) {
+    std::unordered_set<const ir::Value*> used_now = used_values(g);
+    std::vector<ir::Value*> all = g.initializers, candidates;
+    for (ir::Value* v : all)
+      if (!used_now.count(v) && (used_before.count(v) || created_.count(v))) candidates.push_back(v);
+    if (candidates.empty()) return;
+    // Graph::remove_unused_initializers drops (and unnames) the unused entries of g.initializers;
+    // run it on the candidates only, so that other unused initializers survive.
+    g.initializers = candidates;
+    g.remove_unused_initializers();
+    std::unordered_set<const ir::Value*> removed(candidates.begin(), candidates.end());
+    for (ir::Value* v : g.initializers) removed.erase(v);
+    g.initializers.clear();
+    for (ir::Value* v : all)
+      if (!removed.count(v)) g.initializers.push_back(v);
+  }
+
+  static bool foldable_node(const ir::Graph& g, const ir::Node* n) {
+    if (!n->regions.empty() || is_random_op(n->op)) return false;
+    if (n->attrs.has("kiln_side_effect") || n->attrs.has("kiln_rng_id")) return false;
+    for (const auto& sb : g.state)
+      for (const ir::Value* o : n->outputs)
+        if (sb.input == o || sb.output == o) return false;
+    for (const ir::Value* o : n->outputs) {
+      if (o->dtype == ir::DType::undefined || !o->shape.is_static()) return false;
+      if (o->shape.numel() > kMaxFoldElements) return false;
+    }
+    return true;
+  }
+
+  // Shape-15 / Size-13 from static dims.
+  static bool eval_shape_like(const ir::Node* n, std::vector<ir::Tensor>& out) {
+    const ir::Value* x = n->input(0);
+    if (!x || !x->shape.is_static() || n->num_outputs() != 1) return false;
+    std::vector<int64_t> dims = x->shape.to_vector();
+    if (n->op == "Size") {
+      out.push_back(ir::Tensor::scalar_i64(ir::numel_of(dims)));
+      return true;
+    }
+    const int64_t r = static_cast<int64_t>(dims.size());
+    int64_t start = n->attrs.get_int("start", 0), end = n->attrs.get_int("end", r);
+    if (start < 0) start += r;
+    if (end < 0) end += r;
+    start = std::clamp<int64_t>(start, 0, r);
+    end = std::clamp<int64_t>(end, 0, r);
+    std::vector<int64_t> v;
+    for (int64_t i = start; i < end; ++i) v.push_back(dims[i]);
+    out.push_back(ir::Tensor::from_i64(v));
+    return true;
+  }
+
+  bool eval_kernel(const ir::Node* n, std::vector<ir::Tensor>& out) {
+    const ir::OpDef* def = ir::OpTable::get().find(n->op);
+    if (!def || !def->kernel) return false;
+    std::vector<const ir::Tensor*> ins;
+    for (const ir::Value* v : n->inputs) {
+      if (v && !v->is_initializer()) return false;
+      if (v && may_be_parameter(v) && !created_.count(v)) return false;
+      ins.push_back(v ? v->data.get() : nullptr);
+    }
+    std::vector<ir::Tensor> outs;
+    for (const ir::Value* o : n->outputs) outs.emplace_back(o->dtype, o->shape.to_vector());
+    ir::KernelContext kc{*n, std::move(ins), std::move(outs)};
+    try {
+      if (!def->kernel(kc).is_ok()) return false;
+    } catch (...) {
+      return false;
+    }
+    out = std::move(kc.outputs);
+    return true;
+  }
+
+  bool try_fold(ir::Graph& g, ir::Node* n) {
+    if (!foldable_node(g, n)) return false;
+    std::vector<ir::Tensor> results;
+    bool ok = (n->op == "Shape" || n->op == "Size") ? eval_shape_like(n, results) : eval_kernel(n, results);
+    if (!ok) {
+      if (n->op == "Shape" || n->op == "Size") ok = eval_kernel(n, results);
+      if (!ok) return false;
+    }
+    if (results.size() != n->outputs.size()) return false;
+    for (size_t i = 0; i < results.size(); ++i)
+      if (results[i].dtype() != n->outputs[i]->dtype || results[i].dims() != n->outputs[i]->shape.to_vector())
+        return false;  // kernel and inference disagree: leave it to the run time
+    std::vector<ir::Value*> old_outs = n->outputs;
+    std::vector<std::string> names;
+    for (ir::Value* o : old_outs) names.push_back(o->name);
+    g.remove_node(n);  // frees the output names for the initializers
+    for (size_t i = 0; i < old_outs.size(); ++i) {
+      ir::Value* c = g.add_initializer(names[i], std::move(results[i]));
+      created_.insert(c);
+      g.replace_all_uses(old_outs[i], c);
+    }
+    return true;
+  }
+
+  std::unordered_set<const ir::Value*> created_;  ///< initializers made by this run
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_fold_constants_pass() { return std::make_unique<FoldConstants>(); }
+
+}  // namespace kiln::passes

@@ -1,0 +1,170 @@
+// optimizer: appends gradient clipping, the learning-rate schedule and the
+// optimizer update to a differentiated training graph, as ordinary IR ops, so
+// later passes can fuse them (DESIGN.md convention 11).
+//
+// Semantics follow PyTorch and Hugging Face exactly:
+// - global L2 norm clipping as torch.nn.utils.clip_grad_norm_: norm over all
+//   parameter gradients, coef = min(max_grad_norm / (norm + 1e-6), 1); the
+//   pre-clip norm is the output "grad_norm" (0 max_grad_norm: no clipping).
+// - schedules as transformers.get_scheduler with t = optimizer steps taken so far
+//   (the state counter "step"): linear, cosine (half a cycle), constant,
+//   constant_with_warmup; warmup multiplies by t / warmup_steps. Output
+//   "learning_rate" is the rate used by this step.
+// - adamw_torch = torch.optim.AdamW: p -= lr*wd*p (decoupled), m = b1 m + (1-b1) g,
+//   v = b2 v + (1-b2) g^2, p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps),
+//   with t = step + 1. Weight decay applies only to parameters of rank >= 2 (no
+//   decay on biases and norm scales, Hugging Face's default grouping).
+// - sgd = torch.optim.SGD: g += wd*p; buf = g on the first step, else
+//   momentum*buf + g; nesterov uses g + momentum*buf; p -= lr*g.
+// Optimizer state is carried as StateBinding kind "optimizer_state", named
+// "<param>.exp_avg", "<param>.exp_avg_sq" or "<param>.momentum_buffer".
+#include <cmath>
+
+#include "passes/passes.h"
+#include "passes/training_util.h"
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+namespace {
+
+class Optimizer : public Pass {
+ public:
+  std::string name() const override { return "optimizer"; }
+  Expected<bool> run(Graph& g, PassContext& ctx) override {
+    const std::string optim = ctx.opt("optim", "adamw_torch");
+    if (optim != "adamw_torch" && optim != "sgd")
+      return Status::error("unknown --optim '" + optim + "' (expected adamw_torch or sgd)");
+    Value* loss = g.find_value("loss");
+    if (!loss) return Status::error("no 'loss' value");
+    std::vector<StateBinding*> params;
+    for (auto& sb : g.state)
+      if (sb.kind == "parameter") params.push_back(&sb);
+    std::vector<Value*> grads;
+    for (auto* sb : params) {
+      Value* gr = g.find_value(sb->input->name + ".grad");
+      if (!gr) return Status::error("no gradient '" + sb->input->name + ".grad' (run autodiff first)");
+      grads.push_back(gr);
+    }
+    if (params.empty()) return Status::error("no trainable parameters");
+    const DType dt = params[0]->input->dtype;
+    Builder b(g, "optimizer");
+    auto C = [&](double v) { return b.scalar(v, dt); };
+    auto kZero = make_attrs({{"keepdims", int64_t(0)}});
+
+    // ---- global gradient norm and clipping ----
+    b.set_prefix("optimizer/clip");
+    Value* sq = nullptr;
+    for (Value* gr : grads) {
+      Value* s = b.op("ReduceSum", {b.op("Mul", {gr, gr})}, kZero);
+      sq = sq ? b.op("Add", {sq, s}) : s;
+    }
+    Value* norm = b.op("Sqrt", {sq}, {}, "grad_norm");
+    const double max_norm = ctx.opt_f("max_grad_norm", 1.0);
+    Value* coef = nullptr;
+    if (max_norm > 0) {
+      coef = b.op("Min", {b.op("Div", {C(max_norm), b.op("Add", {norm, C(1e-6)})}), C(1.0)});
+    }
+
+    // ---- step counter and LR schedule ----
+    b.set_prefix("optimizer/schedule");
+    Value* step = g.add_input("step", dt, Shape());
+    {
+      Tensor zero(dt, {});
+      g.state.push_back({"counter", step, nullptr, std::make_shared<Tensor>(zero)});
+    }
+    Value* step_next = b.op("Add", {step, C(1.0)}, {}, "step.next");
+    const double base_lr = ctx.opt_f("learning_rate", 5e-5);
+    const int64_t total = ctx.opt_i("total_steps", 1);
+    const int64_t warmup = ctx.opt_i("warmup_steps", 0);
+    const std::string sched = ctx.opt("lr_scheduler_type", "linear");
+    // factor(t): warmup ramp t/W for t < W, then the schedule's decay.
+    Value* decay;
+    if (sched == "linear") {
+      Value* rem = b.op("Div", {b.op("Sub", {C(double(total)), step}), C(double(std::max<int64_t>(1, total - warmup)))});
+      decay = b.op("Max", {rem, C(0.0)});
+    } else if (sched == "cosine") {
+      Value* progress = b.op("Div", {b.op("Sub", {step, C(double(warmup))}), C(double(std::max<int64_t>(1, total - warmup)))});
+      Value* c = b.op("Cos", {b.op("Mul", {progress, C(M_PI)})});
+      decay = b.op("Max", {b.op("Mul", {C(0.5), b.op("Add", {C(1.0), c})}), C(0.0)});
+    } else if (sched == "constant" || sched == "constant_with_warmup") {
+      decay = C(1.0);
+    } else {
+      return Status::error("unknown --lr_scheduler_type '" + sched +
+                           "' (expected linear, cosine, constant, constant_with_warmup)");
+    }
+    Value* factor = decay;
+    if (warmup > 0 && sched != "constant") {
+      Value* ramp = b.op("Div", {step, C(double(warmup))});
+      factor = b.op("Where", {b.op("Less", {step, C(double(warmup))}), ramp, decay});
+    }
+    Value* lr = b.op("Mul", {factor, C(base_lr)}, {}, "learning_rate");
+
+    // ---- per-parameter update ----
+    const double wd = ctx.opt_f("weight_decay", 0.0);
+    const double b1 = ctx.opt_f("adam_beta1", 0.9), b2 = ctx.opt_f("adam_beta2", 0.999);
+    const double eps = ctx.opt_f("adam_epsilon", 1e-8);
+    const double momentum = ctx.opt_f("momentum", 0.0);
+    const bool nesterov = ctx.opt("nesterov", "0") == "1";
+    Value *bc1 = nullptr, *step_size = nullptr, *sqrt_bc2 = nullptr, *first = nullptr;
+    if (optim == "adamw_torch") {
+      bc1 = b.op("Sub", {C(1.0), b.op("Pow", {C(b1), step_next})});
+      sqrt_bc2 = b.op("Sqrt", {b.op("Sub", {C(1.0), b.op("Pow", {C(b2), step_next})})});
+      step_size = b.op("Div", {lr, bc1});
+    } else if (momentum != 0) {
+      first = b.op("Equal", {step, C(0.0)});
+    }
+    std::vector<StateBinding> new_state;
+    for (size_t i = 0; i < params.size(); ++i) {
+      Value* p = params[i]->input;
+      b.set_prefix("optimizer/" + p->name);
+      Value* gr = grads[i];
+      if (coef) gr = b.op("Mul", {gr, coef});
+      bool decay_this = wd != 0 && p->shape.rank() >= 2;
+      Value* p_new;
+      if (optim == "adamw_torch") {
+        Value* m = g.add_input(p->name + ".exp_avg", dt, p->shape);
+        Value* v = g.add_input(p->name + ".exp_avg_sq", dt, p->shape);
+        Value* pd = p;
+        if (decay_this) pd = b.op("Sub", {p, b.op("Mul", {p, b.op("Mul", {lr, C(wd)})})});
+        Value* m_new = b.op("Add", {b.op("Mul", {m, C(b1)}), b.op("Mul", {gr, C(1.0 - b1)})}, {}, p->name + ".exp_avg.next");
+        Value* v_new = b.op("Add", {b.op("Mul", {v, C(b2)}), b.op("Mul", {b.op("Mul", {gr, gr}), C(1.0 - b2)})}, {},
+                            p->name + ".exp_avg_sq.next");
+        Value* denom = b.op("Add", {b.op("Div", {b.op("Sqrt", {v_new}), sqrt_bc2}), C(eps)});
+        p_new = b.op("Sub", {pd, b.op("Mul", {step_size, b.op("Div", {m_new, denom})})}, {}, p->name + ".next");
+        new_state.push_back({"optimizer_state", m, m_new, std::make_shared<Tensor>(dt, p->shape.to_vector())});
+        new_state.push_back({"optimizer_state", v, v_new, std::make_shared<Tensor>(dt, p->shape.to_vector())});
+      } else {
+        Value* d = gr;
+        if (wd != 0) d = b.op("Add", {d, b.op("Mul", {p, C(wd)})});
+        if (momentum != 0) {
+          Value* buf = g.add_input(p->name + ".momentum_buffer", dt, p->shape);
+          Value* upd = b.op("Add", {b.op("Mul", {buf, C(momentum)}), d});
+          Value* buf_new = b.op("Where", {first, d, upd}, {}, p->name + ".momentum_buffer.next");
+          new_state.push_back({"optimizer_state", buf, buf_new, std::make_shared<Tensor>(dt, p->shape.to_vector())});
+          d = nesterov ? b.op("Add", {d, b.op("Mul", {buf_new, C(momentum)})}) : buf_new;
+        }
+        p_new = b.op("Sub", {p, b.op("Mul", {d, lr})}, {}, p->name + ".next");
+      }
+      params[i]->output = p_new;
+    }
+    if (!b.status()) return b.status();
+    for (auto& sb : g.state)
+      if (sb.kind == "counter" && sb.input == step) sb.output = step_next;
+    for (auto& sb : new_state) g.state.push_back(sb);
+    g.outputs.clear();
+    g.outputs.push_back(loss);
+    g.outputs.push_back(norm);
+    g.outputs.push_back(lr);
+    for (auto& sb : g.state)
+      if (sb.output && !g.is_graph_output(sb.output)) g.outputs.push_back(sb.output);
+    return true;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_optimizer_pass() { return std::make_unique<Optimizer>(); }
+
+}  // namespace kiln::passes

@@ -1,0 +1,50 @@
+#include "passes/training_util.h"
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+Expected<std::vector<Value*>> Builder::emit(const std::string& op, std::vector<Value*> inputs, int num_outputs,
+                                            Attributes attrs, const std::string& out_name) {
+  int k = counter_++;
+  std::string node_name = prefix_ + "/" + op + "_" + std::to_string(k);
+  std::vector<std::string> outs;
+  for (int i = 0; i < num_outputs; ++i) {
+    if (!out_name.empty()) outs.push_back(num_outputs == 1 ? out_name : out_name + "." + std::to_string(i));
+    else outs.push_back(node_name + (num_outputs == 1 ? "" : ":" + std::to_string(i)));
+  }
+  Node* n = g_.add_node(op, node_name, std::move(inputs), outs, std::move(attrs));
+  Status st = infer_node(*n);
+  if (!st) return st;
+  return n->outputs;
+}
+
+Value* Builder::op(const std::string& op, std::vector<Value*> inputs, Attributes attrs, const std::string& out_name) {
+  for (Value* v : inputs)
+    if (v == nullptr && op != "Clip" && op != "Dropout") {
+      if (status_.is_ok()) status_ = Status::error("builder: null input to " + op);
+      return nullptr;
+    }
+  auto r = emit(op, std::move(inputs), 1, std::move(attrs), out_name);
+  if (!r) {
+    if (status_.is_ok()) status_ = r.status();
+    return nullptr;
+  }
+  return (*r)[0];
+}
+
+Value* Builder::scalar(double v, DType dtype) {
+  Tensor t(dtype, {});
+  t.set_f64(0, v);
+  return g_.add_initializer(prefix_ + "/const", std::move(t));
+}
+
+Value* Builder::ints(const std::vector<int64_t>& v) { return g_.add_initializer(prefix_ + "/ints", Tensor::from_i64(v)); }
+
+Attributes make_attrs(std::initializer_list<std::pair<std::string, AttrValue>> kv) {
+  Attributes a;
+  for (auto& [k, v] : kv) a.set(k, v);
+  return a;
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,163 @@
+// Trainer checkpoints: atomic directory writes, loading, rotation (see checkpoint.h).
+#include "runtime/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "runtime/io.h"
+
+namespace kiln::runtime {
+
+namespace fs = std::filesystem;
+
+Status prepare_output_dir(const std::string& dir) {
+  if (dir.empty()) return Status::error("output_dir: empty path");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::error("output_dir '" + dir + "': cannot create directory (" + ec.message() + ")");
+  if (!fs::is_directory(dir, ec)) return Status::error("output_dir '" + dir + "': exists and is not a directory");
+  fs::path probe = fs::path(dir) / ".kiln_write_test";
+  {
+    std::ofstream f(probe);
+    if (!f || !(f << "ok") || !(f.flush()))
+      return Status::error("output_dir '" + dir + "': is not writable");
+  }
+  fs::remove(probe, ec);
+  return Status::ok();
+}
+
+nlohmann::json trainer_state_to_json(const TrainerState& s) {
+  nlohmann::json j;
+  j["global_step"] = s.global_step;
+  j["epoch"] = s.epoch;
+  j["total_steps"] = s.total_steps;
+  j["data"] = {{"seed", s.seed},
+               {"steps_per_epoch", s.steps_per_epoch},
+               {"rows_per_step", s.rows_per_step},
+               {"epoch", s.steps_per_epoch > 0 ? s.global_step / s.steps_per_epoch : 0},
+               {"batch_index", s.steps_per_epoch > 0 ? s.global_step % s.steps_per_epoch : 0}};
+  j["log_accumulators"] = {{"loss_sum", s.log_loss_sum},
+                           {"loss_count", s.log_loss_count},
+                           {"time_sum", s.log_time_sum},
+                           {"total_loss_sum", s.total_loss_sum}};
+  nlohmann::json cfg = nlohmann::json::object();
+  if (!s.config_json.empty()) {
+    try {
+      cfg = nlohmann::json::parse(s.config_json);
+    } catch (const std::exception&) {
+    }
+  }
+  j["config"] = cfg;
+  return j;
+}
+
+Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const std::string& origin) {
+  TrainerState s;
+  try {
+    s.global_step = j.at("global_step").get<int64_t>();
+    s.epoch = j.at("epoch").get<double>();
+    s.total_steps = j.value("total_steps", int64_t{0});
+    const auto& d = j.at("data");
+    s.seed = d.at("seed").get<uint64_t>();
+    s.steps_per_epoch = d.at("steps_per_epoch").get<int64_t>();
+    s.rows_per_step = d.at("rows_per_step").get<int64_t>();
+    if (j.contains("log_accumulators")) {
+      const auto& a = j["log_accumulators"];
+      s.log_loss_sum = a.value("loss_sum", 0.0);
+      s.log_loss_count = a.value("loss_count", int64_t{0});
+      s.log_time_sum = a.value("time_sum", 0.0);
+      s.total_loss_sum = a.value("total_loss_sum", 0.0);
+    }
+    if (j.contains("config")) s.config_json = j["config"].dump();
+  } catch (const std::exception& e) {
+    std::string w = e.what();
+    return Status::error(origin + ": malformed trainer state (" + w.substr(0, w.find('\n')) + ")");
+  }
+  if (s.global_step < 0) return Status::error(origin + ": negative global_step");
+  return s;
+}
+
+Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
+  std::error_code ec;
+  fs::path final_dir(dir);
+  while (final_dir.has_parent_path() && final_dir.filename().empty()) final_dir = final_dir.parent_path();
+  fs::path tmp = final_dir;
+  tmp += ".tmp";
+  fs::remove_all(tmp, ec);  // leftover of a crashed save
+  fs::create_directories(tmp, ec);
+  if (ec) return Status::error("checkpoint '" + tmp.string() + "': cannot create directory (" + ec.message() + ")");
+  KILN_RETURN_IF_ERROR(io::save_safetensors((tmp / "model.safetensors").string(), ckpt.model));
+  KILN_RETURN_IF_ERROR(io::save_safetensors((tmp / "optimizer.safetensors").string(), ckpt.optimizer));
+  {
+    std::ofstream f(tmp / "trainer_state.json");
+    f << trainer_state_to_json(ckpt.state).dump(2) << "\n";
+    f.flush();
+    if (!f) return Status::error("checkpoint '" + tmp.string() + "': cannot write trainer_state.json");
+  }
+  // Replace an existing checkpoint only once the new one is complete.
+  fs::path old = final_dir;
+  old += ".old";
+  bool had_old = fs::exists(final_dir, ec);
+  if (had_old) {
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old, ec);
+    if (ec) return Status::error("checkpoint '" + final_dir.string() + "': cannot move the previous one aside (" + ec.message() + ")");
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) {
+    if (had_old) fs::rename(old, final_dir, ec);
+    return Status::error("checkpoint '" + final_dir.string() + "': rename from .tmp failed (" + ec.message() + ")");
+  }
+  if (had_old) fs::remove_all(old, ec);
+  return Status::ok();
+}
+
+Expected<Checkpoint> load_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return Status::error("checkpoint '" + dir + "': not a directory");
+  Checkpoint c;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+    if (!fs::exists(fs::path(dir) / f, ec)) return Status::error("checkpoint '" + dir + "': missing " + f);
+  KILN_ASSIGN_OR_RETURN(c.model, io::load_safetensors((fs::path(dir) / "model.safetensors").string()));
+  KILN_ASSIGN_OR_RETURN(c.optimizer, io::load_safetensors((fs::path(dir) / "optimizer.safetensors").string()));
+  std::string sp = (fs::path(dir) / "trainer_state.json").string();
+  std::ifstream f(sp);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    return Status::error(sp + ": invalid JSON");
+  }
+  KILN_ASSIGN_OR_RETURN(c.state, trainer_state_from_json(j, sp));
+  return c;
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir) {
+  std::vector<std::pair<int64_t, std::string>> r;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(output_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (name.rfind("checkpoint-", 0) != 0 || !it->is_directory()) continue;
+    std::string num = name.substr(11);
+    if (num.empty() || !std::all_of(num.begin(), num.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    r.emplace_back(std::stoll(num), it->path().string());
+  }
+  std::sort(r.begin(), r.end());
+  return r;
+}
+
+Status rotate_checkpoints(const std::string& output_dir, int64_t limit) {
+  if (limit <= 0) return Status::ok();
+  auto all = list_checkpoints(output_dir);
+  std::error_code ec;
+  for (size_t i = 0; i + static_cast<size_t>(limit) < all.size(); ++i) {
+    fs::remove_all(all[i].second, ec);
+    if (ec) return Status::error("checkpoint '" + all[i].second + "': cannot delete (" + ec.message() + ")");
+  }
+  return Status::ok();
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,63 @@
+// Trainer checkpoints (Hugging Face Trainer layout):
+//   output_dir/checkpoint-N/model.safetensors      parameters and buffers, named by ONNX initializer
+//   output_dir/checkpoint-N/optimizer.safetensors  optimizer state and counters (the "step" counter)
+//   output_dir/checkpoint-N/trainer_state.json     global_step, epoch, data position, log accumulators, config
+// A checkpoint is written into checkpoint-N.tmp and renamed when complete, so a crash
+// never leaves a half-written checkpoint-N and never destroys an existing one.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ir/status.h"
+#include "ir/tensor.h"
+
+namespace kiln::runtime {
+
+/// Everything besides tensors that a resumed run needs to continue exactly.
+struct TrainerState {
+  int64_t global_step = 0;       ///< optimizer steps done
+  double epoch = 0;              ///< global_step / steps_per_epoch
+  int64_t total_steps = 0;
+  int64_t steps_per_epoch = 0;   ///< data position: batch (global_step / spe, global_step % spe)
+  int64_t rows_per_step = 0;
+  uint64_t seed = 0;             ///< data order and dropout derive from (seed, epoch, index / step)
+  // Logging accumulators since the last log line (HF: tr_loss), so logged means match.
+  double log_loss_sum = 0;
+  int64_t log_loss_count = 0;
+  double log_time_sum = 0;
+  double total_loss_sum = 0;     ///< for the final train_loss
+  std::string config_json;       ///< config_to_json() of the run
+};
+
+/// A checkpoint's contents.
+struct Checkpoint {
+  std::map<std::string, ir::Tensor> model;      ///< parameters and buffers
+  std::map<std::string, ir::Tensor> optimizer;  ///< optimizer state and counters
+  TrainerState state;
+};
+
+/// Creates `dir` (and parents) and checks that a file can be written in it.
+/// Error: "output_dir 'DIR': cannot create directory (reason)" / "... is not writable".
+Status prepare_output_dir(const std::string& dir);
+
+/// Writes checkpoint `dir` atomically: into `dir`.tmp, then renamed to `dir` (an
+/// existing `dir` is replaced only after the new one is complete).
+Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt);
+/// Reads a checkpoint directory. Errors name the directory and the missing/bad file.
+Expected<Checkpoint> load_checkpoint(const std::string& dir);
+
+/// checkpoint-N directories of `output_dir`, sorted by N (complete ones only, not *.tmp).
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir);
+/// Deletes the oldest checkpoints so that at most `limit` remain (limit 0: keep all).
+Status rotate_checkpoints(const std::string& output_dir, int64_t limit);
+
+/// trainer_state.json <-> TrainerState.
+nlohmann::json trainer_state_to_json(const TrainerState& s);
+Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const std::string& origin);
+
+}  // namespace kiln::runtime

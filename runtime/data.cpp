@@ -1,0 +1,331 @@
+// Data loading for the trainer: .npy arrays bound to graph inputs and nanoGPT
+// uint16 token streams (see data.h for the sampling rules).
+#include "runtime/data.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "runtime/io.h"
+
+namespace kiln::runtime {
+
+using ir::DType;
+using ir::Tensor;
+
+uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c) {
+  auto sm = [](uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  };
+  return sm(sm(sm(a) ^ b) ^ c);
+}
+
+namespace {
+
+/// Uniform integer in [0, n) by rejection (independent of the standard library's
+/// distribution implementation, so orders are the same everywhere).
+uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
+  uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+  uint64_t x;
+  do x = rng();
+  while (x >= limit);
+  return x % n;
+}
+
+std::string shape_str(const ir::Shape& s) { return s.to_string(); }
+
+/// Converts a loaded array to the dtype the graph input wants, or explains why not.
+Expected<Tensor> convert_for_input(const NamedArray& a, const DataInputSpec& in, const DataOptions& o) {
+  const std::string where = a.file + " (input '" + in.name + "')";
+  bool is_label = !o.label_input.empty() && in.name == o.label_input;
+  DType got = a.data.dtype();
+  if (is_label && o.loss == "cross_entropy") {
+    if (!ir::is_integer(got))
+      return Status::error(where + ": cross_entropy labels must be integer class ids (i64 or i32), got " +
+                           ir::dtype_name(got));
+    DType want = ir::is_integer(in.dtype) ? in.dtype : DType::i64;
+    return got == want ? a.data : a.data.cast(want);
+  }
+  if (got == in.dtype) return a.data;
+  // Lossless widenings only.
+  if ((got == DType::f32 && in.dtype == DType::f64) || (got == DType::i32 && in.dtype == DType::i64))
+    return a.data.cast(in.dtype);
+  return Status::error(where + ": expected dtype " + ir::dtype_name(in.dtype) + ", got " + ir::dtype_name(got));
+}
+
+/// Checks the dims after the first against the graph input (which may carry one more
+/// leading accumulation dim).
+Status check_trailing_dims(const NamedArray& a, const DataInputSpec& in) {
+  const auto& fd = a.data.dims();
+  const auto& gd = in.shape.dims;
+  auto fail = [&]() {
+    return Status::error(a.file + " (input '" + in.name + "'): expected shape " + shape_str(in.shape) +
+                         " (first dim = rows), got " + ir::dims_to_string(fd));
+  };
+  if (fd.empty()) return fail();
+  size_t off;
+  if (gd.size() == fd.size()) off = 0;
+  else if (gd.size() == fd.size() + 1) off = 1;
+  else return fail();
+  for (size_t i = 1; i < fd.size(); ++i) {
+    const ir::Dim& d = gd[i + off];
+    if (d.is_static() && d.value != fd[i]) return fail();
+  }
+  return Status::ok();
+}
+
+const DataInputSpec* find_input(const std::vector<DataInputSpec>& inputs, const std::string& name) {
+  for (auto& i : inputs)
+    if (i.name == name) return &i;
+  return nullptr;
+}
+
+std::string names_of(const std::vector<DataInputSpec>& inputs) {
+  std::string s;
+  for (auto& i : inputs) s += (s.empty() ? "" : ", ") + i.name;
+  return s;
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+}  // namespace
+
+std::vector<int64_t> Dataset::epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> p(n);
+  for (int64_t i = 0; i < n; ++i) p[i] = i;
+  std::mt19937_64 rng(mix_seed(seed, static_cast<uint64_t>(epoch), 0x5EED));
+  for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[uniform_below(rng, static_cast<uint64_t>(i) + 1)]);
+  return p;
+}
+
+Expected<Dataset> Dataset::from_arrays(std::vector<NamedArray> arrays, const std::vector<DataInputSpec>& inputs,
+                                       const DataOptions& opts) {
+  if (arrays.empty()) return Status::error("no data arrays given");
+  Dataset ds;
+  ds.label_input_ = opts.label_input;
+  ds.max_eval_batches_ = opts.max_eval_batches;
+  for (auto& a : arrays) {
+    const DataInputSpec* in = find_input(inputs, a.input);
+    if (!in)
+      return Status::error(a.file + ": the graph has no data input '" + a.input + "' (data inputs: " +
+                           names_of(inputs) + ")");
+    for (auto& b : ds.arrays_)
+      if (b.input == a.input) return Status::error(a.file + ": input '" + a.input + "' given twice");
+    KILN_RETURN_IF_ERROR(check_trailing_dims(a, *in));
+    KILN_ASSIGN_OR_RETURN(Tensor t, convert_for_input(a, *in, opts));
+    if (!ds.arrays_.empty() && t.dim(0) != ds.arrays_[0].data.dim(0))
+      return Status::error(a.file + ": has " + std::to_string(t.dim(0)) + " rows but " + ds.arrays_[0].file +
+                           " has " + std::to_string(ds.arrays_[0].data.dim(0)) + " (all arrays need the same first dim)");
+    ds.arrays_.push_back({a.input, a.file, t});
+  }
+  for (auto& in : inputs)
+    if (std::none_of(ds.arrays_.begin(), ds.arrays_.end(), [&](const NamedArray& x) { return x.input == in.name; }))
+      return Status::error("no data for graph input '" + in.name + "' (give NAME=FILE.npy for each of: " +
+                           names_of(inputs) + ")");
+  return ds;
+}
+
+Expected<Dataset> Dataset::from_tokens(std::shared_ptr<const std::vector<uint16_t>> tokens, const std::string& file,
+                                       const std::vector<DataInputSpec>& inputs, const DataOptions& opts) {
+  Dataset ds;
+  ds.tokens_ = std::move(tokens);
+  ds.token_file_ = file;
+  ds.label_input_ = opts.label_input;
+  ds.max_eval_batches_ = opts.max_eval_batches;
+  std::vector<const DataInputSpec*> model_inputs;
+  const DataInputSpec* label = nullptr;
+  for (auto& in : inputs) {
+    if (!opts.label_input.empty() && in.name == opts.label_input) label = &in;
+    else model_inputs.push_back(&in);
+  }
+  if (model_inputs.size() != 1)
+    return Status::error(file + ": a token file feeds a model with exactly one input, the graph has " +
+                         std::to_string(model_inputs.size()) + " (" + names_of(inputs) + "); use NAME=FILE.npy arrays");
+  const DataInputSpec& in = *model_inputs[0];
+  if (!ir::is_integer(in.dtype))
+    return Status::error(file + ": token windows feed input '" + in.name + "' which expects " +
+                         ir::dtype_name(in.dtype) + ", not integer token ids");
+  ds.token_input_ = in.name;
+  ds.token_dtype_ = in.dtype;
+  int64_t model_T = in.shape.rank() >= 2 && in.shape.dims.back().is_static() ? in.shape.dims.back().value : -1;
+  if (in.shape.rank() < 2)
+    return Status::error(file + ": input '" + in.name + "' has shape " + in.shape.to_string() +
+                         ", token windows need (batch, block_size)");
+  ds.block_size_ = opts.block_size > 0 ? opts.block_size : model_T;
+  if (ds.block_size_ <= 0)
+    return Status::error(file + ": --block_size is needed (input '" + in.name + "' has no static sequence length)");
+  if (model_T > 0 && model_T != ds.block_size_)
+    return Status::error(file + ": --block_size " + std::to_string(ds.block_size_) + " but input '" + in.name +
+                         "' expects sequence length " + std::to_string(model_T));
+  if (label) {
+    ds.label_input_ = label->name;
+    ds.label_dtype_ = ir::is_integer(label->dtype) ? label->dtype : DType::i64;
+    if (opts.loss == "cross_entropy" && !ir::is_integer(label->dtype))
+      return Status::error(file + ": label input '" + label->name + "' expects " + ir::dtype_name(label->dtype) +
+                           ", token labels are integer ids");
+  } else {
+    ds.label_input_.clear();
+  }
+  if (static_cast<int64_t>(ds.tokens_->size()) < ds.block_size_ + 1)
+    return Status::error(file + ": has " + std::to_string(ds.tokens_->size()) + " tokens, fewer than block_size + 1 = " +
+                         std::to_string(ds.block_size_ + 1));
+  return ds;
+}
+
+Expected<Dataset> Dataset::open(const std::vector<std::string>& specs, const std::vector<DataInputSpec>& inputs,
+                                const DataOptions& opts) {
+  if (specs.empty()) return Status::error("no data given");
+  if (specs.size() == 1 && specs[0].find('=') == std::string::npos && ends_with(specs[0], ".bin")) {
+    KILN_ASSIGN_OR_RETURN(auto toks, io::load_tokens(specs[0]));
+    return from_tokens(std::make_shared<const std::vector<uint16_t>>(std::move(toks)), specs[0], inputs, opts);
+  }
+  std::vector<NamedArray> arrays;
+  for (auto& s : specs) {
+    auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
+      return Status::error("data '" + s + "': expected NAME=FILE.npy (or a single FILE.bin token file)");
+    std::string name = s.substr(0, eq), file = s.substr(eq + 1);
+    if (ends_with(file, ".bin"))
+      return Status::error(file + ": a .bin token file is given alone, without NAME= (--train_data " + file + ")");
+    KILN_ASSIGN_OR_RETURN(Tensor t, io::load_npy(file));
+    arrays.push_back({name, file, t});
+  }
+  return from_arrays(std::move(arrays), inputs, opts);
+}
+
+int64_t Dataset::num_rows() const {
+  if (tokens_) return static_cast<int64_t>(tokens_->size()) / block_size_;
+  return arrays_.empty() ? 0 : arrays_[0].data.dim(0);
+}
+
+int64_t Dataset::steps_per_epoch(int64_t rows_per_step) const {
+  return rows_per_step <= 0 ? 0 : num_rows() / rows_per_step;
+}
+
+std::vector<std::string> Dataset::input_names() const {
+  std::vector<std::string> r;
+  if (tokens_) {
+    r.push_back(token_input_);
+    if (!label_input_.empty()) r.push_back(label_input_);
+  } else {
+    for (auto& a : arrays_) r.push_back(a.input);
+  }
+  return r;
+}
+
+Batch Dataset::gather_rows(const std::vector<int64_t>& rows) const {
+  Batch b;
+  for (auto& a : arrays_) {
+    std::vector<int64_t> dims = a.data.dims();
+    dims[0] = static_cast<int64_t>(rows.size());
+    Tensor t(a.data.dtype(), dims);
+    size_t row_bytes = a.data.dim(0) == 0 ? 0 : a.data.nbytes() / static_cast<size_t>(a.data.dim(0));
+    auto* dst = static_cast<char*>(t.raw());
+    auto* src = static_cast<const char*>(a.data.raw());
+    for (size_t i = 0; i < rows.size(); ++i) std::memcpy(dst + i * row_bytes, src + rows[i] * row_bytes, row_bytes);
+    b[a.input] = t;
+  }
+  return b;
+}
+
+Expected<Batch> Dataset::token_windows(const std::vector<int64_t>& starts) const {
+  io::TokenFile f{token_file_, tokens_};
+  KILN_ASSIGN_OR_RETURN(io::TokenBatch tb, io::token_windows(f, starts, block_size_));
+  return to_batch(tb);
+}
+
+Batch Dataset::to_batch(const io::TokenBatch& tb) const {
+  Batch r;  // (B, T) each
+  r[token_input_] = tb.inputs.dtype() == token_dtype_ ? tb.inputs : tb.inputs.cast(token_dtype_);
+  if (!label_input_.empty()) r[label_input_] = tb.targets.dtype() == label_dtype_ ? tb.targets : tb.targets.cast(label_dtype_);
+  return r;
+}
+
+Expected<Batch> Dataset::train_batch(uint64_t seed, int64_t epoch, int64_t index, int64_t rows) const {
+  if (rows <= 0) return Status::error("batch size must be > 0");
+  if (index < 0 || index >= steps_per_epoch(rows))
+    return Status::error("batch index " + std::to_string(index) + " out of range (" +
+                         std::to_string(steps_per_epoch(rows)) + " batches of " + std::to_string(rows) +
+                         " rows per epoch)");
+  if (tokens_) {
+    // nanoGPT get_batch: s = rng() % (n - T) per row, rng seeded by (seed, epoch, index).
+    std::mt19937_64 rng(mix_seed(seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index) + 1));
+    io::TokenFile f{token_file_, tokens_};
+    KILN_ASSIGN_OR_RETURN(io::TokenBatch tb, io::sample_token_batch(f, rows, block_size_, rng));
+    return to_batch(tb);
+  }
+  if (cached_epoch_ != epoch || cached_seed_ != seed || cached_perm_.size() != static_cast<size_t>(num_rows())) {
+    cached_perm_ = epoch_permutation(num_rows(), seed, epoch);
+    cached_epoch_ = epoch;
+    cached_seed_ = seed;
+  }
+  std::vector<int64_t> sel(cached_perm_.begin() + index * rows, cached_perm_.begin() + (index + 1) * rows);
+  return gather_rows(sel);
+}
+
+Expected<Batch> Dataset::first_batch(int64_t rows) const {
+  if (rows <= 0) return Status::error("batch size must be > 0");
+  if (num_rows() < rows)
+    return Status::error("data has " + std::to_string(num_rows()) + " rows, fewer than the batch size " +
+                         std::to_string(rows));
+  std::vector<int64_t> sel(rows);
+  for (int64_t i = 0; i < rows; ++i) sel[i] = tokens_ ? i * block_size_ : i;
+  if (tokens_) return token_windows(sel);
+  return gather_rows(sel);
+}
+
+int64_t Dataset::num_eval_batches(int64_t rows) const {
+  if (rows <= 0) return 0;
+  if (tokens_) {
+    // Non-overlapping windows available: (n-1) / T.
+    int64_t windows = (static_cast<int64_t>(tokens_->size()) - 1) / block_size_;
+    return std::min(max_eval_batches_, windows / rows);
+  }
+  return num_rows() / rows;
+}
+
+Expected<Batch> Dataset::eval_batch(int64_t index, int64_t rows) const {
+  int64_t nb = num_eval_batches(rows);
+  if (index < 0 || index >= nb)
+    return Status::error("eval batch " + std::to_string(index) + " out of range (" + std::to_string(nb) + " batches)");
+  std::vector<int64_t> sel(rows);
+  if (tokens_) {
+    // nb*rows windows spread at a regular stride over [0, n-T-1].
+    int64_t W = nb * rows;
+    int64_t last = static_cast<int64_t>(tokens_->size()) - block_size_ - 1;
+    int64_t stride = W > 1 ? last / (W - 1) : 0;  // >= T - 1 since W <= (n-1)/T
+    for (int64_t i = 0; i < rows; ++i) sel[i] = (index * rows + i) * stride;
+    return token_windows(sel);
+  }
+  for (int64_t i = 0; i < rows; ++i) sel[i] = index * rows + i;
+  return gather_rows(sel);
+}
+
+Expected<Tensor> fit_to_input(const Tensor& t, const DataInputSpec& in) {
+  const auto& gd = in.shape.dims;
+  auto fail = [&]() {
+    return Status::error("input '" + in.name + "': the graph expects shape " + in.shape.to_string() + ", the batch is " +
+                         ir::dims_to_string(t.dims()));
+  };
+  Tensor r = t;
+  if (static_cast<int>(gd.size()) == t.rank() + 1) {
+    if (!gd[0].is_static() || gd[0].value <= 0 || t.dim(0) % gd[0].value != 0) return fail();
+    std::vector<int64_t> dims = t.dims();
+    dims.insert(dims.begin(), gd[0].value);
+    dims[1] /= gd[0].value;
+    r = t.reshaped(dims);
+  } else if (static_cast<int>(gd.size()) != t.rank()) {
+    return fail();
+  }
+  for (int i = 0; i < r.rank(); ++i)
+    if (gd[i].is_static() && gd[i].value != r.dim(i)) return fail();
+  return r;
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,124 @@
+// Training and evaluation data for the trainer: named .npy arrays mapped to graph
+// inputs, or one nanoGPT-style uint16 token file sampled in windows.
+//
+// Arrays (`--train_data input=x.npy --train_data labels=y.npy`): every array has the
+// same first dim (rows). An epoch visits the rows in a permutation drawn from
+// std::mt19937_64 seeded by mix(seed, epoch) (Fisher-Yates, rejection-sampled so the
+// order depends on nothing but the seed); batch i of the epoch is rows
+// perm[i*B, (i+1)*B); the last partial batch is dropped (HF dataloader_drop_last).
+//
+// Tokens (`--train_data train.bin`): a stream of uint16 tokens (nanoGPT prepare.py
+// format). Each row is a window of T = block_size tokens: inputs tokens[s:s+T],
+// labels tokens[s+1:s+T+1], s = rng() % (n-T) (nanoGPT get_batch, io::sample_token_batch)
+// with std::mt19937_64 seeded by mix(seed, epoch, batch index). One epoch is defined as
+// n_tokens / (B*T) steps (each token seen about once).
+//
+// Both layouts derive batch (epoch, i) from the seed alone, so a resumed run that
+// restarts at step k sees exactly the batches of an uninterrupted run.
+//
+// Evaluation is sequential and never shuffled: arrays in file order (last partial
+// batch dropped), tokens as windows at a regular stride over the file, at most
+// `max_eval_batches` batches.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+#include "ir/tensor.h"
+#include "runtime/io.h"
+
+namespace kiln::runtime {
+
+/// A graph data input the loader feeds: name, dtype and shape (static or symbolic dims).
+struct DataInputSpec {
+  std::string name;
+  ir::DType dtype = ir::DType::undefined;
+  ir::Shape shape;
+};
+
+/// Loader options (from TrainConfig and the training program).
+struct DataOptions {
+  std::string label_input = "labels";  ///< graph input fed with labels ("" for --loss model)
+  std::string loss = "cross_entropy";  ///< labels of cross_entropy must be integer class ids
+  int64_t block_size = 0;              ///< token window; 0: the model input's static dim 1
+  int64_t max_eval_batches = 20;       ///< bound on eval batches of a token file
+};
+
+/// A batch: graph input name -> tensor with `rows` as first dim.
+using Batch = std::map<std::string, ir::Tensor>;
+
+/// One named array loaded from a file, before checking against the graph.
+struct NamedArray {
+  std::string input;  ///< graph input name
+  std::string file;   ///< file it came from (for error messages)
+  ir::Tensor data;
+};
+
+/// A dataset bound to a graph's data inputs.
+class Dataset {
+ public:
+  Dataset() = default;
+
+  /// Opens `--train_data`/`--eval_data` specs: NAME=FILE.npy entries, or one FILE.bin.
+  /// Errors (one line naming the file): unreadable file, unknown or missing input name,
+  /// row counts differ, dtype or trailing dims differ from the graph input, float labels
+  /// for cross_entropy, token file shorter than one window.
+  static Expected<Dataset> open(const std::vector<std::string>& specs, const std::vector<DataInputSpec>& inputs,
+                                const DataOptions& opts);
+  /// Binds already loaded arrays (i32 labels become i64, f32 data widens to an f64 input).
+  static Expected<Dataset> from_arrays(std::vector<NamedArray> arrays, const std::vector<DataInputSpec>& inputs,
+                                       const DataOptions& opts);
+  /// Binds a token stream; `file` names it in errors.
+  static Expected<Dataset> from_tokens(std::shared_ptr<const std::vector<uint16_t>> tokens, const std::string& file,
+                                       const std::vector<DataInputSpec>& inputs, const DataOptions& opts);
+
+  bool is_tokens() const { return tokens_ != nullptr; }
+  /// Rows of the array dataset, or n_tokens / block_size for a token stream.
+  int64_t num_rows() const;
+  /// Optimizer steps per epoch: floor(num_rows / rows_per_step) (partial batch dropped).
+  int64_t steps_per_epoch(int64_t rows_per_step) const;
+  /// Batch `index` of epoch `epoch` (shuffled arrays / random windows), `rows` rows.
+  Expected<Batch> train_batch(uint64_t seed, int64_t epoch, int64_t index, int64_t rows) const;
+  /// The first `rows` rows in file order (arrays) or windows at 0, T, 2T, ... (tokens).
+  Expected<Batch> first_batch(int64_t rows) const;
+  /// Number of sequential eval batches of `rows` rows.
+  int64_t num_eval_batches(int64_t rows) const;
+  /// Eval batch `index` (sequential, not shuffled).
+  Expected<Batch> eval_batch(int64_t index, int64_t rows) const;
+  /// Names of the inputs this dataset feeds.
+  std::vector<std::string> input_names() const;
+
+  /// The permutation of `n` rows for (seed, epoch): public for tests and documentation.
+  static std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+ private:
+  Batch gather_rows(const std::vector<int64_t>& rows) const;
+  Expected<Batch> token_windows(const std::vector<int64_t>& starts) const;
+  Batch to_batch(const io::TokenBatch& tb) const;
+
+  std::vector<NamedArray> arrays_;
+  std::shared_ptr<const std::vector<uint16_t>> tokens_;
+  std::string token_file_;
+  std::string token_input_, label_input_;
+  ir::DType token_dtype_ = ir::DType::i64, label_dtype_ = ir::DType::i64;
+  int64_t block_size_ = 0;
+  int64_t max_eval_batches_ = 20;
+  // Cache of the current epoch's permutation.
+  mutable int64_t cached_epoch_ = -1;
+  mutable uint64_t cached_seed_ = 0;
+  mutable std::vector<int64_t> cached_perm_;
+};
+
+/// Reshapes a (rows, ...) batch tensor to the graph input's layout: unchanged when the
+/// ranks match, (A, rows/A, ...) when the input has one more leading dim A (the
+/// gradient-accumulation layout). Error naming the input when static dims differ.
+Expected<ir::Tensor> fit_to_input(const ir::Tensor& t, const DataInputSpec& in);
+
+/// splitmix64 finalizer: mixes seed words into one 64-bit RNG seed.
+uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0);
+
+}  // namespace kiln::runtime

@@ -1,0 +1,267 @@
+// oneDNN 2.6 helpers (see onednn.h): matmul and convolution primitives over plain
+// row-major buffers, cached by a key of dims, strides and dtypes, with an f32
+// fallback for bf16 when the CPU lacks a bf16 implementation.
+#include "runtime/kernels/onednn.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
+namespace kiln::runtime::kernels::onednn {
+
+namespace {
+
+using dnnl::memory;
+using Dt = memory::data_type;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+Dt to_dnnl(ir::DType t) { return t == ir::DType::bf16 ? Dt::bf16 : Dt::f32; }
+
+std::vector<int64_t> row_major(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> s(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
+  return s;
+}
+
+memory::desc md(const std::vector<int64_t>& dims, Dt dt, const std::vector<int64_t>& strides = {}) {
+  return memory::desc(memory::dims(dims.begin(), dims.end()), dt,
+                      memory::dims(strides.empty() ? row_major(dims) : strides));
+}
+
+void key_add(std::ostringstream& os, const std::vector<int64_t>& v) {
+  os << '[';
+  for (int64_t x : v) os << x << ',';
+  os << ']';
+}
+
+/// A cached primitive, or an empty entry when oneDNN has no implementation.
+struct Cached {
+  bool ok = false;
+  dnnl::primitive prim;
+  std::string why;
+};
+
+std::mutex g_mu;
+std::unordered_map<std::string, std::shared_ptr<Cached>>& cache() {
+  static std::unordered_map<std::string, std::shared_ptr<Cached>> c;
+  return c;
+}
+
+/// Finds or builds the primitive of `key` with `build` (which may throw dnnl::error).
+template <typename Build>
+std::shared_ptr<Cached> get_or_build(const std::string& key, Build&& build) {
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = cache().find(key);
+    if (it != cache().end()) return it->second;
+  }
+  auto c = std::make_shared<Cached>();
+  try {
+    c->prim = build();
+    c->ok = true;
+  } catch (const dnnl::error& e) {
+    c->why = e.what();
+  }
+  std::lock_guard<std::mutex> l(g_mu);
+  cache()[key] = c;
+  return c;
+}
+
+Status run(const Cached& c, const std::unordered_map<int, memory>& args) {
+  try {
+    dnnl::stream s(engine());
+    c.prim.execute(s, args);
+    s.wait();
+  } catch (const dnnl::error& e) {
+    return Status::error(std::string("oneDNN execution failed: ") + e.what());
+  }
+  return Status::ok();
+}
+
+memory mem(const memory::desc& d, const void* p) { return memory(d, engine(), const_cast<void*>(p)); }
+
+/// Copies a (possibly strided) bf16 operand into a dense f32 operand.
+Operand to_f32_operand(const Operand& o, std::vector<float>& buf) {
+  std::vector<int64_t> st = o.strides.empty() ? row_major(o.dims) : o.strides;
+  int64_t n = 1;
+  for (int64_t d : o.dims) n *= d;
+  buf.assign(static_cast<size_t>(n), 0.f);
+  const uint16_t* src = static_cast<const uint16_t*>(o.data);
+  std::vector<int64_t> idx(o.dims.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0, rem = i;
+    for (int d = static_cast<int>(o.dims.size()) - 1; d >= 0; --d) {
+      off += (rem % o.dims[d]) * st[d];
+      rem /= o.dims[d];
+    }
+    buf[i] = ir::bf16_to_f32(src[off]);
+  }
+  return Operand{buf.data(), o.dims, {}};
+}
+
+int64_t numel(const std::vector<int64_t>& d) {
+  int64_t n = 1;
+  for (int64_t x : d) n *= x;
+  return n;
+}
+
+std::string conv_key(const char* kind, const ConvGeometry& g, Dt dt, bool bias) {
+  std::ostringstream os;
+  os << kind << static_cast<int>(dt) << (bias ? "b" : "") << 'g' << g.group;
+  key_add(os, g.x_dims);
+  key_add(os, g.w_dims);
+  key_add(os, g.y_dims);
+  key_add(os, g.strides);
+  key_add(os, g.dilations);
+  key_add(os, g.pads_begin);
+  key_add(os, g.pads_end);
+  return os.str();
+}
+
+struct ConvMds {
+  memory::desc x, w, b, y;
+  memory::dims strides, dilates, pl, pr;
+};
+
+ConvMds conv_mds(const ConvGeometry& g, Dt dt) {
+  ConvMds m;
+  m.x = md(g.x_dims, dt);
+  m.y = md(g.y_dims, dt);
+  std::vector<int64_t> wd = g.w_dims;
+  if (g.group > 1) {
+    wd[0] /= g.group;
+    wd.insert(wd.begin(), g.group);  // (G, M/G, C/G, k...): the same bytes as ONNX (M, C/G, k...)
+  }
+  m.w = md(wd, dt);
+  m.b = md({g.w_dims[0]}, dt);
+  for (size_t i = 0; i < g.strides.size(); ++i) {
+    m.strides.push_back(g.strides[i]);
+    m.dilates.push_back(g.dilations[i] - 1);  // oneDNN counts dilation from 0
+    m.pl.push_back(g.pads_begin[i]);
+    m.pr.push_back(g.pads_end[i]);
+  }
+  return m;
+}
+
+dnnl::convolution_forward::primitive_desc fwd_pd(const ConvMds& m, bool bias, dnnl::prop_kind pk) {
+  using CF = dnnl::convolution_forward;
+  auto d = bias ? CF::desc(pk, dnnl::algorithm::convolution_direct, m.x, m.w, m.b, m.y, m.strides, m.dilates, m.pl, m.pr)
+                : CF::desc(pk, dnnl::algorithm::convolution_direct, m.x, m.w, m.y, m.strides, m.dilates, m.pl, m.pr);
+  return CF::primitive_desc(d, engine());
+}
+
+Status unimplemented(const char* what, const Cached& c) {
+  return Status::error(std::string("oneDNN has no ") + what + " implementation: " + c.why);
+}
+
+}  // namespace
+
+std::vector<float> bf16_to_f32(const void* src, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) v[i] = ir::bf16_to_f32(s[i]);
+  return v;
+}
+
+void f32_to_bf16(const float* src, void* dst, int64_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = ir::f32_to_bf16(src[i]);
+}
+
+Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims, ir::DType in_dt,
+              ir::DType out_dt) {
+  Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
+  std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
+  std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
+  std::ostringstream os;
+  os << "mm" << static_cast<int>(idt) << static_cast<int>(odt);
+  key_add(os, a.dims);
+  key_add(os, as);
+  key_add(os, b.dims);
+  key_add(os, bs);
+  key_add(os, c_dims);
+  auto amd = md(a.dims, idt, as), bmd = md(b.dims, idt, bs), cmd = md(c_dims, odt);
+  auto prim = get_or_build(os.str(), [&] {
+    return dnnl::primitive(dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(amd, bmd, cmd), engine())));
+  });
+  if (prim->ok)
+    return run(*prim, {{DNNL_ARG_SRC, mem(amd, a.data)}, {DNNL_ARG_WEIGHTS, mem(bmd, b.data)}, {DNNL_ARG_DST, mem(cmd, c)}});
+  if (in_dt != ir::DType::bf16) return unimplemented("matmul", *prim);
+  // bf16 without a bf16 implementation: f32 on converted copies, rounded on store.
+  std::vector<float> fa, fb;
+  Operand a32 = to_f32_operand(a, fa), b32 = to_f32_operand(b, fb);
+  if (out_dt == ir::DType::f32) return matmul(a32, b32, c, c_dims, ir::DType::f32, ir::DType::f32);
+  std::vector<float> fc(static_cast<size_t>(numel(c_dims)));
+  KILN_RETURN_IF_ERROR(matmul(a32, b32, fc.data(), c_dims, ir::DType::f32, ir::DType::f32));
+  f32_to_bf16(fc.data(), c, numel(c_dims));
+  return Status::ok();
+}
+
+Status conv_forward(const ConvGeometry& g, const void* x, const void* w, const void* b, void* y, ir::DType dt) {
+  Dt d = to_dnnl(dt);
+  ConvMds m = conv_mds(g, d);
+  auto prim = get_or_build(conv_key("cf", g, d, b != nullptr), [&] {
+    return dnnl::primitive(dnnl::convolution_forward(fwd_pd(m, b != nullptr, dnnl::prop_kind::forward_inference)));
+  });
+  if (prim->ok) {
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, mem(m.x, x)}, {DNNL_ARG_WEIGHTS, mem(m.w, w)}, {DNNL_ARG_DST, mem(m.y, y)}};
+    if (b) args.insert({DNNL_ARG_BIAS, mem(m.b, b)});
+    return run(*prim, args);
+  }
+  if (dt != ir::DType::bf16) return unimplemented("convolution", *prim);
+  auto fx = bf16_to_f32(x, numel(g.x_dims)), fw = bf16_to_f32(w, numel(g.w_dims));
+  std::vector<float> fb = b ? bf16_to_f32(b, g.w_dims[0]) : std::vector<float>();
+  std::vector<float> fy(static_cast<size_t>(numel(g.y_dims)));
+  KILN_RETURN_IF_ERROR(conv_forward(g, fx.data(), fw.data(), b ? fb.data() : nullptr, fy.data(), ir::DType::f32));
+  f32_to_bf16(fy.data(), y, numel(g.y_dims));
+  return Status::ok();
+}
+
+Status conv_backward_data(const ConvGeometry& g, const void* dy, const void* w, void* dx, ir::DType dt) {
+  Dt d = to_dnnl(dt);
+  ConvMds m = conv_mds(g, d);
+  auto prim = get_or_build(conv_key("cbd", g, d, false), [&] {
+    using CB = dnnl::convolution_backward_data;
+    auto hint = fwd_pd(m, false, dnnl::prop_kind::forward_training);
+    CB::desc desc(dnnl::algorithm::convolution_direct, m.x, m.w, m.y, m.strides, m.dilates, m.pl, m.pr);
+    return dnnl::primitive(CB(CB::primitive_desc(desc, engine(), hint)));
+  });
+  if (prim->ok)
+    return run(*prim, {{DNNL_ARG_DIFF_DST, mem(m.y, dy)}, {DNNL_ARG_WEIGHTS, mem(m.w, w)}, {DNNL_ARG_DIFF_SRC, mem(m.x, dx)}});
+  if (dt != ir::DType::bf16) return unimplemented("convolution backward-data", *prim);
+  auto fdy = bf16_to_f32(dy, numel(g.y_dims)), fw = bf16_to_f32(w, numel(g.w_dims));
+  std::vector<float> fdx(static_cast<size_t>(numel(g.x_dims)));
+  KILN_RETURN_IF_ERROR(conv_backward_data(g, fdy.data(), fw.data(), fdx.data(), ir::DType::f32));
+  f32_to_bf16(fdx.data(), dx, numel(g.x_dims));
+  return Status::ok();
+}
+
+Status conv_backward_weights(const ConvGeometry& g, const void* dy, const void* x, void* dw, ir::DType dt) {
+  Dt d = to_dnnl(dt);
+  ConvMds m = conv_mds(g, d);
+  auto prim = get_or_build(conv_key("cbw", g, d, false), [&] {
+    using CB = dnnl::convolution_backward_weights;
+    auto hint = fwd_pd(m, false, dnnl::prop_kind::forward_training);
+    CB::desc desc(dnnl::algorithm::convolution_direct, m.x, m.w, m.y, m.strides, m.dilates, m.pl, m.pr);
+    return dnnl::primitive(CB(CB::primitive_desc(desc, engine(), hint)));
+  });
+  if (prim->ok)
+    return run(*prim, {{DNNL_ARG_DIFF_DST, mem(m.y, dy)}, {DNNL_ARG_SRC, mem(m.x, x)}, {DNNL_ARG_DIFF_WEIGHTS, mem(m.w, dw)}});
+  if (dt != ir::DType::bf16) return unimplemented("convolution backward-weights", *prim);
+  auto fdy = bf16_to_f32(dy, numel(g.y_dims)), fx = bf16_to_f32(x, numel(g.x_dims));
+  std::vector<float> fdw(static_cast<size_t>(numel(g.w_dims)));
+  KILN_RETURN_IF_ERROR(conv_backward_weights(g, fdy.data(), fx.data(), fdw.data(), ir::DType::f32));
+  f32_to_bf16(fdw.data(), dw, numel(g.w_dims));
+  return Status::ok();
+}
+
+}  // namespace kiln::runtime::kernels::onednn

@@ -1,0 +1,329 @@
+// TrainConfig: validation, step arithmetic (Hugging Face Trainer semantics), and
+// the table of fields shared by the command-line flags and the JSON config files.
+#include "runtime/train_config.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace kiln::runtime {
+
+using Kind = ConfigField::Kind;
+
+int64_t TrainConfig::total_steps(int64_t steps_per_epoch) const {
+  if (max_steps > 0) return max_steps;
+  // HF: max_steps = ceil(num_train_epochs * num_update_steps_per_epoch)
+  double t = std::ceil(num_train_epochs * static_cast<double>(steps_per_epoch) - 1e-9);
+  return t < 0 ? 0 : static_cast<int64_t>(t);
+}
+
+int64_t TrainConfig::warmup(int64_t total) const {
+  if (warmup_steps > 0) return warmup_steps;
+  return static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(total) - 1e-9));
+}
+
+namespace {
+
+Status bad(const std::string& name, const std::string& why) { return Status::error("--" + name + ": " + why); }
+
+template <typename T>
+std::string num_str(T v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+Status one_of(const std::string& name, const std::string& v, const std::vector<std::string>& allowed) {
+  for (auto& a : allowed)
+    if (a == v) return Status::ok();
+  std::string list;
+  for (auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  return bad(name, "unknown value '" + v + "' (expected one of: " + list + ")");
+}
+
+}  // namespace
+
+Status TrainConfig::validate() const {
+  KILN_RETURN_IF_ERROR(one_of("loss", loss, {"cross_entropy", "mse", "bce_with_logits", "l1", "model"}));
+  if (optim == "adamw_8bit" || optim == "adamw_bnb_8bit")
+    return bad("optim", "'" + optim + "' is not supported yet (use adamw_torch or sgd)");
+  KILN_RETURN_IF_ERROR(one_of("optim", optim, {"adamw_torch", "sgd"}));
+  KILN_RETURN_IF_ERROR(
+      one_of("lr_scheduler_type", lr_scheduler_type, {"linear", "cosine", "constant", "constant_with_warmup"}));
+  KILN_RETURN_IF_ERROR(one_of("backend", backend, {"eager", "cpu", "cuda"}));
+  auto positive = [](const char* n, int64_t v) -> Status {
+    if (v <= 0) return bad(n, "must be > 0, got " + num_str(v));
+    return Status::ok();
+  };
+  auto non_negative = [](const char* n, double v) -> Status {
+    if (!(v >= 0) || std::isinf(v)) return bad(n, "must be a finite number >= 0, got " + num_str(v));
+    return Status::ok();
+  };
+  KILN_RETURN_IF_ERROR(positive("per_device_train_batch_size", per_device_train_batch_size));
+  KILN_RETURN_IF_ERROR(positive("per_device_eval_batch_size", per_device_eval_batch_size));
+  KILN_RETURN_IF_ERROR(positive("gradient_accumulation_steps", gradient_accumulation_steps));
+  KILN_RETURN_IF_ERROR(positive("logging_steps", logging_steps));
+  if (eval_steps < 0) return bad("eval_steps", "must be >= 0, got " + num_str(eval_steps));
+  if (save_steps < 0) return bad("save_steps", "must be >= 0, got " + num_str(save_steps));
+  if (save_total_limit < 0) return bad("save_total_limit", "must be >= 0, got " + num_str(save_total_limit));
+  if (warmup_steps < 0) return bad("warmup_steps", "must be >= 0, got " + num_str(warmup_steps));
+  if (block_size < 0) return bad("block_size", "must be >= 0, got " + num_str(block_size));
+  if (max_steps == 0 || max_steps < -1) return bad("max_steps", "must be -1 (use epochs) or > 0, got " + num_str(max_steps));
+  if (max_steps <= 0 && !(num_train_epochs > 0 && std::isfinite(num_train_epochs)))
+    return bad("num_train_epochs", "must be > 0, got " + num_str(num_train_epochs));
+  KILN_RETURN_IF_ERROR(non_negative("learning_rate", learning_rate));
+  KILN_RETURN_IF_ERROR(non_negative("weight_decay", weight_decay));
+  KILN_RETURN_IF_ERROR(non_negative("adam_epsilon", adam_epsilon));
+  KILN_RETURN_IF_ERROR(non_negative("momentum", momentum));
+  KILN_RETURN_IF_ERROR(non_negative("max_grad_norm", max_grad_norm));
+  if (!(adam_beta1 >= 0 && adam_beta1 < 1)) return bad("adam_beta1", "must be in [0, 1), got " + num_str(adam_beta1));
+  if (!(adam_beta2 >= 0 && adam_beta2 < 1)) return bad("adam_beta2", "must be in [0, 1), got " + num_str(adam_beta2));
+  if (!(warmup_ratio >= 0 && warmup_ratio <= 1))
+    return bad("warmup_ratio", "must be in [0, 1], got " + num_str(warmup_ratio));
+  if (!(label_smoothing >= 0 && label_smoothing < 1))
+    return bad("label_smoothing", "must be in [0, 1), got " + num_str(label_smoothing));
+  if (nesterov && momentum <= 0) return bad("nesterov", "requires --momentum > 0 (PyTorch SGD rule)");
+  if (output_dir.empty()) return bad("output_dir", "must not be empty");
+  for (auto* re : {&freeze, &trainable}) {
+    if (re->empty()) continue;
+    try {
+      std::regex r(*re);
+    } catch (const std::regex_error& e) {
+      return bad(re == &freeze ? "freeze" : "trainable", "invalid regular expression '" + *re + "'");
+    }
+  }
+  for (auto& [k, v] : shape)
+    if (v <= 0) return bad("shape", "dimension '" + k + "' must be > 0, got " + num_str(v));
+  return Status::ok();
+}
+
+std::vector<ConfigField> config_fields(TrainConfig& c) {
+  return {
+      {"model", Kind::str, &c.model, "path of the .onnx model"},
+      {"shape", Kind::shape_map, &c.shape, "dim_param bindings, e.g. batch=8,seq=64 (repeatable)"},
+      {"train_data", Kind::str_list, &c.train_data, "NAME=FILE.npy (repeatable) or one nanoGPT uint16 FILE.bin"},
+      {"eval_data", Kind::str_list, &c.eval_data, "NAME=FILE.npy (repeatable) or one FILE.bin"},
+      {"block_size", Kind::i64, &c.block_size, "token window length for .bin data (default: the model's input length)"},
+      {"loss", Kind::str, &c.loss, "cross_entropy | mse | bce_with_logits | l1 | model"},
+      {"label_input", Kind::str, &c.label_input, "graph input fed with the labels (default: labels)"},
+      {"ignore_index", Kind::i64, &c.ignore_index, "label ignored by cross_entropy"},
+      {"label_smoothing", Kind::f64, &c.label_smoothing, "cross_entropy label smoothing in [0, 1)"},
+      {"freeze", Kind::str, &c.freeze, "regex of initializers NOT trained"},
+      {"trainable", Kind::str, &c.trainable, "regex: only matching initializers are trained"},
+      {"optim", Kind::str, &c.optim, "adamw_torch | sgd"},
+      {"learning_rate", Kind::f64, &c.learning_rate, "peak learning rate"},
+      {"weight_decay", Kind::f64, &c.weight_decay, "decoupled weight decay (AdamW) / L2 (SGD)"},
+      {"adam_beta1", Kind::f64, &c.adam_beta1, "AdamW beta1"},
+      {"adam_beta2", Kind::f64, &c.adam_beta2, "AdamW beta2"},
+      {"adam_epsilon", Kind::f64, &c.adam_epsilon, "AdamW epsilon"},
+      {"momentum", Kind::f64, &c.momentum, "SGD momentum"},
+      {"nesterov", Kind::boolean, &c.nesterov, "SGD Nesterov momentum"},
+      {"max_grad_norm", Kind::f64, &c.max_grad_norm, "global gradient-norm clipping (0 disables)"},
+      {"lr_scheduler_type", Kind::str, &c.lr_scheduler_type, "linear | cosine | constant | constant_with_warmup"},
+      {"warmup_ratio", Kind::f64, &c.warmup_ratio, "warmup as a fraction of the total steps"},
+      {"warmup_steps", Kind::i64, &c.warmup_steps, "warmup steps (overrides warmup_ratio when > 0)"},
+      {"output_dir", Kind::str, &c.output_dir, "where metrics, checkpoints and model.onnx go"},
+      {"per_device_train_batch_size", Kind::i64, &c.per_device_train_batch_size, "rows per micro-batch"},
+      {"per_device_eval_batch_size", Kind::i64, &c.per_device_eval_batch_size, "rows per eval batch"},
+      {"num_train_epochs", Kind::f64, &c.num_train_epochs, "epochs (fractional allowed)"},
+      {"max_steps", Kind::i64, &c.max_steps, "total optimizer steps (> 0 overrides num_train_epochs)"},
+      {"seed", Kind::u64, &c.seed, "seed of data shuffling and dropout"},
+      {"logging_steps", Kind::i64, &c.logging_steps, "log every N steps"},
+      {"eval_steps", Kind::i64, &c.eval_steps, "evaluate every N steps (0: only at the end)"},
+      {"save_steps", Kind::i64, &c.save_steps, "checkpoint every N steps (0: none)"},
+      {"save_total_limit", Kind::i64, &c.save_total_limit, "keep at most N checkpoints (0: all)"},
+      {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint, "checkpoint directory to resume from"},
+      {"bf16", Kind::boolean, &c.bf16, "bf16 mixed precision with fp32 master weights"},
+      {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step"},
+      {"backend", Kind::str, &c.backend, "eager | cpu | cuda"},
+  };
+}
+
+namespace {
+
+bool parse_i64(const std::string& s, int64_t& out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return false;
+  out = v;
+  return true;
+}
+
+bool parse_f64(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (errno == ERANGE || *end != '\0') return false;
+  out = v;
+  return true;
+}
+
+}  // namespace
+
+Status set_config_field(const ConfigField& f, const std::string& text) {
+  switch (f.kind) {
+    case Kind::str:
+      *static_cast<std::string*>(f.ptr) = text;
+      return Status::ok();
+    case Kind::str_list:
+      static_cast<std::vector<std::string>*>(f.ptr)->push_back(text);
+      return Status::ok();
+    case Kind::i64: {
+      int64_t v;
+      if (!parse_i64(text, v)) return bad(f.name, "expected an integer, got '" + text + "'");
+      *static_cast<int64_t*>(f.ptr) = v;
+      return Status::ok();
+    }
+    case Kind::u64: {
+      int64_t v;
+      if (!parse_i64(text, v) || v < 0) return bad(f.name, "expected a non-negative integer, got '" + text + "'");
+      *static_cast<uint64_t*>(f.ptr) = static_cast<uint64_t>(v);
+      return Status::ok();
+    }
+    case Kind::f64: {
+      double v;
+      if (!parse_f64(text, v)) return bad(f.name, "expected a number, got '" + text + "'");
+      *static_cast<double*>(f.ptr) = v;
+      return Status::ok();
+    }
+    case Kind::boolean: {
+      std::string t;
+      for (char ch : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      bool* b = static_cast<bool*>(f.ptr);
+      if (t == "" || t == "true" || t == "1" || t == "yes") *b = true;
+      else if (t == "false" || t == "0" || t == "no") *b = false;
+      else return bad(f.name, "expected true or false, got '" + text + "'");
+      return Status::ok();
+    }
+    case Kind::shape_map: {
+      auto* m = static_cast<std::map<std::string, int64_t>*>(f.ptr);
+      std::stringstream ss(text);
+      std::string item;
+      bool any = false;
+      while (std::getline(ss, item, ',')) {
+        if (item.empty()) continue;
+        auto eq = item.find('=');
+        int64_t v;
+        if (eq == std::string::npos || eq == 0 || !parse_i64(item.substr(eq + 1), v))
+          return bad(f.name, "expected NAME=INT[,NAME=INT...], got '" + text + "'");
+        (*m)[item.substr(0, eq)] = v;
+        any = true;
+      }
+      if (!any) return bad(f.name, "expected NAME=INT[,NAME=INT...], got '" + text + "'");
+      return Status::ok();
+    }
+  }
+  return Status::error("internal: unknown config field kind");
+}
+
+Status config_from_json_text(const std::string& text, const std::string& origin, TrainConfig& cfg) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return Status::error(origin + ": invalid JSON (" + what.substr(0, what.find('\n')) + ")");
+  }
+  if (!j.is_object()) return Status::error(origin + ": expected a JSON object of option names to values");
+  auto fields = config_fields(cfg);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const ConfigField* f = nullptr;
+    for (auto& x : fields)
+      if (x.name == it.key()) f = &x;
+    if (!f) return Status::error(origin + ": unknown key '" + it.key() + "'");
+    const auto& v = it.value();
+    auto type_err = [&](const char* want) {
+      return Status::error(origin + ": key '" + it.key() + "': expected " + want + ", got " + v.dump());
+    };
+    switch (f->kind) {
+      case Kind::str:
+        if (!v.is_string()) return type_err("a string");
+        *static_cast<std::string*>(f->ptr) = v.get<std::string>();
+        break;
+      case Kind::str_list: {
+        auto* l = static_cast<std::vector<std::string>*>(f->ptr);
+        l->clear();
+        if (v.is_string()) {
+          l->push_back(v.get<std::string>());
+        } else if (v.is_array()) {
+          for (auto& e : v) {
+            if (!e.is_string()) return type_err("a string or a list of strings");
+            l->push_back(e.get<std::string>());
+          }
+        } else {
+          return type_err("a string or a list of strings");
+        }
+        break;
+      }
+      case Kind::i64:
+        if (!v.is_number_integer()) return type_err("an integer");
+        *static_cast<int64_t*>(f->ptr) = v.get<int64_t>();
+        break;
+      case Kind::u64:
+        if (!v.is_number_integer() || v.get<int64_t>() < 0) return type_err("a non-negative integer");
+        *static_cast<uint64_t*>(f->ptr) = v.get<uint64_t>();
+        break;
+      case Kind::f64:
+        if (!v.is_number()) return type_err("a number");
+        *static_cast<double*>(f->ptr) = v.get<double>();
+        break;
+      case Kind::boolean:
+        if (!v.is_boolean()) return type_err("true or false");
+        *static_cast<bool*>(f->ptr) = v.get<bool>();
+        break;
+      case Kind::shape_map: {
+        if (!v.is_object()) return type_err("an object of dim names to integers");
+        auto* m = static_cast<std::map<std::string, int64_t>*>(f->ptr);
+        m->clear();
+        for (auto e = v.begin(); e != v.end(); ++e) {
+          if (!e.value().is_number_integer()) return type_err("an object of dim names to integers");
+          (*m)[e.key()] = e.value().get<int64_t>();
+        }
+        break;
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status load_config_json(const std::string& path, TrainConfig& cfg) {
+  std::ifstream f(path);
+  if (!f) return Status::error(path + ": cannot open config file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return config_from_json_text(ss.str(), path, cfg);
+}
+
+std::string config_to_json(const TrainConfig& cfg_in) {
+  TrainConfig cfg = cfg_in;
+  nlohmann::json j = nlohmann::json::object();
+  for (auto& f : config_fields(cfg)) {
+    switch (f.kind) {
+      case Kind::str: j[f.name] = *static_cast<std::string*>(f.ptr); break;
+      case Kind::str_list: j[f.name] = *static_cast<std::vector<std::string>*>(f.ptr); break;
+      case Kind::i64: j[f.name] = *static_cast<int64_t*>(f.ptr); break;
+      case Kind::u64: j[f.name] = *static_cast<uint64_t*>(f.ptr); break;
+      case Kind::f64: j[f.name] = *static_cast<double*>(f.ptr); break;
+      case Kind::boolean: j[f.name] = *static_cast<bool*>(f.ptr); break;
+      case Kind::shape_map: {
+        nlohmann::json m = nlohmann::json::object();
+        for (auto& [k, v] : *static_cast<std::map<std::string, int64_t>*>(f.ptr)) m[k] = v;
+        j[f.name] = m;
+        break;
+      }
+    }
+  }
+  return j.dump(2);
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,87 @@
+// Training configuration with Hugging Face TrainingArguments names and semantics.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/status.h"
+
+namespace kiln::runtime {
+
+/// Everything `kiln train` / `kiln grad` / `kiln bench` accept. Field names are
+/// Hugging Face TrainingArguments names; defaults follow Hugging Face.
+struct TrainConfig {
+  // --- model and data ---
+  std::string model;                               ///< path of the .onnx file
+  std::map<std::string, int64_t> shape;            ///< --shape batch=8,seq=64 (dim_param bindings)
+  /// --train_data NAME=FILE.npy (repeatable) or a single nanoGPT uint16 FILE.bin.
+  std::vector<std::string> train_data;
+  std::vector<std::string> eval_data;
+  int64_t block_size = 0;                          ///< token windows for .bin data
+  // --- loss and parameters ---
+  std::string loss = "cross_entropy";              ///< cross_entropy | mse | bce_with_logits | l1 | model
+  std::string label_input;                         ///< graph input fed with labels (default: "labels")
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  std::string freeze;                              ///< regex of initializers NOT trained
+  std::string trainable;                           ///< regex: only these are trained
+  // --- optimizer and schedule ---
+  std::string optim = "adamw_torch";               ///< adamw_torch | sgd
+  double learning_rate = 5e-5;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  double momentum = 0.0;                           ///< SGD
+  bool nesterov = false;                           ///< SGD
+  double max_grad_norm = 1.0;                      ///< 0 disables clipping
+  std::string lr_scheduler_type = "linear";        ///< linear | cosine | constant | constant_with_warmup
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;
+  // --- loop ---
+  std::string output_dir = "kiln_output";
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 8;
+  double num_train_epochs = 3.0;
+  int64_t max_steps = -1;                          ///< > 0 overrides num_train_epochs
+  uint64_t seed = 42;
+  int64_t logging_steps = 10;
+  int64_t eval_steps = 0;                          ///< 0: evaluate only at the end (when eval data given)
+  int64_t save_steps = 0;                          ///< 0: no intermediate checkpoints
+  int64_t save_total_limit = 0;                    ///< 0: keep all
+  std::string resume_from_checkpoint;
+  bool bf16 = false;
+  int64_t gradient_accumulation_steps = 1;
+  std::string backend = "eager";
+
+  /// Total optimizer steps, from max_steps or epochs x steps per epoch.
+  int64_t total_steps(int64_t steps_per_epoch) const;
+  /// Warmup steps from warmup_steps (if > 0) else ceil(warmup_ratio * total).
+  int64_t warmup(int64_t total) const;
+  /// Checks option values (unknown loss/optim/scheduler names, non-positive sizes).
+  /// Error: one line naming the option and the bad value.
+  Status validate() const;
+};
+
+/// One TrainConfig field, for table-driven flags and JSON (every field has one entry;
+/// `name` is the flag without "--" and the JSON key).
+struct ConfigField {
+  enum class Kind { str, i64, u64, f64, boolean, str_list, shape_map };
+  std::string name;
+  Kind kind;
+  void* ptr;          ///< points into the TrainConfig passed to config_fields()
+  std::string help;
+};
+/// All fields of `cfg`, in declaration order, pointing into `cfg`.
+std::vector<ConfigField> config_fields(TrainConfig& cfg);
+/// Sets a field from its command-line text ("1e-4", "true", "batch=8,seq=64", a list item
+/// appended for str_list). Error: "--NAME: expected a number, got 'abc'".
+Status set_config_field(const ConfigField& f, const std::string& text);
+
+/// Reads a JSON config file with the same keys as the flags. Unknown keys are an error.
+Status load_config_json(const std::string& path, TrainConfig& cfg);
+/// Writes the config as JSON (used in trainer_state.json).
+std::string config_to_json(const TrainConfig& cfg);
+/// Parses JSON text (an object with flag names as keys) into `cfg`; `origin` names the source in errors.
+Status config_from_json_text(const std::string& text, const std::string& origin, TrainConfig& cfg);
+
+}  // namespace kiln::runtime

@@ -1,0 +1,385 @@
+// The trainer loop: data -> train_step -> state, logging, eval, checkpoints (see trainer.h).
+#include "runtime/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "runtime/interpreter.h"
+
+namespace kiln::runtime {
+
+using ir::DType;
+using ir::Tensor;
+
+Expected<std::vector<DataInputSpec>> data_input_specs(const ir::Graph& g, const std::vector<std::string>& names) {
+  std::vector<DataInputSpec> r;
+  for (auto& n : names) {
+    const ir::Value* v = nullptr;
+    for (ir::Value* in : g.inputs)
+      if (in->name == n) v = in;
+    if (!v) return Status::error("graph '" + g.name + "' has no data input '" + n + "'");
+    r.push_back({v->name, v->dtype, v->shape});
+  }
+  return r;
+}
+
+namespace {
+
+double scalar_of(const std::map<std::string, Tensor>& outs, const std::string& name) {
+  auto it = outs.find(name);
+  if (it == outs.end() || it->second.numel() < 1) return std::nan("");
+  return it->second.get_f64(0);
+}
+
+bool same_layout(const Tensor& a, const Tensor& b) { return a.dtype() == b.dtype() && a.dims() == b.dims(); }
+
+std::string describe(const Tensor& t) { return std::string(ir::dtype_name(t.dtype())) + " " + ir::dims_to_string(t.dims()); }
+
+/// Argmax accuracy of logits (..., C) against integer labels (...), skipping `ignore`.
+/// Returns {correct, counted}; counted = -1 when the shapes do not pair up.
+std::pair<int64_t, int64_t> accuracy_counts(const Tensor& logits, const Tensor& labels, int64_t ignore) {
+  if (logits.rank() < 1 || !ir::is_integer(labels.dtype())) return {0, -1};
+  const int64_t C = logits.dim(-1);
+  if (C <= 0 || labels.numel() * C != logits.numel()) return {0, -1};
+  int64_t correct = 0, counted = 0;
+  const bool f32 = logits.dtype() == DType::f32;
+  const float* lf = f32 ? logits.data<float>() : nullptr;
+  for (int64_t r = 0; r < labels.numel(); ++r) {
+    int64_t y = labels.get_i64(r);
+    if (y == ignore) continue;
+    int64_t best = 0;
+    double bv = f32 ? lf[r * C] : logits.get_f64(r * C);
+    for (int64_t c = 1; c < C; ++c) {
+      double v = f32 ? lf[r * C + c] : logits.get_f64(r * C + c);
+      if (v > bv) bv = v, best = c;
+    }
+    correct += best == y;
+    ++counted;
+  }
+  return {correct, counted};
+}
+
+}  // namespace
+
+Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset* train_data,
+                                  const Dataset* eval_data, TrainerOptions opts) {
+  KILN_RETURN_IF_ERROR(cfg.validate());
+  if (!graphs.train_step) return Status::error("trainer: no train_step graph");
+  if (!train_data) return Status::error("trainer: no training data");
+  if (eval_data && !graphs.eval) return Status::error("trainer: eval data given but the program has no eval graph");
+  Trainer t;
+  t.cfg_ = cfg;
+  t.g_ = graphs;
+  t.train_ = train_data;
+  t.eval_ = eval_data;
+  t.opts_ = opts;
+  const ir::Graph& g = *graphs.train_step;
+
+  // State, from the graph's bindings.
+  for (const ir::StateBinding& sb : g.state) {
+    if (!sb.input || !sb.output) return Status::error("train_step: a state binding of kind '" + sb.kind + "' lacks its input or output");
+    if (!sb.initial) return Status::error("train_step: state '" + sb.input->name + "' has no initial value");
+    if (!g.is_graph_output(sb.output))
+      return Status::error("train_step: state output '" + sb.output->name + "' is not a graph output");
+    t.state_[sb.input->name] = sb.initial->clone();
+    t.state_kind_[sb.input->name] = sb.kind;
+    t.state_output_[sb.input->name] = sb.output->name;
+  }
+  bool has_loss = false;
+  for (ir::Value* o : g.outputs) has_loss |= o->name == "loss";
+  if (!has_loss) return Status::error("train_step: the graph has no output 'loss'");
+  for (ir::Value* in : g.inputs) {
+    bool is_data = false;
+    for (auto& d : graphs.data_inputs) is_data |= d == in->name;
+    if (!is_data && !t.state_.count(in->name))
+      return Status::error("train_step: input '" + in->name + "' is neither a data input nor a state input");
+  }
+  {
+    std::vector<std::string> names;
+    for (auto& d : graphs.data_inputs)
+      for (ir::Value* in : g.inputs)
+        if (in->name == d) names.push_back(d);
+    KILN_ASSIGN_OR_RETURN(t.train_specs_, data_input_specs(g, names));
+  }
+  if (graphs.eval) {
+    std::vector<std::string> names;
+    for (auto& d : graphs.data_inputs)
+      for (ir::Value* in : graphs.eval->inputs)
+        if (in->name == d) names.push_back(d);
+    KILN_ASSIGN_OR_RETURN(t.eval_specs_, data_input_specs(*graphs.eval, names));
+  }
+
+  t.rows_per_step_ = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  t.steps_per_epoch_ = train_data->steps_per_epoch(t.rows_per_step_);
+  if (t.steps_per_epoch_ <= 0)
+    return Status::error("training data has " + std::to_string(train_data->num_rows()) +
+                         " rows, fewer than one step of " + std::to_string(t.rows_per_step_) +
+                         " (per_device_train_batch_size x gradient_accumulation_steps)");
+  t.total_steps_ = cfg.total_steps(t.steps_per_epoch_);
+  t.eval_rows_ = cfg.per_device_eval_batch_size;
+  if (eval_data && eval_data->num_eval_batches(t.eval_rows_) <= 0)
+    return Status::error("eval data has " + std::to_string(eval_data->num_rows()) +
+                         " rows, fewer than one eval batch of " + std::to_string(t.eval_rows_) +
+                         " (per_device_eval_batch_size)");
+  t.acc_.seed = cfg.seed;
+  return t;
+}
+
+double Trainer::epoch_now() const {
+  return steps_per_epoch_ > 0 ? static_cast<double>(global_step_) / static_cast<double>(steps_per_epoch_) : 0.0;
+}
+
+std::map<std::string, Tensor> Trainer::weights() const {
+  std::map<std::string, Tensor> w;
+  for (auto& [name, t] : state_) {
+    const std::string& k = state_kind_.at(name);
+    if (k == "parameter" || k == "buffer") w[name] = t;
+  }
+  return w;
+}
+
+Expected<std::map<std::string, Tensor>> Trainer::feeds_for(const ir::Graph& g, const Batch& batch,
+                                                           const std::vector<DataInputSpec>& specs) const {
+  std::map<std::string, Tensor> feeds;
+  for (ir::Value* in : g.inputs) {
+    auto b = batch.find(in->name);
+    if (b != batch.end()) {
+      const DataInputSpec* spec = nullptr;
+      for (auto& s : specs)
+        if (s.name == in->name) spec = &s;
+      if (!spec) return Status::error("graph '" + g.name + "': input '" + in->name + "' is not a data input");
+      KILN_ASSIGN_OR_RETURN(feeds[in->name], fit_to_input(b->second, *spec));
+      continue;
+    }
+    auto s = state_.find(in->name);
+    if (s != state_.end()) {
+      feeds[in->name] = s->second;
+      continue;
+    }
+    return Status::error("graph '" + g.name + "': no data or state for input '" + in->name + "'");
+  }
+  return feeds;
+}
+
+Status Trainer::restore(const std::string& dir) {
+  KILN_ASSIGN_OR_RETURN(Checkpoint c, load_checkpoint(dir));
+  std::map<std::string, Tensor> next = state_;
+  for (auto& [name, cur] : state_) {
+    const std::string& kind = state_kind_[name];
+    const auto& src = (kind == "parameter" || kind == "buffer") ? c.model : c.optimizer;
+    auto it = src.find(name);
+    if (it == src.end())
+      return Status::error("checkpoint '" + dir + "': missing tensor '" + name + "' (" + kind + ") in " +
+                           ((kind == "parameter" || kind == "buffer") ? "model" : "optimizer") + ".safetensors");
+    if (!same_layout(it->second, cur))
+      return Status::error("checkpoint '" + dir + "': tensor '" + name + "' is " + describe(it->second) +
+                           ", the program expects " + describe(cur));
+    next[name] = it->second.clone();
+  }
+  if (c.state.steps_per_epoch != steps_per_epoch_ || c.state.rows_per_step != rows_per_step_)
+    return Status::error("checkpoint '" + dir + "': made with " + std::to_string(c.state.steps_per_epoch) +
+                         " steps per epoch of " + std::to_string(c.state.rows_per_step) + " rows, the current data gives " +
+                         std::to_string(steps_per_epoch_) + " of " + std::to_string(rows_per_step_) +
+                         " (resuming would change the data order)");
+  if (c.state.seed != cfg_.seed && opts_.out)
+    *opts_.out << "kiln: warning: checkpoint seed " << c.state.seed << " differs from --seed " << cfg_.seed
+               << "; continuing with --seed\n";
+  state_ = std::move(next);
+  global_step_ = c.state.global_step;
+  acc_.log_loss_sum = c.state.log_loss_sum;
+  acc_.log_loss_count = c.state.log_loss_count;
+  acc_.log_time_sum = c.state.log_time_sum;
+  acc_.total_loss_sum = c.state.total_loss_sum;
+  resumed_ = true;
+  return Status::ok();
+}
+
+Expected<StepResult> Trainer::step(const Batch* given) {
+  auto t0 = std::chrono::steady_clock::now();
+  Batch batch;
+  if (given) {
+    batch = *given;
+  } else {
+    KILN_ASSIGN_OR_RETURN(batch, train_->train_batch(cfg_.seed, global_step_ / steps_per_epoch_,
+                                                     global_step_ % steps_per_epoch_, rows_per_step_));
+  }
+  KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(*g_.train_step, batch, train_specs_));
+  RunOptions ro;
+  ro.training = true;
+  ro.seed = cfg_.seed;
+  ro.step = static_cast<uint64_t>(global_step_);
+  auto outs = run_graph(*g_.train_step, feeds, ro);
+  if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
+  std::map<std::string, Tensor> next;
+  for (auto& [name, out_name] : state_output_) {
+    auto it = outs->find(out_name);
+    if (it == outs->end()) return Status::error("train_step: state output '" + out_name + "' missing");
+    if (!same_layout(it->second, state_[name]))
+      return Status::error("train_step: state '" + name + "' changed from " + describe(state_[name]) + " to " +
+                           describe(it->second));
+    next[name] = it->second;
+  }
+  state_ = std::move(next);
+  StepResult r;
+  r.loss = scalar_of(*outs, "loss");
+  r.grad_norm = scalar_of(*outs, "grad_norm");
+  r.learning_rate = scalar_of(*outs, "learning_rate");
+  ++global_step_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+Expected<std::map<std::string, double>> Trainer::evaluate() {
+  if (!eval_ || !g_.eval) return Status::error("evaluate: no eval data or eval graph");
+  const int64_t nb = eval_->num_eval_batches(eval_rows_);
+  double loss_sum = 0;
+  int64_t correct = 0, counted = 0;
+  bool acc_ok = cfg_.loss == "cross_entropy" && !g_.label_input.empty();
+  for (int64_t i = 0; i < nb; ++i) {
+    KILN_ASSIGN_OR_RETURN(Batch batch, eval_->eval_batch(i, eval_rows_));
+    KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(*g_.eval, batch, eval_specs_));
+    RunOptions ro;
+    ro.training = false;
+    ro.seed = cfg_.seed;
+    ro.step = static_cast<uint64_t>(global_step_);
+    auto outs = run_graph(*g_.eval, feeds, ro);
+    if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
+    loss_sum += scalar_of(*outs, "loss");
+    if (acc_ok) {
+      auto lg = outs->find(g_.logits_output);
+      if (lg == outs->end()) lg = outs->find("logits");
+      auto lb = batch.find(g_.label_input);
+      if (lg == outs->end() || lb == batch.end()) {
+        acc_ok = false;
+        continue;
+      }
+      auto [c, n] = accuracy_counts(lg->second, lb->second, cfg_.ignore_index);
+      if (n < 0) acc_ok = false;
+      correct += c;
+      counted += n;
+    }
+  }
+  std::map<std::string, double> m;
+  m["eval_loss"] = loss_sum / static_cast<double>(nb);
+  if (acc_ok && counted > 0) m["eval_accuracy"] = static_cast<double>(correct) / static_cast<double>(counted);
+  return m;
+}
+
+Status Trainer::save() {
+  Checkpoint c;
+  for (auto& [name, t] : state_) {
+    const std::string& k = state_kind_[name];
+    (k == "parameter" || k == "buffer" ? c.model : c.optimizer)[name] = t;
+  }
+  c.state = acc_;
+  c.state.global_step = global_step_;
+  c.state.epoch = epoch_now();
+  c.state.total_steps = total_steps_;
+  c.state.steps_per_epoch = steps_per_epoch_;
+  c.state.rows_per_step = rows_per_step_;
+  c.state.seed = cfg_.seed;
+  c.state.config_json = config_to_json(cfg_);
+  std::string dir = (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(global_step_))).string();
+  KILN_RETURN_IF_ERROR(save_checkpoint(dir, c));
+  return rotate_checkpoints(cfg_.output_dir, cfg_.save_total_limit);
+}
+
+Expected<TrainResult> Trainer::run() {
+  std::ostream& out = opts_.out ? *opts_.out : std::cout;
+  bool progress = opts_.progress == 1 || (opts_.progress == -1 && opts_.out == &std::cout && isatty(fileno(stdout)));
+  ProgressBar bar(out, progress);
+  MetricsWriter metrics;
+  if (opts_.write_files) {
+    KILN_RETURN_IF_ERROR(prepare_output_dir(cfg_.output_dir));
+    KILN_RETURN_IF_ERROR(metrics.open((std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string(), resumed_,
+                                      global_step_));
+  }
+  out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << rows_per_step_
+      << " rows, " << total_steps_ << " steps" << (resumed_ ? ", resuming at step " + std::to_string(global_step_) : "")
+      << "\n";
+  TrainResult res;
+  res.total_steps = total_steps_;
+  auto run_t0 = std::chrono::steady_clock::now();
+  const int64_t first_step = global_step_;
+  int64_t last_eval = -1;
+  auto do_eval = [&]() -> Status {
+    KILN_ASSIGN_OR_RETURN(auto m, evaluate());
+    nlohmann::json j;
+    j["step"] = global_step_;
+    j["epoch"] = epoch_now();
+    for (auto& [k, v] : m) j[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+    bar.clear();
+    out << format_eval_line(j) << "\n";
+    KILN_RETURN_IF_ERROR(metrics.write(j));
+    res.eval_metrics = m;
+    last_eval = global_step_;
+    return Status::ok();
+  };
+  double last_grad_norm = std::nan(""), last_lr = std::nan("");
+  while (global_step_ < total_steps_) {
+    KILN_ASSIGN_OR_RETURN(StepResult r, step());
+    res.step_losses.push_back(r.loss);
+    acc_.log_loss_sum += r.loss;
+    acc_.log_loss_count += 1;
+    acc_.log_time_sum += r.seconds;
+    acc_.total_loss_sum += r.loss;
+    last_grad_norm = r.grad_norm;
+    last_lr = r.learning_rate;
+    bar.update(global_step_, total_steps_, acc_.log_time_sum / static_cast<double>(acc_.log_loss_count));
+    if (global_step_ % cfg_.logging_steps == 0) {
+      LogEntry e;
+      e.step = global_step_;
+      e.total_steps = total_steps_;
+      e.epoch = epoch_now();
+      e.loss = acc_.log_loss_sum / static_cast<double>(acc_.log_loss_count);
+      e.grad_norm = last_grad_norm;
+      e.learning_rate = last_lr;
+      e.step_time_s = acc_.log_time_sum / static_cast<double>(acc_.log_loss_count);
+      e.samples_per_second = e.step_time_s > 0 ? static_cast<double>(rows_per_step_) / e.step_time_s : 0;
+      bar.clear();
+      out << format_log_line(e) << "\n";
+      KILN_RETURN_IF_ERROR(metrics.write(log_entry_json(e)));
+      acc_.log_loss_sum = 0;
+      acc_.log_loss_count = 0;
+      acc_.log_time_sum = 0;
+    }
+    if (eval_ && cfg_.eval_steps > 0 && global_step_ % cfg_.eval_steps == 0) KILN_RETURN_IF_ERROR(do_eval());
+    if (opts_.write_files && cfg_.save_steps > 0 && global_step_ % cfg_.save_steps == 0) {
+      KILN_RETURN_IF_ERROR(save());
+    }
+  }
+  bar.clear();
+  if (eval_ && last_eval != global_step_) KILN_RETURN_IF_ERROR(do_eval());
+  double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+  res.global_step = global_step_;
+  res.epoch = epoch_now();
+  res.train_loss = global_step_ > 0 ? acc_.total_loss_sum / static_cast<double>(global_step_) : 0.0;
+  nlohmann::json summary;
+  summary["step"] = global_step_;
+  summary["epoch"] = res.epoch;
+  summary["train_loss"] = std::isfinite(res.train_loss) ? nlohmann::json(res.train_loss) : nlohmann::json(nullptr);
+  summary["train_runtime"] = runtime;
+  int64_t ran = global_step_ - first_step;
+  summary["train_samples_per_second"] = runtime > 0 ? static_cast<double>(ran * rows_per_step_) / runtime : 0.0;
+  summary["train_steps_per_second"] = runtime > 0 ? static_cast<double>(ran) / runtime : 0.0;
+  KILN_RETURN_IF_ERROR(metrics.write(summary));
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "done: step %lld | epoch %.2f | train_loss %.4f | train_runtime %.2f s",
+                static_cast<long long>(global_step_), res.epoch, res.train_loss, runtime);
+  out << buf << "\n";
+  res.weights = weights();
+  return res;
+}
+
+Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
+                            const Dataset* eval_data, TrainerOptions opts) {
+  KILN_ASSIGN_OR_RETURN(Trainer t, Trainer::create(cfg, graphs, &train_data, eval_data, opts));
+  if (!cfg.resume_from_checkpoint.empty()) KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));
+  return t.run();
+}
+
+}  // namespace kiln::runtime

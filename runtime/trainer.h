@@ -1,0 +1,120 @@
+// The trainer: runs a compiled training step in a loop with data, logging,
+// evaluation, checkpoints and exact resume (Hugging Face Trainer semantics).
+//
+// State: every Graph::state binding of the train_step graph (parameters, optimizer
+// state, BatchNorm buffers, the "step" counter) lives in a map keyed by the binding's
+// input name, initialised from StateBinding::initial (cloned). Step k (0-based):
+// feed the batch (epoch k / spe, index k % spe) and the state, run train_step with
+// RunOptions{training=true, seed, step=k}, and take the state outputs as the next
+// state. The data order and dropout depend only on (seed, k), so a run resumed from
+// checkpoint-k computes the same losses as an uninterrupted one.
+#pragma once
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+#include "ir/tensor.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+#include "runtime/metrics.h"
+#include "runtime/train_config.h"
+
+namespace kiln::runtime {
+
+/// The graphs the trainer runs (filled by the CLI from driver::TrainingProgram, so
+/// the runtime does not depend on tools/).
+struct TrainGraphs {
+  const ir::Graph* train_step = nullptr;  ///< outputs "loss", "grad_norm", "learning_rate" + state outputs
+  const ir::Graph* eval = nullptr;        ///< optional; outputs "loss" (+ logits); parameters as inputs
+  std::vector<std::string> data_inputs;   ///< model inputs then the label input
+  std::string label_input;                ///< "" for --loss model
+  std::string logits_output;              ///< eval output holding logits (falls back to "logits")
+};
+
+/// Console and behaviour switches of a run (not part of the HF config).
+struct TrainerOptions {
+  std::ostream* out = &std::cout;  ///< log lines and the progress bar
+  int progress = -1;               ///< progress bar: 1 on, 0 off, -1 when stdout is a TTY
+  bool write_files = true;         ///< metrics.jsonl and checkpoints under output_dir
+};
+
+/// Result of one optimizer step.
+struct StepResult {
+  double loss = 0, grad_norm = 0, learning_rate = 0;
+  double seconds = 0;
+};
+
+/// What a run produced.
+struct TrainResult {
+  int64_t global_step = 0;
+  double epoch = 0;
+  int64_t total_steps = 0;
+  double train_loss = 0;                      ///< mean loss over the steps of this process
+  std::vector<double> step_losses;            ///< loss of each step run by this process, in order
+  std::map<std::string, double> eval_metrics; ///< final eval_loss / eval_accuracy (when eval data given)
+  std::map<std::string, ir::Tensor> weights;  ///< final parameters and buffers by initializer name
+};
+
+/// Data-input specs (name, dtype, shape) of `names` in graph `g`. Error for a missing name.
+Expected<std::vector<DataInputSpec>> data_input_specs(const ir::Graph& g, const std::vector<std::string>& names);
+
+/// A training session over one TrainGraphs.
+class Trainer {
+ public:
+  /// Checks the graphs (every train_step input is data or state; state has initial
+  /// values; the "loss" output exists) and initialises the state. `eval_data` may be null.
+  static Expected<Trainer> create(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset* train_data,
+                                  const Dataset* eval_data, TrainerOptions opts = {});
+
+  /// Rows per optimizer step: per_device_train_batch_size * gradient_accumulation_steps.
+  int64_t rows_per_step() const { return rows_per_step_; }
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t total_steps() const { return total_steps_; }
+  int64_t global_step() const { return global_step_; }
+
+  /// Restores state and position from a checkpoint directory (errors name the tensor at fault).
+  Status restore(const std::string& checkpoint_dir);
+  /// One optimizer step on the next batch (or on `batch` when given); advances global_step.
+  Expected<StepResult> step(const Batch* batch = nullptr);
+  /// Evaluates on the eval data: {"eval_loss", "eval_accuracy" (class-id labels)}.
+  Expected<std::map<std::string, double>> evaluate();
+  /// Writes output_dir/checkpoint-<global_step>, then applies save_total_limit.
+  Status save();
+  /// The whole loop: steps, logging, eval, checkpoints; returns the final metrics.
+  Expected<TrainResult> run();
+
+  /// Current state by input name (parameters, optimizer state, buffers, counters).
+  const std::map<std::string, ir::Tensor>& state() const { return state_; }
+  /// Parameters and buffers only (what model.safetensors / model.onnx hold).
+  std::map<std::string, ir::Tensor> weights() const;
+
+ private:
+  Trainer() = default;
+  Expected<std::map<std::string, ir::Tensor>> feeds_for(const ir::Graph& g, const Batch& batch,
+                                                        const std::vector<DataInputSpec>& specs) const;
+  double epoch_now() const;
+
+  TrainConfig cfg_;
+  TrainGraphs g_;
+  const Dataset* train_ = nullptr;
+  const Dataset* eval_ = nullptr;
+  TrainerOptions opts_;
+  std::vector<DataInputSpec> train_specs_, eval_specs_;
+  std::map<std::string, ir::Tensor> state_;
+  std::map<std::string, std::string> state_kind_;     ///< input name -> kind
+  std::map<std::string, std::string> state_output_;   ///< input name -> output name
+  int64_t rows_per_step_ = 0, steps_per_epoch_ = 0, total_steps_ = 0, global_step_ = 0;
+  int64_t eval_rows_ = 0;
+  TrainerState acc_;  ///< logging accumulators (persisted in checkpoints)
+  bool resumed_ = false;
+};
+
+/// Convenience: Trainer::create + optional restore(cfg.resume_from_checkpoint) + run.
+Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
+                            const Dataset* eval_data, TrainerOptions opts = {});
+
+}  // namespace kiln::runtime

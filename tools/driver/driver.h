@@ -1,0 +1,57 @@
+// The pipeline driver: import -> passes -> executable program, assembled in one
+// place (DESIGN.md). The CLI, the ahead-of-time builder and tests call it; the
+// runtime receives the resulting graphs and never reaches back.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+#include "passes/pass.h"
+#include "runtime/train_config.h"
+
+namespace kiln::driver {
+
+/// Imports an ONNX model, binds dim_params (`shape`), folds shape computations
+/// and canonicalizes. With `to_f64`, every float initializer and input becomes f64
+/// (for float64 reference checks). Errors name the file and node at fault.
+Expected<std::unique_ptr<ir::Graph>> load_model(const std::string& path, const std::map<std::string, int64_t>& shape,
+                                                bool to_f64 = false, passes::PassContext* dbg = nullptr);
+
+/// A training program built by the passes.
+///
+/// train_step: inputs are the data inputs (model inputs + label input) and the state
+///   inputs (g.state[i].input: parameters named by their ONNX initializer, optimizer
+///   state, BatchNorm buffers, the step counter "step"). Outputs: "loss" (f32 scalar),
+///   "grad_norm" (pre-clip global L2 norm), "learning_rate", and every state output.
+/// eval: inputs are the data inputs and the parameters/buffers (same names as the
+///   state inputs); outputs "loss" and, for cross_entropy, "logits" (the model output).
+/// grads (only when requested): like train_step up to the gradients; outputs "loss"
+///   and "<param>.grad" for every trainable parameter.
+struct TrainingProgram {
+  std::unique_ptr<ir::Graph> train_step;
+  std::unique_ptr<ir::Graph> eval;
+  std::unique_ptr<ir::Graph> grads;
+  std::vector<std::string> data_inputs;   ///< model inputs then the label input (if any)
+  std::string label_input;                ///< empty for --loss model
+  std::string logits_output;              ///< model output the loss reads
+  std::vector<std::string> parameters;    ///< trainable parameter names, in initializer order
+};
+
+/// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule).
+/// `dbg` carries --print-ir-after / --dump-ir-dir / --verify-each / --time-passes.
+/// `total_steps` (optimizer steps of the whole run, for the LR schedule) defaults to cfg.max_steps.
+Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg, passes::PassContext* dbg = nullptr,
+                                                 bool want_grads = false, bool to_f64 = false,
+                                                 int64_t total_steps = -1);
+
+/// Binds symbolic dims of every value of `g` (ONNX dim_params) to static sizes and
+/// re-infers types. Symbols not in `dims` stay symbolic.
+Status bind_dims(ir::Graph& g, const std::map<std::string, int64_t>& dims);
+
+/// Pass options (PassContext::options) derived from a TrainConfig.
+std::map<std::string, std::string> pass_options(const runtime::TrainConfig& cfg, int64_t total_steps);
+
+}  // namespace kiln::driver
