@@ -178,25 +178,38 @@ Expected<Dataset> Dataset::from_tokens(std::shared_ptr<const std::vector<uint16_
   return ds;
 }
 
-Expected<Dataset> Dataset::open(const std::vector<std::string>& specs, const std::vector<DataInputSpec>& inputs,
-                                const DataOptions& opts) {
+Expected<RawData> load_raw_data(const std::vector<std::string>& specs) {
   if (specs.empty()) return Status::error("no data given");
+  RawData raw;
   if (specs.size() == 1 && specs[0].find('=') == std::string::npos && ends_with(specs[0], ".bin")) {
     KILN_ASSIGN_OR_RETURN(auto toks, io::load_tokens(specs[0]));
-    return from_tokens(std::make_shared<const std::vector<uint16_t>>(std::move(toks)), specs[0], inputs, opts);
+    raw.tokens = std::make_shared<const std::vector<uint16_t>>(std::move(toks));
+    raw.token_file = specs[0];
+    return raw;
   }
-  std::vector<NamedArray> arrays;
   for (auto& s : specs) {
     auto eq = s.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
       return Status::error("data '" + s + "': expected NAME=FILE.npy (or a single FILE.bin token file)");
     std::string name = s.substr(0, eq), file = s.substr(eq + 1);
     if (ends_with(file, ".bin"))
-      return Status::error(file + ": a .bin token file is given alone, without NAME= (--train_data " + file + ")");
+      return Status::error(file + ": a .bin token file is given alone, without NAME= (e.g. --train_data " + file + ")");
     KILN_ASSIGN_OR_RETURN(Tensor t, io::load_npy(file));
-    arrays.push_back({name, file, t});
+    if (t.rank() < 1) return Status::error(file + ": a 0-d array has no rows (first dim)");
+    raw.arrays.push_back({name, file, t});
   }
-  return from_arrays(std::move(arrays), inputs, opts);
+  return raw;
+}
+
+Expected<Dataset> Dataset::bind(const RawData& raw, const std::vector<DataInputSpec>& inputs, const DataOptions& opts) {
+  if (raw.tokens) return from_tokens(raw.tokens, raw.token_file, inputs, opts);
+  return from_arrays(raw.arrays, inputs, opts);
+}
+
+Expected<Dataset> Dataset::open(const std::vector<std::string>& specs, const std::vector<DataInputSpec>& inputs,
+                                const DataOptions& opts) {
+  KILN_ASSIGN_OR_RETURN(RawData raw, load_raw_data(specs));
+  return bind(raw, inputs, opts);
 }
 
 int64_t Dataset::num_rows() const {

@@ -58,6 +58,18 @@ struct NamedArray {
   ir::Tensor data;
 };
 
+/// Data files read into memory but not yet bound to a graph (so the CLI can check
+/// them and count rows before the training program is compiled).
+struct RawData {
+  std::vector<NamedArray> arrays;                        ///< NAME=FILE.npy specs
+  std::shared_ptr<const std::vector<uint16_t>> tokens;  ///< or one FILE.bin
+  std::string token_file;
+};
+
+/// Reads `--train_data`/`--eval_data` specs (NAME=FILE.npy entries, or one FILE.bin).
+/// Errors name the spec or file (bad NAME=FILE syntax, unreadable or malformed file).
+Expected<RawData> load_raw_data(const std::vector<std::string>& specs);
+
 /// A dataset bound to a graph's data inputs.
 class Dataset {
  public:
@@ -69,6 +81,8 @@ class Dataset {
   /// for cross_entropy, token file shorter than one window.
   static Expected<Dataset> open(const std::vector<std::string>& specs, const std::vector<DataInputSpec>& inputs,
                                 const DataOptions& opts);
+  /// Binds loaded files to the graph inputs (from_arrays or from_tokens).
+  static Expected<Dataset> bind(const RawData& raw, const std::vector<DataInputSpec>& inputs, const DataOptions& opts);
   /// Binds already loaded arrays (i32 labels become i64, f32 data widens to an f64 input).
   static Expected<Dataset> from_arrays(std::vector<NamedArray> arrays, const std::vector<DataInputSpec>& inputs,
                                        const DataOptions& opts);

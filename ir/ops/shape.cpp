@@ -8,6 +8,7 @@
 // are carried through untouched dims and cancelled in Reshape's -1 when possible.
 // Spec: https://onnx.ai/onnx/operators/
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 

@@ -1,8 +1,941 @@
-// Eager kernels: nn ops.
+// Eager kernels: nn ops (see ir/ops/nn.cpp for the op semantics).
+//
+// MatMul, Gemm, Conv and the Conv backward ops call oneDNN (runtime/kernels/onednn.h)
+// for f32 and bf16 (f32 accumulation); f64 (gradient checks) and f16 use the plain
+// loops below with double accumulation. Every other op is a plain loop, OpenMP over
+// the outer dimension, computing in f32 for f32/bf16/f16 (bf16 rounded to nearest
+// even on store) and in f64 for f64. N-D windowed ops run as 3-D by padding the
+// spatial dims with extent-1 dims in front.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ir/ops/nn.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/onednn.h"
+#include "runtime/kernels/util.h"
 
 namespace kiln::runtime::kernels {
 
-void register_nn_kernels(ir::OpTable& t) { (void)t; }
+using ir::DType;
+using ir::KernelContext;
+using ir::Tensor;
+
+namespace {
+
+bool use_onednn(DType t) { return t == DType::f32 || t == DType::bf16; }
+
+template <typename T> inline double ld(const T* p, int64_t i) { return static_cast<double>(load(p[i])); }
+template <typename T> inline void st(T* p, int64_t i, double v) { p[i] = store<T>(static_cast<compute_t<T>>(v)); }
+
+// ---------------------------------------------------------------------------
+// MatMul / Gemm
+// ---------------------------------------------------------------------------
+
+struct MatmulShape {
+  std::vector<int64_t> ad, bd, cd;  // equal rank, batch dims padded with 1
+  int64_t M = 0, K = 0, N = 0;
+};
+
+/// Plain-loop batched matmul, double accumulation: a batch + (M, K), b batch + (K, N) with
+/// element strides (batch dims of extent 1 broadcast), c contiguous batch + (M, N).
+template <typename T, typename O>
+void matmul_plain(const T* a, const T* b, O* c, const MatmulShape& s, const std::vector<int64_t>& a_str,
+                  const std::vector<int64_t>& b_str, double alpha = 1.0) {
+  const int r = static_cast<int>(s.cd.size());
+  std::vector<int64_t> batch(s.cd.begin(), s.cd.end() - 2);
+  int64_t nb = ir::numel_of(batch);
+  const int64_t M = s.M, N = s.N, K = s.K;
+#pragma omp parallel for schedule(static) if (nb * M * N * K > (1 << 16))
+  for (int64_t bm = 0; bm < nb * M; ++bm) {
+    int64_t bi = bm / M, m = bm % M;
+    int64_t ao = 0, bo = 0, rem = bi;
+    for (int d = r - 3; d >= 0; --d) {
+      int64_t cidx = rem % s.cd[d];
+      rem /= s.cd[d];
+      if (s.ad[d] != 1) ao += cidx * a_str[d];
+      if (s.bd[d] != 1) bo += cidx * b_str[d];
+    }
+    std::vector<double> acc(static_cast<size_t>(N), 0.0);
+    for (int64_t k = 0; k < K; ++k) {
+      double av = ld(a, ao + m * a_str[r - 2] + k * a_str[r - 1]);
+      if (av == 0.0) continue;
+      const int64_t brow = bo + k * b_str[r - 2];
+      for (int64_t n = 0; n < N; ++n) acc[n] += av * ld(b, brow + n * b_str[r - 1]);
+    }
+    O* crow = c + (bi * M + m) * N;
+    for (int64_t n = 0; n < N; ++n) st(crow, n, alpha * acc[n]);
+  }
+}
+
+MatmulShape matmul_shape(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  MatmulShape s;
+  s.ad = a;
+  s.bd = b;
+  if (s.ad.size() == 1) s.ad.insert(s.ad.begin(), 1);
+  if (s.bd.size() == 1) s.bd.push_back(1);
+  size_t r = std::max(s.ad.size(), s.bd.size());
+  while (s.ad.size() < r) s.ad.insert(s.ad.begin(), 1);
+  while (s.bd.size() < r) s.bd.insert(s.bd.begin(), 1);
+  s.cd.resize(r);
+  for (size_t i = 0; i + 2 < r; ++i) s.cd[i] = s.ad[i] == 1 ? s.bd[i] : s.ad[i];
+  s.M = s.ad[r - 2];
+  s.K = s.ad[r - 1];
+  s.N = s.bd[r - 1];
+  s.cd[r - 2] = s.M;
+  s.cd[r - 1] = s.N;
+  return s;
+}
+
+Status matmul_kernel(KernelContext& ctx) {
+  const Tensor& A = ctx.in(0);
+  const Tensor& B = ctx.in(1);
+  Tensor& Y = ctx.out(0);
+  MatmulShape s = matmul_shape(A.dims(), B.dims());
+  if (Y.numel() == 0) return Status::ok();
+  if (s.K == 0) return Status::ok();  // zeros
+  for (size_t i = 0; i + 2 < s.cd.size(); ++i)
+    if (s.ad[i] != 1 && s.bd[i] != 1 && s.ad[i] != s.bd[i])
+      return ctx.fail("batch dims " + ir::dims_to_string(A.dims()) + " x " + ir::dims_to_string(B.dims()) +
+                      " do not broadcast");
+  if (use_onednn(A.dtype())) {
+    Status st = onednn::matmul({A.raw(), s.ad, {}}, {B.raw(), s.bd, {}}, Y.raw(), s.cd, A.dtype(), Y.dtype());
+    return st.with_context("node '" + ctx.node.name + "' (MatMul)");
+  }
+  return dispatch_float(ctx, A.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    matmul_plain(A.data<T>(), B.data<T>(), Y.data<T>(), s, ir::strides_of(s.ad), ir::strides_of(s.bd));
+  });
+}
+
+Status gemm_kernel(KernelContext& ctx) {
+  const Tensor& A = ctx.in(0);
+  const Tensor& B = ctx.in(1);
+  const Tensor* Cm = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
+  Tensor& Y = ctx.out(0);
+  bool ta = ctx.attrs().get_int("transA", 0) != 0, tb = ctx.attrs().get_int("transB", 0) != 0;
+  double alpha = ctx.attrs().get_float("alpha", 1.0), beta = ctx.attrs().get_float("beta", 1.0);
+  const int64_t M = Y.dim(0), N = Y.dim(1), K = ta ? A.dim(0) : A.dim(1);
+  if (Y.numel() == 0) return Status::ok();
+  // op(A) (M, K) and op(B) (K, N) as strided views of the stored matrices.
+  std::vector<int64_t> as = ta ? std::vector<int64_t>{1, M} : std::vector<int64_t>{K, 1};
+  std::vector<int64_t> bs = tb ? std::vector<int64_t>{1, K} : std::vector<int64_t>{N, 1};
+  MatmulShape s;
+  s.ad = {M, K};
+  s.bd = {K, N};
+  s.cd = {M, N};
+  s.M = M;
+  s.K = K;
+  s.N = N;
+  std::vector<int64_t> cstr;
+  if (Cm) {
+    if (Cm->dtype() != Y.dtype()) return ctx.fail("C dtype differs from A");
+    cstr = broadcast_strides(Cm->dims(), {M, N});
+  }
+  // prod = op(A) op(B) in f32 (oneDNN) or f64 (loops)
+  auto finish = [&](auto tag, auto* prod) {
+    using T = decltype(tag);
+    T* y = Y.data<T>();
+    const T* c = Cm ? Cm->data<T>() : nullptr;
+#pragma omp parallel for schedule(static) if (M * N > kParallelThreshold)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double v = alpha * static_cast<double>(prod[m * N + n]);
+        if (c) v += beta * ld(c, m * cstr[0] + n * cstr[1]);
+        st(y, m * N + n, v);
+      }
+  };
+  if (use_onednn(A.dtype()) && K > 0) {
+    std::vector<float> prod(static_cast<size_t>(M * N));
+    Status stt = onednn::matmul({A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, prod.data(), {M, N}, A.dtype(), DType::f32);
+    if (!stt) return stt.with_context("node '" + ctx.node.name + "' (Gemm)");
+    return dispatch_float(ctx, A.dtype(), [&](auto tag) { finish(tag, prod.data()); });
+  }
+  return dispatch_float(ctx, A.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<double> prod(static_cast<size_t>(M * N), 0.0);
+    if (K > 0) {
+      Tensor tmp(DType::f64, {M, N});
+      matmul_plain(A.data<T>(), B.data<T>(), tmp.data<double>(), s, as, bs);
+      std::copy(tmp.data<double>(), tmp.data<double>() + M * N, prod.begin());
+    }
+    finish(tag, prod.data());
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Windows (Conv, pools)
+// ---------------------------------------------------------------------------
+
+/// Geometry padded to 3 spatial dims (leading extent-1 dims).
+struct Win3 {
+  int64_t in[3], out[3], k[3], s[3], d[3], pb[3], pe[3];
+};
+
+Win3 to_win3(const ir::WindowGeometry& g, const std::vector<int64_t>& in_spatial, const std::vector<int64_t>& out_spatial) {
+  Win3 w;
+  int n = static_cast<int>(in_spatial.size()), off = 3 - n;
+  for (int i = 0; i < 3; ++i) {
+    int j = i - off;
+    bool real = j >= 0;
+    w.in[i] = real ? in_spatial[j] : 1;
+    w.out[i] = real ? out_spatial[j] : 1;
+    w.k[i] = real ? g.kernel[j] : 1;
+    w.s[i] = real ? g.strides[j] : 1;
+    w.d[i] = real ? g.dilations[j] : 1;
+    w.pb[i] = real ? g.pads_begin[j] : 0;
+    w.pe[i] = real ? g.pads_end[j] : 0;
+  }
+  return w;
+}
+
+std::vector<int64_t> spatial(const std::vector<int64_t>& d) { return std::vector<int64_t>(d.begin() + 2, d.end()); }
+
+Expected<ir::WindowGeometry> geometry(const KernelContext& ctx, const std::vector<int64_t>& x_dims,
+                                      const std::vector<int64_t>& kernel) {
+  std::vector<ir::Dim> in;
+  for (int64_t v : spatial(x_dims)) in.push_back(ir::Dim(v));
+  auto g = ir::window_geometry(ctx.attrs(), in, kernel);
+  if (!g) return ctx.fail(g.message());
+  return g;
+}
+
+int64_t in_size3(const Win3& w) { return w.in[0] * w.in[1] * w.in[2]; }
+int64_t out_size3(const Win3& w) { return w.out[0] * w.out[1] * w.out[2]; }
+
+/// Conv problem: X (N, C, in), W (M, C/G, k), Y (N, M, out).
+struct ConvProblem {
+  int64_t N, C, M, G;
+  Win3 w;
+  onednn::ConvGeometry geo;
+};
+
+Expected<ConvProblem> conv_problem(const KernelContext& ctx, const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                                   const std::vector<int64_t>& y) {
+  ConvProblem p;
+  p.N = x[0];
+  p.C = x[1];
+  p.M = w[0];
+  p.G = ctx.attrs().get_int("group", 1);
+  if (p.G <= 0 || p.C % p.G || p.M % p.G || w[1] * p.G != p.C)
+    return ctx.fail("channels/group mismatch: X " + ir::dims_to_string(x) + ", W " + ir::dims_to_string(w));
+  auto g = geometry(ctx, x, spatial(w));
+  if (!g) return g.status();
+  if (g->out_static() != spatial(y)) return ctx.fail("output extents do not match the window geometry");
+  p.w = to_win3(*g, spatial(x), spatial(y));
+  p.geo = {x, w, y, p.G, g->strides, g->dilations, g->pads_begin, g->pads_end};
+  return p;
+}
+
+template <typename T>
+void conv_fwd_loop(const ConvProblem& p, const T* x, const T* w, const T* b, T* y) {
+  const Win3& q = p.w;
+  const int64_t Cg = p.C / p.G, Mg = p.M / p.G, IS = in_size3(q), OS = out_size3(q), KS = q.k[0] * q.k[1] * q.k[2];
+#pragma omp parallel for schedule(static)
+  for (int64_t nm = 0; nm < p.N * p.M; ++nm) {
+    const int64_t n = nm / p.M, m = nm % p.M, g = m / Mg;
+    for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+      for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
+        for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+          double acc = b ? ld(b, m) : 0.0;
+          for (int64_t c = 0; c < Cg; ++c) {
+            const T* xc = x + (n * p.C + g * Cg + c) * IS;
+            const T* wc = w + (m * Cg + c) * KS;
+            for (int64_t k0 = 0; k0 < q.k[0]; ++k0) {
+              int64_t i0 = o0 * q.s[0] - q.pb[0] + k0 * q.d[0];
+              if (i0 < 0 || i0 >= q.in[0]) continue;
+              for (int64_t k1 = 0; k1 < q.k[1]; ++k1) {
+                int64_t i1 = o1 * q.s[1] - q.pb[1] + k1 * q.d[1];
+                if (i1 < 0 || i1 >= q.in[1]) continue;
+                for (int64_t k2 = 0; k2 < q.k[2]; ++k2) {
+                  int64_t i2 = o2 * q.s[2] - q.pb[2] + k2 * q.d[2];
+                  if (i2 < 0 || i2 >= q.in[2]) continue;
+                  acc += ld(xc, (i0 * q.in[1] + i1) * q.in[2] + i2) * ld(wc, (k0 * q.k[1] + k1) * q.k[2] + k2);
+                }
+              }
+            }
+          }
+          st(y, nm * OS + (o0 * q.out[1] + o1) * q.out[2] + o2, acc);
+        }
+  }
+}
+
+template <typename T>
+void conv_bwd_data_loop(const ConvProblem& p, const T* dy, const T* w, T* dx) {
+  const Win3& q = p.w;
+  const int64_t Cg = p.C / p.G, Mg = p.M / p.G, IS = in_size3(q), OS = out_size3(q), KS = q.k[0] * q.k[1] * q.k[2];
+#pragma omp parallel for schedule(static)
+  for (int64_t ng = 0; ng < p.N * p.G; ++ng) {
+    const int64_t n = ng / p.G, g = ng % p.G;
+    std::vector<double> acc(static_cast<size_t>(Cg * IS), 0.0);
+    for (int64_t mm = 0; mm < Mg; ++mm) {
+      const int64_t m = g * Mg + mm;
+      const T* dym = dy + (n * p.M + m) * OS;
+      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+        for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
+          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+            double gy = ld(dym, (o0 * q.out[1] + o1) * q.out[2] + o2);
+            if (gy == 0.0) continue;
+            for (int64_t c = 0; c < Cg; ++c) {
+              const T* wc = w + (m * Cg + c) * KS;
+              double* ac = acc.data() + c * IS;
+              for (int64_t k0 = 0; k0 < q.k[0]; ++k0) {
+                int64_t i0 = o0 * q.s[0] - q.pb[0] + k0 * q.d[0];
+                if (i0 < 0 || i0 >= q.in[0]) continue;
+                for (int64_t k1 = 0; k1 < q.k[1]; ++k1) {
+                  int64_t i1 = o1 * q.s[1] - q.pb[1] + k1 * q.d[1];
+                  if (i1 < 0 || i1 >= q.in[1]) continue;
+                  for (int64_t k2 = 0; k2 < q.k[2]; ++k2) {
+                    int64_t i2 = o2 * q.s[2] - q.pb[2] + k2 * q.d[2];
+                    if (i2 < 0 || i2 >= q.in[2]) continue;
+                    ac[(i0 * q.in[1] + i1) * q.in[2] + i2] += gy * ld(wc, (k0 * q.k[1] + k1) * q.k[2] + k2);
+                  }
+                }
+              }
+            }
+          }
+    }
+    T* out = dx + (n * p.C + g * Cg) * IS;
+    for (int64_t i = 0; i < Cg * IS; ++i) st(out, i, acc[i]);
+  }
+}
+
+template <typename T>
+void conv_bwd_weight_loop(const ConvProblem& p, const T* dy, const T* x, T* dw) {
+  const Win3& q = p.w;
+  const int64_t Cg = p.C / p.G, Mg = p.M / p.G, IS = in_size3(q), OS = out_size3(q), KS = q.k[0] * q.k[1] * q.k[2];
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < p.M; ++m) {
+    const int64_t g = m / Mg;
+    for (int64_t c = 0; c < Cg; ++c)
+      for (int64_t k0 = 0; k0 < q.k[0]; ++k0)
+        for (int64_t k1 = 0; k1 < q.k[1]; ++k1)
+          for (int64_t k2 = 0; k2 < q.k[2]; ++k2) {
+            double acc = 0;
+            for (int64_t n = 0; n < p.N; ++n) {
+              const T* dym = dy + (n * p.M + m) * OS;
+              const T* xc = x + (n * p.C + g * Cg + c) * IS;
+              for (int64_t o0 = 0; o0 < q.out[0]; ++o0) {
+                int64_t i0 = o0 * q.s[0] - q.pb[0] + k0 * q.d[0];
+                if (i0 < 0 || i0 >= q.in[0]) continue;
+                for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
+                  int64_t i1 = o1 * q.s[1] - q.pb[1] + k1 * q.d[1];
+                  if (i1 < 0 || i1 >= q.in[1]) continue;
+                  for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+                    int64_t i2 = o2 * q.s[2] - q.pb[2] + k2 * q.d[2];
+                    if (i2 < 0 || i2 >= q.in[2]) continue;
+                    acc += ld(dym, (o0 * q.out[1] + o1) * q.out[2] + o2) * ld(xc, (i0 * q.in[1] + i1) * q.in[2] + i2);
+                  }
+                }
+              }
+            }
+            st(dw, (m * Cg + c) * KS + (k0 * q.k[1] + k1) * q.k[2] + k2, acc);
+          }
+  }
+}
+
+std::string where(const KernelContext& ctx) { return "node '" + ctx.node.name + "' (" + ctx.node.op + ")"; }
+
+Status conv_kernel(KernelContext& ctx) {
+  const Tensor& X = ctx.in(0);
+  const Tensor& W = ctx.in(1);
+  const Tensor* B = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
+  Tensor& Y = ctx.out(0);
+  if (B && (B->dtype() != X.dtype() || B->numel() != W.dim(0))) return ctx.fail("B must be (M) with the dtype of X");
+  auto p = conv_problem(ctx, X.dims(), W.dims(), Y.dims());
+  if (!p) return p.status();
+  if (Y.numel() == 0) return Status::ok();
+  if (use_onednn(X.dtype()) && X.numel() > 0)
+    return onednn::conv_forward(p->geo, X.raw(), W.raw(), B ? B->raw() : nullptr, Y.raw(), X.dtype())
+        .with_context(where(ctx));
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    conv_fwd_loop<T>(*p, X.data<T>(), W.data<T>(), B ? B->data<T>() : nullptr, Y.data<T>());
+  });
+}
+
+Status conv_grad_input_kernel(KernelContext& ctx) {
+  const Tensor& dY = ctx.in(0);
+  const Tensor& W = ctx.in(1);
+  Tensor& dX = ctx.out(0);
+  if (dY.dtype() != W.dtype()) return ctx.fail("dY and W differ in dtype");
+  auto p = conv_problem(ctx, dX.dims(), W.dims(), dY.dims());
+  if (!p) return p.status();
+  if (dX.numel() == 0 || dY.numel() == 0) return Status::ok();
+  if (use_onednn(dY.dtype()))
+    return onednn::conv_backward_data(p->geo, dY.raw(), W.raw(), dX.raw(), dY.dtype()).with_context(where(ctx));
+  return dispatch_float(ctx, dY.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    conv_bwd_data_loop<T>(*p, dY.data<T>(), W.data<T>(), dX.data<T>());
+  });
+}
+
+Status conv_grad_weight_kernel(KernelContext& ctx) {
+  const Tensor& dY = ctx.in(0);
+  const Tensor& X = ctx.in(1);
+  Tensor& dW = ctx.out(0);
+  if (dY.dtype() != X.dtype()) return ctx.fail("dY and X differ in dtype");
+  auto p = conv_problem(ctx, X.dims(), dW.dims(), dY.dims());
+  if (!p) return p.status();
+  if (dW.numel() == 0 || dY.numel() == 0) return Status::ok();
+  if (use_onednn(dY.dtype()))
+    return onednn::conv_backward_weights(p->geo, dY.raw(), X.raw(), dW.raw(), dY.dtype()).with_context(where(ctx));
+  return dispatch_float(ctx, dY.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    conv_bwd_weight_loop<T>(*p, dY.data<T>(), X.data<T>(), dW.data<T>());
+  });
+}
+
+// ---- Pools ----
+
+struct PoolProblem {
+  int64_t NC;
+  Win3 w;
+};
+
+Expected<PoolProblem> pool_problem(const KernelContext& ctx, const std::vector<int64_t>& x, const std::vector<int64_t>& y,
+                                   const std::vector<int64_t>& kernel) {
+  auto g = geometry(ctx, x, kernel);
+  if (!g) return g.status();
+  if (g->out_static() != spatial(y)) return ctx.fail("output extents do not match the window geometry");
+  return PoolProblem{x[0] * x[1], to_win3(*g, spatial(x), spatial(y))};
+}
+
+/// Calls f(input offset) for each valid input position of output window (o0, o1, o2).
+template <typename F>
+inline void for_window(const Win3& q, int64_t o0, int64_t o1, int64_t o2, F&& f) {
+  for (int64_t k0 = 0; k0 < q.k[0]; ++k0) {
+    int64_t i0 = o0 * q.s[0] - q.pb[0] + k0 * q.d[0];
+    if (i0 < 0 || i0 >= q.in[0]) continue;
+    for (int64_t k1 = 0; k1 < q.k[1]; ++k1) {
+      int64_t i1 = o1 * q.s[1] - q.pb[1] + k1 * q.d[1];
+      if (i1 < 0 || i1 >= q.in[1]) continue;
+      for (int64_t k2 = 0; k2 < q.k[2]; ++k2) {
+        int64_t i2 = o2 * q.s[2] - q.pb[2] + k2 * q.d[2];
+        if (i2 < 0 || i2 >= q.in[2]) continue;
+        f((i0 * q.in[1] + i1) * q.in[2] + i2);
+      }
+    }
+  }
+}
+
+/// Number of window taps that fall in [lo, hi) along dim i.
+inline int64_t taps_in(const Win3& q, int i, int64_t o, int64_t lo, int64_t hi) {
+  int64_t n = 0;
+  for (int64_t k = 0; k < q.k[i]; ++k) {
+    int64_t p = o * q.s[i] - q.pb[i] + k * q.d[i];
+    n += (p >= lo && p < hi);
+  }
+  return n;
+}
+
+/// AveragePool divisor of window (o0, o1, o2): valid taps, or (count_include_pad) taps
+/// inside the padded input, as PyTorch counts them.
+inline double avg_divisor(const Win3& q, bool include_pad, int64_t o0, int64_t o1, int64_t o2) {
+  int64_t o[3] = {o0, o1, o2};
+  double d = 1;
+  for (int i = 0; i < 3; ++i)
+    d *= static_cast<double>(include_pad ? taps_in(q, i, o[i], -q.pb[i], q.in[i] + q.pe[i]) : taps_in(q, i, o[i], 0, q.in[i]));
+  return d;
+}
+
+/// Index (within one (n, c) slice) of the first maximum of a window; -1 when empty.
+template <typename T>
+inline int64_t window_argmax(const Win3& q, const T* xs, int64_t o0, int64_t o1, int64_t o2, double& best) {
+  int64_t arg = -1;
+  best = -std::numeric_limits<double>::infinity();
+  for_window(q, o0, o1, o2, [&](int64_t i) {
+    double v = ld(xs, i);
+    if (arg < 0 || v > best || (std::isnan(v) && !std::isnan(best))) {
+      best = v;
+      arg = i;
+    }
+  });
+  return arg;
+}
+
+Status maxpool_kernel(KernelContext& ctx) {
+  const Tensor& X = ctx.in(0);
+  Tensor& Y = ctx.out(0);
+  Tensor* I = ctx.outputs.size() > 1 && ctx.outputs[1].defined() ? &ctx.outputs[1] : nullptr;
+  if (I && ctx.attrs().get_int("storage_order", 0) != 0)
+    return ctx.fail("Indices with storage_order=1 (column-major) are not supported");
+  auto p = pool_problem(ctx, X.dims(), Y.dims(), ctx.attrs().get_ints("kernel_shape"));
+  if (!p) return p.status();
+  const Win3& q = p->w;
+  const int64_t IS = in_size3(q), OS = out_size3(q);
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    T* y = Y.data<T>();
+    int64_t* idx = I ? I->data<int64_t>() : nullptr;
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->NC; ++nc)
+      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+        for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
+          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+            double best;
+            int64_t a = window_argmax(q, x + nc * IS, o0, o1, o2, best);
+            int64_t o = nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2;
+            st(y, o, best);
+            if (idx) idx[o] = a < 0 ? -1 : nc * IS + a;
+          }
+  });
+}
+
+Status maxpool_grad_kernel(KernelContext& ctx) {
+  const Tensor& dY = ctx.in(0);
+  const Tensor& X = ctx.in(1);
+  Tensor& dX = ctx.out(0);
+  if (dY.dtype() != X.dtype()) return ctx.fail("dY and X differ in dtype");
+  auto p = pool_problem(ctx, X.dims(), dY.dims(), ctx.attrs().get_ints("kernel_shape"));
+  if (!p) return p.status();
+  const Win3& q = p->w;
+  const int64_t IS = in_size3(q), OS = out_size3(q);
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    const T* dy = dY.data<T>();
+    T* dx = dX.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->NC; ++nc) {
+      std::vector<double> acc(static_cast<size_t>(IS), 0.0);
+      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+        for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
+          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+            double best;
+            int64_t a = window_argmax(q, x + nc * IS, o0, o1, o2, best);
+            if (a >= 0) acc[a] += ld(dy, nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2);
+          }
+      for (int64_t i = 0; i < IS; ++i) st(dx, nc * IS + i, acc[i]);
+    }
+  });
+}
+
+Status avgpool_kernel(KernelContext& ctx) {
+  const Tensor& X = ctx.in(0);
+  Tensor& Y = ctx.out(0);
+  auto p = pool_problem(ctx, X.dims(), Y.dims(), ctx.attrs().get_ints("kernel_shape"));
+  if (!p) return p.status();
+  const Win3& q = p->w;
+  const bool inc = ctx.attrs().get_int("count_include_pad", 0) != 0;
+  const int64_t IS = in_size3(q), OS = out_size3(q);
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    T* y = Y.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->NC; ++nc)
+      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+        for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
+          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+            double s = 0;
+            for_window(q, o0, o1, o2, [&](int64_t i) { s += ld(x + nc * IS, i); });
+            double d = avg_divisor(q, inc, o0, o1, o2);
+            st(y, nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2, d > 0 ? s / d : 0.0);
+          }
+  });
+}
+
+Status avgpool_grad_kernel(KernelContext& ctx) {
+  const Tensor& dY = ctx.in(0);
+  Tensor& dX = ctx.out(0);
+  auto p = pool_problem(ctx, dX.dims(), dY.dims(), ctx.attrs().get_ints("kernel_shape"));
+  if (!p) return p.status();
+  const Win3& q = p->w;
+  const bool inc = ctx.attrs().get_int("count_include_pad", 0) != 0;
+  const int64_t IS = in_size3(q), OS = out_size3(q);
+  return dispatch_float(ctx, dY.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* dy = dY.data<T>();
+    T* dx = dX.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->NC; ++nc) {
+      std::vector<double> acc(static_cast<size_t>(IS), 0.0);
+      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+        for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
+          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+            double d = avg_divisor(q, inc, o0, o1, o2);
+            if (d <= 0) continue;
+            double g = ld(dy, nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2) / d;
+            for_window(q, o0, o1, o2, [&](int64_t i) { acc[i] += g; });
+          }
+      for (int64_t i = 0; i < IS; ++i) st(dx, nc * IS + i, acc[i]);
+    }
+  });
+}
+
+Status global_avgpool_kernel(KernelContext& ctx) {
+  const Tensor& X = ctx.in(0);
+  Tensor& Y = ctx.out(0);
+  const int64_t NC = X.dim(0) * X.dim(1), S = NC ? X.numel() / NC : 0;
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    T* y = Y.data<T>();
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+    for (int64_t nc = 0; nc < NC; ++nc) {
+      double s = 0;
+      for (int64_t i = 0; i < S; ++i) s += ld(x, nc * S + i);
+      st(y, nc, S ? s / static_cast<double>(S) : 0.0);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Normalization
+// ---------------------------------------------------------------------------
+
+bool bn_training(const KernelContext& ctx) { return ctx.training || ctx.attrs().get_int("training_mode", 0) != 0; }
+
+/// Per-channel mean and biased variance of X viewed as (N, C, S), in double.
+template <typename T>
+void channel_stats(const T* x, int64_t N, int64_t C, int64_t S, std::vector<double>& mean, std::vector<double>& var) {
+  mean.assign(C, 0.0);
+  var.assign(C, 0.0);
+  const double cnt = static_cast<double>(N * S);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < S; ++i) s += ld(x, (n * C + c) * S + i);
+    double mu = cnt > 0 ? s / cnt : 0.0, v = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < S; ++i) {
+        double d = ld(x, (n * C + c) * S + i) - mu;
+        v += d * d;
+      }
+    mean[c] = mu;
+    var[c] = cnt > 0 ? v / cnt : 0.0;
+  }
+}
+
+/// Reads a 1-D float tensor as doubles.
+std::vector<double> as_doubles(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = t.get_f64(i);
+  return v;
+}
+
+Status bn_kernel(KernelContext& ctx) {
+  const Tensor& X = ctx.in(0);
+  Tensor& Y = ctx.out(0);
+  const int64_t N = X.dim(0), C = X.dim(1), S = N * C ? X.numel() / (N * C) : 0;
+  const double eps = ctx.attrs().get_float("epsilon", 1e-5), mom = ctx.attrs().get_float("momentum", 0.9);
+  std::vector<double> scale = as_doubles(ctx.in(1)), bias = as_doubles(ctx.in(2));
+  std::vector<double> in_mean = as_doubles(ctx.in(3)), in_var = as_doubles(ctx.in(4));
+  for (int i = 1; i < 5; ++i)
+    if (ctx.in(i).numel() != C) return ctx.fail("input " + std::to_string(i) + " must have C elements");
+  const bool training = bn_training(ctx);
+  std::vector<double> mean = in_mean, var = in_var;
+  Status st_ = dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (training) channel_stats(X.data<T>(), N, C, S, mean, var);
+    const T* x = X.data<T>();
+    T* y = Y.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < N * C; ++nc) {
+      int64_t c = nc % C;
+      double inv = 1.0 / std::sqrt(var[c] + eps), a = scale[c] * inv, b = bias[c] - mean[c] * a;
+      for (int64_t i = 0; i < S; ++i) st(y, nc * S + i, ld(x, nc * S + i) * a + b);
+    }
+  });
+  KILN_RETURN_IF_ERROR(st_);
+  const double cnt = static_cast<double>(N * S);
+  for (size_t o = 1; o < ctx.outputs.size(); ++o) {
+    Tensor& t = ctx.outputs[o];
+    if (!t.defined() || t.numel() != C) continue;
+    for (int64_t c = 0; c < C; ++c) {
+      double v;
+      if (!training) v = o == 1 || o == 3 ? in_mean[c] : in_var[c];
+      else if (o == 1) v = in_mean[c] * mom + mean[c] * (1 - mom);
+      else if (o == 2) v = in_var[c] * mom + (cnt > 1 ? var[c] * cnt / (cnt - 1) : var[c]) * (1 - mom);  // unbiased, as PyTorch
+      else if (o == 3) v = mean[c];
+      else v = var[c];  // saved_var (BatchNormalization-9): biased batch variance
+      t.set_f64(c, v);
+    }
+  }
+  return Status::ok();
+}
+
+Status bn_grad_kernel(KernelContext& ctx) {
+  const Tensor& dY = ctx.in(0);
+  const Tensor& X = ctx.in(1);
+  if (dY.dims() != X.dims() || dY.dtype() != X.dtype()) return ctx.fail("dY and X differ in dtype or shape");
+  const int64_t N = X.dim(0), C = X.dim(1), S = N * C ? X.numel() / (N * C) : 0;
+  const double eps = ctx.attrs().get_float("epsilon", 1e-5);
+  std::vector<double> scale = as_doubles(ctx.in(2));
+  if (static_cast<int64_t>(scale.size()) != C) return ctx.fail("scale must have C elements");
+  const bool training = bn_training(ctx);
+  std::vector<double> mean, var;
+  if (!training) {
+    if (!ctx.has_input(3) || !ctx.has_input(4)) return ctx.fail("inference-mode gradient needs mean and var");
+    mean = as_doubles(ctx.in(3));
+    var = as_doubles(ctx.in(4));
+  }
+  std::vector<double> dscale(C, 0.0), dbias(C, 0.0);
+  const double cnt = static_cast<double>(N * S);
+  Status st_ = dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    const T* dy = dY.data<T>();
+    T* dx = ctx.out(0).data<T>();
+    if (training) channel_stats(x, N, C, S, mean, var);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      double inv = 1.0 / std::sqrt(var[c] + eps), sb = 0, ss = 0;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < S; ++i) {
+          int64_t o = (n * C + c) * S + i;
+          double g = ld(dy, o);
+          sb += g;
+          ss += g * (ld(x, o) - mean[c]) * inv;
+        }
+      dbias[c] = sb;
+      dscale[c] = ss;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < S; ++i) {
+          int64_t o = (n * C + c) * S + i;
+          double g = ld(dy, o), v;
+          if (training) {
+            double xh = (ld(x, o) - mean[c]) * inv;
+            v = scale[c] * inv / cnt * (cnt * g - sb - xh * ss);
+          } else {
+            v = g * scale[c] * inv;
+          }
+          st(dx, o, v);
+        }
+    }
+  });
+  KILN_RETURN_IF_ERROR(st_);
+  for (int64_t c = 0; c < C; ++c) {
+    if (ctx.outputs.size() > 1 && ctx.out(1).defined()) ctx.out(1).set_f64(c, dscale[c]);
+    if (ctx.outputs.size() > 2 && ctx.out(2).defined()) ctx.out(2).set_f64(c, dbias[c]);
+  }
+  return Status::ok();
+}
+
+/// (R, D) view of LayerNormalization: D = prod(dims[axis:]).
+Expected<std::pair<int64_t, int64_t>> ln_view(const KernelContext& ctx, const Tensor& X) {
+  auto ax = ir::normalize_axis(ctx.attrs().get_int("axis", -1), X.rank());
+  if (!ax) return ctx.fail(ax.message());
+  int64_t D = 1;
+  for (int i = *ax; i < X.rank(); ++i) D *= X.dim(i);
+  return std::make_pair(D ? X.numel() / D : 0, D);
+}
+
+/// Per-element parameter reader: a tensor with D elements, or 1 (broadcast).
+struct Param {
+  std::vector<double> v;
+  double at(int64_t j) const { return v.size() == 1 ? v[0] : v[j]; }
+};
+
+Status ln_kernel(KernelContext& ctx) {
+  const Tensor& X = ctx.in(0);
+  auto view = ln_view(ctx, X);
+  if (!view) return view.status();
+  auto [R, D] = *view;
+  Param scale{as_doubles(ctx.in(1))}, bias;
+  if (ctx.has_input(2)) bias.v = as_doubles(ctx.in(2));
+  if ((scale.v.size() != 1 && static_cast<int64_t>(scale.v.size()) != D) ||
+      (!bias.v.empty() && bias.v.size() != 1 && static_cast<int64_t>(bias.v.size()) != D))
+    return ctx.fail("Scale/B must have prod(X.shape[axis:]) = " + std::to_string(D) + " elements");
+  const double eps = ctx.attrs().get_float("epsilon", 1e-5);
+  Tensor* mean_out = ctx.outputs.size() > 1 && ctx.outputs[1].defined() ? &ctx.outputs[1] : nullptr;
+  Tensor* inv_out = ctx.outputs.size() > 2 && ctx.outputs[2].defined() ? &ctx.outputs[2] : nullptr;
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    T* y = ctx.out(0).data<T>();
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+    for (int64_t r = 0; r < R; ++r) {
+      double s = 0, ss = 0;
+      for (int64_t j = 0; j < D; ++j) s += ld(x, r * D + j);
+      double mu = s / static_cast<double>(D);
+      for (int64_t j = 0; j < D; ++j) {
+        double d = ld(x, r * D + j) - mu;
+        ss += d * d;
+      }
+      double inv = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
+      for (int64_t j = 0; j < D; ++j) {
+        double v = (ld(x, r * D + j) - mu) * inv * scale.at(j);
+        if (!bias.v.empty()) v += bias.at(j);
+        st(y, r * D + j, v);
+      }
+      if (mean_out) mean_out->set_f64(r, mu);
+      if (inv_out) inv_out->set_f64(r, inv);
+    }
+  });
+}
+
+Status ln_grad_kernel(KernelContext& ctx) {
+  const Tensor& dY = ctx.in(0);
+  const Tensor& X = ctx.in(1);
+  if (dY.dims() != X.dims() || dY.dtype() != X.dtype()) return ctx.fail("dY and X differ in dtype or shape");
+  auto view = ln_view(ctx, X);
+  if (!view) return view.status();
+  auto [R, D] = *view;
+  Param scale{as_doubles(ctx.in(2))};
+  if (scale.v.size() != 1 && static_cast<int64_t>(scale.v.size()) != D)
+    return ctx.fail("Scale must have prod(X.shape[axis:]) = " + std::to_string(D) + " elements");
+  const double eps = ctx.attrs().get_float("epsilon", 1e-5);
+  std::vector<double> mu(R), inv(R);
+  std::vector<double> dscale(static_cast<size_t>(D), 0.0), dbias(static_cast<size_t>(D), 0.0);
+  Status st_ = dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    const T* dy = dY.data<T>();
+    T* dx = ctx.out(0).data<T>();
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+    for (int64_t r = 0; r < R; ++r) {
+      const T* xr = x + r * D;
+      const T* gr = dy + r * D;
+      double s = 0, ss = 0;
+      for (int64_t j = 0; j < D; ++j) s += ld(xr, j);
+      double m = s / static_cast<double>(D);
+      for (int64_t j = 0; j < D; ++j) ss += (ld(xr, j) - m) * (ld(xr, j) - m);
+      double iv = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
+      mu[r] = m;
+      inv[r] = iv;
+      // dX = inv * (g - mean(g) - xhat * mean(g * xhat)), g = dY * scale
+      double mg = 0, mgx = 0;
+      for (int64_t j = 0; j < D; ++j) {
+        double g = ld(gr, j) * scale.at(j), xh = (ld(xr, j) - m) * iv;
+        mg += g;
+        mgx += g * xh;
+      }
+      mg /= static_cast<double>(D);
+      mgx /= static_cast<double>(D);
+      for (int64_t j = 0; j < D; ++j) {
+        double g = ld(gr, j) * scale.at(j), xh = (ld(xr, j) - m) * iv;
+        st(dx + r * D, j, iv * (g - mg - xh * mgx));
+      }
+    }
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+    for (int64_t j = 0; j < D; ++j) {
+      double a = 0, b = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        double g = ld(dy, r * D + j);
+        a += g * (ld(x, r * D + j) - mu[r]) * inv[r];
+        b += g;
+      }
+      dscale[j] = a;
+      dbias[j] = b;
+    }
+  });
+  KILN_RETURN_IF_ERROR(st_);
+  // Parameters of one element (broadcast Scale/B) receive the sum.
+  for (int o = 1; o < 3 && o < static_cast<int>(ctx.outputs.size()); ++o) {
+    Tensor& t = ctx.outputs[o];
+    if (!t.defined()) continue;
+    const std::vector<double>& src = o == 1 ? dscale : dbias;
+    if (t.numel() == 1) {
+      double s = 0;
+      for (double v : src) s += v;
+      t.set_f64(0, s);
+    } else {
+      for (int64_t j = 0; j < t.numel() && j < D; ++j) t.set_f64(j, src[j]);
+    }
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// Softmax family: X viewed as (outer, A, inner) around the axis
+// ---------------------------------------------------------------------------
+
+struct AxisView {
+  int64_t outer = 1, A = 1, inner = 1;
+};
+
+Expected<AxisView> axis_view(const KernelContext& ctx, const std::vector<int64_t>& dims) {
+  auto ax = ir::normalize_axis(ctx.attrs().get_int("axis", -1), static_cast<int>(dims.size()));
+  if (!ax) return ctx.fail(ax.message());
+  AxisView v;
+  for (int i = 0; i < static_cast<int>(dims.size()); ++i) {
+    if (i < *ax) v.outer *= dims[i];
+    else if (i == *ax) v.A = dims[i];
+    else v.inner *= dims[i];
+  }
+  return v;
+}
+
+template <bool Log>
+Status softmax_kernel(KernelContext& ctx) {
+  const Tensor& X = ctx.in(0);
+  auto v = axis_view(ctx, X.dims());
+  if (!v) return v.status();
+  const AxisView q = *v;
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    T* y = ctx.out(0).data<T>();
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+    for (int64_t oi = 0; oi < q.outer * q.inner; ++oi) {
+      const int64_t o = oi / q.inner, i = oi % q.inner, base = o * q.A * q.inner + i;
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t a = 0; a < q.A; ++a) m = std::max(m, ld(x, base + a * q.inner));
+      double s = 0;
+      for (int64_t a = 0; a < q.A; ++a) s += std::exp(ld(x, base + a * q.inner) - m);
+      double ls = std::log(s);
+      for (int64_t a = 0; a < q.A; ++a) {
+        double z = ld(x, base + a * q.inner) - m;
+        st(y, base + a * q.inner, Log ? z - ls : std::exp(z) / s);
+      }
+    }
+  });
+}
+
+template <bool Log>
+Status softmax_grad_kernel(KernelContext& ctx) {
+  const Tensor& dY = ctx.in(0);
+  const Tensor& Y = ctx.in(1);
+  if (dY.dims() != Y.dims() || dY.dtype() != Y.dtype()) return ctx.fail("dY and Y differ in dtype or shape");
+  auto v = axis_view(ctx, Y.dims());
+  if (!v) return v.status();
+  const AxisView q = *v;
+  return dispatch_float(ctx, Y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* y = Y.data<T>();
+    const T* dy = dY.data<T>();
+    T* dx = ctx.out(0).data<T>();
+#pragma omp parallel for schedule(static) if (Y.numel() > kParallelThreshold)
+    for (int64_t oi = 0; oi < q.outer * q.inner; ++oi) {
+      const int64_t o = oi / q.inner, i = oi % q.inner, base = o * q.A * q.inner + i;
+      double s = 0;
+      for (int64_t a = 0; a < q.A; ++a) {
+        int64_t k = base + a * q.inner;
+        s += Log ? ld(dy, k) : ld(dy, k) * ld(y, k);
+      }
+      for (int64_t a = 0; a < q.A; ++a) {
+        int64_t k = base + a * q.inner;
+        st(dx, k, Log ? ld(dy, k) - std::exp(ld(y, k)) * s : ld(y, k) * (ld(dy, k) - s));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void register_nn_kernels(ir::OpTable& t) {
+  set_kernel(t, "MatMul", matmul_kernel);
+  set_kernel(t, "Gemm", gemm_kernel);
+  set_kernel(t, "Conv", conv_kernel);
+  set_kernel(t, "ConvGradInput", conv_grad_input_kernel);
+  set_kernel(t, "ConvGradWeight", conv_grad_weight_kernel);
+  set_kernel(t, "MaxPool", maxpool_kernel);
+  set_kernel(t, "MaxPoolGrad", maxpool_grad_kernel);
+  set_kernel(t, "AveragePool", avgpool_kernel);
+  set_kernel(t, "AveragePoolGrad", avgpool_grad_kernel);
+  set_kernel(t, "GlobalAveragePool", global_avgpool_kernel);
+  set_kernel(t, "BatchNormalization", bn_kernel);
+  set_kernel(t, "BatchNormalizationGrad", bn_grad_kernel);
+  set_kernel(t, "LayerNormalization", ln_kernel);
+  set_kernel(t, "LayerNormalizationGrad", ln_grad_kernel);
+  set_kernel(t, "Softmax", softmax_kernel<false>);
+  set_kernel(t, "LogSoftmax", softmax_kernel<true>);
+  set_kernel(t, "SoftmaxGrad", softmax_grad_kernel<false>);
+  set_kernel(t, "LogSoftmaxGrad", softmax_grad_kernel<true>);
+}
 
 }  // namespace kiln::runtime::kernels

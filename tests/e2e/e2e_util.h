@@ -1,0 +1,61 @@
+// Helpers for end-to-end tests: build a training program for an example model
+// and run training steps with the eager interpreter.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ir/graph.h"
+#include "runtime/interpreter.h"
+#include "runtime/io.h"
+#include "tools/driver/driver.h"
+
+namespace kiln::testing {
+
+inline std::string example_path(const std::string& name, const std::string& file) {
+  return std::string(KILN_SOURCE_DIR) + "/examples/" + name + "/" + file;
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+/// Initial state (parameters, buffers, optimizer state, counter) of a program's train_step.
+inline std::map<std::string, ir::Tensor> initial_state(const ir::Graph& g) {
+  std::map<std::string, ir::Tensor> s;
+  for (auto& sb : g.state) s[sb.input->name] = sb.initial->clone();
+  return s;
+}
+
+/// Row slice [i*b, (i+1)*b) of the leading dim (or the i-th entry of a [steps, B, ...] array).
+inline ir::Tensor slice_rows(const ir::Tensor& t, int64_t begin, int64_t count) {
+  std::vector<int64_t> dims = t.dims();
+  int64_t row = t.numel() / dims[0];
+  dims[0] = count;
+  ir::Tensor out(t.dtype(), dims);
+  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + begin * row * ir::dtype_size(t.dtype()),
+              static_cast<size_t>(count * row) * ir::dtype_size(t.dtype()));
+  return out;
+}
+
+/// Drops the leading dim of a [1, ...] slice.
+inline ir::Tensor squeeze0(const ir::Tensor& t) {
+  std::vector<int64_t> d(t.dims().begin() + 1, t.dims().end());
+  return t.reshaped(d);
+}
+
+inline double rel_l2(const ir::Tensor& a, const ir::Tensor& ref) {
+  double d = 0, r = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    double x = a.get_f64(i) - ref.get_f64(i);
+    d += x * x;
+    r += ref.get_f64(i) * ref.get_f64(i);
+  }
+  return std::sqrt(d) / std::max(std::sqrt(r), 1e-30);
+}
+
+}  // namespace kiln::testing

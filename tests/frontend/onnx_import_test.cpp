@@ -1,0 +1,328 @@
+// Tests of ONNX import (frontend/onnx_import.cpp, frontend/tensor_proto.cpp) on the
+// fixtures of tools/make_bad_models.py: good models (structure, dtypes, values against
+// the formulas/numbers the script used), and every bad input (one-line error with the
+// expected key words).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <onnx/onnx_pb.h>
+
+#include "frontend/onnx_import.h"
+#include "frontend/tensor_proto.h"
+#include "frontend_test_util.h"
+#include "ir/op_table.h"
+
+using kiln::ir::DType;
+using kiln::ir::Graph;
+using kiln::ir::Tensor;
+using kiln::test::fixture;
+
+namespace {
+
+std::unique_ptr<Graph> import_ok(const std::string& name, kiln::frontend::ImportOptions opts = {}) {
+  auto g = kiln::frontend::import_onnx(fixture(name), opts);
+  EXPECT_TRUE(g.has_value()) << (g ? "" : g.message());
+  return g ? std::move(*g) : nullptr;
+}
+
+// Imports a bad fixture and returns the error line (checks: error, one line, starts with the path).
+std::string import_error(const std::string& name) {
+  std::string path = fixture(name);
+  auto g = kiln::frontend::import_onnx(path);
+  EXPECT_FALSE(g.has_value()) << name << " imported but should fail";
+  if (g) return "";
+  const std::string& m = g.message();
+  EXPECT_EQ(m.find('\n'), std::string::npos) << "multi-line error: " << m;
+  EXPECT_EQ(m.rfind(path + ": ", 0), 0u) << "error does not start with the file path: " << m;
+  return m;
+}
+
+#define EXPECT_HAS(msg, word) EXPECT_NE((msg).find(word), std::string::npos) << "'" << (word) << "' not in: " << (msg)
+
+const kiln::ir::Value* find_init(const Graph& g, const std::string& name) {
+  for (auto* v : g.initializers)
+    if (v->name == name) return v;
+  return nullptr;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- good models
+
+TEST(OnnxImport, MlpStructureAndSymbolicDims) {
+  auto g = import_ok("good_mlp.onnx");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->opset, 17);
+  // b is listed as a graph input too (older exporters): it is an initializer, not an input.
+  ASSERT_EQ(g->inputs.size(), 1u);
+  EXPECT_EQ(g->inputs[0]->name, "x");
+  EXPECT_EQ(g->inputs[0]->shape.to_string(), "[batch, 4]");
+  EXPECT_FALSE(g->inputs[0]->shape.dims[0].is_static());
+  EXPECT_EQ(g->inputs[0]->shape.dims[0].symbol, "batch");
+  ASSERT_EQ(g->initializers.size(), 2u);
+  ASSERT_EQ(g->nodes().size(), 3u);
+  EXPECT_EQ(g->nodes()[0]->op, "MatMul");
+  EXPECT_EQ(g->nodes()[0]->name, "/fc/MatMul");
+  EXPECT_EQ(g->nodes()[2]->op, "Relu");
+  ASSERT_EQ(g->outputs.size(), 1u);
+  EXPECT_EQ(g->outputs[0]->dtype, DType::f32);
+  EXPECT_EQ(g->outputs[0]->shape.to_string(), "[batch, 3]");
+  // b came from float_data: [0.5, -1, 2]
+  const auto* b = find_init(*g, "b");
+  ASSERT_TRUE(b);
+  ASSERT_EQ(b->data->dims(), std::vector<int64_t>{3});
+  EXPECT_EQ(b->data->data<float>()[0], 0.5f);
+  EXPECT_EQ(b->data->data<float>()[1], -1.0f);
+  EXPECT_EQ(b->data->data<float>()[2], 2.0f);
+  // W (raw_data) equals the standalone TensorProto the script wrote from the same numpy array.
+  auto w_ref = kiln::frontend::load_tensor_pb(fixture("good_mlp_W.pb"));
+  ASSERT_TRUE(w_ref) << w_ref.message();
+  const auto* w = find_init(*g, "W");
+  ASSERT_TRUE(w);
+  EXPECT_TRUE(kiln::test::tensors_equal(*w->data, *w_ref));
+  EXPECT_EQ(w->shape.to_string(), "[4, 3]");
+}
+
+TEST(OnnxImport, BindDimsMakesShapesStatic) {
+  kiln::frontend::ImportOptions o;
+  o.bind_dims = {{"batch", 5}, {"unused_symbol", 9}};
+  auto g = import_ok("good_mlp.onnx", o);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->inputs[0]->shape.to_string(), "[5, 4]");
+  EXPECT_TRUE(g->inputs[0]->shape.is_static());
+  EXPECT_EQ(g->outputs[0]->shape.to_string(), "[5, 3]");
+  for (auto& n : g->nodes()) EXPECT_TRUE(n->outputs[0]->shape.is_static()) << n->name;
+}
+
+TEST(OnnxImport, Opset18SkipsLibonnxAndUsesOwnInference) {
+  auto g = import_ok("good_mlp_opset18.onnx");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->opset, 18);
+  EXPECT_EQ(g->outputs[0]->shape.to_string(), "[batch, 3]");
+}
+
+TEST(OnnxImport, AllDtypesTypedAndRaw) {
+  auto g = import_ok("good_dtypes.onnx");
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(g->nodes().empty());
+  // Formulas of tools/make_bad_models.py: float (i-3)*0.5, int i-3 (u8: i), bool i%2.
+  struct Case {
+    const char* name;
+    DType dt;
+  };
+  const Case cases[] = {{"f32", DType::f32}, {"f64", DType::f64}, {"i64", DType::i64}, {"i32", DType::i32},
+                        {"i8", DType::i8},   {"u8", DType::u8},   {"bool", DType::boolean},
+                        {"f16", DType::f16}, {"bf16", DType::bf16}};
+  int checked = 0;
+  for (const auto& c : cases) {
+    for (const char* form : {"_typed", "_raw"}) {
+      std::string name = std::string(c.name) + form;
+      const auto* v = find_init(*g, name);
+      ASSERT_TRUE(v) << name;
+      const Tensor& t = *v->data;
+      ASSERT_EQ(t.dtype(), c.dt) << name;
+      ASSERT_EQ(t.dims(), (std::vector<int64_t>{2, 3})) << name;
+      for (int64_t i = 0; i < 6; ++i) {
+        double expect = kiln::ir::is_float(c.dt) ? (i - 3) * 0.5
+                        : c.dt == DType::u8      ? static_cast<double>(i)
+                        : c.dt == DType::boolean ? static_cast<double>(i % 2)
+                                                 : static_cast<double>(i - 3);
+        double got;
+        if (c.dt == DType::f16) got = kiln::ir::f16_to_f32(t.data<uint16_t>()[i]);
+        else if (c.dt == DType::bf16) got = kiln::ir::bf16_to_f32(t.data<uint16_t>()[i]);
+        else if (c.dt == DType::i8) got = t.data<int8_t>()[i];
+        else if (c.dt == DType::u8 || c.dt == DType::boolean) got = t.data<uint8_t>()[i];
+        else got = t.get_f64(i);
+        EXPECT_EQ(got, expect) << name << "[" << i << "]";
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 18);
+  const auto* s = find_init(*g, "scalar_f32");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->data->rank(), 0);
+  EXPECT_EQ(s->data->data<float>()[0], 2.5f);
+  const auto* e = find_init(*g, "empty_i64");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->data->dims(), std::vector<int64_t>{0});
+  // Initializers that are graph outputs stay outputs.
+  EXPECT_EQ(g->outputs.size(), 20u);
+}
+
+TEST(OnnxImport, ConstantNodesBecomeInitializers) {
+  auto g = import_ok("good_constants.onnx");
+  ASSERT_TRUE(g);
+  for (auto& n : g->nodes()) EXPECT_NE(n->op, "Constant");
+  EXPECT_EQ(g->nodes().size(), 4u);
+  const auto* ct = find_init(*g, "c_tensor");
+  ASSERT_TRUE(ct);
+  EXPECT_TRUE(kiln::test::tensors_equal(*ct->data, Tensor::from_f32({1, 2, 3}, {3})));
+  const auto* cf = find_init(*g, "c_float");
+  ASSERT_TRUE(cf);
+  EXPECT_TRUE(kiln::test::tensors_equal(*cf->data, Tensor::scalar_f32(0.25f)));
+  const auto* cfs = find_init(*g, "c_floats");
+  ASSERT_TRUE(cfs);
+  EXPECT_TRUE(kiln::test::tensors_equal(*cfs->data, Tensor::from_f32({1.5f, -2.5f}, {2})));
+  const auto* ci = find_init(*g, "c_int");
+  ASSERT_TRUE(ci);
+  EXPECT_TRUE(kiln::test::tensors_equal(*ci->data, Tensor::scalar_i64(7)));
+  const auto* cis = find_init(*g, "c_ints");
+  ASSERT_TRUE(cis);
+  EXPECT_TRUE(kiln::test::tensors_equal(*cis->data, Tensor::from_i64({1, 2, 3})));
+  EXPECT_EQ(g->outputs[0]->shape.to_string(), "[2, 3]");
+  EXPECT_EQ(g->outputs[1]->dtype, DType::i64);
+  EXPECT_EQ(g->outputs[1]->shape.to_string(), "[3]");
+}
+
+TEST(OnnxImport, ExternalDataInsideModelFolder) {
+  auto g = import_ok("good_external.onnx");
+  ASSERT_TRUE(g);
+  const auto* w = find_init(*g, "W");
+  ASSERT_TRUE(w);
+  // The script stored arange(6) as f32[2, 3] at offset 8 of good_external.bin.
+  EXPECT_TRUE(kiln::test::tensors_equal(*w->data, Tensor::from_f32({0, 1, 2, 3, 4, 5}, {2, 3})));
+}
+
+// ---------------------------------------------------------------- bad inputs
+
+TEST(OnnxImportErrors, NotAnOnnxFile) {
+  for (const char* f : {"bad_truncated.onnx", "bad_random.onnx", "bad_text.onnx", "bad_empty.onnx"}) {
+    std::string m = import_error(f);
+    EXPECT_HAS(m, f);
+    EXPECT_TRUE(m.find("not a valid ONNX model") != std::string::npos || m.find("empty file") != std::string::npos ||
+                m.find("truncated") != std::string::npos)
+        << m;
+  }
+  EXPECT_HAS(import_error("bad_truncated.onnx"), "truncated");
+  std::string m = import_error("does_not_exist.onnx");
+  EXPECT_HAS(m, "file not found");
+}
+
+TEST(OnnxImportErrors, UnsupportedOpNamesOpNodeAndOpset) {
+  std::string m = import_error("bad_unsupported_op.onnx");
+  EXPECT_EQ(m, fixture("bad_unsupported_op.onnx") + ": unsupported op 'Foo' (node '/layer/Foo_3', opset 17)");
+}
+
+TEST(OnnxImportErrors, NonDefaultDomain) {
+  std::string m = import_error("bad_custom_domain.onnx");
+  EXPECT_HAS(m, "unsupported op 'FusedMatMul'");
+  EXPECT_HAS(m, "com.microsoft");
+  EXPECT_HAS(m, "node '/fused'");
+}
+
+TEST(OnnxImportErrors, MissingInitializer) {
+  std::string m = import_error("bad_missing_initializer.onnx");
+  EXPECT_HAS(m, "missing initializer or value 'w_missing' used by node '/Add'");
+}
+
+TEST(OnnxImportErrors, OpsetOutOfRange) {
+  std::string m12 = import_error("bad_opset12.onnx");
+  EXPECT_HAS(m12, "opset 12");
+  EXPECT_HAS(m12, "13..18");
+  std::string m19 = import_error("bad_opset19.onnx");
+  EXPECT_HAS(m19, "opset 19");
+  EXPECT_HAS(m19, "13..18");
+}
+
+TEST(OnnxImportErrors, ExternalDataOutsideModelFolder) {
+  std::string a = import_error("bad_external_absolute.onnx");
+  EXPECT_HAS(a, "initializer 'W'");
+  EXPECT_HAS(a, "'/tmp/kiln_weights.bin'");
+  EXPECT_HAS(a, "absolute");
+  std::string d = import_error("bad_external_dotdot.onnx");
+  EXPECT_HAS(d, "initializer 'W'");
+  EXPECT_HAS(d, "'../secret/weights.bin'");
+  EXPECT_HAS(d, "'..'");
+  std::string mi = import_error("bad_external_missing.onnx");
+  EXPECT_HAS(mi, "initializer 'W'");
+  EXPECT_HAS(mi, "'missing_weights.bin'");
+  EXPECT_HAS(mi, "not found");
+}
+
+TEST(OnnxImportErrors, SubgraphAttribute) {
+  std::string m = import_error("bad_subgraph.onnx");
+  EXPECT_HAS(m, "'/If'");
+  EXPECT_HAS(m, "If");
+  // Either If is not in the op table, or its branch attribute is rejected.
+  EXPECT_TRUE(m.find("unsupported op 'If'") != std::string::npos || m.find("subgraph") != std::string::npos) << m;
+}
+
+// ---------------------------------------------------------------- tensor protos
+
+TEST(TensorProto, TypedFieldsAndErrors) {
+  onnx::TensorProto tp;
+  tp.set_name("t");
+  tp.set_data_type(onnx::TensorProto::INT64);
+  tp.add_dims(2);
+  tp.add_int64_data(-4);
+  tp.add_int64_data(9);
+  auto t = kiln::frontend::tensor_from_proto(tp, "");
+  ASSERT_TRUE(t) << t.message();
+  EXPECT_TRUE(kiln::test::tensors_equal(*t, Tensor::from_i64({-4, 9})));
+
+  tp.add_int64_data(1);  // 3 values for 2 elements
+  auto bad = kiln::frontend::tensor_from_proto(tp, "");
+  ASSERT_FALSE(bad);
+  EXPECT_HAS(bad.message(), "tensor 't'");
+  EXPECT_HAS(bad.message(), "int64_data has 3 values");
+
+  onnx::TensorProto raw;
+  raw.set_name("r");
+  raw.set_data_type(onnx::TensorProto::FLOAT);
+  raw.add_dims(3);
+  raw.set_raw_data(std::string(8, '\0'));  // 8 bytes for 12
+  auto br = kiln::frontend::tensor_from_proto(raw, "");
+  ASSERT_FALSE(br);
+  EXPECT_HAS(br.message(), "raw_data has 8 bytes");
+
+  onnx::TensorProto str;
+  str.set_name("s");
+  str.set_data_type(onnx::TensorProto::STRING);
+  auto bs = kiln::frontend::tensor_from_proto(str, "");
+  ASSERT_FALSE(bs);
+  EXPECT_HAS(bs.message(), "tensor 's'");
+
+  onnx::TensorProto nodata;
+  nodata.set_name("n");
+  nodata.set_data_type(onnx::TensorProto::FLOAT);
+  nodata.add_dims(2);
+  auto bn = kiln::frontend::tensor_from_proto(nodata, "");
+  ASSERT_FALSE(bn);
+  EXPECT_HAS(bn.message(), "float_data has 0 values");
+}
+
+TEST(TensorProto, SaveLoadRoundTripAndBadFile) {
+  Tensor t = Tensor::from_f32({1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -1.0f}, {3, 2});
+  std::string p = kiln::test::scratch("frontend_roundtrip_tensor.pb");
+  ASSERT_TRUE(kiln::frontend::save_tensor_pb(t, "t", p).is_ok());
+  auto back = kiln::frontend::load_tensor_pb(p);
+  ASSERT_TRUE(back) << back.message();
+  EXPECT_TRUE(kiln::test::tensors_equal(*back, t));
+  auto bad = kiln::frontend::load_tensor_pb(fixture("bad_text.onnx"));
+  ASSERT_FALSE(bad);
+  EXPECT_HAS(bad.message(), "bad_text.onnx");
+  auto missing = kiln::frontend::load_tensor_pb(fixture("nope.pb"));
+  ASSERT_FALSE(missing);
+  EXPECT_HAS(missing.message(), "cannot open");
+}
+
+// ---------------------------------------------------------------- --shape bindings
+
+TEST(ShapeBindings, ParseAndErrors) {
+  auto ok = kiln::frontend::parse_shape_bindings("batch=8, seq = 64");
+  ASSERT_TRUE(ok) << ok.message();
+  EXPECT_EQ(ok->size(), 2u);
+  EXPECT_EQ(ok->at("batch"), 8);
+  EXPECT_EQ(ok->at("seq"), 64);
+  auto empty = kiln::frontend::parse_shape_bindings("");
+  ASSERT_TRUE(empty);
+  EXPECT_TRUE(empty->empty());
+  for (const char* bad : {"batch", "=8", "batch=-1", "batch=x", "batch=8,batch=9", "batch=8,,seq=2", "b=1.5"}) {
+    auto r = kiln::frontend::parse_shape_bindings(bad);
+    EXPECT_FALSE(r) << bad;
+    if (!r) EXPECT_HAS(r.message(), "shape binding");
+  }
+}
