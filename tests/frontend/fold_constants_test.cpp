@@ -1,0 +1,169 @@
+// Tests of the fold_constants pass (passes/fold_constants.cpp) on imported models: the
+// PyTorch-style shape subgraph folds away once dims are bound (values checked against
+// hand-computed ones, and the folded graph computes the same function as the unfolded
+// one and as an independent float64 reference); unbound dims, trainable parameters,
+// random ops, oversized results and ops without kernels are left alone.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "frontend/onnx_import.h"
+#include "frontend_test_util.h"
+#include "ir/op_table.h"
+#include "ir/verifier.h"
+#include "passes/pass.h"
+#include "runtime/interpreter.h"
+
+using kiln::ir::DType;
+using kiln::ir::Graph;
+using kiln::ir::Tensor;
+using kiln::test::fixture;
+
+namespace {
+
+Expected<bool> fold(Graph& g) {
+  kiln::runtime::register_eager_kernels();
+  auto p = kiln::passes::make_pass("fold_constants");
+  if (!p) return kiln::Status::error("fold_constants pass is not registered");
+  kiln::passes::PassContext ctx;
+  return p->run(g, ctx);
+}
+
+std::multiset<std::string> ops_of(const Graph& g) {
+  std::multiset<std::string> s;
+  for (auto& n : g.nodes()) s.insert(n->op);
+  return s;
+}
+
+const kiln::ir::Value* find_init(const Graph& g, const std::string& name) {
+  for (auto* v : g.initializers)
+    if (v->name == name) return v;
+  return nullptr;
+}
+
+}  // namespace
+
+using kiln::Expected;
+
+TEST(FoldConstants, PyTorchShapeSubgraphFoldsOnceDimsAreBound) {
+  kiln::frontend::ImportOptions o;
+  o.bind_dims = {{"batch", 2}, {"seq", 3}};
+  auto g = kiln::frontend::import_onnx(fixture("good_shape_fold.onnx"), o);
+  ASSERT_TRUE(g) << g.message();
+  Graph& G = **g;
+  auto unfolded = G.clone();
+  ASSERT_EQ(G.nodes().size(), 9u);
+  auto changed = fold(G);
+  ASSERT_TRUE(changed) << changed.message();
+  EXPECT_TRUE(*changed);
+  EXPECT_EQ(ops_of(G), (std::multiset<std::string>{"Reshape", "Mul"})) << kiln::ir::graph_to_string(G);
+  // Concat(Unsqueeze(Gather(Shape(x), 0)), [-1]) = [batch, -1]; Cast(batch * seq) = 6.0
+  const auto* shp = find_init(G, "shp");
+  ASSERT_TRUE(shp);
+  EXPECT_TRUE(kiln::test::tensors_equal(*shp->data, Tensor::from_i64({2, -1})));
+  const auto* n = find_init(G, "n");
+  ASSERT_TRUE(n);
+  EXPECT_TRUE(kiln::test::tensors_equal(*n->data, Tensor::scalar_f32(6.0f)));
+  // The constants that only fed folded nodes are gone.
+  for (const char* dead : {"zero", "one", "axes0", "minus1", "s", "B", "T", "BT", "B1"})
+    EXPECT_EQ(find_init(G, dead), nullptr) << dead;
+  // Downstream shapes are static now.
+  EXPECT_EQ(G.outputs[0]->shape.to_string(), "[2, 24]");
+  EXPECT_TRUE(kiln::ir::verify_graph(G).is_ok()) << kiln::ir::verify_graph(G).message();
+
+  // Same function as before folding, and as z = reshape(x, [2, 24]) * (2 * 3) in float64.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> U(-2, 2);
+  Tensor x(DType::f32, {2, 3, 8});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = U(rng);
+  auto r1 = kiln::runtime::run_graph(G, {{"x", x}});
+  ASSERT_TRUE(r1) << r1.message();
+  auto r0 = kiln::runtime::run_graph(*unfolded, {{"x", x}});
+  ASSERT_TRUE(r0) << r0.message();
+  const Tensor& z1 = r1->at("z");
+  const Tensor& z0 = r0->at("z");
+  ASSERT_EQ(z1.dims(), (std::vector<int64_t>{2, 24}));
+  EXPECT_TRUE(kiln::test::tensors_equal(z1, z0));
+  for (int64_t i = 0; i < x.numel(); ++i)  // tolerance: one f32 rounding of the product
+    EXPECT_NEAR(z1.get_f64(i), static_cast<double>(x.data<float>()[i]) * 6.0, 1e-6 * 12) << i;
+}
+
+TEST(FoldConstants, UnboundDimsStaySymbolic) {
+  auto g = kiln::frontend::import_onnx(fixture("good_shape_fold.onnx"));
+  ASSERT_TRUE(g) << g.message();
+  auto changed = fold(**g);
+  ASSERT_TRUE(changed) << changed.message();
+  // Shape(x) is not static; nothing downstream can fold.
+  EXPECT_FALSE(*changed);
+  EXPECT_EQ((*g)->nodes().size(), 9u);
+  EXPECT_EQ((*g)->inputs[0]->shape.to_string(), "[batch, seq, 8]");
+}
+
+TEST(FoldConstants, ImportedConstantsFoldThroughElementwiseKernels) {
+  auto g = kiln::frontend::import_onnx(fixture("good_constants.onnx"));
+  ASSERT_TRUE(g) << g.message();
+  auto changed = fold(**g);
+  ASSERT_TRUE(changed) << changed.message();
+  EXPECT_TRUE(*changed);
+  // z = c_ints + c_int = [8, 9, 10]; w = Identity(c_floats); y = (x + c_tensor) + c_float stays.
+  const auto* z = find_init(**g, "z");
+  ASSERT_TRUE(z);
+  EXPECT_TRUE(kiln::test::tensors_equal(*z->data, Tensor::from_i64({8, 9, 10})));
+  EXPECT_EQ((*g)->outputs[1], z);
+  const auto* w = find_init(**g, "w");
+  ASSERT_TRUE(w);
+  EXPECT_TRUE(kiln::test::tensors_equal(*w->data, Tensor::from_f32({1.5f, -2.5f}, {2})));
+  EXPECT_EQ(ops_of(**g), (std::multiset<std::string>{"Add", "Add"}));
+}
+
+TEST(FoldConstants, GuardsParametersRandomOpsLargeResultsAndMissingKernels) {
+  kiln::runtime::register_eager_kernels();
+  Graph g;
+  auto* x = g.add_input("x", DType::f32, kiln::ir::Shape::of({3}));
+  auto* a = g.add_initializer("/a", Tensor::from_i64({1, 2, 3}));
+  auto* b = g.add_initializer("/b", Tensor::scalar_i64(2));
+  auto* W = g.add_initializer("W", Tensor::from_f32({1, 2, 3, 4}, {2, 2}));           // a parameter
+  auto* Wc = g.add_initializer("/Wc", Tensor::from_f32({1, 2, 3, 4}, {2, 2}));        // a constant
+  auto* d = g.add_initializer("/d", Tensor::from_f32({1, 2, 3, 4}, {4}));
+  auto* big = g.add_initializer("/big", Tensor(DType::f32, {(1 << 20) + 1}));
+  auto* e = g.add_initializer("/e", Tensor::from_f32({-1, 2}, {2}));
+  auto* m = g.add_node("Mul", "/Mul", {a, b}, {"m"})->outputs[0];
+  kiln::ir::Attributes to_f32;
+  to_f32.set("to", int64_t{1});
+  auto* c = g.add_node("Cast", "/Cast", {m}, {"c"}, to_f32)->outputs[0];
+  auto* y = g.add_node("Add", "/Add", {x, c}, {"y"})->outputs[0];
+  auto* wn = g.add_node("Neg", "/NegW", {W}, {"wn"})->outputs[0];
+  auto* wcn = g.add_node("Neg", "/NegWc", {Wc}, {"wcn"})->outputs[0];
+  auto* dr = g.add_node("Dropout", "/Dropout", {d}, {"dr"})->outputs[0];
+  auto* bn = g.add_node("Neg", "/NegBig", {big}, {"bn"})->outputs[0];
+  auto* ea = g.add_node("Abs", "/Abs", {e}, {"ea"})->outputs[0];
+  g.outputs = {y, wn, wcn, dr, bn, ea};
+  ASSERT_TRUE(kiln::ir::infer_graph(g).is_ok()) << kiln::ir::infer_graph(g).message();
+
+  // An op whose kernel is missing is left alone: take Abs's kernel away for this run.
+  auto* abs_def = kiln::ir::OpTable::get().find_mutable("Abs");
+  ASSERT_TRUE(abs_def && abs_def->kernel) << "Abs has no eager kernel yet";
+  auto saved = abs_def->kernel;
+  abs_def->kernel = nullptr;
+  auto changed = fold(g);
+  abs_def->kernel = saved;
+  ASSERT_TRUE(changed) << changed.message();
+  EXPECT_TRUE(*changed);
+
+  // Folded: Mul, Cast (c = [2, 4, 6] f32) and Neg of the constant /Wc.
+  const auto* cv = find_init(g, "c");
+  ASSERT_TRUE(cv);
+  EXPECT_TRUE(kiln::test::tensors_equal(*cv->data, Tensor::from_f32({2, 4, 6}, {3})));
+  const auto* wcv = find_init(g, "wcn");
+  ASSERT_TRUE(wcv);
+  EXPECT_TRUE(kiln::test::tensors_equal(*wcv->data, Tensor::from_f32({-1, -2, -3, -4}, {2, 2})));
+  EXPECT_EQ(find_init(g, "m"), nullptr);   // only fed the folded Cast
+  EXPECT_EQ(find_init(g, "/a"), nullptr);  // only fed the folded Mul
+  ASSERT_NE(find_init(g, "W"), nullptr);   // parameter kept
+  // Not folded: Add (x is an input), Neg(W) (parameter), Dropout (random), Neg(/big) (> 2^20
+  // elements), Abs (no kernel).
+  std::multiset<std::string> left;
+  for (auto& n : g.nodes()) left.insert(n->name);
+  EXPECT_EQ(left, (std::multiset<std::string>{"/Add", "/NegW", "/Dropout", "/NegBig", "/Abs"}));
+  EXPECT_TRUE(kiln::ir::verify_graph(g).is_ok()) << kiln::ir::verify_graph(g).message();
+}
