@@ -12,8 +12,9 @@
 //   "learning_rate" is the rate used by this step.
 // - adamw_torch = torch.optim.AdamW: p -= lr*wd*p (decoupled), m = b1 m + (1-b1) g,
 //   v = b2 v + (1-b2) g^2, p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps),
-//   with t = step + 1. Weight decay applies only to parameters of rank >= 2 (no
-//   decay on biases and norm scales, Hugging Face's default grouping).
+//   with t = step + 1.
+// - Weight decay (both optimizers) applies only to parameters of rank >= 2: no
+//   decay on biases and norm scales, as Hugging Face's Trainer groups parameters.
 // - sgd = torch.optim.SGD: g += wd*p; buf = g on the first step, else
 //   momentum*buf + g; nesterov uses g + momentum*buf; p -= lr*g.
 // Optimizer state is carried as StateBinding kind "optimizer_state", named
@@ -137,7 +138,7 @@ class Optimizer : public Pass {
         new_state.push_back({"optimizer_state", v, v_new, std::make_shared<Tensor>(dt, p->shape.to_vector())});
       } else {
         Value* d = gr;
-        if (wd != 0) d = b.op("Add", {d, b.op("Mul", {p, C(wd)})});
+        if (decay_this) d = b.op("Add", {d, b.op("Mul", {p, C(wd)})});
         if (momentum != 0) {
           Value* buf = g.add_input(p->name + ".momentum_buffer", dt, p->shape);
           Value* upd = b.op("Add", {b.op("Mul", {buf, C(momentum)}), d});

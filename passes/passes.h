@@ -16,6 +16,8 @@ std::unique_ptr<Pass> make_attach_loss_pass();
 std::unique_ptr<Pass> make_autodiff_pass();
 /// Clipping, LR schedule and AdamW/SGD update as IR (passes/optimizer.cpp).
 std::unique_ptr<Pass> make_optimizer_pass();
+/// Inference mode: BatchNormalization uses running stats, Dropout off (passes/eval_mode.cpp).
+std::unique_ptr<Pass> make_eval_mode_pass();
 /// Casts every float initializer, input and Cast target to f64 (passes/to_float64.cpp).
 std::unique_ptr<Pass> make_to_float64_pass();
 

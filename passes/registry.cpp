@@ -15,6 +15,7 @@ static const std::map<std::string, std::function<std::unique_ptr<Pass>()>>& fact
       {"autodiff", make_autodiff_pass},
       {"optimizer", make_optimizer_pass},
       {"to_float64", make_to_float64_pass},
+      {"eval_mode", make_eval_mode_pass},
   };
   return f;
 }

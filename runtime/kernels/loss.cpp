@@ -1,8 +1,188 @@
-// Eager kernels: loss ops.
+// Eager kernels: loss ops and their backward ops (see ir/ops/loss.cpp).
+//
+// Scores/input (N, C, d...) are viewed as (N, C, D) and labels as (N, D). Each
+// position (n, d) has weight w[label] (1 without weights; 0 when label ==
+// ignore_index). reduction=mean divides by the sum of those weights (NaN when every
+// position is ignored, as PyTorch). Log-softmax is computed in double with the
+// max subtracted. Labels outside [0, C) that are not ignore_index are an error
+// naming the node.
+#include <atomic>
+#include <cmath>
+#include <limits>
+
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/util.h"
 
 namespace kiln::runtime::kernels {
 
-void register_loss_kernels(ir::OpTable& t) { (void)t; }
+using ir::DType;
+using ir::KernelContext;
+using ir::Tensor;
+
+namespace {
+
+template <typename T> inline double ld(const T* p, int64_t i) { return static_cast<double>(load(p[i])); }
+template <typename T> inline void st(T* p, int64_t i, double v) { p[i] = store<T>(static_cast<compute_t<T>>(v)); }
+
+/// Labels, weights and reduction of a loss node, with inputs starting at `o`.
+struct LossSetup {
+  int64_t N = 0, C = 0, D = 1;
+  std::vector<int64_t> labels;    // (N * D)
+  std::vector<double> pos_w;      // (N * D): w[label], 0 for ignored
+  double wsum = 0;
+  std::string reduction;
+};
+
+Expected<LossSetup> setup(const KernelContext& ctx, int o) {
+  const Tensor& S = ctx.in(o);
+  const Tensor& L = ctx.in(o + 1);
+  LossSetup s;
+  s.reduction = ctx.attrs().get_string("reduction", "mean");
+  s.N = S.dim(0);
+  s.C = S.dim(1);
+  s.D = (s.N * s.C) != 0 ? S.numel() / (s.N * s.C) : 0;
+  if (L.numel() != s.N * s.D) return ctx.fail("labels " + ir::dims_to_string(L.dims()) + " do not match scores");
+  const Tensor* W = ctx.has_input(o + 2) ? ctx.inputs[o + 2] : nullptr;
+  if (W && W->numel() != s.C) return ctx.fail("weights must have C elements");
+  const bool has_ignore = ctx.attrs().has("ignore_index");
+  const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);
+  s.labels = L.to_i64_vector();
+  s.pos_w.assign(s.labels.size(), 0.0);
+  for (size_t i = 0; i < s.labels.size(); ++i) {
+    int64_t l = s.labels[i];
+    if (has_ignore && l == ignore) continue;
+    if (l < 0 || l >= s.C)
+      return ctx.fail("label " + std::to_string(l) + " at position " + std::to_string(i) + " is outside [0, " +
+                      std::to_string(s.C) + ")");
+    s.pos_w[i] = W ? W->get_f64(l) : 1.0;
+    s.wsum += s.pos_w[i];
+  }
+  return s;
+}
+
+/// Writes per-position losses `lp` (N * D) reduced into `out`.
+void write_loss(const LossSetup& s, const std::vector<double>& lp, Tensor& out) {
+  if (s.reduction == "none") {
+    for (size_t i = 0; i < lp.size(); ++i) out.set_f64(static_cast<int64_t>(i), lp[i]);
+    return;
+  }
+  double total = 0;
+  for (double v : lp) total += v;
+  out.set_f64(0, s.reduction == "sum" ? total : total / s.wsum);
+}
+
+/// Gradient factor of position i: w[label] * dLoss (/ wsum for mean).
+double grad_coef(const LossSetup& s, const Tensor& dL, int64_t i) {
+  if (s.pos_w[i] == 0.0) return 0.0;
+  if (s.reduction == "none") return s.pos_w[i] * dL.get_f64(i);
+  double g = dL.get_f64(0) * s.pos_w[i];
+  return s.reduction == "mean" ? g / s.wsum : g;
+}
+
+/// Log-softmax over C of position (n, d) of scores viewed as (N, C, D), into lp (C).
+template <typename T>
+void log_softmax_at(const T* x, const LossSetup& s, int64_t n, int64_t d, double* lp) {
+  const int64_t base = n * s.C * s.D + d;
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t c = 0; c < s.C; ++c) m = std::max(m, ld(x, base + c * s.D));
+  double sum = 0;
+  for (int64_t c = 0; c < s.C; ++c) sum += std::exp(ld(x, base + c * s.D) - m);
+  double ls = std::log(sum) + m;
+  for (int64_t c = 0; c < s.C; ++c) lp[c] = ld(x, base + c * s.D) - ls;
+}
+
+Status sce_kernel(KernelContext& ctx) {
+  auto s = setup(ctx, 0);
+  if (!s) return s.status();
+  const Tensor& X = ctx.in(0);
+  Tensor* logp_out = ctx.outputs.size() > 1 && ctx.outputs[1].defined() ? &ctx.outputs[1] : nullptr;
+  std::vector<double> lp(static_cast<size_t>(s->N * s->D), 0.0);
+  Status st_ = dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    T* lpo = logp_out ? logp_out->data<T>() : nullptr;
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+    for (int64_t i = 0; i < s->N * s->D; ++i) {
+      const int64_t n = i / s->D, d = i % s->D;
+      std::vector<double> row(static_cast<size_t>(s->C));
+      log_softmax_at(x, *s, n, d, row.data());
+      if (lpo)
+        for (int64_t c = 0; c < s->C; ++c) st(lpo, n * s->C * s->D + c * s->D + d, row[c]);
+      lp[i] = s->pos_w[i] == 0.0 ? 0.0 : -row[s->labels[i]] * s->pos_w[i];
+    }
+  });
+  KILN_RETURN_IF_ERROR(st_);
+  write_loss(*s, lp, ctx.out(0));
+  return Status::ok();
+}
+
+Status nll_kernel(KernelContext& ctx) {
+  auto s = setup(ctx, 0);
+  if (!s) return s.status();
+  const Tensor& X = ctx.in(0);
+  std::vector<double> lp(static_cast<size_t>(s->N * s->D), 0.0);
+  for (int64_t i = 0; i < s->N * s->D; ++i) {
+    if (s->pos_w[i] == 0.0) continue;
+    const int64_t n = i / s->D, d = i % s->D;
+    lp[i] = -X.get_f64(n * s->C * s->D + s->labels[i] * s->D + d) * s->pos_w[i];
+  }
+  write_loss(*s, lp, ctx.out(0));
+  return Status::ok();
+}
+
+Status check_dloss(const KernelContext& ctx, const LossSetup& s) {
+  const Tensor& dL = ctx.in(0);
+  if (s.reduction == "none" ? dL.numel() != s.N * s.D : dL.numel() != 1)
+    return ctx.fail("dLoss " + ir::dims_to_string(dL.dims()) + " does not match reduction '" + s.reduction + "'");
+  return Status::ok();
+}
+
+Status sce_grad_kernel(KernelContext& ctx) {
+  auto s = setup(ctx, 1);
+  if (!s) return s.status();
+  KILN_RETURN_IF_ERROR(check_dloss(ctx, *s));
+  const Tensor& dL = ctx.in(0);
+  const Tensor& X = ctx.in(1);
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+    T* dx = ctx.out(0).data<T>();
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+    for (int64_t i = 0; i < s->N * s->D; ++i) {
+      const int64_t n = i / s->D, d = i % s->D;
+      const double coef = grad_coef(*s, dL, i);
+      std::vector<double> row(static_cast<size_t>(s->C));
+      if (coef != 0.0) log_softmax_at(x, *s, n, d, row.data());
+      for (int64_t c = 0; c < s->C; ++c) {
+        double v = coef == 0.0 ? 0.0 : coef * (std::exp(row[c]) - (c == s->labels[i] ? 1.0 : 0.0));
+        st(dx, n * s->C * s->D + c * s->D + d, v);
+      }
+    }
+  });
+}
+
+Status nll_grad_kernel(KernelContext& ctx) {
+  auto s = setup(ctx, 1);
+  if (!s) return s.status();
+  KILN_RETURN_IF_ERROR(check_dloss(ctx, *s));
+  const Tensor& dL = ctx.in(0);
+  Tensor& dX = ctx.out(0);  // zero-initialised
+  for (int64_t i = 0; i < s->N * s->D; ++i) {
+    const double coef = grad_coef(*s, dL, i);
+    if (coef == 0.0) continue;
+    const int64_t n = i / s->D, d = i % s->D;
+    dX.set_f64(n * s->C * s->D + s->labels[i] * s->D + d, -coef);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_loss_kernels(ir::OpTable& t) {
+  set_kernel(t, "SoftmaxCrossEntropyLoss", sce_kernel);
+  set_kernel(t, "NegativeLogLikelihoodLoss", nll_kernel);
+  set_kernel(t, "SoftmaxCrossEntropyLossGrad", sce_grad_kernel);
+  set_kernel(t, "NegativeLogLikelihoodLossGrad", nll_grad_kernel);
+}
 
 }  // namespace kiln::runtime::kernels

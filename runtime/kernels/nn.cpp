@@ -620,7 +620,7 @@ std::vector<double> as_doubles(const Tensor& t) {
 Status bn_kernel(KernelContext& ctx) {
   const Tensor& X = ctx.in(0);
   Tensor& Y = ctx.out(0);
-  const int64_t N = X.dim(0), C = X.dim(1), S = N * C ? X.numel() / (N * C) : 0;
+  const int64_t N = X.dim(0), C = X.dim(1), S = (N * C) != 0 ? X.numel() / (N * C) : 0;
   const double eps = ctx.attrs().get_float("epsilon", 1e-5), mom = ctx.attrs().get_float("momentum", 0.9);
   std::vector<double> scale = as_doubles(ctx.in(1)), bias = as_doubles(ctx.in(2));
   std::vector<double> in_mean = as_doubles(ctx.in(3)), in_var = as_doubles(ctx.in(4));
@@ -662,7 +662,7 @@ Status bn_grad_kernel(KernelContext& ctx) {
   const Tensor& dY = ctx.in(0);
   const Tensor& X = ctx.in(1);
   if (dY.dims() != X.dims() || dY.dtype() != X.dtype()) return ctx.fail("dY and X differ in dtype or shape");
-  const int64_t N = X.dim(0), C = X.dim(1), S = N * C ? X.numel() / (N * C) : 0;
+  const int64_t N = X.dim(0), C = X.dim(1), S = (N * C) != 0 ? X.numel() / (N * C) : 0;
   const double eps = ctx.attrs().get_float("epsilon", 1e-5);
   std::vector<double> scale = as_doubles(ctx.in(2));
   if (static_cast<int64_t>(scale.size()) != C) return ctx.fail("scale must have C elements");

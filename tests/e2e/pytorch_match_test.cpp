@@ -31,9 +31,9 @@ void check_grads(const std::string& model, bool f64) {
               << " gradient fixture: " << meta.value("grads_f64_skipped_reason", nlohmann::json()).dump() << "\n";
     GTEST_SKIP() << "fixture not produced for this model (reason printed above)";
   }
-  auto x = runtime::load_npy(example_path(model, "fixtures/batch_input.npy"));
+  auto x = runtime::io::load_npy(example_path(model, "fixtures/batch_input.npy"));
   ASSERT_TRUE(x) << x.message();
-  auto y = runtime::load_npy(example_path(model, "fixtures/batch_labels.npy"));
+  auto y = runtime::io::load_npy(example_path(model, "fixtures/batch_labels.npy"));
   ASSERT_TRUE(y) << y.message();
   auto cfg = base_config(model, x->dim(0));
   auto prog = driver::build_training_program(cfg, nullptr, /*want_grads=*/true, f64);
@@ -47,7 +47,7 @@ void check_grads(const std::string& model, bool f64) {
   ro.training = true;
   auto out = runtime::run_graph(*prog->grads, feeds, ro);
   ASSERT_TRUE(out) << out.message();
-  auto ref = runtime::load_safetensors(example_path(model, "fixtures/" + gfile));
+  auto ref = runtime::io::load_safetensors(example_path(model, "fixtures/" + gfile));
   ASSERT_TRUE(ref) << ref.message();
   const double tol = f64 ? 1e-6 : 1e-4;
   double ref_loss = meta[f64 ? "loss_f64" : "loss_f32"].get<double>();
@@ -69,9 +69,9 @@ void check_grads(const std::string& model, bool f64) {
 void check_trajectory(const std::string& model, const std::string& which) {
   auto traj = read_json(example_path(model, "fixtures/trajectories.json"));
   auto spec = traj[which];
-  auto xs = runtime::load_npy(example_path(model, "fixtures/traj_inputs.npy"));
+  auto xs = runtime::io::load_npy(example_path(model, "fixtures/traj_inputs.npy"));
   ASSERT_TRUE(xs) << xs.message();
-  auto ys = runtime::load_npy(example_path(model, "fixtures/traj_labels.npy"));
+  auto ys = runtime::io::load_npy(example_path(model, "fixtures/traj_labels.npy"));
   ASSERT_TRUE(ys) << ys.message();
   int64_t steps = spec["steps"].get<int64_t>();
   auto cfg = base_config(model, xs->dim(1));

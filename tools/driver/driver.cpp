@@ -54,6 +54,14 @@ Expected<std::unique_ptr<Graph>> load_model(const std::string& path, const std::
   return g;
 }
 
+Expected<std::unique_ptr<Graph>> load_inference_model(const std::string& path,
+                                                      const std::map<std::string, int64_t>& shape,
+                                                      passes::PassContext* dbg) {
+  KILN_ASSIGN_OR_RETURN(auto g, load_model(path, shape, false, dbg));
+  KILN_RETURN_IF_ERROR(run_passes(*g, {"eval_mode", "canonicalize"}, dbg, {}).with_context(path));
+  return g;
+}
+
 std::map<std::string, std::string> pass_options(const runtime::TrainConfig& cfg, int64_t total_steps) {
   auto num = [](double v) {
     std::ostringstream os;

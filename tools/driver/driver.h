@@ -20,6 +20,12 @@ namespace kiln::driver {
 Expected<std::unique_ptr<ir::Graph>> load_model(const std::string& path, const std::map<std::string, int64_t>& shape,
                                                 bool to_f64 = false, passes::PassContext* dbg = nullptr);
 
+/// load_model followed by the eval_mode pass (BatchNormalization on running statistics,
+/// Dropout off), as model.eval() in PyTorch: what `kiln run` executes.
+Expected<std::unique_ptr<ir::Graph>> load_inference_model(const std::string& path,
+                                                          const std::map<std::string, int64_t>& shape,
+                                                          passes::PassContext* dbg = nullptr);
+
 /// A training program built by the passes.
 ///
 /// train_step: inputs are the data inputs (model inputs + label input) and the state
