@@ -3,6 +3,7 @@
 #include "frontend/tensor_proto.h"
 
 #include <cctype>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -40,8 +41,9 @@ bool is_absolute_location(const std::string& p) {
   return false;
 }
 
+// Checks the external-data entries of `tp`, then allocates `t` (dtype/dims) and reads it.
 Status read_external(const onnx::TensorProto& tp, const std::string& model_dir, const std::string& who,
-                     void* dst, size_t nbytes) {
+                     ir::DType dt, const std::vector<int64_t>& dims, size_t nbytes, ir::Tensor& t) {
   std::string location;
   int64_t offset = 0, length = -1;
   for (const auto& e : tp.external_data()) {
@@ -70,18 +72,22 @@ Status read_external(const onnx::TensorProto& tp, const std::string& model_dir, 
                          "')");
   auto fsize = static_cast<int64_t>(fs::file_size(file, ec));
   if (ec) return Status::error(who + ": cannot read external data file '" + file.string() + "'");
+  if (offset > fsize)
+    return Status::error(who + ": external data offset " + std::to_string(offset) + " exceeds the size " +
+                         std::to_string(fsize) + " of file '" + location + "'");
   if (length < 0) length = fsize - offset;
-  if (offset + length > fsize)
-    return Status::error(who + ": external data range [" + std::to_string(offset) + ", " +
-                         std::to_string(offset + length) + ") exceeds the size " + std::to_string(fsize) +
-                         " of file '" + location + "'");
+  if (length > fsize - offset)
+    return Status::error(who + ": external data (offset " + std::to_string(offset) + ", length " +
+                         std::to_string(length) + ") exceeds the size " + std::to_string(fsize) + " of file '" +
+                         location + "'");
   if (static_cast<size_t>(length) != nbytes)
     return Status::error(who + ": external data length " + std::to_string(length) + " bytes does not match " +
                          std::to_string(nbytes) + " bytes of its dtype and dims");
   std::ifstream in(file, std::ios::binary);
   if (!in) return Status::error(who + ": cannot open external data file '" + file.string() + "'");
+  t = ir::Tensor(dt, dims);
   in.seekg(offset);
-  in.read(static_cast<char*>(dst), static_cast<std::streamsize>(nbytes));
+  in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(nbytes));
   if (!in) return Status::error(who + ": short read from external data file '" + file.string() + "'");
   return Status::ok();
 }
@@ -102,43 +108,55 @@ Expected<ir::Tensor> tensor_from_proto_named(const onnx::TensorProto& tp, const 
   auto dt = ir::dtype_from_onnx(tp.data_type());
   if (!dt) return Status::error(who + ": " + dt.message());
   if (tp.has_segment()) return Status::error(who + ": segmented tensors are not supported");
+  // Sizes are validated against the data before anything is allocated, so a corrupt
+  // header (huge dims) gives an error, not an out-of-memory abort.
   std::vector<int64_t> dims;
+  int64_t n = 1;
+  const int64_t esize = static_cast<int64_t>(ir::dtype_size(*dt));
   for (int64_t d : tp.dims()) {
     if (d < 0) return Status::error(who + ": negative dim " + std::to_string(d));
+    if (d > 0 && n > (INT64_MAX / 16) / d)
+      return Status::error(who + ": dims " + ir::dims_to_string({tp.dims().begin(), tp.dims().end()}) +
+                           " have too many elements");
+    n *= d;
     dims.push_back(d);
   }
-  ir::Tensor t(*dt, dims);
-  const int64_t n = t.numel();
-  const size_t nbytes = t.nbytes();
+  const size_t nbytes = static_cast<size_t>(n * esize);
+  ir::Tensor t;
 
   if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
-    if (nbytes == 0) return t;
-    KILN_RETURN_IF_ERROR(read_external(tp, model_dir, who, t.raw(), nbytes));
+    if (nbytes == 0) return ir::Tensor(*dt, dims);
+    KILN_RETURN_IF_ERROR(read_external(tp, model_dir, who, *dt, dims, nbytes, t));
     return t;
   }
   if (tp.has_raw_data()) {
     if (tp.raw_data().size() != nbytes)
       return Status::error(who + ": raw_data has " + std::to_string(tp.raw_data().size()) + " bytes, " +
                            ir::dtype_name(*dt) + ir::dims_to_string(dims) + " needs " + std::to_string(nbytes));
+    t = ir::Tensor(*dt, dims);
     if (nbytes) std::memcpy(t.raw(), tp.raw_data().data(), nbytes);
     return t;
   }
-  if (n == 0) return t;
+  if (n == 0) return ir::Tensor(*dt, dims);
   switch (*dt) {
     case ir::DType::f32:
       KILN_RETURN_IF_ERROR(check_count(tp.float_data(), n, who, "float_data"));
+      t = ir::Tensor(*dt, dims);
       std::memcpy(t.raw(), tp.float_data().data(), nbytes);
       break;
     case ir::DType::f64:
       KILN_RETURN_IF_ERROR(check_count(tp.double_data(), n, who, "double_data"));
+      t = ir::Tensor(*dt, dims);
       std::memcpy(t.raw(), tp.double_data().data(), nbytes);
       break;
     case ir::DType::i64:
       KILN_RETURN_IF_ERROR(check_count(tp.int64_data(), n, who, "int64_data"));
+      t = ir::Tensor(*dt, dims);
       std::memcpy(t.raw(), tp.int64_data().data(), nbytes);
       break;
     case ir::DType::i32:
       KILN_RETURN_IF_ERROR(check_count(tp.int32_data(), n, who, "int32_data"));
+      t = ir::Tensor(*dt, dims);
       std::memcpy(t.raw(), tp.int32_data().data(), nbytes);
       break;
     case ir::DType::f16:
@@ -146,6 +164,7 @@ Expected<ir::Tensor> tensor_from_proto_named(const onnx::TensorProto& tp, const 
       // int32_data holds the uint16 bit patterns (onnx.proto: "float16 values must be bit-wise
       // converted to an uint16_t prior to writing to the buffer").
       KILN_RETURN_IF_ERROR(check_count(tp.int32_data(), n, who, "int32_data"));
+      t = ir::Tensor(*dt, dims);
       auto* p = t.data<uint16_t>();
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<uint16_t>(tp.int32_data(static_cast<int>(i)));
       break;
@@ -154,6 +173,7 @@ Expected<ir::Tensor> tensor_from_proto_named(const onnx::TensorProto& tp, const 
     case ir::DType::u8:
     case ir::DType::boolean: {
       KILN_RETURN_IF_ERROR(check_count(tp.int32_data(), n, who, "int32_data"));
+      t = ir::Tensor(*dt, dims);
       auto* p = t.data<uint8_t>();
       for (int64_t i = 0; i < n; ++i) {
         int32_t v = tp.int32_data(static_cast<int>(i));

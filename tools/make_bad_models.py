@@ -166,6 +166,46 @@ def external_model(location, fname, write_bin=True):
     return save(model(nodes, [x], [y], [t]), fname, check=False)
 
 
+def torch_fixture():
+    """A tiny causal-attention model exported by PyTorch (opset 17, dynamic batch/seq), so the
+    file holds the shape subgraphs PyTorch emits (Shape/Gather/Unsqueeze/Concat/Reshape, Range,
+    ConstantOfShape, Trilu, Equal, Where, ...). Also writes the input and PyTorch's output for
+    batch=2, seq=5 as TensorProto files (torch_tiny_input_0.pb / torch_tiny_output_0.pb)."""
+    import math
+
+    import torch
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(16, 8)
+            self.pos = nn.Embedding(32, 8)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, idx):  # idx: i64[batch, seq]
+            B, T = idx.shape
+            pos = torch.arange(T, dtype=torch.long)
+            h = self.emb(idx) + self.pos(pos)                    # (B, T, 8)
+            mask = torch.tril(torch.ones(T, T)).view(1, T, T)
+            att = (h @ h.transpose(1, 2)) / math.sqrt(h.size(-1))
+            att = att.masked_fill(mask == 0, float("-inf")).softmax(-1)
+            return self.fc(att @ h).view(B * T, -1)              # (B*T, 4)
+
+    torch.manual_seed(0)
+    m = Tiny().eval()
+    idx = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(1))
+    path = os.path.join(OUT, "good_torch_tiny.onnx")
+    torch.onnx.export(m, (idx,), path, opset_version=17, input_names=["idx"], output_names=["y"],
+                      dynamic_axes={"idx": {0: "batch", 1: "seq"}, "y": {0: "batch_seq"}})
+    with torch.no_grad():
+        y = m(idx).numpy().astype(np.float32)
+    for name, arr in (("torch_tiny_input_0.pb", idx.numpy()), ("torch_tiny_output_0.pb", y)):
+        with open(os.path.join(OUT, name), "wb") as f:
+            f.write(numpy_helper.from_array(arr, name.split("_")[2]).SerializeToString())
+    onnx.checker.check_model(onnx.load(path))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     # ---- models that must import ----
@@ -178,6 +218,7 @@ def main():
     save(constants_model(), "good_constants.onnx")
     save(shape_fold_model(), "good_shape_fold.onnx")
     external_model("good_external.bin", "good_external.onnx")
+    torch_fixture()
 
     # ---- files that are not (complete) ONNX models ----
     data = open(good, "rb").read()

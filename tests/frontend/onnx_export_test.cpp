@@ -64,6 +64,7 @@ TEST(OnnxExport, RoundTripAllDtypes) { round_trip("good_dtypes.onnx"); }
 TEST(OnnxExport, RoundTripConstants) { round_trip("good_constants.onnx"); }
 TEST(OnnxExport, RoundTripExternalDataBecomesRaw) { round_trip("good_external.onnx"); }
 TEST(OnnxExport, RoundTripShapeSubgraph) { round_trip("good_shape_fold.onnx"); }
+TEST(OnnxExport, RoundTripPyTorchExport) { round_trip("good_torch_tiny.onnx"); }
 
 TEST(OnnxExport, SymbolicDimsAsDimParam) {
   auto g = kiln::frontend::import_onnx(fixture("good_mlp.onnx"));

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
+#include <random>
 
 #include <onnx/onnx_pb.h>
 
@@ -325,4 +327,69 @@ TEST(ShapeBindings, ParseAndErrors) {
     EXPECT_FALSE(r) << bad;
     if (!r) EXPECT_HAS(r.message(), "shape binding");
   }
+}
+
+// ---------------------------------------------------------------- robustness
+
+namespace {
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void write_bytes(const std::string& path, const std::string& b) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+}  // namespace
+
+TEST(OnnxImportErrors, EveryStrictPrefixOfAModelFails) {
+  // Top-level fields are serialized by number (ir_version, producer, graph, opset_import), so any
+  // strict prefix cuts a length-delimited field or loses opset_import: never a valid model.
+  std::string bytes = read_bytes(fixture("good_mlp.onnx"));
+  ASSERT_GT(bytes.size(), 100u);
+  std::string p = kiln::test::scratch("frontend_prefix.onnx");
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    write_bytes(p, bytes.substr(0, len));
+    auto g = kiln::frontend::import_onnx(p);
+    ASSERT_FALSE(g.has_value()) << "prefix of " << len << " bytes imported";
+    EXPECT_EQ(g.message().rfind(p + ": ", 0), 0u) << g.message();
+    EXPECT_EQ(g.message().find('\n'), std::string::npos) << g.message();
+  }
+}
+
+TEST(OnnxImportErrors, CorruptedBytesGiveOkOrOneLineError) {
+  const unsigned seed = 20240601;
+  std::mt19937 rng(seed);
+  std::string bytes = read_bytes(fixture("good_torch_tiny.onnx"));
+  ASSERT_GT(bytes.size(), 1000u);
+  std::string p = kiln::test::scratch("frontend_corrupt.onnx");
+  int failed = 0;
+  for (int it = 0; it < 200; ++it) {
+    std::string b = bytes;
+    int flips = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < flips; ++k) b[rng() % b.size()] = static_cast<char>(rng() & 0xff);
+    write_bytes(p, b);
+    auto g = kiln::frontend::import_onnx(p);
+    if (!g) {
+      ++failed;
+      EXPECT_EQ(g.message().find('\n'), std::string::npos) << "seed " << seed << " it " << it << ": " << g.message();
+    }
+  }
+  EXPECT_GT(failed, 0);  // some corruptions must be detected
+}
+
+TEST(TensorProto, HugeDimsAreAnErrorNotAnAllocation) {
+  onnx::TensorProto tp;
+  tp.set_name("huge");
+  tp.set_data_type(onnx::TensorProto::FLOAT);
+  tp.add_dims(int64_t{1} << 40);
+  tp.add_dims(int64_t{1} << 10);
+  tp.set_raw_data(std::string(4, '\0'));
+  auto r = kiln::frontend::tensor_from_proto(tp, "");
+  ASSERT_FALSE(r);
+  EXPECT_HAS(r.message(), "raw_data has 4 bytes");
+  tp.add_dims(int64_t{1} << 40);
+  auto r2 = kiln::frontend::tensor_from_proto(tp, "");
+  ASSERT_FALSE(r2);
+  EXPECT_HAS(r2.message(), "too many elements");
 }

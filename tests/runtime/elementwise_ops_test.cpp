@@ -482,9 +482,9 @@ TEST(ElementwiseOps, GeluGradMatchesFiniteDifferences) {
 
 namespace {
 void check_grad(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}, int n_out = 1,
-                std::vector<int> wrt = {}, bool training = false, double tol = 1e-6) {
+                std::vector<int> wrt = {}, bool training = false, double tol = 1e-6, double eps = 1e-6) {
   uint64_t seed = 1000 + op.size();
-  auto r = kiln::driver::gradcheck_op(op, ins, attrs, n_out, seed, wrt, 1e-6, training);
+  auto r = kiln::driver::gradcheck_op(op, ins, attrs, n_out, seed, wrt, eps, training);
   ASSERT_TRUE(r.has_value()) << op << ": " << r.message();
   EXPECT_LT(r->max_rel_error, tol) << op << " worst " << r->worst << " seed " << r->seed;
   EXPECT_GT(r->elements_checked, 0) << op;
@@ -522,7 +522,8 @@ TEST(ElementwiseGrad, CastAndDropout) {
   Tensor x = rnd(DType::f64, {3, 5}, -2, 2, 51);
   Attributes a;
   a.set("to", static_cast<int64_t>(dtype_to_onnx(DType::f32)));
-  check_grad("Cast", {x}, a, 1, {}, false, 1e-5);
+  // f64 -> f32 -> loss: the loss is linear in x, so a large step avoids f32 rounding noise.
+  check_grad("Cast", {x}, a, 1, {}, false, 1e-4, 1e-2);
   // Training-mode dropout: same Philox mask in every evaluation, gradient = dy * mask / (1 - ratio).
   check_grad("Dropout", {x, make(DType::f64, {}, {0.3})}, {}, 2, {0}, true);
 }

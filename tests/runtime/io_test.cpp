@@ -123,12 +123,12 @@ TEST_F(IoTest, NpyRoundTripEveryDtype) {
     }
   }
   // A header longer than 65535 bytes needs format 2.0.
-  Tensor big(DType::u8, std::vector<int64_t>(9000, 1));
+  Tensor big(DType::u8, std::vector<int64_t>(25000, 1));
   ASSERT_TRUE(io::save_npy(tmp("big.npy"), big).is_ok());
   EXPECT_EQ(read_bytes(tmp("big.npy"))[6], 2);
   auto back = io::load_npy(tmp("big.npy"));
   ASSERT_TRUE(back.has_value()) << back.message();
-  EXPECT_EQ(back->rank(), 9000);
+  EXPECT_EQ(back->rank(), 25000);
 }
 
 TEST_F(IoTest, NpyErrorsNameTheFileAndTheProblem) {
@@ -159,12 +159,14 @@ TEST_F(IoTest, NpyGarbageNeverCrashes) {
     EXPECT_FALSE(io::load_npy(tmp("p.npy")).has_value()) << "prefix " << n;
   }
   std::mt19937_64 rng(7);
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < 200; ++i) {
     std::string b = good;
     b[rng() % 128] = static_cast<char>(rng());
     write_bytes(tmp("f.npy"), b);
     auto t = io::load_npy(tmp("f.npy"));
-    if (t.has_value()) EXPECT_EQ(t->nbytes() + 128, b.size());
+    if (t.has_value()) {
+      EXPECT_EQ(t->nbytes() + 128, b.size());
+    }
   }
 }
 

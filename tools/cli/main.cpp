@@ -1,10 +1,496 @@
-// The kiln command line (flags parsed with CLI11).
+// The kiln command line (flags parsed with CLI11): train, grad, bench, inspect, run.
+//
+// Every TrainConfig field is a flag `--<name>` with its Hugging Face name; a JSON file
+// given with --config sets the same keys, and flags on the command line override it.
+// Errors are one line `kiln: error: ...` on stderr; exit code 2 for bad usage (unknown
+// flag, bad option value, missing required argument), 1 for failures at run time
+// (missing or malformed files, data that does not fit the model, I/O errors). No
+// exception escapes main.
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
 
-int main(int argc, char** argv) {
+#include "ir/op_table.h"
+#include "ir/tensor.h"
+#include "passes/pass.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+#include "runtime/interpreter.h"
+#include "runtime/io.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
+#include "tools/driver/driver.h"
+#include "tools/driver/export_trained.h"
+
+namespace {
+
+using namespace kiln;
+using runtime::TrainConfig;
+namespace fs = std::filesystem;
+
+/// A failure with its exit code (2: usage, 1: run time).
+struct Failure {
+  int code;
+  std::string msg;
+};
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+int report(const Failure& f) {
+  std::cerr << "kiln: error: " << one_line(f.msg) << std::endl;
+  return f.code;
+}
+
+/// Raw text of every config flag, bound to CLI11 options; applied after parsing.
+struct ConfigFlags {
+  std::map<std::string, std::vector<std::string>> values;
+  std::map<std::string, CLI::Option*> options;
+  std::string config_file;
+  std::string model_pos;
+  // pass-manager debugging switches
+  std::string print_ir_after, dump_ir_dir;
+  bool verify_each = false, time_passes = false;
+  int stop_after = -1;
+
+  void add_to(CLI::App* app, bool with_model = true) {
+    if (with_model) app->add_option("model", model_pos, "the .onnx model");
+    app->add_option("--config", config_file, "JSON file with option values (flags override it)");
+    TrainConfig dummy;
+    for (auto& f : runtime::config_fields(dummy)) {
+      auto& v = values[f.name];
+      CLI::Option* o;
+      std::string flag = "--" + f.name;
+      if (f.kind == runtime::ConfigField::Kind::boolean) {
+        o = app->add_flag(flag, v, f.help);
+      } else {
+        o = app->add_option(flag, v, f.help)->allow_extra_args(false);
+      }
+      options[f.name] = o;
+    }
+    app->add_option("--print-ir-after", print_ir_after, "print the IR after PASS (or all)");
+    app->add_option("--dump-ir-dir", dump_ir_dir, "write NN-pass.txt after each pass");
+    app->add_flag("--verify-each", verify_each, "run the verifier after each pass");
+    app->add_flag("--time-passes", time_passes, "report the time of each pass");
+    app->add_option("--stop-after", stop_after, "stop after the N-th pass");
+  }
+
+  /// Defaults <- --config file <- flags; then validate.
+  TrainConfig build() const {
+    TrainConfig cfg;
+    if (!config_file.empty()) {
+      if (!fs::exists(config_file)) throw Failure{1, "--config: " + config_file + ": no such file"};
+      Status s = runtime::load_config_json(config_file, cfg);
+      if (!s) throw Failure{2, s.message()};
+    }
+    for (auto& f : runtime::config_fields(cfg)) {
+      const CLI::Option* o = options.at(f.name);
+      if (o->count() == 0) continue;
+      const auto& vals = values.at(f.name);
+      if (f.kind == runtime::ConfigField::Kind::str_list) static_cast<std::vector<std::string>*>(f.ptr)->clear();
+      if (f.kind == runtime::ConfigField::Kind::boolean && vals.empty()) {
+        Status s = runtime::set_config_field(f, "true");
+        if (!s) throw Failure{2, s.message()};
+      }
+      for (auto& v : vals) {
+        Status s = runtime::set_config_field(f, v);
+        if (!s) throw Failure{2, s.message()};
+      }
+    }
+    if (!model_pos.empty()) cfg.model = model_pos;
+    if (cfg.model.empty()) throw Failure{2, "a MODEL.onnx argument is required"};
+    Status v = cfg.validate();
+    if (!v) throw Failure{2, v.message()};
+    if (!fs::exists(cfg.model)) throw Failure{1, cfg.model + ": no such file"};
+    return cfg;
+  }
+
+  passes::PassContext pass_context() const {
+    passes::PassContext ctx;
+    ctx.print_ir_after = print_ir_after;
+    ctx.dump_ir_dir = dump_ir_dir;
+    ctx.verify_each = verify_each;
+    ctx.time_passes = time_passes;
+    ctx.stop_after = stop_after;
+    return ctx;
+  }
+};
+
+template <typename T>
+T unwrap(Expected<T> e, const std::string& ctx = "") {
+  if (!e) throw Failure{1, ctx.empty() ? e.message() : ctx + ": " + e.message()};
+  return std::move(*e);
+}
+
+void check(const Status& s, const std::string& ctx = "") {
+  if (!s) throw Failure{1, ctx.empty() ? s.message() : ctx + ": " + s.message()};
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+/// Label spec before the program is compiled (the label input is added by attach_loss):
+/// class ids (logits shape without the last dim) for cross_entropy, else the output's type.
+std::vector<runtime::DataInputSpec> forward_specs(const ir::Graph& g, const TrainConfig& cfg) {
+  std::vector<runtime::DataInputSpec> specs;
+  for (ir::Value* in : g.inputs) specs.push_back({in->name, in->dtype, in->shape});
+  if (cfg.loss != "model" && !g.outputs.empty()) {
+    const ir::Value* out = g.outputs[0];
+    std::string label = cfg.label_input.empty() ? "labels" : cfg.label_input;
+    if (cfg.loss == "cross_entropy") {
+      ir::Shape s = out->shape;
+      if (s.rank() > 0) s.dims.pop_back();
+      for (auto& d : s.dims) d = ir::Dim();  // shape checked against the compiled graph later
+      specs.push_back({label, ir::DType::i64, s});
+    } else {
+      specs.push_back({label, out->dtype, out->shape});
+    }
+  }
+  return specs;
+}
+
+runtime::DataOptions data_options(const TrainConfig& cfg) {
+  runtime::DataOptions o;
+  o.label_input = cfg.loss == "model" ? "" : (cfg.label_input.empty() ? "labels" : cfg.label_input);
+  o.loss = cfg.loss;
+  o.block_size = cfg.block_size;
+  return o;
+}
+
+runtime::TrainGraphs graphs_of(const driver::TrainingProgram& p) {
+  return {p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output};
+}
+
+std::vector<runtime::DataInputSpec> program_specs(const ir::Graph& g, const std::vector<std::string>& names) {
+  std::vector<std::string> present;
+  for (auto& n : names)
+    for (ir::Value* in : g.inputs)
+      if (in->name == n) present.push_back(n);
+  return unwrap(runtime::data_input_specs(g, present));
+}
+
+// ------------------------------------------------------------------ train
+int cmd_train(const ConfigFlags& flags) {
+  TrainConfig cfg = flags.build();
+  if (cfg.train_data.empty()) throw Failure{2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)"};
+  check(runtime::prepare_output_dir(cfg.output_dir));
+  runtime::RawData train_raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
+  runtime::RawData eval_raw;
+  if (!cfg.eval_data.empty()) eval_raw = unwrap(runtime::load_raw_data(cfg.eval_data), "--eval_data");
+  if (!cfg.resume_from_checkpoint.empty() && !fs::is_directory(cfg.resume_from_checkpoint))
+    throw Failure{1, "--resume_from_checkpoint: " + cfg.resume_from_checkpoint + ": no such directory"};
+
+  // Check the data against the model before compiling, and count steps.
+  auto forward = unwrap(driver::load_model(cfg.model, cfg.shape));
+  auto pre = unwrap(runtime::Dataset::bind(train_raw, forward_specs(*forward, cfg), data_options(cfg)), "--train_data");
+  const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  const int64_t spe = pre.steps_per_epoch(rows_per_step);
+  if (spe <= 0)
+    throw Failure{1, "--train_data has " + std::to_string(pre.num_rows()) + " rows, fewer than one step of " +
+                         std::to_string(rows_per_step) + " (per_device_train_batch_size x gradient_accumulation_steps)"};
+  const int64_t total = cfg.total_steps(spe);
+
+  passes::PassContext dbg = flags.pass_context();
+  auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, total));
+  auto train_ds = unwrap(runtime::Dataset::bind(train_raw, program_specs(*prog.train_step, prog.data_inputs),
+                                                data_options(cfg)),
+                         "--train_data");
+  std::optional<runtime::Dataset> eval_ds;
+  if (!cfg.eval_data.empty()) {
+    if (!prog.eval) throw Failure{1, "the training program has no eval graph"};
+    eval_ds = unwrap(runtime::Dataset::bind(eval_raw, program_specs(*prog.eval, prog.data_inputs), data_options(cfg)),
+                     "--eval_data");
+  }
+  auto res = unwrap(runtime::train(cfg, graphs_of(prog), train_ds, eval_ds ? &*eval_ds : nullptr));
+
+  std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
+  check(driver::export_trained_model(cfg.model, res.weights, onnx_out), "export");
+  check(runtime::io::save_safetensors((fs::path(cfg.output_dir) / "model.safetensors").string(), res.weights));
+  std::cout << "saved " << onnx_out << "\n";
+  if (!res.eval_metrics.empty()) {
+    std::cout << "final";
+    for (auto& [k, v] : res.eval_metrics) std::cout << " | " << k << " " << fmt("%.4f", v);
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------ grad
+int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
+  TrainConfig cfg = flags.build();
+  if (cfg.train_data.empty()) throw Failure{2, "--train_data is required"};
+  if (out.empty()) throw Failure{2, "--out is required"};
+  runtime::RawData raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
+  passes::PassContext dbg = flags.pass_context();
+  auto prog = unwrap(driver::build_training_program(cfg, &dbg, true, f64, cfg.max_steps > 0 ? cfg.max_steps : 1));
+  if (!prog.grads) throw Failure{1, "the driver built no gradient graph"};
+  const ir::Graph& g = *prog.grads;
+  auto specs = program_specs(g, prog.data_inputs);
+  auto ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
+  auto batch = unwrap(ds.first_batch(cfg.per_device_train_batch_size), "--train_data");
+  std::map<std::string, ir::Tensor> feeds;
+  for (ir::Value* in : g.inputs) {
+    auto b = batch.find(in->name);
+    if (b != batch.end()) {
+      for (auto& s : specs)
+        if (s.name == in->name) feeds[in->name] = unwrap(runtime::fit_to_input(b->second, s));
+      continue;
+    }
+    bool found = false;
+    for (auto& sb : g.state)
+      if (sb.input == in && sb.initial) feeds[in->name] = *sb.initial, found = true;
+    if (!found) throw Failure{1, "grads graph input '" + in->name + "' has no data or initial value"};
+  }
+  runtime::RunOptions ro;
+  ro.training = true;
+  ro.seed = cfg.seed;
+  auto outs = unwrap(runtime::run_graph(g, feeds, ro));
+  std::map<std::string, ir::Tensor> result;
+  for (auto& [name, t] : outs) {
+    const std::string suffix = ".grad";
+    if (name == "loss") result["loss"] = t;
+    else if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      result[name.substr(0, name.size() - suffix.size())] = t;
+  }
+  if (!result.count("loss")) throw Failure{1, "grads graph has no 'loss' output"};
+  fs::path op(out);
+  if (op.has_parent_path()) check(runtime::prepare_output_dir(op.parent_path().string()), "--out");
+  check(runtime::io::save_safetensors(out, result), "--out");
+  std::cout << "loss " << fmt("%.6f", result["loss"].get_f64(0)) << " | " << result.size() - 1 << " gradients -> " << out
+            << "\n";
+  return 0;
+}
+
+// ------------------------------------------------------------------ bench
+/// Random batch for the graph's data inputs (normal floats, class ids in [0, classes)).
+runtime::Batch synthetic_batch(const std::vector<runtime::DataInputSpec>& specs, const std::string& label,
+                               int64_t rows, int64_t classes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd;
+  runtime::Batch b;
+  for (auto& s : specs) {
+    // (rows, trailing dims); a leading accumulation dim (A, B, ...) is one more dim to skip.
+    const bool accum = s.shape.rank() >= 2 && s.shape.dims[0].is_static() && s.shape.dims[1].is_static() &&
+                       s.shape.dims[0].value * s.shape.dims[1].value == rows && s.shape.dims[0].value > 1;
+    std::vector<int64_t> dims = {rows};
+    for (int i = accum ? 2 : 1; i < s.shape.rank(); ++i) {
+      const ir::Dim& d = s.shape.dims[i];
+      if (!d.is_static()) throw Failure{1, "bench: input '" + s.name + "' has a non-static dim " + s.shape.to_string() + "; bind it with --shape or give --train_data"};
+      dims.push_back(d.value);
+    }
+    ir::Tensor t(s.dtype, dims);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (ir::is_float(s.dtype)) t.set_f64(i, nd(rng));
+      else if (s.name == label) t.set_f64(i, static_cast<double>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, classes))));
+      else t.set_f64(i, static_cast<double>(rng() % 2));
+    }
+    b[s.name] = t;
+  }
+  return b;
+}
+
+int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
+  TrainConfig cfg = flags.build();
+  if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
+  const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  passes::PassContext dbg = flags.pass_context();
+  auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, warmup + steps));
+  auto specs = program_specs(*prog.train_step, prog.data_inputs);
+  std::optional<runtime::Dataset> ds;
+  if (!cfg.train_data.empty()) {
+    auto raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
+    ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
+  } else {
+    int64_t classes = 2;
+    if (auto* lo = prog.train_step->find_value(prog.logits_output); lo && lo->shape.rank() > 0 && lo->shape.dims.back().is_static())
+      classes = lo->shape.dims.back().value;
+    auto b = synthetic_batch(specs, prog.label_input, rows, classes, cfg.seed);
+    std::vector<runtime::NamedArray> arrays;
+    for (auto& [n, t] : b) arrays.push_back({n, "synthetic", t});
+    ds = unwrap(runtime::Dataset::from_arrays(arrays, specs, data_options(cfg)));
+  }
+  TrainConfig bc = cfg;
+  bc.max_steps = warmup + steps;
+  runtime::TrainerOptions to;
+  to.write_files = false;
+  auto tr = unwrap(runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to));
+  for (int i = 0; i < warmup; ++i) unwrap(tr.step());
+  ir::MemoryStats::reset_peak();
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) times.push_back(unwrap(tr.step()).seconds);
+  std::sort(times.begin(), times.end());
+  double med = times.size() % 2 ? times[times.size() / 2] : 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
+  std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << cfg.backend << ")\n";
+  std::cout << "median step time " << fmt("%.6f", med) << " s | " << fmt("%.1f", med > 0 ? rows / med : 0.0)
+            << " samples/s | peak memory " << fmt("%.2f", ir::MemoryStats::peak_bytes() / 1048576.0) << " MiB\n";
+  return 0;
+}
+
+// ------------------------------------------------------------------ inspect
+std::map<std::string, int64_t> parse_shapes(const std::vector<std::string>& items) {
+  TrainConfig tmp;
+  for (auto& f : runtime::config_fields(tmp))
+    if (f.name == "shape")
+      for (auto& s : items) {
+        Status st = runtime::set_config_field(f, s);
+        if (!st) throw Failure{2, st.message()};
+      }
+  return tmp.shape;
+}
+
+int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_items) {
+  auto shape = parse_shapes(shape_items);
+  if (!fs::exists(model)) throw Failure{1, model + ": no such file"};
+  auto g = unwrap(driver::load_model(model, shape));
+  std::cout << "model " << model << " (opset " << g->opset << ")\n";
+  std::cout << "inputs:\n";
+  for (ir::Value* v : g->inputs) std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
+  std::cout << "outputs:\n";
+  for (ir::Value* v : g->outputs) std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
+  int64_t count = 0, bytes = 0, tensors = 0;
+  for (ir::Value* v : g->initializers) {
+    if (!v->data || !ir::is_float(v->dtype)) continue;
+    ++tensors;
+    count += v->data->numel();
+    bytes += static_cast<int64_t>(v->data->nbytes());
+  }
+  std::cout << "parameters: " << count << " in " << tensors << " float initializers (" << bytes << " bytes)\n";
+  std::map<std::string, int> hist;
+  double flops = 0;
+  bool flops_known = true;
+  for (auto& n : g->nodes()) {
+    hist[n->op]++;
+    bool static_shapes = true;
+    for (ir::Value* o : n->outputs)
+      if (o && !o->shape.is_static()) static_shapes = false;
+    if (!static_shapes) flops_known = false;
+    else flops += ir::node_cost(*n).flops;
+  }
+  std::cout << "ops (" << g->nodes().size() << " nodes):\n";
+  std::vector<std::pair<int, std::string>> sorted;
+  for (auto& [op, c] : hist) sorted.push_back({-c, op});
+  std::sort(sorted.begin(), sorted.end());
+  for (auto& [c, op] : sorted) std::cout << "  " << op << " " << -c << "\n";
+  std::cout << "forward FLOPs: " << fmt("%.4g", flops) << (flops_known ? "" : " (partial: bind symbolic dims with --shape)")
+            << "\n";
+  return 0;
+}
+
+// ------------------------------------------------------------------ run
+int cmd_run(const std::string& model, const std::vector<std::string>& inputs, const std::string& out_dir,
+            const std::vector<std::string>& shape_items) {
+  auto shape = parse_shapes(shape_items);
+  if (out_dir.empty()) throw Failure{2, "--output_dir is required"};
+  std::map<std::string, std::string> files;
+  for (auto& s : inputs) {
+    auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) throw Failure{2, "--input '" + s + "': expected NAME=FILE.npy"};
+    files[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  if (!fs::exists(model)) throw Failure{1, model + ": no such file"};
+  check(runtime::prepare_output_dir(out_dir));
+  auto g = unwrap(driver::load_model(model, shape));
+  std::map<std::string, ir::Tensor> feeds;
+  for (auto& [name, file] : files) {
+    ir::Value* in = nullptr;
+    for (ir::Value* v : g->inputs)
+      if (v->name == name) in = v;
+    if (!in) throw Failure{1, "--input " + name + ": the model has no input '" + name + "'"};
+    auto t = unwrap(runtime::io::load_npy(file));
+    if (t.dtype() != in->dtype && ir::is_float(t.dtype()) == ir::is_float(in->dtype) &&
+        ir::is_integer(t.dtype()) == ir::is_integer(in->dtype))
+      t = t.cast(in->dtype);  // f64 -> f32, i32 -> i64 like numpy callers expect
+    check(runtime::check_feed(*in, t), file);
+    feeds[name] = t;
+  }
+  for (ir::Value* v : g->inputs)
+    if (!feeds.count(v->name)) throw Failure{2, "missing --input " + v->name + "=FILE.npy"};
+  auto outs = unwrap(runtime::run_graph(*g, feeds, {}));
+  for (auto& [name, t] : outs) {
+    std::string safe = name;
+    std::replace(safe.begin(), safe.end(), '/', '_');
+    std::string path = (fs::path(out_dir) / (safe + ".npy")).string();
+    check(runtime::io::save_npy(path, t.dtype() == ir::DType::bf16 ? t.cast(ir::DType::f32) : t));
+    std::cout << name << " " << ir::dtype_name(t.dtype()) << " " << ir::dims_to_string(t.dims()) << " -> " << path << "\n";
+  }
+  return 0;
+}
+
+int real_main(int argc, char** argv) {
   CLI::App app{"kiln: compile exported ONNX models into training programs"};
   app.require_subcommand(1);
-  CLI11_PARSE(app, argc, argv);
-  return 0;
+
+  ConfigFlags train_flags, grad_flags, bench_flags;
+  auto* train = app.add_subcommand("train", "train a model (Hugging Face Trainer options)");
+  train_flags.add_to(train);
+  auto* grad = app.add_subcommand("grad", "loss and parameter gradients of one batch -> safetensors");
+  grad_flags.add_to(grad);
+  std::string grad_out;
+  bool grad_f64 = false;
+  grad->add_option("--out", grad_out, "output .safetensors file");
+  grad->add_flag("--float64", grad_f64, "compute in float64");
+  auto* bench = app.add_subcommand("bench", "time training steps");
+  bench_flags.add_to(bench);
+  int bench_warmup = 3, bench_steps = 10;
+  bench->add_option("--warmup_steps_bench", bench_warmup, "untimed warm-up steps");
+  bench->add_option("--bench_steps", bench_steps, "timed steps");
+  auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters, ops and FLOPs of a model");
+  std::string inspect_model;
+  std::vector<std::string> inspect_shape;
+  inspect->add_option("model", inspect_model, "the .onnx model")->required();
+  inspect->add_option("--shape", inspect_shape, "dim bindings NAME=INT[,NAME=INT]")->allow_extra_args(false);
+  auto* run = app.add_subcommand("run", "forward pass (eager); writes OUTPUT_DIR/<output>.npy");
+  std::string run_model, run_out;
+  std::vector<std::string> run_inputs, run_shape;
+  run->add_option("model", run_model, "the .onnx model")->required();
+  run->add_option("--input", run_inputs, "NAME=FILE.npy (repeatable)")->allow_extra_args(false);
+  run->add_option("--output_dir", run_out, "where the outputs go");
+  run->add_option("--shape", run_shape, "dim bindings NAME=INT[,NAME=INT]")->allow_extra_args(false);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return report({2, e.what()});
+  }
+  try {
+    if (*train) return cmd_train(train_flags);
+    if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
+    if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps);
+    if (*inspect) return cmd_inspect(inspect_model, inspect_shape);
+    if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);
+  } catch (const Failure& f) {
+    return report(f);
+  }
+  return report({2, "no subcommand"});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return real_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kiln: error: internal error: " << one_line(e.what()) << std::endl;
+    return 1;
+  } catch (...) {
+    std::cerr << "kiln: error: internal error (unknown exception)" << std::endl;
+    return 1;
+  }
 }
