@@ -42,9 +42,13 @@ constexpr int64_t kMaxOpset = 18;
 constexpr int64_t kMaxLibonnxOpset = 17;  // newest opset libonnx 1.12 knows
 
 // libonnx messages span several lines ("... ==> Context: ..."); keep one line.
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
+std::string one_line(const std::string& in) {
+  std::string s;
+  for (char c : in) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    if (c == ' ' && (s.empty() || s.back() == ' ')) continue;
+    s.push_back(c);
+  }
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
 }

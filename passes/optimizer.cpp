@@ -39,9 +39,14 @@ class Optimizer : public Pass {
       return Status::error("unknown --optim '" + optim + "' (expected adamw_torch or sgd)");
     Value* loss = g.find_value("loss");
     if (!loss) return Status::error("no 'loss' value");
+    // Indices, not pointers: g.state grows below (the step counter).
+    std::vector<size_t> param_idx;
+    for (size_t i = 0; i < g.state.size(); ++i)
+      if (g.state[i].kind == "parameter") param_idx.push_back(i);
+    std::vector<StateBinding> params_copy;
+    for (size_t i : param_idx) params_copy.push_back(g.state[i]);
     std::vector<StateBinding*> params;
-    for (auto& sb : g.state)
-      if (sb.kind == "parameter") params.push_back(&sb);
+    for (auto& sb : params_copy) params.push_back(&sb);
     std::vector<Value*> grads;
     for (auto* sb : params) {
       Value* gr = g.find_value(sb->input->name + ".grad");
@@ -148,7 +153,7 @@ class Optimizer : public Pass {
         }
         p_new = b.op("Sub", {p, b.op("Mul", {d, lr})}, {}, p->name + ".next");
       }
-      params[i]->output = p_new;
+      g.state[param_idx[i]].output = p_new;
     }
     if (!b.status()) return b.status();
     for (auto& sb : g.state)

@@ -139,7 +139,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"eval_steps", Kind::i64, &c.eval_steps, "evaluate every N steps (0: only at the end)"},
       {"save_steps", Kind::i64, &c.save_steps, "checkpoint every N steps (0: none)"},
       {"save_total_limit", Kind::i64, &c.save_total_limit, "keep at most N checkpoints (0: all)"},
-      {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint, "checkpoint directory to resume from"},
+      {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint, "checkpoint directory to resume from (\"latest\": newest in output_dir)"},
       {"bf16", Kind::boolean, &c.bf16, "bf16 mixed precision with fp32 master weights"},
       {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step"},
       {"backend", Kind::str, &c.backend, "eager | cpu | cuda"},

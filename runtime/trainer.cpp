@@ -113,6 +113,12 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
     KILN_ASSIGN_OR_RETURN(t.eval_specs_, data_input_specs(*graphs.eval, names));
   }
 
+  if (graphs.eval) {
+    // Parameters kept as initializers in the eval graph are refreshed from the state.
+    bool shadowed = false;
+    for (ir::Value* v : graphs.eval->initializers) shadowed |= t.state_.count(v->name) > 0;
+    if (shadowed) t.eval_clone_ = std::shared_ptr<ir::Graph>(graphs.eval->clone().release());
+  }
   t.rows_per_step_ = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   t.steps_per_epoch_ = train_data->steps_per_epoch(t.rows_per_step_);
   if (t.steps_per_epoch_ <= 0)
@@ -235,18 +241,26 @@ Expected<StepResult> Trainer::step(const Batch* given) {
 
 Expected<std::map<std::string, double>> Trainer::evaluate() {
   if (!eval_ || !g_.eval) return Status::error("evaluate: no eval data or eval graph");
+  const ir::Graph* eg = g_.eval;
+  if (eval_clone_) {
+    for (ir::Value* v : eval_clone_->initializers) {
+      auto it = state_.find(v->name);
+      if (it != state_.end()) v->data = std::make_shared<Tensor>(it->second);
+    }
+    eg = eval_clone_.get();
+  }
   const int64_t nb = eval_->num_eval_batches(eval_rows_);
   double loss_sum = 0;
   int64_t correct = 0, counted = 0;
   bool acc_ok = cfg_.loss == "cross_entropy" && !g_.label_input.empty();
   for (int64_t i = 0; i < nb; ++i) {
     KILN_ASSIGN_OR_RETURN(Batch batch, eval_->eval_batch(i, eval_rows_));
-    KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(*g_.eval, batch, eval_specs_));
+    KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(*eg, batch, eval_specs_));
     RunOptions ro;
     ro.training = false;
     ro.seed = cfg_.seed;
     ro.step = static_cast<uint64_t>(global_step_);
-    auto outs = run_graph(*g_.eval, feeds, ro);
+    auto outs = run_graph(*eg, feeds, ro);
     if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
     loss_sum += scalar_of(*outs, "loss");
     if (acc_ok) {

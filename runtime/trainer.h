@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,9 @@ class Trainer {
   std::map<std::string, std::string> state_output_;   ///< input name -> output name
   int64_t rows_per_step_ = 0, steps_per_epoch_ = 0, total_steps_ = 0, global_step_ = 0;
   int64_t eval_rows_ = 0;
+  /// Eval graph whose parameters are initializers (not inputs): a clone whose
+  /// initializer data the trainer points at the current state before each eval.
+  std::shared_ptr<ir::Graph> eval_clone_;
   TrainerState acc_;  ///< logging accumulators (persisted in checkpoints)
   bool resumed_ = false;
 };

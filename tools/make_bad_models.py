@@ -252,6 +252,17 @@ def main():
     cond = numpy_helper.from_array(np.array(True), "cond")
     save(model([helper.make_node("If", ["cond"], ["y"], name="/If", then_branch=then_g, else_branch=then_g)],
                [x], [y], [cond]), "bad_subgraph.onnx", check=False)
+    # A graph-valued attribute on an op kiln knows (opset 18: no libonnx checker in front).
+    save(model([helper.make_node("Relu", ["x"], ["y"], name="/Relu", body=then_g)], [x], [y], opset=18),
+         "bad_graph_attribute.onnx", check=False)
+    # Passes kiln's own checks but not libonnx's checker (unknown attribute on Relu).
+    save(model([helper.make_node("Relu", ["x"], ["y"], name="/Relu", foo=1)], [x], [y]),
+         "bad_checker.onnx", check=False)
+    # Opset 18 (no libonnx checker): kiln's own inference must catch the shape mismatch.
+    w = numpy_helper.from_array(np.zeros((4, 5), dtype=np.float32), "w")
+    save(model([helper.make_node("MatMul", ["x", "w"], ["y"], name="/MatMul")], [x],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], [w], opset=18),
+         "bad_shape_mismatch.onnx", check=False)
     print("wrote fixtures to", os.path.normpath(OUT))
 
 

@@ -158,7 +158,13 @@ Status infer_squeeze(InferContext& c) {
   const Shape& in = c.in[0].shape;
   bool known, given;
   auto axes = axes_of(c, 1, known, given);
-  if (!known) return c.fail("axes input is not constant");
+  if (!known) {
+    // Rank is derivable from the number of axes; the kept dims are not known.
+    int64_t n = length_of_1d(c, 1);
+    if (n < 0 || n > in.rank()) return c.fail("axes input is not constant and its length is unknown");
+    c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(in.rank() - n), Dim()))};
+    return Status::ok();
+  }
   std::vector<bool> drop(in.rank(), false);
   if (!given) {
     for (int i = 0; i < in.rank(); ++i) drop[i] = in.dims[i].is_static() && in.dims[i].value == 1;

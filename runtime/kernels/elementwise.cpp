@@ -120,14 +120,12 @@ Status pow_kernel(KernelContext& c) {
     inner = dispatch_numeric(c, b.dtype(), [&](auto tb) {
       using E = decltype(tb);
       using CE = compute_t<E>;
-      binary_loop<T, E, T>(a, b, c.out(0), [](C x, CE e) -> T {
-        if constexpr (is_float_v<T>) {
-          return store<T>(static_cast<C>(std::pow(x, static_cast<C>(e))));
-        } else if constexpr (std::is_integral_v<CE>) {
-          return int_pow<C>(x, static_cast<int64_t>(e));
-        } else {
-          return convert<T>(std::pow(static_cast<double>(x), static_cast<double>(e)));
-        }
+      binary_loop<T, E, T>(a, b, c.out(0), [](C x, CE e) {
+        T r;
+        if constexpr (is_float_v<T>) r = store<T>(static_cast<C>(std::pow(x, static_cast<C>(e))));
+        else if constexpr (std::is_integral_v<CE>) r = int_pow<C>(x, static_cast<int64_t>(e));
+        else r = convert<T>(std::pow(static_cast<double>(x), static_cast<double>(e)));
+        return r;
       });
     });
   });

@@ -31,7 +31,9 @@ void round_trip(const std::string& name, kiln::frontend::ImportOptions opts = {}
   SCOPED_TRACE(name);
   auto g = kiln::frontend::import_onnx(fixture(name), opts);
   ASSERT_TRUE(g) << g.message();
-  std::string out = scratch("export_" + name);
+  // One file per test: ctest may run the tests of this binary in parallel.
+  std::string out = scratch(std::string("export_") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                            "_" + name);
   kiln::Status s = kiln::frontend::export_onnx(**g, out);
   ASSERT_TRUE(s.is_ok()) << s.message();
   if ((*g)->opset <= 17) {

@@ -325,7 +325,9 @@ TEST(ShapeBindings, ParseAndErrors) {
   for (const char* bad : {"batch", "=8", "batch=-1", "batch=x", "batch=8,batch=9", "batch=8,,seq=2", "b=1.5"}) {
     auto r = kiln::frontend::parse_shape_bindings(bad);
     EXPECT_FALSE(r) << bad;
-    if (!r) EXPECT_HAS(r.message(), "shape binding");
+    if (!r) {
+      EXPECT_HAS(r.message(), "shape binding");
+    }
   }
 }
 
@@ -392,4 +394,23 @@ TEST(TensorProto, HugeDimsAreAnErrorNotAnAllocation) {
   auto r2 = kiln::frontend::tensor_from_proto(tp, "");
   ASSERT_FALSE(r2);
   EXPECT_HAS(r2.message(), "too many elements");
+}
+
+TEST(OnnxImportErrors, LibonnxCheckerErrorBecomesStatus) {
+  std::string m = import_error("bad_checker.onnx");
+  EXPECT_HAS(m, "ONNX checker");
+  EXPECT_HAS(m, "foo");
+}
+
+TEST(OnnxImportErrors, KilnInferenceErrorNamesNode) {
+  std::string m = import_error("bad_shape_mismatch.onnx");
+  EXPECT_HAS(m, "type inference");
+  EXPECT_HAS(m, "node '/MatMul' (MatMul)");
+}
+
+TEST(OnnxImportErrors, GraphAttributeIsUnsupported) {
+  std::string m = import_error("bad_graph_attribute.onnx");
+  EXPECT_HAS(m, "node '/Relu' (Relu)");
+  EXPECT_HAS(m, "attribute 'body'");
+  EXPECT_HAS(m, "subgraph");
 }

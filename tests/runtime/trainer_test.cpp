@@ -506,3 +506,28 @@ TEST(TrainConfig, JsonUnknownKeyTypesAndRoundTrip) {
     }
   EXPECT_DOUBLE_EQ(g.learning_rate, 3e-4);
 }
+
+TEST(Trainer, EvalGraphWithParameterInitializersSeesTrainedWeights) {
+  const int64_t B = 4;
+  auto prog = make_program(0.3, 0.0, 6, B);
+  // Same eval, but W is an initializer holding the *initial* weights.
+  auto eval2 = std::make_unique<ir::Graph>();
+  auto* ex = eval2->add_input("x", DType::f32, ir::Shape::of({2, D}));
+  auto* ey = eval2->add_input("labels", DType::i64, ir::Shape::of({2}));
+  auto* eW = eval2->add_initializer("W", initial_w());
+  ir::Node* en = eval2->add_node("KilnTestSoftmaxEval", "eval", {ex, ey, eW}, {"loss", "logits"});
+  ASSERT_TRUE(ir::infer_node(*en).is_ok());
+  eval2->outputs = {en->output(0), en->output(1)};
+  Data d = make_data(N, 6), e = make_data(6, 7);
+  auto ds = Dataset::from_arrays({{"x", "x.npy", d.x}, {"labels", "y.npy", d.y}}, specs(B), {});
+  auto es = Dataset::from_arrays({{"x", "ex.npy", e.x}, {"labels", "ey.npy", e.y}}, specs(2), {});
+  std::ostringstream log;
+  TrainGraphs g1 = prog.graphs(), g2 = prog.graphs();
+  g2.eval = eval2.get();
+  auto r1 = train(base_config(tmpdir("ev1"), B, 6), g1, *ds, &*es, {&log, 0, false});
+  auto r2 = train(base_config(tmpdir("ev2"), B, 6), g2, *ds, &*es, {&log, 0, false});
+  ASSERT_TRUE(r1 && r2) << r1.message() << r2.message();
+  EXPECT_EQ(r1->eval_metrics.at("eval_loss"), r2->eval_metrics.at("eval_loss"));
+  // The caller's graph keeps its initial weights.
+  EXPECT_EQ(as_f64(*eW->data), as_f64(initial_w()));
+}

@@ -233,3 +233,39 @@ TEST_F(Cli, TrainWritesMetricsCheckpointsAndModel) {
   auto rr = run_kiln("run " + out + "/model.onnx --input x=" + dir + "/x.npy --output_dir " + dir + "/out2", dir);
   ASSERT_EQ(rr.code, 0) << rr.err;
 }
+
+TEST_F(Cli, GradMatchesFloat64Reference) {
+  // Reference: mean softmax cross-entropy of x[:B] @ W + b, gradients in float64.
+  const int64_t B = 8;
+  std::vector<double> gW(D * C, 0.0), gb(C, 0.0);
+  double loss = 0;
+  for (int64_t i = 0; i < B; ++i) {
+    double z[C], mx = -1e300, s = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      z[c] = b_at(c);
+      for (int64_t j = 0; j < D; ++j) z[c] += static_cast<double>(xdata.data<float>()[i * D + j]) * w_at(j * C + c);
+      mx = std::max(mx, z[c]);
+    }
+    for (int64_t c = 0; c < C; ++c) s += std::exp(z[c] - mx);
+    int64_t y = i % C;
+    loss += (mx + std::log(s) - z[y]) / B;
+    for (int64_t c = 0; c < C; ++c) {
+      double d = (std::exp(z[c] - mx) / s - (c == y)) / B;
+      gb[c] += d;
+      for (int64_t j = 0; j < D; ++j) gW[j * C + c] += static_cast<double>(xdata.data<float>()[i * D + j]) * d;
+    }
+  }
+  for (bool f64 : {true, false}) {
+    std::string out = dir + (f64 ? "/g64.safetensors" : "/g32.safetensors");
+    auto r = run_kiln("grad " + model + data() + " --per_device_train_batch_size 8 --out " + out + (f64 ? " --float64" : ""), dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto g = runtime::io::load_safetensors(out);
+    ASSERT_TRUE(g) << g.message();
+    const double tol = f64 ? 1e-12 : 2e-6;
+    EXPECT_EQ(g->at("W").dtype(), f64 ? ir::DType::f64 : ir::DType::f32);
+    EXPECT_NEAR(g->at("loss").get_f64(0), loss, tol);
+    for (int64_t i = 0; i < D * C; ++i) EXPECT_NEAR(g->at("W").get_f64(i), gW[i], tol) << "W " << i;
+    for (int64_t i = 0; i < C; ++i) EXPECT_NEAR(g->at("b").get_f64(i), gb[i], tol) << "b " << i;
+  }
+  expect_one_error_line(run_kiln("grad " + model + data(), dir), 2, "--out");
+}

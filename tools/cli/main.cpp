@@ -190,6 +190,12 @@ int cmd_train(const ConfigFlags& flags) {
   runtime::RawData train_raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
   runtime::RawData eval_raw;
   if (!cfg.eval_data.empty()) eval_raw = unwrap(runtime::load_raw_data(cfg.eval_data), "--eval_data");
+  if (cfg.resume_from_checkpoint == "true" || cfg.resume_from_checkpoint == "latest") {
+    // HF: resume_from_checkpoint=True resumes from the newest checkpoint in output_dir.
+    auto all = runtime::list_checkpoints(cfg.output_dir);
+    if (all.empty()) throw Failure{1, "--resume_from_checkpoint: no checkpoint-N in " + cfg.output_dir};
+    cfg.resume_from_checkpoint = all.back().second;
+  }
   if (!cfg.resume_from_checkpoint.empty() && !fs::is_directory(cfg.resume_from_checkpoint))
     throw Failure{1, "--resume_from_checkpoint: " + cfg.resume_from_checkpoint + ": no such directory"};
 
@@ -335,7 +341,8 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
   double med = times.size() % 2 ? times[times.size() / 2] : 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
   std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << cfg.backend << ")\n";
   std::cout << "median step time " << fmt("%.6f", med) << " s | " << fmt("%.1f", med > 0 ? rows / med : 0.0)
-            << " samples/s | peak memory " << fmt("%.2f", ir::MemoryStats::peak_bytes() / 1048576.0) << " MiB\n";
+            << " samples/s | peak memory " << ir::MemoryStats::peak_bytes() << " bytes ("
+            << fmt("%.2f", ir::MemoryStats::peak_bytes() / 1048576.0) << " MiB)\n";
   return 0;
 }
 
