@@ -14,6 +14,7 @@
 //    every Dropout a mask output (reused by its gradient) and a stable Philox id
 //    (attribute kiln_rng_id, DESIGN.md invariant 6); "eval" sets training_mode=0.
 //    Dropout's training_mode input is dropped: the run's training flag decides.
+//    Option disable_dropout=1 turns every Dropout into Identity (dropout p = 0).
 // 3. Loss (option "loss"), PyTorch semantics, on the model output named by
 //    "logits_output" (default: the first graph output):
 //    cross_entropy: logits (..., C) and int64 labels (...), mean over labels !=
@@ -102,6 +103,17 @@ class AttachLoss : public Pass {
           }
         } else {
           while (n->num_outputs() > 1 && g.uses(n->outputs.back()).empty()) n->outputs.pop_back();
+        }
+        KILN_RETURN_IF_ERROR(infer_node(*n));
+      } else if (n->op == "Dropout" && train && ctx.opt("disable_dropout") == "1") {
+        n->op = "Identity";
+        n->inputs.resize(1);
+        n->attrs = Attributes();
+        while (n->num_outputs() > 1) {
+          Value* mask = n->outputs.back();
+          if (!g.uses(mask).empty() || g.is_graph_output(mask))
+            return Status::error("node '" + n->name + "': Dropout mask is used; cannot disable dropout");
+          n->outputs.pop_back();
         }
         KILN_RETURN_IF_ERROR(infer_node(*n));
       } else if (n->op == "Dropout") {

@@ -57,7 +57,10 @@ Status TrainConfig::validate() const {
   KILN_RETURN_IF_ERROR(one_of("optim", optim, {"adamw_torch", "sgd"}));
   KILN_RETURN_IF_ERROR(
       one_of("lr_scheduler_type", lr_scheduler_type, {"linear", "cosine", "constant", "constant_with_warmup"}));
-  KILN_RETURN_IF_ERROR(one_of("backend", backend, {"eager", "cpu", "cuda"}));
+  KILN_RETURN_IF_ERROR(one_of("backend", backend, {"eager"}));
+  if (bf16) return bad("bf16", "bf16 mixed precision is not supported yet (fp32 training only)");
+  if (gradient_accumulation_steps != 1)
+    return bad("gradient_accumulation_steps", "values other than 1 are not supported yet");
   auto positive = [](const char* n, int64_t v) -> Status {
     if (v <= 0) return bad(n, "must be > 0, got " + num_str(v));
     return Status::ok();
@@ -142,7 +145,8 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint, "checkpoint directory to resume from (\"latest\": newest in output_dir)"},
       {"bf16", Kind::boolean, &c.bf16, "bf16 mixed precision with fp32 master weights"},
       {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step"},
-      {"backend", Kind::str, &c.backend, "eager | cpu | cuda"},
+      {"backend", Kind::str, &c.backend, "eager (compiled backends come later)"},
+      {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
   };
 }
 

@@ -52,6 +52,9 @@ struct TrainConfig {
   bool bf16 = false;
   int64_t gradient_accumulation_steps = 1;
   std::string backend = "eager";
+  /// kiln extension: drop every Dropout node from the training program (what setting
+  /// the model's dropout probability to 0 does in PyTorch), for deterministic checks.
+  bool disable_dropout = false;
 
   /// Total optimizer steps, from max_steps or epochs x steps per epoch.
   int64_t total_steps(int64_t steps_per_epoch) const;

@@ -1,7 +1,8 @@
 // Loss, gradients and short training trajectories of every example model against
 // PyTorch fixtures (tools/make_fixtures.py, Debian's python3-torch):
 //   - loss and every parameter gradient on a fixed batch: 1e-6 relative in float64,
-//     1e-4 in float32 (relative L2 norm of the difference per tensor);
+//     1e-4 in float32 (L2 norm of the difference per tensor over the larger of the
+//     reference's norm and 1e-3 of the global gradient norm);
 //   - 20 AdamW steps and 10 SGD-momentum steps: each step's loss within 1e-4 relative.
 #include <cmath>
 
@@ -20,6 +21,7 @@ runtime::TrainConfig base_config(const std::string& model, int64_t batch) {
   cfg.per_device_train_batch_size = batch;
   cfg.per_device_eval_batch_size = batch;
   cfg.loss = "cross_entropy";
+  cfg.disable_dropout = true;  // the fixtures run with dropout off (tools/make_fixtures.py)
   return cfg;
 }
 
@@ -53,13 +55,27 @@ void check_grads(const std::string& model, bool f64) {
   double ref_loss = meta[f64 ? "loss_f64" : "loss_f32"].get<double>();
   double loss = (*out)["loss"].get_f64(0);
   EXPECT_LT(std::abs(loss - ref_loss) / std::abs(ref_loss), tol) << "loss " << loss << " vs " << ref_loss;
+  // Per tensor: ||kiln - torch|| / max(||torch||, 1e-3 * global gradient norm). The
+  // floor keeps analytically-zero gradients (a conv bias followed by training-mode
+  // BatchNorm) from comparing rounding noise against rounding noise.
+  double global = 0;
+  for (auto& [name, t] : *ref)
+    if (name != "loss")
+      for (int64_t i = 0; i < t.numel(); ++i) global += t.get_f64(i) * t.get_f64(i);
+  global = std::sqrt(global);
   int checked = 0;
   for (auto& [name, t] : *ref) {
     if (name == "loss") continue;
     auto it = out->find(name + ".grad");
     ASSERT_NE(it, out->end()) << "kiln computed no gradient for " << name;
     ASSERT_EQ(it->second.numel(), t.numel()) << name;
-    double e = rel_l2(it->second, t);
+    double diff = 0, refn = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double d = it->second.get_f64(i) - t.get_f64(i);
+      diff += d * d;
+      refn += t.get_f64(i) * t.get_f64(i);
+    }
+    double e = std::sqrt(diff) / std::max(std::sqrt(refn), 1e-3 * global);
     EXPECT_LT(e, tol) << model << " gradient of " << name << ": relative error " << e;
     ++checked;
   }
@@ -89,14 +105,18 @@ void check_trajectory(const std::string& model, const std::string& which) {
     cfg.nesterov = spec.value("nesterov", false);
   }
   cfg.max_steps = steps;
-  auto prog = driver::build_training_program(cfg, nullptr, false, false, steps);
+  // Trajectories are float32 except where the fixture says float64 (ResNet-18: chaotic in f32).
+  const bool f64 = traj.value("precision", std::string("float32")) == "float64";
+  auto prog = driver::build_training_program(cfg, nullptr, false, f64, steps);
   ASSERT_TRUE(prog) << prog.message();
   auto state = initial_state(*prog->train_step);
   runtime::RunOptions ro;
   ro.training = true;
   for (int64_t i = 0; i < steps; ++i) {
     auto feeds = state;
-    feeds[prog->data_inputs[0]] = squeeze0(slice_rows(*xs, i, 1));
+    ir::Tensor xi = squeeze0(slice_rows(*xs, i, 1));
+    if (f64 && ir::is_float(xi.dtype())) xi = xi.cast(ir::DType::f64);
+    feeds[prog->data_inputs[0]] = xi;
     feeds[prog->label_input] = squeeze0(slice_rows(*ys, i, 1));
     ro.step = static_cast<uint64_t>(i);
     auto out = runtime::run_graph(*prog->train_step, feeds, ro);

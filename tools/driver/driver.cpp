@@ -87,6 +87,7 @@ std::map<std::string, std::string> pass_options(const runtime::TrainConfig& cfg,
   o["max_grad_norm"] = num(cfg.max_grad_norm);
   o["lr_scheduler_type"] = cfg.lr_scheduler_type;
   o["total_steps"] = std::to_string(total_steps);
+  o["disable_dropout"] = cfg.disable_dropout ? "1" : "0";
   o["warmup_steps"] = std::to_string(cfg.warmup(total_steps));
   return o;
 }
