@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/build.sh
 bash tools/prepare_test_data.sh
-KILN=build/bin/kiln
+KILN=${KILN:-build/bin/kiln}
 OUT=${KILN_DEMO_OUT:-out}
 
 echo "== 1/2: MLP on sklearn digits =="

@@ -36,8 +36,12 @@ struct Counts {
   int passed = 0, failed = 0, unsupported = 0, known = 0;
 };
 
-/// Returns "" when all ops are supported, else the first unsupported op.
+/// Returns "" when all ops are supported, else the first unsupported op (or the
+/// opset, when the model's default-domain opset is outside kiln's 13..18).
 std::string unsupported_op(const onnx::ModelProto& m) {
+  for (auto& imp : m.opset_import())
+    if ((imp.domain().empty() || imp.domain() == "ai.onnx") && (imp.version() < 13 || imp.version() > 18))
+      return "opset " + std::to_string(imp.version());
   for (auto& n : m.graph().node()) {
     if (!n.domain().empty() && n.domain() != "ai.onnx") return n.domain() + "::" + n.op_type();
     const ir::OpDef* d = ir::OpTable::get().find(n.op_type());
@@ -139,6 +143,9 @@ void run_folder(const std::string& folder) {
   }
   std::printf("[onnx-backend] %-18s passed %d, failed %d, known exceptions %d, unsupported %d\n", folder.c_str(),
               c.passed, c.failed, c.known, c.unsupported);
+  std::string why;
+  for (auto& [op, n] : unsupported_ops) why += " " + op + "(" + std::to_string(n) + ")";
+  std::printf("[onnx-backend] %-18s unsupported by:%s\n", folder.c_str(), why.c_str());
   EXPECT_GT(c.passed, 0) << "no test of " << folder << " passed";
 }
 

@@ -1,4 +1,4 @@
-// The kiln command line (flags parsed with CLI11): train, grad, bench, inspect, run.
+// The kiln command line (flags parsed with CLI11): train, grad, gradcheck, bench, inspect, run.
 //
 // Every TrainConfig field is a flag `--<name>` with its Hugging Face name; a JSON file
 // given with --config sets the same keys, and flags on the command line override it.
@@ -28,6 +28,7 @@
 #include "runtime/trainer.h"
 #include "tools/driver/driver.h"
 #include "tools/driver/export_trained.h"
+#include "tools/driver/gradcheck.h"
 
 namespace {
 
@@ -235,31 +236,45 @@ int cmd_train(const ConfigFlags& flags) {
 }
 
 // ------------------------------------------------------------------ grad
-int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
-  TrainConfig cfg = flags.build();
+/// The driver's gradient program and its feeds for one batch: the first
+/// per_device_train_batch_size rows of --train_data in file order, and every state
+/// input at its initial value.
+struct GradSetup {
+  driver::TrainingProgram prog;
+  std::map<std::string, ir::Tensor> feeds;
+};
+
+GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required"};
-  if (out.empty()) throw Failure{2, "--out is required"};
   runtime::RawData raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
   passes::PassContext dbg = flags.pass_context();
-  auto prog = unwrap(driver::build_training_program(cfg, &dbg, true, f64, cfg.max_steps > 0 ? cfg.max_steps : 1));
-  if (!prog.grads) throw Failure{1, "the driver built no gradient graph"};
-  const ir::Graph& g = *prog.grads;
-  auto specs = program_specs(g, prog.data_inputs);
+  GradSetup s{unwrap(driver::build_training_program(cfg, &dbg, true, f64, cfg.max_steps > 0 ? cfg.max_steps : 1)), {}};
+  if (!s.prog.grads) throw Failure{1, "the driver built no gradient graph"};
+  const ir::Graph& g = *s.prog.grads;
+  auto specs = program_specs(g, s.prog.data_inputs);
   auto ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
   auto batch = unwrap(ds.first_batch(cfg.per_device_train_batch_size), "--train_data");
-  std::map<std::string, ir::Tensor> feeds;
   for (ir::Value* in : g.inputs) {
     auto b = batch.find(in->name);
     if (b != batch.end()) {
-      for (auto& s : specs)
-        if (s.name == in->name) feeds[in->name] = unwrap(runtime::fit_to_input(b->second, s));
+      for (auto& sp : specs)
+        if (sp.name == in->name) s.feeds[in->name] = unwrap(runtime::fit_to_input(b->second, sp));
       continue;
     }
     bool found = false;
     for (auto& sb : g.state)
-      if (sb.input == in && sb.initial) feeds[in->name] = *sb.initial, found = true;
+      if (sb.input == in && sb.initial) s.feeds[in->name] = *sb.initial, found = true;
     if (!found) throw Failure{1, "grads graph input '" + in->name + "' has no data or initial value"};
   }
+  return s;
+}
+
+int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
+  TrainConfig cfg = flags.build();
+  if (out.empty()) throw Failure{2, "--out is required"};
+  GradSetup setup = grad_setup(flags, cfg, f64);
+  const ir::Graph& g = *setup.prog.grads;
+  auto& feeds = setup.feeds;
   runtime::RunOptions ro;
   ro.training = true;
   ro.seed = cfg.seed;
@@ -277,6 +292,21 @@ int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
   check(runtime::io::save_safetensors(out, result), "--out");
   std::cout << "loss " << fmt("%.6f", result["loss"].get_f64(0)) << " | " << result.size() - 1 << " gradients -> " << out
             << "\n";
+  return 0;
+}
+
+// ------------------------------------------------------------------ gradcheck
+/// Whole-model float64 gradient check: autodiff's gradients of one batch against
+/// central differences, on `per_param` random elements of every parameter.
+int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol) {
+  TrainConfig cfg = flags.build();
+  GradSetup setup = grad_setup(flags, cfg, /*f64=*/true);
+  auto r = unwrap(driver::gradcheck_graph(*setup.prog.grads, setup.feeds, per_param, cfg.seed));
+  std::cout << "gradcheck: " << r.elements_checked << " elements of " << setup.prog.parameters.size()
+            << " parameters, max relative error " << fmt("%.3e", r.max_rel_error) << " (worst: " << r.worst
+            << ", seed " << r.seed << ", tolerance " << fmt("%.1e", tol) << ")\n";
+  if (!(r.max_rel_error < tol)) throw Failure{1, "gradcheck failed: relative error " + fmt("%.3e", r.max_rel_error) + " on " + r.worst};
+  std::cout << "gradcheck: ok\n";
   return 0;
 }
 
@@ -409,7 +439,19 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
   }
   if (!fs::exists(model)) throw Failure{1, model + ": no such file"};
   check(runtime::prepare_output_dir(out_dir));
-  auto g = unwrap(driver::load_model(model, shape));
+  // Bind still-symbolic leading dims from the given arrays (e.g. batch from input.npy).
+  if (shape.empty()) {
+    auto probe = unwrap(driver::load_model(model, {}));
+    for (ir::Value* v : probe->inputs) {
+      auto f = files.find(v->name);
+      if (f == files.end()) continue;
+      auto t = runtime::io::load_npy(f->second);
+      if (!t) continue;
+      for (int i = 0; i < v->shape.rank() && i < t->rank(); ++i)
+        if (!v->shape.dims[i].is_static() && !v->shape.dims[i].symbol.empty()) shape[v->shape.dims[i].symbol] = t->dim(i);
+    }
+  }
+  auto g = unwrap(driver::load_inference_model(model, shape));
   std::map<std::string, ir::Tensor> feeds;
   for (auto& [name, file] : files) {
     ir::Value* in = nullptr;
@@ -449,6 +491,13 @@ int real_main(int argc, char** argv) {
   bool grad_f64 = false;
   grad->add_option("--out", grad_out, "output .safetensors file");
   grad->add_flag("--float64", grad_f64, "compute in float64");
+  ConfigFlags gc_flags;
+  auto* gradcheck = app.add_subcommand("gradcheck", "float64 central-difference check of a whole model's gradients");
+  gc_flags.add_to(gradcheck);
+  int gc_per_param = 4;
+  double gc_tol = 1e-6;
+  gradcheck->add_option("--elements_per_parameter", gc_per_param, "elements perturbed per parameter (default 4)");
+  gradcheck->add_option("--tolerance", gc_tol, "max relative error (default 1e-6)");
   auto* bench = app.add_subcommand("bench", "time training steps");
   bench_flags.add_to(bench);
   int bench_warmup = 3, bench_steps = 10;
@@ -479,6 +528,7 @@ int real_main(int argc, char** argv) {
   try {
     if (*train) return cmd_train(train_flags);
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
+    if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol);
     if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps);
     if (*inspect) return cmd_inspect(inspect_model, inspect_shape);
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);
