@@ -3,9 +3,13 @@
 // Steps, each failing with one line that starts with the model's path:
 //  1. read and parse the ModelProto (protobuf); a truncated or non-ONNX file fails here
 //     or at the sanity checks (ir_version, graph, opset_import for the default domain);
-//  2. opset of the default domain ("" / "ai.onnx") must be in 13..18;
+//  2. opset of the default domain ("" / "ai.onnx") must be <= 18; a model with an opset
+//     below 13 is first upgraded to opset 13 with libonnx's version converter
+//     (onnx::version_conversion::ConvertVersion; its exceptions become one error line
+//     naming the file and the opset);
 //  3. build the IR: initializers (raw, typed and external data), graph inputs (inputs
-//     that are also initializers are initializers; dim_param -> symbolic Dim unless
+//     that are also initializers are initializers; inputs named in
+//     ImportOptions::constant_inputs become initializers; dim_param -> symbolic Dim unless
 //     bound by ImportOptions::bind_dims), Constant nodes -> initializers, every other
 //     node checked against the op table (unsupported op / non-default domain / missing
 //     input / subgraph attribute are errors naming the node);
@@ -26,6 +30,7 @@
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
+#include <onnx/version_converter/convert.h>
 
 #include "frontend/tensor_proto.h"
 #include "frontend/tensor_proto_internal.h"
@@ -175,10 +180,44 @@ class Importer {
       if (is_default_domain(op.domain())) opset_ = op.version();
     if (opset_ < 0)
       return fail("model has no opset_import for the default ONNX domain (truncated file, or not an ONNX file)");
-    if (opset_ < kMinOpset || opset_ > kMaxOpset)
+    if (opset_ > kMaxOpset)
       return fail("opset " + std::to_string(opset_) + " of the default ONNX domain is not supported (kiln accepts " +
-                  std::to_string(kMinOpset) + ".." + std::to_string(kMaxOpset) +
-                  "; re-export the model with opset_version in that range)");
+                  "up to " + std::to_string(kMaxOpset) + "; re-export the model with opset_version <= " +
+                  std::to_string(kMaxOpset) + ")");
+    if (opset_ < kMinOpset) return upgrade_opset();
+    return Status::ok();
+  }
+
+  // Upgrades an opset < 13 model to opset 13 with libonnx's version converter, which
+  // rewrites the ops whose signature changed (e.g. Split/Squeeze/ReduceSum attributes ->
+  // inputs, Upsample -> Resize) and fails for ops it has no adapter for.
+  Status upgrade_opset() {
+    const int64_t from = opset_;
+    auto conversion_failed = [&](const std::string& why) {
+      return fail("cannot upgrade opset " + std::to_string(from) + " model to opset " + std::to_string(kMinOpset) +
+                  " (ONNX version converter): " + why);
+    };
+    if (has_external_)
+      return conversion_failed("initializers with external data are not supported by the converter");
+    try {
+      // Shapes first: libonnx 1.12's converter needs input shapes for some adapters (Add/Gemm
+      // broadcast, Softmax) and, without this, misses those of scalar Constant outputs.
+      onnx::shape_inference::InferShapes(model_);
+      model_ = onnx::version_conversion::ConvertVersion(model_, static_cast<int>(kMinOpset));
+    } catch (const std::exception& e) {
+      return conversion_failed(one_line(e.what()));
+    } catch (...) {
+      return conversion_failed("unknown exception");
+    }
+    // Opset 13 needs IR version >= 7; the converter keeps the old one, and IR < 4 would
+    // make the checker demand that initializers the converter added (e.g. Pad's pads)
+    // be graph inputs.
+    if (model_.ir_version() < 7) model_.set_ir_version(7);
+    opset_ = -1;
+    for (const auto& op : model_.opset_import())
+      if (is_default_domain(op.domain())) opset_ = op.version();
+    if (opset_ != kMinOpset)
+      return conversion_failed("the converted model has opset " + std::to_string(opset_));
     return Status::ok();
   }
 
@@ -205,6 +244,17 @@ class Importer {
   Status import_inputs() {
     for (const auto& vi : model_.graph().input()) {
       if (values_.count(vi.name()) && values_[vi.name()]->is_initializer()) continue;  // older exports
+      if (auto c = opts_.constant_inputs.find(vi.name()); c != opts_.constant_inputs.end()) {
+        if (vi.type().has_tensor_type()) {
+          auto dt = ir::dtype_from_onnx(vi.type().tensor_type().elem_type());
+          if (dt && *dt != c->second.dtype())
+            return fail("constant input '" + vi.name() + "' has dtype " + ir::dtype_name(c->second.dtype()) +
+                        ", the graph input is " + ir::dtype_name(*dt));
+        }
+        ir::Value* v = g_->add_initializer(vi.name(), c->second);
+        KILN_RETURN_IF_ERROR(define(vi.name(), v, "graph input"));
+        continue;
+      }
       auto dt = value_info_dtype(vi, "graph input");
       if (!dt) return fail(dt.message());
       const auto& tt = vi.type().tensor_type();

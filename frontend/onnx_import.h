@@ -1,6 +1,8 @@
 // ONNX -> IR import and IR -> ONNX export (libonnx + protobuf).
 //
-// Import accepts opsets 13..18 of the default domain. For opsets libonnx 1.12 knows
+// Import accepts opsets up to 18 of the default domain; models with an opset below 13
+// are first upgraded to opset 13 with libonnx's version converter (an op it cannot
+// convert is an import error naming the file and the opset). For opsets libonnx 1.12 knows
 // (<= 17) the model is also run through onnx::checker::check_model and
 // onnx::shape_inference::InferShapes; opset 18 (PyTorch 2.x default) relies on kiln's
 // own op-table inference (ir::infer_graph) alone. Tensor conversion: tensor_proto.h.
@@ -24,6 +26,12 @@ struct ImportOptions {
   /// import_onnx itself only turns Constant nodes into initializers (frontend/ may not
   /// depend on passes/ or on the runtime's kernels).
   bool fold_constants = true;
+  /// Graph inputs to import as initializers with the given values (dtype must match the
+  /// declared one; the value's shape replaces the declared shape). kiln compiles for static
+  /// shapes, so shape-like inputs (ReduceSum's axes, Reshape's shape, Slice's starts, ...)
+  /// fed as graph inputs must be compile-time constants; such inputs are no longer graph
+  /// inputs of the imported graph. Names that are not graph inputs are ignored.
+  std::map<std::string, ir::Tensor> constant_inputs;
 };
 
 /// Imports an ONNX model file. Errors (one line, naming the file and the node/op/initializer at fault):

@@ -441,7 +441,11 @@ Expected<Shape> pool_out_shape(const InferContext& c, const Shape& x) {
 }
 
 Status infer_maxpool(InferContext& c) {
-  KILN_RETURN_IF_ERROR(need_float(c, 0, "X"));
+  // ONNX MaxPool-12: float types, int8 and uint8.
+  if (c.has_input(0) && (c.in[0].dtype == DType::i8 || c.in[0].dtype == DType::u8)) {
+  } else {
+    KILN_RETURN_IF_ERROR(need_float(c, 0, "X"));
+  }
   auto out = pool_out_shape(c, c.in[0].shape);
   if (!out) return out.status();
   c.out[0] = {c.in[0].dtype, *out};
@@ -719,7 +723,7 @@ void register_nn_ops(OpTable& t) {
     d.cost = [](const Node& n) { return Cost{conv_flops(n, n.input(0)->shape, n.output(0)->shape), io_bytes(n)}; };
     t.add(std::move(d));
   }
-  t.add(with_grad(make("MaxPool", "N-D max pooling (ONNX MaxPool-12) with ceil_mode, dilations and optional flat Indices", 1,
+  t.add(with_grad(make("MaxPool", "N-D max pooling (ONNX MaxPool-12; float, int8, uint8) with ceil_mode, dilations and optional flat Indices (row- or column-major)", 1,
                        1, 1, 2, maxpool_attrs(), infer_maxpool, P::follow_inputs, F::opaque),
                   grad_maxpool));
   t.add(internal(make("MaxPoolGrad", "kiln: dX of MaxPool from (dY, X): dY routed to the first maximum of each window", 2, 2,

@@ -458,13 +458,30 @@ Status maxpool_kernel(KernelContext& ctx) {
   const Tensor& X = ctx.in(0);
   Tensor& Y = ctx.out(0);
   Tensor* I = ctx.outputs.size() > 1 && ctx.outputs[1].defined() ? &ctx.outputs[1] : nullptr;
-  if (I && ctx.attrs().get_int("storage_order", 0) != 0)
-    return ctx.fail("Indices with storage_order=1 (column-major) are not supported");
+  // storage_order=1: Indices count the spatial position column-major (ONNX MaxPool:
+  // for 2-D, h + w * H), still offset by (n * C + c) * H * W.
+  const bool col_major = ctx.attrs().get_int("storage_order", 0) != 0;
+  const std::vector<int64_t> sp(X.dims().begin() + 2, X.dims().end());
+  auto spatial_index = [&](int64_t a) {
+    if (!col_major) return a;
+    int64_t r = 0, stride = 1;
+    std::vector<int64_t> m(sp.size());
+    for (size_t j = sp.size(); j-- > 0;) {  // row-major flat index -> multi-index
+      m[j] = a % sp[j];
+      a /= sp[j];
+    }
+    for (size_t j = 0; j < sp.size(); ++j) {  // first spatial dim fastest
+      r += m[j] * stride;
+      stride *= sp[j];
+    }
+    return r;
+  };
+  const bool integer = ir::is_integer(X.dtype());
   auto p = pool_problem(ctx, X.dims(), Y.dims(), ctx.attrs().get_ints("kernel_shape"));
   if (!p) return p.status();
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
-  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+  return dispatch_numeric(ctx, X.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* x = X.data<T>();
     T* y = Y.data<T>();
@@ -477,8 +494,9 @@ Status maxpool_kernel(KernelContext& ctx) {
             double best;
             int64_t a = window_argmax(q, x + nc * IS, o0, o1, o2, best);
             int64_t o = nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2;
+            if (a < 0 && integer) best = 0;  // empty window (all padding): no -inf in integers
             st(y, o, best);
-            if (idx) idx[o] = a < 0 ? -1 : nc * IS + a;
+            if (idx) idx[o] = a < 0 ? -1 : nc * IS + spatial_index(a);
           }
   });
 }

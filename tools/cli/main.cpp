@@ -298,10 +298,10 @@ int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
 // ------------------------------------------------------------------ gradcheck
 /// Whole-model float64 gradient check: autodiff's gradients of one batch against
 /// central differences, on `per_param` random elements of every parameter.
-int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol) {
+int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol, double eps) {
   TrainConfig cfg = flags.build();
   GradSetup setup = grad_setup(flags, cfg, /*f64=*/true);
-  auto r = unwrap(driver::gradcheck_graph(*setup.prog.grads, setup.feeds, per_param, cfg.seed));
+  auto r = unwrap(driver::gradcheck_graph(*setup.prog.grads, setup.feeds, per_param, cfg.seed, eps));
   std::cout << "gradcheck: " << r.elements_checked << " elements of " << setup.prog.parameters.size()
             << " parameters, max relative error " << fmt("%.3e", r.max_rel_error) << " (worst: " << r.worst
             << ", seed " << r.seed << ", tolerance " << fmt("%.1e", tol) << ")\n";
@@ -495,7 +495,8 @@ int real_main(int argc, char** argv) {
   auto* gradcheck = app.add_subcommand("gradcheck", "float64 central-difference check of a whole model's gradients");
   gc_flags.add_to(gradcheck);
   int gc_per_param = 4;
-  double gc_tol = 1e-6;
+  double gc_tol = 1e-6, gc_eps = 1e-5;
+  gradcheck->add_option("--eps", gc_eps, "central-difference step (default 1e-5)");
   gradcheck->add_option("--elements_per_parameter", gc_per_param, "elements perturbed per parameter (default 4)");
   gradcheck->add_option("--tolerance", gc_tol, "max relative error (default 1e-6)");
   auto* bench = app.add_subcommand("bench", "time training steps");
@@ -528,7 +529,7 @@ int real_main(int argc, char** argv) {
   try {
     if (*train) return cmd_train(train_flags);
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
-    if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol);
+    if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);
     if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps);
     if (*inspect) return cmd_inspect(inspect_model, inspect_shape);
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);

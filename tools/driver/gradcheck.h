@@ -30,6 +30,7 @@ Expected<GradcheckResult> gradcheck_op(const std::string& op, const std::vector<
 /// Checks a differentiated graph whose outputs are "loss" followed by "<param>.grad"
 /// (the driver's grads program, in f64): at most `per_param` randomly chosen elements
 /// of each parameter are perturbed. `feeds` hold the data inputs and every state input.
+/// Error per parameter: ||analytic - numeric|| / max(||numeric||, 1e-3 * ||all numeric||).
 Expected<GradcheckResult> gradcheck_graph(const ir::Graph& grads_program,
                                           std::map<std::string, ir::Tensor> feeds, int per_param, uint64_t seed,
                                           double eps = 1e-6);

@@ -1,0 +1,160 @@
+// End-to-end runs of the kiln binary on the example models and real data:
+//   - `kiln gradcheck` passes (float64 central differences, 1e-6) on whole models;
+//   - resume: N steps then --resume_from_checkpoint for N more logs the same losses
+//     as 2N uninterrupted steps (MLP on .npy data; tiny GPT on tokens with dropout);
+//   - the README demo's runs reach their targets: digits MLP eval_accuracy >= 0.95,
+//     tiny GPT eval_loss < ln(256) / 2.
+// Real data comes from tools/prepare_test_data.sh (run by tools/test.sh).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSrc = KILN_SOURCE_DIR;
+const std::string kBin = std::string(KILN_BINARY_DIR) + "/bin/kiln";
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+/// Runs kiln from the source directory (configs use repository-relative data paths).
+Run kiln(const std::string& args) {
+  std::string log = (fs::temp_directory_path() / ("kiln_e2e_" + std::to_string(::getpid()) + ".log")).string();
+  std::string cmd = "cd '" + kSrc + "' && '" + kBin + "' " + args + " > '" + log + "' 2>&1";
+  int st = std::system(cmd.c_str());
+  std::ifstream f(log);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, ss.str()};
+}
+
+void require_data() {
+  if (!fs::exists(kSrc + "/data/digits/x_train.npy") || !fs::exists(kSrc + "/data/text/train.bin"))
+    FAIL() << "data/ is missing: run tools/prepare_test_data.sh (tools/test.sh does)";
+}
+
+std::string tmpdir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("kiln_e2e_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p.string();
+}
+
+/// metrics.jsonl lines with a "loss" key, by step.
+std::map<int64_t, double> train_losses(const std::string& dir) {
+  std::map<int64_t, double> m;
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return m;
+}
+
+nlohmann::json last_eval(const std::string& dir) {
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  nlohmann::json last;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("eval_loss")) last = j;
+  }
+  return last;
+}
+
+const std::string kMlpData =
+    "--train_data input=data/digits/x_train.npy --train_data labels=data/digits/y_train.npy ";
+const std::string kGptData = "--train_data data/text/train.bin --block_size 64 ";
+
+}  // namespace
+
+TEST(WholeModelGradcheck, MlpDigits) {
+  auto r = kiln("gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+                "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy --elements_per_parameter 8");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("gradcheck: ok"), std::string::npos) << r.out;
+}
+
+TEST(WholeModelGradcheck, CnnBatchNorm) {
+  auto r = kiln("gradcheck examples/cnn_bn/model.onnx --train_data input=examples/cnn_bn/fixtures/batch_input.npy "
+                "--train_data labels=examples/cnn_bn/fixtures/batch_labels.npy --elements_per_parameter 6");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("gradcheck: ok"), std::string::npos) << r.out;
+}
+
+TEST(WholeModelGradcheck, TinyGptWithDropout) {
+  auto r = kiln("gradcheck examples/tiny_gpt/model.onnx --train_data input=examples/tiny_gpt/fixtures/batch_input.npy "
+                "--train_data labels=examples/tiny_gpt/fixtures/batch_labels.npy --per_device_train_batch_size 2 "
+                "--elements_per_parameter 3");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("gradcheck: ok"), std::string::npos) << r.out;
+}
+
+TEST(WholeModelGradcheck, ReportsAWrongGradientAsFailure) {
+  // A tolerance no float64 difference quotient can meet: the command must fail, not pass.
+  auto r = kiln("gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+                "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy --tolerance 1e-30");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("gradcheck failed"), std::string::npos) << r.out;
+}
+
+void check_resume(const std::string& model, const std::string& data, int n, const std::string& extra) {
+  require_data();
+  std::string full = tmpdir(model + "_full"), half = tmpdir(model + "_half"), resumed = tmpdir(model + "_resumed");
+  std::string common = "train examples/" + model + "/model.onnx " + data + extra + " --logging_steps 1 --seed 7 ";
+  auto a = kiln(common + "--max_steps " + std::to_string(2 * n) + " --output_dir " + full);
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto b = kiln(common + "--max_steps " + std::to_string(2 * n) + " --save_steps " + std::to_string(n) +
+                " --output_dir " + half);
+  ASSERT_EQ(b.code, 0) << b.out;
+  auto c = kiln(common + "--max_steps " + std::to_string(2 * n) + " --resume_from_checkpoint " + half +
+                "/checkpoint-" + std::to_string(n) + " --output_dir " + resumed);
+  ASSERT_EQ(c.code, 0) << c.out;
+  auto la = train_losses(full), lc = train_losses(resumed);
+  ASSERT_EQ(la.size(), static_cast<size_t>(2 * n));
+  int compared = 0;
+  for (int s = n + 1; s <= 2 * n; ++s) {
+    ASSERT_TRUE(lc.count(s)) << "resumed run did not log step " << s << "\n" << c.out;
+    EXPECT_EQ(la[s], lc[s]) << model << " step " << s;
+    ++compared;
+  }
+  EXPECT_EQ(compared, n);
+}
+
+TEST(Resume, MlpDigitsEqualsUninterruptedRun) {
+  check_resume("mlp_digits", kMlpData, 10, "--per_device_train_batch_size 32 --learning_rate 1e-3 ");
+}
+
+TEST(Resume, TinyGptWithDropoutEqualsUninterruptedRun) {
+  check_resume("tiny_gpt", kGptData, 3, "--per_device_train_batch_size 4 --learning_rate 1e-3 ");
+}
+
+TEST(Demo, DigitsMlpReaches95PercentEvalAccuracy) {
+  require_data();
+  std::string out = tmpdir("demo_mlp");
+  auto r = kiln("train examples/mlp_digits/model.onnx --config examples/mlp_digits/train_demo.json --output_dir " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto e = last_eval(out);
+  ASSERT_TRUE(e.contains("eval_accuracy")) << r.out;
+  EXPECT_GE(e["eval_accuracy"].get<double>(), 0.95) << r.out;
+  EXPECT_TRUE(fs::exists(out + "/model.onnx"));
+}
+
+TEST(Demo, TinyGptEvalLossBelowHalfLnVocab) {
+  require_data();
+  std::string out = tmpdir("demo_gpt");
+  auto r = kiln("train examples/tiny_gpt/model.onnx --config examples/tiny_gpt/train_demo.json --output_dir " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto e = last_eval(out);
+  ASSERT_TRUE(e.contains("eval_loss")) << r.out;
+  EXPECT_LT(e["eval_loss"].get<double>(), 0.5 * std::log(256.0)) << r.out;
+}
