@@ -8,6 +8,10 @@
 
 namespace kiln::ir {
 
+bool is_parameter_candidate(const Value& v) {
+  return v.is_initializer() && is_float(v.dtype) && !v.name.empty() && v.name[0] != '/' && v.shape.numel() > 1;
+}
+
 Shape Shape::of(const std::vector<int64_t>& v) {
   Shape s;
   for (auto d : v) s.dims.emplace_back(d);

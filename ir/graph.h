@@ -180,4 +180,10 @@ class Graph {
   std::map<std::string, Value*> by_name_;
 };
 
+/// kiln's rule for a trainable-parameter candidate (used by attach_loss, constant
+/// folding and `kiln inspect`): a floating-point initializer of more than one element
+/// whose name does not start with '/' (PyTorch names exported Constant outputs "/...").
+/// BatchNormalization running statistics are excluded separately by attach_loss.
+bool is_parameter_candidate(const Value& v);
+
 }  // namespace kiln::ir

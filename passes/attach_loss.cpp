@@ -71,8 +71,7 @@ class AttachLoss : public Pass {
     }
     std::vector<Value*> inits = g.initializers, keep;
     for (Value* v : inits) {
-      bool param = is_float(v->dtype) && !bn_stats.count(v) && !v->name.empty() && v->name[0] != '/' &&
-                   v->shape.numel() > 1;
+      bool param = is_parameter_candidate(*v) && !bn_stats.count(v);
       if (param && !trainable.empty() && !std::regex_search(v->name, train_re)) param = false;
       if (param && !freeze.empty() && std::regex_search(v->name, freeze_re)) param = false;
       bool as_input = param || bn_stats.count(v);

@@ -181,6 +181,7 @@ class Autodiff : public Pass {
     for (Value* p : params) {
       b.set_prefix(p->name + "/grad");
       Value* gsum = st.sum_contributions(p, b);
+      b.set_prefix(p->name + "/grad");
       Value* out;
       if (!gsum) {
         // Parameter does not reach the loss: zero gradient (PyTorch leaves .grad None;

@@ -49,9 +49,7 @@ bool is_random_op(const std::string& op) {
 }
 
 // attach_loss's notion of a trainable parameter (see passes/attach_loss.cpp).
-bool may_be_parameter(const ir::Value* v) {
-  return ir::is_float(v->dtype) && !v->name.empty() && v->name[0] != '/' && v->shape.numel() > 1;
-}
+bool may_be_parameter(const ir::Value* v) { return ir::is_parameter_candidate(*v); }
 
 class FoldConstants : public Pass {
  public:

@@ -399,12 +399,12 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_
   for (ir::Value* v : g->outputs) std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
   int64_t count = 0, bytes = 0, tensors = 0;
   for (ir::Value* v : g->initializers) {
-    if (!v->data || !ir::is_float(v->dtype)) continue;
+    if (!ir::is_parameter_candidate(*v)) continue;
     ++tensors;
     count += v->data->numel();
     bytes += static_cast<int64_t>(v->data->nbytes());
   }
-  std::cout << "parameters: " << count << " in " << tensors << " float initializers (" << bytes << " bytes)\n";
+  std::cout << "parameters: " << count << " in " << tensors << " tensors (" << bytes << " bytes; float initializers with more than one element, including BatchNorm statistics)\n";
   std::map<std::string, int> hist;
   double flops = 0;
   bool flops_known = true;
