@@ -9,6 +9,8 @@
 // exceptions in kKnownFailures, each with its reason. Counts per folder, and the reasons
 // of the unsupported tests, are printed.
 //
+// Set KILN_ONNX_BACKEND_VERBOSE=1 to print the reason of every unsupported test.
+//
 // Test data conventions handled here:
 //  - kiln compiles for static shapes, so int64 graph inputs of rank <= 1 (ReduceSum's
 //    axes, Reshape's shape, Slice's starts, ...) are passed to the importer as
@@ -19,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -193,6 +196,7 @@ void run_folder(const std::string& folder) {
     if (fs::exists(e.path() / "model.onnx")) dirs.push_back(e.path());
   std::sort(dirs.begin(), dirs.end());
   Counts c;
+  const bool verbose = std::getenv("KILN_ONNX_BACKEND_VERBOSE") != nullptr;  // one line per unsupported test
   std::map<std::string, int> unsupported_why;
   for (auto& d : dirs) {
     onnx::ModelProto m;
@@ -205,6 +209,7 @@ void run_folder(const std::string& folder) {
     if (!why.empty()) {
       ++c.unsupported;
       ++unsupported_why[why];
+      if (verbose) std::printf("[onnx-backend] unsupported %s/%s: %s\n", folder.c_str(), d.filename().c_str(), why.c_str());
       continue;
     }
     std::string name = folder + "/" + d.filename().string();

@@ -41,6 +41,9 @@ struct Case {
   double tol = 1e-6;
 };
 
+/// Readable test parameter in gtest/ctest output.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 std::vector<Case> cases() {
   std::vector<Case> c;
   auto un = [&](const std::string& op, Tensor x, Attributes a = {}) { c.push_back({op, op, {x}, a}); };
