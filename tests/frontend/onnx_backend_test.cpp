@@ -69,7 +69,7 @@ std::string unsupported_type(const onnx::TypeProto& t) {
   if (t.has_sequence_type()) return "sequence";
   if (t.has_optional_type()) return "optional";
   if (t.has_map_type()) return "map";
-  if (!t.has_tensor_type()) return "non-tensor";
+  if (!t.has_tensor_type()) return "unknown type";
   int et = t.tensor_type().elem_type();
   if (!ir::dtype_from_onnx(et)) return onnx::TensorProto_DataType_Name(et);
   return "";
@@ -84,6 +84,9 @@ std::string unsupported_reason(const onnx::ModelProto& m) {
   for (auto& imp : m.opset_import())
     if (is_default_domain(imp.domain())) opset = imp.version();
   if (opset > 18) return "opset " + std::to_string(opset);
+  for (auto* list : {&m.graph().input(), &m.graph().output()})  // before conversion, which may drop types
+    for (auto& vi : *list)
+      if (std::string t = unsupported_type(vi.type()); !t.empty()) return "dtype " + t;
   onnx::ModelProto upgraded;
   const onnx::ModelProto* cur = &m;
   if (opset >= 1 && opset < 13) {  // no default-domain opset: only other domains' ops, rejected below
