@@ -182,7 +182,8 @@ class Importer {
       return fail("model has no opset_import for the default ONNX domain (truncated file, or not an ONNX file)");
     if (opset_ > kMaxOpset)
       return fail("opset " + std::to_string(opset_) + " of the default ONNX domain is not supported (kiln accepts " +
-                  "up to " + std::to_string(kMaxOpset) + "; re-export the model with opset_version <= " +
+                  std::to_string(kMinOpset) + ".." + std::to_string(kMaxOpset) + " and upgrades older opsets to " +
+                  std::to_string(kMinOpset) + "; re-export the model with opset_version <= " +
                   std::to_string(kMaxOpset) + ")");
     if (opset_ < kMinOpset) return upgrade_opset();
     return Status::ok();

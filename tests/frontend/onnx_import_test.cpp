@@ -221,9 +221,12 @@ TEST(OnnxImportErrors, MissingInitializer) {
 }
 
 TEST(OnnxImportErrors, OpsetOutOfRange) {
-  std::string m12 = import_error("bad_opset12.onnx");
-  EXPECT_HAS(m12, "opset 12");
-  EXPECT_HAS(m12, "13..18");
+  // Opsets below 13 are upgraded to 13 by ONNX's version converter (Relu-6 -> Relu-13).
+  auto g12 = import_ok("bad_opset12.onnx");
+  ASSERT_TRUE(g12);
+  EXPECT_EQ(g12->opset, 13);
+  ASSERT_EQ(g12->nodes().size(), 1u);
+  EXPECT_EQ(g12->nodes()[0]->op, "Relu");
   std::string m19 = import_error("bad_opset19.onnx");
   EXPECT_HAS(m19, "opset 19");
   EXPECT_HAS(m19, "13..18");
@@ -413,4 +416,80 @@ TEST(OnnxImportErrors, GraphAttributeIsUnsupported) {
   EXPECT_HAS(m, "node '/Relu' (Relu)");
   EXPECT_HAS(m, "attribute 'body'");
   EXPECT_HAS(m, "subgraph");
+}
+
+namespace {
+
+// Writes a one-node model (float inputs/outputs unless `types` says otherwise) to the scratch folder.
+std::string write_one_node_model(const std::string& file, int opset, const std::string& op,
+                                 const std::vector<std::pair<std::string, std::vector<int64_t>>>& inputs,
+                                 const std::vector<int>& input_types, const std::string& output,
+                                 const std::vector<int64_t>& output_dims, bool shaped = true) {
+  onnx::ModelProto m;
+  m.set_ir_version(7);
+  auto* imp = m.add_opset_import();
+  imp->set_domain("");
+  imp->set_version(opset);
+  auto* g = m.mutable_graph();
+  g->set_name("g");
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name("/" + op);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    n->add_input(inputs[i].first);
+    auto* vi = g->add_input();
+    vi->set_name(inputs[i].first);
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(input_types[i]);
+    if (shaped)
+      for (int64_t d : inputs[i].second) tt->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  n->add_output(output);
+  auto* o = g->add_output();
+  o->set_name(output);
+  o->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  auto* os = o->mutable_type()->mutable_tensor_type()->mutable_shape();
+  for (int64_t d : output_dims) os->add_dim()->set_dim_value(d);
+  std::string path = kiln::test::scratch(file);
+  std::ofstream f(path, std::ios::binary);
+  m.SerializeToOstream(&f);
+  return path;
+}
+
+}  // namespace
+
+TEST(OnnxImportErrors, FailedVersionConversionNamesFileAndOpset) {
+  // Softmax-12 -> 13 needs the input's rank (the axis semantics changed); without a shape the
+  // converter gives up.
+  std::string path = write_one_node_model("softmax12_unshaped.onnx", 12, "Softmax", {{"x", {}}},
+                                          {onnx::TensorProto::FLOAT}, "y", {}, /*shaped=*/false);
+  auto g = kiln::frontend::import_onnx(path);
+  ASSERT_FALSE(g);
+  const std::string& m = g.message();
+  EXPECT_EQ(m.rfind(path + ": ", 0), 0u) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_HAS(m, "cannot upgrade opset 12 model to opset 13");
+}
+
+TEST(OnnxImport, ConstantInputsBecomeInitializers) {
+  std::string path = write_one_node_model("reducesum_axes_input.onnx", 13, "ReduceSum", {{"x", {2, 3}}, {"axes", {1}}},
+                                          {onnx::TensorProto::FLOAT, onnx::TensorProto::INT64}, "y", {2, 1});
+  // Without the constant, kiln's static inference cannot shape the output.
+  auto plain = kiln::frontend::import_onnx(path);
+  ASSERT_FALSE(plain);
+  EXPECT_HAS(plain.message(), "axes input must be a constant");
+  kiln::frontend::ImportOptions opts;
+  opts.constant_inputs["axes"] = Tensor::from_i64({1});
+  auto imported = kiln::frontend::import_onnx(path, opts);
+  ASSERT_TRUE(imported) << imported.message();
+  auto& g = *imported;
+  ASSERT_EQ(g->inputs.size(), 1u);
+  EXPECT_EQ(g->inputs[0]->name, "x");
+  ASSERT_EQ(g->outputs.size(), 1u);
+  EXPECT_EQ(g->outputs[0]->shape.to_string(), "[2, 1]");
+  // A constant whose dtype differs from the declared input is an error naming the input.
+  opts.constant_inputs["axes"] = Tensor::from_f32({1.f}, {1});
+  auto bad = kiln::frontend::import_onnx(path, opts);
+  ASSERT_FALSE(bad);
+  EXPECT_HAS(bad.message(), "constant input 'axes'");
 }

@@ -477,10 +477,33 @@ TEST(NnOps, MaxPoolDilationsAndGlobalAverage) {
     gref.push_back(s / 56);
   }
   expect_close(g[0], gref, 1e-12, 1e-12, "GlobalAveragePool");
-  Tensor I = rnd(DType::f32, {1, 1, 4, 4}, 0, 1, 1);
-  Attributes so = a;
-  so.set("storage_order", int64_t(1));
-  EXPECT_NE(run_error("MaxPool", {I}, so, 2).find("storage_order"), std::string::npos);
+  // Indices: row-major (storage_order 0) and column-major (1) flat positions of the
+  // maxima, offset by nc * H * W (ONNX MaxPool; also checked by ONNX's backend test
+  // test_maxpool_with_argmax_2d_precomputed_strides).
+  const int64_t H = 4, W = 5;
+  Tensor I = rnd(DType::f32, {2, 1, H, W}, 0, 1, 1);
+  Attributes k2;
+  k2.set("kernel_shape", std::vector<int64_t>{2, 2});
+  k2.set("strides", std::vector<int64_t>{2, 2});
+  for (int64_t order : {0, 1}) {
+    Attributes so = k2;
+    so.set("storage_order", order);
+    auto r = run_op("MaxPool", {I}, so, 2);
+    ASSERT_EQ(r.size(), 2u);
+    ASSERT_EQ(r[1].dims(), (std::vector<int64_t>{2, 1, 2, 2}));
+    std::vector<double> want;
+    for (int64_t nc = 0; nc < 2; ++nc)
+      for (int64_t oh = 0; oh < 2; ++oh)
+        for (int64_t ow = 0; ow < 2; ++ow) {
+          int64_t bh = 0, bw = 0;
+          double best = -1;
+          for (int64_t h = 2 * oh; h < 2 * oh + 2; ++h)
+            for (int64_t w = 2 * ow; w < 2 * ow + 2; ++w)
+              if (I.get_f64((nc * H + h) * W + w) > best) best = I.get_f64((nc * H + h) * W + w), bh = h, bw = w;
+          want.push_back(static_cast<double>(nc * H * W + (order ? bh + bw * H : bh * W + bw)));
+        }
+    expect_close(r[1], want, 0, 0, order ? "MaxPool Indices column-major" : "MaxPool Indices row-major");
+  }
 }
 
 // ----------------------------------------------------------------------------- normalization
