@@ -12,102 +12,16 @@
 #include <set>
 
 #include "ir/op_table.h"
-#include "ir/verifier.h"
 #include "runtime/interpreter.h"
 #include "runtime/kernels/util.h"
-#include "tools/driver/gradcheck.h"
+#include "tests/runtime/op_test_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
+using namespace kiln::testing;
 using kiln::runtime::RunOptions;
 
 namespace {
-
-/// Tensor of `dt` with the given values (converted through set_f64).
-Tensor make(DType dt, std::vector<int64_t> dims, const std::vector<double>& v) {
-  Tensor t(dt, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, v[static_cast<size_t>(i)]);
-  return t;
-}
-
-/// Random tensor with values uniform in [lo, hi) (rounded to `dt`).
-Tensor rnd(DType dt, std::vector<int64_t> dims, double lo, double hi, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  Tensor t(dt, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, is_float(dt) ? u(g) : std::floor(u(g)));
-  return t;
-}
-
-std::vector<double> values(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[i] = t.get_f64(i);
-  return v;
-}
-
-/// Builds a one-node graph (float inputs as graph inputs, others as initializers;
-/// undefined tensors are omitted optional inputs), infers, verifies and runs it.
-/// Also checks that graph-level inference gives the eager output dims.
-std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {},
-                           int n_out = 1, RunOptions opts = {}) {
-  Graph g;
-  std::vector<Value*> vs;
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    std::string name = "x" + std::to_string(i);
-    if (!ins[i].defined()) vs.push_back(nullptr);
-    else if (is_float(ins[i].dtype())) {
-      vs.push_back(g.add_input(name, ins[i].dtype(), Shape::of(ins[i].dims())));
-      feeds[name] = ins[i];
-    } else {
-      vs.push_back(g.add_initializer(name, ins[i]));
-    }
-  }
-  std::vector<std::string> outs;
-  for (int k = 0; k < n_out; ++k) outs.push_back("y" + std::to_string(k));
-  Node* n = g.add_node(op, op + "_0", vs, outs, std::move(attrs));
-  g.outputs = n->outputs;
-  Status st = infer_graph(g);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  st = verify_graph(g);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  auto r = runtime::run_graph(g, feeds, opts);
-  EXPECT_TRUE(r.has_value()) << (r ? "" : r.message());
-  std::vector<Tensor> res;
-  if (!r) return res;
-  for (int k = 0; k < n_out; ++k) {
-    Tensor t = r->at("y" + std::to_string(k));
-    EXPECT_EQ(Shape::of(t.dims()), n->outputs[k]->shape) << op << " output " << k;
-    EXPECT_EQ(t.dtype(), n->outputs[k]->dtype);
-    res.push_back(t);
-  }
-  return res;
-}
-
-/// Error of running `op` (must fail cleanly, without crashing).
-std::string run_error(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}) {
-  Graph g;
-  std::vector<Value*> vs;
-  for (size_t i = 0; i < ins.size(); ++i) vs.push_back(g.add_initializer("x" + std::to_string(i), ins[i]));
-  Node* n = g.add_node(op, op + "_0", vs, {"y"}, std::move(attrs));
-  g.outputs = n->outputs;
-  Status st = infer_graph(g);
-  if (!st.is_ok()) return st.message();
-  auto r = runtime::run_graph(g, {});
-  return r ? "" : r.message();
-}
-
-void expect_close(const Tensor& t, const std::vector<double>& ref, double atol, double rtol, const std::string& what) {
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(ref.size())) << what;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    double a = t.get_f64(i), b = ref[i];
-    if (std::isnan(b)) {
-      EXPECT_TRUE(std::isnan(a)) << what << " [" << i << "]";
-      continue;
-    }
-    EXPECT_LE(std::abs(a - b), atol + rtol * std::abs(b)) << what << " [" << i << "] got " << a << " want " << b;
-  }
-}
 
 /// Independent broadcast reference: out[idx] = f(a[bcast idx], b[bcast idx]).
 std::vector<double> bcast_ref(const Tensor& a, const Tensor& b, const std::vector<int64_t>& od,
@@ -481,13 +395,10 @@ TEST(ElementwiseOps, GeluGradMatchesFiniteDifferences) {
 // ----------------------------------------------------------------------------- gradient rules
 
 namespace {
+/// f64 gradient check of `op` (seed 1000 + op name length), see check_op_grad.
 void check_grad(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}, int n_out = 1,
                 std::vector<int> wrt = {}, bool training = false, double tol = 1e-6, double eps = 1e-6) {
-  uint64_t seed = 1000 + op.size();
-  auto r = kiln::driver::gradcheck_op(op, ins, attrs, n_out, seed, wrt, eps, training);
-  ASSERT_TRUE(r.has_value()) << op << ": " << r.message();
-  EXPECT_LT(r->max_rel_error, tol) << op << " worst " << r->worst << " seed " << r->seed;
-  EXPECT_GT(r->elements_checked, 0) << op;
+  check_op_grad(op, ins, attrs, {.seed_base = 1000, .n_out = n_out, .wrt = wrt, .training = training, .tolerance = tol, .eps = eps});
 }
 }  // namespace
 

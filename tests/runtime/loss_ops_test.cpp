@@ -11,22 +11,13 @@
 #include <random>
 
 #include "ir/op_table.h"
-#include "ir/verifier.h"
-#include "runtime/interpreter.h"
-#include "tools/driver/gradcheck.h"
+#include "tests/runtime/op_test_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
+using namespace kiln::testing;
 
 namespace {
-
-Tensor rnd_l(DType dt, std::vector<int64_t> dims, double lo, double hi, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  Tensor t(dt, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, u(g));
-  return t;
-}
 
 Tensor labels_of(DType dt, std::vector<int64_t> dims, int64_t C, int64_t ignore, uint64_t seed) {
   std::mt19937_64 g(seed);
@@ -35,29 +26,9 @@ Tensor labels_of(DType dt, std::vector<int64_t> dims, int64_t C, int64_t ignore,
   return t;
 }
 
+/// Runs `op` as a one-node graph with every input (labels too) fed at run time.
 Expected<std::vector<Tensor>> run_loss(const std::string& op, const std::vector<Tensor>& ins, Attributes a, int n_out) {
-  Graph g;
-  std::map<std::string, Tensor> feeds;
-  std::vector<Value*> vs;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    std::string name = "x" + std::to_string(i);
-    vs.push_back(g.add_input(name, ins[i].dtype(), Shape::of(ins[i].dims())));
-    feeds[name] = ins[i];
-  }
-  std::vector<std::string> outs;
-  for (int k = 0; k < n_out; ++k) outs.push_back("y" + std::to_string(k));
-  Node* n = g.add_node(op, op + "_0", vs, outs, std::move(a));
-  g.outputs = n->outputs;
-  KILN_RETURN_IF_ERROR(infer_graph(g));
-  KILN_RETURN_IF_ERROR(verify_graph(g));
-  auto r = runtime::run_graph(g, feeds);
-  if (!r) return r.status();
-  std::vector<Tensor> res;
-  for (int k = 0; k < n_out; ++k) {
-    res.push_back(r->at("y" + std::to_string(k)));
-    if (Shape::of(res.back().dims()) != n->outputs[k]->shape) return Status::error("eager dims differ from inference");
-  }
-  return res;
+  return try_run_op(op, ins, std::move(a), n_out, {}, Feed::all);
 }
 
 struct Ref {
@@ -95,12 +66,6 @@ Ref ref_loss(const Tensor& s, const Tensor& lab, const Tensor* w, const std::str
   return r;
 }
 
-void expect_close(const Tensor& t, const std::vector<double>& ref, double atol, double rtol, const std::string& what) {
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(ref.size())) << what;
-  for (int64_t i = 0; i < t.numel(); ++i)
-    ASSERT_LE(std::abs(t.get_f64(i) - ref[i]), atol + rtol * std::abs(ref[i])) << what << " [" << i << "]";
-}
-
 }  // namespace
 
 TEST(LossOps, SoftmaxCrossEntropyAndNll) {
@@ -111,11 +76,11 @@ TEST(LossOps, SoftmaxCrossEntropyAndNll) {
         for (const char* red : {"none", "sum", "mean"})
           for (int weighted = 0; weighted < 2; ++weighted)
             for (int use_ignore = 0; use_ignore < 2; ++use_ignore) {
-              Tensor s = rnd_l(dt, sdims, -3, 3, 5);
+              Tensor s = rnd(dt, sdims, -3, 3, 5);
               std::vector<int64_t> ld = {sdims[0]};
               for (size_t i = 2; i < sdims.size(); ++i) ld.push_back(sdims[i]);
               Tensor lab = labels_of(ldt, ld, C, use_ignore ? ignore : 1, 6);
-              Tensor w = rnd_l(dt, {C}, 0.2, 2, 7);
+              Tensor w = rnd(dt, {C}, 0.2, 2, 7);
               Attributes a;
               a.set("reduction", std::string(red));
               if (use_ignore) a.set("ignore_index", ignore);
@@ -138,7 +103,7 @@ TEST(LossOps, SoftmaxCrossEntropyAndNll) {
 }
 
 TEST(LossOps, Errors) {
-  Tensor s = rnd_l(DType::f32, {3, 4}, -1, 1, 1);
+  Tensor s = rnd(DType::f32, {3, 4}, -1, 1, 1);
   Tensor bad = Tensor::from_i64({0, 4, 1});
   auto y = run_loss("SoftmaxCrossEntropyLoss", {s, bad}, {}, 1);
   ASSERT_FALSE(y.has_value());
@@ -150,11 +115,9 @@ TEST(LossOps, Errors) {
 }
 
 namespace {
+/// f64 gradient check of `op` w.r.t. the scores (seed 4000 + op name length), see check_op_grad.
 void check_grad_l(const std::string& op, const std::vector<Tensor>& ins, Attributes a, int n_out) {
-  auto r = kiln::driver::gradcheck_op(op, ins, a, n_out, 4000 + op.size(), {0});
-  ASSERT_TRUE(r.has_value()) << op << ": " << r.message();
-  EXPECT_LT(r->max_rel_error, 1e-6) << op << " worst " << r->worst << " seed " << r->seed;
-  EXPECT_GT(r->elements_checked, 0);
+  check_op_grad(op, ins, a, {.seed_base = 4000, .n_out = n_out, .wrt = {0}});
 }
 }  // namespace
 
@@ -163,7 +126,7 @@ TEST(LossGrad, SoftmaxCrossEntropyAndNll) {
   for (auto sdims : {std::vector<int64_t>{5, C}, std::vector<int64_t>{2, C, 3}})
     for (const char* red : {"none", "sum", "mean"})
       for (int weighted = 0; weighted < 2; ++weighted) {
-        Tensor s = rnd_l(DType::f64, sdims, -2, 2, 8);
+        Tensor s = rnd(DType::f64, sdims, -2, 2, 8);
         std::vector<int64_t> ld = {sdims[0]};
         for (size_t i = 2; i < sdims.size(); ++i) ld.push_back(sdims[i]);
         Tensor lab = labels_of(DType::i64, ld, C, -1, 9);
@@ -171,7 +134,7 @@ TEST(LossGrad, SoftmaxCrossEntropyAndNll) {
         a.set("reduction", std::string(red));
         a.set("ignore_index", int64_t(-1));
         std::vector<Tensor> ins = {s, lab};
-        if (weighted) ins.push_back(rnd_l(DType::f64, {C}, 0.2, 2, 10));
+        if (weighted) ins.push_back(rnd(DType::f64, {C}, 0.2, 2, 10));
         check_grad_l("SoftmaxCrossEntropyLoss", ins, a, 1);
         check_grad_l("SoftmaxCrossEntropyLoss", ins, a, 2);  // gradient through log_prob as well
         check_grad_l("NegativeLogLikelihoodLoss", ins, a, 1);

@@ -13,88 +13,15 @@
 #include <random>
 
 #include "ir/op_table.h"
-#include "ir/verifier.h"
 #include "runtime/interpreter.h"
-#include "tools/driver/gradcheck.h"
+#include "tests/runtime/op_test_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
+using namespace kiln::testing;
 using kiln::runtime::RunOptions;
 
 namespace {
-
-Tensor make(DType dt, std::vector<int64_t> dims, const std::vector<double>& v) {
-  Tensor t(dt, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, v[static_cast<size_t>(i)]);
-  return t;
-}
-
-Tensor rnd(DType dt, std::vector<int64_t> dims, double lo, double hi, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  Tensor t(dt, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, u(g));
-  return t;
-}
-
-std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}, int n_out = 1,
-                           RunOptions opts = {}) {
-  Graph g;
-  std::vector<Value*> vs;
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    std::string name = "x" + std::to_string(i);
-    if (!ins[i].defined()) {
-      vs.push_back(nullptr);
-    } else if (is_float(ins[i].dtype())) {
-      vs.push_back(g.add_input(name, ins[i].dtype(), Shape::of(ins[i].dims())));
-      feeds[name] = ins[i];
-    } else {
-      vs.push_back(g.add_initializer(name, ins[i]));
-    }
-  }
-  std::vector<std::string> outs;
-  for (int k = 0; k < n_out; ++k) outs.push_back("y" + std::to_string(k));
-  Node* n = g.add_node(op, op + "_0", vs, outs, std::move(attrs));
-  g.outputs = n->outputs;
-  Status st = infer_graph(g);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  st = verify_graph(g);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  auto r = runtime::run_graph(g, feeds, opts);
-  EXPECT_TRUE(r.has_value()) << (r ? "" : r.message());
-  std::vector<Tensor> res;
-  if (!r) return res;
-  for (int k = 0; k < n_out; ++k) {
-    Tensor t = r->at("y" + std::to_string(k));
-    EXPECT_EQ(Shape::of(t.dims()), n->outputs[k]->shape) << op << " output " << k;
-    EXPECT_EQ(t.dtype(), n->outputs[k]->dtype);
-    res.push_back(t);
-  }
-  return res;
-}
-
-std::string run_error(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}, int n_out = 1) {
-  Graph g;
-  std::vector<Value*> vs;
-  for (size_t i = 0; i < ins.size(); ++i) vs.push_back(g.add_initializer("x" + std::to_string(i), ins[i]));
-  std::vector<std::string> outs;
-  for (int k = 0; k < n_out; ++k) outs.push_back("y" + std::to_string(k));
-  Node* n = g.add_node(op, op + "_0", vs, outs, std::move(attrs));
-  g.outputs = n->outputs;
-  Status st = infer_graph(g);
-  if (!st.is_ok()) return st.message();
-  auto r = runtime::run_graph(g, {});
-  return r ? "" : r.message();
-}
-
-void expect_close(const Tensor& t, const std::vector<double>& ref, double atol, double rtol, const std::string& what) {
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(ref.size())) << what;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    double a = t.get_f64(i), b = ref[i];
-    ASSERT_LE(std::abs(a - b), atol + rtol * std::abs(b)) << what << " [" << i << "] got " << a << " want " << b;
-  }
-}
 
 /// Tolerances per dtype: (atol, rtol).
 std::pair<double, double> tol(DType dt) {
@@ -103,13 +30,10 @@ std::pair<double, double> tol(DType dt) {
   return {1e-5, 1e-5};
 }
 
+/// f64 gradient check of `op` (seed 2000 + op name length, step 1e-6), see check_op_grad.
 void check_grad(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}, int n_out = 1,
                 std::vector<int> wrt = {}, bool training = false, double tolerance = 1e-6) {
-  uint64_t seed = 2000 + op.size();
-  auto r = kiln::driver::gradcheck_op(op, ins, attrs, n_out, seed, wrt, 1e-6, training);
-  ASSERT_TRUE(r.has_value()) << op << ": " << r.message();
-  EXPECT_LT(r->max_rel_error, tolerance) << op << " worst " << r->worst << " seed " << r->seed;
-  EXPECT_GT(r->elements_checked, 0) << op;
+  check_op_grad(op, ins, attrs, {.seed_base = 2000, .n_out = n_out, .wrt = wrt, .training = training, .tolerance = tolerance});
 }
 
 // ---- references ----

@@ -10,38 +10,21 @@
 #include <random>
 
 #include "ir/op_table.h"
-#include "ir/verifier.h"
-#include "runtime/interpreter.h"
-#include "tools/driver/gradcheck.h"
+#include "tests/runtime/op_test_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
+using namespace kiln::testing;
 
 namespace {
 
-Tensor rnd_r(DType dt, std::vector<int64_t> dims, double lo, double hi, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  Tensor t(dt, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, is_float(dt) ? u(g) : std::floor(u(g)));
-  return t;
-}
-
-/// Runs a one-node graph; `axes_input` (if defined) is an initializer input 1.
+/// Runs `op` on x (a graph input) and, if defined, `axes_input` (an initializer input 1).
 Expected<Tensor> run1(const std::string& op, const Tensor& x, const Tensor& axes_input, Attributes a) {
-  Graph g;
-  Value* xv = g.add_input("x", x.dtype(), Shape::of(x.dims()));
-  std::vector<Value*> ins = {xv};
-  if (axes_input.defined()) ins.push_back(g.add_initializer("axes", axes_input));
-  Node* n = g.add_node(op, op + "_0", ins, {"y"}, std::move(a));
-  g.outputs = n->outputs;
-  KILN_RETURN_IF_ERROR(infer_graph(g));
-  KILN_RETURN_IF_ERROR(verify_graph(g));
-  auto r = runtime::run_graph(g, {{"x", x}});
+  std::vector<Tensor> ins = {x};
+  if (axes_input.defined()) ins.push_back(axes_input);
+  auto r = try_run_op(op, ins, std::move(a), 1, {}, Feed::first);
   if (!r) return r.status();
-  Tensor y = r->at("y");
-  if (Shape::of(y.dims()) != n->outputs[0]->shape) return Status::error("eager dims differ from inferred shape");
-  return y;
+  return (*r)[0];
 }
 
 enum class K { sum, mean, max };
@@ -77,12 +60,6 @@ std::vector<double> ref_reduce(const Tensor& x, std::vector<int> axes, bool keep
   return acc;
 }
 
-void expect_close(const Tensor& t, const std::vector<double>& ref, double atol, double rtol, const std::string& what) {
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(ref.size())) << what;
-  for (int64_t i = 0; i < t.numel(); ++i)
-    ASSERT_LE(std::abs(t.get_f64(i) - ref[i]), atol + rtol * std::abs(ref[i])) << what << " [" << i << "]";
-}
-
 }  // namespace
 
 TEST(ReductionOps, AxesKeepdimsDtypes) {
@@ -91,7 +68,7 @@ TEST(ReductionOps, AxesKeepdimsDtypes) {
     for (auto& axes : axes_cases)
       for (int keep = 0; keep < 2; ++keep)
         for (auto [op, k] : {std::pair{"ReduceSum", K::sum}, std::pair{"ReduceMean", K::mean}, std::pair{"ReduceMax", K::max}}) {
-          Tensor x = rnd_r(dt, {3, 4, 5}, -2, 2, 7 + keep);
+          Tensor x = rnd(dt, {3, 4, 5}, -2, 2, 7 + keep);
           std::vector<int> ax;
           for (int64_t a : axes) ax.push_back(static_cast<int>(a < 0 ? a + 3 : a));
           std::vector<int64_t> od;
@@ -119,14 +96,14 @@ TEST(ReductionOps, AxesKeepdimsDtypes) {
 }
 
 TEST(ReductionOps, NoopIntegerAndErrors) {
-  Tensor x = rnd_r(DType::f32, {2, 3}, -2, 2, 1);
+  Tensor x = rnd(DType::f32, {2, 3}, -2, 2, 1);
   Attributes noop;
   noop.set("noop_with_empty_axes", int64_t(1));
   auto y = run1("ReduceSum", x, Tensor(), noop);
   ASSERT_TRUE(y.has_value()) << y.message();
   EXPECT_EQ(y->dims(), x.dims());
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(y->get_f64(i), x.get_f64(i));
-  Tensor xi = rnd_r(DType::i64, {2, 3}, -5, 5, 2);
+  Tensor xi = rnd(DType::i64, {2, 3}, -5, 5, 2);
   auto yi = run1("ReduceSum", xi, Tensor::from_i64({1}), {});
   ASSERT_TRUE(yi.has_value()) << yi.message();
   for (int r = 0; r < 2; ++r) EXPECT_EQ(yi->get_i64(r), xi.get_i64(r * 3) + xi.get_i64(r * 3 + 1) + xi.get_i64(r * 3 + 2));
@@ -158,7 +135,7 @@ TEST(ReductionOps, ArgMax) {
   EXPECT_EQ(y->get_i64(0), 2);
   EXPECT_EQ(y->get_i64(1), 3);
   // axis 0 of a 3-D tensor against brute force
-  Tensor z = rnd_r(DType::f64, {3, 2, 5}, -1, 1, 9);
+  Tensor z = rnd(DType::f64, {3, 2, 5}, -1, 1, 9);
   Attributes a0;
   a0.set("axis", int64_t(0));
   auto yz = run1("ArgMax", z, Tensor(), a0);
@@ -172,16 +149,14 @@ TEST(ReductionOps, ArgMax) {
 }
 
 namespace {
+/// f64 gradient check of `op` w.r.t. input 0 (seed 3000 + op name length), see check_op_grad.
 void check_grad_r(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}) {
-  auto r = kiln::driver::gradcheck_op(op, ins, attrs, 1, 3000 + op.size(), {0});
-  ASSERT_TRUE(r.has_value()) << op << ": " << r.message();
-  EXPECT_LT(r->max_rel_error, 1e-6) << op << " worst " << r->worst << " seed " << r->seed;
-  EXPECT_GT(r->elements_checked, 0);
+  check_op_grad(op, ins, attrs, {.seed_base = 3000, .wrt = {0}});
 }
 }  // namespace
 
 TEST(ReductionGrad, SumMeanMax) {
-  Tensor x = rnd_r(DType::f64, {2, 3, 4}, -2, 2, 11);
+  Tensor x = rnd(DType::f64, {2, 3, 4}, -2, 2, 11);
   for (const char* op : {"ReduceSum", "ReduceMean", "ReduceMax"})
     for (int keep = 0; keep < 2; ++keep) {
       Attributes a;

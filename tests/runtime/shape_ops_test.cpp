@@ -11,86 +11,20 @@
 #include <random>
 
 #include "ir/op_table.h"
-#include "ir/verifier.h"
 #include "runtime/interpreter.h"
-#include "tools/driver/gradcheck.h"
+#include "tests/runtime/op_test_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
+using namespace kiln::testing;
 
 namespace {
 
-Tensor make(DType dt, std::vector<int64_t> dims, const std::vector<double>& v) {
-  Tensor t(dt, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, v[static_cast<size_t>(i)]);
-  return t;
-}
 Tensor ints(const std::vector<int64_t>& v) { return Tensor::from_i64(v); }
 Tensor iota(DType dt, std::vector<int64_t> dims) {
   Tensor t(dt, std::move(dims));
   for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, dt == DType::boolean ? (i % 3 == 0) : static_cast<double>(i));
   return t;
-}
-Tensor rnd(DType dt, std::vector<int64_t> dims, double lo, double hi, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  Tensor t(dt, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, u(g));
-  return t;
-}
-std::vector<double> values(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[i] = t.get_f64(i);
-  return v;
-}
-
-/// One-node graph: float inputs are graph inputs, others initializers (constant shape
-/// inputs); undefined tensors are omitted optional inputs. Checks inference == eager dims.
-std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {},
-                           int n_out = 1, bool all_const = false) {
-  Graph g;
-  std::vector<Value*> vs;
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    std::string name = "x" + std::to_string(i);
-    if (!ins[i].defined()) vs.push_back(nullptr);
-    else if (is_float(ins[i].dtype()) && !all_const) {
-      vs.push_back(g.add_input(name, ins[i].dtype(), Shape::of(ins[i].dims())));
-      feeds[name] = ins[i];
-    } else {
-      vs.push_back(g.add_initializer(name, ins[i]));
-    }
-  }
-  std::vector<std::string> outs;
-  for (int k = 0; k < n_out; ++k) outs.push_back("y" + std::to_string(k));
-  Node* n = g.add_node(op, op + "_0", vs, outs, std::move(attrs));
-  g.outputs = n->outputs;
-  Status st = infer_graph(g);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  st = verify_graph(g);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  auto r = runtime::run_graph(g, feeds);
-  EXPECT_TRUE(r.has_value()) << (r ? "" : r.message());
-  std::vector<Tensor> res;
-  if (!r) return res;
-  for (int k = 0; k < n_out; ++k) {
-    Tensor t = r->at("y" + std::to_string(k));
-    EXPECT_EQ(Shape::of(t.dims()), n->outputs[k]->shape) << op << " output " << k;
-    res.push_back(t);
-  }
-  return res;
-}
-
-std::string run_error(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}) {
-  Graph g;
-  std::vector<Value*> vs;
-  for (size_t i = 0; i < ins.size(); ++i) vs.push_back(g.add_initializer("x" + std::to_string(i), ins[i]));
-  Node* n = g.add_node(op, op + "_0", vs, {"y"}, std::move(attrs));
-  g.outputs = n->outputs;
-  Status st = infer_graph(g);
-  if (!st.is_ok()) return st.message();
-  auto r = runtime::run_graph(g, {});
-  return r ? "" : r.message();
 }
 
 /// Output shape of `op` inferred on a graph with the given (possibly symbolic) input shapes;
@@ -106,11 +40,6 @@ Expected<Shape> infer_shape(const std::string& op, const std::vector<std::pair<S
   Node* n = g.add_node(op, "n", vs, {"y"}, std::move(attrs));
   KILN_RETURN_IF_ERROR(infer_node(*n));
   return n->outputs[0]->shape;
-}
-
-void expect_eq(const Tensor& t, const std::vector<double>& ref, const std::string& what) {
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(ref.size())) << what;
-  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.get_f64(i), ref[i]) << what << " [" << i << "]";
 }
 
 /// Coordinates of linear index i in dims.
@@ -372,7 +301,7 @@ TEST(ShapeOps, ExpandShapeConstantOfShapeConstant) {
 }
 
 TEST(ShapeOps, Range) {
-  auto r = run_op("Range", {make(DType::f32, {}, {1}), make(DType::f32, {}, {2.5}), make(DType::f32, {}, {0.4})}, {}, 1, true)[0];
+  auto r = run_op("Range", {make(DType::f32, {}, {1}), make(DType::f32, {}, {2.5}), make(DType::f32, {}, {0.4})}, {}, 1, {}, Feed::none)[0];
   expect_eq(r, {1.0f + 0 * 0.4f, 1.0f + 1 * 0.4f, 1.0f + 2 * 0.4f, 1.0f + 3 * 0.4f}, "Range f32");
   auto ri = run_op("Range", {make(DType::i64, {}, {10}), make(DType::i64, {}, {3}), make(DType::i64, {}, {-3})})[0];
   expect_eq(ri, {10, 7, 4}, "Range i64 negative delta");
@@ -478,12 +407,10 @@ TEST(ShapeOps, SliceGradAndGatherGradAreAdjoints) {
 // ----------------------------------------------------------------------------- gradient rules
 
 namespace {
+/// f64 gradient check of `op` (seed 2000 + op name length), see check_op_grad.
 void check_grad(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}, int n_out = 1,
                 std::vector<int> wrt = {}) {
-  auto r = kiln::driver::gradcheck_op(op, ins, attrs, n_out, 2000 + op.size(), wrt);
-  ASSERT_TRUE(r.has_value()) << op << ": " << r.message();
-  EXPECT_LT(r->max_rel_error, 1e-6) << op << " worst " << r->worst << " seed " << r->seed;
-  EXPECT_GT(r->elements_checked, 0) << op;
+  check_op_grad(op, ins, attrs, {.seed_base = 2000, .n_out = n_out, .wrt = wrt});
 }
 }  // namespace
 
