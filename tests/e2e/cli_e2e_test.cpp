@@ -158,3 +158,55 @@ TEST(Demo, TinyGptEvalLossBelowHalfLnVocab) {
   ASSERT_TRUE(e.contains("eval_loss")) << r.out;
   EXPECT_LT(e["eval_loss"].get<double>(), 0.5 * std::log(256.0)) << r.out;
 }
+
+// ---- bad input through the binary: one line "kiln: error: ..." naming the fault, exit != 0
+
+namespace {
+
+void expect_one_line_error(const Run& r, const std::string& needle) {
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 128) << "killed by a signal: " << r.out;
+  EXPECT_EQ(r.out.rfind("kiln: error: ", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << "'" << needle << "' not in: " << r.out;
+}
+
+const std::string kBad = "tests/data/bad_models/";
+
+}  // namespace
+
+TEST(BadInput, ModelFilesGiveOneLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"bad_truncated.onnx", "bad_truncated.onnx"},
+      {"bad_text.onnx", "bad_text.onnx"},
+      {"bad_random.onnx", "bad_random.onnx"},
+      {"bad_unsupported_op.onnx", "unsupported op 'Foo'"},
+      {"bad_missing_initializer.onnx", "missing"},
+      {"bad_external_absolute.onnx", "bad_external_absolute.onnx"},
+      {"bad_external_dotdot.onnx", ".."},
+      {"bad_opset19.onnx", "opset"},
+  };
+  for (auto& [file, needle] : cases) {
+    SCOPED_TRACE(file);
+    expect_one_line_error(kiln("inspect " + kBad + file), needle);
+    std::string out = tmpdir("bad_run");
+    expect_one_line_error(kiln("run " + kBad + file + " --input x=examples/mlp_digits/input.npy --output_dir " + out),
+                          needle);
+  }
+}
+
+TEST(BadInput, RunInputOfWrongDtypeOrShape) {
+  std::string out = tmpdir("bad_npy");
+  // int64 tokens fed to the MLP's float input: wrong dtype.
+  expect_one_line_error(kiln("run examples/mlp_digits/model.onnx --input input=examples/tiny_gpt/input.npy "
+                             "--output_dir " + out),
+                        "input");
+  // CNN images [4,1,8,8] fed to the MLP's [batch, 64] input: wrong shape.
+  expect_one_line_error(kiln("run examples/mlp_digits/model.onnx --input input=examples/cnn_bn/input.npy "
+                             "--output_dir " + out),
+                        "input");
+  // A file that is not .npy at all.
+  expect_one_line_error(kiln("run examples/mlp_digits/model.onnx --input input=examples/mlp_digits/meta.json "
+                             "--output_dir " + out),
+                        "meta.json");
+}
