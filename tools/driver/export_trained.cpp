@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+
+#include <onnx/checker.h>
 #include <sstream>
 
 namespace kiln::driver {
@@ -40,6 +42,17 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
     tp.clear_external_data();
     tp.set_data_location(onnx::TensorProto::DEFAULT);
     tp.set_raw_data(std::string(static_cast<const char*>(t.raw()), t.nbytes()));  // little-endian host
+  }
+  // The result must stay a valid model: libonnx's checker (opsets it knows).
+  int64_t opset = 0;
+  for (auto& imp : model.opset_import())
+    if (imp.domain().empty() || imp.domain() == "ai.onnx") opset = imp.version();
+  if (opset <= 17) {
+    try {
+      onnx::checker::check_model(model);
+    } catch (const std::exception& e) {
+      return Status::error(out_path + ": the trained model fails the ONNX checker: " + std::string(e.what()));
+    }
   }
   std::string tmp = out_path + ".tmp";
   {
