@@ -18,6 +18,10 @@ std::unique_ptr<Pass> make_autodiff_pass();
 std::unique_ptr<Pass> make_optimizer_pass();
 /// Inference mode: BatchNormalization uses running stats, Dropout off (passes/eval_mode.cpp).
 std::unique_ptr<Pass> make_eval_mode_pass();
+/// bf16 mixed precision from the op table's PrecisionPolicy, before autodiff (passes/autocast.cpp).
+std::unique_ptr<Pass> make_autocast_pass();
+/// Removes identity casts, duplicate casts of one value and f32->bf16->f32 round trips (passes/autocast.cpp).
+std::unique_ptr<Pass> make_cast_simplify_pass();
 /// Casts every float initializer, input and Cast target to f64 (passes/to_float64.cpp).
 std::unique_ptr<Pass> make_to_float64_pass();
 

@@ -16,6 +16,8 @@ static const std::map<std::string, std::function<std::unique_ptr<Pass>()>>& fact
       {"optimizer", make_optimizer_pass},
       {"to_float64", make_to_float64_pass},
       {"eval_mode", make_eval_mode_pass},
+      {"autocast", make_autocast_pass},
+      {"cast_simplify", make_cast_simplify_pass},
   };
   return f;
 }

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -58,7 +59,6 @@ Status TrainConfig::validate() const {
   KILN_RETURN_IF_ERROR(
       one_of("lr_scheduler_type", lr_scheduler_type, {"linear", "cosine", "constant", "constant_with_warmup"}));
   KILN_RETURN_IF_ERROR(one_of("backend", backend, {"eager"}));
-  if (bf16) return bad("bf16", "bf16 mixed precision is not supported yet (fp32 training only)");
   if (gradient_accumulation_steps != 1)
     return bad("gradient_accumulation_steps", "values other than 1 are not supported yet");
   auto positive = [](const char* n, int64_t v) -> Status {
@@ -220,6 +220,7 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
         int64_t v;
         if (eq == std::string::npos || eq == 0 || !parse_i64(item.substr(eq + 1), v))
           return bad(f.name, "expected NAME=INT[,NAME=INT...], got '" + text + "'");
+        if (v <= 0) return bad(f.name, "dim '" + item.substr(0, eq) + "' must be > 0, got " + std::to_string(v));
         (*m)[item.substr(0, eq)] = v;
         any = true;
       }
@@ -301,6 +302,7 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
 }
 
 Status load_config_json(const std::string& path, TrainConfig& cfg) {
+  if (std::filesystem::is_directory(path)) return Status::error(path + ": is a directory, not a JSON config file");
   std::ifstream f(path);
   if (!f) return Status::error(path + ": cannot open config file");
   std::stringstream ss;

@@ -517,6 +517,16 @@ int real_main(int argc, char** argv) {
   run->add_option("--output_dir", run_out, "where the outputs go");
   run->add_option("--shape", run_shape, "dim bindings NAME=INT[,NAME=INT]")->allow_extra_args(false);
 
+  if (argc >= 2 && argv[1][0] != '-') {
+    bool known = false;
+    for (auto* sc : app.get_subcommands({}))
+      if (sc->get_name() == argv[1]) known = true;
+    if (!known) {
+      std::string names;
+      for (auto* sc : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sc->get_name();
+      return report({2, std::string("unknown subcommand '") + argv[1] + "' (expected one of: " + names + ")"});
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

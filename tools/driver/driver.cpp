@@ -1,6 +1,7 @@
 // The pipeline driver: import -> passes -> graphs for the runtime.
 #include "tools/driver/driver.h"
 
+#include <set>
 #include <sstream>
 
 #include "frontend/onnx_import.h"
@@ -40,9 +41,31 @@ static Status run_passes(Graph& g, const std::vector<std::string>& names, passes
   return passes::run_pipeline(g, pipeline, ctx);
 }
 
+/// Symbolic dim names used anywhere in the graph's inputs.
+static std::set<std::string> input_symbols(const Graph& g) {
+  std::set<std::string> s;
+  for (Value* v : g.inputs)
+    for (const Dim& d : v->shape.dims)
+      if (!d.is_static() && !d.symbol.empty()) s.insert(d.symbol);
+  return s;
+}
+
 Expected<std::unique_ptr<Graph>> load_model(const std::string& path, const std::map<std::string, int64_t>& shape,
                                             bool to_f64, passes::PassContext* dbg) {
   runtime::register_eager_kernels();  // constant folding evaluates through the op table's kernels
+  {
+    // A --shape name that no input uses is a typo, not something to ignore silently.
+    auto probe = frontend::import_onnx(path, {});
+    if (!probe) return probe.status();
+    auto syms = input_symbols(**probe);
+    for (auto& [name, v] : shape)
+      if (!syms.count(name)) {
+        std::string known;
+        for (auto& s : syms) known += (known.empty() ? "" : ", ") + s;
+        return Status::error("--shape " + name + "=" + std::to_string(v) + ": the model has no input dim named '" +
+                             name + "' (symbolic dims: " + (known.empty() ? "none" : known) + ")");
+      }
+  }
   frontend::ImportOptions opts;
   opts.bind_dims = shape;
   auto g = frontend::import_onnx(path, opts);
@@ -120,7 +143,13 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   prog.logits_output = train->outputs.empty() ? "" : train->outputs[0]->name;
   auto train_opts = opts;
   train_opts["mode"] = "train";
-  KILN_RETURN_IF_ERROR(run_passes(*train, {"attach_loss", "autodiff", "canonicalize"}, dbg, train_opts));
+  // --bf16: autocast runs before autodiff so saved activations are bf16 and the
+  // backward pass follows the forward dtypes (passes/autocast.cpp).
+  std::vector<std::string> fwd = {"attach_loss"};
+  if (cfg.bf16) fwd.insert(fwd.end(), {"autocast", "cast_simplify"});
+  std::vector<std::string> train_pipe = fwd;
+  train_pipe.insert(train_pipe.end(), {"autodiff", "canonicalize"});
+  KILN_RETURN_IF_ERROR(run_passes(*train, train_pipe, dbg, train_opts));
   if (cfg.loss != "model") {
     prog.label_input = opts["label_input"];
     prog.data_inputs.push_back(prog.label_input);
@@ -136,7 +165,9 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   KILN_ASSIGN_OR_RETURN(auto eval, load_model(cfg.model, eval_dims, to_f64, nullptr));
   auto eval_opts = opts;
   eval_opts["mode"] = "eval";
-  KILN_RETURN_IF_ERROR(run_passes(*eval, {"attach_loss", "canonicalize"}, nullptr, eval_opts));
+  std::vector<std::string> eval_pipe = fwd;
+  eval_pipe.push_back("canonicalize");
+  KILN_RETURN_IF_ERROR(run_passes(*eval, eval_pipe, nullptr, eval_opts));
   prog.eval = std::move(eval);
   return prog;
 }

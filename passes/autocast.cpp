@@ -1,0 +1,272 @@
+// autocast: bf16 mixed precision (issue 4), driven only by OpDef::precision of the
+// op table (DESIGN.md invariant 1; no op names appear here).
+//
+// Runs on the forward training/eval graph after attach_loss and BEFORE autodiff:
+// the forward nodes then carry bf16 values, the activations the backward pass
+// reads (saved activations) are the bf16 ones, and every gradient rule emits its
+// ops on those dtypes, so the backward pass follows without a second autocast.
+// The gradient of a Cast casts dy back to the Cast's input dtype (Cast's grad
+// rule), so the gradient of the fp32 master parameter arrives in fp32 through its
+// `<param>.bf16` Cast, and the optimizer (run after autodiff) stays fp32.
+//
+// Rules, node by node in graph order (dtypes of inputs are those already decided):
+// - low_precision (MatMul, Gemm, Conv and their gradient ops): every float input
+//   not already bf16 is cast to bf16; outputs bf16 (kernels accumulate in f32).
+// - fp32 (Softmax, normalisations, reductions, Exp/Log/..., every loss): every
+//   bf16/f16 float input is cast up to f32; outputs f32.
+// - follow_inputs (pointwise and view ops): the node runs in the widest float
+//   dtype of its *activation* inputs; weak inputs (trainable parameters and
+//   constant initializers) follow that dtype, as in PyTorch, where a 0-dim
+//   constant does not promote and nn.Linear adds its bias in bf16. With no
+//   activation input, the widest of all float inputs.
+// - not_float (Cast, Shape, comparisons' int side, ...): untouched.
+// Parameters stay fp32 masters; their bf16 copies are Cast nodes named
+// "<param>.bf16" placed at the start of the graph (one per parameter, so a later
+// pass can hoist them out of a gradient-accumulation loop). Other casts are placed
+// right after the producer of the value (one per value and dtype); constant
+// initializers are converted at compile time. Graph outputs (the loss, eval
+// logits) and state outputs keep their original dtype (cast back when needed).
+//
+// Options: "autocast_dtype" = "bf16" (default; the only low-precision dtype).
+#include <map>
+#include <set>
+
+#include "passes/passes.h"
+#include "passes/training_util.h"
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+namespace {
+
+int rank_of(DType t) {
+  switch (t) {
+    case DType::bf16:
+    case DType::f16: return 1;
+    case DType::f32: return 2;
+    case DType::f64: return 3;
+    default: return 0;
+  }
+}
+
+class Autocast : public Pass {
+ public:
+  std::string name() const override { return "autocast"; }
+
+  Expected<bool> run(Graph& g, PassContext& ctx) override {
+    const std::string want = ctx.opt("autocast_dtype", "bf16");
+    if (want != "bf16") return Status::error("autocast: unsupported autocast_dtype '" + want + "' (expected bf16)");
+    low_ = DType::bf16;
+    params_.clear();
+    cache_.clear();
+    for (auto& sb : g.state)
+      if (sb.kind == "parameter") params_.insert(sb.input);
+
+    // Original dtypes of graph outputs and state outputs, restored at the end.
+    std::vector<std::pair<Value*, DType>> keep;
+    for (Value* o : g.outputs) keep.push_back({o, o->dtype});
+    for (auto& sb : g.state)
+      if (sb.output) keep.push_back({sb.output, sb.output->dtype});
+
+    std::vector<Node*> order;
+    for (auto& n : g.nodes()) order.push_back(n.get());
+    const auto& table = OpTable::get();
+    bool changed = false;
+    for (Node* n : order) {
+      const OpDef* def = table.find(n->op);
+      if (!def) return Status::error("autocast: node '" + n->name + "': op '" + n->op + "' is not in the op table");
+      const PrecisionPolicy p = def->precision;
+      // Inputs may have changed dtype upstream: every node is re-inferred (below,
+      // once its inputs agree with the policy).
+      if (p == PrecisionPolicy::not_float) {
+        Status s = infer_node(*n);
+        if (!s) return s.with_context("autocast");
+        continue;
+      }
+      DType target = DType::undefined;
+      if (p == PrecisionPolicy::low_precision) {
+        target = low_;
+      } else if (p == PrecisionPolicy::fp32) {
+        target = DType::f32;
+      } else {  // follow_inputs
+        DType strong = DType::undefined, any = DType::undefined;
+        for (Value* in : n->inputs) {
+          if (!in || !is_float(in->dtype)) continue;
+          if (rank_of(in->dtype) > rank_of(any)) any = in->dtype;
+          if (!is_weak(in) && rank_of(in->dtype) > rank_of(strong)) strong = in->dtype;
+        }
+        target = strong != DType::undefined ? strong : any;
+      }
+      bool node_changed = false;
+      // Pass 0 converts activations and parameters; pass 1 converts constant
+      // initializers only when the node does not infer or not to `target` without
+      // (so e.g. Dropout's ratio keeps its exact f32 value).
+      for (int pass = 0; pass < 2; ++pass) {
+        for (int i = 0; i < n->num_inputs(); ++i) {
+          Value* in = n->inputs[i];
+          if (target == DType::undefined || !in || !is_float(in->dtype) || in->dtype == target) continue;
+          // fp32 ops only upcast low-precision inputs (an f64 input stays f64).
+          if (p == PrecisionPolicy::fp32 && rank_of(in->dtype) >= rank_of(DType::f32)) continue;
+          bool constant = in->is_initializer() && !params_.count(in);
+          if (constant != (pass == 1)) continue;
+          KILN_ASSIGN_OR_RETURN(Value * c, cast_of(g, in, target));
+          n->inputs[i] = c;
+          node_changed = true;
+        }
+        Status s = infer_node(*n);
+        bool ok = s.is_ok() && (target == DType::undefined || n->outputs.empty() ||
+                                !is_float(n->outputs[0]->dtype) || n->outputs[0]->dtype == target);
+        if (ok) break;
+        if (pass == 1) {
+          if (!s) return s.with_context("autocast");
+          return Status::error("autocast: node '" + n->name + "' (" + n->op + ") computes in " +
+                               dtype_name(n->outputs[0]->dtype) + ", policy " + precision_policy_name(p) +
+                               " wants " + dtype_name(target));
+        }
+      }
+      changed = changed || node_changed;
+    }
+    // Graph outputs and state outputs keep their dtype.
+    for (auto& [v, dt] : keep) {
+      if (v->dtype == dt || !is_float(dt)) continue;
+      restore_dtype(g, v, dt);
+      changed = true;
+    }
+    return changed;
+  }
+
+ private:
+  /// Parameters and constant initializers follow the activations' dtype.
+  bool is_weak(const Value* v) const { return params_.count(v) || v->is_initializer(); }
+
+  /// The value `v` converted to `dt`: a compile-time converted initializer for
+  /// constants, else a Cast node (cached per value and dtype).
+  Expected<Value*> cast_of(Graph& g, Value* v, DType dt) {
+    auto key = std::make_pair(v, dt);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    const std::string nm = v->name + "." + dtype_name(dt);
+    Value* out;
+    Node* pr = v->producer;
+    const OpDef* pdef = pr ? OpTable::get().find(pr->op) : nullptr;
+    int float_ins = 0;
+    Value* src = nullptr;
+    if (pr)
+      for (Value* in : pr->inputs)
+        if (in && is_float(in->dtype)) ++float_ins, src = in;
+    if (pdef && pdef->fusion == FusionClass::view && pr->num_outputs() == 1 && float_ins == 1 && params_.count(src)) {
+      // A view of a parameter (the exported W^T of nn.Linear): cast the parameter
+      // ("<param>.bf16") and repeat the view on the copy, so the cast is per parameter.
+      KILN_ASSIGN_OR_RETURN(Value * cs, cast_of(g, src, dt));
+      std::vector<Value*> ins = pr->inputs;
+      for (auto& in : ins)
+        if (in == src) in = cs;
+      size_t pos = static_cast<size_t>(std::max(g.index_of(pr), g.index_of(cs->producer)) + 1);
+      Node* c = g.insert_node(pos, pr->op, pr->name + "/" + dtype_name(dt), ins, {nm}, pr->attrs);
+      KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast"));
+      out = c->outputs[0];
+    } else if (v->is_initializer() && !params_.count(v)) {
+      out = g.add_initializer(g.unique_name(nm), v->data->cast(dt));
+    } else {
+      size_t pos = 0;
+      if (v->producer) pos = static_cast<size_t>(g.index_of(v->producer)) + 1;
+      Node* c = g.insert_node(pos, "Cast", "autocast/" + nm, {v}, {nm},
+                              make_attrs({{"to", int64_t(dtype_to_onnx(dt))}}));
+      KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast"));
+      out = c->outputs[0];
+    }
+    cache_[key] = out;
+    return out;
+  }
+
+  /// Makes graph/state output `v` carry dtype `dt` again: its producer writes a
+  /// fresh low-precision value and a Cast node produces `v` (same name) from it.
+  void restore_dtype(Graph& g, Value* v, DType dt) {
+    Node* p = v->producer;
+    if (!p) return;
+    Value* low = g.new_value(v->name + "." + dtype_name(v->dtype), v->dtype, v->shape);
+    low->producer = p;
+    low->producer_output = v->producer_output;
+    p->outputs[v->producer_output] = low;
+    for (auto& n : g.nodes())
+      for (auto& in : n->inputs)
+        if (in == v) in = low;
+    int pos = g.index_of(p) + 1;
+    Node* c = g.insert_node(static_cast<size_t>(pos), "Cast", "autocast/" + v->name + ".restore", {low}, {},
+                            make_attrs({{"to", int64_t(dtype_to_onnx(dt))}}));
+    c->outputs.push_back(v);
+    v->producer = c;
+    v->producer_output = 0;
+    v->dtype = dt;
+  }
+
+  DType low_ = DType::bf16;
+  std::set<const Value*> params_;
+  std::map<std::pair<Value*, DType>, Value*> cache_;
+};
+
+/// cast_simplify: see passes/passes.h.
+class CastSimplify : public Pass {
+ public:
+  std::string name() const override { return "cast_simplify"; }
+  Expected<bool> run(Graph& g, PassContext&) override {
+    bool changed = false;
+    auto cast_to = [](const Node* n) {
+      auto dt = dtype_from_onnx(static_cast<int>(n->attrs.get_int("to", 0)));
+      return dt ? *dt : DType::undefined;
+    };
+    bool again = true;
+    while (again) {
+      again = false;
+      std::map<std::pair<Value*, int64_t>, Value*> seen;
+      std::vector<Node*> order;
+      for (auto& n : g.nodes()) order.push_back(n.get());
+      for (Node* n : order) {
+        if (n->op != "Cast" || !n->input(0)) continue;
+        Value* x = n->input(0);
+        Value* y = n->outputs[0];
+        if (g.is_graph_output(y)) continue;  // keep output names and producers
+        DType to = cast_to(n);
+        // (1) a cast to the input's own dtype is an identity.
+        if (to == x->dtype) {
+          g.replace_all_uses(y, x);
+          again = changed = true;
+          continue;
+        }
+        // (2) duplicate cast of one value to one dtype: keep the first.
+        auto key = std::make_pair(x, n->attrs.get_int("to", 0));
+        auto s = seen.find(key);
+        if (s != seen.end()) {
+          g.replace_all_uses(y, s->second);
+          again = changed = true;
+          continue;
+        }
+        seen[key] = y;
+        // (3) round trip Cast(Cast(a -> m) -> dtype(a)).
+        Node* inner = x->producer;
+        if (inner && inner->op == "Cast" && inner->input(0) && inner->input(0)->dtype == to && is_float(to) &&
+            is_float(x->dtype)) {
+          Value* a = inner->input(0);
+          bool widening_first = rank_of(x->dtype) >= rank_of(a->dtype);  // exact: bf16 -> f32 -> bf16
+          auto uses = g.uses(x);
+          bool only_user = uses.size() == 1 && !g.is_graph_output(x);
+          if (widening_first || only_user) {
+            g.replace_all_uses(y, a);
+            again = changed = true;
+            continue;
+          }
+        }
+      }
+      if (again) g.dead_code_elimination();
+    }
+    return changed;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_autocast_pass() { return std::make_unique<Autocast>(); }
+std::unique_ptr<Pass> make_cast_simplify_pass() { return std::make_unique<CastSimplify>(); }
+
+}  // namespace kiln::passes

@@ -1,0 +1,253 @@
+// autocast / cast_simplify (issue 4, bf16 mixed precision):
+//   - golden listing of the tiny GPT's forward training graph after
+//     attach_loss + autocast + cast_simplify: every Cast and every low_precision
+//     node ("op name : float input dtypes -> output dtype"),
+//     compared with the hand-checked tests/ir/autocast/tiny_gpt.expected;
+//   - invariants of the whole --bf16 training step: every low_precision node of
+//     forward and backward computes in bf16, parameters/gradients reaching the
+//     optimizer, optimizer state and the loss are f32;
+//   - cast_simplify on constructed graphs (round trip removed only when its bf16
+//     value is otherwise unused, duplicate casts merged, exact bf16->f32->bf16 trips);
+//   - numerics: 200 --bf16 training steps of the MLP and the tiny GPT end (mean of
+//     the last 20 logged losses) within 2% of the fp32 run (kiln binary, same seed).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ir/op_table.h"
+#include "passes/passes.h"
+#include "passes/training_util.h"
+#include "runtime/interpreter.h"
+#include "tools/driver/driver.h"
+
+using namespace kiln;
+using namespace kiln::ir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSrc = KILN_SOURCE_DIR;
+
+std::string read_file(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+PrecisionPolicy policy(const Node& n) {
+  const OpDef* d = OpTable::get().find(n.op);
+  return d ? d->precision : PrecisionPolicy::follow_inputs;
+}
+
+/// "op name : float input dtypes -> output dtype" for Cast nodes and low_precision nodes.
+std::string listing(const Graph& g) {
+  std::ostringstream os;
+  for (auto& n : g.nodes()) {
+    if (n->op != "Cast" && policy(*n) != PrecisionPolicy::low_precision) continue;
+    os << n->op << " " << n->name << " :";
+    for (Value* in : n->inputs)
+      if (in && is_float(in->dtype)) os << " " << dtype_name(in->dtype);
+    os << " -> " << dtype_name(n->outputs[0]->dtype) << "\n";
+  }
+  return os.str();
+}
+
+std::unique_ptr<Graph> tiny_gpt_forward_bf16() {
+  auto g = driver::load_model(kSrc + "/examples/tiny_gpt/model.onnx", {{"batch", 2}});
+  EXPECT_TRUE(g) << g.message();
+  if (!g) return nullptr;
+  passes::PassContext ctx;
+  ctx.options = {{"mode", "train"}, {"loss", "cross_entropy"}};
+  Status s = passes::run_pipeline(**g, {"attach_loss", "autocast", "cast_simplify", "canonicalize"}, ctx);
+  EXPECT_TRUE(s) << s.message();
+  return std::move(*g);
+}
+
+}  // namespace
+
+TEST(Autocast, TinyGptGoldenListing) {
+  auto g = tiny_gpt_forward_bf16();
+  ASSERT_TRUE(g);
+  std::string got = listing(*g);
+  std::string want = read_file(kSrc + "/tests/ir/autocast/tiny_gpt.expected");
+  if (got != want) {
+    std::ofstream(fs::temp_directory_path() / "tiny_gpt.autocast.actual") << got;
+  }
+  EXPECT_EQ(got, want) << "actual listing written to " << (fs::temp_directory_path() / "tiny_gpt.autocast.actual");
+}
+
+TEST(Autocast, TinyGptForwardPolicyInvariants) {
+  auto g = tiny_gpt_forward_bf16();
+  ASSERT_TRUE(g);
+  int low = 0;
+  for (auto& n : g->nodes()) {
+    PrecisionPolicy p = policy(*n);
+    if (p == PrecisionPolicy::low_precision) {
+      ++low;
+      for (Value* in : n->inputs)
+        if (in && is_float(in->dtype)) EXPECT_EQ(in->dtype, DType::bf16) << n->name;
+      EXPECT_EQ(n->outputs[0]->dtype, DType::bf16) << n->name;
+    } else if (p == PrecisionPolicy::fp32) {
+      for (Value* in : n->inputs)
+        if (in && is_float(in->dtype)) EXPECT_EQ(in->dtype, DType::f32) << n->name;
+    }
+  }
+  EXPECT_EQ(low, 2 * 6 + 1);  // per block: qkv, QK^T, AV, attn proj, fc, mlp proj; plus lm_head
+  // Parameters stay f32 inputs; their bf16 copies are named "<param>.bf16".
+  for (auto& sb : g->state)
+    if (sb.kind == "parameter") EXPECT_EQ(sb.input->dtype, DType::f32) << sb.input->name;
+  EXPECT_TRUE(g->find_value("transformer.h.0.attn.c_attn.weight.bf16"));
+  EXPECT_EQ(g->find_value("loss")->dtype, DType::f32);
+}
+
+TEST(Autocast, Bf16TrainingStepKeepsMastersGradsAndOptimizerInF32) {
+  runtime::TrainConfig cfg;
+  cfg.model = kSrc + "/examples/tiny_gpt/model.onnx";
+  cfg.per_device_train_batch_size = 2;
+  cfg.per_device_eval_batch_size = 2;
+  cfg.max_steps = 2;
+  cfg.bf16 = true;
+  auto prog = driver::build_training_program(cfg, nullptr, true);
+  ASSERT_TRUE(prog) << prog.message();
+  const Graph& t = *prog->train_step;
+  int low = 0;
+  for (auto& n : t.nodes())
+    if (policy(*n) == PrecisionPolicy::low_precision) {
+      ++low;
+      for (Value* in : n->inputs)
+        if (in && is_float(in->dtype)) EXPECT_EQ(in->dtype, DType::bf16) << n->name;
+    }
+  EXPECT_GT(low, 9);  // forward and backward MatMuls
+  for (auto& sb : t.state) {
+    if (sb.input->dtype == DType::i64) continue;
+    EXPECT_EQ(sb.input->dtype, DType::f32) << sb.input->name;
+    if (sb.output) EXPECT_EQ(sb.output->dtype, DType::f32) << sb.output->name;
+  }
+  for (auto& p : prog->parameters) {
+    Value* gr = prog->grads->find_value(p + ".grad");
+    ASSERT_TRUE(gr) << p;
+    EXPECT_EQ(gr->dtype, DType::f32) << p;
+  }
+  EXPECT_EQ(t.find_value("loss")->dtype, DType::f32);
+  // The eval graph runs autocast too and still returns f32 logits.
+  for (Value* o : prog->eval->outputs) EXPECT_EQ(o->dtype, DType::f32) << o->name;
+}
+
+TEST(CastSimplify, RemovesRoundTripsAndDuplicates) {
+  auto cast = [](Graph& g, Value* v, DType to, const std::string& name) {
+    return g.add_node("Cast", name, {v}, {name + ".out"}, passes::make_attrs({{"to", int64_t(dtype_to_onnx(to))}}))
+        ->outputs[0];
+  };
+  // x -> bf16 -> f32 -> Relu: the round trip goes, Relu reads x.
+  {
+    Graph g;
+    Value* x = g.add_input("x", DType::f32, Shape::of({2, 3}));
+    Value* z = cast(g, cast(g, x, DType::bf16, "down"), DType::f32, "up");
+    Node* r = g.add_node("Relu", "relu", {z}, {"y"});
+    g.outputs = {r->outputs[0]};
+    ASSERT_TRUE(infer_graph(g));
+    passes::PassContext ctx;
+    ASSERT_TRUE(passes::run_pipeline(g, {"cast_simplify"}, ctx));
+    EXPECT_EQ(g.nodes().size(), 1u);
+    EXPECT_EQ(r->inputs[0], x);
+  }
+  // The bf16 value has another user: the f32 round trip is kept (it rounds).
+  {
+    Graph g;
+    Value* x = g.add_input("x", DType::f32, Shape::of({2, 3}));
+    Value* lo = cast(g, x, DType::bf16, "down");
+    Value* z = cast(g, lo, DType::f32, "up");
+    Node* r1 = g.add_node("Relu", "relu", {z}, {"y"});
+    Node* r2 = g.add_node("Relu", "relu_lo", {lo}, {"y_lo"});
+    g.outputs = {r1->outputs[0], r2->outputs[0]};
+    ASSERT_TRUE(infer_graph(g));
+    passes::PassContext ctx;
+    ASSERT_TRUE(passes::run_pipeline(g, {"cast_simplify"}, ctx));
+    EXPECT_EQ(g.nodes().size(), 4u);
+    EXPECT_EQ(r1->inputs[0], z);
+  }
+  // Duplicate casts of x to bf16 merge; bf16 -> f32 -> bf16 is exact and goes.
+  {
+    Graph g;
+    Value* x = g.add_input("x", DType::f32, Shape::of({2, 3}));
+    Value* a = cast(g, x, DType::bf16, "a");
+    Value* b = cast(g, x, DType::bf16, "b");
+    Node* s = g.add_node("Add", "add", {a, b}, {"s"});
+    Value* back = cast(g, cast(g, s->outputs[0], DType::f32, "w"), DType::bf16, "n");
+    Node* r = g.add_node("Relu", "relu", {back}, {"y"});
+    g.outputs = {r->outputs[0]};
+    ASSERT_TRUE(infer_graph(g));
+    passes::PassContext ctx;
+    ASSERT_TRUE(passes::run_pipeline(g, {"cast_simplify"}, ctx));
+    EXPECT_EQ(s->inputs[0], a);
+    EXPECT_EQ(s->inputs[1], a);
+    EXPECT_EQ(r->inputs[0], s->outputs[0]);
+    EXPECT_EQ(g.nodes().size(), 3u);  // a, add, relu
+  }
+}
+
+// ---- numerics through the kiln binary ----
+namespace {
+
+const std::string kBin = std::string(KILN_BINARY_DIR) + "/bin/kiln";
+
+int kiln(const std::string& args, std::string* out) {
+  std::string log = (fs::temp_directory_path() / ("kiln_autocast_" + std::to_string(::getpid()) + ".log")).string();
+  std::string cmd = "cd '" + kSrc + "' && '" + kBin + "' " + args + " > '" + log + "' 2>&1";
+  int st = std::system(cmd.c_str());
+  *out = read_file(log);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/// Mean of the last 20 per-step losses of a 200-step run.
+double tail_loss(const std::string& args, const std::string& tag) {
+  fs::path dir = fs::temp_directory_path() / ("kiln_autocast_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::string out;
+  int rc = kiln(args + " --max_steps 200 --logging_steps 1 --seed 7 --output_dir " + dir.string(), &out);
+  EXPECT_EQ(rc, 0) << out;
+  std::map<int64_t, double> losses;
+  std::ifstream f(dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  fs::remove_all(dir);
+  EXPECT_EQ(losses.size(), 200u) << out;
+  double s = 0;
+  int k = 0;
+  for (int64_t step = 181; step <= 200; ++step)
+    if (losses.count(step)) s += losses[step], ++k;
+  return k ? s / k : NAN;
+}
+
+void compare_bf16(const std::string& args, const std::string& tag) {
+  if (!fs::exists(kSrc + "/data/digits/x_train.npy") || !fs::exists(kSrc + "/data/text/train.bin"))
+    FAIL() << "data/ is missing: run tools/prepare_test_data.sh (tools/test.sh does)";
+  double f32 = tail_loss(args, tag + "_f32");
+  double bf = tail_loss(args + " --bf16", tag + "_bf16");
+  std::cout << tag << ": fp32 tail loss " << f32 << ", bf16 " << bf << ", gap " << std::fabs(bf - f32) / f32 * 100
+            << "%\n";
+  EXPECT_LT(std::fabs(bf - f32), 0.02 * std::fabs(f32)) << "fp32 " << f32 << " bf16 " << bf;
+}
+
+}  // namespace
+
+TEST(Bf16Numerics, MlpDigits200StepsWithin2Percent) {
+  compare_bf16("train examples/mlp_digits/model.onnx --train_data input=data/digits/x_train.npy "
+               "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 32 --learning_rate 2e-3",
+               "mlp");
+}
+
+TEST(Bf16Numerics, TinyGpt200StepsWithin2Percent) {
+  compare_bf16("train examples/tiny_gpt/model.onnx --train_data data/text/train.bin --block_size 64 "
+               "--per_device_train_batch_size 4 --learning_rate 3e-3",
+               "gpt");
+}
