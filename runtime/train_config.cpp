@@ -144,7 +144,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"save_total_limit", Kind::i64, &c.save_total_limit, "keep at most N checkpoints (0: all)"},
       {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint, "checkpoint directory to resume from (\"latest\": newest in output_dir)"},
       {"bf16", Kind::boolean, &c.bf16, "bf16 mixed precision with fp32 master weights"},
-      {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step"},
+      {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step (only 1 is supported yet)"},
       {"backend", Kind::str, &c.backend, "eager (compiled backends come later)"},
       {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
   };

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <iostream>
 #include <cstdio>
 #include <filesystem>
 
@@ -334,6 +335,7 @@ Expected<TrainResult> Trainer::run() {
     return Status::ok();
   };
   double last_grad_norm = std::nan(""), last_lr = std::nan("");
+  bool warned_nonfinite = false;
   while (global_step_ < total_steps_) {
     KILN_ASSIGN_OR_RETURN(StepResult r, step());
     res.step_losses.push_back(r.loss);
@@ -343,6 +345,13 @@ Expected<TrainResult> Trainer::run() {
     acc_.total_loss_sum += r.loss;
     last_grad_norm = r.grad_norm;
     last_lr = r.learning_rate;
+    if (!std::isfinite(r.loss) && !warned_nonfinite) {
+      // PyTorch and the HF Trainer keep going on a non-finite loss; say so once, loudly.
+      bar.clear();
+      std::cerr << "kiln: warning: loss is " << r.loss << " at step " << global_step_
+                << " (check the data for NaN/inf and the learning rate); training continues\n";
+      warned_nonfinite = true;
+    }
     bar.update(global_step_, total_steps_, acc_.log_time_sum / static_cast<double>(acc_.log_loss_count));
     if (global_step_ % cfg_.logging_steps == 0) {
       LogEntry e;
