@@ -27,6 +27,7 @@ struct PassContext {
   int stop_after = -1;          ///< stop after the N-th pass (1-based) when > 0
   bool time_passes = false;
   std::ostream* log = nullptr;  ///< where printed IR and timings go (stderr when null)
+  int dump_index = 0;           ///< running NN of --dump-ir-dir files across pipelines
 
   std::string opt(const std::string& k, const std::string& def = "") const {
     auto it = options.find(k);

@@ -23,7 +23,9 @@ int64_t PassContext::opt_i(const std::string& k, int64_t def) const {
 
 Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, PassContext& ctx) {
   std::ostream& log = ctx.log ? *ctx.log : std::cerr;
-  if (!ctx.dump_ir_dir.empty()) {
+  if (!ctx.print_ir_after.empty() && ctx.print_ir_after != "all" && !make_pass(ctx.print_ir_after))
+    return Status::error("--print-ir-after: unknown pass '" + ctx.print_ir_after + "'");
+  if (!ctx.dump_ir_dir.empty() && ctx.dump_index == 0) {
     std::error_code ec;
     std::filesystem::create_directories(ctx.dump_ir_dir, ec);
     if (ec) return Status::error("--dump-ir-dir '" + ctx.dump_ir_dir + "': " + ec.message());
@@ -52,7 +54,7 @@ Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, Pass
       log << "// ----- IR after " << name << " -----\n" << ir::graph_to_string(g);
     if (!ctx.dump_ir_dir.empty()) {
       char fn[64];
-      std::snprintf(fn, sizeof fn, "/%02d-", idx);
+      std::snprintf(fn, sizeof fn, "/%02d-", ++ctx.dump_index);
       std::ofstream(ctx.dump_ir_dir + fn + name + ".txt") << ir::graph_to_string(g);
     }
     if (ctx.stop_after > 0 && idx >= ctx.stop_after) break;

@@ -313,6 +313,12 @@ Expected<TrainResult> Trainer::run() {
     KILN_RETURN_IF_ERROR(metrics.open((std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string(), resumed_,
                                       global_step_));
   }
+  if (eval_) {
+    int64_t used = eval_->num_eval_batches(eval_rows_) * eval_rows_;
+    if (used < eval_->num_rows())
+      out << "note: evaluation uses " << used << " of " << eval_->num_rows() << " eval rows (whole batches of "
+          << eval_rows_ << ": the program is compiled for one static batch shape)\n";
+  }
   out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << rows_per_step_
       << " rows, " << total_steps_ << " steps" << (resumed_ ? ", resuming at step " + std::to_string(global_step_) : "")
       << "\n";
@@ -328,7 +334,7 @@ Expected<TrainResult> Trainer::run() {
     j["epoch"] = epoch_now();
     for (auto& [k, v] : m) j[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
     bar.clear();
-    out << format_eval_line(j) << "\n";
+    out << format_eval_line(j) << std::endl;
     KILN_RETURN_IF_ERROR(metrics.write(j));
     res.eval_metrics = m;
     last_eval = global_step_;
@@ -364,7 +370,7 @@ Expected<TrainResult> Trainer::run() {
       e.step_time_s = acc_.log_time_sum / static_cast<double>(acc_.log_loss_count);
       e.samples_per_second = e.step_time_s > 0 ? static_cast<double>(rows_per_step_) / e.step_time_s : 0;
       bar.clear();
-      out << format_log_line(e) << "\n";
+      out << format_log_line(e) << std::endl;  // flushed: progress shows through pipes too
       KILN_RETURN_IF_ERROR(metrics.write(log_entry_json(e)));
       acc_.log_loss_sum = 0;
       acc_.log_loss_count = 0;

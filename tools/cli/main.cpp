@@ -272,6 +272,7 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
 int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
   TrainConfig cfg = flags.build();
   if (out.empty()) throw Failure{2, "--out is required"};
+  if (fs::is_directory(out)) throw Failure{2, "--out " + out + ": is a directory; give a .safetensors file path"};
   GradSetup setup = grad_setup(flags, cfg, f64);
   const ir::Graph& g = *setup.prog.grads;
   auto& feeds = setup.feeds;
@@ -299,12 +300,16 @@ int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
 /// Whole-model float64 gradient check: autodiff's gradients of one batch against
 /// central differences, on `per_param` random elements of every parameter.
 int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol, double eps) {
+  if (per_param <= 0) throw Failure{2, "--elements_per_parameter must be > 0, got " + std::to_string(per_param)};
+  if (!(eps > 0) || !std::isfinite(eps)) throw Failure{2, "--eps must be a finite number > 0, got " + fmt("%g", eps)};
+  if (!(tol > 0)) throw Failure{2, "--tolerance must be > 0, got " + fmt("%g", tol)};
   TrainConfig cfg = flags.build();
   GradSetup setup = grad_setup(flags, cfg, /*f64=*/true);
   auto r = unwrap(driver::gradcheck_graph(*setup.prog.grads, setup.feeds, per_param, cfg.seed, eps));
   std::cout << "gradcheck: " << r.elements_checked << " elements of " << setup.prog.parameters.size()
             << " parameters, max relative error " << fmt("%.3e", r.max_rel_error) << " (worst: " << r.worst
             << ", seed " << r.seed << ", tolerance " << fmt("%.1e", tol) << ")\n";
+  if (r.elements_checked == 0) throw Failure{1, "gradcheck checked no element (no trainable parameter?)"};
   if (!(r.max_rel_error < tol)) throw Failure{1, "gradcheck failed: relative error " + fmt("%.3e", r.max_rel_error) + " on " + r.worst};
   std::cout << "gradcheck: ok\n";
   return 0;
@@ -426,6 +431,36 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_
   return 0;
 }
 
+/// `kiln inspect MODEL --precision`: the bf16 precision plan of the forward training
+/// graph (attach_loss + autocast + cast_simplify; the backward pass follows these dtypes):
+/// per node its compute, accumulation and storage (first output) dtype and the op
+/// table's PrecisionPolicy that chose them.
+int cmd_inspect_precision(const std::string& model, const std::vector<std::string>& shape_items,
+                          const std::string& loss) {
+  auto shape = parse_shapes(shape_items);
+  if (!fs::exists(model)) throw Failure{1, model + ": no such file"};
+  auto g = unwrap(driver::load_model(model, shape));
+  passes::PassContext ctx;
+  ctx.options = {{"mode", "train"}, {"loss", loss}};
+  check(passes::run_pipeline(*g, {"attach_loss", "autocast", "cast_simplify", "canonicalize"}, ctx));
+  std::cout << "precision plan (--bf16) of " << model << ": node, compute / accumulate / store, rule\n";
+  for (auto& n : g->nodes()) {
+    const ir::OpDef* d = ir::OpTable::get().find(n->op);
+    ir::PrecisionPolicy p = d ? d->precision : ir::PrecisionPolicy::follow_inputs;
+    ir::DType compute = ir::DType::undefined;
+    for (ir::Value* in : n->inputs)
+      if (in && ir::is_float(in->dtype) && (compute == ir::DType::undefined || ir::dtype_size(in->dtype) > ir::dtype_size(compute)))
+        compute = in->dtype;
+    ir::DType store = n->outputs.empty() ? ir::DType::undefined : n->outputs[0]->dtype;
+    if (n->op == "Cast" || compute == ir::DType::undefined) compute = store;
+    ir::DType acc = p == ir::PrecisionPolicy::low_precision ? ir::DType::f32 : compute;
+    std::string rule = n->op == "Cast" ? "cast" : ir::precision_policy_name(p);
+    std::cout << "  " << n->op << " " << n->name << "  " << ir::dtype_name(compute) << " / " << ir::dtype_name(acc) << " / "
+              << ir::dtype_name(store) << "  " << rule << "\n";
+  }
+  return 0;
+}
+
 // ------------------------------------------------------------------ run
 int cmd_run(const std::string& model, const std::vector<std::string>& inputs, const std::string& out_dir,
             const std::vector<std::string>& shape_items) {
@@ -435,6 +470,7 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
   for (auto& s : inputs) {
     auto eq = s.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) throw Failure{2, "--input '" + s + "': expected NAME=FILE.npy"};
+    if (files.count(s.substr(0, eq))) throw Failure{2, "--input " + s.substr(0, eq) + " given twice"};
     files[s.substr(0, eq)] = s.substr(eq + 1);
   }
   if (!fs::exists(model)) throw Failure{1, model + ": no such file"};
@@ -509,6 +545,10 @@ int real_main(int argc, char** argv) {
   std::vector<std::string> inspect_shape;
   inspect->add_option("model", inspect_model, "the .onnx model")->required();
   inspect->add_option("--shape", inspect_shape, "dim bindings NAME=INT[,NAME=INT]")->allow_extra_args(false);
+  bool inspect_precision = false;
+  std::string inspect_loss = "cross_entropy";
+  inspect->add_flag("--precision", inspect_precision, "print the --bf16 precision plan of every node");
+  inspect->add_option("--loss", inspect_loss, "loss attached for --precision (default cross_entropy)");
   auto* run = app.add_subcommand("run", "forward pass (eager); writes OUTPUT_DIR/<output>.npy");
   std::string run_model, run_out;
   std::vector<std::string> run_inputs, run_shape;
@@ -541,6 +581,7 @@ int real_main(int argc, char** argv) {
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);
     if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps);
+    if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_model, inspect_shape, inspect_loss);
     if (*inspect) return cmd_inspect(inspect_model, inspect_shape);
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);
   } catch (const Failure& f) {
