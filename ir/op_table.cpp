@@ -65,6 +65,25 @@ OpDef& OpTable::add(OpDef def) {
   return ops_[n] = std::move(def);
 }
 
+OpDef make_op(const std::string& name, const std::string& doc, int min_in, int max_in, InferFn infer,
+              PrecisionPolicy prec, FusionClass fusion) {
+  OpDef d;
+  d.name = name;
+  d.doc = doc;
+  d.min_inputs = min_in;
+  d.max_inputs = max_in;
+  d.infer = std::move(infer);
+  d.precision = prec;
+  d.fusion = fusion;
+  return d;
+}
+
+void add_differentiable(OpTable& t, OpDef d, GradFn g) {
+  d.diff = Differentiability::differentiable;
+  d.grad = std::move(g);
+  t.add(std::move(d));
+}
+
 Status infer_node(Node& n) {
   const OpDef* def = OpTable::get().find(n.op);
   if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");

@@ -151,6 +151,13 @@ class OpTable {
   std::map<std::string, OpDef> ops_;
 };
 
+/// Starts a one-output op entry: name, doc, input arity, inference, precision and fusion
+/// class (not differentiable until add_differentiable marks it).
+OpDef make_op(const std::string& name, const std::string& doc, int min_in, int max_in, InferFn infer,
+              PrecisionPolicy prec, FusionClass fusion = FusionClass::pointwise);
+/// Adds `d` to the table as differentiable, with gradient rule `g`.
+void add_differentiable(OpTable& t, OpDef d, GradFn g);
+
 /// Runs the op's inference on `n` from its inputs' current types (and the constant
 /// data of initializer inputs) and writes dtype/shape to its outputs.
 Status infer_node(Node& n);

@@ -90,24 +90,6 @@ GradFn unary_grad(LocalGrad local) {
   };
 }
 
-OpDef make(const std::string& name, const std::string& doc, int min_in, int max_in, InferFn infer,
-           PrecisionPolicy prec, FusionClass fusion = FusionClass::pointwise) {
-  OpDef d;
-  d.name = name;
-  d.doc = doc;
-  d.min_inputs = min_in;
-  d.max_inputs = max_in;
-  d.infer = std::move(infer);
-  d.precision = prec;
-  d.fusion = fusion;
-  return d;
-}
-
-void add_diff(OpTable& t, OpDef d, GradFn g) {
-  d.diff = Differentiability::differentiable;
-  d.grad = std::move(g);
-  t.add(std::move(d));
-}
 
 Value* emit_cast(GradContext& g, Value* v, DType to) {
   if (v->dtype == to) return v;
@@ -123,7 +105,7 @@ void register_elementwise_ops(OpTable& t) {
   const std::string spec = "ONNX spec (onnx.ai/onnx/operators): ";
 
   // ---- binary arithmetic
-  add_diff(t, make("Add", spec + "Add-14, C = A + B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+  add_differentiable(t, make_op("Add", spec + "Add-14, C = A + B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
            [](GradContext& g) -> Status {
              Value* dy = g.grad_output(0);
              if (!dy) return Status::ok();
@@ -131,7 +113,7 @@ void register_elementwise_ops(OpTable& t) {
              if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(dy, g.input(1)));
              return Status::ok();
            });
-  add_diff(t, make("Sub", spec + "Sub-14, C = A - B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+  add_differentiable(t, make_op("Sub", spec + "Sub-14, C = A - B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
            [](GradContext& g) -> Status {
              Value* dy = g.grad_output(0);
              if (!dy) return Status::ok();
@@ -139,7 +121,7 @@ void register_elementwise_ops(OpTable& t) {
              if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(g.emit1("Neg", {dy}), g.input(1)));
              return Status::ok();
            });
-  add_diff(t, make("Mul", spec + "Mul-14, C = A * B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+  add_differentiable(t, make_op("Mul", spec + "Mul-14, C = A * B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
            [](GradContext& g) -> Status {
              Value* dy = g.grad_output(0);
              if (!dy) return Status::ok();
@@ -149,8 +131,8 @@ void register_elementwise_ops(OpTable& t) {
                g.set_grad_input(1, g.unbroadcast(g.emit1("Mul", {dy, g.input(0)}), g.input(1)));
              return Status::ok();
            });
-  add_diff(t,
-           make("Div", spec + "Div-14, C = A / B with numpy broadcasting (integers truncate toward zero)", 2, 2,
+  add_differentiable(t,
+           make_op("Div", spec + "Div-14, C = A / B with numpy broadcasting (integers truncate toward zero)", 2, 2,
                 infer_binary, P::follow_inputs),
            [](GradContext& g) -> Status {
              Value* dy = g.grad_output(0);
@@ -164,8 +146,8 @@ void register_elementwise_ops(OpTable& t) {
              }
              return Status::ok();
            });
-  add_diff(t,
-           make("Pow", spec + "Pow-15, Z = X ^ Y with numpy broadcasting; Y may have another numeric dtype", 2, 2,
+  add_differentiable(t,
+           make_op("Pow", spec + "Pow-15, Z = X ^ Y with numpy broadcasting; Y may have another numeric dtype", 2, 2,
                 [](InferContext& c) -> Status {
                   KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 0, 2, false));
                   if (c.in[1].dtype == DType::boolean || c.in[0].dtype == DType::boolean)
@@ -198,56 +180,56 @@ void register_elementwise_ops(OpTable& t) {
            });
 
   // ---- unary math
-  add_diff(t, make("Neg", spec + "Neg-13, y = -x", 1, 1, infer_same, P::follow_inputs),
+  add_differentiable(t, make_op("Neg", spec + "Neg-13, y = -x", 1, 1, infer_same, P::follow_inputs),
            unary_grad([](GradContext& g, Value* dy) { return g.emit1("Neg", {dy}); }));
-  add_diff(t, make("Abs", spec + "Abs-13, y = |x|", 1, 1, infer_same, P::follow_inputs),
+  add_differentiable(t, make_op("Abs", spec + "Abs-13, y = |x|", 1, 1, infer_same, P::follow_inputs),
            unary_grad([](GradContext& g, Value* dy) {
              Value* x = g.input(0);
              // sign(x) * dy, 0 at x == 0 (PyTorch)
              Value* neg = g.emit1("Where", {g.emit1("Less", {x, zero_of(g, x)}), g.emit1("Neg", {dy}), zero_of(g, dy)});
              return g.emit1("Where", {g.emit1("Greater", {x, zero_of(g, x)}), dy, neg});
            }));
-  add_diff(t, make("Sqrt", spec + "Sqrt-13, y = sqrt(x)", 1, 1, infer_float_unary, P::fp32),
+  add_differentiable(t, make_op("Sqrt", spec + "Sqrt-13, y = sqrt(x)", 1, 1, infer_float_unary, P::fp32),
            unary_grad([](GradContext& g, Value* dy) {
              Value* y = g.output(0);
              return g.emit1("Div", {dy, g.emit1("Mul", {y, cst(g, 2.0, y)})});
            }));
-  add_diff(t, make("Reciprocal", spec + "Reciprocal-13, y = 1 / x", 1, 1, infer_float_unary, P::fp32),
+  add_differentiable(t, make_op("Reciprocal", spec + "Reciprocal-13, y = 1 / x", 1, 1, infer_float_unary, P::fp32),
            unary_grad([](GradContext& g, Value* dy) {
              Value* y = g.output(0);
              return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Mul", {y, y})})});
            }));
-  add_diff(t, make("Exp", spec + "Exp-13, y = e^x", 1, 1, infer_float_unary, P::fp32),
+  add_differentiable(t, make_op("Exp", spec + "Exp-13, y = e^x", 1, 1, infer_float_unary, P::fp32),
            unary_grad([](GradContext& g, Value* dy) { return g.emit1("Mul", {dy, g.output(0)}); }));
-  add_diff(t, make("Log", spec + "Log-13, y = ln(x)", 1, 1, infer_float_unary, P::fp32),
+  add_differentiable(t, make_op("Log", spec + "Log-13, y = ln(x)", 1, 1, infer_float_unary, P::fp32),
            unary_grad([](GradContext& g, Value* dy) { return g.emit1("Div", {dy, g.input(0)}); }));
-  add_diff(t, make("Tanh", spec + "Tanh-13, y = tanh(x)", 1, 1, infer_float_unary, P::follow_inputs),
+  add_differentiable(t, make_op("Tanh", spec + "Tanh-13, y = tanh(x)", 1, 1, infer_float_unary, P::follow_inputs),
            unary_grad([](GradContext& g, Value* dy) {
              Value* y = g.output(0);
              return g.emit1("Mul", {dy, g.emit1("Sub", {cst(g, 1.0, y), g.emit1("Mul", {y, y})})});
            }));
-  add_diff(t, make("Sigmoid", spec + "Sigmoid-13, y = 1 / (1 + e^-x)", 1, 1, infer_float_unary, P::follow_inputs),
+  add_differentiable(t, make_op("Sigmoid", spec + "Sigmoid-13, y = 1 / (1 + e^-x)", 1, 1, infer_float_unary, P::follow_inputs),
            unary_grad([](GradContext& g, Value* dy) {
              Value* y = g.output(0);
              return g.emit1("Mul", {dy, g.emit1("Mul", {y, g.emit1("Sub", {cst(g, 1.0, y), y})})});
            }));
-  add_diff(t, make("Relu", spec + "Relu-14, y = max(0, x)", 1, 1, infer_same, P::follow_inputs),
+  add_differentiable(t, make_op("Relu", spec + "Relu-14, y = max(0, x)", 1, 1, infer_same, P::follow_inputs),
            unary_grad([](GradContext& g, Value* dy) {
              Value* y = g.output(0);
              return g.emit1("Where", {g.emit1("Greater", {y, zero_of(g, y)}), dy, zero_of(g, dy)});
            }));
   {
-    OpDef d = make("LeakyRelu", spec + "LeakyRelu-16, y = x if x >= 0 else alpha * x (alpha default 0.01)", 1, 1,
+    OpDef d = make_op("LeakyRelu", spec + "LeakyRelu-16, y = x if x >= 0 else alpha * x (alpha default 0.01)", 1, 1,
                    infer_float_unary, P::follow_inputs);
     d.attrs = {{"alpha", AttrKind::f}};
-    add_diff(t, d, unary_grad([](GradContext& g, Value* dy) {
+    add_differentiable(t, d, unary_grad([](GradContext& g, Value* dy) {
                Value* x = g.input(0);
                double alpha = g.node().attrs.get_float("alpha", 0.01);
                Value* small = g.emit1("Mul", {dy, cst(g, alpha, dy)});
                return g.emit1("Where", {g.emit1("Greater", {x, zero_of(g, x)}), dy, small});
              }));
   }
-  add_diff(t, make("Erf", spec + "Erf-13, y = erf(x)", 1, 1, infer_float_unary, P::fp32),
+  add_differentiable(t, make_op("Erf", spec + "Erf-13, y = erf(x)", 1, 1, infer_float_unary, P::fp32),
            unary_grad([](GradContext& g, Value* dy) {
              Value* x = g.input(0);
              // d erf(x)/dx = 2/sqrt(pi) * exp(-x^2)
@@ -255,38 +237,38 @@ void register_elementwise_ops(OpTable& t) {
              return g.emit1("Mul", {dy, g.emit1("Mul", {e, cst(g, 2.0 / std::sqrt(M_PI), x)})});
            }));
   {
-    OpDef d = make("Gelu",
+    OpDef d = make_op("Gelu",
                    spec + "Gelu-20, y = 0.5x(1+erf(x/sqrt2)); approximate='tanh': 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))",
                    1, 1, infer_float_unary, P::follow_inputs);
     d.attrs = {{"approximate", AttrKind::s}};
-    add_diff(t, d, unary_grad([](GradContext& g, Value* dy) {
+    add_differentiable(t, d, unary_grad([](GradContext& g, Value* dy) {
                Attributes a;
                a.set("approximate", g.node().attrs.get_string("approximate", "none"));
                return g.emit1("GeluGrad", {dy, g.input(0)}, a);
              }));
   }
   {
-    OpDef d = make("GeluGrad",
+    OpDef d = make_op("GeluGrad",
                    "kiln-internal: dx = dy * Gelu'(x) (inputs dy, x; attr approximate none|tanh as ONNX Gelu-20)", 2,
                    2, infer_binary, P::follow_inputs);
     d.attrs = {{"approximate", AttrKind::s}};
     d.onnx = false;
     t.add(d);
   }
-  add_diff(t, make("Softplus", spec + "Softplus-1, y = ln(exp(x) + 1)", 1, 1, infer_float_unary, P::follow_inputs),
+  add_differentiable(t, make_op("Softplus", spec + "Softplus-1, y = ln(exp(x) + 1)", 1, 1, infer_float_unary, P::follow_inputs),
            unary_grad([](GradContext& g, Value* dy) {
              return g.emit1("Mul", {dy, g.emit1("Sigmoid", {g.input(0)})});
            }));
-  add_diff(t, make("Sin", spec + "Sin-7, y = sin(x)", 1, 1, infer_float_unary, P::follow_inputs),
+  add_differentiable(t, make_op("Sin", spec + "Sin-7, y = sin(x)", 1, 1, infer_float_unary, P::follow_inputs),
            unary_grad([](GradContext& g, Value* dy) { return g.emit1("Mul", {dy, g.emit1("Cos", {g.input(0)})}); }));
-  add_diff(t, make("Cos", spec + "Cos-7, y = cos(x)", 1, 1, infer_float_unary, P::follow_inputs),
+  add_differentiable(t, make_op("Cos", spec + "Cos-7, y = cos(x)", 1, 1, infer_float_unary, P::follow_inputs),
            unary_grad([](GradContext& g, Value* dy) {
              return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Sin", {g.input(0)})})});
            }));
 
   // ---- Clip
   {
-    OpDef d = make("Clip",
+    OpDef d = make_op("Clip",
                    spec + "Clip-13, y = min(max(x, min), max); min/max optional scalar inputs (attrs min/max: Clip-6)",
                    1, 3,
                    [](InferContext& c) -> Status {
@@ -299,7 +281,7 @@ void register_elementwise_ops(OpTable& t) {
                    P::follow_inputs);
     d.attrs = {{"min", AttrKind::f}, {"max", AttrKind::f}};
     // Gradient passes where min <= x <= max (PyTorch clamp); no gradient to min/max.
-    add_diff(t, d, unary_grad([](GradContext& g, Value* dy) {
+    add_differentiable(t, d, unary_grad([](GradContext& g, Value* dy) {
                Value* x = g.input(0);
                Value* lo = g.input(1);
                Value* hi = g.input(2);
@@ -320,11 +302,11 @@ void register_elementwise_ops(OpTable& t) {
   // ---- variadic Max / Min
   for (const char* name : {"Max", "Min"}) {
     std::string nm = name;
-    OpDef d = make(nm, spec + nm + "-13, elementwise " + (nm == "Max" ? "maximum" : "minimum") +
+    OpDef d = make_op(nm, spec + nm + "-13, elementwise " + (nm == "Max" ? "maximum" : "minimum") +
                            " of 1..N inputs with numpy broadcasting (NaN propagates)",
                    1, kVariadic, infer_binary, P::follow_inputs);
     // Gradient: dy goes to the inputs equal to the result, split evenly between ties (PyTorch maximum/minimum).
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy) return Status::ok();
       int n = g.node().num_inputs();
@@ -349,8 +331,8 @@ void register_elementwise_ops(OpTable& t) {
   }
 
   // ---- Where
-  add_diff(t,
-           make("Where", spec + "Where-16, output = condition ? X : Y with numpy broadcasting of all three", 3, 3,
+  add_differentiable(t,
+           make_op("Where", spec + "Where-16, output = condition ? X : Y with numpy broadcasting of all three", 3, 3,
                 [](InferContext& c) -> Status {
                   if (c.in[0].dtype != DType::boolean) return c.fail("condition must be bool");
                   KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 1, 2, true));
@@ -377,12 +359,12 @@ void register_elementwise_ops(OpTable& t) {
                               {"LessOrEqual", "LessOrEqual-16, C = (A <= B), bool output, numpy broadcasting"},
                               {"Greater", "Greater-13, C = (A > B), bool output, numpy broadcasting"},
                               {"GreaterOrEqual", "GreaterOrEqual-16, C = (A >= B), bool output, numpy broadcasting"}};
-  for (auto& cd : cmp_doc) t.add(make(cd[0], spec + cd[1], 2, 2, infer_compare, P::follow_inputs));
-  t.add(make("And", spec + "And-7, logical and of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
-  t.add(make("Or", spec + "Or-7, logical or of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
-  t.add(make("Xor", spec + "Xor-7, logical xor of bool tensors, numpy broadcasting", 2, 2, infer_logic,
+  for (auto& cd : cmp_doc) t.add(make_op(cd[0], spec + cd[1], 2, 2, infer_compare, P::follow_inputs));
+  t.add(make_op("And", spec + "And-7, logical and of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
+  t.add(make_op("Or", spec + "Or-7, logical or of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
+  t.add(make_op("Xor", spec + "Xor-7, logical xor of bool tensors, numpy broadcasting", 2, 2, infer_logic,
              P::not_float));
-  t.add(make("Not", spec + "Not-1, logical not of a bool tensor", 1, 1,
+  t.add(make_op("Not", spec + "Not-1, logical not of a bool tensor", 1, 1,
              [](InferContext& c) -> Status {
                KILN_RETURN_IF_ERROR(infer_same(c));
                if (c.in[0].dtype != DType::boolean) return c.fail("expects a bool input");
@@ -392,7 +374,7 @@ void register_elementwise_ops(OpTable& t) {
 
   // ---- Cast / CastLike / Identity
   {
-    OpDef d = make("Cast",
+    OpDef d = make_op("Cast",
                    spec + "Cast-13, converts to dtype `to` (ONNX TensorProto type); float->int truncates toward zero",
                    1, 1,
                    [](InferContext& c) -> Status {
@@ -405,7 +387,7 @@ void register_elementwise_ops(OpTable& t) {
                    },
                    P::not_float);
     d.attrs = {{"to", AttrKind::i, true}, {"saturate", AttrKind::i}};
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       Value* x = g.input(0);
       if (!dy || !g.needs_grad(0) || !is_float(x->dtype) || !is_float(dy->dtype)) return Status::ok();
@@ -413,8 +395,8 @@ void register_elementwise_ops(OpTable& t) {
       return Status::ok();
     });
   }
-  add_diff(t,
-           make("CastLike", spec + "CastLike-15, casts input to the dtype of target_type (second input)", 2, 2,
+  add_differentiable(t,
+           make_op("CastLike", spec + "CastLike-15, casts input to the dtype of target_type (second input)", 2, 2,
                 [](InferContext& c) -> Status {
                   if (!c.has_input(0) || !c.has_input(1)) return c.fail("missing input");
                   c.out[0] = {c.in[1].dtype, c.in[0].shape};
@@ -428,12 +410,12 @@ void register_elementwise_ops(OpTable& t) {
              g.set_grad_input(0, emit_cast(g, dy, x->dtype));
              return Status::ok();
            });
-  add_diff(t, make("Identity", spec + "Identity-16, y = x", 1, 1, infer_same, P::follow_inputs, FusionClass::view),
+  add_differentiable(t, make_op("Identity", spec + "Identity-16, y = x", 1, 1, infer_same, P::follow_inputs, FusionClass::view),
            unary_grad([](GradContext&, Value* dy) { return dy; }));
 
   // ---- Dropout
   {
-    OpDef d = make(
+    OpDef d = make_op(
         "Dropout",
         spec + "Dropout-13, inputs (data, ratio?, training_mode?), outputs (output, mask?); inference: output = data, "
                "mask = ones; training: Philox mask keyed by (seed, kiln_rng_id or op id, step), kept values scaled 1/(1-ratio)",
@@ -450,7 +432,7 @@ void register_elementwise_ops(OpTable& t) {
     // (or a kiln_rng_id attribute, in which case the mask is regenerated by a Dropout node with the
     // same rng id applied to dy). The mask form assumes training behaviour (dropout active), which
     // is how autodiff graphs run; a constant training_mode=false makes the gradient dy.
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy || !g.needs_grad(0)) return Status::ok();
       const Node& n = g.node();

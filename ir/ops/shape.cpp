@@ -423,24 +423,6 @@ GradFn reshape_back() {
   };
 }
 
-OpDef make(const std::string& name, const std::string& doc, int min_in, int max_in, InferFn infer,
-           PrecisionPolicy prec, FusionClass fusion) {
-  OpDef d;
-  d.name = name;
-  d.doc = doc;
-  d.min_inputs = min_in;
-  d.max_inputs = max_in;
-  d.infer = std::move(infer);
-  d.precision = prec;
-  d.fusion = fusion;
-  return d;
-}
-
-void add_diff(OpTable& t, OpDef d, GradFn g) {
-  d.diff = Differentiability::differentiable;
-  d.grad = std::move(g);
-  t.add(std::move(d));
-}
 
 }  // namespace
 
@@ -449,13 +431,13 @@ void register_shape_ops(OpTable& t) {
   using F = FusionClass;
 
   {
-    OpDef d = make("Reshape", kSpec + "Reshape-14, data reshaped to `shape` (0 copies a dim unless allowzero, -1 inferred)",
+    OpDef d = make_op("Reshape", kSpec + "Reshape-14, data reshaped to `shape` (0 copies a dim unless allowzero, -1 inferred)",
                    1, 2, infer_reshape, P::follow_inputs, F::view);
     d.attrs = {{"allowzero", AttrKind::i}, {"shape", AttrKind::ints}};
-    add_diff(t, d, reshape_back());
+    add_differentiable(t, d, reshape_back());
   }
   {
-    OpDef d = make("Transpose", kSpec + "Transpose-13, permutes axes by `perm` (default: reversed)", 1, 1,
+    OpDef d = make_op("Transpose", kSpec + "Transpose-13, permutes axes by `perm` (default: reversed)", 1, 1,
                    [](InferContext& c) -> Status {
                      const Shape& in = c.in[0].shape;
                      int r = in.rank();
@@ -475,7 +457,7 @@ void register_shape_ops(OpTable& t) {
                    },
                    P::follow_inputs, F::view);
     d.attrs = {{"perm", AttrKind::ints}};
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy || !g.needs_grad(0)) return Status::ok();
       int r = g.input(0)->shape.rank();
@@ -491,7 +473,7 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make("Flatten", kSpec + "Flatten-13, 2-D [prod(dims[:axis]), prod(dims[axis:])], axis default 1", 1, 1,
+    OpDef d = make_op("Flatten", kSpec + "Flatten-13, 2-D [prod(dims[:axis]), prod(dims[axis:])], axis default 1", 1, 1,
                    [](InferContext& c) -> Status {
                      const Shape& in = c.in[0].shape;
                      int r = in.rank();
@@ -504,22 +486,22 @@ void register_shape_ops(OpTable& t) {
                    },
                    P::follow_inputs, F::view);
     d.attrs = {{"axis", AttrKind::i}};
-    add_diff(t, d, reshape_back());
+    add_differentiable(t, d, reshape_back());
   }
   {
-    OpDef d = make("Squeeze", kSpec + "Squeeze-13, removes size-1 dims listed in the axes input (all if omitted)", 1, 2,
+    OpDef d = make_op("Squeeze", kSpec + "Squeeze-13, removes size-1 dims listed in the axes input (all if omitted)", 1, 2,
                    infer_squeeze, P::follow_inputs, F::view);
     d.attrs = {{"axes", AttrKind::ints}};
-    add_diff(t, d, reshape_back());
+    add_differentiable(t, d, reshape_back());
   }
   {
-    OpDef d = make("Unsqueeze", kSpec + "Unsqueeze-13, inserts size-1 dims at the axes input (of the output rank)", 1, 2,
+    OpDef d = make_op("Unsqueeze", kSpec + "Unsqueeze-13, inserts size-1 dims at the axes input (of the output rank)", 1, 2,
                    infer_unsqueeze, P::follow_inputs, F::view);
     d.attrs = {{"axes", AttrKind::ints}};
-    add_diff(t, d, reshape_back());
+    add_differentiable(t, d, reshape_back());
   }
   {
-    OpDef d = make("Concat", kSpec + "Concat-13, joins inputs along `axis` (negative allowed)", 1, kVariadic,
+    OpDef d = make_op("Concat", kSpec + "Concat-13, joins inputs along `axis` (negative allowed)", 1, kVariadic,
                    [](InferContext& c) -> Status {
                      int r = c.in[0].shape.rank();
                      auto ax = normalize_axis(c.attrs().get_int("axis", 0), r);
@@ -551,7 +533,7 @@ void register_shape_ops(OpTable& t) {
                    },
                    P::follow_inputs, F::opaque);
     d.attrs = {{"axis", AttrKind::i, true}};
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy) return Status::ok();
       const Node& n = g.node();
@@ -590,13 +572,13 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make("Split",
+    OpDef d = make_op("Split",
                    kSpec + "Split-18, splits along `axis` by the split input, or into num_outputs equal chunks "
                            "(last one smaller)",
                    1, 2, infer_split, P::follow_inputs, F::opaque);
     d.max_outputs = kVariadic;
     d.attrs = {{"axis", AttrKind::i}, {"num_outputs", AttrKind::i}, {"split", AttrKind::ints}};
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       if (!g.needs_grad(0)) return Status::ok();
       const Node& n = g.node();
       std::vector<Value*> parts;
@@ -614,11 +596,11 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make("Slice",
+    OpDef d = make_op("Slice",
                    kSpec + "Slice-13, inputs (data, starts, ends, axes?, steps?), negative steps, indices clamped",
                    1, 5, infer_slice, P::follow_inputs, F::view);
     d.attrs = {{"starts", AttrKind::ints}, {"ends", AttrKind::ints}, {"axes", AttrKind::ints}};
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy || !g.needs_grad(0)) return Status::ok();
       const Node& n = g.node();
@@ -635,7 +617,7 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make("SliceGrad",
+    OpDef d = make_op("SliceGrad",
                    "kiln-internal: zeros of shape `shape` with dy written at Slice(starts, ends, axes?, steps?) "
                    "positions (inputs dy, shape, starts, ends, axes?, steps?; ONNX Slice-13 clamping)",
                    4, 6,
@@ -655,7 +637,7 @@ void register_shape_ops(OpTable& t) {
     t.add(d);
   }
   {
-    OpDef d = make("Gather",
+    OpDef d = make_op("Gather",
                    kSpec + "Gather-13, out = data.shape[:axis] + indices.shape + data.shape[axis+1:], negative indices wrap",
                    2, 2,
                    [](InferContext& c) -> Status {
@@ -673,7 +655,7 @@ void register_shape_ops(OpTable& t) {
                    },
                    P::follow_inputs, F::opaque);
     d.attrs = {{"axis", AttrKind::i}};
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy || !g.needs_grad(0)) return Status::ok();
       Attributes a;
@@ -683,7 +665,7 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make("GatherGrad",
+    OpDef d = make_op("GatherGrad",
                    "kiln-internal: scatter-add of dy into zeros of shape `shape` at Gather(axis) positions "
                    "(inputs indices, dy, shape as 1-D i64; adjoint of ONNX Gather-13)",
                    3, 3,
@@ -704,7 +686,7 @@ void register_shape_ops(OpTable& t) {
     t.add(d);
   }
   {
-    OpDef d = make("Expand", kSpec + "Expand-13, broadcasts data to `shape` (bidirectional numpy rules)", 2, 2,
+    OpDef d = make_op("Expand", kSpec + "Expand-13, broadcasts data to `shape` (bidirectional numpy rules)", 2, 2,
                    [](InferContext& c) -> Status {
                      auto s = const_ints(c, 1);
                      if (!s) {
@@ -720,7 +702,7 @@ void register_shape_ops(OpTable& t) {
                      return Status::ok();
                    },
                    P::follow_inputs, F::view);
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy || !g.needs_grad(0)) return Status::ok();
       g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
@@ -728,7 +710,7 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make("Shape", kSpec + "Shape-15, 1-D i64 dims of the input, sliced by start/end (clamped)", 1, 1,
+    OpDef d = make_op("Shape", kSpec + "Shape-15, 1-D i64 dims of the input, sliced by start/end (clamped)", 1, 1,
                    [](InferContext& c) -> Status {
                      int r = c.in[0].shape.rank();
                      int64_t s = c.attrs().get_int("start", 0), e = c.attrs().get_int("end", r);
@@ -744,7 +726,7 @@ void register_shape_ops(OpTable& t) {
     t.add(d);
   }
   {
-    OpDef d = make("ConstantOfShape",
+    OpDef d = make_op("ConstantOfShape",
                    kSpec + "ConstantOfShape-9, tensor of shape `input` filled with `value` (1-element tensor, default f32 0)",
                    1, 1,
                    [](InferContext& c) -> Status {
@@ -770,7 +752,7 @@ void register_shape_ops(OpTable& t) {
     t.add(d);
   }
   {
-    OpDef d = make("Constant",
+    OpDef d = make_op("Constant",
                    kSpec + "Constant-13, one of value / value_float(s) / value_int(s) (string and sparse forms unsupported)",
                    0, 0,
                    [](InferContext& c) -> Status {
@@ -792,7 +774,7 @@ void register_shape_ops(OpTable& t) {
     t.add(d);
   }
   {
-    OpDef d = make("Range", kSpec + "Range-11, [start, limit) by delta; n = max(ceil((limit-start)/delta), 0)", 3, 3,
+    OpDef d = make_op("Range", kSpec + "Range-11, [start, limit) by delta; n = max(ceil((limit-start)/delta), 0)", 3, 3,
                    [](InferContext& c) -> Status {
                      DType dt = c.in[0].dtype;
                      if (c.in[1].dtype != dt || c.in[2].dtype != dt) return c.fail("inputs have different dtypes");
@@ -818,7 +800,7 @@ void register_shape_ops(OpTable& t) {
     t.add(d);
   }
   {
-    OpDef d = make("Trilu",
+    OpDef d = make_op("Trilu",
                    kSpec + "Trilu-14, keeps the upper (upper=1, default) or lower triangle of the last two dims, "
                            "diagonal offset k input",
                    1, 2,
@@ -829,7 +811,7 @@ void register_shape_ops(OpTable& t) {
                    },
                    P::follow_inputs, F::opaque);
     d.attrs = {{"upper", AttrKind::i}};
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy || !g.needs_grad(0)) return Status::ok();
       std::vector<Value*> ins = {dy};
@@ -839,12 +821,12 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make("Pad",
+    OpDef d = make_op("Pad",
                    kSpec + "Pad-18, inputs (data, pads, constant_value?, axes?), mode constant|reflect|edge|wrap",
                    1, 4, infer_pad, P::follow_inputs, F::opaque);
     d.attrs = {{"mode", AttrKind::s}, {"pads", AttrKind::ints}, {"value", AttrKind::f}};
     // Gradient (constant mode only): slice dy back to the input's region. Pads must be >= 0.
-    add_diff(t, d, [](GradContext& g) -> Status {
+    add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy || !g.needs_grad(0)) return Status::ok();
       const Node& n = g.node();
