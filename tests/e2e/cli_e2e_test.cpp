@@ -210,3 +210,23 @@ TEST(BadInput, RunInputOfWrongDtypeOrShape) {
                              "--output_dir " + out),
                         "meta.json");
 }
+
+TEST(BadInput, CliArgumentsGiveOneLine) {
+  const std::string mlp = "examples/mlp_digits/model.onnx";
+  const std::string fx = "--train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+                         "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy ";
+  expect_one_line_error(kiln("frobnicate"), "unknown subcommand 'frobnicate'");
+  expect_one_line_error(kiln("inspect " + mlp + " --shape batch=0"), "must be > 0");
+  expect_one_line_error(kiln("inspect " + mlp + " --shape foo=3"), "no input dim named 'foo'");
+  expect_one_line_error(kiln("train " + mlp + " " + fx + "--config examples"), "is a directory");
+  expect_one_line_error(kiln("gradcheck " + mlp + " " + fx + "--eps 0"), "--eps");
+  expect_one_line_error(kiln("gradcheck " + mlp + " " + fx + "--elements_per_parameter 0"),
+                        "--elements_per_parameter");
+  expect_one_line_error(kiln("grad " + mlp + " " + fx + "--out examples"), "is a directory");
+  std::string out = tmpdir("dup_input");
+  expect_one_line_error(kiln("run " + mlp + " --input input=examples/mlp_digits/input.npy "
+                             "--input input=examples/mlp_digits/input.npy --output_dir " + out),
+                        "given twice");
+  expect_one_line_error(kiln("train " + mlp + " " + fx + "--max_steps 1 --print-ir-after nosuchpass --output_dir " + out),
+                        "nosuchpass");
+}
