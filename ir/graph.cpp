@@ -305,6 +305,13 @@ Status Graph::topo_sort() {
       auto it = prod.find(in);
       if (it != prod.end() && !visit(it->second)) return false;
     }
+    // Values a nested region reads from this graph are inputs of its node too.
+    std::unordered_set<const Value*> captured;
+    for (auto& r : n->regions) collect_region_inputs(*r, captured);
+    for (const Value* in : captured) {
+      auto it = prod.find(in);
+      if (it != prod.end() && it->second != n && !visit(it->second)) return false;
+    }
     s = 2;
     nodes_.push_back(std::move(old[pos[n]]));
     return true;

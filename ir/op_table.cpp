@@ -41,6 +41,8 @@ OpTable& OpTable::get() {
     register_reduction_ops(*t);
     register_loss_ops(*t);
     register_training_ops(*t);
+    register_optim8bit_ops(*t);
+    register_control_ops(*t);
     return t;
   }();
   return *table;

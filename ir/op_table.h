@@ -180,5 +180,7 @@ void register_nn_ops(OpTable& t);
 void register_reduction_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
 void register_training_ops(OpTable& t);
+void register_optim8bit_ops(OpTable& t);  ///< ir/ops/optim8bit.cpp (8-bit AdamW state)
+void register_control_ops(OpTable& t);
 
 }  // namespace kiln::ir

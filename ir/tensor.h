@@ -63,6 +63,8 @@ class Tensor {
   template <typename T> T* data() { return static_cast<T*>(raw()); }
   template <typename T> const T* data() const { return static_cast<const T*>(raw()); }
 
+  /// True when no other Tensor shares this one's storage (an in-place write is invisible to others).
+  bool storage_unique() const { return storage_ && storage_.use_count() == 1; }
   /// Deep copy with fresh storage.
   Tensor clone() const;
   /// Same storage, new dims (numel must match). Aborts on mismatch (caller checks).

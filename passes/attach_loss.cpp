@@ -24,6 +24,11 @@
 //    model: the model's scalar output is the loss.
 //    Labels come from a new graph input named by "label_input" (default "labels").
 //    Outputs become ["loss"] in train mode, ["loss", logits] in eval mode.
+// 4. Gradient accumulation (option gradient_accumulation_steps N > 1, train mode):
+//    with accumulation_normalization "tokens" (default for cross_entropy) the loss
+//    is the sum over this microbatch's non-ignored labels divided by a new scalar
+//    input "num_items_in_batch" (the count over all N microbatches, filled in by
+//    the accumulation pass); with "microbatch" the mean loss is scaled by 1/N.
 #include <map>
 #include <regex>
 #include <set>
@@ -133,6 +138,15 @@ class AttachLoss : public Pass {
     }
     Builder b(g, "loss");
     Value* loss = nullptr;
+    // Gradient accumulation (passes/accumulation.cpp): how microbatch losses combine.
+    const int64_t accum = train ? ctx.opt_i("gradient_accumulation_steps", 1) : 1;
+    std::string norm = ctx.opt("accumulation_normalization");
+    if (norm.empty()) norm = loss_kind == "cross_entropy" ? "tokens" : "microbatch";
+    if (norm != "tokens" && norm != "microbatch")
+      return Status::error("unknown --accumulation_normalization '" + norm + "' (expected tokens or microbatch)");
+    if (accum > 1 && norm == "tokens" && loss_kind != "cross_entropy")
+      return Status::error("--accumulation_normalization tokens needs --loss cross_entropy (got " + loss_kind + ")");
+    const bool tokens_norm = accum > 1 && norm == "tokens";
     const std::string label_name = ctx.opt("label_input", "labels");
     if (loss_kind == "model") {
       if (logits->shape.numel() != 1)
@@ -157,9 +171,16 @@ class AttachLoss : public Pass {
       }
       int64_t ignore = ctx.opt_i("ignore_index", -100);
       double eps = ctx.opt_f("label_smoothing", 0.0);
-      auto sce_attrs = make_attrs({{"reduction", std::string("mean")}, {"ignore_index", ignore}});
+      // Gradient accumulation with token normalization: the sum over this
+      // microbatch's real labels divided by the count over the whole step
+      // (input num_items_in_batch, computed by the accumulation pass).
+      Value* num_items = nullptr;
+      if (tokens_norm) num_items = g.add_input("num_items_in_batch", x->dtype, Shape());
+      auto sce_attrs =
+          make_attrs({{"reduction", std::string(num_items ? "sum" : "mean")}, {"ignore_index", ignore}});
       if (eps <= 0) {
         loss = b.op("SoftmaxCrossEntropyLoss", {x, y}, sce_attrs);
+        if (num_items) loss = b.op("Div", {loss, num_items});
       } else {
         Value* lp = b.op("LogSoftmax", {x}, make_attrs({{"axis", int64_t(1)}}));
         Value* nll = b.op("NegativeLogLikelihoodLoss", {lp, y}, sce_attrs);
@@ -167,7 +188,8 @@ class AttachLoss : public Pass {
         Value* valid = b.op("Cast", {b.op("Not", {b.op("Equal", {y, b.ints({ignore})})})},
                             make_attrs({{"to", int64_t(dtype_to_onnx(x->dtype))}}));
         Value* smooth_sum = b.op("ReduceSum", {b.op("Mul", {row_mean, valid})}, make_attrs({{"keepdims", int64_t(0)}}));
-        Value* count = b.op("ReduceSum", {valid}, make_attrs({{"keepdims", int64_t(0)}}));
+        Value* count = num_items ? num_items : b.op("ReduceSum", {valid}, make_attrs({{"keepdims", int64_t(0)}}));
+        if (num_items) nll = b.op("Div", {nll, num_items});
         Value* smooth = b.op("Neg", {b.op("Div", {smooth_sum, count})});
         loss = b.op("Add", {b.op("Mul", {nll, b.scalar(1.0 - eps, x->dtype)}), b.op("Mul", {smooth, b.scalar(eps, x->dtype)})});
       }
@@ -190,6 +212,7 @@ class AttachLoss : public Pass {
     } else {
       return Status::error("unknown --loss '" + loss_kind + "' (expected cross_entropy, mse, bce_with_logits, l1, model)");
     }
+    if (accum > 1 && !tokens_norm && loss) loss = b.op("Mul", {loss, b.scalar(1.0 / double(accum), loss->dtype)});
     if (!b.status()) return b.status().with_context("building the " + loss_kind + " loss");
     if (loss->name != "loss") loss = b.op("Identity", {loss}, {}, "loss");
     if (!b.status()) return b.status();

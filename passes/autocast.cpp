@@ -27,7 +27,17 @@
 // initializers are converted at compile time. Graph outputs (the loss, eval
 // logits) and state outputs keep their original dtype (cast back when needed).
 //
-// Options: "autocast_dtype" = "bf16" (default; the only low-precision dtype).
+// autocast_grad (after autodiff): the gradient rules emit their ops on the
+// forward dtypes, so an fp32-policy op of the backward pass (the ReduceSum of a
+// bias gradient, unbroadcast sums) would otherwise run on bf16/f16 values. This
+// pass applies the fp32 rule to every such node (low-precision inputs cast up to
+// f32 once per value) and casts the result back to the dtype its consumers were
+// built for, after any single-use view ops (so cast_simplify removes the cast back
+// when the consumer is the cast to the f32 master's gradient).
+//
+// Options: "autocast_dtype" = "bf16" (default, --bf16) or "f16" (--fp16, used with
+// the loss scaling of passes/grad_scaler.cpp; every rule above reads "bf16" as
+// "the low-precision dtype"; f16 kernels compute in f32 and round on store).
 #include <map>
 #include <set>
 
@@ -50,14 +60,104 @@ int rank_of(DType t) {
   }
 }
 
+/// Whether a node name lies in a "/grad" scope (autodiff's backward nodes, the same
+/// test as the memory planner and remat use).
+bool in_grad_scope(const std::string& name) {
+  size_t p = 0;
+  while ((p = name.find("/grad", p)) != std::string::npos) {
+    size_t e = p + 5;
+    if (e == name.size() || name[e] == '/') return true;
+    p = e;
+  }
+  return false;
+}
+
+/// A deliberate recomputation made by rule (c) (left alone by cast_simplify).
+bool is_remat_node(const Node& n) {
+  const std::string suffix = "/grad/remat";
+  return n.name.size() >= suffix.size() && n.name.compare(n.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Rule (c), run at the end of autocast_grad: no f32 copy of a low-precision value is
+/// saved for the backward pass. For every forward value y read by a backward node:
+///  - y = Cast(x) widening a bf16/f16 x to f32 (autocast's input casts of fp32-policy
+///    ops, e.g. Erf's input, the loss's logits): the backward readers get an identical
+///    Cast of x placed before the first of them ("<y>.remat"), exact, so x is saved;
+///  - y = the f32 result of an fp32-policy node whose only forward reader is its
+///    narrowing storage Cast y_s (rule (b), e.g. Softmax's output): the backward readers
+///    get Cast(y_s) to f32 ("<y_s>.f32.remat"), so y_s is saved, as PyTorch saves the
+///    bf16 output of softmax on bf16 inputs.
+/// The new nodes are named "<forward cast>/grad/remat" (backward scope, DESIGN.md
+/// convention 3).
+Expected<bool> remat_saved_casts(Graph& g) {
+  const auto& nodes = g.nodes();
+  size_t bwd = nodes.size();
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (in_grad_scope(nodes[i]->name)) {
+      bwd = i;
+      break;
+    }
+  // Forward values to replace: y -> (source value, forward Cast whose name the clone takes).
+  struct Plan {
+    Value* y;
+    Value* src;
+    const Node* cast;
+  };
+  std::vector<Plan> plans;
+  std::set<const Node*> forward;
+  for (size_t i = 0; i < bwd; ++i) forward.insert(nodes[i].get());
+  std::map<const Value*, std::vector<const Node*>> fwd_readers;
+  for (size_t i = 0; i < bwd; ++i)
+    for (Value* in : nodes[i]->inputs)
+      if (in) fwd_readers[in].push_back(nodes[i].get());
+  std::set<const Value*> read_by_bwd;
+  for (size_t i = bwd; i < nodes.size(); ++i)
+    for (Value* in : nodes[i]->inputs)
+      if (in && in->producer && forward.count(in->producer)) read_by_bwd.insert(in);
+  for (size_t i = 0; i < bwd; ++i) {
+    Node* f = nodes[i].get();
+    if (f->num_outputs() != 1) continue;
+    Value* y = f->outputs[0];
+    if (!read_by_bwd.count(y) || y->dtype != DType::f32 || g.is_graph_output(y)) continue;
+    if (f->op == "Cast") {
+      Value* x = f->input(0);
+      if (x && is_float(x->dtype) && rank_of(x->dtype) < rank_of(y->dtype)) plans.push_back({y, x, f});
+      continue;
+    }
+    const OpDef* def = OpTable::get().find(f->op);
+    if (!def || def->precision != PrecisionPolicy::fp32) continue;
+    auto it = fwd_readers.find(y);
+    if (it == fwd_readers.end() || it->second.size() != 1) continue;
+    const Node* s = it->second[0];
+    if (s->op == "Cast" && rank_of(s->outputs[0]->dtype) == 1) plans.push_back({y, s->outputs[0], s});
+  }
+  for (const Plan& pl : plans) {
+    std::vector<Node*> readers;
+    for (auto& u : g.uses(pl.y))
+      if (!forward.count(u.user)) readers.push_back(u.user);
+    if (readers.empty()) continue;
+    int first = g.index_of(readers[0]);
+    for (Node* r : readers) first = std::min(first, g.index_of(r));
+    const std::string out = pl.src == pl.cast->input(0) ? pl.y->name + ".remat" : pl.src->name + ".f32.remat";
+    Node* c = g.insert_node(static_cast<size_t>(first), "Cast", pl.cast->name + "/grad/remat", {pl.src}, {out},
+                            make_attrs({{"to", int64_t(dtype_to_onnx(DType::f32))}}));
+    KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast_grad (rule c)"));
+    for (Node* r : readers)
+      for (auto& in : r->inputs)
+        if (in == pl.y) in = c->outputs[0];
+  }
+  return !plans.empty();
+}
+
 class Autocast : public Pass {
  public:
   std::string name() const override { return "autocast"; }
 
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     const std::string want = ctx.opt("autocast_dtype", "bf16");
-    if (want != "bf16") return Status::error("autocast: unsupported autocast_dtype '" + want + "' (expected bf16)");
-    low_ = DType::bf16;
+    if (want != "bf16" && want != "f16")
+      return Status::error("autocast: unsupported autocast_dtype '" + want + "' (expected bf16 or f16)");
+    low_ = want == "f16" ? DType::f16 : DType::bf16;
     params_.clear();
     cache_.clear();
     for (auto& sb : g.state)
@@ -98,6 +198,20 @@ class Autocast : public Pass {
         }
         target = strong != DType::undefined ? strong : any;
       }
+      // Rule (b) precondition, read before any input is cast: every float activation
+      // input arrives in the low-precision dtype.
+      bool all_low = false;
+      const Value* first_act = nullptr;
+      if (p == PrecisionPolicy::fp32) {
+        int acts = 0, lows = 0;
+        for (Value* in : n->inputs) {
+          if (!in || !is_float(in->dtype) || is_weak(in)) continue;
+          if (!first_act) first_act = in;
+          ++acts;
+          lows += in->dtype == low_;
+        }
+        all_low = acts > 0 && acts == lows;
+      }
       bool node_changed = false;
       // Pass 0 converts activations and parameters; pass 1 converts constant
       // initializers only when the node does not infer or not to `target` without
@@ -126,6 +240,10 @@ class Autocast : public Pass {
         }
       }
       changed = changed || node_changed;
+      if (all_low && low_ == DType::bf16 && stores_low(g, *n, first_act, keep)) {
+        KILN_RETURN_IF_ERROR(store_low(g, n));
+        changed = true;
+      }
     }
     // Graph outputs and state outputs keep their dtype.
     for (auto& [v, dt] : keep) {
@@ -139,6 +257,39 @@ class Autocast : public Pass {
  private:
   /// Parameters and constant initializers follow the activations' dtype.
   bool is_weak(const Value* v) const { return params_.count(v) || v->is_initializer(); }
+
+  /// Rule (b): whether the f32 result of fp32-policy node `n`, all of whose float
+  /// activation inputs arrived in bf16, is stored in bf16: one float output, shaped
+  /// like its first activation input (pointwise ops and normalisations along an axis;
+  /// not reductions or losses, whose results change shape), and neither a graph output
+  /// nor a state output (those keep their dtype).
+  static bool stores_low(const Graph& g, const Node& n, const Value* first_act,
+                         const std::vector<std::pair<Value*, DType>>& keep) {
+    if (n.num_outputs() != 1 || !first_act) return false;
+    const Value* y = n.outputs[0];
+    if (y->dtype != DType::f32 || !(y->shape == first_act->shape) || g.is_graph_output(y)) return false;
+    for (auto& [v, dt] : keep)
+      if (v == y) return false;
+    return true;
+  }
+
+  /// Rule (b): casts the f32 result y of `n` to the low-precision dtype right after `n`
+  /// ("autocast/<y>.bf16", the stored value) and points every other reader of y at it.
+  /// The grad rule of `n` still reads y; autocast_grad points those backward reads at
+  /// the stored value (rule (c)).
+  Status store_low(Graph& g, Node* n) {
+    Value* y = n->outputs[0];
+    const std::string nm = y->name + "." + dtype_name(low_);
+    Node* c = g.insert_node(static_cast<size_t>(g.index_of(n)) + 1, "Cast", "autocast/" + nm, {y}, {nm},
+                            make_attrs({{"to", int64_t(dtype_to_onnx(low_))}}));
+    KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast"));
+    for (auto& other : g.nodes())
+      if (other.get() != c)
+        for (auto& in : other->inputs)
+          if (in == y) in = c->outputs[0];
+    cache_[std::make_pair(y, low_)] = c->outputs[0];
+    return Status::ok();
+  }
 
   /// The value `v` converted to `dt`: a compile-time converted initializer for
   /// constants, else a Cast node (cached per value and dtype).
@@ -223,7 +374,7 @@ class CastSimplify : public Pass {
       std::vector<Node*> order;
       for (auto& n : g.nodes()) order.push_back(n.get());
       for (Node* n : order) {
-        if (n->op != "Cast" || !n->input(0)) continue;
+        if (n->op != "Cast" || !n->input(0) || is_remat_node(*n)) continue;
         Value* x = n->input(0);
         Value* y = n->outputs[0];
         if (g.is_graph_output(y)) continue;  // keep output names and producers
@@ -264,8 +415,73 @@ class CastSimplify : public Pass {
   }
 };
 
+/// autocast_grad: see passes/passes.h and the file comment.
+class AutocastGrad : public Pass {
+ public:
+  std::string name() const override { return "autocast_grad"; }
+  Expected<bool> run(Graph& g, PassContext&) override {
+    const auto& table = OpTable::get();
+    std::map<Value*, Value*> up;  // low-precision value -> its f32 copy
+    std::vector<Node*> order;
+    for (auto& n : g.nodes()) order.push_back(n.get());
+    bool changed = false;
+    for (Node* n : order) {
+      const OpDef* def = table.find(n->op);
+      if (!def || def->precision != PrecisionPolicy::fp32) continue;
+      bool low_in = false;
+      for (Value* in : n->inputs) low_in = low_in || (in && rank_of(in->dtype) == 1);
+      if (!low_in) continue;
+      std::vector<DType> before;
+      for (Value* o : n->outputs) before.push_back(o->dtype);
+      for (auto& in : n->inputs) {
+        if (!in || rank_of(in->dtype) != 1) continue;
+        auto it = up.find(in);
+        if (it == up.end()) {
+          Node* c = g.insert_node(static_cast<size_t>(g.index_of(n)), "Cast", "autocast_grad/" + in->name + ".f32",
+                                  {in}, {in->name + ".f32"}, make_attrs({{"to", int64_t(dtype_to_onnx(DType::f32))}}));
+          KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast_grad"));
+          it = up.emplace(in, c->outputs[0]).first;
+        }
+        in = it->second;
+      }
+      KILN_RETURN_IF_ERROR(infer_node(*n).with_context("autocast_grad: node '" + n->name + "'"));
+      changed = true;
+      for (size_t i = 0; i < n->outputs.size(); ++i) {
+        Value* cur = n->outputs[i];
+        if (cur->dtype == before[i] || !is_float(before[i])) continue;
+        // Sink the cast back through single-use view ops (the bias gradient's
+        // Reshape), so a following cast to f32 (the master's gradient) cancels it
+        // in cast_simplify and the reduced value never goes through low precision.
+        for (;;) {
+          auto uses = g.uses(cur);
+          if (uses.size() != 1 || g.is_graph_output(cur)) break;
+          Node* u = uses[0].user;
+          const OpDef* ud = table.find(u->op);
+          int floats = 0;
+          for (Value* in : u->inputs) floats += in && is_float(in->dtype);
+          if (!ud || ud->fusion != FusionClass::view || floats != 1 || u->num_outputs() != 1) break;
+          KILN_RETURN_IF_ERROR(infer_node(*u).with_context("autocast_grad"));
+          cur = u->outputs[0];
+        }
+        auto uses = g.uses(cur);
+        Node* c = g.insert_node(static_cast<size_t>(g.index_of(cur->producer) + 1), "Cast",
+                                "autocast_grad/" + cur->name + ".restore", {cur},
+                                {cur->name + "." + dtype_name(before[i])},
+                                make_attrs({{"to", int64_t(dtype_to_onnx(before[i]))}}));
+        KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast_grad"));
+        for (auto& use : uses) use.user->inputs[use.index] = c->outputs[0];
+        for (auto& o : g.outputs)
+          if (o == cur) o = c->outputs[0];
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(bool remat, remat_saved_casts(g));
+    return changed || remat;
+  }
+};
+
 }  // namespace
 
+std::unique_ptr<Pass> make_autocast_grad_pass() { return std::make_unique<AutocastGrad>(); }
 std::unique_ptr<Pass> make_autocast_pass() { return std::make_unique<Autocast>(); }
 std::unique_ptr<Pass> make_cast_simplify_pass() { return std::make_unique<CastSimplify>(); }
 

@@ -17,9 +17,20 @@
 //   decay on biases and norm scales, as Hugging Face's Trainer groups parameters.
 // - sgd = torch.optim.SGD: g += wd*p; buf = g on the first step, else
 //   momentum*buf + g; nesterov uses g + momentum*buf; p -= lr*g.
+// - adamw_8bit (alias adamw_bnb_8bit) = bitsandbytes' blockwise 8-bit AdamW (Dettmers
+//   et al. 2021): parameters with >= 4096 elements (min_8bit_size) keep both moments as
+//   uint8 codes "<param>.exp_avg.q8" / "<param>.exp_avg_sq.q8" (u8[numel]) with one f32
+//   absmax per 256 elements "<param>.exp_avg.absmax" / "<param>.exp_avg_sq.absmax"
+//   (dynamic tree maps: signed for exp_avg, unsigned for exp_avg_sq; the maps are the
+//   initializers "optimizer/qmap.signed" and "optimizer/qmap.unsigned"). Each such
+//   parameter is updated by ONE AdamW8bitUpdate node (dequantize, the adamw_torch
+//   update above with the clipping coefficient applied to the gradient first,
+//   requantize). Smaller parameters use the adamw_torch ops with fp32 state.
 // Optimizer state is carried as StateBinding kind "optimizer_state", named
-// "<param>.exp_avg", "<param>.exp_avg_sq" or "<param>.momentum_buffer".
+// "<param>.exp_avg", "<param>.exp_avg_sq" or "<param>.momentum_buffer" (8-bit: above).
 #include <cmath>
+
+#include "ir/ops/optim8bit.h"
 
 #include "passes/passes.h"
 #include "passes/training_util.h"
@@ -35,8 +46,10 @@ class Optimizer : public Pass {
   std::string name() const override { return "optimizer"; }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     const std::string optim = ctx.opt("optim", "adamw_torch");
-    if (optim != "adamw_torch" && optim != "sgd")
-      return Status::error("unknown --optim '" + optim + "' (expected adamw_torch or sgd)");
+    const bool eightbit = optim == "adamw_8bit" || optim == "adamw_bnb_8bit";
+    const bool adam = optim == "adamw_torch" || eightbit;
+    if (!adam && optim != "sgd")
+      return Status::error("unknown --optim '" + optim + "' (expected adamw_torch, adamw_8bit or sgd)");
     Value* loss = g.find_value("loss");
     if (!loss) return Status::error("no 'loss' value");
     // Indices, not pointers: g.state grows below (the step counter).
@@ -114,7 +127,7 @@ class Optimizer : public Pass {
     const double momentum = ctx.opt_f("momentum", 0.0);
     const bool nesterov = ctx.opt("nesterov", "0") == "1";
     Value *bc1 = nullptr, *step_size = nullptr, *sqrt_bc2 = nullptr, *first = nullptr;
-    if (optim == "adamw_torch") {
+    if (adam) {
       bc1 = b.op("Sub", {C(1.0), b.op("Pow", {C(b1), step_next})});
       sqrt_bc2 = b.op("Sqrt", {b.op("Sub", {C(1.0), b.op("Pow", {C(b2), step_next})})});
       step_size = b.op("Div", {lr, bc1});
@@ -122,14 +135,47 @@ class Optimizer : public Pass {
       first = b.op("Equal", {step, C(0.0)});
     }
     std::vector<StateBinding> new_state;
+    Value *qmap_s = nullptr, *qmap_u = nullptr;  // 8-bit maps, created with the first 8-bit parameter
     for (size_t i = 0; i < params.size(); ++i) {
       Value* p = params[i]->input;
       b.set_prefix("optimizer/" + p->name);
       Value* gr = grads[i];
-      if (coef) gr = b.op("Mul", {gr, coef});
       bool decay_this = wd != 0 && p->shape.rank() >= 2;
       Value* p_new;
-      if (optim == "adamw_torch") {
+      if (eightbit && dt == DType::f32 && p->shape.numel() >= kMin8bitSize) {
+        // One fused node: dequantize -> AdamW -> requantize (ir/ops/optim8bit.cpp).
+        if (!qmap_s) {
+          auto ms = create_dynamic_map(true), mu = create_dynamic_map(false);
+          qmap_s = g.add_initializer("optimizer/qmap.signed", Tensor::from_f32(ms, {kQuantMapSize}));
+          qmap_u = g.add_initializer("optimizer/qmap.unsigned", Tensor::from_f32(mu, {kQuantMapSize}));
+        }
+        const int64_t n = p->shape.numel(), nb = num_blocks_8bit(n);
+        Value* q1 = g.add_input(p->name + ".exp_avg.q8", DType::u8, Shape::of({n}));
+        Value* a1 = g.add_input(p->name + ".exp_avg.absmax", DType::f32, Shape::of({nb}));
+        Value* q2 = g.add_input(p->name + ".exp_avg_sq.q8", DType::u8, Shape::of({n}));
+        Value* a2 = g.add_input(p->name + ".exp_avg_sq.absmax", DType::f32, Shape::of({nb}));
+        std::vector<Value*> ins = {p, gr, q1, a1, q2, a2, qmap_s, qmap_u, lr, step_size, sqrt_bc2};
+        if (coef) ins.push_back(coef);
+        Attributes at = make_attrs({{"beta1", b1},
+                                    {"beta2", b2},
+                                    {"eps", eps},
+                                    {"weight_decay", decay_this ? wd : 0.0},
+                                    {"blocksize", kBlockSize8bit}});
+        Node* nd = g.add_node("AdamW8bitUpdate", "optimizer/" + p->name + "/AdamW8bitUpdate", ins,
+                              {p->name + ".next", p->name + ".exp_avg.q8.next", p->name + ".exp_avg.absmax.next",
+                               p->name + ".exp_avg_sq.q8.next", p->name + ".exp_avg_sq.absmax.next"},
+                              std::move(at));
+        KILN_RETURN_IF_ERROR(infer_node(*nd));
+        p_new = nd->outputs[0];
+        new_state.push_back({"optimizer_state", q1, nd->outputs[1], std::make_shared<Tensor>(DType::u8, std::vector<int64_t>{n})});
+        new_state.push_back({"optimizer_state", a1, nd->outputs[2], std::make_shared<Tensor>(DType::f32, std::vector<int64_t>{nb})});
+        new_state.push_back({"optimizer_state", q2, nd->outputs[3], std::make_shared<Tensor>(DType::u8, std::vector<int64_t>{n})});
+        new_state.push_back({"optimizer_state", a2, nd->outputs[4], std::make_shared<Tensor>(DType::f32, std::vector<int64_t>{nb})});
+        g.state[param_idx[i]].output = p_new;
+        continue;
+      }
+      if (coef) gr = b.op("Mul", {gr, coef});
+      if (adam) {
         Value* m = g.add_input(p->name + ".exp_avg", dt, p->shape);
         Value* v = g.add_input(p->name + ".exp_avg_sq", dt, p->shape);
         Value* pd = p;

@@ -16,12 +16,29 @@ std::unique_ptr<Pass> make_attach_loss_pass();
 std::unique_ptr<Pass> make_autodiff_pass();
 /// Clipping, LR schedule and AdamW/SGD update as IR (passes/optimizer.cpp).
 std::unique_ptr<Pass> make_optimizer_pass();
+/// Gradient accumulation: wraps forward and backward in an AccumulationLoop region.
+std::unique_ptr<Pass> make_accumulation_pass();
 /// Inference mode: BatchNormalization uses running stats, Dropout off (passes/eval_mode.cpp).
 std::unique_ptr<Pass> make_eval_mode_pass();
-/// bf16 mixed precision from the op table's PrecisionPolicy, before autodiff (passes/autocast.cpp).
+/// bf16 (or f16, option autocast_dtype) mixed precision from the op table's PrecisionPolicy,
+/// before autodiff (passes/autocast.cpp).
 std::unique_ptr<Pass> make_autocast_pass();
+/// After autodiff: fp32-policy backward ops (bias-gradient ReduceSum) get f32 inputs, their
+/// result cast back where a low-precision consumer needs it (passes/autocast.cpp).
+std::unique_ptr<Pass> make_autocast_grad_pass();
 /// Removes identity casts, duplicate casts of one value and f32->bf16->f32 round trips (passes/autocast.cpp).
 std::unique_ptr<Pass> make_cast_simplify_pass();
+/// --fp16 dynamic loss scaling, before autodiff: "loss_scale"/"growth_tracker" state and
+/// "loss.scaled" = loss * loss_scale (passes/grad_scaler.cpp).
+std::unique_ptr<Pass> make_loss_scale_pass();
+/// After autodiff: every "<param>.grad" multiplied by 1/loss_scale (passes/grad_scaler.cpp).
+std::unique_ptr<Pass> make_grad_unscale_pass();
+/// After the optimizer: found_inf, skipped step (Where on state outputs), GradScaler
+/// scale/growth update; outputs "found_inf", "loss_scale.next" (passes/grad_scaler.cpp).
+std::unique_ptr<Pass> make_grad_scaler_update_pass();
+/// Rematerialization (gradient checkpointing) after autodiff: option remat_policy
+/// none|blocks|sqrt|min-cut|budget, memory_budget in bytes (passes/remat.cpp).
+std::unique_ptr<Pass> make_remat_pass();
 /// Casts every float initializer, input and Cast target to f64 (passes/to_float64.cpp).
 std::unique_ptr<Pass> make_to_float64_pass();
 

@@ -14,10 +14,16 @@ static const std::map<std::string, std::function<std::unique_ptr<Pass>()>>& fact
       {"attach_loss", make_attach_loss_pass},
       {"autodiff", make_autodiff_pass},
       {"optimizer", make_optimizer_pass},
+      {"accumulation", make_accumulation_pass},
       {"to_float64", make_to_float64_pass},
+      {"remat", make_remat_pass},
       {"eval_mode", make_eval_mode_pass},
       {"autocast", make_autocast_pass},
       {"cast_simplify", make_cast_simplify_pass},
+      {"autocast_grad", make_autocast_grad_pass},
+      {"loss_scale", make_loss_scale_pass},
+      {"grad_unscale", make_grad_unscale_pass},
+      {"grad_scaler_update", make_grad_scaler_update_pass},
   };
   return f;
 }

@@ -1,6 +1,8 @@
 #include "runtime/interpreter.h"
 
+#include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ir/op_table.h"
 
@@ -24,8 +26,21 @@ Status check_feed(const Value& input, const Tensor& t) {
   return Status::ok();
 }
 
+namespace {
+/// run_node, optionally writing output 0 into `inplace` (a dying input's buffer of
+/// the same dtype and dims; see the kiln_inplace attribute).
+Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
+                                            const RunOptions& opts, uint64_t op_id, const Tensor* inplace);
+}  // namespace
+
 Expected<std::vector<Tensor>> run_node(const Node& n, const std::vector<const Tensor*>& inputs, const RunOptions& opts,
                                        uint64_t op_id) {
+  return run_node_impl(n, inputs, opts, op_id, nullptr);
+}
+
+namespace {
+Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
+                                            const RunOptions& opts, uint64_t op_id, const Tensor* inplace) {
   const OpDef* def = OpTable::get().find(n.op);
   if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
   if (!def->kernel) return Status::error("node '" + n.name + "': op '" + n.op + "' has no eager kernel");
@@ -51,16 +66,185 @@ Expected<std::vector<Tensor>> run_node(const Node& n, const std::vector<const Te
     if (!ti.shape.is_static())
       return Status::error("node '" + n.name + "' (" + n.op + "): output shape " + ti.shape.to_string() +
                            " is not static in eager mode");
-    kctx.outputs.emplace_back(ti.dtype, ti.shape.to_vector());
+    if (i == 0 && inplace && inplace->dtype() == ti.dtype && inplace->dims() == ti.shape.to_vector())
+      kctx.outputs.push_back(*inplace);  // shares the dying input's storage: no allocation
+    else
+      kctx.outputs.emplace_back(ti.dtype, ti.shape.to_vector());
   }
   KILN_RETURN_IF_ERROR(def->kernel(kctx));
   return std::move(kctx.outputs);
 }
+}  // namespace
+
+namespace {
+
+using Env = std::unordered_map<const Value*, Tensor>;
+using ValueSet = std::unordered_set<const Value*>;
+
+/// Values a region reads from enclosing graphs (implicit captures).
+void collect_captures(const Graph& r, ValueSet& out) {
+  ValueSet defined(r.inputs.begin(), r.inputs.end());
+  defined.insert(r.initializers.begin(), r.initializers.end());
+  for (auto& n : r.nodes()) {
+    for (Value* v : n->inputs)
+      if (v && !defined.count(v)) out.insert(v);
+    for (auto& sub : n->regions) {
+      ValueSet inner;
+      collect_captures(*sub, inner);
+      for (const Value* v : inner)
+        if (!defined.count(v)) out.insert(v);
+    }
+    for (Value* o : n->outputs) defined.insert(o);
+  }
+  for (Value* o : r.outputs)
+    if (o && !defined.count(o)) out.insert(o);
+}
+
+Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts);
+
+/// Rows [t*rows, (t+1)*rows) of `full` along axis 0, as a new tensor.
+Tensor slice_rows(const Tensor& full, int64_t t, int64_t rows) {
+  std::vector<int64_t> dims = full.dims();
+  dims[0] = rows;
+  Tensor out(full.dtype(), dims);
+  const size_t bytes = out.nbytes();
+  std::memcpy(out.raw(), static_cast<const char*>(full.raw()) + static_cast<size_t>(t) * bytes, bytes);
+  return out;
+}
+
+/// Runs an AccumulationLoop node (ir/ops/control.cpp): `trip_count` runs of the body
+/// on scan slices, carried values threaded through. Carried inputs whose last use is
+/// this node are moved into the loop, so an accumulator is never held twice.
+Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const RunOptions& opts) {
+  if (n.regions.size() != 1) return Status::error("node '" + n.name + "': AccumulationLoop has no body");
+  const Graph& body = *n.regions[0];
+  const int64_t trips = n.attrs.get_int("trip_count", 1);
+  const size_t k = static_cast<size_t>(n.attrs.get_int("num_carried", 0));
+  if (body.inputs.size() != n.inputs.size() || body.outputs.size() != k || n.outputs.size() != k)
+    return Status::error("node '" + n.name + "': AccumulationLoop body does not match the node");
+  std::vector<Tensor> carried(k);
+  for (size_t i = 0; i < k; ++i) {
+    auto it = env.find(n.inputs[i]);
+    if (it == env.end()) return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
+    if (steal_carried) {
+      carried[i] = std::move(it->second);
+      env.erase(it);
+    } else {
+      carried[i] = it->second;
+    }
+  }
+  ValueSet captures;
+  collect_captures(body, captures);
+  ValueSet pinned(body.outputs.begin(), body.outputs.end());
+  for (int64_t t = 0; t < trips; ++t) {
+    Env benv;
+    for (size_t i = 0; i < k; ++i) benv[body.inputs[i]] = std::move(carried[i]);
+    for (size_t i = k; i < n.inputs.size(); ++i) {
+      auto it = env.find(n.inputs[i]);
+      if (it == env.end()) return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
+      const Tensor& full = it->second;
+      if (full.rank() < 1 || full.dim(0) % trips != 0)
+        return Status::error("node '" + n.name + "': scan input '" + n.inputs[i]->name + "' has leading dim " +
+                             (full.rank() ? std::to_string(full.dim(0)) : std::string("(scalar)")) +
+                             ", not a multiple of trip_count " + std::to_string(trips));
+      benv[body.inputs[i]] = slice_rows(full, t, full.dim(0) / trips);
+    }
+    for (const Value* v : captures) {
+      auto it = env.find(v);
+      if (it == env.end()) return Status::error("node '" + n.name + "': captured value '" + v->name + "' has no value");
+      benv[v] = it->second;  // shares storage: no copy, no extra bytes
+    }
+    // Each microbatch draws fresh dropout masks: Philox offset step*N + t.
+    RunOptions bo = opts;
+    bo.step = opts.step * static_cast<uint64_t>(trips) + static_cast<uint64_t>(t);
+    bo.keep.clear();
+    KILN_RETURN_IF_ERROR(run_nodes(body, benv, pinned, bo).with_context(n.name + " iteration " + std::to_string(t)));
+    for (size_t i = 0; i < k; ++i) {
+      auto it = benv.find(body.outputs[i]);
+      if (it == benv.end())
+        return Status::error("node '" + n.name + "': body output '" + body.outputs[i]->name + "' was not computed");
+      carried[i] = std::move(it->second);
+    }
+  }
+  for (size_t i = 0; i < k; ++i) env[n.outputs[i]] = std::move(carried[i]);
+  return Status::ok();
+}
+
+Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts) {
+  // Last use of each value (reads by nested regions count at their node), so its
+  // buffer is released right after.
+  std::unordered_map<const Value*, size_t> last_use;
+  const auto& nodes = g.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (Value* in : nodes[i]->inputs)
+      if (in) last_use[in] = i;
+    for (auto& r : nodes[i]->regions) {
+      ValueSet caps;
+      collect_captures(*r, caps);
+      for (const Value* v : caps) last_use[v] = i;
+    }
+  }
+  auto release = [&](const Value* v, size_t i) {
+    if (v && last_use[v] == i && !pinned.count(v)) env.erase(v);
+  };
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = *nodes[i];
+    if (n.op == "AccumulationLoop") {
+      // Carried inputs used only here move into the loop.
+      bool steal = true;
+      for (size_t c = 0; c < static_cast<size_t>(n.attrs.get_int("num_carried", 0)) && c < n.inputs.size(); ++c) {
+        const Value* v = n.inputs[c];
+        if (!v || last_use[v] != i || pinned.count(v)) steal = false;
+        for (size_t c2 = 0; c2 < c; ++c2)
+          if (n.inputs[c2] == v) steal = false;
+      }
+      KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts));
+    } else {
+      std::vector<const Tensor*> ins;
+      for (Value* v : n.inputs) {
+        if (!v) {
+          ins.push_back(nullptr);
+          continue;
+        }
+        auto it = env.find(v);
+        if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
+        ins.push_back(&it->second);
+      }
+      // kiln_inplace = k: output 0 may reuse input k's buffer when this is its last
+      // use and nothing else shares it (set by passes for pointwise updates such as
+      // the gradient accumulators; DESIGN.md invariant 2: visible in the IR).
+      const Tensor* inplace = nullptr;
+      const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
+      if (ip >= 0 && ip < n.num_inputs() && n.inputs[ip]) {
+        const Value* v = n.inputs[ip];
+        auto it = env.find(v);
+        if (it != env.end() && last_use[v] == i && !pinned.count(v) && it->second.storage_unique()) {
+          bool other_use = false;  // the same value read twice by this node
+          for (int j = 0; j < n.num_inputs(); ++j)
+            if (j != ip && n.inputs[j] == v) other_use = true;
+          if (!other_use) inplace = &it->second;
+        }
+      }
+      auto outs = run_node_impl(n, ins, opts, i, inplace);
+      if (!outs) return outs.status();
+      for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
+    }
+    for (Value* v : n.inputs) release(v, i);
+    for (auto& r : n.regions) {
+      ValueSet caps;
+      collect_captures(*r, caps);
+      for (const Value* v : caps) release(v, i);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map<std::string, Tensor>& feeds,
                                                  const RunOptions& opts) {
   register_eager_kernels();
-  std::unordered_map<const Value*, Tensor> env;
+  Env env;
   for (Value* in : g.inputs) {
     auto it = feeds.find(in->name);
     if (it == feeds.end()) return Status::error("missing input '" + in->name + "'");
@@ -68,35 +252,11 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
     env[in] = it->second;
   }
   for (Value* v : g.initializers) env[v] = *v->data;
-  // Last use of each value, so its buffer is released right after.
-  std::unordered_map<const Value*, size_t> last_use;
-  const auto& nodes = g.nodes();
-  for (size_t i = 0; i < nodes.size(); ++i)
-    for (Value* in : nodes[i]->inputs)
-      if (in) last_use[in] = i;
-  std::unordered_map<const Value*, bool> pinned;
-  for (Value* o : g.outputs) pinned[o] = true;
+  ValueSet pinned(g.outputs.begin(), g.outputs.end());
   for (auto& k : opts.keep)
-    if (Value* v = g.find_value(k)) pinned[v] = true;
-  for (Value* v : g.initializers) pinned[v] = true;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const Node& n = *nodes[i];
-    std::vector<const Tensor*> ins;
-    for (Value* v : n.inputs) {
-      if (!v) {
-        ins.push_back(nullptr);
-        continue;
-      }
-      auto it = env.find(v);
-      if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
-      ins.push_back(&it->second);
-    }
-    auto outs = run_node(n, ins, opts, i);
-    if (!outs) return outs.status();
-    for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
-    for (Value* v : n.inputs)
-      if (v && last_use[v] == i && !pinned.count(v)) env.erase(v);
-  }
+    if (Value* v = g.find_value(k)) pinned.insert(v);
+  for (Value* v : g.initializers) pinned.insert(v);
+  KILN_RETURN_IF_ERROR(run_nodes(g, env, pinned, opts));
   std::map<std::string, Tensor> result;
   for (Value* o : g.outputs) {
     auto it = env.find(o);
@@ -108,6 +268,26 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
     if (v && env.count(v)) result[k] = env[v];
   }
   return result;
+}
+
+Status accumulation_loop_kernel(KernelContext& ctx) {
+  // Outside run_graph the body's captured outer values are not available.
+  if (!ctx.node.regions.empty()) {
+    ValueSet caps;
+    collect_captures(*ctx.node.regions[0], caps);
+    if (!caps.empty())
+      return ctx.fail("the loop body reads values of the enclosing graph; run it with run_graph, not run_node");
+  }
+  Env env;
+  for (size_t i = 0; i < ctx.inputs.size(); ++i)
+    if (ctx.inputs[i]) env[ctx.node.inputs[i]] = *ctx.inputs[i];
+  RunOptions ro;
+  ro.training = ctx.training;
+  ro.seed = ctx.seed;
+  ro.step = ctx.step;
+  KILN_RETURN_IF_ERROR(run_accumulation_loop(ctx.node, env, false, ro));
+  for (size_t i = 0; i < ctx.outputs.size(); ++i) ctx.outputs[i] = env[ctx.node.outputs[i]];
+  return Status::ok();
 }
 
 }  // namespace kiln::runtime

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/op_table.h"
 #include "ir/status.h"
 #include "ir/tensor.h"
 
@@ -37,6 +38,10 @@ Expected<std::map<std::string, Tensor>> run_graph(const ir::Graph& g, const std:
 /// input): output shapes come from the op's inference on the actual inputs.
 Expected<std::vector<Tensor>> run_node(const ir::Node& n, const std::vector<const Tensor*>& inputs,
                                        const RunOptions& opts = {}, uint64_t op_id = 0);
+
+/// Eager kernel of AccumulationLoop for run_node (a body without captured outer
+/// values); run_graph runs the loop itself so that carried buffers move, not copy.
+kiln::Status accumulation_loop_kernel(ir::KernelContext& ctx);
 
 /// Checks a fed tensor against a graph input's dtype and static dims.
 kiln::Status check_feed(const ir::Value& input, const Tensor& t);

@@ -53,14 +53,15 @@ Status one_of(const std::string& name, const std::string& v, const std::vector<s
 
 Status TrainConfig::validate() const {
   KILN_RETURN_IF_ERROR(one_of("loss", loss, {"cross_entropy", "mse", "bce_with_logits", "l1", "model"}));
-  if (optim == "adamw_8bit" || optim == "adamw_bnb_8bit")
-    return bad("optim", "'" + optim + "' is not supported yet (use adamw_torch or sgd)");
-  KILN_RETURN_IF_ERROR(one_of("optim", optim, {"adamw_torch", "sgd"}));
+  // adamw_bnb_8bit is Hugging Face's name for the same bitsandbytes optimizer.
+  KILN_RETURN_IF_ERROR(one_of("optim", optim, {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "sgd"}));
   KILN_RETURN_IF_ERROR(
       one_of("lr_scheduler_type", lr_scheduler_type, {"linear", "cosine", "constant", "constant_with_warmup"}));
   KILN_RETURN_IF_ERROR(one_of("backend", backend, {"eager"}));
-  if (gradient_accumulation_steps != 1)
-    return bad("gradient_accumulation_steps", "values other than 1 are not supported yet");
+  if (!accumulation_normalization.empty())
+    KILN_RETURN_IF_ERROR(one_of("accumulation_normalization", accumulation_normalization, {"tokens", "microbatch"}));
+  if (accumulation_normalization == "tokens" && loss != "cross_entropy")
+    return bad("accumulation_normalization", "'tokens' needs --loss cross_entropy (use microbatch)");
   auto positive = [](const char* n, int64_t v) -> Status {
     if (v <= 0) return bad(n, "must be > 0, got " + num_str(v));
     return Status::ok();
@@ -92,6 +93,10 @@ Status TrainConfig::validate() const {
     return bad("warmup_ratio", "must be in [0, 1], got " + num_str(warmup_ratio));
   if (!(label_smoothing >= 0 && label_smoothing < 1))
     return bad("label_smoothing", "must be in [0, 1), got " + num_str(label_smoothing));
+  if (bf16 && fp16) return bad("fp16", "--bf16 and --fp16 are mutually exclusive");
+  if (!(fp16_init_scale > 0) || std::isinf(fp16_init_scale))
+    return bad("fp16_init_scale", "must be a finite number > 0, got " + num_str(fp16_init_scale));
+  if (fp16_growth_interval <= 0) return bad("fp16_growth_interval", "must be > 0, got " + num_str(fp16_growth_interval));
   if (nesterov && momentum <= 0) return bad("nesterov", "requires --momentum > 0 (PyTorch SGD rule)");
   if (output_dir.empty()) return bad("output_dir", "must not be empty");
   for (auto* re : {&freeze, &trainable}) {
@@ -104,7 +109,38 @@ Status TrainConfig::validate() const {
   }
   for (auto& [k, v] : shape)
     if (v <= 0) return bad("shape", "dimension '" + k + "' must be > 0, got " + num_str(v));
+  if (!remat_policy.empty())
+    KILN_RETURN_IF_ERROR(one_of("remat_policy", remat_policy, {"none", "blocks", "sqrt", "min-cut", "budget"}));
+  if (!memory_budget.empty()) {
+    auto b = parse_byte_size(memory_budget);
+    if (!b) return b.status();
+  }
+  if (effective_remat_policy() == "budget" && memory_budget.empty())
+    return bad("memory_budget", "--remat_policy budget needs --memory_budget (e.g. 800MB, 24GiB)");
   return Status::ok();
+}
+
+Expected<int64_t> parse_byte_size(const std::string& text) {
+  auto fail = [&]() -> Status {
+    return bad("memory_budget", "expected a size such as 800MB, 24GiB or a byte count, got '" + text + "'");
+  };
+  if (text.empty()) return fail();
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || !(v > 0) || !std::isfinite(v)) return fail();
+  std::string unit(end);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  std::string u;
+  for (char ch : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  static const std::map<std::string, double> units = {
+      {"", 1}, {"b", 1}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
+      {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  auto it = units.find(u);
+  if (it == units.end()) return fail();
+  double bytes = v * it->second;
+  if (bytes >= 9.2e18) return fail();
+  return static_cast<int64_t>(std::llround(bytes));
 }
 
 std::vector<ConfigField> config_fields(TrainConfig& c) {
@@ -120,7 +156,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"label_smoothing", Kind::f64, &c.label_smoothing, "cross_entropy label smoothing in [0, 1)"},
       {"freeze", Kind::str, &c.freeze, "regex of initializers NOT trained"},
       {"trainable", Kind::str, &c.trainable, "regex: only matching initializers are trained"},
-      {"optim", Kind::str, &c.optim, "adamw_torch | sgd"},
+      {"optim", Kind::str, &c.optim, "adamw_torch | adamw_8bit (alias adamw_bnb_8bit: 8-bit block-wise Adam state) | sgd"},
       {"learning_rate", Kind::f64, &c.learning_rate, "peak learning rate"},
       {"weight_decay", Kind::f64, &c.weight_decay, "decoupled weight decay (AdamW) / L2 (SGD)"},
       {"adam_beta1", Kind::f64, &c.adam_beta1, "AdamW beta1"},
@@ -144,9 +180,17 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"save_total_limit", Kind::i64, &c.save_total_limit, "keep at most N checkpoints (0: all)"},
       {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint, "checkpoint directory to resume from (\"latest\": newest in output_dir)"},
       {"bf16", Kind::boolean, &c.bf16, "bf16 mixed precision with fp32 master weights"},
-      {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step (only 1 is supported yet)"},
+      {"fp16", Kind::boolean, &c.fp16, "fp16 mixed precision with fp32 master weights and dynamic loss scaling"},
+      {"fp16_init_scale", Kind::f64, &c.fp16_init_scale, "--fp16 initial loss scale (torch GradScaler init_scale)"},
+      {"fp16_growth_interval", Kind::i64, &c.fp16_growth_interval, "--fp16: double the loss scale after N finite steps"},
+      {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step (an accumulation loop in the IR)"},
+      {"accumulation_normalization", Kind::str, &c.accumulation_normalization,
+       "tokens | microbatch: how accumulated losses are normalized (default: tokens for cross_entropy, else microbatch)"},
       {"backend", Kind::str, &c.backend, "eager (compiled backends come later)"},
       {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
+      {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing, "recompute each repeated layer in backward (= --remat_policy blocks)"},
+      {"remat_policy", Kind::str, &c.remat_policy, "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes"},
+      {"memory_budget", Kind::str, &c.memory_budget, "planned peak budget for --remat_policy budget: bytes, 800MB, 24GiB"},
   };
 }
 

@@ -27,7 +27,7 @@ struct TrainConfig {
   std::string freeze;                              ///< regex of initializers NOT trained
   std::string trainable;                           ///< regex: only these are trained
   // --- optimizer and schedule ---
-  std::string optim = "adamw_torch";               ///< adamw_torch | sgd
+  std::string optim = "adamw_torch";               ///< adamw_torch | adamw_8bit (alias adamw_bnb_8bit) | sgd
   double learning_rate = 5e-5;
   double weight_decay = 0.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
@@ -50,11 +50,32 @@ struct TrainConfig {
   int64_t save_total_limit = 0;                    ///< 0: keep all
   std::string resume_from_checkpoint;
   bool bf16 = false;
+  bool fp16 = false;                               ///< f16 autocast + dynamic loss scaling (GradScaler)
+  /// kiln extensions (torch GradScaler's init_scale / growth_interval) for --fp16.
+  double fp16_init_scale = 65536.0;
+  int64_t fp16_growth_interval = 2000;
   int64_t gradient_accumulation_steps = 1;
+  /// "tokens": summed loss / non-ignored labels of all microbatches (Hugging Face's
+  /// num_items_in_batch); "microbatch": each microbatch's mean loss / N; "" = default
+  /// (tokens for cross_entropy, else microbatch).
+  std::string accumulation_normalization;
   std::string backend = "eager";
   /// kiln extension: drop every Dropout node from the training program (what setting
   /// the model's dropout probability to 0 does in PyTorch), for deterministic checks.
   bool disable_dropout = false;
+  /// Hugging Face's flag: rematerialize each repeated layer (remat policy "blocks").
+  bool gradient_checkpointing = false;
+  /// kiln: none | blocks | sqrt | min-cut | budget (passes/remat.cpp); "" = blocks when
+  /// gradient_checkpointing, else none.
+  std::string remat_policy;
+  /// kiln: planned-peak budget of a training step for remat_policy budget: "24GiB", "800MB",
+  /// "123456" (bytes). Parsed by parse_byte_size.
+  std::string memory_budget;
+  /// The remat policy in effect (remat_policy, else "blocks" with gradient_checkpointing).
+  std::string effective_remat_policy() const {
+    if (!remat_policy.empty()) return remat_policy;
+    return gradient_checkpointing ? "blocks" : "none";
+  }
 
   /// Total optimizer steps, from max_steps or epochs x steps per epoch.
   int64_t total_steps(int64_t steps_per_epoch) const;
@@ -64,6 +85,11 @@ struct TrainConfig {
   /// Error: one line naming the option and the bad value.
   Status validate() const;
 };
+
+/// Parses a byte size: an integer or decimal number with an optional unit B, KB, MB, GB,
+/// TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), case-insensitive for the
+/// prefix ("24GiB", "800MB", "1e9"). Error names --memory_budget and the text.
+Expected<int64_t> parse_byte_size(const std::string& text);
 
 /// One TrainConfig field, for table-driven flags and JSON (every field has one entry;
 /// `name` is the flag without "--" and the JSON key).

@@ -221,6 +221,12 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   ro.step = static_cast<uint64_t>(global_step_);
   auto outs = run_graph(*g_.train_step, feeds, ro);
   if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
+  StepResult r;
+  if (outs->count("found_inf") && state_.count("loss_scale")) {  // --fp16 loss scaling
+    r.skipped = outs->at("found_inf").get_f64(0) != 0;
+    r.loss_scale = state_.at("loss_scale").get_f64(0);
+    r.loss_scale_next = scalar_of(*outs, "loss_scale.next");
+  }
   std::map<std::string, Tensor> next;
   for (auto& [name, out_name] : state_output_) {
     auto it = outs->find(out_name);
@@ -231,7 +237,6 @@ Expected<StepResult> Trainer::step(const Batch* given) {
     next[name] = it->second;
   }
   state_ = std::move(next);
-  StepResult r;
   r.loss = scalar_of(*outs, "loss");
   r.grad_norm = scalar_of(*outs, "grad_norm");
   r.learning_rate = scalar_of(*outs, "learning_rate");
@@ -357,6 +362,13 @@ Expected<TrainResult> Trainer::run() {
       std::cerr << "kiln: warning: loss is " << r.loss << " at step " << global_step_
                 << " (check the data for NaN/inf and the learning rate); training continues\n";
       warned_nonfinite = true;
+    }
+    if (r.skipped) {  // as torch's GradScaler: no optimizer step, scale backed off
+      char msg[160];
+      std::snprintf(msg, sizeof msg, "step %lld skipped: non-finite gradients, loss scale %g -> %g",
+                    static_cast<long long>(global_step_), r.loss_scale, r.loss_scale_next);
+      bar.clear();
+      out << msg << std::endl;
     }
     bar.update(global_step_, total_steps_, acc_.log_time_sum / static_cast<double>(acc_.log_loss_count));
     if (global_step_ % cfg_.logging_steps == 0) {

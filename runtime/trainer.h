@@ -9,6 +9,7 @@
 // state. The data order and dropout depend only on (seed, k), so a run resumed from
 // checkpoint-k computes the same losses as an uninterrupted one.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -47,6 +48,10 @@ struct TrainerOptions {
 struct StepResult {
   double loss = 0, grad_norm = 0, learning_rate = 0;
   double seconds = 0;
+  /// --fp16 (passes/grad_scaler.cpp): the optimizer step was skipped on non-finite
+  /// gradients; the loss scale used by this step and the one for the next (NaN without --fp16).
+  bool skipped = false;
+  double loss_scale = std::nan(""), loss_scale_next = std::nan("");
 };
 
 /// What a run produced.

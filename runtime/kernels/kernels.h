@@ -11,6 +11,7 @@ void register_nn_kernels(ir::OpTable& t);
 void register_reduction_kernels(ir::OpTable& t);
 void register_loss_kernels(ir::OpTable& t);
 void register_training_kernels(ir::OpTable& t);
+void register_optim8bit_kernels(ir::OpTable& t);  ///< runtime/kernels/optim8bit.cpp
 
 /// Sets the kernel of op `name`; aborts if the op is not in the table (a programming error).
 void set_kernel(ir::OpTable& t, const char* name, ir::KernelFn fn);

@@ -17,6 +17,8 @@ void register_eager_kernels() {
     kernels::register_reduction_kernels(t);
     kernels::register_loss_kernels(t);
     kernels::register_training_kernels(t);
+    kernels::register_optim8bit_kernels(t);
+    kernels::set_kernel(t, "AccumulationLoop", accumulation_loop_kernel);
   });
 }
 

@@ -448,7 +448,15 @@ TEST(TrainConfig, ValidateNamesOptionAndValue) {
   c.optim = "foo";
   EXPECT_NE(c.validate().message().find("--optim: unknown value 'foo'"), std::string::npos) << c.validate().message();
   c.optim = "adamw_8bit";
-  EXPECT_NE(c.validate().message().find("not supported yet"), std::string::npos);
+  EXPECT_TRUE(c.validate().is_ok()) << c.validate().message();
+  c = TrainConfig{};
+  c.accumulation_normalization = "rows";
+  EXPECT_NE(c.validate().message().find("--accumulation_normalization: unknown value 'rows'"), std::string::npos)
+      << c.validate().message();
+  c = TrainConfig{};
+  c.loss = "mse";
+  c.accumulation_normalization = "tokens";
+  EXPECT_NE(c.validate().message().find("needs --loss cross_entropy"), std::string::npos) << c.validate().message();
   c = TrainConfig{};
   c.per_device_train_batch_size = 0;
   EXPECT_NE(c.validate().message().find("per_device_train_batch_size"), std::string::npos);

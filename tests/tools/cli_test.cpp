@@ -136,7 +136,8 @@ TEST_F(Cli, BadOptionValue) {
   expect_one_error_line(run_kiln("train " + model + data() + " --optim foo --output_dir " + dir + "/o", dir), 2,
                         "--optim: unknown value 'foo'");
   expect_one_error_line(run_kiln("train " + model + data() + " --learning_rate abc", dir), 2, "--learning_rate");
-  expect_one_error_line(run_kiln("train " + model + data() + " --optim adamw_8bit", dir), 2, "not supported yet");
+  expect_one_error_line(run_kiln("train " + model + data() + " --gradient_accumulation_steps 0", dir), 2,
+                        "--gradient_accumulation_steps: must be > 0");
   expect_one_error_line(run_kiln("train " + model + data() + " --per_device_train_batch_size 0", dir), 2,
                         "per_device_train_batch_size");
 }

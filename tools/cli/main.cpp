@@ -20,6 +20,7 @@
 #include "ir/op_table.h"
 #include "ir/tensor.h"
 #include "passes/pass.h"
+#include "passes/memory_plan.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/interpreter.h"
@@ -183,6 +184,34 @@ std::vector<runtime::DataInputSpec> program_specs(const ir::Graph& g, const std:
   return unwrap(runtime::data_input_specs(g, present));
 }
 
+// ------------------------------------------------------------------ memory
+/// Bytes of a graph's constant initializers: resident before a run, used by every step.
+int64_t initializer_bytes(const ir::Graph& g) {
+  int64_t b = 0;
+  for (ir::Value* v : g.initializers)
+    if (v->data) b += static_cast<int64_t>(v->data->nbytes());
+  return b;
+}
+
+/// The train_step's plan with the eager interpreter's semantics (what MemoryStats will
+/// measure); nullopt, with a note on stderr, when the graph cannot be planned.
+std::optional<passes::MemoryPlan> eager_plan(const ir::Graph& g) {
+  auto p = passes::plan_memory(g, passes::PlanOptions::eager());
+  if (!p) {
+    std::cerr << "kiln: note: no memory plan: " << one_line(p.message()) << "\n";
+    return std::nullopt;
+  }
+  return std::move(*p);
+}
+
+/// "planned X, measured Y (diff Z%)", binary units and exact bytes.
+std::string planned_vs_measured(int64_t planned, int64_t measured) {
+  std::string s = "planned " + passes::human_bytes(planned) + " (" + std::to_string(planned) + " B), measured " +
+                  passes::human_bytes(measured) + " (" + std::to_string(measured) + " B)";
+  if (measured > 0) s += " (diff " + fmt("%+.2f", 100.0 * double(planned - measured) / double(measured)) + "%)";
+  return s;
+}
+
 // ------------------------------------------------------------------ train
 int cmd_train(const ConfigFlags& flags) {
   TrainConfig cfg = flags.build();
@@ -221,7 +250,14 @@ int cmd_train(const ConfigFlags& flags) {
     eval_ds = unwrap(runtime::Dataset::bind(eval_raw, program_specs(*prog.eval, prog.data_inputs), data_options(cfg)),
                      "--eval_data");
   }
+  // Measured peak of the steps: MemoryStats peak over the run minus what was resident
+  // before it (datasets, graphs), plus the train_step's own constants. The trainer's
+  // state copies, batches and step values are allocated inside the run.
+  auto plan = eager_plan(*prog.train_step);
+  const int64_t mem_base = ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step);
+  ir::MemoryStats::reset_peak();
   auto res = unwrap(runtime::train(cfg, graphs_of(prog), train_ds, eval_ds ? &*eval_ds : nullptr));
+  const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
 
   std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
   check(driver::export_trained_model(cfg.model, res.weights, onnx_out), "export");
@@ -232,6 +268,7 @@ int cmd_train(const ConfigFlags& flags) {
     for (auto& [k, v] : res.eval_metrics) std::cout << " | " << k << " " << fmt("%.4f", v);
     std::cout << "\n";
   }
+  if (plan) std::cout << "peak memory: " << planned_vs_measured(plan->peak_bytes, mem_measured) << "\n";
   return 0;
 }
 
@@ -253,7 +290,7 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   const ir::Graph& g = *s.prog.grads;
   auto specs = program_specs(g, s.prog.data_inputs);
   auto ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
-  auto batch = unwrap(ds.first_batch(cfg.per_device_train_batch_size), "--train_data");
+  auto batch = unwrap(ds.first_batch(cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps), "--train_data");
   for (ir::Value* in : g.inputs) {
     auto b = batch.find(in->name);
     if (b != batch.end()) {
@@ -369,15 +406,26 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
   to.write_files = false;
   auto tr = unwrap(runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to));
   for (int i = 0; i < warmup; ++i) unwrap(tr.step());
+  // Measured step peak: MemoryStats peak minus the resident bytes that are not the
+  // step's (datasets, other graphs); the trainer's state and the constants are the step's.
+  auto mem_plan = eager_plan(*prog.train_step);
+  int64_t mem_base = ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step);
+  for (auto& [n, t] : tr.state()) mem_base -= static_cast<int64_t>(t.nbytes());
   ir::MemoryStats::reset_peak();
   std::vector<double> times;
   for (int i = 0; i < steps; ++i) times.push_back(unwrap(tr.step()).seconds);
   std::sort(times.begin(), times.end());
   double med = times.size() % 2 ? times[times.size() / 2] : 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
   std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << cfg.backend << ")\n";
-  std::cout << "median step time " << fmt("%.6f", med) << " s | " << fmt("%.1f", med > 0 ? rows / med : 0.0)
-            << " samples/s | peak memory " << ir::MemoryStats::peak_bytes() << " bytes ("
-            << fmt("%.2f", ir::MemoryStats::peak_bytes() / 1048576.0) << " MiB)\n";
+  // Precision column (issue 4): what the step computes in (--bf16 / --fp16, else fp32).
+  const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
+  std::cout << "precision " << precision << " | median step time " << fmt("%.6f", med) << " s | "
+            << fmt("%.1f", med > 0 ? rows / med : 0.0) << " samples/s\n";
+  const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
+  std::cout << "peak memory: " << (mem_plan ? planned_vs_measured(mem_plan->peak_bytes, mem_measured)
+                                            : "measured " + passes::human_bytes(mem_measured) + " (" +
+                                                  std::to_string(mem_measured) + " B), no plan")
+            << "\n";
   return 0;
 }
 
@@ -458,6 +506,29 @@ int cmd_inspect_precision(const std::string& model, const std::vector<std::strin
     std::cout << "  " << n->op << " " << n->name << "  " << ir::dtype_name(compute) << " / " << ir::dtype_name(acc) << " / "
               << ir::dtype_name(store) << "  " << rule << "\n";
   }
+  return 0;
+}
+
+/// `kiln inspect MODEL --memory [train flags]`: builds the training program for those
+/// flags and prints its static memory plan without running it: one row per category
+/// (bytes at the peak and max over the step), for the backend that would run it.
+int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
+  flags.model_pos = model;
+  TrainConfig cfg = flags.build();
+  passes::PassContext dbg = flags.pass_context();
+  auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
+  const ir::Graph& g = *prog.train_step;
+  auto eager = unwrap(passes::plan_memory(g, passes::PlanOptions::eager()), "memory plan");
+  auto compiled = unwrap(passes::plan_memory(g), "memory plan");
+  std::cout << "training step of " << model << ": batch " << cfg.per_device_train_batch_size << ", "
+            << (cfg.bf16 ? "bf16 mixed precision" : "fp32") << ", optim " << cfg.optim << ", backend " << cfg.backend
+            << "\n";
+  std::cout << passes::format_memory_plan(eager);
+  std::cout << "with in-place reuse (a compiled program's arena): peak " << passes::human_bytes(compiled.peak_bytes)
+            << " (" << compiled.peak_bytes << " B), arena " << passes::human_bytes(compiled.arena_bytes) << " ("
+            << compiled.arena_bytes << " B), " << compiled.in_place_reuses << " in-place reuses\n";
+  std::cout << "planned peak for this run: " << passes::human_bytes(eager.peak_bytes) << " (" << eager.peak_bytes
+            << " B)\n";
   return 0;
 }
 
@@ -544,11 +615,15 @@ int real_main(int argc, char** argv) {
   std::string inspect_model;
   std::vector<std::string> inspect_shape;
   inspect->add_option("model", inspect_model, "the .onnx model")->required();
-  inspect->add_option("--shape", inspect_shape, "dim bindings NAME=INT[,NAME=INT]")->allow_extra_args(false);
-  bool inspect_precision = false;
+  // Training flags (--shape, --loss, --bf16, --per_device_train_batch_size, ...) shape
+  // the program that --memory plans; --shape and --loss also serve the other views.
+  ConfigFlags inspect_flags;
+  inspect_flags.add_to(inspect, /*with_model=*/false);
+  bool inspect_precision = false, inspect_memory = false;
   std::string inspect_loss = "cross_entropy";
   inspect->add_flag("--precision", inspect_precision, "print the --bf16 precision plan of every node");
-  inspect->add_option("--loss", inspect_loss, "loss attached for --precision (default cross_entropy)");
+  inspect->add_flag("--memory", inspect_memory,
+                    "print the static memory plan of one training step for the given training flags (not run)");
   auto* run = app.add_subcommand("run", "forward pass (eager); writes OUTPUT_DIR/<output>.npy");
   std::string run_model, run_out;
   std::vector<std::string> run_inputs, run_shape;
@@ -581,6 +656,11 @@ int real_main(int argc, char** argv) {
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);
     if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps);
+    if (*inspect) {
+      inspect_shape = inspect_flags.values["shape"];
+      if (!inspect_flags.values["loss"].empty()) inspect_loss = inspect_flags.values["loss"].back();
+    }
+    if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model);
     if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_model, inspect_shape, inspect_loss);
     if (*inspect) return cmd_inspect(inspect_model, inspect_shape);
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);

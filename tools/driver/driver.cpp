@@ -111,7 +111,17 @@ std::map<std::string, std::string> pass_options(const runtime::TrainConfig& cfg,
   o["lr_scheduler_type"] = cfg.lr_scheduler_type;
   o["total_steps"] = std::to_string(total_steps);
   o["disable_dropout"] = cfg.disable_dropout ? "1" : "0";
+  o["remat_policy"] = cfg.effective_remat_policy();  // passes/remat.cpp
+  if (auto b = runtime::parse_byte_size(cfg.memory_budget); !cfg.memory_budget.empty() && b)
+    o["memory_budget"] = std::to_string(*b);
   o["warmup_steps"] = std::to_string(cfg.warmup(total_steps));
+  o["gradient_accumulation_steps"] = std::to_string(cfg.gradient_accumulation_steps);
+  o["accumulation_normalization"] = cfg.accumulation_normalization;
+  if (cfg.fp16) {  // passes/autocast.cpp + passes/grad_scaler.cpp
+    o["autocast_dtype"] = "f16";
+    o["loss_scale_init"] = num(cfg.fp16_init_scale);
+    o["loss_scale_growth_interval"] = std::to_string(cfg.fp16_growth_interval);
+  }
   return o;
 }
 
@@ -145,10 +155,17 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   train_opts["mode"] = "train";
   // --bf16: autocast runs before autodiff so saved activations are bf16 and the
   // backward pass follows the forward dtypes (passes/autocast.cpp).
+  // --fp16: the same with autocast_dtype f16, plus GradScaler loss scaling around
+  // autodiff and the optimizer (passes/grad_scaler.cpp).
   std::vector<std::string> fwd = {"attach_loss"};
-  if (cfg.bf16) fwd.insert(fwd.end(), {"autocast", "cast_simplify"});
+  if (cfg.bf16 || cfg.fp16) fwd.insert(fwd.end(), {"autocast", "cast_simplify"});
   std::vector<std::string> train_pipe = fwd;
-  train_pipe.insert(train_pipe.end(), {"autodiff", "canonicalize"});
+  if (cfg.fp16) train_pipe.push_back("loss_scale"), train_opts["loss_output"] = "loss.scaled";
+  train_pipe.push_back("autodiff");
+  if (cfg.fp16) train_pipe.push_back("grad_unscale");
+  if (cfg.bf16 || cfg.fp16) train_pipe.insert(train_pipe.end(), {"autocast_grad", "cast_simplify"});
+  if (cfg.effective_remat_policy() != "none") train_pipe.push_back("remat");  // gradient checkpointing
+  train_pipe.push_back("canonicalize");
   KILN_RETURN_IF_ERROR(run_passes(*train, train_pipe, dbg, train_opts));
   if (cfg.loss != "model") {
     prog.label_input = opts["label_input"];
@@ -156,8 +173,16 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   }
   for (auto& sb : train->state)
     if (sb.kind == "parameter") prog.parameters.push_back(sb.input->name);
-  if (want_grads) prog.grads = train->clone();
-  KILN_RETURN_IF_ERROR(run_passes(*train, {"optimizer", "canonicalize"}, dbg, train_opts));
+  if (want_grads) {
+    prog.grads = train->clone();
+    // The gradient program accumulates over the same microbatches as the step.
+    KILN_RETURN_IF_ERROR(run_passes(*prog.grads, {"accumulation", "canonicalize"}, nullptr, train_opts));
+  }
+  // The accumulation loop wraps forward and backward once the optimizer reads the
+  // gradients (DESIGN.md pipeline order), so the update runs once per step.
+  std::vector<std::string> opt_pipe = {"optimizer", "accumulation", "canonicalize"};
+  if (cfg.fp16) opt_pipe.insert(opt_pipe.begin() + 1, "grad_scaler_update");
+  KILN_RETURN_IF_ERROR(run_passes(*train, opt_pipe, dbg, train_opts));
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
   prog.train_step = std::move(train);
 

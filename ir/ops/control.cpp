@@ -1,0 +1,70 @@
+// Op table entries: control flow. AccumulationLoop is the gradient-accumulation
+// loop of DESIGN.md convention 11 (passes/accumulation.cpp builds it).
+//
+// AccumulationLoop (kiln-internal, one region "body"):
+//   inputs:  carried_0 .. carried_{k-1}  initial values of the loop-carried state
+//                                        (zero accumulators, BatchNorm running stats)
+//            scan_0 .. scan_{s-1}        per-step data, leading dim trip_count * b
+//   outputs: carried values after the last iteration (dtype/shape of the inputs)
+//   attrs:   trip_count (N >= 1), num_carried (k)
+//   body inputs:  carried (k), then scan slices (s) with leading dim b: iteration t
+//                 sees rows [t*b, (t+1)*b) of every scan input (ONNX Scan's slicing,
+//                 along axis 0, without Scan's stacking of the trip count as a dim)
+//   body outputs: the next carried values (k)
+// The body may read values of the enclosing graph directly (loop invariants such
+// as parameters and their hoisted bf16 casts), as ONNX Loop/Scan bodies read outer
+// scope. The eager interpreter runs it (runtime/interpreter.cpp).
+#include "ir/op_table.h"
+
+namespace kiln::ir {
+
+void register_control_ops(OpTable& t) {
+  OpDef d = make_op(
+      "AccumulationLoop",
+      "kiln: gradient-accumulation loop over trip_count microbatches; carried state in, carried state out "
+      "(body region reads scan slices of the leading dim, cf. ONNX Scan)",
+      1, 1 << 20,
+      [](InferContext& c) -> Status {
+        const Node& n = c.node;
+        const int64_t trips = c.attrs().get_int("trip_count", 0);
+        const int64_t k = c.attrs().get_int("num_carried", -1);
+        if (trips < 1) return c.fail("trip_count must be >= 1");
+        if (k < 0 || k > static_cast<int64_t>(c.in.size())) return c.fail("num_carried out of range");
+        if (n.regions.size() != 1) return c.fail("expects exactly one region (the body)");
+        const Graph& body = *n.regions[0];
+        if (body.inputs.size() != c.in.size()) return c.fail("body has " + std::to_string(body.inputs.size()) +
+                                                             " inputs, the node " + std::to_string(c.in.size()));
+        if (static_cast<int64_t>(body.outputs.size()) != k || static_cast<int64_t>(c.out.size()) != k)
+          return c.fail("body and node must have num_carried outputs");
+        for (size_t i = static_cast<size_t>(k); i < c.in.size(); ++i) {
+          const Shape& s = c.in[i].shape;
+          if (s.rank() < 1 || !s.dims[0].is_static() || s.dims[0].value % trips != 0)
+            return c.fail("scan input " + std::to_string(i) + " has leading dim " + s.to_string() +
+                          ", not a multiple of trip_count " + std::to_string(trips));
+        }
+        for (int64_t i = 0; i < k; ++i) c.out[i] = c.in[i];
+        return Status::ok();
+      },
+      PrecisionPolicy::follow_inputs, FusionClass::opaque);
+  d.min_outputs = 1;
+  d.max_outputs = 1 << 20;
+  d.attrs = {{"trip_count", AttrKind::i, true}, {"num_carried", AttrKind::i, true}};
+  d.onnx = false;
+  d.cost = [](const Node& n) {
+    // The body's cost, trip_count times.
+    Cost c;
+    const int64_t trips = n.attrs.get_int("trip_count", 1);
+    if (n.regions.empty()) return c;
+    for (auto& bn : n.regions[0]->nodes()) {
+      const OpDef* bd = OpTable::get().find(bn->op);
+      if (!bd || !bd->cost) continue;
+      Cost b = bd->cost(*bn);
+      c.flops += b.flops * static_cast<double>(trips);
+      c.bytes += b.bytes * static_cast<double>(trips);
+    }
+    return c;
+  };
+  t.add(d);
+}
+
+}  // namespace kiln::ir

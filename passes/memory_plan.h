@@ -1,0 +1,112 @@
+// Static memory planner: liveness, arena offsets and peak bytes by category of a
+// Graph run in its node order (the eager schedule). See memory_plan.cpp for the
+// algorithm (TFLite's arena planner / XLA's heap simulator, greedy by size, best fit).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+
+namespace kiln::passes {
+
+/// What a buffer holds, derived from the graph only (state kinds, node-name scopes
+/// "<node>/grad/..." and "optimizer/...", the op table), never from op-name lists.
+enum class MemoryCategory {
+  parameters,         ///< state of kind "parameter": the step's inputs and updated outputs
+  bf16_weights,       ///< narrowed (e.g. bf16) copies of parameters made in the forward pass
+  gradients,          ///< parameter gradients: backward values the optimizer reads, and their
+                      ///< contributions / dtype-or-layout copies
+  optimizer_state,    ///< state of kind "optimizer_state" (inputs and updated outputs)
+  saved_activations,  ///< values made by a forward node and read by a backward node
+  temporaries,        ///< everything else made by a node
+  data_and_buffers,   ///< data inputs, BatchNorm buffers, the step counter, constant initializers
+};
+inline constexpr int kNumMemoryCategories = 7;
+/// Row label of a category ("parameters", "bf16 weight copies", ...).
+const char* memory_category_name(MemoryCategory c);
+
+/// Planner switches.
+struct PlanOptions {
+  /// Let a pointwise op (op table fusion class pointwise) write its output into the
+  /// buffer of an input that dies at that op and has the same byte size.
+  bool in_place = true;
+  /// Model the eager interpreter exactly (runtime/interpreter.cpp): no in-place reuse,
+  /// and an output that nothing reads stays allocated until the end of the step.
+  bool eager_semantics = false;
+  /// Arena offsets and buffer sizes are rounded up to this (bytes; Storage aligns to 64).
+  int64_t alignment = 64;
+
+  /// The options that predict what the eager interpreter's MemoryStats will measure.
+  static PlanOptions eager() {
+    PlanOptions o;
+    o.in_place = false;
+    o.eager_semantics = true;
+    return o;
+  }
+};
+
+/// The plan of one value.
+struct ValuePlan {
+  const ir::Value* value = nullptr;
+  int64_t bytes = 0;             ///< numel * dtype size (what MemoryStats counts)
+  MemoryCategory category = MemoryCategory::temporaries;
+  bool persistent = false;       ///< graph input or initializer: resident for the whole step, not in the arena
+  int def = -1;                  ///< index of the producing node (-1: persistent)
+  int end = -1;                  ///< last node index at which the value is live (inclusive)
+  int buffer = -1;               ///< arena buffer id (-1: persistent or empty)
+  int64_t offset = -1;           ///< byte offset of its buffer in the arena (-1: not in the arena)
+  const ir::Value* reuses = nullptr;  ///< in-place: the input whose buffer this value takes over
+};
+
+/// One arena buffer: one value, or a chain of values reusing it in place.
+struct BufferPlan {
+  int64_t size = 0;    ///< bytes, rounded up to the alignment
+  int64_t offset = 0;  ///< bytes from the arena start
+  int first = 0, last = 0;  ///< live from node `first` to node `last`, inclusive
+  std::vector<int> values;  ///< indices into MemoryPlan::values, in definition order
+};
+
+/// Bytes per category.
+using CategoryBytes = std::array<int64_t, kNumMemoryCategories>;
+
+/// The static memory plan of a graph over its node order.
+struct MemoryPlan {
+  std::vector<ValuePlan> values;   ///< every graph input, initializer and node output with bytes
+  std::vector<BufferPlan> buffers; ///< arena buffers with their offsets
+  int num_nodes = 0;
+  int64_t peak_bytes = 0;          ///< max over nodes of the bytes live (persistent + arena values)
+  int peak_node = -1;              ///< node index where peak_bytes is reached (-1: no nodes)
+  CategoryBytes at_peak{};         ///< bytes per category live at peak_node
+  CategoryBytes max_by_category{}; ///< max over nodes of each category's live bytes
+  int64_t persistent_bytes = 0;    ///< graph inputs + initializers
+  int64_t arena_bytes = 0;         ///< arena size from the offsets (alignment and fragmentation included)
+  int in_place_reuses = 0;         ///< outputs that took over an input's buffer
+  int64_t saved_activation_bytes = 0;  ///< total bytes of every saved activation
+  int64_t parameter_elements = 0;      ///< elements of the parameter state inputs
+  int64_t optimizer_state_bytes = 0;   ///< bytes of the optimizer_state state inputs
+  /// optimizer_state_bytes / parameter_elements (0 without parameters): AdamW fp32 = 8.
+  double optimizer_state_bytes_per_param_element() const {
+    return parameter_elements ? double(optimizer_state_bytes) / double(parameter_elements) : 0.0;
+  }
+  PlanOptions options;
+  std::string peak_node_name;      ///< name (op) of the node at the peak
+};
+
+/// Plans `g` (top-level nodes in order; graph inputs and initializers live for the whole
+/// step, each node output from its node to its last use, graph outputs to the end).
+/// Errors: a value with a non-static shape or undefined dtype that needs memory, or a
+/// node with nested regions (not planned yet); the message names the value or node.
+Expected<MemoryPlan> plan_memory(const ir::Graph& g, const PlanOptions& opts = {});
+
+/// "1.50 MiB" style (B, KiB, MiB, GiB; binary units).
+std::string human_bytes(int64_t bytes);
+
+/// Report: one row per category (bytes at the peak and max over the step, human units and
+/// exact bytes), the total, saved-activation bytes, optimizer bytes per parameter element,
+/// arena size and in-place reuses.
+std::string format_memory_plan(const MemoryPlan& p);
+
+}  // namespace kiln::passes

@@ -1,0 +1,618 @@
+// remat: rematerialization (gradient checkpointing) as a policy pass (DESIGN.md convention 11).
+//
+// Runs after autodiff, before the optimizer. A *saved activation* is a value made by a
+// forward node and read by a backward node (a node in a "<node>/grad" name scope, as
+// passes/memory_plan.cpp classifies them). A policy chooses a set K of forward values to
+// keep; every other saved activation is recomputed in the backward section from K, the
+// graph inputs and the initializers:
+//
+//   materialize(v): v in K, persistent, or made by a node that may not be recomputed -> v;
+//                   else clone v's producer with its inputs materialized, inserted just
+//                   before the first backward node that needs it (lazily, in backward order),
+//                   outputs named "<value>.remat" (DESIGN.md convention 3), node named
+//                   "<node>/grad/remat" so the memory planner counts it as backward.
+//
+// Each forward node is cloned at most once; later backward users share the clone. Clones
+// compute exactly what the original computed (same op, attributes and input values), so the
+// gradients are bitwise equal in eager fp32. Dropout is recomputed only when it carries a
+// kiln_rng_id (attach_loss sets one): its Philox stream is keyed by (seed, rng id, step), so
+// the clone regenerates the same mask (DESIGN.md invariant 6). A clone drops trailing outputs
+// that are graph outputs (BatchNormalization running statistics are state outputs), so a
+// recomputed BatchNormalization recomputes its normalized output from the batch and never
+// updates the running statistics a second time.
+//
+// Policies (option "remat_policy"):
+//   none     nothing changes.
+//   blocks   repeated layers found from PyTorch export name scopes (a scope segment "h.0",
+//            "layer1.0" or "0" whose family has >= 2 members); values flowing into a block
+//            from outside are kept, everything inside a block is recomputed (Hugging Face
+//            gradient_checkpointing / torch.utils.checkpoint per layer). Without such scopes
+//            the policy falls back to sqrt.
+//   sqrt     forward nodes in segments of round(sqrt(n)); values crossing a segment boundary
+//            are kept, the rest recomputed (Chen et al. 2016, "Training Deep Nets with
+//            Sublinear Memory Cost").
+//   min-cut  the kept set of least bytes such that only cheap ops (op-table fusion class
+//            pointwise / reduction / view) are recomputed, never library ops (MatMul, Gemm,
+//            Conv): a minimum s-t cut (Dinic's max flow) over the forward value graph, each
+//            value split into in/out nodes joined by an edge of its byte size, as in
+//            PyTorch AOTAutograd's min_cut_rematerialization_partition.
+//   budget   option "memory_budget" (bytes): the planned peak (passes/memory_plan.h, eager
+//            options) plus the optimizer state the optimizer pass will add must fit. Choices
+//            are per block (or sqrt segment): keep it or recompute it; the pass picks the set
+//            of least recompute FLOPs whose saved bytes cover the excess, as a 0/1 knapsack
+//            integer program solved by GLPK (in the manner of Checkmate, Jain et al. 2020,
+//            at block granularity), verified with the memory planner and tightened until
+//            it fits; a greedy (bytes per FLOP) order is the fallback when GLPK hits its time
+//            limit or is not built in. When even recomputing every block does not fit, it is
+//            an error naming the smallest reachable peak and the category that dominates it.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <queue>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ir/op_table.h"
+#include "passes/memory_plan.h"
+#include "passes/passes.h"
+
+#ifdef KILN_HAVE_GLPK
+#include <glpk.h>
+#endif
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+namespace {
+
+/// True when the node name has a "/grad" scope segment (followed by '/' or the end).
+bool in_grad_scope(const std::string& name) {
+  size_t p = 0;
+  while ((p = name.find("/grad", p)) != std::string::npos) {
+    size_t e = p + 5;
+    if (e == name.size() || name[e] == '/') return true;
+    p = e;
+  }
+  return false;
+}
+
+int64_t value_bytes(const Value* v) {
+  if (!v || v->dtype == DType::undefined) return 0;
+  int64_t n = v->shape.numel();
+  return n < 0 ? 0 : n * static_cast<int64_t>(dtype_size(v->dtype));
+}
+
+/// The forward/backward split of a graph right after autodiff.
+struct Sections {
+  int bwd_start = 0;                               ///< index of the first backward node
+  std::vector<Node*> forward;                      ///< nodes [0, bwd_start)
+  std::unordered_map<const Node*, int> fwd_index;  ///< forward node -> index
+  std::unordered_set<const Value*> graph_outputs;
+  /// Forward values read by a backward node (the saved activations), in forward order.
+  std::vector<Value*> saved;
+  std::unordered_set<const Value*> saved_set;
+
+  bool is_forward_value(const Value* v) const { return v && v->producer && fwd_index.count(v->producer); }
+};
+
+Sections split_sections(const Graph& g) {
+  Sections s;
+  const auto& nodes = g.nodes();
+  s.bwd_start = static_cast<int>(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (in_grad_scope(nodes[i]->name)) {
+      s.bwd_start = static_cast<int>(i);
+      break;
+    }
+  for (int i = 0; i < s.bwd_start; ++i) {
+    s.forward.push_back(nodes[i].get());
+    s.fwd_index[nodes[i].get()] = i;
+  }
+  for (Value* o : g.outputs) s.graph_outputs.insert(o);
+  std::unordered_set<const Value*> read;
+  for (size_t i = s.bwd_start; i < nodes.size(); ++i)
+    for (Value* in : nodes[i]->inputs)
+      if (s.is_forward_value(in)) read.insert(in);
+  for (Node* n : s.forward)
+    for (Value* o : n->outputs)
+      if (read.count(o)) {
+        s.saved.push_back(o);
+        s.saved_set.insert(o);
+      }
+  return s;
+}
+
+/// Whether a node may be cloned at all (any policy): it has an eager kernel, no nested
+/// regions, and, if it draws random numbers, a stable stream id.
+bool recomputable_at_all(const Node& n) {
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def || !n.regions.empty()) return false;
+  // Dropout's Philox stream falls back to the node's position without kiln_rng_id, which a
+  // clone would not share (runtime/kernels/util.h rng_id).
+  if (n.op == "Dropout" && !n.attrs.has("kiln_rng_id")) return false;
+  for (Value* o : n.outputs)
+    if (o->dtype == DType::undefined || o->shape.numel() < 0) return false;
+  return true;
+}
+
+/// What a policy decided, and what applying it did.
+struct RematStats {
+  int cloned_nodes = 0;
+  double recompute_flops = 0;
+  double forward_flops = 0;
+};
+
+/// Applies a kept set: rewires every backward read of a saved activation outside `keep`
+/// to a clone, made lazily just before its first backward user.
+class Rematerializer {
+ public:
+  Rematerializer(Graph& g, const Sections& s, const std::unordered_set<const Value*>& keep,
+                 std::function<bool(const Node&)> may_recompute)
+      : g_(g), s_(s), keep_(keep), may_(std::move(may_recompute)) {}
+
+  Status run(RematStats& st) {
+    for (Node* n : s_.forward) st.forward_flops += node_cost(*n).flops;
+    std::vector<Node*> bwd;
+    for (size_t i = s_.bwd_start; i < g_.nodes().size(); ++i) bwd.push_back(g_.nodes()[i].get());
+    for (Node* b : bwd)
+      for (size_t i = 0; i < b->inputs.size(); ++i) {
+        Value* v = b->inputs[i];
+        if (!needs_work(v)) continue;
+        KILN_ASSIGN_OR_RETURN(Value * nv, materialize(v, b, st));
+        b->inputs[i] = nv;
+      }
+    return Status::ok();
+  }
+
+ private:
+  bool needs_work(const Value* v) const {
+    return s_.is_forward_value(v) && !keep_.count(v) && !s_.graph_outputs.count(v);
+  }
+
+  Expected<Value*> materialize(Value* v, Node* before, RematStats& st) {
+    if (!needs_work(v)) return v;
+    Node* p = v->producer;
+    auto it = clones_.find(p);
+    if (it == clones_.end()) {
+      if (!may_(*p) || !recomputable_at_all(*p)) return v;
+      std::vector<Value*> ins;
+      for (Value* in : p->inputs) {
+        if (!in) {
+          ins.push_back(nullptr);
+          continue;
+        }
+        KILN_ASSIGN_OR_RETURN(Value * m, materialize(in, before, st));
+        ins.push_back(m);
+      }
+      int k = p->num_outputs();
+      while (k > 1 && s_.graph_outputs.count(p->outputs[k - 1])) --k;
+      std::vector<std::string> names;
+      for (int i = 0; i < k; ++i) names.push_back(p->outputs[i]->name + ".remat");
+      int pos = g_.index_of(before);
+      Node* c = g_.insert_node(static_cast<size_t>(pos), p->op, p->name + "/grad/remat", ins, names, p->attrs);
+      for (int i = 0; i < k; ++i) {
+        c->outputs[i]->dtype = p->outputs[i]->dtype;
+        c->outputs[i]->shape = p->outputs[i]->shape;
+      }
+      KILN_RETURN_IF_ERROR(infer_node(*c).with_context("remat of node '" + p->name + "'"));
+      st.cloned_nodes++;
+      st.recompute_flops += node_cost(*c).flops;
+      it = clones_.emplace(p, c).first;
+    }
+    Node* c = it->second;
+    if (v->producer_output >= c->num_outputs()) return v;
+    return c->outputs[v->producer_output];
+  }
+
+  Graph& g_;
+  const Sections& s_;
+  const std::unordered_set<const Value*>& keep_;
+  std::function<bool(const Node&)> may_;
+  std::unordered_map<const Node*, Node*> clones_;
+};
+
+// ---------------------------------------------------------------- segmentations
+
+/// Block key of a node from its export name scope ("/h.0/attn/MatMul" -> "/h.0"), or "".
+std::string scope_block(const std::string& name) {
+  static const std::regex seg_re("^([^/]*\\.)?[0-9]+$");
+  std::vector<std::string> segs;
+  std::stringstream ss(name);
+  std::string seg;
+  while (std::getline(ss, seg, '/')) segs.push_back(seg);
+  std::string prefix;
+  for (size_t i = 0; i + 1 < segs.size(); ++i) {  // the last segment is the op's own name
+    prefix += segs[i] + (i + 1 < segs.size() ? "/" : "");
+    if (i > 0 && !segs[i].empty() && std::regex_match(segs[i], seg_re)) return prefix;
+  }
+  return "";
+}
+
+/// Family of a block key: the key without its trailing index ("/h.0/" -> "/h.").
+std::string block_family(const std::string& key) {
+  std::string k = key.substr(0, key.size() - 1);  // drop '/'
+  size_t e = k.size();
+  while (e > 0 && std::isdigit(static_cast<unsigned char>(k[e - 1]))) --e;
+  return k.substr(0, e);
+}
+
+/// Segment id per forward node (-1: not in any segment, never recomputed).
+/// `blocks` from name scopes; empty result when the model has no repeated scopes.
+std::vector<int> block_segments(const Sections& s, std::vector<std::string>* names) {
+  std::vector<std::string> key(s.forward.size());
+  std::map<std::string, std::set<std::string>> families;
+  for (size_t i = 0; i < s.forward.size(); ++i) {
+    key[i] = scope_block(s.forward[i]->name);
+    if (!key[i].empty()) families[block_family(key[i])].insert(key[i]);
+  }
+  std::map<std::string, int> ids;
+  std::vector<int> seg(s.forward.size(), -1);
+  bool any = false;
+  for (size_t i = 0; i < s.forward.size(); ++i) {
+    if (key[i].empty() || families[block_family(key[i])].size() < 2) continue;
+    auto it = ids.find(key[i]);
+    if (it == ids.end()) {
+      it = ids.emplace(key[i], static_cast<int>(ids.size())).first;
+      if (names) names->push_back(key[i]);
+    }
+    seg[i] = it->second;
+    any = true;
+  }
+  if (!any) return {};
+  return seg;
+}
+
+std::vector<int> sqrt_segments(const Sections& s, std::vector<std::string>* names) {
+  const size_t n = s.forward.size();
+  size_t len = std::max<size_t>(1, static_cast<size_t>(std::llround(std::sqrt(static_cast<double>(n)))));
+  std::vector<int> seg(n);
+  for (size_t i = 0; i < n; ++i) seg[i] = static_cast<int>(i / len);
+  if (names)
+    for (size_t k = 0; k * len < n; ++k) names->push_back("segment " + std::to_string(k));
+  return seg;
+}
+
+/// Kept set for a segmentation where only segments in `active` are recomputed: every
+/// value read by a node of another segment (or by a node outside any segment) is kept.
+std::unordered_set<const Value*> segment_keep(const Sections& s, const std::vector<int>& seg) {
+  std::unordered_set<const Value*> keep;
+  for (size_t i = 0; i < s.forward.size(); ++i)
+    for (Value* in : s.forward[i]->inputs)
+      if (s.is_forward_value(in)) {
+        int j = s.fwd_index.at(in->producer);
+        if (seg[j] != seg[i] || seg[j] < 0) keep.insert(in);
+      }
+  return keep;
+}
+
+// ---------------------------------------------------------------- min-cut
+
+/// Dinic's maximum flow (int64 capacities); min_cut_source_side() after max_flow().
+class MaxFlow {
+ public:
+  static constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+  explicit MaxFlow(int n) : adj_(n), level_(n), it_(n) {}
+  void add_edge(int u, int v, int64_t cap) {
+    adj_[u].push_back({v, static_cast<int>(adj_[v].size()), cap});
+    adj_[v].push_back({u, static_cast<int>(adj_[u].size()) - 1, 0});
+  }
+  int64_t max_flow(int s, int t) {
+    int64_t flow = 0;
+    while (bfs(s, t)) {
+      std::fill(it_.begin(), it_.end(), 0);
+      while (int64_t f = dfs(s, t, kInf)) flow += f;
+    }
+    return flow;
+  }
+  /// Nodes reachable from s in the residual graph.
+  std::vector<bool> source_side(int s) {
+    std::vector<bool> seen(adj_.size(), false);
+    std::vector<int> st = {s};
+    seen[s] = true;
+    while (!st.empty()) {
+      int u = st.back();
+      st.pop_back();
+      for (auto& e : adj_[u])
+        if (e.cap > 0 && !seen[e.to]) seen[e.to] = true, st.push_back(e.to);
+    }
+    return seen;
+  }
+
+ private:
+  struct Edge {
+    int to, rev;
+    int64_t cap;
+  };
+  bool bfs(int s, int t) {
+    std::fill(level_.begin(), level_.end(), -1);
+    std::queue<int> q;
+    level_[s] = 0;
+    q.push(s);
+    while (!q.empty()) {
+      int u = q.front();
+      q.pop();
+      for (auto& e : adj_[u])
+        if (e.cap > 0 && level_[e.to] < 0) level_[e.to] = level_[u] + 1, q.push(e.to);
+    }
+    return level_[t] >= 0;
+  }
+  int64_t dfs(int u, int t, int64_t f) {
+    if (u == t) return f;
+    for (int& i = it_[u]; i < static_cast<int>(adj_[u].size()); ++i) {
+      Edge& e = adj_[u][i];
+      if (e.cap <= 0 || level_[e.to] != level_[u] + 1) continue;
+      int64_t d = dfs(e.to, t, std::min(f, e.cap));
+      if (d > 0) {
+        e.cap -= d;
+        adj_[e.to][e.rev].cap += d;
+        return d;
+      }
+    }
+    return 0;
+  }
+  std::vector<std::vector<Edge>> adj_;
+  std::vector<int> level_, it_;
+};
+
+/// Cheap to recompute: op-table fusion class pointwise, reduction or view.
+bool cheap_op(const Node& n) {
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def) return false;
+  return def->fusion == FusionClass::pointwise || def->fusion == FusionClass::reduction ||
+         def->fusion == FusionClass::view;
+}
+
+/// The kept set of least bytes when only cheap ops are recomputed (see the file comment).
+std::unordered_set<const Value*> min_cut_keep(const Sections& s) {
+  std::unordered_map<const Value*, int> id;
+  std::vector<const Value*> vals;
+  for (Node* n : s.forward)
+    for (Value* o : n->outputs) {
+      id[o] = static_cast<int>(vals.size());
+      vals.push_back(o);
+    }
+  const int V = static_cast<int>(vals.size());
+  const int S = 2 * V, T = 2 * V + 1;
+  MaxFlow mf(2 * V + 2);
+  auto in_node = [](int i) { return 2 * i; };
+  auto out_node = [](int i) { return 2 * i + 1; };
+  for (int i = 0; i < V; ++i) {
+    const Value* v = vals[i];
+    const Node* p = v->producer;
+    // Capacity: bytes (scaled), +1 so that among equal-byte cuts the one nearer the
+    // backward (fewer recomputed values) wins.
+    mf.add_edge(in_node(i), out_node(i), value_bytes(v) * 16 + 1);
+    if (s.graph_outputs.count(v)) mf.add_edge(S, out_node(i), MaxFlow::kInf);  // resident anyway
+    if (!cheap_op(*p) || !recomputable_at_all(*p)) {
+      mf.add_edge(S, in_node(i), MaxFlow::kInf);  // must be computed in forward
+    } else {
+      for (Value* in : p->inputs)
+        if (in && id.count(in)) mf.add_edge(out_node(id[in]), in_node(i), MaxFlow::kInf);
+    }
+    if (s.saved_set.count(v)) mf.add_edge(out_node(i), T, MaxFlow::kInf);
+  }
+  mf.max_flow(S, T);
+  auto side = mf.source_side(S);
+  std::unordered_set<const Value*> keep;
+  for (int i = 0; i < V; ++i)
+    if (side[in_node(i)] && !side[out_node(i)]) keep.insert(vals[i]);
+  return keep;
+}
+
+// ---------------------------------------------------------------- pass
+
+/// Bytes per parameter element of the state the optimizer pass adds (inputs of the
+/// step), from option "optim": AdamW fp32 m and v = 8, 8-bit AdamW ~2, SGD momentum 4.
+double optimizer_bytes_per_element(const PassContext& ctx) {
+  std::string optim = ctx.opt("optim", "adamw_torch");
+  if (optim == "sgd") return ctx.opt_f("momentum", 0.0) > 0 ? 4.0 : 0.0;
+  if (optim == "adamw_8bit" || optim == "adamw_bnb_8bit") return 2.0 + 16.0 / 2048.0;
+  return 8.0;
+}
+
+class Remat : public Pass {
+ public:
+  std::string name() const override { return "remat"; }
+  Expected<bool> run(Graph& g, PassContext& ctx) override {
+    std::string policy = ctx.opt("remat_policy", "none");
+    if (policy == "none" || policy.empty()) return false;
+    Sections s = split_sections(g);
+    if (s.bwd_start >= static_cast<int>(g.nodes().size()))
+      return Status::error("remat: no backward nodes (run autodiff first)");
+    RematStats st;
+    if (policy == "blocks" || policy == "sqrt") {
+      std::vector<int> seg = policy == "blocks" ? block_segments(s, nullptr) : std::vector<int>{};
+      if (seg.empty()) seg = sqrt_segments(s, nullptr);
+      auto keep = segment_keep(s, seg);
+      std::unordered_map<const Node*, int> segof;
+      for (size_t i = 0; i < s.forward.size(); ++i) segof[s.forward[i]] = seg[i];
+      Rematerializer r(g, s, keep, [&](const Node& n) { return segof.count(&n) && segof.at(&n) >= 0; });
+      KILN_RETURN_IF_ERROR(r.run(st));
+    } else if (policy == "min-cut") {
+      auto keep = min_cut_keep(s);
+      Rematerializer r(g, s, keep, [](const Node& n) { return cheap_op(n); });
+      KILN_RETURN_IF_ERROR(r.run(st));
+    } else if (policy == "budget") {
+      KILN_RETURN_IF_ERROR(run_budget(g, ctx, s, st));
+    } else {
+      return Status::error("--remat_policy: unknown policy '" + policy + "' (none, blocks, sqrt, min-cut, budget)");
+    }
+    last_stats_ = st;
+    if (ctx.log && ctx.opt("remat_report") == "1")
+      *ctx.log << "remat(" << policy << "): " << st.cloned_nodes << " nodes recomputed, "
+               << (st.forward_flops > 0 ? 100.0 * st.recompute_flops / st.forward_flops : 0.0)
+               << "% of forward FLOPs\n";
+    return st.cloned_nodes > 0;
+  }
+
+ private:
+  Status run_budget(Graph& g, PassContext& ctx, const Sections& s, RematStats& st);
+  RematStats last_stats_;
+};
+
+/// Planned peak of the whole training step: `g` with the optimizer pass applied to a copy
+/// (the same options), planned with eager semantics. `opt_bytes` is an estimate of the
+/// optimizer state, added only when the optimizer pass cannot run on the copy.
+struct Fit {
+  int64_t peak = 0;
+  std::string dominant;
+  int64_t dominant_bytes = 0;
+};
+
+Expected<Fit> planned_fit(const Graph& g, PassContext& ctx, double opt_bytes) {
+  auto copy = g.clone();
+  PassContext quiet;
+  quiet.options = ctx.options;
+  // The driver's order after remat: canonicalize, optimizer, canonicalize.
+  auto pre = make_canonicalize_pass()->run(*copy, quiet);
+  if (!pre) return pre.status();
+  auto opt = make_optimizer_pass()->run(*copy, quiet);
+  if (opt) {
+    auto post = make_canonicalize_pass()->run(*copy, quiet);
+    if (!post) return post.status();
+    opt_bytes = 0;
+  } else {
+    copy = g.clone();
+  }
+  KILN_ASSIGN_OR_RETURN(MemoryPlan p, plan_memory(*copy, PlanOptions::eager()));
+  Fit f;
+  f.peak = p.peak_bytes + static_cast<int64_t>(opt_bytes);
+  CategoryBytes cat = p.at_peak;
+  cat[static_cast<int>(MemoryCategory::optimizer_state)] += static_cast<int64_t>(opt_bytes);
+  for (int c = 0; c < kNumMemoryCategories; ++c)
+    if (cat[c] > f.dominant_bytes) {
+      f.dominant_bytes = cat[c];
+      f.dominant = memory_category_name(static_cast<MemoryCategory>(c));
+    }
+  return f;
+}
+
+Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematStats& st) {
+  std::string budget_text = ctx.opt("memory_budget");
+  if (budget_text.empty()) return Status::error("--remat_policy budget needs --memory_budget");
+  const double budget = std::strtod(budget_text.c_str(), nullptr);
+  if (!(budget > 0)) return Status::error("--memory_budget: expected a byte count > 0, got '" + budget_text + "'");
+  int64_t param_elems = 0;
+  for (auto& sb : g.state)
+    if (sb.kind == "parameter" && sb.input) param_elems += std::max<int64_t>(0, sb.input->shape.numel());
+  const double opt_bytes = optimizer_bytes_per_element(ctx) * static_cast<double>(param_elems);
+
+  KILN_ASSIGN_OR_RETURN(Fit base, planned_fit(g, ctx, opt_bytes));
+  if (base.peak <= budget) return Status::ok();  // fits without recomputation
+
+  std::vector<int> seg = block_segments(s, nullptr);
+  if (seg.empty()) seg = sqrt_segments(s, nullptr);
+  int nseg = 0;
+  for (int x : seg) nseg = std::max(nseg, x + 1);
+
+  // Applies "recompute the segments in `on`" to a copy and returns its fit.
+  auto trial = [&](const std::vector<bool>& on, Graph& target, RematStats& ts) -> Expected<Fit> {
+    Sections ss = split_sections(target);
+    std::vector<int> sg(ss.forward.size(), -1);
+    for (size_t i = 0; i < ss.forward.size(); ++i) sg[i] = seg[i] >= 0 && on[seg[i]] ? seg[i] : -1;
+    auto keep = segment_keep(ss, sg);
+    std::unordered_map<const Node*, int> segof;
+    for (size_t i = 0; i < ss.forward.size(); ++i) segof[ss.forward[i]] = sg[i];
+    Rematerializer r(target, ss, keep, [&](const Node& n) { return segof.count(&n) && segof.at(&n) >= 0; });
+    KILN_RETURN_IF_ERROR(r.run(ts));
+    return planned_fit(target, ctx, opt_bytes);
+  };
+
+  // Per-segment effect, measured one segment at a time: saved bytes and recompute FLOPs.
+  std::vector<double> gain(nseg, 0), flops(nseg, 0);
+  for (int k = 0; k < nseg; ++k) {
+    std::vector<bool> on(nseg, false);
+    on[k] = true;
+    auto copy = g.clone();
+    RematStats ts;
+    KILN_ASSIGN_OR_RETURN(Fit f, trial(on, *copy, ts));
+    gain[k] = static_cast<double>(base.peak - f.peak);
+    flops[k] = ts.recompute_flops;
+  }
+  // Everything recomputed: the smallest reachable peak.
+  {
+    auto copy = g.clone();
+    RematStats ts;
+    KILN_ASSIGN_OR_RETURN(Fit all, trial(std::vector<bool>(nseg, true), *copy, ts));
+    if (all.peak > budget) {
+      return Status::error("--memory_budget " + human_bytes(static_cast<int64_t>(budget)) +
+                           ": does not fit; the smallest planned peak reachable by recomputation is " +
+                           human_bytes(all.peak) + " (" + std::to_string(all.peak) + " bytes), dominated by " +
+                           all.dominant + " (" + human_bytes(all.dominant_bytes) + ")");
+    }
+  }
+
+  // 0/1 knapsack: minimise sum flops_k x_k subject to sum gain_k x_k >= need.
+  double need = static_cast<double>(base.peak) - budget;
+  std::vector<bool> best;
+  for (int attempt = 0; attempt < 2 * nseg + 2; ++attempt) {
+    std::vector<bool> pick(nseg, false);
+    bool solved = false;
+#ifdef KILN_HAVE_GLPK
+    {
+      glp_prob* lp = glp_create_prob();
+      glp_set_obj_dir(lp, GLP_MIN);
+      glp_add_rows(lp, 1);
+      glp_set_row_bnds(lp, 1, GLP_LO, need, 0.0);
+      glp_add_cols(lp, nseg);
+      std::vector<int> ia(1), ja(1);
+      std::vector<double> ar(1);
+      for (int k = 0; k < nseg; ++k) {
+        glp_set_col_kind(lp, k + 1, GLP_BV);
+        glp_set_obj_coef(lp, k + 1, flops[k] + 1.0);
+        ia.push_back(1), ja.push_back(k + 1), ar.push_back(std::max(0.0, gain[k]));
+      }
+      glp_load_matrix(lp, nseg, ia.data(), ja.data(), ar.data());
+      glp_iocp parm;
+      glp_init_iocp(&parm);
+      parm.presolve = GLP_ON;
+      parm.msg_lev = GLP_MSG_OFF;
+      parm.tm_lim = static_cast<int>(ctx.opt_i("remat_solver_ms", 2000));
+      int rc = glp_intopt(lp, &parm);
+      int stat = glp_mip_status(lp);
+      if (rc == 0 && stat == GLP_OPT) {
+        for (int k = 0; k < nseg; ++k) pick[k] = glp_mip_col_val(lp, k + 1) > 0.5;
+        solved = true;
+      }
+      glp_delete_prob(lp);
+    }
+#endif
+    if (!solved) {  // greedy: most bytes per FLOP first
+      std::vector<int> order(nseg);
+      for (int k = 0; k < nseg; ++k) order[k] = k;
+      std::sort(order.begin(), order.end(),
+                [&](int a, int b) { return gain[a] * (flops[b] + 1) > gain[b] * (flops[a] + 1); });
+      double got = 0;
+      for (int k : order) {
+        if (got >= need) break;
+        pick[k] = true;
+        got += gain[k];
+      }
+    }
+    auto copy = g.clone();
+    RematStats ts;
+    KILN_ASSIGN_OR_RETURN(Fit f, trial(pick, *copy, ts));
+    if (f.peak <= budget) {
+      best = pick;
+      break;
+    }
+    // Savings of segments overlap or interact; ask for more and try again.
+    need += static_cast<double>(f.peak) - budget + 1.0;
+  }
+  if (best.empty()) best = std::vector<bool>(nseg, true);  // fits (checked above)
+  KILN_ASSIGN_OR_RETURN(Fit done, trial(best, g, st));
+  (void)done;
+  return Status::ok();
+}
+
+}  // namespace
+
+std::unique_ptr<Pass> make_remat_pass() { return std::make_unique<Remat>(); }
+
+}  // namespace kiln::passes
