@@ -14,11 +14,23 @@
 //   not already bf16 is cast to bf16; outputs bf16 (kernels accumulate in f32).
 // - fp32 (Softmax, normalisations, reductions, Exp/Log/..., every loss): every
 //   bf16/f16 float input is cast up to f32; outputs f32.
+//   (b) fp32 compute, bf16 storage: when every float activation input of an
+//   fp32-policy node arrived in bf16 and its single result has their shape
+//   (pointwise ops such as Erf/Exp/Log/Pow/Sqrt/Reciprocal, and normalisations
+//   along an axis such as Softmax; not reductions or losses, and not graph or
+//   state outputs), the node computes in f32 and its result is stored in bf16: a
+//   Cast "<y>.bf16" right after it, read by every other consumer. This is what
+//   PyTorch does for GELU and softmax on bf16 tensors under CPU autocast (float
+//   math inside the kernel, bf16 out), and keeps those activations bf16 instead
+//   of fp32 (issue 4: saved activations <= 55% of fp32's). bf16 only: its range
+//   is f32's, while f16 could overflow (Exp), so --fp16 keeps f32 results.
 // - follow_inputs (pointwise and view ops): the node runs in the widest float
-//   dtype of its *activation* inputs; weak inputs (trainable parameters and
-//   constant initializers) follow that dtype, as in PyTorch, where a 0-dim
-//   constant does not promote and nn.Linear adds its bias in bf16. With no
-//   activation input, the widest of all float inputs.
+//   dtype of its *activation* inputs; weak inputs (trainable parameters, constant
+//   initializers and, rule (a), any rank-0 value) follow that dtype, as in
+//   PyTorch's type promotion, where a 0-dim tensor does not promote a dimensioned
+//   one (bf16 tensor * f32 0-dim -> bf16, so x*0.5 and x/sqrt(2) stay bf16) and
+//   nn.Linear adds its bias in bf16. With no activation input, the widest of all
+//   float inputs.
 // - not_float (Cast, Shape, comparisons' int side, ...): untouched.
 // Parameters stay fp32 masters; their bf16 copies are Cast nodes named
 // "<param>.bf16" placed at the start of the graph (one per parameter, so a later
@@ -34,6 +46,21 @@
 // f32 once per value) and casts the result back to the dtype its consumers were
 // built for, after any single-use view ops (so cast_simplify removes the cast back
 // when the consumer is the cast to the f32 master's gradient).
+// Then rule (c), no saved f32 copies of low-precision values: a forward value read
+// by the backward pass that is a widening Cast of a bf16/f16 value x (Erf's input,
+// the loss's logits) is recomputed for the backward readers by an identical Cast
+// of x, placed before the first of them (value "<y>.remat", node
+// "<cast>/grad/remat", DESIGN.md convention 3); exact and cheap, so x (2 bytes per
+// element) is saved instead of y (4). When x itself is made by a single-output
+// pointwise node from constants and one value the backward pass saves anyway, and
+// nothing else in the backward pass reads x (GELU's x / sqrt(2) from x), that node
+// is recomputed too ("<x>.remat"), again exactly. The backward readers of a
+// rule-(b) result read its stored bf16 copy, upcast ("<y>.bf16.f32.remat"), as
+// PyTorch's softmax backward reads its saved bf16 output. cast_simplify leaves
+// these "/grad/remat" casts alone (it would merge them back into the forward ones).
+// Reference: PyTorch autocast (torch/csrc/autograd/autocast_mode.cpp, CPU lists)
+// and type promotion (torch.result_type); AOTAutograd's min-cut partitioner makes
+// the same recompute-cheap-pointwise choice.
 //
 // Options: "autocast_dtype" = "bf16" (default, --bf16) or "f16" (--fp16, used with
 // the loss scaling of passes/grad_scaler.cpp; every rule above reads "bf16" as
@@ -138,10 +165,30 @@ Expected<bool> remat_saved_casts(Graph& g) {
     if (readers.empty()) continue;
     int first = g.index_of(readers[0]);
     for (Node* r : readers) first = std::min(first, g.index_of(r));
-    const std::string out = pl.src == pl.cast->input(0) ? pl.y->name + ".remat" : pl.src->name + ".f32.remat";
+    const bool exact = pl.src == pl.cast->input(0);
+    const std::string out = exact ? pl.y->name + ".remat" : pl.src->name + ".f32.remat";
     Node* c = g.insert_node(static_cast<size_t>(first), "Cast", pl.cast->name + "/grad/remat", {pl.src}, {out},
                             make_attrs({{"to", int64_t(dtype_to_onnx(DType::f32))}}));
     KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast_grad (rule c)"));
+    // The source itself is recomputed too when that saves it and is exact and free of
+    // new saved bytes: a single-output pointwise node of the forward pass (x / sqrt(2)
+    // before GELU's Erf) whose only non-constant input is saved anyway and whose value
+    // no backward node reads but this Cast.
+    Node* sp = pl.src->producer;
+    const OpDef* sd = sp ? OpTable::get().find(sp->op) : nullptr;
+    if (exact && sp && forward.count(sp) && sd && sd->fusion == FusionClass::pointwise && sp->num_outputs() == 1 &&
+        !read_by_bwd.count(pl.src) && sp->regions.empty()) {
+      Value* act = nullptr;
+      int acts = 0;
+      for (Value* in : sp->inputs)
+        if (in && !in->is_initializer()) act = in, ++acts;
+      if (acts == 1 && read_by_bwd.count(act)) {
+        Node* r = g.insert_node(static_cast<size_t>(g.index_of(c)), sp->op, sp->name + "/grad/remat", sp->inputs,
+                                {pl.src->name + ".remat"}, sp->attrs);
+        KILN_RETURN_IF_ERROR(infer_node(*r).with_context("autocast_grad (rule c)"));
+        c->inputs[0] = r->outputs[0];
+      }
+    }
     for (Node* r : readers)
       for (auto& in : r->inputs)
         if (in == pl.y) in = c->outputs[0];
@@ -255,8 +302,12 @@ class Autocast : public Pass {
   }
 
  private:
-  /// Parameters and constant initializers follow the activations' dtype.
-  bool is_weak(const Value* v) const { return params_.count(v) || v->is_initializer(); }
+  /// Parameters, constant initializers and rank-0 values follow the activations' dtype
+  /// (rule (a): PyTorch type promotion, where a 0-dim tensor does not promote a
+  /// dimensioned one of the same category: bf16 tensor * f32 0-dim -> bf16).
+  bool is_weak(const Value* v) const {
+    return params_.count(v) || v->is_initializer() || v->shape.rank() == 0;
+  }
 
   /// Rule (b): whether the f32 result of fp32-policy node `n`, all of whose float
   /// activation inputs arrived in bf16, is stored in bf16: one float output, shaped

@@ -21,6 +21,16 @@
 //     split at the peak and each category's own maximum. Bytes are numel * dtype size,
 //     as MemoryStats counts them; the arena size also includes alignment padding.
 //
+// AccumulationLoop (gradient accumulation): the schedule is flattened, a loop's body
+// nodes (one iteration; all iterations have the same live set) followed by the loop
+// node. The liveness follows runtime/interpreter.cpp exactly: captured outer values
+// are live to the loop node; carried inputs whose last use is the loop move into the
+// body (their buffer becomes the body input's); scan slices are new tensors live from
+// the body's start to their last use; body outputs stay to the iteration's end and
+// become the loop outputs (same buffer). kiln_inplace = k (the accumulator Adds) is
+// honoured with the interpreter's condition; the planned iteration is a steady one
+// (t >= 1), where every carried value is uniquely owned.
+//
 // Categories come from the graph only: StateBinding kinds; node-name scopes
 // ("<node>/grad/..." = backward, written by autodiff; "optimizer/..." = the optimizer
 // pass); the op table (fusion class). A narrowed single-input copy of a parameter made
@@ -32,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -78,17 +89,98 @@ Phase phase_of(const Node& n) {
 
 int64_t align_up(int64_t v, int64_t a) { return a <= 1 ? v : (v + a - 1) / a * a; }
 
+/// One schedule position: a node of the top-level graph or of a loop body (one
+/// representative iteration), or the end of an AccumulationLoop (where its outputs
+/// appear and its inputs and captures are released, as in the interpreter).
+struct Entry {
+  const Node* node = nullptr;
+  const Graph* graph = nullptr;  ///< the graph whose node list holds `node`
+  const Node* loop = nullptr;    ///< enclosing AccumulationLoop of a body node (nullptr at top level)
+};
+
+/// Per AccumulationLoop: where its body runs in the schedule.
+struct LoopInfo {
+  const Node* node = nullptr;
+  const Graph* body = nullptr;
+  int body_start = 0;  ///< position of the body's first node
+  int end = 0;         ///< position of the loop node itself (after the body)
+  size_t carried = 0;
+  bool steal = false;  ///< carried inputs move into the loop (interpreter's condition)
+};
+
+/// Values a region reads from enclosing graphs (runtime/interpreter.cpp collect_captures).
+void collect_captures(const Graph& r, std::unordered_set<const Value*>& out) {
+  std::unordered_set<const Value*> defined(r.inputs.begin(), r.inputs.end());
+  defined.insert(r.initializers.begin(), r.initializers.end());
+  for (auto& n : r.nodes()) {
+    for (Value* v : n->inputs)
+      if (v && !defined.count(v)) out.insert(v);
+    for (auto& sub : n->regions) {
+      std::unordered_set<const Value*> inner;
+      collect_captures(*sub, inner);
+      for (const Value* v : inner)
+        if (!defined.count(v)) out.insert(v);
+    }
+    for (Value* o : n->outputs) defined.insert(o);
+  }
+  for (Value* o : r.outputs)
+    if (o && !defined.count(o)) out.insert(o);
+}
+
+/// Appends the schedule of `g` to `tl`: a loop's body nodes, then the loop node.
+Status flatten(const Graph& g, const Node* loop, std::vector<Entry>& tl, std::vector<LoopInfo>& loops) {
+  for (auto& np : g.nodes()) {
+    const Node& n = *np;
+    if (!n.regions.empty()) {
+      if (n.op != "AccumulationLoop" || n.regions.size() != 1)
+        return Status::error("memory plan: node '" + n.name + "' (" + n.op +
+                             ") has a nested region; only AccumulationLoop regions are planned");
+      const Graph& body = *n.regions[0];
+      const int64_t k = n.attrs.get_int("num_carried", -1);
+      if (k < 0 || body.inputs.size() != n.inputs.size() || static_cast<int64_t>(body.outputs.size()) != k ||
+          n.num_outputs() != k || k > n.num_inputs())
+        return Status::error("memory plan: AccumulationLoop '" + n.name + "': body does not match the node");
+      if (body.nodes().empty())
+        return Status::error("memory plan: AccumulationLoop '" + n.name + "' has an empty body");
+      LoopInfo li;
+      li.node = &n;
+      li.body = &body;
+      li.carried = static_cast<size_t>(k);
+      li.body_start = static_cast<int>(tl.size());
+      const size_t slot = loops.size();
+      loops.push_back(li);
+      KILN_RETURN_IF_ERROR(flatten(body, &n, tl, loops));
+      loops[slot].end = static_cast<int>(tl.size());
+    }
+    tl.push_back({&n, &g, loop});
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
   MemoryPlan plan;
   plan.options = opts;
-  const auto& nodes = g.nodes();
-  const int N = static_cast<int>(nodes.size());
+  std::vector<Entry> tl;
+  std::vector<LoopInfo> loops;
+  KILN_RETURN_IF_ERROR(flatten(g, nullptr, tl, loops));
+  const int N = static_cast<int>(tl.size());
   plan.num_nodes = N;
+  plan.accumulation_loops = static_cast<int>(loops.size());
+  for (auto& li : loops) plan.trip_count = std::max(plan.trip_count, li.node->attrs.get_int("trip_count", 1));
   const bool in_place = opts.in_place && !opts.eager_semantics;
 
+  std::unordered_map<const Node*, int> node_pos;  // node -> schedule position
+  for (int p = 0; p < N; ++p) node_pos[tl[p].node] = p;
+  std::unordered_map<const Node*, const LoopInfo*> loop_of;
+  for (auto& li : loops) loop_of[li.node] = &li;
+  std::unordered_map<const Value*, std::pair<const LoopInfo*, size_t>> body_input_slot;
+  for (auto& li : loops)
+    for (size_t j = 0; j < li.body->inputs.size(); ++j) body_input_slot[li.body->inputs[j]] = {&li, j};
+
   std::unordered_map<const Value*, int> idx;  // value -> index into plan.values
+  std::unordered_map<const Value*, const Graph*> owner;
   auto bytes_of = [](const Value* v) -> Expected<int64_t> {
     if (v->dtype == DType::undefined) return int64_t(0);
     int64_t n = v->shape.numel();
@@ -97,7 +189,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
                            " (bind symbolic dims with --shape)");
     return n * static_cast<int64_t>(dtype_size(v->dtype));
   };
-  auto add_value = [&](const Value* v, bool persistent, int def) -> Status {
+  auto add_value = [&](const Value* v, const Graph* gr, bool persistent, int def) -> Status {
     if (!v || idx.count(v)) return Status::ok();
     KILN_ASSIGN_OR_RETURN(int64_t b, bytes_of(v));
     ValuePlan vp;
@@ -106,29 +198,49 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     vp.persistent = persistent;
     vp.def = def;
     idx[v] = static_cast<int>(plan.values.size());
+    owner[v] = gr;
     plan.values.push_back(vp);
     return Status::ok();
   };
-  for (Value* v : g.inputs) KILN_RETURN_IF_ERROR(add_value(v, true, -1));
-  for (Value* v : g.initializers) KILN_RETURN_IF_ERROR(add_value(v, true, -1));
+  // Where each graph's run ends (a body: its last node, i.e. the end of one iteration)
+  // and what it pins (graph outputs and constants; a body: its outputs).
+  std::unordered_map<const Graph*, int> graph_end;
+  std::unordered_map<const Graph*, std::unordered_set<const Value*>> pinned;
+  graph_end[&g] = N - 1;
+  pinned[&g].insert(g.outputs.begin(), g.outputs.end());
+  pinned[&g].insert(g.initializers.begin(), g.initializers.end());
+  for (auto& li : loops) {
+    graph_end[li.body] = li.end - 1;
+    pinned[li.body].insert(li.body->outputs.begin(), li.body->outputs.end());
+  }
+  for (Value* v : g.inputs) KILN_RETURN_IF_ERROR(add_value(v, &g, true, -1));
+  for (Value* v : g.initializers) KILN_RETURN_IF_ERROR(add_value(v, &g, true, -1));
   std::vector<Phase> phase(N);
   std::unordered_map<const Value*, int> last_use;
   for (int i = 0; i < N; ++i) {
-    const Node& n = *nodes[i];
-    if (!n.regions.empty())
-      return Status::error("memory plan: node '" + n.name + "' (" + n.op +
-                           ") has a nested region; planning inside regions is not supported yet");
+    for (auto& li : loops)
+      if (li.body_start == i) {
+        // Carried values and scan slices exist before the body's first node runs;
+        // body constants live in the graph (resident).
+        for (Value* v : li.body->inputs) KILN_RETURN_IF_ERROR(add_value(v, li.body, false, i));
+        for (Value* v : li.body->initializers) KILN_RETURN_IF_ERROR(add_value(v, li.body, true, -1));
+      }
+    const Node& n = *tl[i].node;
     phase[i] = phase_of(n);
     for (Value* in : n.inputs) {
       if (!in) continue;
       if (!idx.count(in) && !in->producer)
         return Status::error("memory plan: node '" + n.name + "' reads '" + in->name +
                              "', which is neither a graph input, an initializer nor a node output");
-      last_use[in] = i;
+      last_use[in] = std::max(last_use.count(in) ? last_use[in] : -1, i);
     }
-    for (Value* o : n.outputs) KILN_RETURN_IF_ERROR(add_value(o, false, i));
+    if (loop_of.count(&n)) {  // the interpreter releases captured values after the loop
+      std::unordered_set<const Value*> caps;
+      collect_captures(*n.regions[0], caps);
+      for (const Value* v : caps) last_use[v] = std::max(last_use.count(v) ? last_use[v] : -1, i);
+    }
+    for (Value* o : n.outputs) KILN_RETURN_IF_ERROR(add_value(o, tl[i].graph, false, i));
   }
-  std::unordered_set<const Value*> graph_outputs(g.outputs.begin(), g.outputs.end());
 
   // ---- liveness
   for (auto& vp : plan.values) {
@@ -137,10 +249,26 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       vp.end = N - 1;
       continue;
     }
+    const Graph* gr = owner.at(vp.value);
+    const int ge = graph_end.at(gr);
     auto lu = last_use.find(vp.value);
-    if (graph_outputs.count(vp.value)) vp.end = N - 1;
+    if (pinned[gr].count(vp.value)) vp.end = ge;
     else if (lu != last_use.end()) vp.end = std::max(lu->second, vp.def);
-    else vp.end = opts.eager_semantics ? N - 1 : vp.def;
+    else vp.end = opts.eager_semantics ? ge : vp.def;
+  }
+  // The interpreter moves a loop's carried inputs into the loop when every one of them
+  // is last used by the loop, none is pinned and none repeats.
+  for (auto& li : loops) {
+    const Node& n = *li.node;
+    const auto& pin = pinned[node_pos.count(&n) ? tl[li.end].graph : &g];
+    li.steal = true;
+    for (size_t c = 0; c < li.carried; ++c) {
+      const Value* v = n.inputs[c];
+      auto lu = v ? last_use.find(v) : last_use.end();
+      if (!v || lu == last_use.end() || lu->second != li.end || pin.count(v)) li.steal = false;
+      for (size_t c2 = 0; c2 < c; ++c2)
+        if (n.inputs[c2] == v) li.steal = false;
+    }
   }
 
   // ---- categories
@@ -151,14 +279,11 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     if (sb.output) state_kind[sb.output] = sb.kind;
     if (sb.kind == "parameter" && sb.input) params.insert(sb.input);
   }
-  auto node_of = [&](const Value* v) -> const Node* { return v ? v->producer : nullptr; };
-  std::unordered_map<const Node*, int> node_index;
-  for (int i = 0; i < N; ++i) node_index[nodes[i].get()] = i;
   auto phase_of_value = [&](const Value* v) -> int {
-    const Node* p = node_of(v);
+    const Node* p = v ? v->producer : nullptr;
     if (!p) return -1;
-    auto k = node_index.find(p);
-    return k == node_index.end() ? -1 : static_cast<int>(phase[k->second]);
+    auto k = node_pos.find(p);
+    return k == node_pos.end() ? -1 : static_cast<int>(phase[k->second]);
   };
   // bf16 weight copies: a forward node whose only non-constant input is a parameter,
   // producing an equally sized tensor of a narrower dtype.
@@ -166,7 +291,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
   std::unordered_set<std::string> grad_scopes;  // parameters and their copies: "<name>/grad..."
   for (const Value* p : params) grad_scopes.insert(p->name);
   for (int i = 0; i < N; ++i) {
-    const Node& n = *nodes[i];
+    const Node& n = *tl[i].node;
     if (phase[i] != Phase::forward) continue;
     const Value* only = nullptr;
     int nonconst = 0;
@@ -181,22 +306,51 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       }
   }
   // Gradients: backward values read by the optimizer or listed as graph outputs, then
-  // followed back through the parameter's "/grad" scope and single-input copies.
+  // followed back through the parameter's "/grad" scope and single-input copies; an
+  // AccumulationLoop output accumulating a backward value is a gradient too, with its
+  // whole accumulator chain (zero init, body input, in-place Add, body output).
   std::unordered_set<const Value*> grads;
   std::vector<const Value*> work;
   auto is_bwd_value = [&](const Value* v) { return v && phase_of_value(v) == static_cast<int>(Phase::backward); };
+  auto accumulates_bwd = [&](const Value* v) {
+    if (!v || !v->producer || !loop_of.count(v->producer)) return false;
+    const LoopInfo& li = *loop_of.at(v->producer);
+    const Value* bo = li.body->outputs[v->producer_output];
+    if (!bo || !bo->producer) return false;
+    for (Value* in : bo->producer->inputs)
+      if (is_bwd_value(in)) return true;
+    return false;
+  };
+  auto bwd_like = [&](const Value* v) { return is_bwd_value(v) || accumulates_bwd(v); };
+  auto mark = [&](const Value* v) {
+    if (v && grads.insert(v).second) work.push_back(v);
+  };
   for (int i = 0; i < N; ++i) {
     if (phase[i] != Phase::optimizer) continue;
-    for (Value* in : nodes[i]->inputs)
-      if (is_bwd_value(in) && grads.insert(in).second) work.push_back(in);
+    for (Value* in : tl[i].node->inputs)
+      if (bwd_like(in)) mark(in);
   }
   for (Value* o : g.outputs)
-    if (is_bwd_value(o) && grads.insert(o).second) work.push_back(o);
+    if (bwd_like(o)) mark(o);
   while (!work.empty()) {
     const Value* v = work.back();
     work.pop_back();
-    const Node* p = node_of(v);
-    if (!p) continue;
+    const Node* p = v->producer;
+    if (!p) {
+      auto bi = body_input_slot.find(v);
+      if (bi != body_input_slot.end() && bi->second.second < bi->second.first->carried)
+        mark(bi->second.first->node->inputs[bi->second.second]);
+      continue;
+    }
+    if (loop_of.count(p)) {
+      mark(loop_of.at(p)->body->outputs[v->producer_output]);
+      continue;
+    }
+    if (p->attrs.has("kiln_inplace")) {  // accumulator update: acc + microbatch value
+      for (Value* in : p->inputs)
+        if (in && !in->is_initializer() && is_float(in->dtype) && in->shape.numel() == v->shape.numel()) mark(in);
+      continue;
+    }
     std::vector<const Value*> cands;
     int nonconst = 0;
     for (Value* in : p->inputs) {
@@ -207,22 +361,24 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     size_t pos = grad_scope_pos(p->name);
     bool param_scope = pos != std::string::npos && grad_scopes.count(p->name.substr(0, pos));
     if (param_scope || (nonconst == 1 && cands.size() == 1))
-      for (const Value* c : cands)
-        if (grads.insert(c).second) work.push_back(c);
+      for (const Value* c : cands) mark(c);
   }
   std::unordered_set<const Value*> read_by_backward;
   for (int i = 0; i < N; ++i)
     if (phase[i] == Phase::backward)
-      for (Value* in : nodes[i]->inputs)
+      for (Value* in : tl[i].node->inputs)
         if (in) read_by_backward.insert(in);
 
+  auto category_of_state = [](const std::string& kind) {
+    return kind == "parameter"         ? MemoryCategory::parameters
+           : kind == "optimizer_state" ? MemoryCategory::optimizer_state
+                                       : MemoryCategory::data_and_buffers;
+  };
   for (auto& vp : plan.values) {
     const Value* v = vp.value;
     auto sk = state_kind.find(v);
     if (sk != state_kind.end()) {
-      vp.category = sk->second == "parameter"         ? MemoryCategory::parameters
-                    : sk->second == "optimizer_state" ? MemoryCategory::optimizer_state
-                                                      : MemoryCategory::data_and_buffers;
+      vp.category = category_of_state(sk->second);
     } else if (vp.persistent) {
       vp.category = MemoryCategory::data_and_buffers;
     } else if (weight_copies.count(v)) {
@@ -234,58 +390,158 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     } else {
       vp.category = MemoryCategory::temporaries;
     }
-    if (vp.category == MemoryCategory::saved_activations) plan.saved_activation_bytes += vp.bytes;
   }
-  for (const auto& sb : g.state) {
-    if (!sb.input) continue;
-    auto it = idx.find(sb.input);
-    if (it == idx.end()) continue;
-    if (sb.kind == "parameter") plan.parameter_elements += std::max<int64_t>(0, sb.input->shape.numel());
-    if (sb.kind == "optimizer_state") plan.optimizer_state_bytes += plan.values[it->second].bytes;
+  // Loop bodies: scan slices are data; a carried state (BatchNorm statistics) keeps the
+  // category of the loop output it becomes.
+  for (auto& li : loops)
+    for (size_t j = 0; j < li.body->inputs.size(); ++j) {
+      auto it = idx.find(li.body->inputs[j]);
+      if (it == idx.end()) continue;
+      if (j >= li.carried) {
+        plan.values[it->second].category = MemoryCategory::data_and_buffers;
+      } else {
+        auto sk = state_kind.find(li.node->outputs[j]);
+        if (sk != state_kind.end()) plan.values[it->second].category = category_of_state(sk->second);
+      }
+    }
+  for (const auto& vp : plan.values)
+    if (vp.category == MemoryCategory::saved_activations) plan.saved_activation_bytes += vp.bytes;
+
+  // ---- optimizer state per parameter (state "<param>.<slot>" belongs to <param>)
+  {
+    std::map<std::string, std::pair<int64_t, bool>> per_param;  // name -> (state bytes, has 8-bit codes)
+    for (const auto& sb : g.state) {
+      if (!sb.input) continue;
+      auto it = idx.find(sb.input);
+      if (it == idx.end()) continue;
+      if (sb.kind == "parameter") plan.parameter_elements += std::max<int64_t>(0, sb.input->shape.numel());
+      if (sb.kind != "optimizer_state") continue;
+      plan.optimizer_state_bytes += plan.values[it->second].bytes;
+      const Value* best = nullptr;
+      for (const Value* p : params)
+        if (sb.input->name.rfind(p->name + ".", 0) == 0 && (!best || p->name.size() > best->name.size())) best = p;
+      if (!best) continue;
+      auto& e = per_param[best->name];
+      e.first += plan.values[it->second].bytes;
+      if (sb.input->dtype == DType::u8 || sb.input->dtype == DType::i8) e.second = true;
+    }
+    for (const Value* p : params) {
+      auto it = per_param.find(p->name);
+      if (it == per_param.end()) continue;
+      OptimizerGroup& grp = it->second.second ? plan.optim_8bit : plan.optim_other;
+      ++grp.tensors;
+      grp.param_elements += std::max<int64_t>(0, p->shape.numel());
+      grp.state_bytes += it->second.first;
+    }
   }
 
-  // ---- buffers and in-place reuse (node order)
+  // ---- buffers and in-place reuse (schedule order)
   std::vector<int> acct_end(plan.values.size());
   for (size_t k = 0; k < plan.values.size(); ++k) acct_end[k] = plan.values[k].end;
+  auto holds_buffer = [&](int vi) {
+    const ValuePlan& v = plan.values[vi];
+    return !v.persistent && v.buffer >= 0 && plan.buffers[v.buffer].values.back() == vi;
+  };
+  auto new_buffer = [&](int vi, int first) {
+    ValuePlan& ov = plan.values[vi];
+    BufferPlan b;
+    b.size = align_up(ov.bytes, opts.alignment);
+    b.first = first;
+    b.last = ov.end;
+    b.values.push_back(vi);
+    ov.buffer = static_cast<int>(plan.buffers.size());
+    plan.buffers.push_back(std::move(b));
+  };
+  // `vi` takes over the buffer of `from` from position `at` on (in place, or a move).
+  auto take_over = [&](int vi, int from, int at, bool count_reuse) {
+    ValuePlan& ov = plan.values[vi];
+    ValuePlan& iv = plan.values[from];
+    ov.buffer = iv.buffer;
+    ov.reuses = iv.value;
+    acct_end[from] = std::min(acct_end[from], at - 1);
+    BufferPlan& b = plan.buffers[iv.buffer];
+    b.values.push_back(vi);
+    b.last = std::max(b.last, ov.end);
+    if (count_reuse) ++plan.in_place_reuses;
+  };
   for (int i = 0; i < N; ++i) {
-    const Node& n = *nodes[i];
+    for (auto& li : loops) {
+      if (li.body_start != i) continue;
+      for (size_t j = 0; j < li.body->inputs.size(); ++j) {
+        int vi = idx.at(li.body->inputs[j]);
+        if (plan.values[vi].bytes == 0) continue;
+        int from = -1;
+        if (j < li.carried && li.steal) {  // a stolen carried input moves into the body
+          auto it = idx.find(li.node->inputs[j]);
+          if (it != idx.end() && holds_buffer(it->second) && plan.values[it->second].bytes == plan.values[vi].bytes)
+            from = it->second;
+        }
+        if (from >= 0) take_over(vi, from, i, false);
+        else new_buffer(vi, i);
+      }
+    }
+    const Node& n = *tl[i].node;
+    const Graph* ng = tl[i].graph;
+    std::unordered_set<int> taken;
+    if (loop_of.count(&n)) {  // loop outputs are the last iteration's carried values
+      const LoopInfo& li = *loop_of.at(&n);
+      for (int k = 0; k < n.num_outputs(); ++k) {
+        int oi = idx.at(n.outputs[k]);
+        if (plan.values[oi].bytes == 0) continue;
+        auto it = idx.find(li.body->outputs[k]);
+        if (it != idx.end() && owner.at(li.body->outputs[k]) == li.body && holds_buffer(it->second) &&
+            plan.values[it->second].bytes == plan.values[oi].bytes && !taken.count(plan.values[it->second].buffer)) {
+          taken.insert(plan.values[it->second].buffer);
+          take_over(oi, it->second, i, false);
+        } else {
+          new_buffer(oi, i);
+        }
+      }
+      continue;
+    }
     const OpDef* def = OpTable::get().find(n.op);
     const bool pointwise = in_place && def && def->fusion == FusionClass::pointwise;
-    std::unordered_set<int> taken;
-    for (Value* o : n.outputs) {
+    // kiln_inplace = k: output 0 writes into input k when the interpreter allows it
+    // (last use here, not pinned, storage unique: a node output or body input of this
+    // graph, not a resident or captured value; same dtype and dims; read once here).
+    int inplace_from = -1;
+    const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
+    if (opts.honor_inplace_attr && ip >= 0 && ip < n.num_inputs() && n.inputs[ip] && n.num_outputs() > 0 &&
+        n.outputs[0]) {
+      const Value* v = n.inputs[ip];
+      const Value* o = n.outputs[0];
+      auto it = idx.find(v);
+      bool ok = it != idx.end() && owner.at(v) == ng && !plan.values[it->second].persistent &&
+                last_use[v] == i && !pinned[ng].count(v) && holds_buffer(it->second) && v->dtype == o->dtype &&
+                v->shape.to_vector() == o->shape.to_vector();
+      for (int j = 0; j < n.num_inputs() && ok; ++j)
+        if (j != ip && n.inputs[j] == v) ok = false;
+      if (ok) inplace_from = it->second;
+    }
+    for (int k = 0; k < n.num_outputs(); ++k) {
+      Value* o = n.outputs[k];
       if (!o) continue;
       int oi = idx.at(o);
       ValuePlan& ov = plan.values[oi];
       if (ov.bytes == 0) continue;
       int reuse = -1;
-      if (pointwise)
+      if (k == 0 && inplace_from >= 0) reuse = inplace_from;
+      else if (pointwise)
         for (Value* in : n.inputs) {
           if (!in) continue;
           int ii = idx.at(in);
           const ValuePlan& iv = plan.values[ii];
-          if (iv.persistent || iv.buffer < 0 || iv.end != i || iv.bytes != ov.bytes || taken.count(iv.buffer)) continue;
-          if (plan.buffers[iv.buffer].values.back() != ii) continue;  // not the buffer's current holder
+          if (iv.persistent || owner.at(in) != ng || iv.end != i || iv.bytes != ov.bytes || !holds_buffer(ii) ||
+              taken.count(iv.buffer) || pinned[ng].count(in))
+            continue;
           reuse = ii;
           break;
         }
-      if (reuse >= 0) {
-        ValuePlan& iv = plan.values[reuse];
-        ov.buffer = iv.buffer;
-        ov.reuses = iv.value;
-        taken.insert(iv.buffer);
-        acct_end[reuse] = i - 1;  // from node i on, the buffer holds the output
-        BufferPlan& b = plan.buffers[iv.buffer];
-        b.values.push_back(oi);
-        b.last = std::max(b.last, ov.end);
-        ++plan.in_place_reuses;
+      if (reuse >= 0 && !taken.count(plan.values[reuse].buffer)) {
+        taken.insert(plan.values[reuse].buffer);
+        take_over(oi, reuse, i, true);
       } else {
-        BufferPlan b;
-        b.size = align_up(ov.bytes, opts.alignment);
-        b.first = i;
-        b.last = ov.end;
-        b.values.push_back(oi);
-        ov.buffer = static_cast<int>(plan.buffers.size());
-        plan.buffers.push_back(std::move(b));
+        new_buffer(oi, i);
       }
     }
   }
@@ -349,7 +605,14 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     }
   }
   if (plan.peak_node >= 0)
-    plan.peak_node_name = nodes[plan.peak_node]->name + " (" + nodes[plan.peak_node]->op + ")";
+  {
+    const Entry& e = tl[plan.peak_node];
+    plan.peak_node_name = e.node->name + " (" + e.node->op + ")";
+    if (e.loop)
+      plan.peak_node_name += ", inside the body of " + e.loop->name + " (each of " +
+                             std::to_string(e.loop->attrs.get_int("trip_count", 1)) + " iterations)";
+    plan.peak_in_loop_body = e.loop != nullptr;
+  }
   return plan;
 }
 
@@ -371,26 +634,49 @@ std::string format_memory_plan(const MemoryPlan& p) {
     std::snprintf(buf, sizeof buf, "%12s %14lld B", human_bytes(b).c_str(), static_cast<long long>(b));
     return std::string(buf);
   };
-  char head[160];
-  std::snprintf(head, sizeof head, "  %-26s %29s   %29s\n", "category", "at peak", "max over step");
-  os << "memory plan (" << p.num_nodes << " nodes in schedule order; "
+  auto per_param = [&](int64_t b) {
+    char buf[32];
+    if (p.parameter_elements > 0) std::snprintf(buf, sizeof buf, "%10.2f", double(b) / double(p.parameter_elements));
+    else std::snprintf(buf, sizeof buf, "%10s", "-");
+    return std::string(buf);
+  };
+  char head[200];
+  std::snprintf(head, sizeof head, "  %-26s %29s   %29s   %10s\n", "category", "at peak", "max over step", "peak B/param");
+  os << "memory plan (" << p.num_nodes << " nodes in schedule order";
+  if (p.accumulation_loops > 0)
+    os << ", " << p.accumulation_loops << " accumulation loop" << (p.accumulation_loops > 1 ? "s" : "")
+       << " (trip_count " << p.trip_count << "; one iteration's body planned, every iteration reuses it)";
+  os << "; "
      << (p.options.eager_semantics ? "eager interpreter semantics" : p.options.in_place ? "in-place reuse on" : "no in-place reuse")
      << ")\n"
      << head;
   for (int c = 0; c < kNumMemoryCategories; ++c) {
     char row[64];
     std::snprintf(row, sizeof row, "  %-26s ", memory_category_name(static_cast<MemoryCategory>(c)));
-    os << row << cell(p.at_peak[c]) << "   " << cell(p.max_by_category[c]) << "\n";
+    os << row << cell(p.at_peak[c]) << "   " << cell(p.max_by_category[c]) << "   " << per_param(p.at_peak[c]) << "\n";
   }
   char row[64];
   std::snprintf(row, sizeof row, "  %-26s ", "total (peak)");
-  os << row << cell(p.peak_bytes) << "\n";
-  if (p.peak_node >= 0) os << "peak at node " << p.peak_node << ": " << p.peak_node_name << "\n";
+  os << row << cell(p.peak_bytes) << "   " << std::string(29, ' ') << "   " << per_param(p.peak_bytes) << "\n";
+  os << "  (peak B/param: bytes at the peak / " << p.parameter_elements
+     << " parameter elements; the max over the step counts a state's input and its updated output)\n";
+  if (p.peak_node >= 0) os << "peak at schedule position " << p.peak_node << ": " << p.peak_node_name << "\n";
   os << "saved activations (all): " << human_bytes(p.saved_activation_bytes) << " (" << p.saved_activation_bytes << " B)\n";
-  char opt[64];
-  std::snprintf(opt, sizeof opt, "%.2f", p.optimizer_state_bytes_per_param_element());
-  os << "optimizer state: " << opt << " bytes per parameter element (" << p.optimizer_state_bytes << " B over "
-     << p.parameter_elements << " elements)\n";
+  auto bpp = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", v);
+    return std::string(buf);
+  };
+  os << "optimizer state per parameter: " << bpp(p.optimizer_state_bytes_per_param_element()) << " B/param overall ("
+     << p.optimizer_state_bytes << " B over " << p.parameter_elements << " parameter elements)";
+  if (p.optim_8bit.tensors > 0)
+    os << "; 8-bit blockwise: " << bpp(p.optim_8bit.bytes_per_param()) << " B/param (" << p.optim_8bit.tensors
+       << " tensors, " << p.optim_8bit.param_elements << " elements, " << p.optim_8bit.state_bytes << " B)";
+  if (p.optim_other.tensors > 0)
+    os << "; " << (p.optim_8bit.tensors > 0 ? "32-bit (below the 8-bit size threshold): " : "32-bit: ")
+       << bpp(p.optim_other.bytes_per_param()) << " B/param (" << p.optim_other.tensors << " tensors, "
+       << p.optim_other.param_elements << " elements, " << p.optim_other.state_bytes << " B)";
+  os << "\n";
   os << "arena: " << human_bytes(p.arena_bytes) << " (" << p.arena_bytes << " B, " << p.buffers.size() << " buffers, "
      << p.in_place_reuses << " in-place reuses); resident inputs and constants: " << human_bytes(p.persistent_bytes)
      << " (" << p.persistent_bytes << " B)\n";

@@ -1,5 +1,6 @@
 // Static memory planner: liveness, arena offsets and peak bytes by category of a
-// Graph run in its node order (the eager schedule). See memory_plan.cpp for the
+// Graph run in its node order (the eager schedule), AccumulationLoop bodies included
+// (one representative iteration between the loop's inputs and its outputs). See memory_plan.cpp for the
 // algorithm (TFLite's arena planner / XLA's heap simulator, greedy by size, best fit).
 #pragma once
 #include <array>
@@ -33,9 +34,14 @@ struct PlanOptions {
   /// Let a pointwise op (op table fusion class pointwise) write its output into the
   /// buffer of an input that dies at that op and has the same byte size.
   bool in_place = true;
-  /// Model the eager interpreter exactly (runtime/interpreter.cpp): no in-place reuse,
-  /// and an output that nothing reads stays allocated until the end of the step.
+  /// Model the eager interpreter exactly (runtime/interpreter.cpp): no pointwise in-place
+  /// reuse (only kiln_inplace, see honor_inplace_attr), and an output that nothing reads
+  /// stays allocated until the end of the step (of the iteration, in a loop body).
   bool eager_semantics = false;
+  /// Honour the `kiln_inplace = k` node attribute as runtime/interpreter.cpp does
+  /// (output 0 takes input k's buffer when input k dies at that node, is not pinned,
+  /// its storage is unique and dtype and dims match), in both modes.
+  bool honor_inplace_attr = true;
   /// Arena offsets and buffer sizes are rounded up to this (bytes; Storage aligns to 64).
   int64_t alignment = 64;
 
@@ -72,13 +78,28 @@ struct BufferPlan {
 /// Bytes per category.
 using CategoryBytes = std::array<int64_t, kNumMemoryCategories>;
 
-/// The static memory plan of a graph over its node order.
+/// Optimizer state of one group of parameters (8-bit blockwise, or everything else).
+struct OptimizerGroup {
+  int tensors = 0;             ///< parameters in the group
+  int64_t param_elements = 0;  ///< their elements
+  int64_t state_bytes = 0;     ///< bytes of their optimizer_state inputs
+  /// state_bytes / param_elements (0 when empty).
+  double bytes_per_param() const { return param_elements ? double(state_bytes) / double(param_elements) : 0.0; }
+};
+
+/// The static memory plan of a graph over its schedule: its nodes in order, where an
+/// AccumulationLoop contributes its body's nodes (one iteration; every iteration has
+/// the same live set) followed by the loop node itself (its outputs appear, its
+/// inputs and captured values are released).
 struct MemoryPlan {
   std::vector<ValuePlan> values;   ///< every graph input, initializer and node output with bytes
   std::vector<BufferPlan> buffers; ///< arena buffers with their offsets
-  int num_nodes = 0;
+  int num_nodes = 0;               ///< schedule positions (loop body nodes included, once)
+  int accumulation_loops = 0;      ///< AccumulationLoop nodes planned
+  int64_t trip_count = 1;          ///< largest trip_count among them (1: none)
+  bool peak_in_loop_body = false;  ///< peak_node is a loop body node
   int64_t peak_bytes = 0;          ///< max over nodes of the bytes live (persistent + arena values)
-  int peak_node = -1;              ///< node index where peak_bytes is reached (-1: no nodes)
+  int peak_node = -1;              ///< schedule position where peak_bytes is reached (-1: no nodes)
   CategoryBytes at_peak{};         ///< bytes per category live at peak_node
   CategoryBytes max_by_category{}; ///< max over nodes of each category's live bytes
   int64_t persistent_bytes = 0;    ///< graph inputs + initializers
@@ -91,22 +112,32 @@ struct MemoryPlan {
   double optimizer_state_bytes_per_param_element() const {
     return parameter_elements ? double(optimizer_state_bytes) / double(parameter_elements) : 0.0;
   }
+  OptimizerGroup optim_8bit;       ///< parameters whose state has 8-bit (u8/i8) codes
+  OptimizerGroup optim_other;      ///< parameters with other (fp32) optimizer state
   PlanOptions options;
   std::string peak_node_name;      ///< name (op) of the node at the peak
 };
 
-/// Plans `g` (top-level nodes in order; graph inputs and initializers live for the whole
-/// step, each node output from its node to its last use, graph outputs to the end).
-/// Errors: a value with a non-static shape or undefined dtype that needs memory, or a
-/// node with nested regions (not planned yet); the message names the value or node.
+/// Plans `g` (nodes in order; graph inputs and initializers live for the whole step,
+/// each node output from its node to its last use, graph outputs to the end).
+/// AccumulationLoop (ir/ops/control.cpp) is planned as runtime/interpreter.cpp runs it:
+/// values the body captures stay live to the loop's end; carried inputs move into the
+/// body when the loop is their last use; scan slices (new tensors) and carried values
+/// are body inputs live from the body's start; body outputs stay to the iteration's end
+/// and become the loop outputs. The planned iteration is a steady one (t >= 1), where
+/// carried values are uniquely owned, so kiln_inplace accumulator updates are in place.
+/// Accumulators count as gradients (the loss accumulator as a temporary).
+/// Errors: a value with a non-static shape that needs memory, or a node with a region
+/// other than an AccumulationLoop body; the message names the value or node.
 Expected<MemoryPlan> plan_memory(const ir::Graph& g, const PlanOptions& opts = {});
 
 /// "1.50 MiB" style (B, KiB, MiB, GiB; binary units).
 std::string human_bytes(int64_t bytes);
 
 /// Report: one row per category (bytes at the peak and max over the step, human units and
-/// exact bytes), the total, saved-activation bytes, optimizer bytes per parameter element,
-/// arena size and in-place reuses.
+/// exact bytes, and the bytes at the peak per parameter element), the total,
+/// saved-activation bytes, an "optimizer state per parameter" line (overall, 8-bit and
+/// 32-bit groups), arena size and in-place reuses.
 std::string format_memory_plan(const MemoryPlan& p);
 
 }  // namespace kiln::passes

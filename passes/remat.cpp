@@ -16,8 +16,10 @@
 // compute exactly what the original computed (same op, attributes and input values), so the
 // gradients are bitwise equal in eager fp32. Dropout is recomputed only when it carries a
 // kiln_rng_id (attach_loss sets one): its Philox stream is keyed by (seed, rng id, step), so
-// the clone regenerates the same mask (DESIGN.md invariant 6). A clone drops trailing outputs
-// that are graph outputs (BatchNormalization running statistics are state outputs), so a
+// the clone regenerates the same output (DESIGN.md invariant 6), while the mask its gradient
+// reads stays saved (a secondary boolean output, 1 byte per element: recomputing it would
+// re-run the producer's whole input chain). A clone drops trailing outputs that are such
+// masks or graph outputs (BatchNormalization running statistics are state outputs), so a
 // recomputed BatchNormalization recomputes its normalized output from the batch and never
 // updates the running statistics a second time.
 //
@@ -46,6 +48,7 @@
 //            limit or is not built in. When even recomputing every block does not fit, it is
 //            an error naming the smallest reachable peak and the category that dominates it.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -172,8 +175,12 @@ class Rematerializer {
 
  private:
   bool needs_work(const Value* v) const {
-    return s_.is_forward_value(v) && !keep_.count(v) && !s_.graph_outputs.count(v);
+    return s_.is_forward_value(v) && !keep_.count(v) && !s_.graph_outputs.count(v) && !kept_mask(v);
   }
+
+  /// A secondary boolean output (a Dropout mask: 1 byte per element) stays saved:
+  /// recomputing it would re-run its producer and everything that feeds it.
+  static bool kept_mask(const Value* v) { return v->producer_output > 0 && v->dtype == DType::boolean; }
 
   Expected<Value*> materialize(Value* v, Node* before, RematStats& st) {
     if (!needs_work(v)) return v;
@@ -191,7 +198,7 @@ class Rematerializer {
         ins.push_back(m);
       }
       int k = p->num_outputs();
-      while (k > 1 && s_.graph_outputs.count(p->outputs[k - 1])) --k;
+      while (k > 1 && (s_.graph_outputs.count(p->outputs[k - 1]) || kept_mask(p->outputs[k - 1]))) --k;
       std::vector<std::string> names;
       for (int i = 0; i < k; ++i) names.push_back(p->outputs[i]->name + ".remat");
       int pos = g_.index_of(before);
@@ -244,7 +251,7 @@ std::string block_family(const std::string& key) {
 
 /// Segment id per forward node (-1: not in any segment, never recomputed).
 /// `blocks` from name scopes; empty result when the model has no repeated scopes.
-std::vector<int> block_segments(const Sections& s, std::vector<std::string>* names) {
+std::vector<int> block_segments(const Sections& s) {
   std::vector<std::string> key(s.forward.size());
   std::map<std::string, std::set<std::string>> families;
   for (size_t i = 0; i < s.forward.size(); ++i) {
@@ -259,7 +266,6 @@ std::vector<int> block_segments(const Sections& s, std::vector<std::string>* nam
     auto it = ids.find(key[i]);
     if (it == ids.end()) {
       it = ids.emplace(key[i], static_cast<int>(ids.size())).first;
-      if (names) names->push_back(key[i]);
     }
     seg[i] = it->second;
     any = true;
@@ -268,17 +274,15 @@ std::vector<int> block_segments(const Sections& s, std::vector<std::string>* nam
   return seg;
 }
 
-std::vector<int> sqrt_segments(const Sections& s, std::vector<std::string>* names) {
+std::vector<int> sqrt_segments(const Sections& s) {
   const size_t n = s.forward.size();
   size_t len = std::max<size_t>(1, static_cast<size_t>(std::llround(std::sqrt(static_cast<double>(n)))));
   std::vector<int> seg(n);
   for (size_t i = 0; i < n; ++i) seg[i] = static_cast<int>(i / len);
-  if (names)
-    for (size_t k = 0; k * len < n; ++k) names->push_back("segment " + std::to_string(k));
   return seg;
 }
 
-/// Kept set for a segmentation where only segments in `active` are recomputed: every
+/// Kept set of a segmentation (segment id per forward node, -1 = never recomputed): every
 /// value read by a node of another segment (or by a node outside any segment) is kept.
 std::unordered_set<const Value*> segment_keep(const Sections& s, const std::vector<int>& seg) {
   std::unordered_set<const Value*> keep;
@@ -427,8 +431,8 @@ class Remat : public Pass {
       return Status::error("remat: no backward nodes (run autodiff first)");
     RematStats st;
     if (policy == "blocks" || policy == "sqrt") {
-      std::vector<int> seg = policy == "blocks" ? block_segments(s, nullptr) : std::vector<int>{};
-      if (seg.empty()) seg = sqrt_segments(s, nullptr);
+      std::vector<int> seg = policy == "blocks" ? block_segments(s) : std::vector<int>{};
+      if (seg.empty()) seg = sqrt_segments(s);
       auto keep = segment_keep(s, seg);
       std::unordered_map<const Node*, int> segof;
       for (size_t i = 0; i < s.forward.size(); ++i) segof[s.forward[i]] = seg[i];
@@ -443,17 +447,11 @@ class Remat : public Pass {
     } else {
       return Status::error("--remat_policy: unknown policy '" + policy + "' (none, blocks, sqrt, min-cut, budget)");
     }
-    last_stats_ = st;
-    if (ctx.log && ctx.opt("remat_report") == "1")
-      *ctx.log << "remat(" << policy << "): " << st.cloned_nodes << " nodes recomputed, "
-               << (st.forward_flops > 0 ? 100.0 * st.recompute_flops / st.forward_flops : 0.0)
-               << "% of forward FLOPs\n";
     return st.cloned_nodes > 0;
   }
 
  private:
   Status run_budget(Graph& g, PassContext& ctx, const Sections& s, RematStats& st);
-  RematStats last_stats_;
 };
 
 /// Planned peak of the whole training step: `g` with the optimizer pass applied to a copy
@@ -506,8 +504,8 @@ Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematSta
   KILN_ASSIGN_OR_RETURN(Fit base, planned_fit(g, ctx, opt_bytes));
   if (base.peak <= budget) return Status::ok();  // fits without recomputation
 
-  std::vector<int> seg = block_segments(s, nullptr);
-  if (seg.empty()) seg = sqrt_segments(s, nullptr);
+  std::vector<int> seg = block_segments(s);
+  if (seg.empty()) seg = sqrt_segments(s);
   int nseg = 0;
   for (int x : seg) nseg = std::max(nseg, x + 1);
 

@@ -14,6 +14,7 @@
 //     FLOPs than blocks, and refuses an impossible budget naming the reachable minimum.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -214,6 +215,29 @@ TEST(Remat, TinyGptDropoutMaskReusedWhenRecomputed) {
   }
 }
 
+TEST(Remat, TinyGptWithGradientAccumulation) {
+  // remat runs before the accumulation pass: the recomputed nodes move into the loop body
+  // with the forward nodes they depend on; the accumulated gradients stay equal.
+  Batch b = load_batch("tiny_gpt");
+  if (HasFailure()) return;
+  ASSERT_EQ(b.x.dim(0) % 2, 0);
+  auto cfg = [&](const char* policy) {
+    auto c = config("tiny_gpt", b.x.dim(0) / 2, policy);
+    c.gradient_accumulation_steps = 2;
+    return c;
+  };
+  auto ref = driver::build_training_program(cfg("none"), nullptr, true);
+  ASSERT_TRUE(ref) << ref.message();
+  for (const char* policy : {"blocks", "min-cut"}) {
+    auto rem = driver::build_training_program(cfg(policy), nullptr, true);
+    ASSERT_TRUE(rem) << rem.message();
+    auto ga = run(*ref->grads, *ref, b);
+    auto gb = run(*rem->grads, *rem, b);
+    int bit = compare_outputs(ga, gb, std::string("tiny_gpt accumulation 2 ") + policy);
+    std::cout << "[ REMAT ] tiny_gpt accumulation 2 " << policy << ": bitwise " << bit << "/" << ga.size() << "\n";
+  }
+}
+
 TEST(Remat, TinyGptPlannedPeakDrops) {
   Batch b = load_batch("tiny_gpt");
   if (HasFailure()) return;
@@ -370,6 +394,99 @@ TEST(Remat, ConfigFlags) {
     auto r = runtime::parse_byte_size(badv);
     EXPECT_FALSE(r) << badv;
     if (!r) EXPECT_NE(r.message().find("--memory_budget"), std::string::npos);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+/// Benchmark table for docs/performance.md (not run by default: it needs a large model).
+///   KILN_REMAT_BENCH_MODEL=path/model.onnx [KILN_REMAT_BENCH_BATCH=8] [KILN_REMAT_BENCH_STEPS=3]
+///   OMP_NUM_THREADS=1 test_passes --gtest_also_run_disabled_tests --gtest_filter='RematBench.*'
+/// Per policy: planned step peak (memory planner, eager semantics), measured peak
+/// (interpreter MemoryStats), saved-activation bytes, recompute FLOPs as % of forward FLOPs
+/// (op-table costs), and median eager step time relative to no remat.
+TEST(RematBench, DISABLED_DeepGptTable) {
+  const char* path = std::getenv("KILN_REMAT_BENCH_MODEL");
+  ASSERT_NE(path, nullptr) << "set KILN_REMAT_BENCH_MODEL to a GPT export";
+  const int64_t B = std::getenv("KILN_REMAT_BENCH_BATCH") ? std::atoll(std::getenv("KILN_REMAT_BENCH_BATCH")) : 8;
+  const int steps = std::getenv("KILN_REMAT_BENCH_STEPS") ? std::atoi(std::getenv("KILN_REMAT_BENCH_STEPS")) : 3;
+  auto make_cfg = [&](const std::string& policy) {
+    runtime::TrainConfig cfg;
+    cfg.model = path;
+    cfg.per_device_train_batch_size = B;
+    cfg.per_device_eval_batch_size = B;
+    cfg.remat_policy = policy;
+    cfg.max_steps = 100;
+    return cfg;
+  };
+  struct Row {
+    std::string policy;
+    int64_t planned = 0, measured = 0, saved = 0;
+    double flops_pct = 0, seconds = 0;
+  };
+  std::vector<Row> rows;
+  int64_t none_peak = 0, blocks_peak = 0;
+  for (std::string policy : {"none", "blocks", "sqrt", "min-cut", "budget"}) {
+    auto cfg = make_cfg(policy);
+    if (policy == "budget") cfg.memory_budget = std::to_string((none_peak + blocks_peak) / 2);
+    auto prog = driver::build_training_program(cfg);
+    ASSERT_TRUE(prog) << policy << ": " << prog.message();
+    const Graph& g = *prog->train_step;
+    auto plan = passes::plan_memory(g, passes::PlanOptions::eager());
+    ASSERT_TRUE(plan) << plan.message();
+    double fwd = 0, rem = 0;
+    for (auto& n : g.nodes()) {
+      if (is_remat_node(*n)) rem += node_cost(*n).flops;
+      else if (n->name.find("/grad") == std::string::npos && n->name.rfind("optimizer", 0) != 0)
+        fwd += node_cost(*n).flops;
+    }
+    Value* in = g.find_value(prog->data_inputs[0]);
+    ASSERT_NE(in, nullptr);
+    Tensor x(in->dtype, in->shape.to_vector()), y(DType::i64, in->shape.to_vector());
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      x.data<int64_t>()[i] = (i * 7919 + 13) % 256;
+      y.data<int64_t>()[i] = (i * 104729 + 7) % 256;
+    }
+    std::map<std::string, Tensor> feeds;
+    for (auto& sb : g.state) feeds[sb.input->name] = sb.initial->clone();
+    feeds[prog->data_inputs[0]] = x;
+    feeds[prog->label_input] = y;
+    int64_t resident = 0;
+    for (Value* v : g.inputs) resident += static_cast<int64_t>(feeds[v->name].nbytes());
+    for (Value* v : g.initializers) resident += static_cast<int64_t>(v->data->nbytes());
+    runtime::RunOptions ro;
+    ro.training = true;
+    std::vector<double> times;
+    int64_t measured = 0;
+    for (int s = 0; s < steps; ++s) {
+      const int64_t before = MemoryStats::current_bytes();
+      MemoryStats::reset_peak();
+      auto t0 = std::chrono::steady_clock::now();
+      auto out = runtime::run_graph(g, feeds, ro);
+      auto t1 = std::chrono::steady_clock::now();
+      ASSERT_TRUE(out) << out.message();
+      measured = std::max(measured, MemoryStats::peak_bytes() - before + resident);
+      times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    Row r{policy, plan->peak_bytes, measured, plan->saved_activation_bytes, fwd > 0 ? 100.0 * rem / fwd : 0,
+          times[times.size() / 2]};
+    if (policy == "none") none_peak = r.planned;
+    if (policy == "blocks") blocks_peak = r.planned;
+    rows.push_back(r);
+    std::cout << "[ BENCH ] " << policy << " done: " << r.seconds << " s/step\n" << std::flush;
+  }
+  std::cout << "| policy | planned peak | measured peak | saved activations | recompute FLOPs (% of forward) | step time (ratio) |\n"
+            << "|---|---|---|---|---|---|\n";
+  for (auto& r : rows) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "| %s | %s | %s | %s | %.1f%% | %.2f s (%.2fx) |\n",
+                  (r.policy == "budget" ? "budget " + passes::human_bytes((none_peak + blocks_peak) / 2) : r.policy).c_str(),
+                  passes::human_bytes(r.planned).c_str(), passes::human_bytes(r.measured).c_str(),
+                  passes::human_bytes(r.saved).c_str(), r.flops_pct, r.seconds, r.seconds / rows[0].seconds);
+    std::cout << buf;
   }
 }
 

@@ -520,9 +520,11 @@ int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
   const ir::Graph& g = *prog.train_step;
   auto eager = unwrap(passes::plan_memory(g, passes::PlanOptions::eager()), "memory plan");
   auto compiled = unwrap(passes::plan_memory(g), "memory plan");
-  std::cout << "training step of " << model << ": batch " << cfg.per_device_train_batch_size << ", "
-            << (cfg.bf16 ? "bf16 mixed precision" : "fp32") << ", optim " << cfg.optim << ", backend " << cfg.backend
-            << "\n";
+  std::cout << "training step of " << model << ": batch " << cfg.per_device_train_batch_size;
+  if (cfg.gradient_accumulation_steps > 1)
+    std::cout << " x " << cfg.gradient_accumulation_steps << " accumulated microbatches";
+  std::cout << ", " << (cfg.bf16 ? "bf16 mixed precision" : "fp32") << ", optim " << cfg.optim << ", backend "
+            << cfg.backend << "\n";
   std::cout << passes::format_memory_plan(eager);
   std::cout << "with in-place reuse (a compiled program's arena): peak " << passes::human_bytes(compiled.peak_bytes)
             << " (" << compiled.peak_bytes << " B), arena " << passes::human_bytes(compiled.arena_bytes) << " ("
