@@ -254,3 +254,17 @@ TEST(Bf16Numerics, TinyGpt200StepsWithin2Percent) {
                "--per_device_train_batch_size 4 --learning_rate 3e-3",
                "gpt");
 }
+
+TEST(Bf16Numerics, CnnBn200StepsWithin2Percent) {
+  compare_bf16("train examples/cnn_bn/model.onnx --train_data input=data/digits/x_train_img.npy "
+               "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 32 --learning_rate 2e-3",
+               "cnn_bn");
+}
+
+// ResNet-18 at 32x32 on upsampled digits, batch 8: the slowest of the four (bf16 convolutions
+// have no native instructions on CPUs without AVX512_BF16).
+TEST(Bf16Numerics, ResNet18_200StepsWithin2Percent) {
+  compare_bf16("train examples/resnet18/model.onnx --train_data input=data/digits/x_train_rgb32.npy "
+               "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 8 --learning_rate 1e-3",
+               "resnet18");
+}

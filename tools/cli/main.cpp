@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -479,33 +480,40 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_
   return 0;
 }
 
-/// `kiln inspect MODEL --precision`: the bf16 precision plan of the forward training
-/// graph (attach_loss + autocast + cast_simplify; the backward pass follows these dtypes):
-/// per node its compute, accumulation and storage (first output) dtype and the op
-/// table's PrecisionPolicy that chose them.
-int cmd_inspect_precision(const std::string& model, const std::vector<std::string>& shape_items,
-                          const std::string& loss) {
-  auto shape = parse_shapes(shape_items);
-  if (!fs::exists(model)) throw Failure{1, model + ": no such file"};
-  auto g = unwrap(driver::load_model(model, shape));
-  passes::PassContext ctx;
-  ctx.options = {{"mode", "train"}, {"loss", loss}};
-  check(passes::run_pipeline(*g, {"attach_loss", "autocast", "cast_simplify", "canonicalize"}, ctx));
-  std::cout << "precision plan (--bf16) of " << model << ": node, compute / accumulate / store, rule\n";
-  for (auto& n : g->nodes()) {
-    const ir::OpDef* d = ir::OpTable::get().find(n->op);
-    ir::PrecisionPolicy p = d ? d->precision : ir::PrecisionPolicy::follow_inputs;
-    ir::DType compute = ir::DType::undefined;
-    for (ir::Value* in : n->inputs)
-      if (in && ir::is_float(in->dtype) && (compute == ir::DType::undefined || ir::dtype_size(in->dtype) > ir::dtype_size(compute)))
-        compute = in->dtype;
-    ir::DType store = n->outputs.empty() ? ir::DType::undefined : n->outputs[0]->dtype;
-    if (n->op == "Cast" || compute == ir::DType::undefined) compute = store;
-    ir::DType acc = p == ir::PrecisionPolicy::low_precision ? ir::DType::f32 : compute;
-    std::string rule = n->op == "Cast" ? "cast" : ir::precision_policy_name(p);
-    std::cout << "  " << n->op << " " << n->name << "  " << ir::dtype_name(compute) << " / " << ir::dtype_name(acc) << " / "
-              << ir::dtype_name(store) << "  " << rule << "\n";
-  }
+/// `kiln inspect MODEL --precision [train flags]`: the precision plan of the whole
+/// training step that `kiln train` would run with those flags (`--bf16` unless `--fp16`
+/// is given), before anything runs: per node (loop bodies indented) its compute,
+/// accumulation and storage (first output) dtype and the rule that chose them (the op
+/// table's PrecisionPolicy, or "cast" for the casts autocast inserted).
+int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
+  flags.model_pos = model;
+  TrainConfig cfg = flags.build();
+  if (!cfg.fp16) cfg.bf16 = true;
+  passes::PassContext dbg = flags.pass_context();
+  auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
+  std::cout << "precision plan (--" << (cfg.fp16 ? "fp16" : "bf16") << ", batch " << cfg.per_device_train_batch_size
+            << ") of " << model << ": node, compute / accumulate / store, rule\n";
+  std::function<void(const ir::Graph&, int)> print = [&](const ir::Graph& g, int indent) {
+    for (auto& n : g.nodes()) {
+      const ir::OpDef* d = ir::OpTable::get().find(n->op);
+      ir::PrecisionPolicy p = d ? d->precision : ir::PrecisionPolicy::follow_inputs;
+      ir::DType compute = ir::DType::undefined;
+      for (ir::Value* in : n->inputs)
+        if (in && ir::is_float(in->dtype) &&
+            (compute == ir::DType::undefined || ir::dtype_size(in->dtype) > ir::dtype_size(compute)))
+          compute = in->dtype;
+      ir::DType store = n->outputs.empty() ? ir::DType::undefined : n->outputs[0]->dtype;
+      if (n->op == "Cast" || compute == ir::DType::undefined) compute = store;
+      // Low-precision compute accumulates in f32 (oneDNN's bf16/f16 primitives, the eager
+      // kernels' f32 compute type).
+      ir::DType acc = (compute == ir::DType::bf16 || compute == ir::DType::f16) ? ir::DType::f32 : compute;
+      std::string rule = n->op == "Cast" ? "cast" : ir::precision_policy_name(p);
+      std::cout << std::string(indent, ' ') << n->op << " " << n->name << "  " << ir::dtype_name(compute) << " / "
+                << ir::dtype_name(acc) << " / " << ir::dtype_name(store) << "  " << rule << "\n";
+      for (auto& r : n->regions) print(*r, indent + 4);
+    }
+  };
+  print(*prog.train_step, 2);
   return 0;
 }
 
@@ -622,8 +630,8 @@ int real_main(int argc, char** argv) {
   ConfigFlags inspect_flags;
   inspect_flags.add_to(inspect, /*with_model=*/false);
   bool inspect_precision = false, inspect_memory = false;
-  std::string inspect_loss = "cross_entropy";
-  inspect->add_flag("--precision", inspect_precision, "print the --bf16 precision plan of every node");
+  inspect->add_flag("--precision", inspect_precision,
+                    "print the precision plan (--bf16, or --fp16) of every node of the training step for the given training flags");
   inspect->add_flag("--memory", inspect_memory,
                     "print the static memory plan of one training step for the given training flags (not run)");
   auto* run = app.add_subcommand("run", "forward pass (eager); writes OUTPUT_DIR/<output>.npy");
@@ -660,10 +668,9 @@ int real_main(int argc, char** argv) {
     if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps);
     if (*inspect) {
       inspect_shape = inspect_flags.values["shape"];
-      if (!inspect_flags.values["loss"].empty()) inspect_loss = inspect_flags.values["loss"].back();
     }
     if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model);
-    if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_model, inspect_shape, inspect_loss);
+    if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_flags, inspect_model);
     if (*inspect) return cmd_inspect(inspect_model, inspect_shape);
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);
   } catch (const Failure& f) {
