@@ -115,6 +115,10 @@ Status TrainConfig::validate() const {
     auto b = parse_byte_size(memory_budget);
     if (!b) return b.status();
   }
+  if (!memory_budget.empty() && effective_remat_policy() != "budget")
+    return bad("memory_budget", "only applies to --remat_policy budget (got policy '" + effective_remat_policy() + "')");
+  if (gradient_checkpointing && remat_policy == "none")
+    return bad("remat_policy", "'none' contradicts --gradient_checkpointing (drop one of them)");
   if (effective_remat_policy() == "budget" && memory_budget.empty())
     return bad("memory_budget", "--remat_policy budget needs --memory_budget (e.g. 800MB, 24GiB)");
   return Status::ok();
@@ -139,7 +143,7 @@ Expected<int64_t> parse_byte_size(const std::string& text) {
   auto it = units.find(u);
   if (it == units.end()) return fail();
   double bytes = v * it->second;
-  if (bytes >= 9.2e18) return fail();
+  if (bytes < 1 || bytes >= 9.2e18) return fail();  // e.g. 0.4 (rounds to no bytes)
   return static_cast<int64_t>(std::llround(bytes));
 }
 
@@ -296,6 +300,11 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
     };
     switch (f->kind) {
       case Kind::str:
+        // A byte count may be written as a JSON number ({"memory_budget": 800000000}).
+        if (f->name == "memory_budget" && v.is_number_integer()) {
+          *static_cast<std::string*>(f->ptr) = std::to_string(v.get<int64_t>());
+          break;
+        }
         if (!v.is_string()) return type_err("a string");
         *static_cast<std::string*>(f->ptr) = v.get<std::string>();
         break;

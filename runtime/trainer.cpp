@@ -187,6 +187,14 @@ Status Trainer::restore(const std::string& dir) {
                            ", the program expects " + describe(cur));
     next[name] = it->second.clone();
   }
+  // State the checkpoint holds but this program does not read (another --optim):
+  // resuming would silently drop it.
+  for (const auto* src : {&c.model, &c.optimizer})
+    for (auto& [name, t] : *src)
+      if (!state_.count(name))
+        return Status::error("checkpoint '" + dir + "': tensor '" + name +
+                             "' is not state of this training program (was the checkpoint written with another "
+                             "--optim or model?); resuming would drop it");
   if (c.state.steps_per_epoch != steps_per_epoch_ || c.state.rows_per_step != rows_per_step_)
     return Status::error("checkpoint '" + dir + "': made with " + std::to_string(c.state.steps_per_epoch) +
                          " steps per epoch of " + std::to_string(c.state.rows_per_step) + " rows, the current data gives " +
@@ -320,7 +328,12 @@ Expected<TrainResult> Trainer::run() {
   }
   if (eval_) {
     int64_t used = eval_->num_eval_batches(eval_rows_) * eval_rows_;
-    if (used < eval_->num_rows())
+    const int64_t whole = eval_->num_rows() / eval_rows_ * eval_rows_;
+    if (used < whole)
+      out << "note: evaluation uses " << used << " of " << eval_->num_rows() << " eval rows (at most "
+          << eval_->num_eval_batches(eval_rows_) << " batches of " << eval_rows_
+          << " windows of a token file, to keep evaluation short)\n";
+    else if (used < eval_->num_rows())
       out << "note: evaluation uses " << used << " of " << eval_->num_rows() << " eval rows (whole batches of "
           << eval_rows_ << ": the program is compiled for one static batch shape)\n";
   }

@@ -142,6 +142,30 @@ TEST_F(Cli, BadOptionValue) {
                         "per_device_train_batch_size");
 }
 
+TEST_F(Cli, ContradictoryMemoryFlags) {
+  expect_one_error_line(run_kiln("inspect " + model + " --memory --memory_budget 1MB", dir), 2,
+                        "--memory_budget: only applies to --remat_policy budget");
+  expect_one_error_line(run_kiln("inspect " + model + " --memory --gradient_checkpointing --remat_policy none", dir), 2,
+                        "contradicts --gradient_checkpointing");
+  expect_one_error_line(run_kiln("inspect " + model + " --memory --remat_policy budget --memory_budget 0.4", dir), 2,
+                        "got '0.4'");
+  expect_one_error_line(run_kiln("inspect " + model + " --memory --precision", dir), 2,
+                        "give one of --memory and --precision");
+}
+
+/// Resuming with another optimizer would drop the checkpoint's optimizer state: refused,
+/// and the checkpoint stays.
+TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {
+  std::string out = dir + "/run";
+  auto r = run_kiln("train " + model + data() + " --optim adamw_torch --per_device_train_batch_size 4 --max_steps 2"
+                    " --save_steps 2 --output_dir " + out, dir);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  expect_one_error_line(run_kiln("train " + model + data() + " --optim sgd --per_device_train_batch_size 4 --max_steps 4"
+                                 " --output_dir " + out + " --resume_from_checkpoint latest", dir),
+                        1, "is not state of this training program");
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-2/optimizer.safetensors"));
+}
+
 TEST_F(Cli, ConfigFileUnknownKeyAndFlagOverride) {
   std::ofstream(dir + "/cfg.json") << R"({"optim": "sgd", "lerning_rate": 0.1})";
   expect_one_error_line(run_kiln("train " + model + data() + " --config " + dir + "/cfg.json", dir), 2,

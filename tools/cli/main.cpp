@@ -488,10 +488,11 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_
 int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
   flags.model_pos = model;
   TrainConfig cfg = flags.build();
+  const bool assumed = !cfg.fp16 && !cfg.bf16;
   if (!cfg.fp16) cfg.bf16 = true;
   passes::PassContext dbg = flags.pass_context();
   auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
-  std::cout << "precision plan (--" << (cfg.fp16 ? "fp16" : "bf16") << ", batch " << cfg.per_device_train_batch_size
+  std::cout << "precision plan (--" << (cfg.fp16 ? "fp16" : "bf16") << (assumed ? " assumed: neither --bf16 nor --fp16 given" : "") << ", batch " << cfg.per_device_train_batch_size
             << ") of " << model << ": node, compute / accumulate / store, rule\n";
   std::function<void(const ir::Graph&, int)> print = [&](const ir::Graph& g, int indent) {
     for (auto& n : g.nodes()) {
@@ -669,6 +670,8 @@ int real_main(int argc, char** argv) {
     if (*inspect) {
       inspect_shape = inspect_flags.values["shape"];
     }
+    if (*inspect && inspect_memory && inspect_precision)
+      throw Failure{2, "inspect: give one of --memory and --precision"};
     if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model);
     if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_flags, inspect_model);
     if (*inspect) return cmd_inspect(inspect_model, inspect_shape);
