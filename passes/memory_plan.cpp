@@ -20,6 +20,8 @@
 //  4. Accounting. Live bytes per node and per category give the peak, the category
 //     split at the peak and each category's own maximum. Bytes are numel * dtype size,
 //     as MemoryStats counts them; the arena size also includes alignment padding.
+//     With eager_semantics, the tensor scratch an eager kernel allocates while its node
+//     runs (eager_kernel_scratch_bytes) adds to that node's temporaries.
 //
 // AccumulationLoop (gradient accumulation): the schedule is flattened, a loop's body
 // nodes (one iteration; all iterations have the same live set) followed by the loop
@@ -34,7 +36,7 @@
 // Categories come from the graph only: StateBinding kinds; node-name scopes
 // ("<node>/grad/..." = backward, written by autodiff; "optimizer/..." = the optimizer
 // pass); the op table (fusion class). A narrowed single-input copy of a parameter made
-// in the forward pass is a bf16 weight copy (autocast's Casts). Parameter gradients are
+// in the forward pass is a low-precision weight copy (autocast's bf16/fp16 Casts). Parameter gradients are
 // the backward values an optimizer node (or the graph output list) reads, followed back
 // through the "<param>/grad" summation scope and single-input copies of equal size.
 #include "passes/memory_plan.h"
@@ -56,7 +58,7 @@ using namespace kiln::ir;
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
     case MemoryCategory::parameters: return "parameters";
-    case MemoryCategory::bf16_weights: return "bf16 weight copies";
+    case MemoryCategory::low_precision_weights: return "low-precision weight copies";
     case MemoryCategory::gradients: return "gradients";
     case MemoryCategory::optimizer_state: return "optimizer state";
     case MemoryCategory::saved_activations: return "saved activations";
@@ -64,6 +66,18 @@ const char* memory_category_name(MemoryCategory c) {
     case MemoryCategory::data_and_buffers: return "data, buffers, constants";
   }
   return "?";
+}
+
+int64_t eager_kernel_scratch_bytes(const Node& n) {
+  // Mirrors runtime/kernels/nn.cpp gemm_kernel: use_onednn(f32, bf16) computes into a
+  // std::vector (not counted); other dtypes go through `Tensor tmp(DType::f64, {M, N})`.
+  if (n.op != "Gemm" || n.inputs.size() < 2 || !n.inputs[0] || n.outputs.empty() || !n.outputs[0]) return 0;
+  const Value& a = *n.inputs[0];
+  if (a.dtype == DType::f32 || a.dtype == DType::bf16 || a.shape.rank() != 2) return 0;
+  const Dim& k = a.shape.dims[n.attrs.get_int("transA", 0) != 0 ? 0 : 1];
+  const int64_t mn = n.outputs[0]->shape.numel();
+  if (!k.is_static() || k.value <= 0 || mn <= 0) return 0;
+  return mn * static_cast<int64_t>(dtype_size(DType::f64));
 }
 
 namespace {
@@ -285,7 +299,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     auto k = node_pos.find(p);
     return k == node_pos.end() ? -1 : static_cast<int>(phase[k->second]);
   };
-  // bf16 weight copies: a forward node whose only non-constant input is a parameter,
+  // Low-precision weight copies: a forward node whose only non-constant input is a parameter,
   // producing an equally sized tensor of a narrower dtype.
   std::unordered_set<const Value*> weight_copies;
   std::unordered_set<std::string> grad_scopes;  // parameters and their copies: "<name>/grad..."
@@ -382,7 +396,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     } else if (vp.persistent) {
       vp.category = MemoryCategory::data_and_buffers;
     } else if (weight_copies.count(v)) {
-      vp.category = MemoryCategory::bf16_weights;
+      vp.category = MemoryCategory::low_precision_weights;
     } else if (grads.count(v)) {
       vp.category = MemoryCategory::gradients;
     } else if (phase_of_value(v) == static_cast<int>(Phase::forward) && read_by_backward.count(v)) {
@@ -589,6 +603,14 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     diff[a][static_cast<int>(vp.category)] += vp.bytes;
     diff[e + 1][static_cast<int>(vp.category)] -= vp.bytes;
   }
+  if (opts.eager_semantics)
+    for (int t = 0; t < N; ++t) {
+      const int64_t s = eager_kernel_scratch_bytes(*tl[t].node);
+      if (s <= 0) continue;
+      diff[t][static_cast<int>(MemoryCategory::temporaries)] += s;
+      diff[t + 1][static_cast<int>(MemoryCategory::temporaries)] -= s;
+      plan.kernel_scratch_bytes = std::max(plan.kernel_scratch_bytes, s);
+    }
   CategoryBytes cur{};
   plan.peak_bytes = -1;
   for (int t = 0; t < T; ++t) {
@@ -641,7 +663,7 @@ std::string format_memory_plan(const MemoryPlan& p) {
     return std::string(buf);
   };
   char head[200];
-  std::snprintf(head, sizeof head, "  %-26s %29s   %29s   %10s\n", "category", "at peak", "max over step", "peak B/param");
+  std::snprintf(head, sizeof head, "  %-28s %29s   %29s   %10s\n", "category", "at peak", "max over step", "peak B/param");
   os << "memory plan (" << p.num_nodes << " nodes in schedule order";
   if (p.accumulation_loops > 0)
     os << ", " << p.accumulation_loops << " accumulation loop" << (p.accumulation_loops > 1 ? "s" : "")
@@ -652,15 +674,18 @@ std::string format_memory_plan(const MemoryPlan& p) {
      << head;
   for (int c = 0; c < kNumMemoryCategories; ++c) {
     char row[64];
-    std::snprintf(row, sizeof row, "  %-26s ", memory_category_name(static_cast<MemoryCategory>(c)));
+    std::snprintf(row, sizeof row, "  %-28s ", memory_category_name(static_cast<MemoryCategory>(c)));
     os << row << cell(p.at_peak[c]) << "   " << cell(p.max_by_category[c]) << "   " << per_param(p.at_peak[c]) << "\n";
   }
   char row[64];
-  std::snprintf(row, sizeof row, "  %-26s ", "total (peak)");
+  std::snprintf(row, sizeof row, "  %-28s ", "total (peak)");
   os << row << cell(p.peak_bytes) << "   " << std::string(29, ' ') << "   " << per_param(p.peak_bytes) << "\n";
   os << "  (peak B/param: bytes at the peak / " << p.parameter_elements
      << " parameter elements; the max over the step counts a state's input and its updated output)\n";
   if (p.peak_node >= 0) os << "peak at schedule position " << p.peak_node << ": " << p.peak_node_name << "\n";
+  if (p.kernel_scratch_bytes > 0)
+    os << "eager kernel scratch (largest, counted as temporaries at its node): " << human_bytes(p.kernel_scratch_bytes)
+       << " (" << p.kernel_scratch_bytes << " B)\n";
   os << "saved activations (all): " << human_bytes(p.saved_activation_bytes) << " (" << p.saved_activation_bytes << " B)\n";
   auto bpp = [](double v) {
     char buf[32];

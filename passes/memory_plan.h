@@ -17,7 +17,7 @@ namespace kiln::passes {
 /// "<node>/grad/..." and "optimizer/...", the op table), never from op-name lists.
 enum class MemoryCategory {
   parameters,         ///< state of kind "parameter": the step's inputs and updated outputs
-  bf16_weights,       ///< narrowed (e.g. bf16) copies of parameters made in the forward pass
+  low_precision_weights,  ///< narrowed (bf16 or fp16) copies of parameters made in the forward pass
   gradients,          ///< parameter gradients: backward values the optimizer reads, and their
                       ///< contributions / dtype-or-layout copies
   optimizer_state,    ///< state of kind "optimizer_state" (inputs and updated outputs)
@@ -26,7 +26,7 @@ enum class MemoryCategory {
   data_and_buffers,   ///< data inputs, BatchNorm buffers, the step counter, constant initializers
 };
 inline constexpr int kNumMemoryCategories = 7;
-/// Row label of a category ("parameters", "bf16 weight copies", ...).
+/// Row label of a category ("parameters", "low-precision weight copies", ...).
 const char* memory_category_name(MemoryCategory c);
 
 /// Planner switches.
@@ -106,6 +106,10 @@ struct MemoryPlan {
   int64_t arena_bytes = 0;         ///< arena size from the offsets (alignment and fragmentation included)
   int in_place_reuses = 0;         ///< outputs that took over an input's buffer
   int64_t saved_activation_bytes = 0;  ///< total bytes of every saved activation
+  /// Eager semantics only: the largest tensor scratch an eager kernel allocates besides
+  /// its outputs while its node runs (counted in the peak as temporaries at that node;
+  /// see eager_kernel_scratch_bytes). 0 without eager_semantics.
+  int64_t kernel_scratch_bytes = 0;
   int64_t parameter_elements = 0;      ///< elements of the parameter state inputs
   int64_t optimizer_state_bytes = 0;   ///< bytes of the optimizer_state state inputs
   /// optimizer_state_bytes / parameter_elements (0 without parameters): AdamW fp32 = 8.
@@ -117,6 +121,12 @@ struct MemoryPlan {
   PlanOptions options;
   std::string peak_node_name;      ///< name (op) of the node at the peak
 };
+
+/// Bytes of tensors (counted by MemoryStats) that the eager kernel of `n` allocates
+/// besides its outputs while it runs, from the node's static shapes: runtime/kernels/nn.cpp's
+/// Gemm outside oneDNN's dtypes (f32, bf16), i.e. f16 or f64, with K > 0 computes its
+/// product in an f64 [M, N] tensor (M * N * 8 bytes). 0 for every other node.
+int64_t eager_kernel_scratch_bytes(const ir::Node& n);
 
 /// Plans `g` (nodes in order; graph inputs and initializers live for the whole step,
 /// each node output from its node to its last use, graph outputs to the end).

@@ -16,6 +16,9 @@
 // cannot overflow to inf.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "ir/ops/optim8bit.h"
@@ -39,15 +42,78 @@ Status check_qmap(KernelContext& c, const Tensor& q, const char* what) {
 
 int64_t blocksize(const KernelContext& c) { return c.attrs().get_int("blocksize", ir::kBlockSize8bit); }
 
+/// ir::nearest_code, exactly, at table speed. nearest_code is monotone in x, so
+/// code(x) = #{j in 1..255 : x >= t_j} with t_j the smallest float whose code is >= j
+/// (found once per map by bisection over the order-preserving integer keys of floats).
+/// A table over the top 14 bits of x's key gives the code of the bucket's smallest
+/// value; a few threshold compares finish. Built once per distinct map and cached.
+class CodeFinder {
+ public:
+  explicit CodeFinder(const float* qmap) : map_(qmap, qmap + ir::kQuantMapSize) {
+    for (int j = 1; j < ir::kQuantMapSize; ++j) {
+      uint32_t lo = key_of(-INFINITY), hi = key_of(INFINITY);  // code(hi) = 255 >= j
+      while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (ir::nearest_code(qmap, float_of(mid)) >= j) hi = mid;
+        else lo = mid + 1;
+      }
+      t_[j] = float_of(lo);
+    }
+    for (uint32_t b = 0; b < kBuckets; ++b) {
+      float lo = float_of(b << (32 - kBits));
+      start_[b] = lo != lo ? 0 : ir::nearest_code(qmap, lo);  // NaN keys (never looked up)
+    }
+  }
+  bool same_map(const float* qmap) const {
+    return std::equal(map_.begin(), map_.end(), qmap, [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; });
+  }
+  uint8_t operator()(float x) const {
+    if (x != x) return 0;  // NaN, as nearest_code
+    int i = start_[key_of(x) >> (32 - kBits)];
+    while (i < ir::kQuantMapSize - 1 && x >= t_[i + 1]) ++i;
+    return static_cast<uint8_t>(i);
+  }
+  /// The cached finder for `qmap` (thread-safe).
+  static const CodeFinder& get(const float* qmap) {
+    static std::mutex mu;
+    static std::vector<std::unique_ptr<CodeFinder>> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& f : cache)
+      if (f->same_map(qmap)) return *f;
+    if (cache.size() > 16) cache.erase(cache.begin());
+    cache.push_back(std::make_unique<CodeFinder>(qmap));
+    return *cache.back();
+  }
+
+ private:
+  static constexpr int kBits = 14;
+  static constexpr uint32_t kBuckets = 1u << kBits;
+  /// Order-preserving map from non-NaN floats to uint32 (and back).
+  static uint32_t key_of(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  }
+  static float float_of(uint32_t k) {
+    uint32_t b = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  }
+  std::vector<float> map_;
+  float t_[ir::kQuantMapSize] = {};
+  uint8_t start_[kBuckets] = {};
+};
+
 /// Quantizes n values of one block: returns absmax, writes codes.
-inline float quantize_block(const float* x, int64_t n, const float* qmap, uint8_t zero_code, uint8_t* codes) {
+inline float quantize_block(const float* x, int64_t n, const CodeFinder& code, uint8_t zero_code, uint8_t* codes) {
   float mx = 0.f;  // a NaN element makes absmax NaN (and stays): non-finite state stays visible
   for (int64_t i = 0; i < n; ++i) {
     const float a = std::fabs(x[i]);
     mx = (a > mx || a != a) ? a : mx;
   }
   if (mx > 0.f && std::isfinite(mx)) {
-    for (int64_t i = 0; i < n; ++i) codes[i] = ir::nearest_code(qmap, x[i] / mx);
+    for (int64_t i = 0; i < n; ++i) codes[i] = code(x[i] / mx);
   } else {
     for (int64_t i = 0; i < n; ++i) codes[i] = zero_code;
   }
@@ -60,13 +126,14 @@ Status quantize_kernel(KernelContext& c) {
   const float* qmap = c.in(1).data<float>();
   const int64_t n = x.numel(), bs = blocksize(c), nb = ir::num_blocks_8bit(n, bs);
   const uint8_t zero = ir::nearest_code(qmap, 0.f);
+  const CodeFinder& finder = CodeFinder::get(qmap);
   const float* xp = x.data<float>();
   uint8_t* codes = c.out(0).data<uint8_t>();
   float* absmax = c.out(1).data<float>();
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t lo = b * bs, len = std::min(bs, n - lo);
-    absmax[b] = quantize_block(xp + lo, len, qmap, zero, codes + lo);
+    absmax[b] = quantize_block(xp + lo, len, finder, zero, codes + lo);
   }
   return Status::ok();
 }
@@ -114,6 +181,8 @@ Status adamw8bit_kernel(KernelContext& c) {
   const bool decay = wd != 0.0;
   const float lr_wd = lr * static_cast<float>(wd);  // Mul(lr, C(wd)) of the fp32 graph
   const uint8_t zero_s = ir::nearest_code(qs, 0.f), zero_u = ir::nearest_code(qu, 0.f);
+  const CodeFinder& find_s = CodeFinder::get(qs);
+  const CodeFinder& find_u = CodeFinder::get(qu);
 
   const float* pp = p.data<float>();
   const float* gp = g.data<float>();
@@ -148,8 +217,8 @@ Status adamw8bit_kernel(KernelContext& c) {
         m[k] = mn;
         v[k] = vn;
       }
-      a1o[b] = quantize_block(m.data(), len, qs, zero_s, q1o + lo);
-      a2o[b] = quantize_block(v.data(), len, qu, zero_u, q2o + lo);
+      a1o[b] = quantize_block(m.data(), len, find_s, zero_s, q1o + lo);
+      a2o[b] = quantize_block(v.data(), len, find_u, zero_u, q2o + lo);
     }
   }
   return Status::ok();

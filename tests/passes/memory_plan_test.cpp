@@ -66,7 +66,9 @@ int64_t expect_no_overlap(const MemoryPlan& p) {
 }
 
 /// Independent liveness peak: simulate the interpreter (free after last use, outputs
-/// allocated while the node's inputs are live) by replaying allocations and frees.
+/// allocated while the node's inputs are live, plus the f64 [M, N] product tensor of the
+/// eager Gemm kernel for dtypes oneDNN does not run, see runtime/kernels/nn.cpp) by
+/// replaying allocations and frees.
 int64_t simulate_eager_peak(const Graph& g) {
   std::map<const Value*, int> last;
   for (size_t i = 0; i < g.nodes().size(); ++i)
@@ -81,7 +83,10 @@ int64_t simulate_eager_peak(const Graph& g) {
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = *g.nodes()[i];
     for (Value* o : n.outputs) cur += bytes(o);
-    peak = std::max(peak, cur);
+    int64_t scratch = 0;
+    if (n.op == "Gemm" && n.inputs[0]->dtype != DType::f32 && n.inputs[0]->dtype != DType::bf16)
+      scratch = n.outputs[0]->shape.numel() * 8;
+    peak = std::max(peak, cur + scratch);
     std::set<const Value*> seen;
     for (Value* in : n.inputs)
       if (in && in->producer && last[in] == static_cast<int>(i) && !pinned.count(in) && seen.insert(in).second)
@@ -309,7 +314,7 @@ double tiny_gpt_saved_ratio(StepMeasure& f32, StepMeasure& b16) {
   return double(b16.plan.saved_activation_bytes) / double(f32.plan.saved_activation_bytes);
 }
 
-// With --bf16 the saved activations shrink, and the planner sees the bf16 weight copies.
+// With --bf16 the saved activations shrink, and the planner sees the low-precision weight copies.
 // Measured ratio 0.502 (2026-11-29; 0.776 before autocast's rules (a)-(c), see
 // passes/autocast.cpp): the only fp32 saved values left are the residual stream feeding
 // LayerNormalization (0.33 MB, fp32 in PyTorch autocast too); the breakdown is printed below.
@@ -318,7 +323,7 @@ TEST(MemoryPlan, TinyGptBf16SavedActivations) {
   const double ratio = tiny_gpt_saved_ratio(f32, b16);
   if (HasFatalFailure()) return;
   EXPECT_LE(std::abs(double(b16.planned - b16.measured)) / double(b16.measured), 0.05);
-  EXPECT_GT(b16.plan.max_by_category[static_cast<int>(MemoryCategory::bf16_weights)], 0);
+  EXPECT_GT(b16.plan.max_by_category[static_cast<int>(MemoryCategory::low_precision_weights)], 0);
   std::cout << "[ MEMORY ] tiny_gpt saved activations: fp32 " << f32.plan.saved_activation_bytes << " B, bf16 "
             << b16.plan.saved_activation_bytes << " B, ratio " << ratio << "\n";
   // What the saved bytes are, by producing op and dtype (printed for the report).
@@ -544,9 +549,10 @@ TEST(MemoryPlan, OptimizerStateBytesPerParameter8bitVsFp32) {
 }
 
 // Regression (user report): with --optim adamw_8bit the plan underestimated the measured
-// peak (-9.3% for mlp_digits --fp16 at batch 128, -4.1% at 4 x 32 accumulated rows).
-// The eager plan must equal the interpreter's measured peak exactly, as it does for
-// adamw_torch and sgd.
+// peak (-9.3% for mlp_digits --fp16 at batch 128, -1.4% at 4 x 32 accumulated rows).
+// Cause: the eager f16 Gemm kernel allocates an f64 [M, N] product tensor; with 8-bit
+// state the step's peak moves from the optimizer to those Gemms. The eager plan must
+// equal the interpreter's measured peak exactly, as it does for adamw_torch and sgd.
 TEST(MemoryPlan, Adamw8bitPlannedEqualsMeasured) {
   struct Case {
     bool fp16;
@@ -561,6 +567,15 @@ TEST(MemoryPlan, Adamw8bitPlannedEqualsMeasured) {
     ASSERT_GT(m.measured, 0);
     EXPECT_EQ(m.planned, m.measured);
     EXPECT_GT(m.plan.optim_8bit.tensors, 0);
+    if (c.fp16) {
+      EXPECT_GT(m.plan.kernel_scratch_bytes, 0);
+      EXPECT_GT(m.plan.max_by_category[static_cast<int>(MemoryCategory::low_precision_weights)], 0);
+      const std::string report = passes::format_memory_plan(m.plan);
+      EXPECT_NE(report.find("low-precision weight copies"), std::string::npos) << report;
+      EXPECT_EQ(report.find("bf16 weight"), std::string::npos) << report;
+    } else {
+      EXPECT_EQ(m.plan.kernel_scratch_bytes, 0);  // f32 Gemm: oneDNN, no tensor scratch
+    }
     int64_t sum = 0;
     for (int64_t b : m.plan.at_peak) sum += b;
     EXPECT_EQ(sum, m.plan.peak_bytes);

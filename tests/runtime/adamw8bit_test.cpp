@@ -453,3 +453,50 @@ TEST(Optim8bit, BadInputsAreErrors) {
 }
 
 }  // namespace
+
+/// The quantize kernel's table-driven code search must pick exactly the code of the
+/// reference binary search (ir::nearest_code): checked at every map entry, every midpoint
+/// between neighbours and 1-2 ulp around both, and on random values, for both maps.
+TEST(Optim8bit, KernelCodesEqualBinarySearchAtTiesAndRandomValues) {
+  std::mt19937_64 rng(7);
+  for (bool is_signed : {true, false}) {
+    Tensor qmap = qmap_tensor(is_signed);
+    const float* q = qmap.data<float>();
+    std::vector<float> xs = {1.0f};  // absmax 1: the kernel then quantizes x / 1 = x
+    auto around = [&](float v) {
+      float a = v, b = v;
+      for (int k = 0; k < 3; ++k) {
+        xs.push_back(a);
+        xs.push_back(b);
+        a = std::nextafter(a, -2.f);
+        b = std::nextafter(b, 2.f);
+      }
+    };
+    for (int i = 0; i < 256; ++i) {
+      around(q[i]);
+      if (i + 1 < 256) around(0.5f * (q[i] + q[i + 1]));
+    }
+    std::uniform_real_distribution<float> ud(is_signed ? -1.f : 0.f, 1.f);
+    for (int i = 0; i < 20000; ++i) xs.push_back(ud(rng));
+    for (int e = -40; e <= 0; ++e) xs.push_back(std::ldexp(1.f, e)), xs.push_back(-std::ldexp(0.75f, e));
+    for (auto& v : xs) v = std::clamp(v, -1.f, 1.f);
+    // One block per value pair keeps absmax at 1: prefix every block with 1.0.
+    std::vector<float> blocks;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (blocks.size() % 256 == 0) blocks.push_back(1.0f);
+      blocks.push_back(xs[i]);
+    }
+    Tensor x = Tensor::from_f32(blocks, {static_cast<int64_t>(blocks.size())});
+    Quantized r = quantize(x, qmap);
+    ASSERT_EQ(r.codes.numel(), x.numel());
+    int64_t diffs = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      ASSERT_EQ(r.absmax.data<float>()[i / 256], 1.0f);
+      uint8_t want = ir::nearest_code(q, blocks[static_cast<size_t>(i)]);
+      if (r.codes.data<uint8_t>()[i] != want && ++diffs < 5)
+        ADD_FAILURE() << (is_signed ? "signed" : "unsigned") << " x=" << blocks[static_cast<size_t>(i)]
+                      << " kernel code " << int(r.codes.data<uint8_t>()[i]) << " reference " << int(want);
+    }
+    EXPECT_EQ(diffs, 0);
+  }
+}

@@ -532,7 +532,8 @@ int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
   std::cout << "training step of " << model << ": batch " << cfg.per_device_train_batch_size;
   if (cfg.gradient_accumulation_steps > 1)
     std::cout << " x " << cfg.gradient_accumulation_steps << " accumulated microbatches";
-  std::cout << ", " << (cfg.bf16 ? "bf16 mixed precision" : "fp32") << ", optim " << cfg.optim << ", backend "
+  std::cout << ", " << (cfg.bf16 ? "bf16 mixed precision" : cfg.fp16 ? "fp16 mixed precision" : "fp32") << ", optim "
+            << cfg.optim << ", backend "
             << cfg.backend << "\n";
   std::cout << passes::format_memory_plan(eager);
   std::cout << "with in-place reuse (a compiled program's arena): peak " << passes::human_bytes(compiled.peak_bytes)
