@@ -328,4 +328,32 @@ Status Graph::topo_sort() {
   return Status::ok();
 }
 
+void collect_captures(const Graph& r, std::unordered_set<const Value*>& out) {
+  std::unordered_set<const Value*> defined(r.inputs.begin(), r.inputs.end());
+  defined.insert(r.initializers.begin(), r.initializers.end());
+  for (auto& n : r.nodes()) {
+    for (Value* v : n->inputs)
+      if (v && !defined.count(v)) out.insert(v);
+    for (auto& sub : n->regions) {
+      std::unordered_set<const Value*> inner;
+      collect_captures(*sub, inner);
+      for (const Value* v : inner)
+        if (!defined.count(v)) out.insert(v);
+    }
+    for (Value* o : n->outputs) defined.insert(o);
+  }
+  for (Value* o : r.outputs)
+    if (o && !defined.count(o)) out.insert(o);
+}
+
+size_t grad_scope_pos(const std::string& name) {
+  size_t p = 0;
+  while ((p = name.find("/grad", p)) != std::string::npos) {
+    size_t e = p + 5;
+    if (e == name.size() || name[e] == '/') return p;
+    p = e;
+  }
+  return std::string::npos;
+}
+
 }  // namespace kiln::ir

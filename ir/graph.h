@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -179,6 +180,17 @@ class Graph {
   std::vector<std::unique_ptr<Value>> values_;
   std::map<std::string, Value*> by_name_;
 };
+
+/// Values a region reads from its enclosing graphs (implicit captures, as ONNX Loop/Scan
+/// bodies read outer scope), nested regions included; added to `out`. The interpreter's
+/// liveness, the memory planner and topo_sort treat them as inputs of the region's node.
+void collect_captures(const Graph& region, std::unordered_set<const Value*>& out);
+
+/// Position of the "/grad" scope segment in a node name (autodiff names backward nodes
+/// `<node>/grad/...`, DESIGN.md convention 3), followed by '/' or the end; npos if none.
+size_t grad_scope_pos(const std::string& node_name);
+/// True for a backward node's name (grad_scope_pos != npos).
+inline bool in_grad_scope(const std::string& node_name) { return grad_scope_pos(node_name) != std::string::npos; }
 
 /// kiln's rule for a trainable-parameter candidate (used by attach_loss, constant
 /// folding and `kiln inspect`): a floating-point initializer of more than one element

@@ -87,18 +87,6 @@ int rank_of(DType t) {
   }
 }
 
-/// Whether a node name lies in a "/grad" scope (autodiff's backward nodes, the same
-/// test as the memory planner and remat use).
-bool in_grad_scope(const std::string& name) {
-  size_t p = 0;
-  while ((p = name.find("/grad", p)) != std::string::npos) {
-    size_t e = p + 5;
-    if (e == name.size() || name[e] == '/') return true;
-    p = e;
-  }
-  return false;
-}
-
 /// A deliberate recomputation made by rule (c) (left alone by cast_simplify).
 bool is_remat_node(const Node& n) {
   const std::string suffix = "/grad/remat";

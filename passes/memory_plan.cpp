@@ -84,17 +84,6 @@ namespace {
 
 enum class Phase { forward, backward, optimizer };
 
-/// Position of the "/grad" scope segment in a node name (followed by '/' or the end), or npos.
-size_t grad_scope_pos(const std::string& name) {
-  size_t p = 0;
-  while ((p = name.find("/grad", p)) != std::string::npos) {
-    size_t e = p + 5;
-    if (e == name.size() || name[e] == '/') return p;
-    p = e;
-  }
-  return std::string::npos;
-}
-
 Phase phase_of(const Node& n) {
   if (n.name.rfind("optimizer/", 0) == 0 || n.name == "optimizer") return Phase::optimizer;
   if (grad_scope_pos(n.name) != std::string::npos) return Phase::backward;
@@ -121,25 +110,6 @@ struct LoopInfo {
   size_t carried = 0;
   bool steal = false;  ///< carried inputs move into the loop (interpreter's condition)
 };
-
-/// Values a region reads from enclosing graphs (runtime/interpreter.cpp collect_captures).
-void collect_captures(const Graph& r, std::unordered_set<const Value*>& out) {
-  std::unordered_set<const Value*> defined(r.inputs.begin(), r.inputs.end());
-  defined.insert(r.initializers.begin(), r.initializers.end());
-  for (auto& n : r.nodes()) {
-    for (Value* v : n->inputs)
-      if (v && !defined.count(v)) out.insert(v);
-    for (auto& sub : n->regions) {
-      std::unordered_set<const Value*> inner;
-      collect_captures(*sub, inner);
-      for (const Value* v : inner)
-        if (!defined.count(v)) out.insert(v);
-    }
-    for (Value* o : n->outputs) defined.insert(o);
-  }
-  for (Value* o : r.outputs)
-    if (o && !defined.count(o)) out.insert(o);
-}
 
 /// Appends the schedule of `g` to `tl`: a loop's body nodes, then the loop node.
 Status flatten(const Graph& g, const Node* loop, std::vector<Entry>& tl, std::vector<LoopInfo>& loops) {

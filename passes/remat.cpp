@@ -74,17 +74,6 @@ using namespace kiln::ir;
 
 namespace {
 
-/// True when the node name has a "/grad" scope segment (followed by '/' or the end).
-bool in_grad_scope(const std::string& name) {
-  size_t p = 0;
-  while ((p = name.find("/grad", p)) != std::string::npos) {
-    size_t e = p + 5;
-    if (e == name.size() || name[e] == '/') return true;
-    p = e;
-  }
-  return false;
-}
-
 int64_t value_bytes(const Value* v) {
   if (!v || v->dtype == DType::undefined) return 0;
   int64_t n = v->shape.numel();

@@ -81,25 +81,6 @@ namespace {
 using Env = std::unordered_map<const Value*, Tensor>;
 using ValueSet = std::unordered_set<const Value*>;
 
-/// Values a region reads from enclosing graphs (implicit captures).
-void collect_captures(const Graph& r, ValueSet& out) {
-  ValueSet defined(r.inputs.begin(), r.inputs.end());
-  defined.insert(r.initializers.begin(), r.initializers.end());
-  for (auto& n : r.nodes()) {
-    for (Value* v : n->inputs)
-      if (v && !defined.count(v)) out.insert(v);
-    for (auto& sub : n->regions) {
-      ValueSet inner;
-      collect_captures(*sub, inner);
-      for (const Value* v : inner)
-        if (!defined.count(v)) out.insert(v);
-    }
-    for (Value* o : n->outputs) defined.insert(o);
-  }
-  for (Value* o : r.outputs)
-    if (o && !defined.count(o)) out.insert(o);
-}
-
 Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts);
 
 /// Rows [t*rows, (t+1)*rows) of `full` along axis 0, as a new tensor.
