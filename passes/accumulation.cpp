@@ -131,6 +131,10 @@ class Accumulation : public Pass {
     // read only inside the loop (a weight transpose for the backward MatMul) is
     // recomputed per microbatch instead, so it is not held across the whole loop.
     {
+      std::unordered_map<const Value*, std::vector<const Node*>> users;
+      for (auto& n : g.nodes())
+        for (Value* in : n->inputs)
+          if (in) users[in].push_back(n.get());
       const auto& nodes = g.nodes();
       for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
         Node* n = nodes[i].get();
@@ -141,9 +145,11 @@ class Accumulation : public Pass {
           if (!o->shape.is_static()) ok = false;
           else bytes += o->shape.numel() * static_cast<int64_t>(dtype_size(o->dtype));
           if (g.is_graph_output(o)) ok = false;
-          for (const Use& u : g.uses(o))
-            if (!per_mb.count(u.user)) ok = false;
-          if (g.uses(o).empty()) ok = false;
+          auto it = users.find(o);
+          if (it == users.end()) ok = false;
+          else
+            for (const Node* u : it->second)
+              if (!per_mb.count(u)) ok = false;
         }
         if (ok && bytes > kHoistMaxBytes) per_mb.insert(n);
       }

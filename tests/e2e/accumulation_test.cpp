@@ -285,7 +285,9 @@ TEST(Accumulation, TinyGptBf16LoopStructure) {
     EXPECT_FALSE(n->op == "Cast" && params.count(n->inputs[0])) << "parameter cast inside the loop: " << n->name;
   // The optimizer runs after the loop.
   for (size_t i = 0; i < g.nodes().size(); ++i)
-    if (g.nodes()[i]->name.rfind("optimizer/", 0) == 0) EXPECT_GT(i, loop_pos) << g.nodes()[i]->name;
+    if (g.nodes()[i]->name.rfind("optimizer/", 0) == 0) {
+      EXPECT_GT(i, loop_pos) << g.nodes()[i]->name;
+    }
 
   const std::string golden = std::string(KILN_SOURCE_DIR) + "/tests/ir/accumulation/tiny_gpt_bf16.expected";
   std::string got = listing(g);

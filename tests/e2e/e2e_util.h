@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "ir/graph.h"
 #include "runtime/interpreter.h"
@@ -46,6 +47,33 @@ inline ir::Tensor slice_rows(const ir::Tensor& t, int64_t begin, int64_t count) 
 inline ir::Tensor squeeze0(const ir::Tensor& t) {
   std::vector<int64_t> d(t.dims().begin() + 1, t.dims().end());
   return t.reshaped(d);
+}
+
+/// Losses of `steps` training steps of `prog`'s train_step from its initial state; step
+/// i reads batch i of `xs`/`ys` ([steps, B, ...] arrays); float data is cast to f64 for
+/// a float64 program. A failed step is a test failure and ends the list early.
+inline std::vector<double> trajectory_losses(const driver::TrainingProgram& prog, const ir::Tensor& xs,
+                                             const ir::Tensor& ys, int64_t steps, bool f64 = false) {
+  std::vector<double> losses;
+  auto state = initial_state(*prog.train_step);
+  runtime::RunOptions ro;
+  ro.training = true;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto feeds = state;
+    ir::Tensor xi = squeeze0(slice_rows(xs, i, 1));
+    if (f64 && ir::is_float(xi.dtype())) xi = xi.cast(ir::DType::f64);
+    feeds[prog.data_inputs[0]] = xi;
+    feeds[prog.label_input] = squeeze0(slice_rows(ys, i, 1));
+    ro.step = static_cast<uint64_t>(i);
+    auto out = runtime::run_graph(*prog.train_step, feeds, ro);
+    if (!out) {
+      ADD_FAILURE() << "step " << i << ": " << out.message();
+      break;
+    }
+    losses.push_back((*out)["loss"].get_f64(0));
+    for (auto& sb : prog.train_step->state) state[sb.input->name] = (*out)[sb.output->name];
+  }
+  return losses;
 }
 
 inline double rel_l2(const ir::Tensor& a, const ir::Tensor& ref) {

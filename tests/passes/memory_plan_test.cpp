@@ -22,6 +22,7 @@
 #include "runtime/interpreter.h"
 #include "runtime/io.h"
 #include "tools/driver/driver.h"
+#include "measure_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
@@ -206,10 +207,6 @@ struct StepMeasure {
   std::shared_ptr<driver::TrainingProgram> prog;
 };
 
-/// Plans the train_step with eager semantics, then runs one eager training step on the
-/// fixture batch and measures the interpreter's peak: MemoryStats peak during the run
-/// minus the bytes resident before it, plus the resident bytes the step itself uses
-/// (its feeds and its constant initializers).
 /// `t` repeated `n` times along axis 0 (the N microbatches of an accumulated step).
 Tensor tile_rows(const Tensor& t, int64_t n) {
   std::vector<int64_t> dims = t.dims();
@@ -220,6 +217,10 @@ Tensor tile_rows(const Tensor& t, int64_t n) {
   return out;
 }
 
+/// Plans the train_step with eager semantics, then runs one eager training step on the
+/// fixture batch and measures the interpreter's peak: MemoryStats peak during the run
+/// minus the bytes resident before it, plus the resident bytes the step itself uses
+/// (its feeds and its constant initializers).
 /// With `accum` > 1 the step runs `accum` microbatches of the fixture batch (the
 /// fixture tiled `accum` times) inside an AccumulationLoop.
 /// `optim`, `fp16` and `micro_repeat` (the microbatch is the fixture batch tiled that many
@@ -253,21 +254,8 @@ void measure_example(const std::string& model, bool bf16, StepMeasure& m, int64_
   for (auto& sb : g.state) feeds[sb.input->name] = sb.initial->clone();
   feeds[prog->data_inputs[0]] = *x;
   feeds[prog->label_input] = *y;
-  int64_t resident = 0;
-  for (Value* in : g.inputs) {
-    ASSERT_TRUE(feeds.count(in->name)) << in->name;
-    resident += static_cast<int64_t>(feeds[in->name].nbytes());
-  }
-  for (Value* v : g.initializers) resident += static_cast<int64_t>(v->data->nbytes());
-  runtime::RunOptions ro;
-  ro.training = true;
-  const int64_t before = MemoryStats::current_bytes();
-  MemoryStats::reset_peak();
-  {
-    auto out = runtime::run_graph(g, feeds, ro);
-    ASSERT_TRUE(out) << out.message();
-  }
-  m.measured = MemoryStats::peak_bytes() - before + resident;
+  m.measured = kiln::testing::measured_step_peak(g, feeds);
+  ASSERT_GE(m.measured, 0);
   m.planned = plan->peak_bytes;
   m.plan = std::move(*plan);
   std::cout << "[ MEMORY ] " << model << (bf16 ? " --bf16" : "") << (fp16 ? " --fp16" : "") << " --optim " << optim

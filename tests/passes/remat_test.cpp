@@ -28,6 +28,7 @@
 #include "runtime/io.h"
 #include "runtime/train_config.h"
 #include "tools/driver/driver.h"
+#include "measure_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
@@ -301,18 +302,8 @@ TEST(Remat, PlannedPeakMatchesMeasuredWithRemat) {
       for (auto& sb : g.state) feeds[sb.input->name] = sb.initial->clone();
       feeds[prog->data_inputs[0]] = b.x;
       feeds[prog->label_input] = b.y;
-      int64_t resident = 0;
-      for (Value* in : g.inputs) resident += static_cast<int64_t>(feeds[in->name].nbytes());
-      for (Value* v : g.initializers) resident += static_cast<int64_t>(v->data->nbytes());
-      runtime::RunOptions ro;
-      ro.training = true;
-      const int64_t before = MemoryStats::current_bytes();
-      MemoryStats::reset_peak();
-      {
-        auto out = runtime::run_graph(g, feeds, ro);
-        ASSERT_TRUE(out) << out.message();
-      }
-      int64_t measured = MemoryStats::peak_bytes() - before + resident;
+      int64_t measured = kiln::testing::measured_step_peak(g, feeds);
+      ASSERT_GE(measured, 0);
       double diff = double(plan->peak_bytes - measured) / double(measured);
       std::cout << "[ REMAT ] " << model << " " << policy << ": planned " << plan->peak_bytes << " B, measured "
                 << measured << " B (" << 100.0 * diff << "%)\n";

@@ -1,0 +1,44 @@
+// Measured peak memory of one eager run, with the accounting the memory planner's eager
+// plan uses (passes/memory_plan.h, PlanOptions::eager()): the MemoryStats peak during
+// the run, minus the bytes resident before it, plus the bytes the step itself holds
+// resident (its feeds and its constant initializers).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "ir/graph.h"
+#include "ir/tensor.h"
+#include "runtime/interpreter.h"
+
+namespace kiln::testing {
+
+/// Runs `g` on `feeds` in training mode and returns its measured peak bytes (-1 after a
+/// failed run, reported as a test failure). Every graph input must be fed.
+inline int64_t measured_step_peak(const ir::Graph& g, const std::map<std::string, ir::Tensor>& feeds) {
+  int64_t resident = 0;
+  for (ir::Value* in : g.inputs) {
+    auto it = feeds.find(in->name);
+    if (it == feeds.end()) {
+      ADD_FAILURE() << "no feed for graph input " << in->name;
+      return -1;
+    }
+    resident += static_cast<int64_t>(it->second.nbytes());
+  }
+  for (ir::Value* v : g.initializers) resident += static_cast<int64_t>(v->data->nbytes());
+  runtime::RunOptions ro;
+  ro.training = true;
+  const int64_t before = ir::MemoryStats::current_bytes();
+  ir::MemoryStats::reset_peak();
+  {
+    auto out = runtime::run_graph(g, feeds, ro);
+    if (!out) {
+      ADD_FAILURE() << out.message();
+      return -1;
+    }
+  }
+  return ir::MemoryStats::peak_bytes() - before + resident;
+}
+
+}  // namespace kiln::testing
