@@ -153,6 +153,15 @@ TEST_F(Cli, ContradictoryMemoryFlags) {
                         "give one of --memory and --precision");
 }
 
+TEST_F(Cli, PrecisionFlagErrors) {
+  expect_one_error_line(run_kiln("train " + model + data() + " --bf16 --fp16 --output_dir " + dir + "/o", dir), 2,
+                        "--fp16");
+  expect_one_error_line(run_kiln("train " + model + data() + " --fp16 --fp16_init_scale 0 --output_dir " + dir + "/o", dir),
+                        2, "--fp16_init_scale: must be a finite number > 0");
+  expect_one_error_line(run_kiln("inspect " + model + " --precision --fp16 --fp16_growth_interval 0", dir), 2,
+                        "--fp16_growth_interval: must be > 0");
+}
+
 /// Resuming with another optimizer would drop the checkpoint's optimizer state: refused,
 /// and the checkpoint stays.
 TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {
