@@ -24,6 +24,13 @@ const char* precision_policy_name(PrecisionPolicy p) {
   }
 }
 
+const char* scalar_op_name(ScalarOp op) {
+  static const char* names[] = {"add", "sub", "mul",  "div", "pow", "max", "min", "neg", "abs", "exp",
+                                "log", "sqrt", "erf", "tanh", "sin", "cos", "floor", "lt", "le", "gt",
+                                "ge",  "eq",  "and", "or",  "xor", "not", "select", "cast"};
+  return names[static_cast<int>(op)];
+}
+
 Status InferContext::fail(const std::string& msg) const {
   return Status::error("node '" + node.name + "' (" + node.op + "): " + msg);
 }
@@ -43,6 +50,7 @@ OpTable& OpTable::get() {
     register_training_ops(*t);
     register_optim8bit_ops(*t);
     register_control_ops(*t);
+    register_scalar_rules(*t);
     return t;
   }();
   return *table;

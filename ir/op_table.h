@@ -12,6 +12,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,43 @@ class GradContext {
   virtual Value* unbroadcast(Value* g, const Value* target) = 0;
 };
 
+/// Scalar primitives that pointwise code generation is built from (target-neutral:
+/// codegen/ renders them as LLVM IR or CUDA C++). Float ops on bf16/f16 compute in f32
+/// and round the result to the storage dtype, exactly as the eager kernels do.
+enum class ScalarOp {
+  add, sub, mul, div, pow, max, min,                // binary arithmetic (integer div truncates)
+  neg, abs, exp, log, sqrt, erf, tanh, sin, cos,    // unary
+  floor,
+  lt, le, gt, ge, eq,                               // comparisons -> boolean
+  logical_and, logical_or, logical_xor, logical_not,
+  select,                                           // select(cond, a, b)
+  cast,                                             // to the Ref's dtype (float->int truncates)
+};
+/// Name used by the kernel-IR printer ("add", "select", ...).
+const char* scalar_op_name(ScalarOp op);
+
+/// What a pointwise op's scalar rule writes one output element with (TVM's FTVMCompute,
+/// one op, one entry). The code generator implements it; the rule never sees buffers,
+/// strides or broadcasting.
+class ScalarBuilder {
+ public:
+  using Ref = int;
+  virtual ~ScalarBuilder() = default;
+  virtual const Node& node() const = 0;
+  /// True when optional input i is present.
+  virtual bool has_input(int i) const = 0;
+  /// The element of input i (numpy broadcasting is the generator's job), in that input's dtype.
+  virtual Ref input(int i) = 0;
+  /// A literal of dtype `dt`.
+  virtual Ref constant(double v, DType dt) = 0;
+  /// Applies a primitive; `dt` is the result dtype (arithmetic: the operands' dtype,
+  /// comparisons and logic: boolean, cast: the target dtype).
+  virtual Ref apply(ScalarOp op, std::vector<Ref> args, DType dt) = 0;
+  virtual DType dtype(Ref r) const = 0;
+};
+/// A pointwise op's element rule: fills `outputs` (one Ref per node output).
+using ScalarFn = std::function<Status(ScalarBuilder&, std::vector<ScalarBuilder::Ref>& outputs)>;
+
 using InferFn = std::function<Status(InferContext&)>;
 using GradFn = std::function<Status(GradContext&)>;
 using CostFn = std::function<Cost(const Node&)>;
@@ -134,6 +172,13 @@ struct OpDef {
   CostFn cost;                    ///< optional; default_cost used when empty
   FusionClass fusion = FusionClass::opaque;
   KernelFn kernel;                ///< eager CPU kernel (filled by the runtime)
+  /// Element rule of a pointwise op for code generation (empty: the fusion pass never
+  /// puts the op in a generated kernel; it runs as its own step).
+  ScalarFn scalar;
+  /// Reductions code generation can emit (axes from ir/ops/nn.h reduce_spec): how two
+  /// elements combine, ScalarOp::add (ReduceSum) or ScalarOp::max (ReduceMax); unset
+  /// for every other op.
+  std::optional<ScalarOp> reduce_combine;
   bool onnx = true;               ///< an ONNX op (imported/exported by name) vs a kiln-internal op
 };
 
@@ -182,5 +227,7 @@ void register_loss_ops(OpTable& t);
 void register_training_ops(OpTable& t);
 void register_optim8bit_ops(OpTable& t);  ///< ir/ops/optim8bit.cpp (8-bit AdamW state)
 void register_control_ops(OpTable& t);
+/// Fills OpDef::scalar of the pointwise ops (ir/ops/elementwise.cpp), after every op is registered.
+void register_scalar_rules(OpTable& t);
 
 }  // namespace kiln::ir

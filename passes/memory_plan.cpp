@@ -115,7 +115,8 @@ struct LoopInfo {
 Status flatten(const Graph& g, const Node* loop, std::vector<Entry>& tl, std::vector<LoopInfo>& loops) {
   for (auto& np : g.nodes()) {
     const Node& n = *np;
-    if (!n.regions.empty()) {
+    // A FusedKernel's body lives in registers: the node is planned as one step.
+    if (!n.regions.empty() && n.op != "FusedKernel") {
       if (n.op != "AccumulationLoop" || n.regions.size() != 1)
         return Status::error("memory plan: node '" + n.name + "' (" + n.op +
                              ") has a nested region; only AccumulationLoop regions are planned");

@@ -39,6 +39,8 @@ std::unique_ptr<Pass> make_grad_scaler_update_pass();
 /// Rematerialization (gradient checkpointing) after autodiff: option remat_policy
 /// none|blocks|sqrt|min-cut|budget, memory_budget in bytes (passes/remat.cpp).
 std::unique_ptr<Pass> make_remat_pass();
+/// passes/fusion.cpp: groups pointwise nodes into FusedKernel nodes (compiled backend).
+std::unique_ptr<Pass> make_fusion_pass();
 /// Casts every float initializer, input and Cast target to f64 (passes/to_float64.cpp).
 std::unique_ptr<Pass> make_to_float64_pass();
 

@@ -4,6 +4,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <omp.h>
+
 #include "ir/op_table.h"
 
 namespace kiln::runtime {
@@ -151,6 +153,36 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
   return Status::ok();
 }
 
+/// Runs a FusedKernel node through its generated kernel: outputs allocated, then the
+/// kernel's parallel dimension split across the OpenMP threads.
+Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env) {
+  std::vector<void*> bufs;
+  for (Value* v : n.inputs) {
+    auto it = env.find(v);
+    if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
+    bufs.push_back(const_cast<void*>(it->second.raw()));
+  }
+  std::vector<Tensor> outs;
+  for (Value* o : n.outputs) {
+    outs.emplace_back(o->dtype, o->shape.to_vector());
+    bufs.push_back(outs.back().raw());
+  }
+  void* const* args = bufs.data();
+  const int64_t extent = ck.parallel_dim < 0 ? 1 : ck.parallel_extent;
+  const int64_t work = extent * std::max<int64_t>(1, ck.work_per_index);
+  const int threads = omp_get_max_threads();
+  // About 32K domain points per chunk at least: smaller kernels run on one thread.
+  int64_t chunks = std::min<int64_t>({extent, static_cast<int64_t>(threads), std::max<int64_t>(1, work / 32768)});
+  if (chunks <= 1) {
+    ck.fn(args, 0, extent);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) ck.fn(args, c * extent / chunks, (c + 1) * extent / chunks);
+  }
+  for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(outs[k]);
+  return Status::ok();
+}
+
 Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts) {
   // Last use of each value (reads by nested regions count at their node), so its
   // buffer is released right after.
@@ -180,6 +212,8 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
           if (n.inputs[c2] == v) steal = false;
       }
       KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts));
+    } else if (const codegen::CpuKernel* ck = opts.program ? opts.program->find(&n) : nullptr) {
+      KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env));
     } else {
       std::vector<const Tensor*> ins;
       for (Value* v : n.inputs) {
@@ -249,6 +283,22 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
     if (v && env.count(v)) result[k] = env[v];
   }
   return result;
+}
+
+Status fused_kernel_eager(KernelContext& ctx) {
+  if (ctx.node.regions.size() != 1) return ctx.fail("FusedKernel has no body");
+  const Graph& body = *ctx.node.regions[0];
+  std::map<std::string, Tensor> feeds;
+  for (size_t i = 0; i < body.inputs.size() && i < ctx.inputs.size(); ++i)
+    if (ctx.inputs[i]) feeds[body.inputs[i]->name] = *ctx.inputs[i];
+  RunOptions ro;
+  ro.training = ctx.training;
+  ro.seed = ctx.seed;
+  ro.step = ctx.step;
+  auto outs = run_graph(body, feeds, ro);
+  if (!outs) return outs.status().with_context(ctx.node.name);
+  for (size_t i = 0; i < ctx.outputs.size(); ++i) ctx.outputs[i] = (*outs)[body.outputs[i]->name];
+  return Status::ok();
 }
 
 Status accumulation_loop_kernel(KernelContext& ctx) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/cpu/program.h"
 #include "ir/graph.h"
 #include "ir/op_table.h"
 #include "ir/status.h"
@@ -26,6 +27,10 @@ struct RunOptions {
   uint64_t step = 0;       ///< Philox offset base
   /// Names of values to keep and return besides the graph outputs (e.g. for debugging).
   std::vector<std::string> keep;
+  /// Compiled backend: generated kernels of the graph's FusedKernel nodes (built by
+  /// codegen::compile_graph_cpu on this same graph). Without it, fused nodes run their
+  /// bodies op by op (eager).
+  const codegen::CpuProgram* program = nullptr;
 };
 
 /// Runs `g` on `feeds` (graph input name -> tensor). Returns every graph output
@@ -42,6 +47,9 @@ Expected<std::vector<Tensor>> run_node(const ir::Node& n, const std::vector<cons
 /// Eager kernel of AccumulationLoop for run_node (a body without captured outer
 /// values); run_graph runs the loop itself so that carried buffers move, not copy.
 kiln::Status accumulation_loop_kernel(ir::KernelContext& ctx);
+
+/// Eager kernel of FusedKernel: runs the body op by op (the oracle of the generated kernel).
+kiln::Status fused_kernel_eager(ir::KernelContext& ctx);
 
 /// Checks a fed tensor against a graph input's dtype and static dims.
 kiln::Status check_feed(const ir::Value& input, const Tensor& t);

@@ -227,6 +227,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   ro.training = true;
   ro.seed = cfg_.seed;
   ro.step = static_cast<uint64_t>(global_step_);
+  ro.program = g_.train_program;
   auto outs = run_graph(*g_.train_step, feeds, ro);
   if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
   StepResult r;
@@ -274,6 +275,7 @@ Expected<std::map<std::string, double>> Trainer::evaluate() {
     ro.training = false;
     ro.seed = cfg_.seed;
     ro.step = static_cast<uint64_t>(global_step_);
+    ro.program = g_.eval_program;
     auto outs = run_graph(*eg, feeds, ro);
     if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
     loss_sum += scalar_of(*outs, "loss");

@@ -17,6 +17,10 @@
 #include <string>
 #include <vector>
 
+namespace kiln::codegen {
+struct CpuProgram;
+}
+
 #include "ir/graph.h"
 #include "ir/status.h"
 #include "ir/tensor.h"
@@ -35,6 +39,9 @@ struct TrainGraphs {
   std::vector<std::string> data_inputs;   ///< model inputs then the label input
   std::string label_input;                ///< "" for --loss model
   std::string logits_output;              ///< eval output holding logits (falls back to "logits")
+  /// --backend compiled: generated kernels of train_step's / eval's FusedKernel nodes (null: eager).
+  const codegen::CpuProgram* train_program = nullptr;
+  const codegen::CpuProgram* eval_program = nullptr;
 };
 
 /// Console and behaviour switches of a run (not part of the HF config).

@@ -14,6 +14,15 @@
 // The body may read values of the enclosing graph directly (loop invariants such
 // as parameters and their hoisted bf16 casts), as ONNX Loop/Scan bodies read outer
 // scope. The eager interpreter runs it (runtime/interpreter.cpp).
+//
+// FusedKernel (kiln-internal, one region "body", built by passes/fusion.cpp):
+//   inputs:  every value the group reads from outside (body input i <-> node input i)
+//   outputs: every group value used outside it (body output j <-> node output j)
+//   attrs:   kind ("pointwise": every body node is pointwise with one output shape,
+//            the kernel's iteration domain)
+//   The body is self-contained (no captures). The compiled backend runs it as one
+//   generated kernel (codegen/lower.h); the eager interpreter runs the body op by op,
+//   so a fused program still has the eager oracle.
 #include "ir/op_table.h"
 
 namespace kiln::ir {
@@ -65,6 +74,45 @@ void register_control_ops(OpTable& t) {
     return c;
   };
   t.add(d);
+
+  OpDef f = make_op(
+      "FusedKernel",
+      "kiln: a fused group of pointwise ops run as one generated kernel; the body region holds the original "
+      "nodes (body inputs = node inputs, body outputs = node outputs)",
+      0, 1 << 20,
+      [](InferContext& c) -> Status {
+        const Node& n = c.node;
+        if (n.regions.size() != 1) return c.fail("expects exactly one region (the body)");
+        const Graph& body = *n.regions[0];
+        if (body.inputs.size() != c.in.size())
+          return c.fail("body has " + std::to_string(body.inputs.size()) + " inputs, the node " +
+                        std::to_string(c.in.size()));
+        if (body.outputs.size() != c.out.size())
+          return c.fail("body has " + std::to_string(body.outputs.size()) + " outputs, the node " +
+                        std::to_string(c.out.size()));
+        for (size_t i = 0; i < c.in.size(); ++i)
+          if (c.in[i].dtype != body.inputs[i]->dtype)
+            return c.fail("input " + std::to_string(i) + " dtype differs from the body's");
+        for (size_t i = 0; i < c.out.size(); ++i) c.out[i] = {body.outputs[i]->dtype, body.outputs[i]->shape};
+        return Status::ok();
+      },
+      PrecisionPolicy::follow_inputs, FusionClass::opaque);
+  f.min_outputs = 1;
+  f.max_outputs = 1 << 20;
+  f.attrs = {{"kind", AttrKind::s, true}};
+  f.onnx = false;
+  f.cost = [](const Node& n) {
+    // Members' flops; bytes of the fused node's own inputs and outputs (intermediates stay in registers).
+    Cost c;
+    if (n.regions.empty()) return c;
+    for (auto& bn : n.regions[0]->nodes()) c.flops += node_cost(*bn).flops;
+    for (const Value* v : n.inputs)
+      if (v && v->shape.is_static()) c.bytes += static_cast<double>(v->shape.numel() * dtype_size(v->dtype));
+    for (const Value* v : n.outputs)
+      if (v->shape.is_static()) c.bytes += static_cast<double>(v->shape.numel() * dtype_size(v->dtype));
+    return c;
+  };
+  t.add(f);
 }
 
 }  // namespace kiln::ir

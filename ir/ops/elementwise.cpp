@@ -470,4 +470,200 @@ void register_elementwise_ops(OpTable& t) {
   }
 }
 
+// ---------------------------------------------------------------- scalar rules
+// Element rules for code generation (OpDef::scalar). Each reproduces its eager kernel
+// (runtime/kernels/elementwise.cpp) operation for operation, so that generated code
+// equals eager results bit for bit in f32: composite ops widen bf16/f16 inputs to f32,
+// compute, and round once at the end, as the eager kernels' compute_t does.
+namespace {
+
+using SB = ScalarBuilder;
+using Ref = SB::Ref;
+using SO = ScalarOp;
+
+/// Compute dtype of a storage dtype (eager compute_t): f32 for bf16/f16.
+DType compute_dtype(DType t) { return (t == DType::bf16 || t == DType::f16) ? DType::f32 : t; }
+Ref widen(SB& b, Ref r) {
+  DType c = compute_dtype(b.dtype(r));
+  return c == b.dtype(r) ? r : b.apply(SO::cast, {r}, c);
+}
+Ref narrow(SB& b, Ref r, DType to) { return b.dtype(r) == to ? r : b.apply(SO::cast, {r}, to); }
+
+/// y = op(x...) on the inputs' own dtype (the emitter rounds bf16/f16 once per op).
+ScalarFn direct(SO op, int arity, bool floats_only = false, bool bool_result = false) {
+  return [=](SB& b, std::vector<Ref>& out) -> Status {
+    std::vector<Ref> a;
+    for (int i = 0; i < arity; ++i) a.push_back(b.input(i));
+    DType dt = b.dtype(a[0]);
+    if (floats_only && !is_float(dt)) return Status::error("float only");
+    out = {b.apply(op, a, bool_result ? DType::boolean : dt)};
+    return Status::ok();
+  };
+}
+
+/// y = f(x) computed in the compute dtype of x (floats), rounded once to x's dtype.
+template <typename F>
+ScalarFn composite_unary(F f) {
+  return [f](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0);
+    DType dt = b.dtype(x);
+    if (!is_float(dt)) return Status::error("float only");
+    Ref xc = widen(b, x);
+    DType c = b.dtype(xc);
+    out = {narrow(b, f(b, xc, c), dt)};
+    return Status::ok();
+  };
+}
+
+}  // namespace
+
+void register_scalar_rules(OpTable& t) {
+  auto set = [&](const char* name, ScalarFn f) { t.find_mutable(name)->scalar = std::move(f); };
+  set("Add", direct(SO::add, 2));
+  set("Sub", direct(SO::sub, 2));
+  set("Mul", direct(SO::mul, 2));
+  set("Div", direct(SO::div, 2, /*floats_only=*/true));  // integer Div's 0 / -1 rules stay eager
+  set("Pow", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0), e = b.input(1);
+    DType dt = b.dtype(x);
+    if (!is_float(dt)) return Status::error("float only");
+    Ref xc = widen(b, x);
+    DType c = b.dtype(xc);
+    Ref ec = b.dtype(e) == c ? e : b.apply(SO::cast, {e}, c);
+    out = {narrow(b, b.apply(SO::pow, {xc, ec}, c), dt)};
+    return Status::ok();
+  });
+  set("Neg", direct(SO::neg, 1));
+  set("Abs", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0);
+    DType dt = b.dtype(x);
+    Ref lt0 = b.apply(SO::lt, {x, b.constant(0, dt)}, DType::boolean);
+    out = {b.apply(SO::select, {lt0, b.apply(SO::neg, {x}, dt), x}, dt)};
+    return Status::ok();
+  });
+  set("Relu", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0);
+    DType dt = b.dtype(x);
+    Ref zero = b.constant(0, dt);
+    out = {b.apply(SO::select, {b.apply(SO::lt, {x, zero}, DType::boolean), zero, x}, dt)};
+    return Status::ok();
+  });
+  set("Sqrt", direct(SO::sqrt, 1, true));
+  set("Exp", direct(SO::exp, 1, true));
+  set("Log", direct(SO::log, 1, true));
+  set("Tanh", direct(SO::tanh, 1, true));
+  set("Erf", direct(SO::erf, 1, true));
+  set("Sin", direct(SO::sin, 1, true));
+  set("Cos", direct(SO::cos, 1, true));
+  set("Reciprocal", composite_unary([](SB& b, Ref x, DType c) { return b.apply(SO::div, {b.constant(1, c), x}, c); }));
+  set("Sigmoid", composite_unary([](SB& b, Ref x, DType c) {
+        Ref one = b.constant(1, c);
+        Ref pos = b.apply(SO::div, {one, b.apply(SO::add, {one, b.apply(SO::exp, {b.apply(SO::neg, {x}, c)}, c)}, c)}, c);
+        Ref e = b.apply(SO::exp, {x}, c);
+        Ref neg = b.apply(SO::div, {e, b.apply(SO::add, {one, e}, c)}, c);
+        Ref ge0 = b.apply(SO::ge, {x, b.constant(0, c)}, DType::boolean);
+        return b.apply(SO::select, {ge0, pos, neg}, c);
+      }));
+  t.find_mutable("LeakyRelu")->scalar = [](SB& b, std::vector<Ref>& out) -> Status {
+    const double alpha = b.node().attrs.get_float("alpha", 0.01);
+    return composite_unary([alpha](SB& b, Ref x, DType c) {
+      Ref lt0 = b.apply(SO::lt, {x, b.constant(0, c)}, DType::boolean);
+      return b.apply(SO::select, {lt0, b.apply(SO::mul, {b.constant(alpha, c), x}, c), x}, c);
+    })(b, out);
+  };
+  set("Gelu", [](SB& b, std::vector<Ref>& out) -> Status {
+    const std::string approx = b.node().attrs.get_string("approximate", "none");
+    if (approx != "none" && approx != "tanh") return Status::error("approximate must be none or tanh");
+    return composite_unary([approx](SB& b, Ref x, DType c) {
+      auto k = [&](double v) { return b.constant(v, c); };
+      auto mul = [&](Ref p, Ref q) { return b.apply(SO::mul, {p, q}, c); };
+      auto add = [&](Ref p, Ref q) { return b.apply(SO::add, {p, q}, c); };
+      if (approx == "tanh") {  // 0.5 x (1 + tanh(k (x + 0.044715 x^3)))
+        Ref cube = mul(mul(mul(k(0.044715), x), x), x);
+        Ref th = b.apply(SO::tanh, {mul(k(M_SQRT2 * M_2_SQRTPI * 0.5), add(x, cube))}, c);
+        return mul(mul(k(0.5), x), add(k(1), th));
+      }
+      Ref er = b.apply(SO::erf, {mul(x, k(M_SQRT1_2))}, c);  // 0.5 x (1 + erf(x / sqrt 2))
+      return mul(mul(k(0.5), x), add(k(1), er));
+    })(b, out);
+  });
+  set("GeluGrad", [](SB& b, std::vector<Ref>& out) -> Status {
+    const bool tanh_approx = b.node().attrs.get_string("approximate", "none") == "tanh";
+    Ref dy0 = b.input(0), x0 = b.input(1);
+    DType dt = b.dtype(dy0);
+    if (!is_float(dt) || b.dtype(x0) != dt) return Status::error("float inputs of one dtype only");
+    Ref x = widen(b, x0), dy = widen(b, dy0);
+    DType c = b.dtype(x);
+    auto k = [&](double v) { return b.constant(v, c); };
+    auto mul = [&](Ref p, Ref q) { return b.apply(SO::mul, {p, q}, c); };
+    auto add = [&](Ref p, Ref q) { return b.apply(SO::add, {p, q}, c); };
+    auto sub = [&](Ref p, Ref q) { return b.apply(SO::sub, {p, q}, c); };
+    Ref d;
+    if (tanh_approx) {
+      Ref beta = k(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = k(0.044715);
+      Ref inner = mul(beta, add(x, mul(mul(mul(kappa, x), x), x)));
+      Ref th = b.apply(SO::tanh, {inner}, c);
+      Ref left = mul(k(0.5), add(k(1), th));
+      Ref right = mul(mul(mul(mul(k(0.5), x), sub(k(1), mul(th, th))), beta),
+                      add(k(1), mul(mul(mul(k(3), kappa), x), x)));
+      d = add(left, right);
+    } else {
+      Ref cdf = mul(k(0.5), add(k(1), b.apply(SO::erf, {mul(x, k(M_SQRT1_2))}, c)));
+      Ref pdf = mul(b.apply(SO::exp, {mul(mul(k(-0.5), x), x)}, c), k(M_2_SQRTPI * M_SQRT1_2 * 0.5));
+      d = add(cdf, mul(x, pdf));
+    }
+    out = {narrow(b, mul(dy, d), dt)};
+    return Status::ok();
+  });
+  set("Clip", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0);
+    DType dt = b.dtype(x);
+    if (!is_float(dt)) return Status::error("float only");
+    const Attributes& at = b.node().attrs;
+    Ref xc = widen(b, x);
+    DType c = b.dtype(xc);
+    Ref r = xc;
+    Ref lo = b.has_input(1) ? widen(b, b.input(1)) : (at.has("min") ? b.constant(at.get_float("min", 0), c) : -1);
+    Ref hi = b.has_input(2) ? widen(b, b.input(2)) : (at.has("max") ? b.constant(at.get_float("max", 0), c) : -1);
+    if (lo >= 0) r = b.apply(SO::select, {b.apply(SO::lt, {r, lo}, DType::boolean), lo, r}, c);
+    if (hi >= 0) r = b.apply(SO::select, {b.apply(SO::gt, {r, hi}, DType::boolean), hi, r}, c);
+    out = {narrow(b, r, dt)};
+    return Status::ok();
+  });
+  for (auto [name, op] : {std::pair{"Max", SO::max}, std::pair{"Min", SO::min}}) {
+    SO o = op;
+    set(name, [o](SB& b, std::vector<Ref>& out) -> Status {
+      const int n = b.node().num_inputs();
+      Ref acc = b.input(0);
+      for (int i = 1; i < n; ++i) acc = b.apply(o, {acc, b.input(i)}, b.dtype(acc));
+      out = {acc};
+      return Status::ok();
+    });
+  }
+  set("Where", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(1);
+    out = {b.apply(SO::select, {b.input(0), x, b.input(2)}, b.dtype(x))};
+    return Status::ok();
+  });
+  set("Equal", direct(SO::eq, 2, false, true));
+  set("Less", direct(SO::lt, 2, false, true));
+  set("LessOrEqual", direct(SO::le, 2, false, true));
+  set("Greater", direct(SO::gt, 2, false, true));
+  set("GreaterOrEqual", direct(SO::ge, 2, false, true));
+  set("And", direct(SO::logical_and, 2, false, true));
+  set("Or", direct(SO::logical_or, 2, false, true));
+  set("Xor", direct(SO::logical_xor, 2, false, true));
+  set("Not", direct(SO::logical_not, 1, false, true));
+  auto cast_rule = [](SB& b, std::vector<Ref>& out) -> Status {
+    const Node& n = b.node();
+    DType to = n.outputs[0]->dtype;
+    if (to == DType::undefined || to == DType::boolean) return Status::error("not generated: cast to bool stays eager");
+    Ref x = b.input(0);
+    out = {b.dtype(x) == to ? x : b.apply(SO::cast, {x}, to)};
+    return Status::ok();
+  };
+  set("Cast", cast_rule);
+  set("CastLike", cast_rule);
+}
+
 }  // namespace kiln::ir

@@ -183,6 +183,7 @@ void register_reduction_ops(OpTable& t) {
   // ReduceSum-13 takes axes only as an input; the attribute is accepted too (ReduceSum-11 models).
   t.add(reduce_def("ReduceSum", "Sum over axes (ONNX ReduceSum-13: axes input, keepdims, noop_with_empty_axes)", false,
                    PrecisionPolicy::fp32, grad_sum_or_mean(false)));
+  t.find_mutable("ReduceSum")->reduce_combine = ScalarOp::add;
   t.add(reduce_def("ReduceMean", "Mean over axes (ONNX ReduceMean-13 axes attribute / -18 axes input)", false,
                    PrecisionPolicy::fp32, grad_sum_or_mean(true)));
   t.add(reduce_def("ReduceMax", "Max over axes (ONNX ReduceMax-13 axes attribute / -18 axes input)", false,

@@ -52,12 +52,16 @@ inline ir::Tensor squeeze0(const ir::Tensor& t) {
 /// Losses of `steps` training steps of `prog`'s train_step from its initial state; step
 /// i reads batch i of `xs`/`ys` ([steps, B, ...] arrays); float data is cast to f64 for
 /// a float64 program. A failed step is a test failure and ends the list early.
+/// `final_state` (optional) receives the state after the last step. The program's
+/// generated kernels (--backend compiled) are used when it has them.
 inline std::vector<double> trajectory_losses(const driver::TrainingProgram& prog, const ir::Tensor& xs,
-                                             const ir::Tensor& ys, int64_t steps, bool f64 = false) {
+                                             const ir::Tensor& ys, int64_t steps, bool f64 = false,
+                                             std::map<std::string, ir::Tensor>* final_state = nullptr) {
   std::vector<double> losses;
   auto state = initial_state(*prog.train_step);
   runtime::RunOptions ro;
   ro.training = true;
+  ro.program = prog.train_kernels.get();
   for (int64_t i = 0; i < steps; ++i) {
     auto feeds = state;
     ir::Tensor xi = squeeze0(slice_rows(xs, i, 1));
@@ -73,6 +77,7 @@ inline std::vector<double> trajectory_losses(const driver::TrainingProgram& prog
     losses.push_back((*out)["loss"].get_f64(0));
     for (auto& sb : prog.train_step->state) state[sb.input->name] = (*out)[sb.output->name];
   }
+  if (final_state) *final_state = state;
   return losses;
 }
 

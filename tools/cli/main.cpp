@@ -174,7 +174,8 @@ runtime::DataOptions data_options(const TrainConfig& cfg) {
 }
 
 runtime::TrainGraphs graphs_of(const driver::TrainingProgram& p) {
-  return {p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output};
+  return {p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output,
+          p.train_kernels.get(), p.eval_kernels.get()};
 }
 
 std::vector<runtime::DataInputSpec> program_specs(const ir::Graph& g, const std::vector<std::string>& names) {

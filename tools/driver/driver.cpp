@@ -183,7 +183,13 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   std::vector<std::string> opt_pipe = {"optimizer", "accumulation", "canonicalize"};
   if (cfg.fp16) opt_pipe.insert(opt_pipe.begin() + 1, "grad_scaler_update");
   KILN_RETURN_IF_ERROR(run_passes(*train, opt_pipe, dbg, train_opts));
+  // --backend compiled: pointwise groups become FusedKernel nodes, then generated code.
+  const bool compiled = cfg.backend == "compiled";
+  if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, {"fusion"}, dbg, train_opts));
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
+  if (compiled) {
+    KILN_ASSIGN_OR_RETURN(prog.train_kernels, codegen::compile_graph_cpu(*train));
+  }
   prog.train_step = std::move(train);
 
   // Evaluation: forward + loss in inference mode, parameters as inputs.
@@ -192,7 +198,11 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   eval_opts["mode"] = "eval";
   std::vector<std::string> eval_pipe = fwd;
   eval_pipe.push_back("canonicalize");
+  if (compiled) eval_pipe.push_back("fusion");
   KILN_RETURN_IF_ERROR(run_passes(*eval, eval_pipe, nullptr, eval_opts));
+  if (compiled) {
+    KILN_ASSIGN_OR_RETURN(prog.eval_kernels, codegen::compile_graph_cpu(*eval));
+  }
   prog.eval = std::move(eval);
   return prog;
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/cpu/program.h"
 #include "ir/graph.h"
 #include "ir/status.h"
 #include "passes/pass.h"
@@ -44,6 +45,9 @@ struct TrainingProgram {
   std::string label_input;                ///< empty for --loss model
   std::string logits_output;              ///< model output the loss reads
   std::vector<std::string> parameters;    ///< trainable parameter names, in initializer order
+  /// --backend compiled: the fusion pass ran on train_step and eval, and these hold their
+  /// generated kernels (codegen/cpu/program.h); null for --backend eager.
+  std::shared_ptr<codegen::CpuProgram> train_kernels, eval_kernels;
 };
 
 /// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule).

@@ -1,0 +1,748 @@
+// CPU code generation: kernel IR -> LLVM IR (llvm-16) -> ORC LLJIT machine code for the host.
+//
+// Numerics (must match the eager kernels, runtime/kernels/elementwise.cpp and reduction.cpp):
+//  * f32 in float, f64 in double, integers in their own width (u8 unsigned), bool as i1
+//    in registers and one byte 0/1 in memory.
+//  * bf16/f16 values live in registers as f32 already rounded to the storage precision:
+//    loads widen, every op whose dtype is bf16/f16 rounds its f32 result (bf16 by bit ops,
+//    RNE with NaN kept quiet exactly as ir::f32_to_bf16; f16 through fptrunc/fpext half),
+//    stores narrow.
+//  * No fast-math flags on pointwise code (bit-equal to the eager f32 kernels) nor on
+//    f32-family sums (below); only integer-free f64 row sums carry `reassoc`.
+//  * max/min: NaN if either operand is NaN, else std::max/std::min; float->int casts
+//    truncate toward zero, saturate, NaN -> 0 (llvm.fpto[su]i.sat = ONNX Cast as eager);
+//    integer div truncates, x/0 = 0, x/-1 = -x; integer pow by squaring (kiln_cpu_ipow).
+//  * Transcendentals: llvm.exp/log/sin/cos/pow intrinsics (lowered to libm expf, ...) and
+//    libm erff/tanhf (erf/tanh for f64), resolved from the process by the JIT.
+//  * Float sums accumulate in double in index order, like the eager ReduceSum, so
+//    generated and eager sums are bit-identical; max and integer sums in the register
+//    type; starting from 0 (sum) or -inf/lowest (max), stored once.
+//
+// Schedule (after collapse_dims): pointwise kernels run dim 0 over [begin, end) and the
+// other dims as nested loops (innermost unit-stride for the vectorizer). Reductions
+// parallelize over the outermost kept dim; if the innermost dim is reduced ("row" mode)
+// each output element accumulates in a register over all reduced dims; if the innermost
+// dim is kept ("column" mode) it is processed in tiles of kTile elements with a stack
+// array of accumulators, reduced dims outside and the tile loop inside (unit stride;
+// no reassoc there: each output sums in index order, bit-equal to the reference).
+#include "codegen/cpu/llvm_cpu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "llvm/Analysis/TargetTransformInfo.h"
+#include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
+#include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
+#include "llvm/ExecutionEngine/Orc/LLJIT.h"
+#include "llvm/ExecutionEngine/Orc/ThreadSafeModule.h"
+#include "llvm/IR/IRBuilder.h"
+#include "llvm/IR/Intrinsics.h"
+#include "llvm/IR/LLVMContext.h"
+#include "llvm/IR/Module.h"
+#include "llvm/IR/Verifier.h"
+#include "llvm/Passes/PassBuilder.h"
+#include "llvm/Support/TargetSelect.h"
+#include "llvm/Support/raw_ostream.h"
+#include "llvm/Target/TargetMachine.h"
+#include "llvm/TargetParser/Host.h"
+
+/// Integer power by squaring with ONNX/numpy negative exponents (as the eager Pow kernel);
+/// called by generated code for integer pow (the result is truncated to the dtype's width).
+extern "C" int64_t kiln_cpu_ipow(int64_t base, int64_t e) {
+  if (e < 0) {
+    if (base == 1) return 1;
+    if (base == -1) return (e % 2) ? -1 : 1;
+    return 0;
+  }
+  uint64_t r = 1, b = static_cast<uint64_t>(base);
+  while (e) {
+    if (e & 1) r *= b;
+    b *= b;
+    e >>= 1;
+  }
+  return static_cast<int64_t>(r);
+}
+
+namespace kiln::codegen {
+
+using ir::DType;
+using ir::ScalarOp;
+
+namespace {
+
+constexpr int64_t kTile = 256;  // column-mode accumulator tile (elements)
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string llvm_error(llvm::Error e) { return llvm::toString(std::move(e)); }
+
+void init_native_target() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+  });
+}
+
+std::string host_features_string() {
+  llvm::StringMap<bool> feats;
+  std::set<std::string> sorted;
+  if (llvm::sys::getHostCPUFeatures(feats))
+    for (const auto& f : feats) sorted.insert((f.second ? "+" : "-") + f.first().str());
+  std::string s;
+  for (const auto& f : sorted) s += (s.empty() ? "" : ",") + f;
+  return s;
+}
+
+bool is_unsigned(DType t) { return t == DType::u8 || t == DType::boolean; }
+
+/// Emits the LLVM function of one (collapsed) kernel.
+class KernelEmitter {
+ public:
+  KernelEmitter(llvm::Module& m, const Kernel& k, const std::string& cpu, const std::string& feats)
+      : C_(m.getContext()), M_(m), k_(k), B_(m.getContext()), cpu_(cpu), feats_(feats) {}
+
+  /// Emits the function and returns the schedule (fn left null).
+  CpuKernel emit() {
+    i64_ = B_.getInt64Ty();
+    auto* ptr = llvm::PointerType::getUnqual(C_);
+    auto* fty = llvm::FunctionType::get(B_.getVoidTy(), {ptr, i64_, i64_}, false);
+    F_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, k_.name, M_);
+    F_->addFnAttr(llvm::Attribute::NoUnwind);
+    if (!cpu_.empty()) F_->addFnAttr("target-cpu", cpu_);
+    if (!feats_.empty()) F_->addFnAttr("target-features", feats_);
+    auto arg = F_->arg_begin();
+    llvm::Value* buffers = &*arg++;
+    begin_ = &*arg++;
+    end_ = &*arg;
+    buffers->setName("buffers");
+    begin_->setName("begin");
+    end_->setName("end");
+    entry_ = llvm::BasicBlock::Create(C_, "entry", F_);
+    B_.SetInsertPoint(entry_);
+    for (size_t p = 0; p < k_.params.size(); ++p) {
+      llvm::Value* slot = B_.CreateConstInBoundsGEP1_64(ptr, buffers, p);
+      base_.push_back(B_.CreateLoad(ptr, slot, "p" + std::to_string(p)));
+    }
+    CpuKernel ck;
+    ck.name = k_.name;
+    const int n = static_cast<int>(k_.domain.size());
+    std::vector<int> kept, red;
+    for (int d = 0; d < n; ++d) (k_.has_reduction() && k_.reduced[d] ? red : kept).push_back(d);
+    std::vector<llvm::Value*> idx(n, nullptr);
+    if (!k_.has_reduction()) {
+      if (n == 0) {
+        guard_once([&] { store_point(idx); });
+      } else {
+        ck.parallel_dim = 0;
+        ck.parallel_extent = k_.domain[0];
+        pointwise_loops(0, idx);
+      }
+    } else {
+      if (!kept.empty()) {
+        ck.parallel_dim = kept[0];
+        ck.parallel_extent = k_.domain[kept[0]];
+      }
+      const bool column = !kept.empty() && kept.back() == n - 1;
+      auto body = [&] {
+        if (column) column_tiles(kept, red, idx);
+        else kept_loops(kept, 0, red, idx, false);
+      };
+      if (kept.empty()) guard_once(body);
+      else if (column && kept.size() == 1) column_tiles(kept, red, idx);
+      else kept_loops(kept, 0, red, idx, column);
+    }
+    B_.CreateRetVoid();
+    const int64_t total = k_.domain_size();
+    ck.work_per_index = ck.parallel_extent > 0 ? std::max<int64_t>(1, total / ck.parallel_extent) : 1;
+    return ck;
+  }
+
+ private:
+  // ---- types and constants
+  llvm::Type* reg_type(DType t) {
+    switch (t) {
+      case DType::f64: return B_.getDoubleTy();
+      case DType::f32: case DType::bf16: case DType::f16: return B_.getFloatTy();
+      case DType::i64: return i64_;
+      case DType::i32: return B_.getInt32Ty();
+      case DType::boolean: return B_.getInt1Ty();
+      default: return B_.getInt8Ty();
+    }
+  }
+  llvm::Type* mem_type(DType t) {
+    switch (t) {
+      case DType::bf16: case DType::f16: return B_.getInt16Ty();
+      case DType::boolean: return B_.getInt8Ty();
+      default: return reg_type(t);
+    }
+  }
+  llvm::Value* i64c(int64_t v) { return B_.getInt64(static_cast<uint64_t>(v)); }
+
+  llvm::Value* constant(DType t, double v) {
+    switch (t) {
+      case DType::f64: return llvm::ConstantFP::get(B_.getDoubleTy(), v);
+      case DType::f32: return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v));
+      case DType::bf16: return llvm::ConstantFP::get(B_.getFloatTy(), ir::bf16_to_f32(ir::f32_to_bf16(static_cast<float>(v))));
+      case DType::f16: return llvm::ConstantFP::get(B_.getFloatTy(), ir::f16_to_f32(ir::f32_to_f16(static_cast<float>(v))));
+      case DType::boolean: return B_.getInt1(v != 0);
+      default: return llvm::ConstantInt::get(reg_type(t), static_cast<uint64_t>(static_cast<int64_t>(v)), true);
+    }
+  }
+
+  // ---- bf16 / f16
+  /// f32 -> bits of the bf16-rounded value in the upper half of an i32 (RNE, NaN quiet).
+  llvm::Value* bf16_bits(llvm::Value* f) {
+    auto* i32 = B_.getInt32Ty();
+    llvm::Value* u = B_.CreateBitCast(f, i32);
+    llvm::Value* isnan = B_.CreateICmpUGT(B_.CreateAnd(u, 0x7fffffffu), llvm::ConstantInt::get(i32, 0x7f800000u));
+    llvm::Value* lsb = B_.CreateAnd(B_.CreateLShr(u, 16), 1u);
+    llvm::Value* r = B_.CreateAnd(B_.CreateAdd(B_.CreateAdd(u, llvm::ConstantInt::get(i32, 0x7fffu)), lsb),
+                                  llvm::ConstantInt::get(i32, 0xffff0000u));
+    llvm::Value* q = B_.CreateAnd(B_.CreateOr(u, llvm::ConstantInt::get(i32, 0x00400000u)),
+                                  llvm::ConstantInt::get(i32, 0xffff0000u));
+    return B_.CreateSelect(isnan, q, r);
+  }
+  /// Rounds an f32 register value to dtype t's precision (no-op for f32/f64).
+  llvm::Value* round_to(DType t, llvm::Value* f) {
+    if (t == DType::bf16) return B_.CreateBitCast(bf16_bits(f), B_.getFloatTy());
+    if (t == DType::f16) return B_.CreateFPExt(B_.CreateFPTrunc(f, B_.getHalfTy()), B_.getFloatTy());
+    return f;
+  }
+
+  // ---- memory
+  llvm::Value* address(int p, const std::vector<llvm::Value*>& idx) {
+    const KernelParam& kp = k_.params[p];
+    llvm::Value* off = i64c(kp.offset);
+    for (size_t d = 0; d < idx.size(); ++d)
+      if (idx[d] && kp.strides[d] != 0)
+        off = B_.CreateNSWAdd(off, kp.strides[d] == 1 ? idx[d] : B_.CreateNSWMul(idx[d], i64c(kp.strides[d])));
+    return B_.CreateInBoundsGEP(mem_type(kp.dtype), base_[p], off);
+  }
+  llvm::Value* load(int p, const std::vector<llvm::Value*>& idx) {
+    const DType t = k_.params[p].dtype;
+    llvm::Value* v = B_.CreateLoad(mem_type(t), address(p, idx));
+    switch (t) {
+      case DType::bf16:
+        return B_.CreateBitCast(B_.CreateShl(B_.CreateZExt(v, B_.getInt32Ty()), 16), B_.getFloatTy());
+      case DType::f16: return B_.CreateFPExt(B_.CreateBitCast(v, B_.getHalfTy()), B_.getFloatTy());
+      case DType::boolean: return B_.CreateICmpNE(v, B_.getInt8(0));
+      default: return v;
+    }
+  }
+  void store(int p, const std::vector<llvm::Value*>& idx, llvm::Value* v) {
+    const DType t = k_.params[p].dtype;
+    switch (t) {
+      case DType::bf16: v = B_.CreateTrunc(B_.CreateLShr(bf16_bits(v), 16), B_.getInt16Ty()); break;
+      case DType::f16: v = B_.CreateBitCast(B_.CreateFPTrunc(v, B_.getHalfTy()), B_.getInt16Ty()); break;
+      case DType::boolean: v = B_.CreateZExt(v, B_.getInt8Ty()); break;
+      default: break;
+    }
+    B_.CreateStore(v, address(p, idx));
+  }
+
+  // ---- expressions
+  llvm::Value* intrinsic(llvm::Intrinsic::ID id, std::vector<llvm::Value*> args) {
+    llvm::Function* f = llvm::Intrinsic::getDeclaration(&M_, id, {args[0]->getType()});
+    return B_.CreateCall(f, args);
+  }
+  llvm::Value* libm(const std::string& name32, const std::string& name64, llvm::Value* x) {
+    const bool dbl = x->getType()->isDoubleTy();
+    auto* fty = llvm::FunctionType::get(x->getType(), {x->getType()}, false);
+    llvm::FunctionCallee callee = M_.getOrInsertFunction(dbl ? name64 : name32, fty);
+    if (auto* f = llvm::dyn_cast<llvm::Function>(callee.getCallee())) {
+      f->setDoesNotAccessMemory();
+      f->setDoesNotThrow();
+      f->setWillReturn();
+    }
+    return B_.CreateCall(callee, {x});
+  }
+  llvm::Value* qnan(llvm::Type* t) { return llvm::ConstantFP::getQNaN(t); }
+
+  llvm::Value* float_op(ScalarOp op, DType t, llvm::Value* x, llvm::Value* y) {
+    llvm::Value* r = nullptr;
+    switch (op) {
+      case ScalarOp::add: r = B_.CreateFAdd(x, y); break;
+      case ScalarOp::sub: r = B_.CreateFSub(x, y); break;
+      case ScalarOp::mul: r = B_.CreateFMul(x, y); break;
+      case ScalarOp::div: r = B_.CreateFDiv(x, y); break;
+      case ScalarOp::pow: r = intrinsic(llvm::Intrinsic::pow, {x, y}); break;
+      case ScalarOp::max:
+      case ScalarOp::min: {
+        llvm::Value* nan = B_.CreateFCmpUNO(x, y);
+        llvm::Value* take_y = op == ScalarOp::max ? B_.CreateFCmpOLT(x, y) : B_.CreateFCmpOLT(y, x);
+        r = B_.CreateSelect(nan, qnan(x->getType()), B_.CreateSelect(take_y, y, x));
+        break;
+      }
+      case ScalarOp::neg: r = B_.CreateFNeg(x); break;
+      case ScalarOp::abs:
+        r = B_.CreateSelect(B_.CreateFCmpOLT(x, llvm::ConstantFP::get(x->getType(), 0.0)), B_.CreateFNeg(x), x);
+        break;
+      case ScalarOp::exp: r = intrinsic(llvm::Intrinsic::exp, {x}); break;
+      case ScalarOp::log: r = intrinsic(llvm::Intrinsic::log, {x}); break;
+      case ScalarOp::sqrt: r = intrinsic(llvm::Intrinsic::sqrt, {x}); break;
+      case ScalarOp::sin: r = intrinsic(llvm::Intrinsic::sin, {x}); break;
+      case ScalarOp::cos: r = intrinsic(llvm::Intrinsic::cos, {x}); break;
+      case ScalarOp::floor: r = intrinsic(llvm::Intrinsic::floor, {x}); break;
+      case ScalarOp::erf: r = libm("erff", "erf", x); break;
+      case ScalarOp::tanh: r = libm("tanhf", "tanh", x); break;
+      default: r = x; break;
+    }
+    return round_to(t, r);
+  }
+
+  llvm::Value* int_op(ScalarOp op, DType t, llvm::Value* x, llvm::Value* y) {
+    const bool u = is_unsigned(t);
+    llvm::Type* ty = x->getType();
+    llvm::Value* zero = llvm::ConstantInt::get(ty, 0);
+    switch (op) {
+      case ScalarOp::add: return B_.CreateAdd(x, y);
+      case ScalarOp::sub: return B_.CreateSub(x, y);
+      case ScalarOp::mul: return B_.CreateMul(x, y);
+      case ScalarOp::div: {
+        llvm::Value* yz = B_.CreateICmpEQ(y, zero);
+        if (u) {
+          llvm::Value* q = B_.CreateUDiv(x, B_.CreateSelect(yz, llvm::ConstantInt::get(ty, 1), y));
+          return B_.CreateSelect(yz, zero, q);
+        }
+        llvm::Value* ym1 = B_.CreateICmpEQ(y, llvm::ConstantInt::getSigned(ty, -1));
+        llvm::Value* safe = B_.CreateSelect(B_.CreateOr(yz, ym1), llvm::ConstantInt::get(ty, 1), y);
+        llvm::Value* q = B_.CreateSDiv(x, safe);
+        return B_.CreateSelect(yz, zero, B_.CreateSelect(ym1, B_.CreateSub(zero, x), q));
+      }
+      case ScalarOp::pow: {
+        auto* fty = llvm::FunctionType::get(i64_, {i64_, i64_}, false);
+        llvm::FunctionCallee f = M_.getOrInsertFunction("kiln_cpu_ipow", fty);
+        if (auto* fn = llvm::dyn_cast<llvm::Function>(f.getCallee())) {
+          fn->setDoesNotAccessMemory();
+          fn->setDoesNotThrow();
+          fn->setWillReturn();
+        }
+        llvm::Value* r = B_.CreateCall(f, {B_.CreateIntCast(x, i64_, !u), B_.CreateIntCast(y, i64_, !u)});
+        return B_.CreateTrunc(r, ty);
+      }
+      case ScalarOp::max:
+        return B_.CreateSelect(u ? B_.CreateICmpUGT(y, x) : B_.CreateICmpSGT(y, x), y, x);
+      case ScalarOp::min:
+        return B_.CreateSelect(u ? B_.CreateICmpULT(y, x) : B_.CreateICmpSLT(y, x), y, x);
+      case ScalarOp::neg: return B_.CreateSub(zero, x);
+      case ScalarOp::abs:
+        if (u) return x;
+        return B_.CreateSelect(B_.CreateICmpSLT(x, zero), B_.CreateSub(zero, x), x);
+      default: return x;
+    }
+  }
+
+  llvm::Value* compare(ScalarOp op, DType t, llvm::Value* x, llvm::Value* y) {
+    if (ir::is_float(t)) {
+      switch (op) {
+        case ScalarOp::lt: return B_.CreateFCmpOLT(x, y);
+        case ScalarOp::le: return B_.CreateFCmpOLE(x, y);
+        case ScalarOp::gt: return B_.CreateFCmpOGT(x, y);
+        case ScalarOp::ge: return B_.CreateFCmpOGE(x, y);
+        default: return B_.CreateFCmpOEQ(x, y);
+      }
+    }
+    const bool u = is_unsigned(t);
+    switch (op) {
+      case ScalarOp::lt: return u ? B_.CreateICmpULT(x, y) : B_.CreateICmpSLT(x, y);
+      case ScalarOp::le: return u ? B_.CreateICmpULE(x, y) : B_.CreateICmpSLE(x, y);
+      case ScalarOp::gt: return u ? B_.CreateICmpUGT(x, y) : B_.CreateICmpSGT(x, y);
+      case ScalarOp::ge: return u ? B_.CreateICmpUGE(x, y) : B_.CreateICmpSGE(x, y);
+      default: return B_.CreateICmpEQ(x, y);
+    }
+  }
+
+  /// ONNX Cast from `from` to `to` (as runtime/kernels/util.h convert()).
+  llvm::Value* cast(DType from, DType to, llvm::Value* x) {
+    if (from == to) return x;
+    llvm::Type* rt = reg_type(to);
+    const bool ff = ir::is_float(from);
+    if (to == DType::boolean)
+      return ff ? B_.CreateFCmpUNE(x, llvm::ConstantFP::get(x->getType(), 0.0))
+                : B_.CreateICmpNE(x, llvm::ConstantInt::get(x->getType(), 0));
+    if (ir::is_float(to)) {
+      llvm::Value* r;
+      if (ff) r = B_.CreateFPCast(x, rt);
+      else r = is_unsigned(from) ? B_.CreateUIToFP(x, rt) : B_.CreateSIToFP(x, rt);
+      return round_to(to, r);
+    }
+    if (ff) {
+      const auto id = is_unsigned(to) ? llvm::Intrinsic::fptoui_sat : llvm::Intrinsic::fptosi_sat;
+      llvm::Function* f = llvm::Intrinsic::getDeclaration(&M_, id, {rt, x->getType()});
+      return B_.CreateCall(f, {x});
+    }
+    return B_.CreateIntCast(x, rt, !is_unsigned(from));
+  }
+
+  std::vector<llvm::Value*> eval(const std::vector<llvm::Value*>& idx) {
+    std::vector<llvm::Value*> v(k_.exprs.size(), nullptr);
+    for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      const KExpr& e = k_.exprs[i];
+      if (e.kind == KExpr::Kind::load) {
+        v[i] = load(e.param, idx);
+        continue;
+      }
+      if (e.kind == KExpr::Kind::constant) {
+        v[i] = constant(e.dtype, e.value);
+        continue;
+      }
+      auto a = [&](int j) { return v[e.args[j]]; };
+      auto adt = [&](int j) { return k_.exprs[e.args[j]].dtype; };
+      switch (e.op) {
+        case ScalarOp::lt: case ScalarOp::le: case ScalarOp::gt: case ScalarOp::ge: case ScalarOp::eq:
+          v[i] = compare(e.op, adt(0), a(0), a(1));
+          break;
+        case ScalarOp::logical_and: v[i] = B_.CreateAnd(a(0), a(1)); break;
+        case ScalarOp::logical_or: v[i] = B_.CreateOr(a(0), a(1)); break;
+        case ScalarOp::logical_xor: v[i] = B_.CreateXor(a(0), a(1)); break;
+        case ScalarOp::logical_not: v[i] = B_.CreateNot(a(0)); break;
+        case ScalarOp::select: v[i] = B_.CreateSelect(a(0), a(1), a(2)); break;
+        case ScalarOp::cast: v[i] = cast(adt(0), e.dtype, a(0)); break;
+        default: {
+          llvm::Value* y = e.args.size() > 1 ? a(1) : nullptr;
+          v[i] = ir::is_float(e.dtype) ? float_op(e.op, e.dtype, a(0), y) : int_op(e.op, e.dtype, a(0), y);
+        }
+      }
+    }
+    return v;
+  }
+
+  // ---- reductions
+  /// Accumulator type of a store: float sums accumulate in double, as the eager
+  /// ReduceSum does (same order, so the sums are bit-identical); else the register type.
+  llvm::Type* acc_type(const KStore& s) {
+    llvm::Type* ty = reg_type(k_.params[s.param].dtype);
+    return (s.reduce == ReduceKind::sum && ty->isFloatingPointTy()) ? B_.getDoubleTy() : ty;
+  }
+  /// An accumulator converted back to the register type of the store's output.
+  llvm::Value* acc_result(const KStore& s, llvm::Value* acc) {
+    llvm::Type* ty = reg_type(k_.params[s.param].dtype);
+    return acc->getType() == ty ? acc : B_.CreateFPTrunc(acc, ty);
+  }
+  llvm::Value* reduce_init(const KStore& s) {
+    const DType t = k_.params[s.param].dtype;
+    llvm::Type* ty = acc_type(s);
+    if (s.reduce == ReduceKind::sum)
+      return ty->isFloatingPointTy() ? llvm::ConstantFP::get(ty, 0.0) : llvm::ConstantInt::get(ty, 0);
+    if (ty->isFloatingPointTy()) return llvm::ConstantFP::getInfinity(ty, true);
+    if (is_unsigned(t)) return llvm::ConstantInt::get(ty, 0);
+    return llvm::ConstantInt::get(ty, llvm::APInt::getSignedMinValue(ty->getIntegerBitWidth()));
+  }
+  /// acc (+ or max) v; `reassoc` marks a float sum reassociable (row mode, so it vectorizes).
+  llvm::Value* reduce_step(const KStore& s, llvm::Value* acc, llvm::Value* v, bool reassoc) {
+    const DType t = k_.params[s.param].dtype;
+    if (s.reduce == ReduceKind::sum) {
+      if (!acc->getType()->isFloatingPointTy()) return B_.CreateAdd(acc, v);
+      if (v->getType() != acc->getType()) v = B_.CreateFPExt(v, acc->getType());
+      llvm::Value* r = B_.CreateFAdd(acc, v);
+      if (reassoc) {
+        llvm::FastMathFlags fmf;
+        fmf.setAllowReassoc();
+        llvm::cast<llvm::Instruction>(r)->setFastMathFlags(fmf);
+      }
+      return r;
+    }
+    if (acc->getType()->isFloatingPointTy()) {
+      llvm::Value* nan = B_.CreateFCmpUNO(acc, v);
+      llvm::Value* gt = B_.CreateFCmpOGT(v, acc);
+      return B_.CreateSelect(nan, qnan(acc->getType()), B_.CreateSelect(gt, v, acc));
+    }
+    llvm::Value* gt = is_unsigned(t) ? B_.CreateICmpUGT(v, acc) : B_.CreateICmpSGT(v, acc);
+    return B_.CreateSelect(gt, v, acc);
+  }
+
+  // ---- loops
+  /// for (i = lo; i < hi; ++i) body(i); the builder ends at the loop exit.
+  void for_range(llvm::Value* lo, llvm::Value* hi, const std::function<void(llvm::Value*)>& body) {
+    llvm::BasicBlock* pre = B_.GetInsertBlock();
+    llvm::BasicBlock* loop = llvm::BasicBlock::Create(C_, "loop", F_);
+    llvm::BasicBlock* exit = llvm::BasicBlock::Create(C_, "loop.end");
+    B_.CreateCondBr(B_.CreateICmpSLT(lo, hi), loop, exit);
+    B_.SetInsertPoint(loop);
+    llvm::PHINode* i = B_.CreatePHI(i64_, 2, "i");
+    i->addIncoming(lo, pre);
+    body(i);
+    llvm::Value* next = B_.CreateNSWAdd(i, i64c(1));
+    i->addIncoming(next, B_.GetInsertBlock());
+    B_.CreateCondBr(B_.CreateICmpSLT(next, hi), loop, exit);
+    exit->insertInto(F_);
+    B_.SetInsertPoint(exit);
+  }
+  /// if (begin < end) body(): the schedule of kernels without a parallel dim.
+  void guard_once(const std::function<void()>& body) {
+    llvm::BasicBlock* then = llvm::BasicBlock::Create(C_, "once", F_);
+    llvm::BasicBlock* done = llvm::BasicBlock::Create(C_, "once.end");
+    B_.CreateCondBr(B_.CreateICmpSLT(begin_, end_), then, done);
+    B_.SetInsertPoint(then);
+    body();
+    B_.CreateBr(done);
+    done->insertInto(F_);
+    B_.SetInsertPoint(done);
+  }
+  llvm::Value* range_lo(int d, int parallel) { return d == parallel ? begin_ : i64c(0); }
+  llvm::Value* range_hi(int d, int parallel) { return d == parallel ? end_ : i64c(k_.domain[d]); }
+
+  void store_point(const std::vector<llvm::Value*>& idx) {
+    std::vector<llvm::Value*> v = eval(idx);
+    for (const KStore& s : k_.stores) store(s.param, idx, v[s.expr]);
+  }
+  void pointwise_loops(int d, std::vector<llvm::Value*>& idx) {
+    if (d == static_cast<int>(k_.domain.size())) {
+      store_point(idx);
+      return;
+    }
+    for_range(range_lo(d, 0), range_hi(d, 0), [&](llvm::Value* i) {
+      idx[d] = i;
+      pointwise_loops(d + 1, idx);
+    });
+    idx[d] = nullptr;
+  }
+  llvm::Value* entry_alloca(llvm::Type* t, llvm::Value* n) {
+    llvm::IRBuilder<> eb(entry_, entry_->begin());
+    return eb.CreateAlloca(t, n);
+  }
+  /// Loops over kept dims kept[ki..] (all but the innermost in column mode), then the body.
+  void kept_loops(const std::vector<int>& kept, size_t ki, const std::vector<int>& red,
+                  std::vector<llvm::Value*>& idx, bool column) {
+    const size_t stop = column ? kept.size() - 1 : kept.size();
+    if (ki == stop) {
+      if (column) column_tiles(kept, red, idx);
+      else row_body(red, idx);
+      return;
+    }
+    const int d = kept[ki];
+    for_range(range_lo(d, kept[0]), range_hi(d, kept[0]), [&](llvm::Value* i) {
+      idx[d] = i;
+      kept_loops(kept, ki + 1, red, idx, column);
+    });
+    idx[d] = nullptr;
+  }
+  void reduced_loops(const std::vector<int>& red, size_t ri, std::vector<llvm::Value*>& idx,
+                     const std::function<void()>& body) {
+    if (ri == red.size()) {
+      body();
+      return;
+    }
+    const int d = red[ri];
+    for_range(i64c(0), i64c(k_.domain[d]), [&](llvm::Value* i) {
+      idx[d] = i;
+      reduced_loops(red, ri + 1, idx, body);
+    });
+    idx[d] = nullptr;
+  }
+  /// Row mode: one register accumulator per store over all reduced dims.
+  void row_body(const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
+    std::vector<llvm::Value*> acc;
+    for (const KStore& s : k_.stores) {
+      llvm::Type* t = acc_type(s);
+      acc.push_back(entry_alloca(t, nullptr));
+      B_.CreateStore(reduce_init(s), acc.back());
+    }
+    reduced_loops(red, 0, idx, [&] {
+      std::vector<llvm::Value*> v = eval(idx);
+      for (size_t s = 0; s < k_.stores.size(); ++s) {
+        llvm::Type* t = acc_type(k_.stores[s]);
+        // Double accumulation keeps index order (bit-equal to eager); other sums may reassociate.
+        const bool reassoc = !t->isDoubleTy() || reg_type(k_.params[k_.stores[s].param].dtype)->isDoubleTy();
+        B_.CreateStore(reduce_step(k_.stores[s], B_.CreateLoad(t, acc[s]), v[k_.stores[s].expr], reassoc), acc[s]);
+      }
+    });
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      llvm::Type* t = acc_type(k_.stores[s]);
+      store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(t, acc[s])));
+    }
+  }
+  /// Column mode: the innermost (kept) dim in tiles of kTile accumulators on the stack.
+  void column_tiles(const std::vector<int>& kept, const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
+    const int inner = kept.back();
+    llvm::Value* lo = range_lo(inner, kept[0]);
+    llvm::Value* hi = range_hi(inner, kept[0]);
+    std::vector<llvm::Value*> acc;
+    std::vector<llvm::Type*> ty;
+    for (const KStore& s : k_.stores) {
+      ty.push_back(acc_type(s));
+      acc.push_back(entry_alloca(ty.back(), i64c(kTile)));
+    }
+    llvm::Value* n = B_.CreateSub(hi, lo);
+    llvm::Value* ntiles = B_.CreateSDiv(B_.CreateAdd(n, i64c(kTile - 1)), i64c(kTile));
+    for_range(i64c(0), ntiles, [&](llvm::Value* t) {
+      llvm::Value* t0 = B_.CreateNSWAdd(lo, B_.CreateNSWMul(t, i64c(kTile)));
+      llvm::Value* rem = B_.CreateSub(hi, t0);
+      llvm::Value* w = B_.CreateSelect(B_.CreateICmpSLT(rem, i64c(kTile)), rem, i64c(kTile));
+      for_range(i64c(0), w, [&](llvm::Value* j) {
+        for (size_t s = 0; s < acc.size(); ++s)
+          B_.CreateStore(reduce_init(k_.stores[s]), B_.CreateInBoundsGEP(ty[s], acc[s], j));
+      });
+      reduced_loops(red, 0, idx, [&] {
+        for_range(i64c(0), w, [&](llvm::Value* j) {
+          idx[inner] = B_.CreateNSWAdd(t0, j);
+          std::vector<llvm::Value*> v = eval(idx);
+          for (size_t s = 0; s < acc.size(); ++s) {
+            llvm::Value* slot = B_.CreateInBoundsGEP(ty[s], acc[s], j);
+            B_.CreateStore(reduce_step(k_.stores[s], B_.CreateLoad(ty[s], slot), v[k_.stores[s].expr], false), slot);
+          }
+        });
+      });
+      for_range(i64c(0), w, [&](llvm::Value* j) {
+        idx[inner] = B_.CreateNSWAdd(t0, j);
+        for (size_t s = 0; s < acc.size(); ++s)
+          store(k_.stores[s].param, idx,
+                acc_result(k_.stores[s], B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], acc[s], j))));
+      });
+      idx[inner] = nullptr;
+    });
+  }
+
+  llvm::LLVMContext& C_;
+  llvm::Module& M_;
+  Kernel k_;
+  llvm::IRBuilder<> B_;
+  std::string cpu_, feats_;
+  llvm::Type* i64_ = nullptr;
+  llvm::Function* F_ = nullptr;
+  llvm::BasicBlock* entry_ = nullptr;
+  llvm::Value* begin_ = nullptr;
+  llvm::Value* end_ = nullptr;
+  std::vector<llvm::Value*> base_;
+};
+
+/// Host target machine (cpu, features, O3 codegen).
+Expected<std::unique_ptr<llvm::TargetMachine>> host_target_machine(llvm::orc::JITTargetMachineBuilder& jtmb) {
+  auto tm = jtmb.createTargetMachine();
+  if (!tm) return Status::error("LLVM: cannot create the host target machine: " + llvm_error(tm.takeError()));
+  return std::move(*tm);
+}
+
+Expected<llvm::orc::JITTargetMachineBuilder> host_jtmb() {
+  init_native_target();
+  auto jtmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+  if (!jtmb) return Status::error("LLVM: cannot detect the host target: " + llvm_error(jtmb.takeError()));
+  jtmb->setCPU(llvm::sys::getHostCPUName().str());
+  jtmb->setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
+  return std::move(*jtmb);
+}
+
+/// Verifies, collapses and emits `kernels` into `m`; returns their schedules.
+Expected<std::vector<CpuKernel>> emit_module(const std::vector<Kernel>& kernels, llvm::Module& m,
+                                             const std::string& cpu, const std::string& feats) {
+  std::set<std::string> names;
+  std::vector<CpuKernel> out;
+  for (const Kernel& k : kernels) {
+    KILN_RETURN_IF_ERROR(k.verify());
+    if (!names.insert(k.name).second) return Status::error("kernel '" + k.name + "': duplicate kernel name");
+    KernelEmitter em(m, collapse_dims(k), cpu, feats);
+    out.push_back(em.emit());
+  }
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  if (llvm::verifyModule(m, &os))
+    return Status::error("kernel module (first kernel '" + (kernels.empty() ? std::string() : kernels[0].name) +
+                         "'): LLVM verifier: " + os.str());
+  return out;
+}
+
+std::string print_module(const llvm::Module& m) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  m.print(os, nullptr);
+  return os.str();
+}
+
+class CpuModuleImpl : public CpuModule {
+ public:
+  const std::vector<CpuKernel>& kernels() const override { return kernels_; }
+  const std::string& llvm_ir() const override { return ir_; }
+  const CpuCompileStats& stats() const override { return stats_; }
+
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+  std::vector<CpuKernel> kernels_;
+  std::string ir_;
+  CpuCompileStats stats_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kernels) {
+  using clock = std::chrono::steady_clock;
+  auto mod = std::make_unique<CpuModuleImpl>();
+  mod->stats_.num_kernels = static_cast<int>(kernels.size());
+  KILN_ASSIGN_OR_RETURN(auto jtmb, host_jtmb());
+  KILN_ASSIGN_OR_RETURN(auto tm, host_target_machine(jtmb));
+  const std::string cpu = tm->getTargetCPU().str(), feats = tm->getTargetFeatureString().str();
+
+  auto t0 = clock::now();
+  auto ctx = std::make_unique<llvm::LLVMContext>();
+  auto m = std::make_unique<llvm::Module>("kiln_cpu", *ctx);
+  m->setTargetTriple(tm->getTargetTriple().str());
+  m->setDataLayout(tm->createDataLayout());
+  KILN_ASSIGN_OR_RETURN(mod->kernels_, emit_module(kernels, *m, cpu, feats));
+  mod->stats_.emit_s = seconds_since(t0);
+
+  t0 = clock::now();
+  {
+    llvm::LoopAnalysisManager lam;
+    llvm::FunctionAnalysisManager fam;
+    llvm::CGSCCAnalysisManager cgam;
+    llvm::ModuleAnalysisManager mam;
+    llvm::PipelineTuningOptions pto;
+    pto.LoopVectorization = true;
+    pto.SLPVectorization = true;
+    llvm::PassBuilder pb(tm.get(), pto);
+    fam.registerPass([&] { return tm->getTargetIRAnalysis(); });
+    pb.registerModuleAnalyses(mam);
+    pb.registerCGSCCAnalyses(cgam);
+    pb.registerFunctionAnalyses(fam);
+    pb.registerLoopAnalyses(lam);
+    pb.crossRegisterProxies(lam, fam, cgam, mam);
+    llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+    mpm.run(*m, mam);
+  }
+  mod->ir_ = print_module(*m);
+  mod->stats_.optimize_s = seconds_since(t0);
+
+  t0 = clock::now();
+  auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create();
+  if (!jit) return Status::error("LLVM: cannot create LLJIT: " + llvm_error(jit.takeError()));
+  llvm::orc::JITDylib& jd = (*jit)->getMainJITDylib();
+  auto gen = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess((*jit)->getDataLayout().getGlobalPrefix());
+  if (!gen) return Status::error("LLVM: process symbol search: " + llvm_error(gen.takeError()));
+  jd.addGenerator(std::move(*gen));
+  llvm::orc::SymbolMap syms;
+  syms[(*jit)->mangleAndIntern("kiln_cpu_ipow")] = llvm::JITEvaluatedSymbol(
+      llvm::pointerToJITTargetAddress(&kiln_cpu_ipow), llvm::JITSymbolFlags::Exported | llvm::JITSymbolFlags::Callable);
+  if (auto err = jd.define(llvm::orc::absoluteSymbols(std::move(syms))))
+    return Status::error("LLVM: cannot define runtime symbols: " + llvm_error(std::move(err)));
+  if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))))
+    return Status::error("LLVM: cannot add the kernel module: " + llvm_error(std::move(err)));
+  for (CpuKernel& ck : mod->kernels_) {
+    auto addr = (*jit)->lookup(ck.name);
+    if (!addr) return Status::error("kernel '" + ck.name + "': JIT link failed: " + llvm_error(addr.takeError()));
+    ck.fn = addr->toPtr<CpuKernelFn>();
+  }
+  mod->jit = std::move(*jit);
+  mod->stats_.codegen_s = seconds_since(t0);
+  return std::unique_ptr<CpuModule>(std::move(mod));
+}
+
+Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels) {
+  KILN_ASSIGN_OR_RETURN(auto jtmb, host_jtmb());
+  KILN_ASSIGN_OR_RETURN(auto tm, host_target_machine(jtmb));
+  llvm::LLVMContext ctx;
+  llvm::Module m("kiln_cpu", ctx);
+  m.setTargetTriple(tm->getTargetTriple().str());
+  m.setDataLayout(tm->createDataLayout());
+  KILN_ASSIGN_OR_RETURN(auto ks, emit_module(kernels, m, tm->getTargetCPU().str(), tm->getTargetFeatureString().str()));
+  (void)ks;
+  return print_module(m);
+}
+
+std::string host_cpu_description() { return llvm::sys::getHostCPUName().str() + " " + host_features_string(); }
+
+}  // namespace kiln::codegen

@@ -1,0 +1,604 @@
+// Kernel IR: printer, verifier, dimension collapsing and the reference evaluator
+// (the point-by-point oracle that the CPU and CUDA emitter tests compare against).
+#include "codegen/kernel_ir.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+namespace kiln::codegen {
+
+using ir::DType;
+using ir::ScalarOp;
+
+int64_t Kernel::domain_size() const {
+  int64_t n = 1;
+  for (int64_t e : domain) n *= e;
+  return n;
+}
+
+bool Kernel::has_reduction() const {
+  for (const KStore& s : stores)
+    if (s.reduce != ReduceKind::none) return true;
+  return false;
+}
+
+namespace {
+
+const char* reduce_name(ReduceKind r) {
+  switch (r) {
+    case ReduceKind::sum: return "sum";
+    case ReduceKind::max: return "max";
+    default: return "none";
+  }
+}
+
+template <typename T>
+std::string join(const std::vector<T>& v) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  return os.str();
+}
+
+enum class OpClass { binary_arith, unary_arith, unary_float, compare, logic_binary, logic_not, select, cast };
+
+OpClass op_class(ScalarOp op) {
+  switch (op) {
+    case ScalarOp::add: case ScalarOp::sub: case ScalarOp::mul: case ScalarOp::div:
+    case ScalarOp::pow: case ScalarOp::max: case ScalarOp::min:
+      return OpClass::binary_arith;
+    case ScalarOp::neg: case ScalarOp::abs:
+      return OpClass::unary_arith;
+    case ScalarOp::exp: case ScalarOp::log: case ScalarOp::sqrt: case ScalarOp::erf:
+    case ScalarOp::tanh: case ScalarOp::sin: case ScalarOp::cos: case ScalarOp::floor:
+      return OpClass::unary_float;
+    case ScalarOp::lt: case ScalarOp::le: case ScalarOp::gt: case ScalarOp::ge: case ScalarOp::eq:
+      return OpClass::compare;
+    case ScalarOp::logical_and: case ScalarOp::logical_or: case ScalarOp::logical_xor:
+      return OpClass::logic_binary;
+    case ScalarOp::logical_not: return OpClass::logic_not;
+    case ScalarOp::select: return OpClass::select;
+    default: return OpClass::cast;
+  }
+}
+
+int op_arity(ScalarOp op) {
+  switch (op_class(op)) {
+    case OpClass::binary_arith: case OpClass::compare: case OpClass::logic_binary: return 2;
+    case OpClass::select: return 3;
+    default: return 1;
+  }
+}
+
+bool is_numeric(DType t) { return ir::is_float(t) || ir::is_integer(t); }
+
+bool valid_identifier(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+}  // namespace
+
+std::string Kernel::to_string() const {
+  std::ostringstream os;
+  os << "kernel " << name << " domain [" << join(domain) << "] reduced [";
+  for (size_t d = 0; d < domain.size(); ++d)
+    os << (d ? ", " : "") << (d < reduced.size() && reduced[d] ? "r" : "-");
+  os << "]\n";
+  if (!fused_nodes.empty()) os << "  nodes " << join(fused_nodes) << "\n";
+  for (size_t i = 0; i < params.size(); ++i) {
+    const KernelParam& p = params[i];
+    os << "  param " << i << " %" << p.name << " " << ir::dtype_name(p.dtype) << " strides [" << join(p.strides)
+       << "]";
+    if (p.offset) os << " offset " << p.offset;
+    os << (p.is_output ? " out" : " in") << "\n";
+  }
+  for (size_t i = 0; i < exprs.size(); ++i) {
+    const KExpr& e = exprs[i];
+    os << "  %e" << i << " = ";
+    if (e.kind == KExpr::Kind::load) {
+      os << "load p" << e.param;
+    } else if (e.kind == KExpr::Kind::constant) {
+      std::ostringstream v;
+      v.precision(17);
+      v << e.value;
+      os << "const " << v.str();
+    } else {
+      os << ir::scalar_op_name(e.op);
+      for (size_t a = 0; a < e.args.size(); ++a) os << (a ? ", %e" : " %e") << e.args[a];
+    }
+    os << " : " << ir::dtype_name(e.dtype) << "\n";
+  }
+  for (const KStore& s : stores) {
+    os << "  store p" << s.param << " <- ";
+    if (s.reduce != ReduceKind::none) os << reduce_name(s.reduce) << " ";
+    os << "%e" << s.expr << "\n";
+  }
+  return os.str();
+}
+
+Status Kernel::verify() const {
+  auto fail = [&](const std::string& msg) { return Status::error("kernel '" + name + "': " + msg); };
+  if (!valid_identifier(name)) return fail("name must be a non-empty C identifier");
+  const size_t rank = domain.size();
+  for (int64_t e : domain)
+    if (e < 0) return fail("negative domain extent " + std::to_string(e));
+  if (!reduced.empty() && reduced.size() != rank)
+    return fail("reduced has " + std::to_string(reduced.size()) + " flags for a rank-" + std::to_string(rank) +
+                " domain");
+  bool any_reduced_dim = false;
+  for (bool r : reduced) any_reduced_dim |= r;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const KernelParam& p = params[i];
+    const std::string pn = "param " + std::to_string(i) + " (%" + p.name + ")";
+    if (p.dtype == DType::undefined) return fail(pn + " has an undefined dtype");
+    if (p.strides.size() != rank)
+      return fail(pn + " has " + std::to_string(p.strides.size()) + " strides for a rank-" + std::to_string(rank) +
+                  " domain");
+    if (p.offset < 0) return fail(pn + " has a negative offset");
+    for (int64_t s : p.strides)
+      if (s < 0) return fail(pn + " has a negative stride");
+  }
+  for (size_t i = 0; i < exprs.size(); ++i) {
+    const KExpr& e = exprs[i];
+    const std::string en = "%e" + std::to_string(i);
+    if (e.dtype == DType::undefined) return fail(en + " has an undefined dtype");
+    for (int a : e.args)
+      if (a < 0 || a >= static_cast<int>(i)) return fail(en + " uses %e" + std::to_string(a) + ", not an earlier expr");
+    auto arg_dt = [&](int k) { return exprs[e.args[k]].dtype; };
+    switch (e.kind) {
+      case KExpr::Kind::load: {
+        if (!e.args.empty()) return fail(en + ": load takes no args");
+        if (e.param < 0 || e.param >= static_cast<int>(params.size()))
+          return fail(en + ": load of missing param " + std::to_string(e.param));
+        const KernelParam& p = params[e.param];
+        if (p.is_output) return fail(en + ": load of output param p" + std::to_string(e.param));
+        if (p.dtype != e.dtype)
+          return fail(en + ": load dtype " + ir::dtype_name(e.dtype) + " != param dtype " + ir::dtype_name(p.dtype));
+        break;
+      }
+      case KExpr::Kind::constant:
+        if (!e.args.empty()) return fail(en + ": constant takes no args");
+        break;
+      case KExpr::Kind::op: {
+        const std::string on = en + " (" + ir::scalar_op_name(e.op) + ")";
+        const int arity = op_arity(e.op);
+        if (static_cast<int>(e.args.size()) != arity)
+          return fail(on + " takes " + std::to_string(arity) + " args, got " + std::to_string(e.args.size()));
+        switch (op_class(e.op)) {
+          case OpClass::binary_arith:
+            if (!is_numeric(e.dtype)) return fail(on + ": needs a numeric dtype, got " + ir::dtype_name(e.dtype));
+            if (arg_dt(0) != e.dtype || arg_dt(1) != e.dtype) return fail(on + ": operand dtypes differ from result");
+            break;
+          case OpClass::unary_arith:
+            if (!is_numeric(e.dtype)) return fail(on + ": needs a numeric dtype, got " + ir::dtype_name(e.dtype));
+            if (arg_dt(0) != e.dtype) return fail(on + ": operand dtype differs from result");
+            break;
+          case OpClass::unary_float:
+            if (!ir::is_float(e.dtype)) return fail(on + ": needs a float dtype, got " + ir::dtype_name(e.dtype));
+            if (arg_dt(0) != e.dtype) return fail(on + ": operand dtype differs from result");
+            break;
+          case OpClass::compare:
+            if (e.dtype != DType::boolean) return fail(on + ": result must be bool");
+            if (arg_dt(0) != arg_dt(1)) return fail(on + ": operand dtypes differ");
+            break;
+          case OpClass::logic_binary:
+          case OpClass::logic_not:
+            if (e.dtype != DType::boolean) return fail(on + ": result must be bool");
+            for (size_t a = 0; a < e.args.size(); ++a)
+              if (arg_dt(static_cast<int>(a)) != DType::boolean) return fail(on + ": operands must be bool");
+            break;
+          case OpClass::select:
+            if (arg_dt(0) != DType::boolean) return fail(on + ": condition must be bool");
+            if (arg_dt(1) != e.dtype || arg_dt(2) != e.dtype) return fail(on + ": branch dtypes differ from result");
+            break;
+          case OpClass::cast:
+            break;
+        }
+        break;
+      }
+    }
+  }
+  if (stores.empty()) return fail("no stores");
+  std::vector<int> stored(params.size(), 0);
+  const bool reduction = has_reduction();
+  for (size_t i = 0; i < stores.size(); ++i) {
+    const KStore& s = stores[i];
+    const std::string sn = "store " + std::to_string(i);
+    if (s.param < 0 || s.param >= static_cast<int>(params.size()))
+      return fail(sn + " to missing param " + std::to_string(s.param));
+    const KernelParam& p = params[s.param];
+    if (!p.is_output) return fail(sn + " to input param p" + std::to_string(s.param) + " (%" + p.name + ")");
+    if (stored[s.param]++) return fail(sn + ": param p" + std::to_string(s.param) + " stored twice");
+    if (s.expr < 0 || s.expr >= static_cast<int>(exprs.size()))
+      return fail(sn + " of missing expr " + std::to_string(s.expr));
+    if (exprs[s.expr].dtype != p.dtype)
+      return fail(sn + ": expr dtype " + ir::dtype_name(exprs[s.expr].dtype) + " != param dtype " +
+                  ir::dtype_name(p.dtype));
+    if (reduction) {
+      if (s.reduce == ReduceKind::none) return fail(sn + ": mixes a plain store with reductions");
+      if (!is_numeric(p.dtype)) return fail(sn + ": reduction of a non-numeric dtype");
+      for (size_t d = 0; d < rank; ++d)
+        if (reduced[d] && p.strides[d] != 0)
+          return fail(sn + ": output stride along reduced dim " + std::to_string(d) + " must be 0");
+    }
+  }
+  if (reduction && !any_reduced_dim) return fail("reduction store but no reduced dim");
+  if (!reduction && any_reduced_dim) return fail("reduced dims but no reduction store");
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].is_output && !stored[i]) return fail("output param p" + std::to_string(i) + " is never stored");
+  return Status::ok();
+}
+
+Kernel collapse_dims(const Kernel& k) {
+  Kernel out = k;
+  const size_t rank = k.domain.size();
+  std::vector<bool> red(rank, false);
+  for (size_t d = 0; d < rank && d < k.reduced.size(); ++d) red[d] = k.reduced[d];
+  int reduced_left = 0;
+  for (bool r : red) reduced_left += r;
+  // 1. Drop extent-1 dims (the index is always 0); keep one reduced dim of a reduction.
+  std::vector<size_t> keep;
+  for (size_t d = 0; d < rank; ++d) {
+    if (k.domain[d] == 1 && (!red[d] || reduced_left > 1)) {
+      if (red[d]) --reduced_left;
+      continue;
+    }
+    keep.push_back(d);
+  }
+  std::vector<int64_t> dom;
+  std::vector<bool> rflags;
+  std::vector<std::vector<int64_t>> strides(k.params.size());
+  for (size_t d : keep) {
+    const bool r = red[d];
+    bool merge = !dom.empty() && rflags.back() == r;
+    if (merge)
+      for (size_t p = 0; p < k.params.size(); ++p)
+        if (strides[p].back() != k.params[p].strides[d] * k.domain[d]) merge = false;
+    if (merge) {
+      dom.back() *= k.domain[d];
+      for (size_t p = 0; p < k.params.size(); ++p) strides[p].back() = k.params[p].strides[d];
+    } else {
+      dom.push_back(k.domain[d]);
+      rflags.push_back(r);
+      for (size_t p = 0; p < k.params.size(); ++p) strides[p].push_back(k.params[p].strides[d]);
+    }
+  }
+  out.domain = dom;
+  bool any = false;
+  for (bool r : rflags) any |= r;
+  out.reduced = any ? rflags : std::vector<bool>();
+  for (size_t p = 0; p < k.params.size(); ++p) out.params[p].strides = strides[p];
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Reference evaluator
+// ---------------------------------------------------------------------------
+namespace {
+
+/// One scalar in its compute type: floats in `f` (an f32 value for f32/bf16/f16),
+/// integers and bool in `i`.
+struct Val {
+  double f = 0;
+  int64_t i = 0;
+};
+
+/// Rounds a float compute value to the precision of dtype `t`.
+double round_float(DType t, double x) {
+  switch (t) {
+    case DType::f64: return x;
+    case DType::bf16: return ir::bf16_to_f32(ir::f32_to_bf16(static_cast<float>(x)));
+    case DType::f16: return ir::f16_to_f32(ir::f32_to_f16(static_cast<float>(x)));
+    default: return static_cast<float>(x);
+  }
+}
+
+/// Wraps an integer to dtype `t`'s width (bool: != 0).
+int64_t wrap_int(DType t, int64_t x) {
+  switch (t) {
+    case DType::i32: return static_cast<int32_t>(x);
+    case DType::i8: return static_cast<int8_t>(x);
+    case DType::u8: return static_cast<uint8_t>(x);
+    case DType::boolean: return x != 0;
+    default: return x;
+  }
+}
+
+Val load_val(DType t, const void* base, int64_t idx) {
+  Val v;
+  switch (t) {
+    case DType::f32: v.f = static_cast<const float*>(base)[idx]; break;
+    case DType::f64: v.f = static_cast<const double*>(base)[idx]; break;
+    case DType::bf16: v.f = ir::bf16_to_f32(static_cast<const uint16_t*>(base)[idx]); break;
+    case DType::f16: v.f = ir::f16_to_f32(static_cast<const uint16_t*>(base)[idx]); break;
+    case DType::i64: v.i = static_cast<const int64_t*>(base)[idx]; break;
+    case DType::i32: v.i = static_cast<const int32_t*>(base)[idx]; break;
+    case DType::i8: v.i = static_cast<const int8_t*>(base)[idx]; break;
+    case DType::u8: v.i = static_cast<const uint8_t*>(base)[idx]; break;
+    case DType::boolean: v.i = static_cast<const uint8_t*>(base)[idx] != 0; break;
+    default: break;
+  }
+  return v;
+}
+
+void store_val(DType t, void* base, int64_t idx, const Val& v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(base)[idx] = static_cast<float>(v.f); break;
+    case DType::f64: static_cast<double*>(base)[idx] = v.f; break;
+    case DType::bf16: static_cast<uint16_t*>(base)[idx] = ir::f32_to_bf16(static_cast<float>(v.f)); break;
+    case DType::f16: static_cast<uint16_t*>(base)[idx] = ir::f32_to_f16(static_cast<float>(v.f)); break;
+    case DType::i64: static_cast<int64_t*>(base)[idx] = v.i; break;
+    case DType::i32: static_cast<int32_t*>(base)[idx] = static_cast<int32_t>(v.i); break;
+    case DType::i8: static_cast<int8_t*>(base)[idx] = static_cast<int8_t>(v.i); break;
+    case DType::u8: static_cast<uint8_t*>(base)[idx] = static_cast<uint8_t>(v.i); break;
+    case DType::boolean: static_cast<uint8_t*>(base)[idx] = v.i ? 1 : 0; break;
+    default: break;
+  }
+}
+
+Val constant_val(DType t, double value) {
+  Val v;
+  if (ir::is_float(t)) v.f = round_float(t, value);
+  else if (t == DType::boolean) v.i = value != 0;
+  else v.i = wrap_int(t, static_cast<int64_t>(value));
+  return v;
+}
+
+int64_t int_pow(int64_t base, int64_t e, DType t) {
+  if (e < 0) {
+    if (base == 1) return 1;
+    if (base == -1) return (e % 2) ? -1 : 1;
+    return 0;
+  }
+  uint64_t r = 1, b = static_cast<uint64_t>(base);
+  while (e) {
+    if (e & 1) r *= b;
+    b *= b;
+    e >>= 1;
+  }
+  return wrap_int(t, static_cast<int64_t>(r));
+}
+
+/// Float op in compute type C (float or double).
+template <typename C>
+double float_op(ScalarOp op, C x, C y) {
+  switch (op) {
+    case ScalarOp::add: return x + y;
+    case ScalarOp::sub: return x - y;
+    case ScalarOp::mul: return x * y;
+    case ScalarOp::div: return x / y;
+    case ScalarOp::pow: return std::pow(x, y);
+    case ScalarOp::max:
+      if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
+      return std::max(x, y);
+    case ScalarOp::min:
+      if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
+      return std::min(x, y);
+    case ScalarOp::neg: return -x;
+    case ScalarOp::abs: return x < C(0) ? -x : x;
+    case ScalarOp::exp: return std::exp(x);
+    case ScalarOp::log: return std::log(x);
+    case ScalarOp::sqrt: return std::sqrt(x);
+    case ScalarOp::erf: return std::erf(x);
+    case ScalarOp::tanh: return std::tanh(x);
+    case ScalarOp::sin: return std::sin(x);
+    case ScalarOp::cos: return std::cos(x);
+    case ScalarOp::floor: return std::floor(x);
+    default: return 0;
+  }
+}
+
+int64_t int_op(ScalarOp op, int64_t x, int64_t y, DType t) {
+  const bool u = t == DType::u8;
+  switch (op) {
+    case ScalarOp::add: return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y)));
+    case ScalarOp::sub: return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) - static_cast<uint64_t>(y)));
+    case ScalarOp::mul: return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) * static_cast<uint64_t>(y)));
+    case ScalarOp::div:
+      if (y == 0) return 0;
+      if (!u && y == -1) return wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x)));
+      return wrap_int(t, x / y);
+    case ScalarOp::pow: return int_pow(x, y, t);
+    case ScalarOp::max: return std::max(x, y);
+    case ScalarOp::min: return std::min(x, y);
+    case ScalarOp::neg: return wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x)));
+    case ScalarOp::abs: return x < 0 ? wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x))) : x;
+    default: return 0;
+  }
+}
+
+bool compare(ScalarOp op, const Val& a, const Val& b, DType t) {
+  if (ir::is_float(t)) {
+    switch (op) {
+      case ScalarOp::lt: return a.f < b.f;
+      case ScalarOp::le: return a.f <= b.f;
+      case ScalarOp::gt: return a.f > b.f;
+      case ScalarOp::ge: return a.f >= b.f;
+      default: return a.f == b.f;
+    }
+  }
+  switch (op) {
+    case ScalarOp::lt: return a.i < b.i;
+    case ScalarOp::le: return a.i <= b.i;
+    case ScalarOp::gt: return a.i > b.i;
+    case ScalarOp::ge: return a.i >= b.i;
+    default: return a.i == b.i;
+  }
+}
+
+/// ONNX Cast from `s` (dtype `from`) to dtype `to`, as runtime/kernels/util.h convert().
+Val cast_val(const Val& s, DType from, DType to) {
+  Val r;
+  const bool ff = ir::is_float(from);
+  if (to == DType::boolean) {
+    r.i = ff ? (s.f != 0) : (s.i != 0);
+  } else if (ir::is_float(to)) {
+    double x = ff ? s.f : static_cast<double>(s.i);
+    if (!ff && to != DType::f64) x = static_cast<float>(s.i);  // int -> float directly (one rounding)
+    r.f = round_float(to, x);
+  } else if (ff) {
+    if (std::isnan(s.f)) {
+      r.i = 0;
+    } else {
+      double lo, hi;
+      switch (to) {
+        case DType::i32: lo = std::numeric_limits<int32_t>::min(); hi = std::numeric_limits<int32_t>::max(); break;
+        case DType::i8: lo = -128; hi = 127; break;
+        case DType::u8: lo = 0; hi = 255; break;
+        default: lo = -9223372036854775808.0; hi = 9223372036854775807.0; break;
+      }
+      const double t = std::trunc(s.f);
+      if (t <= lo) r.i = static_cast<int64_t>(lo);
+      else if (t >= hi) r.i = to == DType::i64 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(hi);
+      else r.i = static_cast<int64_t>(t);
+    }
+  } else {
+    r.i = wrap_int(to, s.i);
+  }
+  return r;
+}
+
+Val eval_op(const KExpr& e, const std::vector<Val>& vals, const std::vector<KExpr>& exprs) {
+  Val r;
+  auto a = [&](int k) -> const Val& { return vals[e.args[k]]; };
+  auto adt = [&](int k) { return exprs[e.args[k]].dtype; };
+  switch (op_class(e.op)) {
+    case OpClass::binary_arith:
+    case OpClass::unary_arith:
+    case OpClass::unary_float: {
+      const Val& x = a(0);
+      const Val y = e.args.size() > 1 ? a(1) : Val{};
+      if (e.dtype == DType::f64) r.f = float_op<double>(e.op, x.f, y.f);
+      else if (ir::is_float(e.dtype))
+        r.f = round_float(e.dtype, float_op<float>(e.op, static_cast<float>(x.f), static_cast<float>(y.f)));
+      else r.i = int_op(e.op, x.i, y.i, e.dtype);
+      break;
+    }
+    case OpClass::compare: r.i = compare(e.op, a(0), a(1), adt(0)); break;
+    case OpClass::logic_binary:
+      if (e.op == ScalarOp::logical_and) r.i = a(0).i && a(1).i;
+      else if (e.op == ScalarOp::logical_or) r.i = a(0).i || a(1).i;
+      else r.i = (a(0).i != 0) != (a(1).i != 0);
+      break;
+    case OpClass::logic_not: r.i = !a(0).i; break;
+    case OpClass::select: r = a(0).i ? a(1) : a(2); break;
+    case OpClass::cast: r = cast_val(a(0), adt(0), e.dtype); break;
+  }
+  return r;
+}
+
+/// Initial value of a reduction accumulator of dtype t.
+Val reduce_init(ReduceKind kind, DType t) {
+  Val v;
+  if (kind == ReduceKind::max) {
+    if (ir::is_float(t)) v.f = -std::numeric_limits<double>::infinity();
+    else if (t == DType::i32) v.i = std::numeric_limits<int32_t>::min();
+    else if (t == DType::i8) v.i = -128;
+    else if (t == DType::u8) v.i = 0;
+    else v.i = std::numeric_limits<int64_t>::min();
+  }
+  return v;
+}
+
+/// acc = acc (+ or max) v in the accumulator type: float sums in double (as the eager
+/// ReduceSum does, so generated and eager sums agree bit for bit), integers wrapped.
+void reduce_step(ReduceKind kind, DType t, Val& acc, const Val& v) {
+  if (ir::is_float(t)) {
+    if (kind == ReduceKind::sum) {
+      acc.f += v.f;
+    } else {
+      if (std::isnan(acc.f) || std::isnan(v.f)) acc.f = std::numeric_limits<double>::quiet_NaN();
+      else if (v.f > acc.f) acc.f = v.f;
+    }
+  } else {
+    if (kind == ReduceKind::sum) acc.i = wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(acc.i) + static_cast<uint64_t>(v.i)));
+    else if (v.i > acc.i) acc.i = v.i;
+  }
+}
+
+/// Calls f(index) for every point of `dom` in row-major order.
+template <typename F>
+void for_each_point(const std::vector<int64_t>& dom, F&& f) {
+  for (int64_t e : dom)
+    if (e == 0) return;
+  std::vector<int64_t> idx(dom.size(), 0);
+  while (true) {
+    f(idx);
+    int d = static_cast<int>(dom.size()) - 1;
+    for (; d >= 0; --d) {
+      if (++idx[d] < dom[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace
+
+Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
+  KILN_RETURN_IF_ERROR(k.verify());
+  if (buffers.size() != k.params.size())
+    return Status::error("kernel '" + k.name + "': " + std::to_string(buffers.size()) + " buffers for " +
+                         std::to_string(k.params.size()) + " params");
+  for (size_t i = 0; i < buffers.size(); ++i)
+    if (!buffers[i] && k.domain_size() > 0)
+      return Status::error("kernel '" + k.name + "': null buffer for param " + std::to_string(i));
+  const size_t rank = k.domain.size();
+  auto offset_of = [&](const KernelParam& p, const std::vector<int64_t>& idx) {
+    int64_t o = p.offset;
+    for (size_t d = 0; d < rank; ++d) o += idx[d] * p.strides[d];
+    return o;
+  };
+  std::vector<Val> vals(k.exprs.size());
+  auto eval_point = [&](const std::vector<int64_t>& idx) {
+    for (size_t i = 0; i < k.exprs.size(); ++i) {
+      const KExpr& e = k.exprs[i];
+      if (e.kind == KExpr::Kind::load) vals[i] = load_val(e.dtype, buffers[e.param], offset_of(k.params[e.param], idx));
+      else if (e.kind == KExpr::Kind::constant) vals[i] = constant_val(e.dtype, e.value);
+      else vals[i] = eval_op(e, vals, k.exprs);
+    }
+  };
+  if (!k.has_reduction()) {
+    for_each_point(k.domain, [&](const std::vector<int64_t>& idx) {
+      eval_point(idx);
+      for (const KStore& s : k.stores) store_val(k.params[s.param].dtype, buffers[s.param], offset_of(k.params[s.param], idx), vals[s.expr]);
+    });
+    return Status::ok();
+  }
+  // Reductions: one accumulator per (store, kept point), in index order over the reduced dims.
+  std::vector<int64_t> kept_dom = k.domain;
+  for (size_t d = 0; d < rank; ++d)
+    if (k.reduced[d]) kept_dom[d] = 1;
+  int64_t nkept = 1;
+  for (int64_t e : kept_dom) nkept *= e;
+  auto kept_index = [&](const std::vector<int64_t>& idx) {
+    int64_t o = 0;
+    for (size_t d = 0; d < rank; ++d) o = o * kept_dom[d] + (k.reduced[d] ? 0 : idx[d]);
+    return o;
+  };
+  std::vector<std::vector<Val>> acc(k.stores.size());
+  for (size_t s = 0; s < k.stores.size(); ++s)
+    acc[s].assign(static_cast<size_t>(nkept), reduce_init(k.stores[s].reduce, k.params[k.stores[s].param].dtype));
+  for_each_point(k.domain, [&](const std::vector<int64_t>& idx) {
+    eval_point(idx);
+    const int64_t ki = kept_index(idx);
+    for (size_t s = 0; s < k.stores.size(); ++s)
+      reduce_step(k.stores[s].reduce, k.params[k.stores[s].param].dtype, acc[s][ki], vals[k.stores[s].expr]);
+  });
+  for_each_point(kept_dom, [&](const std::vector<int64_t>& idx) {
+    const int64_t ki = kept_index(idx);
+    for (size_t s = 0; s < k.stores.size(); ++s) {
+      const KernelParam& p = k.params[k.stores[s].param];
+      store_val(p.dtype, buffers[k.stores[s].param], offset_of(p, idx), acc[s][ki]);
+    }
+  });
+  return Status::ok();
+}
+
+}  // namespace kiln::codegen

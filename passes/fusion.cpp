@@ -1,0 +1,332 @@
+// fusion: groups pointwise nodes into FusedKernel nodes, each run as one generated
+// kernel by the compiled backend (DESIGN.md pipeline: ... -> accumulation -> fusion).
+//
+// Algorithm (greedy vertical fusion in schedule order, the producer-consumer fusion
+// of XLA's instruction fusion and TorchInductor's pointwise scheduler, without
+// horizontal fusion yet):
+//  * A node is fusable when its op-table entry is pointwise and has a scalar rule
+//    (OpDef::scalar) that accepts the node's dtypes, every output has a static shape,
+//    and it carries no kiln_inplace attribute (in-place accumulator updates keep their
+//    buffer-reuse contract with the executor).
+//  * Walking the nodes in order, a fusable node joins (and merges) the groups of its
+//    producers when (a) its output shape equals the group's domain (the shape every
+//    member produces; inputs of smaller shapes are broadcast loads), and (b) no value
+//    of the group is read by a node placed between the group's members and this node
+//    outside the group, because the fused node runs where its last member was.
+//    Otherwise it starts a new group.
+//  * A reduction with a code-generation rule (OpDef::reduce_combine: ReduceSum) closes
+//    the pointwise group producing its input when no other node reads that group (a
+//    "reduction" kernel: pointwise prologue, then the sum; bias gradients such as
+//    ReduceSum(dY) or sums of squares for the gradient norm), else it forms a
+//    reduction kernel of its own. Epilogues after a reduction are not fused yet.
+//  * Each group becomes one FusedKernel node at the position of its last member. The
+//    body region holds the original nodes (names, attributes and all), so the IR dump
+//    shows every fusion decision (invariant 2). Rank-0 constants the members read
+//    are copied into the body so code generation can fold them.
+//  * Runs recursively on loop bodies (AccumulationLoop regions).
+// Options: fusion_min_nodes (default 1): groups with fewer nodes stay unfused.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ir/op_table.h"
+#include "ir/ops/nn.h"
+#include "passes/passes.h"
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+namespace {
+
+/// Records dtypes only: checks that a node's scalar rule accepts its dtypes.
+class DryRunBuilder : public ScalarBuilder {
+ public:
+  explicit DryRunBuilder(const Node& n) : n_(n) {}
+  const Node& node() const override { return n_; }
+  bool has_input(int i) const override { return i < n_.num_inputs() && n_.inputs[i]; }
+  Ref input(int i) override { return push(n_.inputs[i] ? n_.inputs[i]->dtype : DType::undefined); }
+  Ref constant(double, DType dt) override { return push(dt); }
+  Ref apply(ScalarOp, std::vector<Ref>, DType dt) override { return push(dt); }
+  DType dtype(Ref r) const override { return dts_[r]; }
+
+ private:
+  Ref push(DType d) {
+    dts_.push_back(d);
+    return static_cast<Ref>(dts_.size() - 1);
+  }
+  const Node& n_;
+  std::vector<DType> dts_;
+};
+
+bool fusable(const Node& n) {
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def || def->fusion != FusionClass::pointwise || !def->scalar) return false;
+  if (n.attrs.has("kiln_inplace") || !n.regions.empty()) return false;
+  for (const Value* o : n.outputs)
+    if (!o->shape.is_static() || o->dtype == DType::undefined) return false;
+  if (n.num_outputs() != 1) return false;
+  for (const Value* in : n.inputs)
+    if (!in || !in->shape.is_static()) return false;
+  DryRunBuilder b(n);
+  std::vector<ScalarBuilder::Ref> outs;
+  if (!def->scalar(b, outs).is_ok() || outs.size() != 1) return false;
+  return b.dtype(outs[0]) == n.outputs[0]->dtype;
+}
+
+/// Values read by node `n`, nested-region captures included.
+std::vector<const Value*> reads(const Node& n) {
+  std::vector<const Value*> r(n.inputs.begin(), n.inputs.end());
+  for (auto& reg : n.regions) {
+    std::unordered_set<const Value*> caps;
+    collect_captures(*reg, caps);
+    r.insert(r.end(), caps.begin(), caps.end());
+  }
+  return r;
+}
+
+struct Group {
+  std::vector<Node*> members;
+  Shape domain;
+  std::unordered_set<const Value*> values;  // outputs of members
+  bool reduction = false;                   // closed by a reduction (its last member)
+};
+
+/// A reduction code generation can emit: ReduceSum-like op (OpDef::reduce_combine) on a
+/// static float input, constant axes, not the no-op form, one output.
+bool reduction_fusable(const Node& n) {
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def || !def->reduce_combine || n.num_outputs() != 1 || !n.regions.empty()) return false;
+  const Value* x = n.input(0);
+  if (!x || !x->shape.is_static() || !is_float(x->dtype) || x->shape.rank() == 0) return false;
+  if (!n.outputs[0]->shape.is_static() || n.outputs[0]->dtype != x->dtype) return false;
+  const Value* ax = n.input(1);
+  if (ax && !ax->is_initializer()) return false;
+  auto spec = reduce_spec(n.attrs, ax != nullptr, ax ? ax->data.get() : nullptr, x->shape.rank());
+  return spec && !spec->noop && !spec->axes.empty();
+}
+
+Status fuse_graph(Graph& g, int min_nodes, int& counter);
+
+Status fuse_regions(Graph& g, int min_nodes, int& counter) {
+  for (auto& n : g.nodes())
+    for (auto& r : n->regions)
+      if (n->op != "FusedKernel") KILN_RETURN_IF_ERROR(fuse_graph(*r, min_nodes, counter));
+  return Status::ok();
+}
+
+Status fuse_graph(Graph& g, int min_nodes, int& counter) {
+  KILN_RETURN_IF_ERROR(fuse_regions(g, min_nodes, counter));
+  const auto& nodes = g.nodes();
+  std::unordered_map<const Node*, size_t> pos;
+  for (size_t i = 0; i < nodes.size(); ++i) pos[nodes[i].get()] = i;
+  // Readers of every value, as node positions (nodes[] is not modified until every
+  // group is known).
+  std::unordered_map<const Value*, std::vector<size_t>> readers;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (const Value* v : reads(*nodes[i]))
+      if (v) readers[v].push_back(i);
+  auto group_at = [&](size_t r, const std::unordered_map<const Node*, int>& go) {
+    auto it = go.find(nodes[r].get());
+    return it == go.end() ? -1 : it->second;
+  };
+
+  std::unordered_set<const Value*> graph_outs(g.outputs.begin(), g.outputs.end());
+  for (auto& sb : g.state)
+    if (sb.output) graph_outs.insert(sb.output);
+  std::vector<Group> groups;
+  std::unordered_map<const Node*, int> group_of;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    Node* n = nodes[i].get();
+    if (reduction_fusable(*n)) {
+      // Joins the pointwise group producing its input when nothing else reads that
+      // group (the reduced value is the kernel's only output); else runs alone.
+      const Value* x = n->inputs[0];
+      int chosen = -1;
+      auto it = x->producer ? group_of.find(x->producer) : group_of.end();
+      if (it != group_of.end() && !groups[it->second].reduction && groups[it->second].domain == x->shape) {
+        bool ok = true;
+        for (const Value* v : groups[it->second].values) {
+          if (graph_outs.count(v)) ok = false;
+          for (size_t r : readers[v])
+            if (r != i && group_at(r, group_of) != it->second) ok = false;
+        }
+        if (ok) chosen = it->second;
+      }
+      if (chosen < 0) {
+        groups.push_back({});
+        chosen = static_cast<int>(groups.size()) - 1;
+        groups[chosen].domain = x->shape;
+      }
+      groups[chosen].members.push_back(n);
+      groups[chosen].values.insert(n->outputs[0]);
+      groups[chosen].reduction = true;
+      group_of[n] = chosen;
+      continue;
+    }
+    if (!fusable(*n)) continue;
+    const Shape& dom = n->outputs[0]->shape;
+    // Candidate groups: those of n's producers with n's domain. A candidate stays
+    // when every reader of its values placed before n belongs to a candidate too;
+    // the survivors merge with n into one group.
+    std::set<int> cand;
+    for (const Value* in : n->inputs) {
+      if (!in->producer) continue;
+      auto it = group_of.find(in->producer);
+      if (it != group_of.end() && groups[it->second].domain == dom && !groups[it->second].reduction)
+        cand.insert(it->second);
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (auto c = cand.begin(); c != cand.end();) {
+        bool ok = true;
+        for (const Value* v : groups[*c].values) {
+          for (size_t r : readers[v])
+            if (r < i && !cand.count(group_at(r, group_of))) ok = false;
+          if (!ok) break;
+        }
+        if (ok) {
+          ++c;
+        } else {
+          c = cand.erase(c);
+          changed = true;
+        }
+      }
+    }
+    int chosen = cand.empty() ? -1 : *cand.begin();
+    for (int c : cand) {
+      if (c == chosen) continue;
+      Group& from = groups[c];
+      for (Node* m : from.members) {
+        groups[chosen].members.push_back(m);
+        group_of[m] = chosen;
+      }
+      groups[chosen].values.insert(from.values.begin(), from.values.end());
+      from.members.clear();
+      from.values.clear();
+    }
+    if (chosen < 0) {
+      groups.push_back({});
+      chosen = static_cast<int>(groups.size()) - 1;
+      groups[chosen].domain = dom;
+    }
+    groups[chosen].members.push_back(n);
+    groups[chosen].values.insert(n->outputs[0]);
+    group_of[n] = chosen;
+  }
+  // Condition (b) makes every reader of a group value outside the group come after
+  // the group's last member, where the fused node runs. Merged groups list their
+  // members out of order: restore schedule order.
+  for (Group& gr : groups)
+    std::sort(gr.members.begin(), gr.members.end(), [&](const Node* a, const Node* b) { return pos[a] < pos[b]; });
+
+  // Interfaces of every group, computed before the graph changes.
+  struct Plan {
+    Group* gr;
+    std::vector<Value*> ext_in, consts, ext_out;
+  };
+  std::vector<Plan> plans;
+  std::unordered_set<const Value*> graph_outputs(g.outputs.begin(), g.outputs.end());
+  for (auto& sb : g.state)
+    if (sb.output) graph_outputs.insert(sb.output);
+  for (Group& gr : groups) {
+    if (gr.members.empty() || static_cast<int>(gr.members.size()) < min_nodes) continue;
+    std::unordered_set<const Node*> member_set(gr.members.begin(), gr.members.end());
+    // External inputs in first-read order; group outputs read outside or graph outputs.
+    std::vector<Value*> ext_in;
+    std::unordered_set<const Value*> seen;
+    std::vector<Value*> consts;  // rank-0 initializers copied into the body
+    for (Node* m : gr.members)
+      for (int k = 0; k < m->num_inputs(); ++k) {
+        Value* in = m->inputs[k];
+        if (!in || gr.values.count(in) || seen.count(in)) continue;
+        seen.insert(in);
+        const bool axes = gr.reduction && m == gr.members.back() && k == 1;  // reduction axes: constant
+        if (axes || (in->is_initializer() && in->data->numel() == 1 && !is_parameter_candidate(*in)))
+          consts.push_back(in);
+        else
+          ext_in.push_back(in);
+      }
+    std::vector<Value*> ext_out;
+    for (Node* m : gr.members) {
+      Value* o = m->outputs[0];
+      bool outside = graph_outputs.count(o) > 0;
+      for (size_t r : readers[o])
+        if (!member_set.count(nodes[r].get())) outside = true;
+      if (outside) ext_out.push_back(o);
+    }
+    if (ext_out.empty()) continue;  // dead group: canonicalize removes it
+    plans.push_back({&gr, ext_in, consts, ext_out});
+  }
+  std::unordered_map<Value*, Value*> renamed;  // outputs of groups already replaced
+  for (Plan& p : plans) {
+    Group& gr = *p.gr;
+    std::vector<Value*> ext_in = p.ext_in;
+    for (Value*& v : ext_in)
+      while (renamed.count(v)) v = renamed[v];
+    const std::vector<Value*>& consts = p.consts;
+    const std::vector<Value*>& ext_out = p.ext_out;
+    const std::string name = "fused_" + std::to_string(counter++);
+    auto body = std::make_unique<Graph>();
+    body->name = name;
+    body->opset = g.opset;
+    std::unordered_map<const Value*, Value*> map;
+    // Body values are named "<fused>/<outer name>": value names are unique across a
+    // graph and its regions (verifier), and the outer names stay with the outer values.
+    const std::string pre = name + "/";
+    for (Value* v : ext_in) map[v] = body->add_input(pre + v->name, v->dtype, v->shape);
+    for (Value* v : consts) map[v] = body->add_initializer(pre + v->name, *v->data);
+    for (Node* m : gr.members) {
+      std::vector<Value*> ins;
+      for (Value* in : m->inputs) ins.push_back(in ? map.at(in) : nullptr);
+      std::vector<std::string> outs;
+      for (Value* o : m->outputs) outs.push_back(pre + o->name);
+      Node* bn = body->add_node(m->op, m->name, ins, outs, m->attrs);
+      for (size_t k = 0; k < m->outputs.size(); ++k) {
+        bn->outputs[k]->dtype = m->outputs[k]->dtype;
+        bn->outputs[k]->shape = m->outputs[k]->shape;
+        map[m->outputs[k]] = bn->outputs[k];
+      }
+    }
+    for (Value* o : ext_out) body->outputs.push_back(map.at(o));
+    // Replace the members by one node where the last member was.
+    std::vector<std::string> out_names;
+    for (Value* o : ext_out) out_names.push_back(o->name);
+    const int last_pos = g.index_of(gr.members.back());
+    for (auto it = gr.members.rbegin(); it != gr.members.rend(); ++it) g.remove_node(*it);
+    const size_t insert_at = static_cast<size_t>(last_pos) + 1 - gr.members.size();
+    Attributes a;
+    a.set("kind", std::string(gr.reduction ? "reduction" : "pointwise"));
+    Node* f = g.insert_node(insert_at, "FusedKernel", name, ext_in, out_names, a);
+    f->regions.push_back(std::move(body));
+    for (size_t k = 0; k < ext_out.size(); ++k) {
+      Value* nv = f->outputs[k];
+      nv->dtype = ext_out[k]->dtype;
+      nv->shape = ext_out[k]->shape;
+      g.replace_all_uses(ext_out[k], nv);
+      renamed[ext_out[k]] = nv;
+      for (auto& sb : g.state)
+        if (sb.output == ext_out[k]) sb.output = nv;
+    }
+  }
+  return Status::ok();
+}
+
+class Fusion : public Pass {
+ public:
+  std::string name() const override { return "fusion"; }
+  Expected<bool> run(Graph& g, PassContext& ctx) override {
+    const int min_nodes = static_cast<int>(ctx.opt_i("fusion_min_nodes", 1));
+    int counter = 0;
+    KILN_RETURN_IF_ERROR(fuse_graph(g, std::max(1, min_nodes), counter));
+    return counter > 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_fusion_pass() { return std::make_unique<Fusion>(); }
+
+}  // namespace kiln::passes

@@ -1,0 +1,461 @@
+// Tests of the LLVM CPU code generator: hand-made kernels compiled with compile_cpu and run
+// in several [begin, end) chunks (in reverse order) are compared with evaluate_reference
+// (itself checked against float64 math in kernel_ir_test.cpp). Tolerances: exact (bit
+// equality, NaN == NaN) for the same arithmetic; 1e-6 relative for f32 transcendentals
+// (both sides call libm, so in practice exact), 1e-12 for f64; reductions 1e-5 relative
+// for f32 row sums (vectorized, reassociated), exact for column sums and maxima.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+
+#include "codegen/cpu/llvm_cpu.h"
+#include "codegen/kernel_ir.h"
+
+namespace kiln::codegen {
+namespace {
+
+using ir::DType;
+using ir::ScalarOp;
+
+struct KB {
+  Kernel k;
+  explicit KB(std::string name, std::vector<int64_t> domain, std::vector<bool> reduced = {}) {
+    k.name = std::move(name);
+    k.domain = std::move(domain);
+    k.reduced = std::move(reduced);
+  }
+  int param(const std::string& name, DType dt, std::vector<int64_t> strides, bool out = false, int64_t offset = 0) {
+    KernelParam p;
+    p.name = name;
+    p.dtype = dt;
+    p.strides = std::move(strides);
+    p.is_output = out;
+    p.offset = offset;
+    k.params.push_back(p);
+    return static_cast<int>(k.params.size()) - 1;
+  }
+  int load(int p) {
+    KExpr e;
+    e.kind = KExpr::Kind::load;
+    e.param = p;
+    e.dtype = k.params[p].dtype;
+    k.exprs.push_back(e);
+    return static_cast<int>(k.exprs.size()) - 1;
+  }
+  int cst(double v, DType dt) {
+    KExpr e;
+    e.kind = KExpr::Kind::constant;
+    e.value = v;
+    e.dtype = dt;
+    k.exprs.push_back(e);
+    return static_cast<int>(k.exprs.size()) - 1;
+  }
+  int op(ScalarOp o, std::vector<int> args, DType dt) {
+    KExpr e;
+    e.kind = KExpr::Kind::op;
+    e.op = o;
+    e.args = std::move(args);
+    e.dtype = dt;
+    k.exprs.push_back(e);
+    return static_cast<int>(k.exprs.size()) - 1;
+  }
+  /// Adds an output param with strides `strides` and stores expr e into it.
+  int out(const std::string& name, int e, std::vector<int64_t> strides, ReduceKind r = ReduceKind::none) {
+    int p = param(name, k.exprs[e].dtype, std::move(strides), true);
+    k.stores.push_back({p, e, r});
+    return p;
+  }
+};
+
+int64_t buffer_elems(const KernelParam& p, const std::vector<int64_t>& dom) {
+  int64_t n = p.offset + 1;
+  for (size_t d = 0; d < dom.size(); ++d)
+    if (dom[d] > 0) n += (dom[d] - 1) * p.strides[d];
+  return n;
+}
+
+uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+double read(DType t, const void* b, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(b)[i];
+    case DType::f64: return static_cast<const double*>(b)[i];
+    case DType::bf16: return ir::bf16_to_f32(static_cast<const uint16_t*>(b)[i]);
+    case DType::f16: return ir::f16_to_f32(static_cast<const uint16_t*>(b)[i]);
+    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(b)[i]);
+    case DType::i32: return static_cast<const int32_t*>(b)[i];
+    case DType::i8: return static_cast<const int8_t*>(b)[i];
+    default: return static_cast<const uint8_t*>(b)[i];
+  }
+}
+
+/// Deterministic input value i of a buffer: floats in [-2.5, 2.5] (with NaN, +-inf, +-0 when
+/// `specials`), integers in [-10, 10] (u8: 0..255), bool 0/1.
+void fill(DType t, void* b, int64_t n, uint32_t seed, bool specials) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t h = hash32(static_cast<uint32_t>(i) * 2654435761u + seed);
+    double v = (h % 100001) / 20000.0 - 2.5;
+    if (specials) {
+      if (i % 97 == 3) v = NAN;
+      else if (i % 89 == 5) v = INFINITY;
+      else if (i % 83 == 7) v = -INFINITY;
+      else if (i % 79 == 11) v = -0.0;
+      else if (i % 73 == 13) v = 0.0;
+    }
+    const int64_t iv = static_cast<int64_t>(h % 21) - 10;
+    switch (t) {
+      case DType::f32: static_cast<float*>(b)[i] = static_cast<float>(v); break;
+      case DType::f64: static_cast<double*>(b)[i] = v + 1e-9 * (h % 7); break;
+      case DType::bf16: static_cast<uint16_t*>(b)[i] = ir::f32_to_bf16(static_cast<float>(v)); break;
+      case DType::f16: static_cast<uint16_t*>(b)[i] = ir::f32_to_f16(static_cast<float>(v)); break;
+      case DType::i64: static_cast<int64_t*>(b)[i] = iv; break;
+      case DType::i32: static_cast<int32_t*>(b)[i] = static_cast<int32_t>(iv); break;
+      case DType::i8: static_cast<int8_t*>(b)[i] = static_cast<int8_t>(iv); break;
+      case DType::u8: static_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(h >> 8); break;
+      default: static_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(h & 1); break;
+    }
+  }
+}
+
+/// Runs a compiled kernel over its parallel extent in `pieces` chunks, last chunk first.
+void run_chunked(const CpuKernel& ck, const std::vector<void*>& ptrs, int pieces) {
+  if (ck.parallel_dim < 0) {
+    ck.fn(ptrs.data(), 0, 1);
+    return;
+  }
+  const int64_t e = ck.parallel_extent;
+  std::vector<int64_t> cut;
+  for (int i = 0; i <= pieces; ++i) cut.push_back(e * i / pieces);
+  for (int i = pieces - 1; i >= 0; --i)
+    if (cut[i] < cut[i + 1]) ck.fn(ptrs.data(), cut[i], cut[i + 1]);
+}
+
+/// Tolerance per output param (by param index); missing: exact.
+using Tols = std::map<int, double>;
+
+/// Compiles `kernels` together, runs each one in 1 and `pieces` chunks, compares with the reference.
+void check(const std::vector<Kernel>& kernels, const std::vector<Tols>& tols = {}, int pieces = 3,
+           bool specials = true) {
+  auto mod = compile_cpu(kernels);
+  ASSERT_TRUE(mod.has_value()) << mod.message();
+  ASSERT_EQ((*mod)->kernels().size(), kernels.size());
+  for (size_t ki = 0; ki < kernels.size(); ++ki) {
+    const Kernel& k = kernels[ki];
+    const CpuKernel& ck = (*mod)->kernels()[ki];
+    ASSERT_NE(ck.fn, nullptr);
+    EXPECT_EQ(ck.name, k.name);
+    std::vector<std::vector<uint8_t>> ref(k.params.size());
+    for (size_t p = 0; p < k.params.size(); ++p) {
+      const int64_t n = buffer_elems(k.params[p], k.domain);
+      ref[p].assign(static_cast<size_t>(n * ir::dtype_size(k.params[p].dtype)), 0xAB);
+      if (!k.params[p].is_output) fill(k.params[p].dtype, ref[p].data(), n, 1234u + 77u * p, specials);
+    }
+    const auto init = ref;
+    for (int np : {1, pieces}) {
+      auto got = init;
+      std::vector<void*> rp, gp;
+      for (size_t p = 0; p < k.params.size(); ++p) {
+        rp.push_back(ref[p].data());
+        gp.push_back(got[p].data());
+      }
+      if (np == 1) {
+        ASSERT_TRUE(evaluate_reference(k, rp).is_ok());
+      }
+      run_chunked(ck, gp, np);
+      for (size_t p = 0; p < k.params.size(); ++p) {
+        if (!k.params[p].is_output) continue;
+        const DType t = k.params[p].dtype;
+        const double tol = tols.size() > ki && tols[ki].count(static_cast<int>(p)) ? tols[ki].at(static_cast<int>(p)) : 0;
+        const int64_t n = buffer_elems(k.params[p], k.domain);
+        int bad = 0;
+        for (int64_t i = 0; i < n && bad < 5; ++i) {
+          const double a = read(t, got[p].data(), i), b = read(t, ref[p].data(), i);
+          bool ok;
+          if (std::isnan(a) || std::isnan(b)) ok = std::isnan(a) && std::isnan(b);
+          else if (tol == 0) ok = a == b && std::signbit(a) == std::signbit(b);
+          else ok = a == b || std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b));
+          if (!ok) {
+            ++bad;
+            ADD_FAILURE() << k.name << " output %" << k.params[p].name << "[" << i << "]: got " << a << " want " << b
+                          << " (chunks " << np << ", tol " << tol << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+const std::vector<ScalarOp> kBinary = {ScalarOp::add, ScalarOp::sub, ScalarOp::mul, ScalarOp::div,
+                                       ScalarOp::pow, ScalarOp::max, ScalarOp::min};
+const std::vector<ScalarOp> kUnaryFloat = {ScalarOp::neg, ScalarOp::abs, ScalarOp::exp,  ScalarOp::log,
+                                           ScalarOp::sqrt, ScalarOp::erf, ScalarOp::tanh, ScalarOp::sin,
+                                           ScalarOp::cos, ScalarOp::floor};
+
+bool transcendental(ScalarOp op) {
+  switch (op) {
+    case ScalarOp::pow: case ScalarOp::exp: case ScalarOp::log: case ScalarOp::erf:
+    case ScalarOp::tanh: case ScalarOp::sin: case ScalarOp::cos: return true;
+    default: return false;
+  }
+}
+
+/// One kernel applying every float op to x (and y) over `n` elements, one output per op.
+Kernel all_float_ops(const std::string& name, DType t, int64_t n, Tols& tols, double ttol) {
+  KB b(name, {n});
+  int x = b.load(b.param("x", t, {1}));
+  int y = b.load(b.param("y", t, {1}));
+  for (ScalarOp op : kBinary) {
+    int p = b.out(std::string("o_") + ir::scalar_op_name(op), b.op(op, {x, y}, t), {1});
+    if (transcendental(op)) tols[p] = ttol;
+  }
+  for (ScalarOp op : kUnaryFloat) {
+    int p = b.out(std::string("o_") + ir::scalar_op_name(op), b.op(op, {x}, t), {1});
+    if (transcendental(op)) tols[p] = ttol;
+  }
+  return b.k;
+}
+
+TEST(LlvmCpu, EveryFloatOpF32F64Bf16F16) {
+  std::vector<Tols> tols(4);
+  std::vector<Kernel> ks = {all_float_ops("ops_f32", DType::f32, 1000, tols[0], 1e-6),
+                            all_float_ops("ops_f64", DType::f64, 1000, tols[1], 1e-12),
+                            all_float_ops("ops_bf16", DType::bf16, 1000, tols[2], 1e-2),
+                            all_float_ops("ops_f16", DType::f16, 1000, tols[3], 1e-3)};
+  check(ks, tols);
+}
+
+TEST(LlvmCpu, FloatArithmeticMatchesFloat64Math) {
+  // Independent of the reference: z = x * y + 1 over 7 elements in f32.
+  KB b("fma_like", {7});
+  int x = b.param("x", DType::f32, {1}), y = b.param("y", DType::f32, {1});
+  b.out("z", b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.load(x), b.load(y)}, DType::f32), b.cst(1, DType::f32)}, DType::f32), {1});
+  auto mod = compile_cpu({b.k});
+  ASSERT_TRUE(mod.has_value()) << mod.message();
+  float xv[7] = {1, 2, 3, -4, 0.5f, 1e-3f, 7}, yv[7] = {2, 0.25f, -1, 3, 8, 1e3f, 0}, zv[7];
+  void* ptrs[3] = {xv, yv, zv};
+  (*mod)->kernels()[0].fn(ptrs, 0, 7);
+  for (int i = 0; i < 7; ++i) EXPECT_NEAR(zv[i], double(xv[i]) * yv[i] + 1, 1e-6 * (1 + std::fabs(zv[i])));
+}
+
+TEST(LlvmCpu, IntegerOps) {
+  std::vector<Kernel> ks;
+  for (DType t : {DType::i64, DType::i32, DType::i8, DType::u8}) {
+    KB b(std::string("int_") + ir::dtype_name(t), {1001});
+    int x = b.load(b.param("x", t, {1}));
+    int y = b.load(b.param("y", t, {1}));
+    for (ScalarOp op : kBinary) b.out(std::string("o_") + ir::scalar_op_name(op), b.op(op, {x, y}, t), {1});
+    b.out("o_neg", b.op(ScalarOp::neg, {x}, t), {1});
+    b.out("o_abs", b.op(ScalarOp::abs, {x}, t), {1});
+    for (ScalarOp op : {ScalarOp::lt, ScalarOp::le, ScalarOp::gt, ScalarOp::ge, ScalarOp::eq})
+      b.out(std::string("c_") + ir::scalar_op_name(op), b.op(op, {x, y}, DType::boolean), {1});
+    b.out("to_f32", b.op(ScalarOp::cast, {x}, DType::f32), {1});
+    b.out("to_f64", b.op(ScalarOp::cast, {x}, DType::f64), {1});
+    b.out("to_bf16", b.op(ScalarOp::cast, {x}, DType::bf16), {1});
+    b.out("to_bool", b.op(ScalarOp::cast, {x}, DType::boolean), {1});
+    b.out("to_i64", b.op(ScalarOp::cast, {x}, DType::i64), {1});
+    b.out("to_u8", b.op(ScalarOp::cast, {x}, DType::u8), {1});
+    ks.push_back(b.k);
+  }
+  check(ks);
+}
+
+TEST(LlvmCpu, ComparisonsLogicSelectCasts) {
+  KB b("logic", {997});
+  const DType f = DType::f32;
+  int x = b.load(b.param("x", f, {1}));
+  int y = b.load(b.param("y", f, {1}));
+  int m = b.load(b.param("m", DType::boolean, {1}));
+  int lt = b.op(ScalarOp::lt, {x, y}, DType::boolean);
+  for (ScalarOp op : {ScalarOp::lt, ScalarOp::le, ScalarOp::gt, ScalarOp::ge, ScalarOp::eq})
+    b.out(std::string("c_") + ir::scalar_op_name(op), b.op(op, {x, y}, DType::boolean), {1});
+  b.out("and", b.op(ScalarOp::logical_and, {lt, m}, DType::boolean), {1});
+  b.out("or", b.op(ScalarOp::logical_or, {lt, m}, DType::boolean), {1});
+  b.out("xor", b.op(ScalarOp::logical_xor, {lt, m}, DType::boolean), {1});
+  b.out("not", b.op(ScalarOp::logical_not, {m}, DType::boolean), {1});
+  b.out("sel", b.op(ScalarOp::select, {m, x, y}, f), {1});
+  b.out("bool_to_f32", b.op(ScalarOp::cast, {m}, f), {1});
+  b.out("bool_to_i64", b.op(ScalarOp::cast, {m}, DType::i64), {1});
+  b.out("f32_to_bool", b.op(ScalarOp::cast, {x}, DType::boolean), {1});
+  // Scale x so that float -> int casts see large values, NaN and inf (truncate, saturate, NaN -> 0).
+  int big = b.op(ScalarOp::mul, {x, b.cst(3e9, f)}, f);
+  b.out("f32_to_i64", b.op(ScalarOp::cast, {x}, DType::i64), {1});
+  b.out("big_to_i64", b.op(ScalarOp::cast, {big}, DType::i64), {1});
+  b.out("big_to_i32", b.op(ScalarOp::cast, {big}, DType::i32), {1});
+  b.out("f32_to_u8", b.op(ScalarOp::cast, {b.op(ScalarOp::mul, {x, b.cst(100, f)}, f)}, DType::u8), {1});
+  b.out("f32_to_i8", b.op(ScalarOp::cast, {b.op(ScalarOp::mul, {x, b.cst(100, f)}, f)}, DType::i8), {1});
+  int bf = b.op(ScalarOp::cast, {x}, DType::bf16);
+  b.out("f32_to_bf16", bf, {1});
+  b.out("bf16_to_f32", b.op(ScalarOp::cast, {bf}, f), {1});
+  b.out("bf16_to_i64", b.op(ScalarOp::cast, {b.op(ScalarOp::mul, {bf, b.cst(7, DType::bf16)}, DType::bf16)}, DType::i64), {1});
+  b.out("f32_to_f16", b.op(ScalarOp::cast, {x}, DType::f16), {1});
+  int d = b.op(ScalarOp::cast, {x}, DType::f64);
+  b.out("f32_to_f64", b.op(ScalarOp::mul, {d, b.cst(1.0 / 3.0, DType::f64)}, DType::f64), {1});
+  b.out("f64_to_bf16", b.op(ScalarOp::cast, {b.op(ScalarOp::mul, {d, b.cst(1.0 / 3.0, DType::f64)}, DType::f64)}, DType::bf16), {1});
+  check({b.k});
+}
+
+TEST(LlvmCpu, BroadcastTransposeOffsetsRankZeroOddSizes) {
+  std::vector<Kernel> ks;
+  {  // z[i, j] = x^T[i, j] * row[j] + col[i], x stored (53, 37), x offset 5
+    KB b("bcast", {37, 53});
+    int x = b.load(b.param("x", DType::f32, {1, 37}, false, 5));
+    int r = b.load(b.param("row", DType::f32, {0, 1}));
+    int c = b.load(b.param("col", DType::f32, {1, 0}));
+    b.out("z", b.op(ScalarOp::add, {b.op(ScalarOp::mul, {x, r}, DType::f32), c}, DType::f32), {53, 1});
+    // transposed output too
+    b.out("zt", b.op(ScalarOp::sub, {x, c}, DType::f32), {1, 37});
+    ks.push_back(b.k);
+  }
+  {  // rank 0
+    KB b("scalar", {});
+    int x = b.load(b.param("x", DType::f32, {}));
+    b.out("z", b.op(ScalarOp::mul, {x, b.cst(2.5, DType::f32)}, DType::f32), {});
+    ks.push_back(b.k);
+  }
+  for (int64_t n : {1, 7, 1000003}) {  // 1-D odd sizes
+    KB b("odd_" + std::to_string(n), {n});
+    int x = b.load(b.param("x", DType::f32, {1}));
+    int s = b.load(b.param("s", DType::f32, {0}));  // scalar broadcast
+    b.out("z", b.op(ScalarOp::sub, {b.op(ScalarOp::mul, {x, s}, DType::f32), x}, DType::f32), {1});
+    ks.push_back(b.k);
+  }
+  {  // 3-D with a broadcast middle dim: collapse keeps 2 dims
+    KB b("bcast3", {5, 9, 11});
+    int x = b.load(b.param("x", DType::bf16, {11, 0, 1}));
+    int y = b.load(b.param("y", DType::bf16, {99, 11, 1}));
+    b.out("z", b.op(ScalarOp::div, {y, x}, DType::bf16), {99, 11, 1});
+    ks.push_back(b.k);
+  }
+  check(ks, {}, 4, false);
+}
+
+TEST(LlvmCpu, Reductions) {
+  std::vector<Kernel> ks;
+  std::vector<Tols> tols;
+  {  // row sum + row max of exp(x - 1) over (33, 1001): multiple reduction outputs
+    KB b("row", {33, 1001}, {false, true});
+    int x = b.load(b.param("x", DType::f32, {1001, 1}));
+    int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, b.cst(1, DType::f32)}, DType::f32)}, DType::f32);
+    int s = b.out("sum", e, {1, 0}, ReduceKind::sum);
+    b.out("max", x, {1, 0}, ReduceKind::max);
+    ks.push_back(b.k);
+    tols.push_back({{s, 1e-5}});
+  }
+  {  // column sum (bias gradient) over rows of (1001, 300): wider than one tile
+    KB b("col", {1001, 300}, {true, false});
+    int x = b.load(b.param("x", DType::f32, {300, 1}));
+    b.out("sum", x, {0, 1}, ReduceKind::sum);
+    b.out("max", x, {0, 1}, ReduceKind::max);
+    ks.push_back(b.k);
+    tols.push_back({});
+  }
+  {  // middle reduction (4, 50, 30) over dim 1, and (6, 5, 40) over dims 0 and 2
+    KB b("mid", {4, 50, 30}, {false, true, false});
+    int x = b.load(b.param("x", DType::f64, {1500, 30, 1}));
+    b.out("sum", x, {30, 0, 1}, ReduceKind::sum);
+    ks.push_back(b.k);
+    tols.push_back({});
+    KB c("outer_inner", {6, 5, 40}, {true, false, true});
+    int y = c.load(c.param("y", DType::f32, {200, 40, 1}));
+    int s = c.out("sum", y, {0, 1, 0}, ReduceKind::sum);
+    c.out("max", y, {0, 1, 0}, ReduceKind::max);
+    ks.push_back(c.k);
+    tols.push_back({{s, 1e-5}});
+  }
+  {  // full reduction to a scalar, bf16 input with f32 accumulation, integer sum/max
+    KB b("full", {12345}, {true});
+    int x = b.load(b.param("x", DType::bf16, {1}));
+    int s = b.out("sum", x, {0}, ReduceKind::sum);
+    b.out("max", x, {0}, ReduceKind::max);
+    ks.push_back(b.k);
+    tols.push_back({{s, 1e-2}});
+    KB c("int_red", {17, 101}, {false, true});
+    int y = c.load(c.param("y", DType::i64, {101, 1}));
+    c.out("sum", y, {1, 0}, ReduceKind::sum);
+    c.out("max", y, {1, 0}, ReduceKind::max);
+    ks.push_back(c.k);
+    tols.push_back({});
+  }
+  {  // empty reduced dim: sum 0, max -inf
+    KB b("empty", {5, 0}, {false, true});
+    int x = b.load(b.param("x", DType::f32, {0, 1}));
+    b.out("sum", x, {1, 0}, ReduceKind::sum);
+    b.out("max", x, {1, 0}, ReduceKind::max);
+    ks.push_back(b.k);
+    tols.push_back({});
+  }
+  check(ks, tols, 3, false);
+  check({ks[0], ks[1]}, {tols[0], tols[1]}, 5, true);  // NaN/inf inputs
+}
+
+TEST(LlvmCpu, ScheduleAndVectorization) {
+  KB a("vec_add", {4096});
+  a.out("z", a.op(ScalarOp::add, {a.load(a.param("x", DType::f32, {1})), a.load(a.param("y", DType::f32, {1}))}, DType::f32), {1});
+  // f32 sums accumulate in double in index order (bit-equal to eager); an f64 row sum
+  // may reassociate, so it vectorizes.
+  KB r("row_sum", {64, 512}, {false, true});
+  r.out("s", r.load(r.param("x", DType::f64, {512, 1})), {1, 0}, ReduceKind::sum);
+  KB c("col_sum", {64, 512}, {true, false});
+  c.out("s", c.load(c.param("x", DType::f32, {512, 1})), {0, 1}, ReduceKind::sum);
+  auto mod = compile_cpu({a.k, r.k, c.k});
+  ASSERT_TRUE(mod.has_value()) << mod.message();
+  const auto& ks = (*mod)->kernels();
+  EXPECT_EQ(ks[0].parallel_dim, 0);
+  EXPECT_EQ(ks[0].parallel_extent, 4096);
+  EXPECT_EQ(ks[1].parallel_extent, 64);
+  EXPECT_EQ(ks[1].work_per_index, 512);
+  EXPECT_EQ(ks[2].parallel_dim, 1);
+  EXPECT_EQ(ks[2].parallel_extent, 512);
+  EXPECT_EQ((*mod)->stats().num_kernels, 3);
+  const std::string& ir = (*mod)->llvm_ir();
+  // Each kernel's optimized body holds vector code (SSE at least: <4 x float>, <2 x double>).
+  for (const char* name : {"vec_add", "row_sum", "col_sum"}) {
+    const size_t at = ir.find(std::string("define void @") + name + "(");
+    ASSERT_NE(at, std::string::npos) << name;
+    const std::string body = ir.substr(at, ir.find("\n}\n", at) - at);
+    const char* vec = std::string(name) == "row_sum" ? " x double>" : " x float>";
+    EXPECT_NE(body.find(vec), std::string::npos) << name << " not vectorized:\n" << body;
+  }
+  EXPECT_NE(ir.find("fadd reassoc <"), std::string::npos) << "row sum not vectorized";
+}
+
+TEST(LlvmCpu, EmitLlvmIrHasOneFunctionPerKernel) {
+  KB a("k_one", {10});
+  a.out("z", a.op(ScalarOp::neg, {a.load(a.param("x", DType::f32, {1}))}, DType::f32), {1});
+  KB b("k_two", {3, 4}, {false, true});
+  b.out("s", b.load(b.param("x", DType::f64, {4, 1})), {1, 0}, ReduceKind::sum);
+  auto ir = emit_llvm_ir({a.k, b.k});
+  ASSERT_TRUE(ir.has_value()) << ir.message();
+  EXPECT_NE(ir->find("define void @k_one(ptr"), std::string::npos) << *ir;
+  EXPECT_NE(ir->find("define void @k_two(ptr"), std::string::npos) << *ir;
+  EXPECT_FALSE(host_cpu_description().empty());
+}
+
+TEST(LlvmCpu, ErrorsNameTheKernel) {
+  KB a("broken_kernel", {10});
+  int x = a.param("x", DType::f32, {1});
+  a.out("z", a.load(x), {1});
+  a.k.stores[0].param = x;  // store into an input
+  auto mod = compile_cpu({a.k});
+  ASSERT_FALSE(mod.has_value());
+  EXPECT_NE(mod.message().find("broken_kernel"), std::string::npos) << mod.message();
+  KB b("dup", {2});
+  b.out("z", b.load(b.param("x", DType::f32, {1})), {1});
+  auto dup = compile_cpu({b.k, b.k});
+  ASSERT_FALSE(dup.has_value());
+  EXPECT_NE(dup.message().find("dup"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::codegen
