@@ -601,4 +601,12 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
   return Status::ok();
 }
 
+std::string structure_key(const Kernel& k) {
+  Kernel c = k;
+  c.name = "k";
+  c.fused_nodes.clear();
+  for (size_t i = 0; i < c.params.size(); ++i) c.params[i].name = "p" + std::to_string(i);
+  return c.to_string();
+}
+
 }  // namespace kiln::codegen

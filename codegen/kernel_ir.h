@@ -79,6 +79,11 @@ struct Kernel {
   Status verify() const;
 };
 
+/// Text of `k`'s computation without its name and the IR names of its parameters: two
+/// kernels with equal keys compute the same function over the same buffer layouts, so
+/// one generated function serves both (emitters deduplicate with it).
+std::string structure_key(const Kernel& k);
+
 /// Copy of `k` with adjacent domain dims merged wherever every parameter (and the
 /// reduced flags) allows it, so that emitters see the fewest, longest loops. The
 /// function computed is unchanged.

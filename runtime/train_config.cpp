@@ -57,7 +57,18 @@ Status TrainConfig::validate() const {
   KILN_RETURN_IF_ERROR(one_of("optim", optim, {"adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "sgd"}));
   KILN_RETURN_IF_ERROR(
       one_of("lr_scheduler_type", lr_scheduler_type, {"linear", "cosine", "constant", "constant_with_warmup"}));
-  KILN_RETURN_IF_ERROR(one_of("backend", backend, {"eager", "compiled"}));
+  // A comma list ("eager,compiled") is for `kiln bench`, which runs each side by side;
+  // the driver builds one program per single backend.
+  {
+    std::string item;
+    std::istringstream is(backend);
+    int items = 0;
+    while (std::getline(is, item, ',')) {
+      ++items;
+      KILN_RETURN_IF_ERROR(one_of("backend", item, {"eager", "compiled"}));
+    }
+    if (items == 0) KILN_RETURN_IF_ERROR(one_of("backend", backend, {"eager", "compiled"}));
+  }
   if (!accumulation_normalization.empty())
     KILN_RETURN_IF_ERROR(one_of("accumulation_normalization", accumulation_normalization, {"tokens", "microbatch"}));
   if (accumulation_normalization == "tokens" && loss != "cross_entropy")
@@ -190,7 +201,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step (an accumulation loop in the IR)"},
       {"accumulation_normalization", Kind::str, &c.accumulation_normalization,
        "tokens | microbatch: how accumulated losses are normalized (default: tokens for cross_entropy, else microbatch)"},
-      {"backend", Kind::str, &c.backend, "compiled (fused kernels generated with LLVM) | eager (op by op, the reference)"},
+      {"backend", Kind::str, &c.backend, "compiled (fused kernels generated with LLVM) | eager (op by op, the reference); bench takes a list: eager,compiled"},
       {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
       {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing, "recompute each repeated layer in backward (= --remat_policy blocks)"},
       {"remat_policy", Kind::str, &c.remat_policy, "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes"},

@@ -631,13 +631,29 @@ Expected<llvm::orc::JITTargetMachineBuilder> host_jtmb() {
 
 /// Verifies, collapses and emits `kernels` into `m`; returns their schedules.
 Expected<std::vector<CpuKernel>> emit_module(const std::vector<Kernel>& kernels, llvm::Module& m,
-                                             const std::string& cpu, const std::string& feats) {
+                                             const std::string& cpu, const std::string& feats,
+                                             std::vector<int>* alias_of = nullptr) {
   std::set<std::string> names;
+  std::map<std::string, int> by_key;  // structure_key -> first kernel with it
   std::vector<CpuKernel> out;
-  for (const Kernel& k : kernels) {
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const Kernel& k = kernels[i];
     KILN_RETURN_IF_ERROR(k.verify());
     if (!names.insert(k.name).second) return Status::error("kernel '" + k.name + "': duplicate kernel name");
-    KernelEmitter em(m, collapse_dims(k), cpu, feats);
+    Kernel c = collapse_dims(k);
+    if (alias_of) {
+      // Structurally equal kernels (the AdamW update of same-shaped parameters, ...)
+      // share one generated function.
+      auto [it, fresh] = by_key.emplace(structure_key(c), static_cast<int>(i));
+      alias_of->push_back(fresh ? -1 : it->second);
+      if (!fresh) {
+        CpuKernel ck = out[it->second];
+        ck.name = k.name;
+        out.push_back(ck);
+        continue;
+      }
+    }
+    KernelEmitter em(m, c, cpu, feats);
     out.push_back(em.emit());
   }
   std::string err;
@@ -682,7 +698,8 @@ Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kern
   auto m = std::make_unique<llvm::Module>("kiln_cpu", *ctx);
   m->setTargetTriple(tm->getTargetTriple().str());
   m->setDataLayout(tm->createDataLayout());
-  KILN_ASSIGN_OR_RETURN(mod->kernels_, emit_module(kernels, *m, cpu, feats));
+  std::vector<int> alias_of;
+  KILN_ASSIGN_OR_RETURN(mod->kernels_, emit_module(kernels, *m, cpu, feats, &alias_of));
   mod->stats_.emit_s = seconds_since(t0);
 
   t0 = clock::now();
@@ -694,6 +711,7 @@ Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kern
     llvm::PipelineTuningOptions pto;
     pto.LoopVectorization = true;
     pto.SLPVectorization = true;
+    pto.LoopUnrolling = false;  // vector loops stay compact: most of the compile time was unrolled code
     llvm::PassBuilder pb(tm.get(), pto);
     fam.registerPass([&] { return tm->getTargetIRAnalysis(); });
     pb.registerModuleAnalyses(mam);
@@ -721,11 +739,18 @@ Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kern
     return Status::error("LLVM: cannot define runtime symbols: " + llvm_error(std::move(err)));
   if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))))
     return Status::error("LLVM: cannot add the kernel module: " + llvm_error(std::move(err)));
-  for (CpuKernel& ck : mod->kernels_) {
+  int unique = 0;
+  for (size_t i = 0; i < mod->kernels_.size(); ++i) {
+    CpuKernel& ck = mod->kernels_[i];
+    if (alias_of[i] >= 0) continue;
+    ++unique;
     auto addr = (*jit)->lookup(ck.name);
     if (!addr) return Status::error("kernel '" + ck.name + "': JIT link failed: " + llvm_error(addr.takeError()));
     ck.fn = addr->toPtr<CpuKernelFn>();
   }
+  for (size_t i = 0; i < mod->kernels_.size(); ++i)
+    if (alias_of[i] >= 0) mod->kernels_[i].fn = mod->kernels_[alias_of[i]].fn;
+  mod->stats_.num_unique = unique;
   mod->jit = std::move(*jit);
   mod->stats_.codegen_s = seconds_since(t0);
   return std::unique_ptr<CpuModule>(std::move(mod));

@@ -37,6 +37,7 @@ struct CpuCompileStats {
   double optimize_s = 0;  ///< O3 pipeline
   double codegen_s = 0;   ///< machine code + JIT link (ORC)
   int num_kernels = 0;
+  int num_unique = 0;     ///< distinct generated functions (structurally equal kernels share one)
 };
 
 /// A JIT-compiled module of kernels; owns the code (kernels stay valid while it lives).

@@ -8,6 +8,8 @@
 // exception escapes main.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
+#include <omp.h>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -143,6 +145,12 @@ std::string fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
   return b;
+}
+
+/// `s` padded with spaces to `width` characters (left-aligned when `left`).
+std::string pad(const std::string& s, size_t width, bool left = false) {
+  if (s.size() >= width) return s;
+  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
 }
 
 /// Label spec before the program is compiled (the label input is added by attach_loss):
@@ -386,48 +394,118 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
-  passes::PassContext dbg = flags.pass_context();
-  auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, warmup + steps));
-  auto specs = program_specs(*prog.train_step, prog.data_inputs);
-  std::optional<runtime::Dataset> ds;
-  if (!cfg.train_data.empty()) {
-    auto raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
-    ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
-  } else {
-    int64_t classes = 2;
-    if (auto* lo = prog.train_step->find_value(prog.logits_output); lo && lo->shape.rank() > 0 && lo->shape.dims.back().is_static())
-      classes = lo->shape.dims.back().value;
-    auto b = synthetic_batch(specs, prog.label_input, rows, classes, cfg.seed);
-    std::vector<runtime::NamedArray> arrays;
-    for (auto& [n, t] : b) arrays.push_back({n, "synthetic", t});
-    ds = unwrap(runtime::Dataset::from_arrays(arrays, specs, data_options(cfg)));
+  // --backend eager,compiled: one program per backend, their steps interleaved so that
+  // the machine's load falls on each alike (ratios from one run, not absolute times).
+  std::vector<std::string> backends;
+  {
+    std::string item;
+    std::istringstream is(cfg.backend);
+    while (std::getline(is, item, ','))
+      if (std::find(backends.begin(), backends.end(), item) == backends.end()) backends.push_back(item);
   }
-  TrainConfig bc = cfg;
-  bc.max_steps = warmup + steps;
-  runtime::TrainerOptions to;
-  to.write_files = false;
-  auto tr = unwrap(runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to));
-  for (int i = 0; i < warmup; ++i) unwrap(tr.step());
-  // Measured step peak: MemoryStats peak minus the resident bytes that are not the
-  // step's (datasets, other graphs); the trainer's state and the constants are the step's.
-  auto mem_plan = eager_plan(*prog.train_step);
-  int64_t mem_base = ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step);
-  for (auto& [n, t] : tr.state()) mem_base -= static_cast<int64_t>(t.nbytes());
-  ir::MemoryStats::reset_peak();
-  std::vector<double> times;
-  for (int i = 0; i < steps; ++i) times.push_back(unwrap(tr.step()).seconds);
-  std::sort(times.begin(), times.end());
-  double med = times.size() % 2 ? times[times.size() / 2] : 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
-  std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << cfg.backend << ")\n";
+  struct Run {
+    std::string backend;
+    driver::TrainingProgram prog;
+    std::optional<runtime::Trainer> tr;
+    std::optional<passes::MemoryPlan> plan;
+    int64_t resident = 0;  // the step's own resident bytes: constants and state
+    int64_t peak = 0;      // measured step peak
+    std::vector<double> times;
+    double compile_s = 0;
+  };
+  std::vector<Run> runs(backends.size());
+  passes::PassContext dbg = flags.pass_context();
+  std::optional<runtime::Dataset> ds;
+  for (size_t r = 0; r < backends.size(); ++r) {
+    TrainConfig c = cfg;
+    c.backend = backends[r];
+    runs[r].backend = backends[r];
+    const auto t0 = std::chrono::steady_clock::now();
+    runs[r].prog = unwrap(driver::build_training_program(c, &dbg, false, false, warmup + steps));
+    runs[r].compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto& prog = runs[r].prog;
+    if (!ds) {
+      auto specs = program_specs(*prog.train_step, prog.data_inputs);
+      if (!cfg.train_data.empty()) {
+        auto raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
+        ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
+      } else {
+        int64_t classes = 2;
+        if (auto* lo = prog.train_step->find_value(prog.logits_output);
+            lo && lo->shape.rank() > 0 && lo->shape.dims.back().is_static())
+          classes = lo->shape.dims.back().value;
+        auto b = synthetic_batch(specs, prog.label_input, rows, classes, cfg.seed);
+        std::vector<runtime::NamedArray> arrays;
+        for (auto& [n, t] : b) arrays.push_back({n, "synthetic", t});
+        ds = unwrap(runtime::Dataset::from_arrays(arrays, specs, data_options(cfg)));
+      }
+    }
+    TrainConfig bc = c;
+    bc.max_steps = warmup + steps;
+    runtime::TrainerOptions to;
+    to.write_files = false;
+    runs[r].tr.emplace(unwrap(runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to)));
+    runs[r].plan = backends[r] == "eager" ? eager_plan(*prog.train_step)
+                                          : [&]() -> std::optional<passes::MemoryPlan> {
+                                              auto p = passes::plan_memory(*prog.train_step, passes::PlanOptions::eager());
+                                              if (!p) return std::nullopt;
+                                              return std::move(*p);
+                                            }();
+  }
+  for (auto& r : runs)
+    if (auto* k = r.prog.train_kernels.get(); k && k->module) {
+      const auto& st = k->module->stats();
+      std::cout << "compile (" << r.backend << " train step): " << st.num_kernels << " kernels (" << st.num_unique << " distinct); lower "
+                << fmt("%.3f", k->lower_s) << " s, LLVM IR " << fmt("%.3f", st.emit_s) << " s, O3 "
+                << fmt("%.3f", st.optimize_s) << " s, machine code + JIT link " << fmt("%.3f", st.codegen_s) << " s\n";
+    }
+  for (int i = 0; i < warmup; ++i)
+    for (auto& r : runs) unwrap(r.tr->step());
+  for (auto& r : runs) {
+    r.resident = initializer_bytes(*r.prog.train_step);
+    for (auto& [n, t] : r.tr->state()) r.resident += static_cast<int64_t>(t.nbytes());
+  }
+  // Measured step peak: MemoryStats peak during the step minus what was resident before
+  // it, plus the step's own resident inputs (its constants and state).
+  for (int i = 0; i < steps; ++i)
+    for (auto& r : runs) {
+      ir::MemoryStats::reset_peak();
+      const int64_t before = ir::MemoryStats::current_bytes();
+      r.times.push_back(unwrap(r.tr->step()).seconds);
+      r.peak = std::max(r.peak, ir::MemoryStats::peak_bytes() - before + r.resident);
+    }
+  auto median = [](std::vector<double> t) {
+    std::sort(t.begin(), t.end());
+    return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+  };
   // Precision column (issue 4): what the step computes in (--bf16 / --fp16, else fp32).
   const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
-  std::cout << "precision " << precision << " | median step time " << fmt("%.6f", med) << " s | "
-            << fmt("%.1f", med > 0 ? rows / med : 0.0) << " samples/s\n";
-  const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
-  std::cout << "peak memory: " << (mem_plan ? planned_vs_measured(mem_plan->peak_bytes, mem_measured)
-                                            : "measured " + passes::human_bytes(mem_measured) + " (" +
-                                                  std::to_string(mem_measured) + " B), no plan")
-            << "\n";
+  if (runs.size() == 1) {
+    Run& r = runs[0];
+    const double med = median(r.times);
+    std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << r.backend
+              << ")\n";
+    std::cout << "precision " << precision << " | median step time " << fmt("%.6f", med) << " s | "
+              << fmt("%.1f", med > 0 ? rows / med : 0.0) << " samples/s\n";
+    std::cout << "peak memory: "
+              << (r.plan ? planned_vs_measured(r.plan->peak_bytes, r.peak)
+                         : "measured " + passes::human_bytes(r.peak) + " (" + std::to_string(r.peak) + " B), no plan")
+              << "\n";
+    return 0;
+  }
+  std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision "
+            << precision << ", " << omp_get_max_threads() << " threads; steps alternate between backends\n";
+  std::cout << pad("backend", 10, true) << pad("median s/step", 16) << pad("samples/s", 12)
+            << pad("vs " + runs[0].backend, 12) << pad("peak measured", 16) << pad("peak planned", 16)
+            << pad("build s", 10) << "\n";
+  const double base = median(runs[0].times);
+  for (auto& r : runs) {
+    const double med = median(r.times);
+    std::cout << pad(r.backend, 10, true) << pad(fmt("%.6f", med), 16) << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12)
+              << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), 12) << pad(passes::human_bytes(r.peak), 16)
+              << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16) << pad(fmt("%.2f", r.compile_s), 10)
+              << "\n";
+  }
   return 0;
 }
 

@@ -142,6 +142,9 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
 Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg, passes::PassContext* dbg,
                                                  bool want_grads, bool to_f64, int64_t total_steps) {
   if (total_steps <= 0) total_steps = cfg.max_steps > 0 ? cfg.max_steps : 1;
+  if (cfg.backend.find(',') != std::string::npos)
+    return Status::error("--backend: one backend per program (a list such as '" + cfg.backend +
+                         "' is for kiln bench)");
   TrainingProgram prog;
   auto opts = pass_options(cfg, total_steps);
   KILN_ASSIGN_OR_RETURN(auto train_dims, batch_bindings(cfg, cfg.per_device_train_batch_size));
