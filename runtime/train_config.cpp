@@ -201,7 +201,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step (an accumulation loop in the IR)"},
       {"accumulation_normalization", Kind::str, &c.accumulation_normalization,
        "tokens | microbatch: how accumulated losses are normalized (default: tokens for cross_entropy, else microbatch)"},
-      {"backend", Kind::str, &c.backend, "compiled (fused kernels generated with LLVM) | eager (op by op, the reference); bench takes a list: eager,compiled"},
+      {"backend", Kind::str, &c.backend, "compiled (default: fused kernels generated with LLVM) | eager (op by op, the reference); bench takes a list: eager,compiled"},
       {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
       {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing, "recompute each repeated layer in backward (= --remat_policy blocks)"},
       {"remat_policy", Kind::str, &c.remat_policy, "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes"},

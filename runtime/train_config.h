@@ -59,7 +59,7 @@ struct TrainConfig {
   /// num_items_in_batch); "microbatch": each microbatch's mean loss / N; "" = default
   /// (tokens for cross_entropy, else microbatch).
   std::string accumulation_normalization;
-  std::string backend = "eager";
+  std::string backend = "eager";  // the library's default: the reference; the kiln CLI defaults to compiled
   /// kiln extension: drop every Dropout node from the training program (what setting
   /// the model's dropout probability to 0 does in PyTorch), for deterministic checks.
   bool disable_dropout = false;

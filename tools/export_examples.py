@@ -30,9 +30,13 @@ Export settings (torch 1.13, opset 17, the newest it and libonnx 1.12 know):
     "batch" (dynamic_axes); the GPT sequence length is fixed at 64.
 
 Per example: model.onnx, input.npy (batch 4 of real eval data), output.npy (f32 eval
-output), meta.json. Usage: tools/export_examples.py [--only NAME] [--large]
+output), meta.json. Usage: tools/export_examples.py [--only NAME] [--large] [--bench]
   --large also exports tiny_gpt_4l512 (4 layers, n_embd 512, 8 heads, seq 128) into
   build/examples/ (too big to commit: ~50 MB).
+  --bench exports only the benchmark model gpt_4l256 (GPT class as tiny_gpt: 4 layers,
+  n_embd 256, 8 heads, seq 128, vocab 256, dropout 0.1, same export settings) into
+  build/examples/gpt_4l256/model.onnx (not committed) and writes nothing under examples/
+  (tools/prepare_bench_models.sh).
 """
 import argparse
 import copy
@@ -373,14 +377,40 @@ def export_large(build_root):
                                                         sum(p.numel() for p in model.parameters())))
 
 
+# Benchmark-only models (build/examples/<name>/model.onnx): name -> GPT constructor args.
+BENCH_MODELS = {
+    "gpt_4l256": dict(vocab=256, block=128, n_layer=4, n_head=8, n_embd=256),
+}
+
+
+def build_bench_model(name):
+    """A benchmark GPT with its seeded initial weights (same as its model.onnx)."""
+    torch.manual_seed(SEED)
+    return GPT(**BENCH_MODELS[name])
+
+
+def export_bench(build_root):
+    for name, cfg in BENCH_MODELS.items():
+        out = os.path.join(build_root, "examples", name)
+        model = build_bench_model(name)
+        path, _, params, _ = export("tiny_gpt", out, model, seq=cfg["block"])
+        print("%s: %s (%.1f MB, %d params)" % (name, path, os.path.getsize(path) / 2**20,
+                                               sum(p.numel() for p in model.parameters())))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="export one example")
     ap.add_argument("--out", default=os.path.join(REPO, "examples"))
     ap.add_argument("--large", action="store_true", help="also export tiny_gpt_4l512 into build/examples")
+    ap.add_argument("--bench", action="store_true",
+                    help="export only the benchmark model gpt_4l256 into build/examples (nothing under examples/)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     warnings.filterwarnings("ignore", category=UserWarning)  # torch's training-mode export notes
+    if args.bench:
+        export_bench(os.path.join(REPO, "build"))
+        return
     names = [args.only] if args.only else list(example_specs())
     for n in names:
         size, nparam = write_example(n, args.out)

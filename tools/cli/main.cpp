@@ -93,6 +93,7 @@ struct ConfigFlags {
   /// Defaults <- --config file <- flags; then validate.
   TrainConfig build() const {
     TrainConfig cfg;
+    cfg.backend = "compiled";  // the command line's default (TrainConfig's own is eager, the reference)
     if (!config_file.empty()) {
       if (!fs::exists(config_file)) throw Failure{1, "--config: " + config_file + ": no such file"};
       Status s = runtime::load_config_json(config_file, cfg);

@@ -1,0 +1,320 @@
+// Microbenchmarks (Google Benchmark) of the compiled CPU backend (issue 7):
+//   Codegen/Copy*       copy bandwidth of this machine, measured by this binary: memcpy of a
+//                       64 MiB f32 buffer, single-threaded and split into the OpenMP chunks
+//                       the runtime uses; bytes counted read + write.
+//   Codegen/Pointwise*  hand-built kernel IR compiled with codegen::compile_cpu: y = a*b + c*d
+//                       (f32, 16M elements) and the AdamW update (p, g, m, v -> p', m', v').
+//   Codegen/RowSum      sum over the last dim of (4096, 4096) f32 -> 4096.
+//   Codegen/ColSum      bias-gradient column sum (8192, 256) f32 -> 256.
+//   Codegen/Build*      driver::build_training_program with backend "compiled" (import, all
+//                       passes, fusion, lowering, LLVM O3 + JIT) of the tiny GPT (batch 8) and
+//                       of gpt_4l256 (build/examples/, tools/prepare_bench_models.sh; batch 8).
+//
+//   OMP_NUM_THREADS=2 build/bin/kiln_microbench --benchmark_filter=Codegen
+//
+// Generated kernels run over the whole domain with the split of run_fused_compiled
+// (runtime/interpreter.cpp): min(extent, threads, work / 32768) chunks of the parallel dim,
+// one omp parallel-for, static schedule. Buffers are allocated and first-touched once
+// (the runtime allocates outputs per call; page faults are not measured here).
+// Counters: bytes_per_second = bytes the kernel must move (each input read once, each output
+// written once) / wall time; copy_ratio = that rate / the parallel-copy rate (1.0 = as fast
+// as memcpy of the same bytes).
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codegen/cpu/llvm_cpu.h"
+#include "codegen/kernel_ir.h"
+#include "runtime/interpreter.h"
+#include "runtime/train_config.h"
+#include "tools/driver/driver.h"
+
+using namespace kiln;
+using codegen::KExpr;
+using codegen::Kernel;
+using codegen::KernelParam;
+using codegen::ReduceKind;
+using ir::DType;
+using ir::ScalarOp;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// 64-byte aligned f32 buffer, first-touched by the omp threads in static chunks.
+struct Buf {
+  float* p = nullptr;
+  int64_t n = 0;
+  explicit Buf(int64_t elems, float v = 1.f) : n(elems) {
+    p = static_cast<float*>(std::aligned_alloc(64, ((elems * 4 + 63) / 64) * 64));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < elems; ++i) p[i] = v + 1e-3f * static_cast<float>(i % 1000);
+  }
+  ~Buf() { std::free(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+};
+
+/// memcpy of `bytes` split into `chunks` pieces over omp threads (1: plain memcpy).
+void split_copy(char* dst, const char* src, int64_t bytes, int chunks) {
+  if (chunks <= 1) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < chunks; ++c) {
+    const int64_t b = bytes * c / chunks, e = bytes * (c + 1) / chunks;
+    std::memcpy(dst + b, src + b, e - b);
+  }
+}
+
+constexpr int64_t kCopyElems = 16 * 1024 * 1024;  // 64 MiB of f32
+
+/// Parallel copy bandwidth in bytes/s (read + write), best of 8, measured once.
+double copy_bandwidth() {
+  static double bw = [] {
+    Buf a(kCopyElems), b(kCopyElems);
+    double best = 0;
+    for (int r = 0; r < 8; ++r) {
+      const auto t0 = Clock::now();
+      split_copy(reinterpret_cast<char*>(b.p), reinterpret_cast<const char*>(a.p), kCopyElems * 4,
+                 omp_get_max_threads());
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      best = std::max(best, 2.0 * kCopyElems * 4 / s);
+    }
+    return best;
+  }();
+  return bw;
+}
+
+void BM_CodegenCopy(benchmark::State& state) {
+  const int chunks = state.range(0) == 0 ? 1 : omp_get_max_threads();
+  Buf a(kCopyElems), b(kCopyElems);
+  for (auto _ : state) {
+    split_copy(reinterpret_cast<char*>(b.p), reinterpret_cast<const char*>(a.p), kCopyElems * 4, chunks);
+    benchmark::DoNotOptimize(b.p);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * kCopyElems * 4);
+  state.counters["threads"] = chunks;
+}
+
+// ----------------------------------------------------------------------------- kernel IR
+/// Small builder for hand-made kernels (as tests/codegen/llvm_cpu_test.cpp).
+struct KB {
+  Kernel k;
+  KB(std::string name, std::vector<int64_t> domain, std::vector<bool> reduced = {}) {
+    k.name = std::move(name);
+    k.domain = std::move(domain);
+    k.reduced = std::move(reduced);
+  }
+  int param(const std::string& name, std::vector<int64_t> strides, bool out = false) {
+    KernelParam p;
+    p.name = name;
+    p.dtype = DType::f32;
+    p.strides = std::move(strides);
+    p.is_output = out;
+    k.params.push_back(p);
+    return static_cast<int>(k.params.size()) - 1;
+  }
+  int push(KExpr e) {
+    k.exprs.push_back(std::move(e));
+    return static_cast<int>(k.exprs.size()) - 1;
+  }
+  int load(int p) {
+    KExpr e;
+    e.kind = KExpr::Kind::load;
+    e.param = p;
+    e.dtype = DType::f32;
+    return push(e);
+  }
+  int cst(double v) {
+    KExpr e;
+    e.kind = KExpr::Kind::constant;
+    e.value = v;
+    e.dtype = DType::f32;
+    return push(e);
+  }
+  int op(ScalarOp o, std::vector<int> args) {
+    KExpr e;
+    e.kind = KExpr::Kind::op;
+    e.op = o;
+    e.args = std::move(args);
+    e.dtype = DType::f32;
+    return push(e);
+  }
+  void store(int p, int e, ReduceKind r = ReduceKind::none) { k.stores.push_back({p, e, r}); }
+};
+
+constexpr int64_t kPointwiseElems = 16 * 1024 * 1024;
+
+/// y = a*b + c*d over a 1-D domain of n elements.
+Kernel axpby_kernel(int64_t n) {
+  KB b("bench_mul_add", {n});
+  int pa = b.param("a", {1}), pb = b.param("b", {1}), pc = b.param("c", {1}), pd = b.param("d", {1});
+  int e = b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.load(pa), b.load(pb)}), b.op(ScalarOp::mul, {b.load(pc), b.load(pd)})});
+  b.store(b.param("y", {1}, true), e);
+  return b.k;
+}
+
+/// torch.optim.AdamW's update of one parameter (lr 1e-3, betas 0.9/0.999, eps 1e-8, wd 0.01,
+/// bias corrections of step 10 folded into constants): params p, g, m, v in; p', m', v' out.
+Kernel adamw_kernel(int64_t n) {
+  KB b("bench_adamw", {n});
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01;
+  const double bc1 = 1 - std::pow(b1, 10), bc2 = 1 - std::pow(b2, 10);
+  int pp = b.param("p", {1}), pg = b.param("g", {1}), pm = b.param("m", {1}), pv = b.param("v", {1});
+  int g = b.load(pg);
+  int m = b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.cst(b1), b.load(pm)}), b.op(ScalarOp::mul, {b.cst(1 - b1), g})});
+  int v = b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.cst(b2), b.load(pv)}),
+                               b.op(ScalarOp::mul, {b.cst(1 - b2), b.op(ScalarOp::mul, {g, g})})});
+  int denom = b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.op(ScalarOp::sqrt, {v}), b.cst(1 / std::sqrt(bc2))}), b.cst(eps)});
+  int upd = b.op(ScalarOp::div, {b.op(ScalarOp::mul, {m, b.cst(lr / bc1)}), denom});
+  int p = b.op(ScalarOp::sub, {b.op(ScalarOp::mul, {b.load(pp), b.cst(1 - lr * wd)}), upd});
+  b.store(b.param("p_out", {1}, true), p);
+  b.store(b.param("m_out", {1}, true), m);
+  b.store(b.param("v_out", {1}, true), v);
+  return b.k;
+}
+
+/// out[i] = sum_j x[i, j] over a (rows, cols) domain.
+Kernel row_sum_kernel(int64_t rows, int64_t cols) {
+  KB b("bench_row_sum", {rows, cols}, {false, true});
+  int x = b.param("x", {cols, 1});
+  b.store(b.param("out", {1, 0}, true), b.load(x), ReduceKind::sum);
+  return b.k;
+}
+
+/// out[j] = sum_i x[i, j] over a (rows, cols) domain (bias gradient).
+Kernel col_sum_kernel(int64_t rows, int64_t cols) {
+  KB b("bench_col_sum", {rows, cols}, {true, false});
+  int x = b.param("x", {cols, 1});
+  b.store(b.param("out", {0, 1}, true), b.load(x), ReduceKind::sum);
+  return b.k;
+}
+
+/// Number of f32 elements param `p` of `k` spans.
+int64_t param_elems(const Kernel& k, const KernelParam& p) {
+  int64_t n = p.offset + 1;
+  for (size_t d = 0; d < k.domain.size(); ++d) n += (k.domain[d] - 1) * p.strides[d];
+  return n;
+}
+
+/// Compiles `k` and runs it over its whole domain with the runtime's OpenMP split;
+/// reports the bytes its parameters span (inputs read once, outputs written once).
+void run_kernel(benchmark::State& state, const Kernel& k) {
+  auto mod = codegen::compile_cpu({k});
+  if (!mod) {
+    state.SkipWithError(mod.message().c_str());
+    return;
+  }
+  const codegen::CpuKernel& ck = (*mod)->kernels()[0];
+  std::vector<std::unique_ptr<Buf>> bufs;
+  std::vector<void*> ptrs;
+  int64_t bytes = 0;
+  for (auto& p : k.params) {
+    const int64_t n = param_elems(k, p);
+    bufs.push_back(std::make_unique<Buf>(n, p.is_output ? 0.f : 0.5f));
+    ptrs.push_back(bufs.back()->p);
+    bytes += n * 4;
+  }
+  const double copy_bw = copy_bandwidth();
+  // The split of run_fused_compiled (runtime/interpreter.cpp).
+  const int64_t extent = ck.parallel_dim < 0 ? 1 : ck.parallel_extent;
+  const int64_t work = extent * std::max<int64_t>(1, ck.work_per_index);
+  const int threads = omp_get_max_threads();
+  const int64_t chunks = std::min<int64_t>({extent, static_cast<int64_t>(threads), std::max<int64_t>(1, work / 32768)});
+  void* const* args = ptrs.data();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    if (chunks <= 1) {
+      ck.fn(args, 0, extent);
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c) ck.fn(args, c * extent / chunks, (c + 1) * extent / chunks);
+    }
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  const double rate = seconds > 0 ? static_cast<double>(bytes) * state.iterations() / seconds : 0;
+  state.counters["copy_ratio"] = copy_bw > 0 ? rate / copy_bw : 0;
+  state.counters["copy_GBps"] = copy_bw / 1e9;
+  state.counters["chunks"] = static_cast<double>(chunks);
+  state.counters["llvm_compile_s"] =
+      (*mod)->stats().emit_s + (*mod)->stats().optimize_s + (*mod)->stats().codegen_s;
+}
+
+void BM_CodegenPointwiseMulAdd(benchmark::State& s) { run_kernel(s, axpby_kernel(kPointwiseElems)); }
+void BM_CodegenPointwiseAdamW(benchmark::State& s) { run_kernel(s, adamw_kernel(kPointwiseElems)); }
+void BM_CodegenRowSum(benchmark::State& s) { run_kernel(s, row_sum_kernel(4096, 4096)); }
+void BM_CodegenColSum(benchmark::State& s) { run_kernel(s, col_sum_kernel(8192, 256)); }
+
+// ----------------------------------------------------------------------------- build time
+/// Path of a repository file: as given when it exists from the working directory, else
+/// relative to the source tree this file was compiled from.
+std::string repo_path(const std::string& rel) {
+  if (std::filesystem::exists(rel)) return rel;
+  std::filesystem::path src(__FILE__);
+  return (src.parent_path().parent_path() / rel).string();
+}
+
+void build_program(benchmark::State& state, const std::string& rel, int64_t batch) {
+  runtime::register_eager_kernels();
+  const std::string path = repo_path(rel);
+  if (!std::filesystem::exists(path)) {
+    const std::string msg = path + " not found (gpt_4l256: run tools/prepare_bench_models.sh)";
+    state.SkipWithError(msg.c_str());
+    return;
+  }
+  runtime::TrainConfig cfg;
+  cfg.model = path;
+  cfg.per_device_train_batch_size = batch;
+  cfg.per_device_eval_batch_size = batch;
+  cfg.backend = "compiled";
+  cfg.learning_rate = 1e-3;
+  cfg.weight_decay = 0.01;
+  cfg.max_steps = 100;
+  int kernels = 0;
+  double llvm_s = 0;
+  for (auto _ : state) {
+    auto prog = driver::build_training_program(cfg);
+    if (!prog) {
+      state.SkipWithError(prog.message().c_str());
+      return;
+    }
+    kernels = 0;
+    llvm_s = 0;
+    for (auto* p : {prog->train_kernels.get(), prog->eval_kernels.get()})
+      if (p && p->module) {
+        kernels += p->module->stats().num_kernels;
+        llvm_s += p->lower_s + p->module->stats().emit_s + p->module->stats().optimize_s + p->module->stats().codegen_s;
+      }
+    benchmark::DoNotOptimize(prog);
+  }
+  state.counters["kernels"] = kernels;
+  state.counters["lower_llvm_s"] = llvm_s;
+}
+
+void BM_CodegenBuildTinyGpt(benchmark::State& s) { build_program(s, "examples/tiny_gpt/model.onnx", 8); }
+void BM_CodegenBuildGpt4l256(benchmark::State& s) { build_program(s, "build/examples/gpt_4l256/model.onnx", 8); }
+
+}  // namespace
+
+BENCHMARK(BM_CodegenCopy)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenPointwiseMulAdd)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenPointwiseAdamW)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenRowSum)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenColSum)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenBuildTinyGpt)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_CodegenBuildGpt4l256)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(2);

@@ -1,0 +1,7 @@
+#!/bin/sh
+# Exports the benchmark-only models (gpt_4l256: GPT 4 layers, n_embd 256, 8 heads, seq 128,
+# vocab 256) into build/examples/ (git-ignored) with Debian's python3-torch 1.13.
+# Leaves examples/ untouched. Usage: tools/prepare_bench_models.sh
+set -e
+cd "$(dirname "$0")/.."
+exec /usr/bin/python3 tools/export_examples.py --bench
