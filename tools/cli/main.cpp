@@ -123,6 +123,11 @@ struct ConfigFlags {
 
   passes::PassContext pass_context() const {
     passes::PassContext ctx;
+    if (print_ir_after == "fusion" && values.count("backend") && options.at("backend")->count() > 0) {
+      bool compiled = false;
+      for (auto& v : values.at("backend")) compiled = compiled || v.find("compiled") != std::string::npos;
+      if (!compiled) std::cerr << "kiln: note: --print-ir-after fusion: the fusion pass runs only with --backend compiled\n";
+    }
     ctx.print_ir_after = print_ir_after;
     ctx.dump_ir_dir = dump_ir_dir;
     ctx.verify_each = verify_each;
@@ -415,12 +420,23 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
     double compile_s = 0;
   };
   std::vector<Run> runs(backends.size());
+  if (backends.size() > 1 && warmup < 1) {
+    // The first step of a process pays one-time costs (page faults of the JIT code and
+    // arena, oneDNN primitive creation) that would land on whichever backend runs first.
+    std::cerr << "kiln: note: --warmup_steps_bench raised to 1: each backend needs a warm-up step to compare\n";
+    warmup = 1;
+  }
   passes::PassContext dbg = flags.pass_context();
+  const std::string dump_root = dbg.dump_ir_dir;
   std::optional<runtime::Dataset> ds;
   for (size_t r = 0; r < backends.size(); ++r) {
     TrainConfig c = cfg;
     c.backend = backends[r];
     runs[r].backend = backends[r];
+    if (!dump_root.empty() && backends.size() > 1) {  // one --dump-ir-dir folder per backend
+      dbg.dump_ir_dir = (fs::path(dump_root) / backends[r]).string();
+      dbg.dump_index = 0;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     runs[r].prog = unwrap(driver::build_training_program(c, &dbg, false, false, warmup + steps));
     runs[r].compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -495,15 +511,15 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
     return 0;
   }
   std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision "
-            << precision << ", " << omp_get_max_threads() << " threads; steps alternate between backends\n";
+            << precision << ", OpenMP threads: " << omp_get_max_threads() << "; steps alternate between backends\n";
   std::cout << pad("backend", 10, true) << pad("median s/step", 16) << pad("samples/s", 12)
-            << pad("vs " + runs[0].backend, 12) << pad("peak measured", 16) << pad("peak planned", 16)
+            << pad("vs " + runs[0].backend, 14) << pad("peak measured", 16) << pad("peak planned", 16)
             << pad("build s", 10) << "\n";
   const double base = median(runs[0].times);
   for (auto& r : runs) {
     const double med = median(r.times);
     std::cout << pad(r.backend, 10, true) << pad(fmt("%.6f", med), 16) << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12)
-              << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), 12) << pad(passes::human_bytes(r.peak), 16)
+              << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), 14) << pad(passes::human_bytes(r.peak), 16)
               << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16) << pad(fmt("%.2f", r.compile_s), 10)
               << "\n";
   }
