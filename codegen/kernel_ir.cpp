@@ -350,20 +350,7 @@ Val constant_val(DType t, double value) {
   return v;
 }
 
-int64_t int_pow(int64_t base, int64_t e, DType t) {
-  if (e < 0) {
-    if (base == 1) return 1;
-    if (base == -1) return (e % 2) ? -1 : 1;
-    return 0;
-  }
-  uint64_t r = 1, b = static_cast<uint64_t>(base);
-  while (e) {
-    if (e & 1) r *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return wrap_int(t, static_cast<int64_t>(r));
-}
+int64_t int_pow(int64_t base, int64_t e, DType t) { return wrap_int(t, ipow_wrapping(base, e)); }
 
 /// Float op in compute type C (float or double).
 template <typename C>
@@ -608,5 +595,61 @@ std::string structure_key(const Kernel& k) {
   for (size_t i = 0; i < c.params.size(); ++i) c.params[i].name = "p" + std::to_string(i);
   return c.to_string();
 }
+
+int64_t ipow_wrapping(int64_t base, int64_t e) {
+  if (e < 0) {
+    if (base == 1) return 1;
+    if (base == -1) return (e % 2) ? -1 : 1;
+    return 0;
+  }
+  uint64_t r = 1, b = static_cast<uint64_t>(base);
+  while (e) {
+    if (e & 1) r *= b;
+    b *= b;
+    e >>= 1;
+  }
+  return static_cast<int64_t>(r);
+}
+
+int Kernel::add_param(std::string pname, ir::DType dt, std::vector<int64_t> strides, bool output, int64_t offset) {
+  KernelParam p;
+  p.name = std::move(pname);
+  p.dtype = dt;
+  p.strides = std::move(strides);
+  p.offset = offset;
+  p.is_output = output;
+  params.push_back(std::move(p));
+  return static_cast<int>(params.size()) - 1;
+}
+
+int Kernel::add_load(int param) {
+  KExpr e;
+  e.kind = KExpr::Kind::load;
+  e.param = param;
+  e.dtype = params[param].dtype;
+  exprs.push_back(std::move(e));
+  return static_cast<int>(exprs.size()) - 1;
+}
+
+int Kernel::add_constant(double v, ir::DType dt) {
+  KExpr e;
+  e.kind = KExpr::Kind::constant;
+  e.value = v;
+  e.dtype = dt;
+  exprs.push_back(std::move(e));
+  return static_cast<int>(exprs.size()) - 1;
+}
+
+int Kernel::add_op(ir::ScalarOp op, std::vector<int> args, ir::DType dt) {
+  KExpr e;
+  e.kind = KExpr::Kind::op;
+  e.op = op;
+  e.args = std::move(args);
+  e.dtype = dt;
+  exprs.push_back(std::move(e));
+  return static_cast<int>(exprs.size()) - 1;
+}
+
+void Kernel::add_store(int param, int expr, ReduceKind r) { stores.push_back({param, expr, r}); }
 
 }  // namespace kiln::codegen

@@ -77,7 +77,25 @@ struct Kernel {
   std::string to_string() const;
   /// Structural checks (arity, dtypes, strides length, store rules); error names the kernel.
   Status verify() const;
+
+  // Builders: each appends one entry and returns its index (no checks; verify() checks).
+  /// A buffer parameter: element strides per domain dim (0: broadcast), element offset.
+  int add_param(std::string name, ir::DType dt, std::vector<int64_t> strides, bool is_output = false,
+                int64_t offset = 0);
+  /// A load of parameter `param`, in its dtype.
+  int add_load(int param);
+  /// A literal of dtype `dt`.
+  int add_constant(double v, ir::DType dt);
+  /// A primitive applied to earlier expressions; `dt` is the result dtype.
+  int add_op(ir::ScalarOp op, std::vector<int> args, ir::DType dt);
+  /// Stores expression `expr` into output parameter `param` (a reduction when r != none).
+  void add_store(int param, int expr, ReduceKind r = ReduceKind::none);
 };
+
+/// base^e for 64-bit integers by squaring, wrapping on overflow, with ONNX/numpy rules
+/// for negative exponents (1 for base 1, +-1 for base -1, else 0), as the eager Pow
+/// kernel; emitters narrow the result to the dtype's width.
+int64_t ipow_wrapping(int64_t base, int64_t e);
 
 /// Text of `k`'s computation without its name and the IR names of its parameters: two
 /// kernels with equal keys compute the same function over the same buffer layouts, so

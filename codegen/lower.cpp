@@ -26,36 +26,13 @@ class KernelBuilder : public ScalarBuilder {
     error_ = "value '" + v->name + "' has no expression";
     return constant(0, v->dtype);
   }
-  Ref constant(double v, DType dt) override {
-    KExpr e;
-    e.kind = KExpr::Kind::constant;
-    e.dtype = dt;
-    e.value = v;
-    return push(std::move(e));
-  }
-  Ref apply(ScalarOp op, std::vector<Ref> args, DType dt) override {
-    KExpr e;
-    e.kind = KExpr::Kind::op;
-    e.op = op;
-    e.dtype = dt;
-    e.args = std::move(args);
-    return push(std::move(e));
-  }
+  Ref constant(double v, DType dt) override { return k_.add_constant(v, dt); }
+  Ref apply(ScalarOp op, std::vector<Ref> args, DType dt) override { return k_.add_op(op, std::move(args), dt); }
   DType dtype(Ref r) const override { return k_.exprs[r].dtype; }
-  Ref load(int param, DType dt) {
-    KExpr e;
-    e.kind = KExpr::Kind::load;
-    e.param = param;
-    e.dtype = dt;
-    return push(std::move(e));
-  }
+  Ref load(int param) { return k_.add_load(param); }
   const std::string& error() const { return error_; }
 
  private:
-  Ref push(KExpr e) {
-    k_.exprs.push_back(std::move(e));
-    return static_cast<Ref>(k_.exprs.size() - 1);
-  }
   Kernel& k_;
   std::unordered_map<const Value*, Ref>& env_;
   const Node* n_ = nullptr;
@@ -116,12 +93,7 @@ Expected<Kernel> lower_fused(const Node& fused) {
   for (const Value* in : body.inputs) {
     if (!in->shape.is_static()) return fail("input '" + in->name + "' shape is not static");
     if (in->shape.rank() > dom_shape.rank()) return fail("input '" + in->name + "' has a higher rank than the domain");
-    KernelParam p;
-    p.name = in->name;
-    p.dtype = in->dtype;
-    p.strides = broadcast_strides(in->shape.to_vector(), k.domain);
-    k.params.push_back(p);
-    env[in] = b.load(static_cast<int>(k.params.size()) - 1, in->dtype);
+    env[in] = b.load(k.add_param(in->name, in->dtype, broadcast_strides(in->shape.to_vector(), k.domain)));
   }
   for (const Value* c : body.initializers)
     if (c->data->numel() == 1) env[c] = b.constant(c->data->get_f64(0), c->dtype);  // else: reduction axes
@@ -160,17 +132,8 @@ Expected<Kernel> lower_fused(const Node& fused) {
       kept[a] = 1;
     }
     const Value* o = body.outputs[0];
-    KernelParam p;
-    p.name = o->name;
-    p.dtype = o->dtype;
-    p.strides = broadcast_strides(kept, k.domain);
-    p.is_output = true;
-    k.params.push_back(p);
-    KStore st;
-    st.param = static_cast<int>(k.params.size()) - 1;
-    st.expr = it->second;
-    st.reduce = *def->reduce_combine == ScalarOp::max ? ReduceKind::max : ReduceKind::sum;
-    k.stores.push_back(st);
+    const int p = k.add_param(o->name, o->dtype, broadcast_strides(kept, k.domain), /*is_output=*/true);
+    k.add_store(p, it->second, *def->reduce_combine == ScalarOp::max ? ReduceKind::max : ReduceKind::sum);
     k.fused_nodes.push_back(last.name);
     return k;
   }
@@ -178,16 +141,7 @@ Expected<Kernel> lower_fused(const Node& fused) {
   for (const Value* o : body.outputs) {
     auto it = env.find(o);
     if (it == env.end()) return fail("output '" + o->name + "' is not computed by the body");
-    KernelParam p;
-    p.name = o->name;
-    p.dtype = o->dtype;
-    p.strides = contiguous;
-    p.is_output = true;
-    k.params.push_back(p);
-    KStore st;
-    st.param = static_cast<int>(k.params.size()) - 1;
-    st.expr = it->second;
-    k.stores.push_back(st);
+    k.add_store(k.add_param(o->name, o->dtype, contiguous, /*is_output=*/true), it->second);
   }
   return k;
 }

@@ -52,20 +52,7 @@
 
 /// Integer power by squaring with ONNX/numpy negative exponents (as the eager Pow kernel);
 /// called by generated code for integer pow (the result is truncated to the dtype's width).
-extern "C" int64_t kiln_cpu_ipow(int64_t base, int64_t e) {
-  if (e < 0) {
-    if (base == 1) return 1;
-    if (base == -1) return (e % 2) ? -1 : 1;
-    return 0;
-  }
-  uint64_t r = 1, b = static_cast<uint64_t>(base);
-  while (e) {
-    if (e & 1) r *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return static_cast<int64_t>(r);
-}
+extern "C" int64_t kiln_cpu_ipow(int64_t base, int64_t e) { return kiln::codegen::ipow_wrapping(base, e); }
 
 namespace kiln::codegen {
 

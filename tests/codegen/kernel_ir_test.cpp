@@ -23,39 +23,11 @@ struct KB {
     k.reduced = std::move(reduced);
   }
   int param(const std::string& name, DType dt, std::vector<int64_t> strides, bool out = false) {
-    KernelParam p;
-    p.name = name;
-    p.dtype = dt;
-    p.strides = std::move(strides);
-    p.is_output = out;
-    k.params.push_back(p);
-    return static_cast<int>(k.params.size()) - 1;
+    return k.add_param(name, dt, std::move(strides), out);
   }
-  int load(int p) {
-    KExpr e;
-    e.kind = KExpr::Kind::load;
-    e.param = p;
-    e.dtype = k.params[p].dtype;
-    k.exprs.push_back(e);
-    return static_cast<int>(k.exprs.size()) - 1;
-  }
-  int cst(double v, DType dt) {
-    KExpr e;
-    e.kind = KExpr::Kind::constant;
-    e.value = v;
-    e.dtype = dt;
-    k.exprs.push_back(e);
-    return static_cast<int>(k.exprs.size()) - 1;
-  }
-  int op(ScalarOp o, std::vector<int> args, DType dt) {
-    KExpr e;
-    e.kind = KExpr::Kind::op;
-    e.op = o;
-    e.args = std::move(args);
-    e.dtype = dt;
-    k.exprs.push_back(e);
-    return static_cast<int>(k.exprs.size()) - 1;
-  }
+  int load(int p) { return k.add_load(p); }
+  int cst(double v, DType dt) { return k.add_constant(v, dt); }
+  int op(ScalarOp o, std::vector<int> args, DType dt) { return k.add_op(o, std::move(args), dt); }
   void store(int p, int e, ReduceKind r = ReduceKind::none) { k.stores.push_back({p, e, r}); }
 };
 

@@ -46,15 +46,8 @@ struct KB {
   }
   int param(const std::string& name, DType dt, std::vector<int64_t> strides, bool out = false, int64_t offset = 0,
             std::pair<double, double> range = {-2, 2}) {
-    KernelParam p;
-    p.name = name;
-    p.dtype = dt;
-    p.strides = std::move(strides);
-    p.offset = offset;
-    p.is_output = out;
-    c.k.params.push_back(p);
     c.range.push_back(range);
-    return static_cast<int>(c.k.params.size()) - 1;
+    return c.k.add_param(name, dt, std::move(strides), out, offset);
   }
   /// Dense row-major strides of the domain (an input read contiguously).
   std::vector<int64_t> dense() const {
@@ -80,32 +73,9 @@ struct KB {
   int in(const std::string& name, DType dt, std::pair<double, double> range = {-2, 2}) {
     return param(name, dt, dense(), false, 0, range);
   }
-  int push(KExpr e) {
-    c.k.exprs.push_back(std::move(e));
-    return static_cast<int>(c.k.exprs.size()) - 1;
-  }
-  int load(int p) {
-    KExpr e;
-    e.kind = KExpr::Kind::load;
-    e.param = p;
-    e.dtype = c.k.params[p].dtype;
-    return push(e);
-  }
-  int cst(double v, DType dt) {
-    KExpr e;
-    e.kind = KExpr::Kind::constant;
-    e.value = v;
-    e.dtype = dt;
-    return push(e);
-  }
-  int op(ScalarOp o, std::vector<int> args, DType dt) {
-    KExpr e;
-    e.kind = KExpr::Kind::op;
-    e.op = o;
-    e.args = std::move(args);
-    e.dtype = dt;
-    return push(e);
-  }
+  int load(int p) { return c.k.add_load(p); }
+  int cst(double v, DType dt) { return c.k.add_constant(v, dt); }
+  int op(ScalarOp o, std::vector<int> args, DType dt) { return c.k.add_op(o, std::move(args), dt); }
   /// New dense output holding expression `e` (pointwise).
   void out(const std::string& name, int e) {
     const int p = param(name, c.k.exprs[e].dtype, dense(), true);
