@@ -212,7 +212,8 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
           if (n.inputs[c2] == v) steal = false;
       }
       KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts));
-    } else if (const codegen::CpuKernel* ck = opts.program ? opts.program->find(&n) : nullptr) {
+    } else if (const codegen::CpuKernel* ck =
+                   opts.program && n.op == "FusedKernel" ? opts.program->find(&n) : nullptr) {
       KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env));
     } else {
       std::vector<const Tensor*> ins;

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "codegen/kernel_ir.h"
+#include "kernel_builder.h"
 
 namespace kiln::codegen {
 namespace {
@@ -14,22 +15,7 @@ namespace {
 using ir::DType;
 using ir::ScalarOp;
 
-/// Small builder for hand-made kernels.
-struct KB {
-  Kernel k;
-  explicit KB(std::string name, std::vector<int64_t> domain, std::vector<bool> reduced = {}) {
-    k.name = std::move(name);
-    k.domain = std::move(domain);
-    k.reduced = std::move(reduced);
-  }
-  int param(const std::string& name, DType dt, std::vector<int64_t> strides, bool out = false) {
-    return k.add_param(name, dt, std::move(strides), out);
-  }
-  int load(int p) { return k.add_load(p); }
-  int cst(double v, DType dt) { return k.add_constant(v, dt); }
-  int op(ScalarOp o, std::vector<int> args, DType dt) { return k.add_op(o, std::move(args), dt); }
-  void store(int p, int e, ReduceKind r = ReduceKind::none) { k.stores.push_back({p, e, r}); }
-};
+using testing::KB;
 
 Kernel small_add() {
   KB b("fused_3", {512, 64}, {false, false});

@@ -14,6 +14,7 @@
 
 #include "codegen/cpu/llvm_cpu.h"
 #include "codegen/kernel_ir.h"
+#include "kernel_builder.h"
 
 namespace kiln::codegen {
 namespace {
@@ -21,26 +22,7 @@ namespace {
 using ir::DType;
 using ir::ScalarOp;
 
-struct KB {
-  Kernel k;
-  explicit KB(std::string name, std::vector<int64_t> domain, std::vector<bool> reduced = {}) {
-    k.name = std::move(name);
-    k.domain = std::move(domain);
-    k.reduced = std::move(reduced);
-  }
-  int param(const std::string& name, DType dt, std::vector<int64_t> strides, bool out = false, int64_t offset = 0) {
-    return k.add_param(name, dt, std::move(strides), out, offset);
-  }
-  int load(int p) { return k.add_load(p); }
-  int cst(double v, DType dt) { return k.add_constant(v, dt); }
-  int op(ScalarOp o, std::vector<int> args, DType dt) { return k.add_op(o, std::move(args), dt); }
-  /// Adds an output param with strides `strides` and stores expr e into it.
-  int out(const std::string& name, int e, std::vector<int64_t> strides, ReduceKind r = ReduceKind::none) {
-    int p = param(name, k.exprs[e].dtype, std::move(strides), true);
-    k.stores.push_back({p, e, r});
-    return p;
-  }
-};
+using testing::KB;
 
 int64_t buffer_elems(const KernelParam& p, const std::vector<int64_t>& dom) {
   int64_t n = p.offset + 1;

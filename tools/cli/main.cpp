@@ -462,12 +462,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
     runtime::TrainerOptions to;
     to.write_files = false;
     runs[r].tr.emplace(unwrap(runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to)));
-    runs[r].plan = backends[r] == "eager" ? eager_plan(*prog.train_step)
-                                          : [&]() -> std::optional<passes::MemoryPlan> {
-                                              auto p = passes::plan_memory(*prog.train_step, passes::PlanOptions::eager());
-                                              if (!p) return std::nullopt;
-                                              return std::move(*p);
-                                            }();
+    runs[r].plan = eager_plan(*prog.train_step);
   }
   for (auto& r : runs)
     if (auto* k = r.prog.train_kernels.get(); k && k->module) {
