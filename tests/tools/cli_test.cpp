@@ -162,6 +162,14 @@ TEST_F(Cli, PrecisionFlagErrors) {
                         "--fp16_growth_interval: must be > 0");
 }
 
+TEST_F(Cli, BackendFlagErrors) {
+  expect_one_error_line(run_kiln("train " + model + data() + " --backend jit --output_dir " + dir + "/o", dir), 2,
+                        "--backend: unknown value 'jit'");
+  expect_one_error_line(run_kiln("bench " + model + " --backend eager,foo", dir), 2, "--backend: unknown value 'foo'");
+  expect_one_error_line(run_kiln("train " + model + data() + " --backend eager,compiled --output_dir " + dir + "/o", dir),
+                        1, "one backend per program");
+}
+
 /// Resuming with another optimizer would drop the checkpoint's optimizer state: refused,
 /// and the checkpoint stays.
 TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {
