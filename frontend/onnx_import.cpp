@@ -18,6 +18,7 @@
 //     our own checks run first so that their errors (which name node and op) win;
 //  5. kiln's op-table type/shape inference (ir::infer_graph), errors naming the node.
 #include "frontend/onnx_import.h"
+#include "frontend/model_bytes.h"
 
 #include <algorithm>
 #include <cctype>
@@ -154,14 +155,9 @@ class Importer {
   Status fail(const std::string& msg) const { return Status::error(path_ + ": " + msg); }
 
   Status parse() {
-    std::error_code ec;
-    if (!fs::exists(path_, ec)) return fail("file not found");
-    if (fs::is_directory(path_, ec)) return fail("is a directory, not an ONNX model file");
-    std::ifstream in(path_, std::ios::binary);
-    if (!in) return fail("cannot open file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string bytes = ss.str();
+    auto read = read_model_bytes(path_);  // a file, or a model embedded in an AOT binary
+    if (!read) return read.status();
+    std::string bytes = std::move(*read);
     if (bytes.empty()) return fail("empty file, not an ONNX model");
     if (!model_.ParseFromString(bytes))
       return fail("not a valid ONNX model: protobuf parsing failed (truncated file, or not an ONNX file)");

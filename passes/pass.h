@@ -28,6 +28,9 @@ struct PassContext {
   bool time_passes = false;
   std::ostream* log = nullptr;  ///< where printed IR and timings go (stderr when null)
   int dump_index = 0;           ///< running NN of --dump-ir-dir files across pipelines
+  /// Seconds spent in each pass by name, summed over every pipeline run with this
+  /// context (always collected; `kiln compile` reports them per phase).
+  std::map<std::string, double> pass_seconds;
 
   std::string opt(const std::string& k, const std::string& def = "") const {
     auto it = options.find(k);

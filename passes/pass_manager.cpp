@@ -40,6 +40,7 @@ Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, Pass
     auto changed = pass->run(g, ctx);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!changed) return changed.status().with_context("pass '" + name + "'");
+    ctx.pass_seconds[name] += secs;
     if (ctx.time_passes) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "[time-passes] %-28s %9.3f ms%s\n", name.c_str(), secs * 1e3,

@@ -202,6 +202,8 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"accumulation_normalization", Kind::str, &c.accumulation_normalization,
        "tokens | microbatch: how accumulated losses are normalized (default: tokens for cross_entropy, else microbatch)"},
       {"backend", Kind::str, &c.backend, "compiled (default: fused kernels generated with LLVM) | eager (op by op, the reference); bench takes a list: eager,compiled"},
+      {"cache_dir", Kind::str, &c.cache_dir, "compile cache folder (default $KILN_CACHE_DIR, else ~/.cache/kiln)"},
+      {"no_cache", Kind::boolean, &c.no_cache, "compile generated kernels without the compile cache"},
       {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
       {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing, "recompute each repeated layer in backward (= --remat_policy blocks)"},
       {"remat_policy", Kind::str, &c.remat_policy, "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes"},

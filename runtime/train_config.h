@@ -60,6 +60,10 @@ struct TrainConfig {
   /// (tokens for cross_entropy, else microbatch).
   std::string accumulation_normalization;
   std::string backend = "eager";  // the library's default: the reference; the kiln CLI defaults to compiled
+  /// Compile cache of generated kernels (issue 8): "" = $KILN_CACHE_DIR, else
+  /// $XDG_CACHE_HOME/kiln, else ~/.cache/kiln. Has no effect on results.
+  std::string cache_dir;
+  bool no_cache = false;                            ///< compile without the cache (no file read or written)
   /// kiln extension: drop every Dropout node from the training program (what setting
   /// the model's dropout probability to 0 does in PyTorch), for deterministic checks.
   bool disable_dropout = false;

@@ -28,6 +28,7 @@
 #include "codegen/cpu/llvm_cpu.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -35,16 +36,20 @@
 #include <set>
 
 #include "llvm/Analysis/TargetTransformInfo.h"
+#include "llvm/AsmParser/Parser.h"
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
 #include "llvm/ExecutionEngine/Orc/ThreadSafeModule.h"
 #include "llvm/IR/IRBuilder.h"
+#include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Intrinsics.h"
 #include "llvm/IR/LLVMContext.h"
 #include "llvm/IR/Module.h"
 #include "llvm/IR/Verifier.h"
 #include "llvm/Passes/PassBuilder.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Target/TargetMachine.h"
@@ -92,15 +97,18 @@ bool is_unsigned(DType t) { return t == DType::u8 || t == DType::boolean; }
 /// Emits the LLVM function of one (collapsed) kernel.
 class KernelEmitter {
  public:
-  KernelEmitter(llvm::Module& m, const Kernel& k, const std::string& cpu, const std::string& feats)
-      : C_(m.getContext()), M_(m), k_(k), B_(m.getContext()), cpu_(cpu), feats_(feats) {}
+  /// `fn_name`: the LLVM function's name (the kernel's name when empty).
+  KernelEmitter(llvm::Module& m, const Kernel& k, const std::string& cpu, const std::string& feats,
+                std::string fn_name = {})
+      : C_(m.getContext()), M_(m), k_(k), B_(m.getContext()), cpu_(cpu), feats_(feats),
+        fn_name_(fn_name.empty() ? k.name : std::move(fn_name)) {}
 
   /// Emits the function and returns the schedule (fn left null).
   CpuKernel emit() {
     i64_ = B_.getInt64Ty();
     auto* ptr = llvm::PointerType::getUnqual(C_);
     auto* fty = llvm::FunctionType::get(B_.getVoidTy(), {ptr, i64_, i64_}, false);
-    F_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, k_.name, M_);
+    F_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, fn_name_, M_);
     F_->addFnAttr(llvm::Attribute::NoUnwind);
     if (!cpu_.empty()) F_->addFnAttr("target-cpu", cpu_);
     if (!feats_.empty()) F_->addFnAttr("target-features", feats_);
@@ -593,7 +601,7 @@ class KernelEmitter {
   llvm::Module& M_;
   Kernel k_;
   llvm::IRBuilder<> B_;
-  std::string cpu_, feats_;
+  std::string cpu_, feats_, fn_name_;
   llvm::Type* i64_ = nullptr;
   llvm::Function* F_ = nullptr;
   llvm::BasicBlock* entry_ = nullptr;
@@ -621,7 +629,8 @@ Expected<llvm::orc::JITTargetMachineBuilder> host_jtmb() {
 /// Verifies, collapses and emits `kernels` into `m`; returns their schedules.
 Expected<std::vector<CpuKernel>> emit_module(const std::vector<Kernel>& kernels, llvm::Module& m,
                                              const std::string& cpu, const std::string& feats,
-                                             std::vector<int>* alias_of = nullptr) {
+                                             std::vector<int>* alias_of = nullptr,
+                                             const std::vector<std::string>* fn_names = nullptr) {
   std::set<std::string> names;
   std::map<std::string, int> by_key;  // structure_key -> first kernel with it
   std::vector<CpuKernel> out;
@@ -642,7 +651,7 @@ Expected<std::vector<CpuKernel>> emit_module(const std::vector<Kernel>& kernels,
         continue;
       }
     }
-    KernelEmitter em(m, c, cpu, feats);
+    KernelEmitter em(m, c, cpu, feats, fn_names ? (*fn_names)[i] : std::string());
     out.push_back(em.emit());
   }
   std::string err;
@@ -674,47 +683,119 @@ class CpuModuleImpl : public CpuModule {
 
 }  // namespace
 
-Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kernels) {
-  using clock = std::chrono::steady_clock;
-  auto mod = std::make_unique<CpuModuleImpl>();
-  mod->stats_.num_kernels = static_cast<int>(kernels.size());
+namespace {
+
+/// Host target machine for object emission: PIC relocations (links into PIE executables),
+/// small code model, O3 code generation.
+Expected<std::unique_ptr<llvm::TargetMachine>> object_target_machine() {
   KILN_ASSIGN_OR_RETURN(auto jtmb, host_jtmb());
-  KILN_ASSIGN_OR_RETURN(auto tm, host_target_machine(jtmb));
+  jtmb.setRelocationModel(llvm::Reloc::PIC_);
+  jtmb.setCodeModel(llvm::CodeModel::Small);
+  return host_target_machine(jtmb);
+}
+
+/// Runs LLVM's O3 module pipeline (no unrolling, loop and SLP vectorizers on).
+void optimize_o3(llvm::Module& m, llvm::TargetMachine& tm) {
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::PipelineTuningOptions pto;
+  pto.LoopVectorization = true;
+  pto.SLPVectorization = true;
+  pto.LoopUnrolling = false;  // vector loops stay compact: most of the compile time was unrolled code
+  llvm::PassBuilder pb(&tm, pto);
+  fam.registerPass([&] { return tm.getTargetIRAnalysis(); });
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  mpm.run(m, mam);
+}
+
+/// Machine code of `m` as an ELF relocatable object.
+Expected<std::string> emit_object(llvm::Module& m, llvm::TargetMachine& tm, const std::string& what) {
+  llvm::SmallVector<char, 0> buf;
+  llvm::raw_svector_ostream os(buf);
+  llvm::legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr, llvm::CGFT_ObjectFile))
+    return Status::error("LLVM: the host target cannot emit object files (" + what + ")");
+  pm.run(m);
+  return std::string(buf.data(), buf.size());
+}
+
+bool is_c_identifier(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+/// compile_cpu_object with a naming rule: symbol of kernel i (raw = the kernel's own name).
+Expected<CpuObject> compile_object(const std::vector<Kernel>& kernels, const std::string* prefix) {
+  using clock = std::chrono::steady_clock;
+  CpuObject obj;
+  obj.stats.num_kernels = static_cast<int>(kernels.size());
+  KILN_ASSIGN_OR_RETURN(auto tm, object_target_machine());
   const std::string cpu = tm->getTargetCPU().str(), feats = tm->getTargetFeatureString().str();
 
-  auto t0 = clock::now();
-  auto ctx = std::make_unique<llvm::LLVMContext>();
-  auto m = std::make_unique<llvm::Module>("kiln_cpu", *ctx);
-  m->setTargetTriple(tm->getTargetTriple().str());
-  m->setDataLayout(tm->createDataLayout());
-  std::vector<int> alias_of;
-  KILN_ASSIGN_OR_RETURN(mod->kernels_, emit_module(kernels, *m, cpu, feats, &alias_of));
-  mod->stats_.emit_s = seconds_since(t0);
-
-  t0 = clock::now();
-  {
-    llvm::LoopAnalysisManager lam;
-    llvm::FunctionAnalysisManager fam;
-    llvm::CGSCCAnalysisManager cgam;
-    llvm::ModuleAnalysisManager mam;
-    llvm::PipelineTuningOptions pto;
-    pto.LoopVectorization = true;
-    pto.SLPVectorization = true;
-    pto.LoopUnrolling = false;  // vector loops stay compact: most of the compile time was unrolled code
-    llvm::PassBuilder pb(tm.get(), pto);
-    fam.registerPass([&] { return tm->getTargetIRAnalysis(); });
-    pb.registerModuleAnalyses(mam);
-    pb.registerCGSCCAnalyses(cgam);
-    pb.registerFunctionAnalyses(fam);
-    pb.registerLoopAnalyses(lam);
-    pb.crossRegisterProxies(lam, fam, cgam, mam);
-    llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-    mpm.run(*m, mam);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (!prefix) {
+      names.push_back(kernels[i].name);
+      continue;
+    }
+    std::string n = *prefix + std::to_string(i) + "_" + kernels[i].name;
+    for (size_t c = prefix->size(); c < n.size(); ++c)
+      if (!(std::isalnum(static_cast<unsigned char>(n[c])) || n[c] == '_')) n[c] = '_';
+    names.push_back(std::move(n));
   }
-  mod->ir_ = print_module(*m);
-  mod->stats_.optimize_s = seconds_since(t0);
+
+  auto t0 = clock::now();
+  llvm::LLVMContext ctx;
+  llvm::Module m("kiln_cpu", ctx);
+  m.setTargetTriple(tm->getTargetTriple().str());
+  m.setDataLayout(tm->createDataLayout());
+  std::vector<int> alias_of;
+  KILN_ASSIGN_OR_RETURN(obj.kernels, emit_module(kernels, m, cpu, feats, &alias_of, &names));
+  obj.stats.emit_s = seconds_since(t0);
+  int unique = 0;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    obj.symbols.push_back(alias_of[i] >= 0 ? obj.symbols[alias_of[i]] : names[i]);
+    unique += alias_of[i] < 0;
+  }
+  obj.stats.num_unique = unique;
 
   t0 = clock::now();
+  optimize_o3(m, *tm);
+  obj.llvm_ir = print_module(m);
+  obj.stats.optimize_s = seconds_since(t0);
+
+  t0 = clock::now();
+  KILN_ASSIGN_OR_RETURN(obj.object, emit_object(m, *tm, kernels.empty() ? "empty module" : "first kernel '" + kernels[0].name + "'"));
+  obj.stats.codegen_s = seconds_since(t0);
+  return obj;
+}
+
+}  // namespace
+
+Expected<CpuObject> compile_cpu_object(const std::vector<Kernel>& kernels, const CpuObjectOptions& opts) {
+  return compile_object(kernels, &opts.symbol_prefix);
+}
+
+Expected<std::unique_ptr<CpuModule>> load_cpu_object(const CpuObject& obj) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (obj.symbols.size() != obj.kernels.size())
+    return Status::error("kernel object: " + std::to_string(obj.symbols.size()) + " symbols for " +
+                         std::to_string(obj.kernels.size()) + " kernels");
+  auto mod = std::make_unique<CpuModuleImpl>();
+  mod->kernels_ = obj.kernels;
+  mod->ir_ = obj.llvm_ir;
+  mod->stats_ = obj.stats;
+  if (obj.kernels.empty()) return std::unique_ptr<CpuModule>(std::move(mod));
+  KILN_ASSIGN_OR_RETURN(auto jtmb, host_jtmb());
   auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create();
   if (!jit) return Status::error("LLVM: cannot create LLJIT: " + llvm_error(jit.takeError()));
   llvm::orc::JITDylib& jd = (*jit)->getMainJITDylib();
@@ -726,24 +807,103 @@ Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kern
       llvm::pointerToJITTargetAddress(&kiln_cpu_ipow), llvm::JITSymbolFlags::Exported | llvm::JITSymbolFlags::Callable);
   if (auto err = jd.define(llvm::orc::absoluteSymbols(std::move(syms))))
     return Status::error("LLVM: cannot define runtime symbols: " + llvm_error(std::move(err)));
-  if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))))
-    return Status::error("LLVM: cannot add the kernel module: " + llvm_error(std::move(err)));
-  int unique = 0;
+  if (auto err = (*jit)->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(obj.object, "kiln_cpu.o")))
+    return Status::error("LLVM: cannot add the kernel object: " + llvm_error(std::move(err)));
+  std::map<std::string, CpuKernelFn> by_symbol;
   for (size_t i = 0; i < mod->kernels_.size(); ++i) {
     CpuKernel& ck = mod->kernels_[i];
-    if (alias_of[i] >= 0) continue;
-    ++unique;
-    auto addr = (*jit)->lookup(ck.name);
-    if (!addr) return Status::error("kernel '" + ck.name + "': JIT link failed: " + llvm_error(addr.takeError()));
-    ck.fn = addr->toPtr<CpuKernelFn>();
+    auto it = by_symbol.find(obj.symbols[i]);
+    if (it == by_symbol.end()) {
+      auto addr = (*jit)->lookup(obj.symbols[i]);
+      if (!addr)
+        return Status::error("kernel '" + ck.name + "': JIT link of symbol '" + obj.symbols[i] +
+                             "' failed: " + llvm_error(addr.takeError()));
+      it = by_symbol.emplace(obj.symbols[i], addr->toPtr<CpuKernelFn>()).first;
+    }
+    ck.fn = it->second;
   }
-  for (size_t i = 0; i < mod->kernels_.size(); ++i)
-    if (alias_of[i] >= 0) mod->kernels_[i].fn = mod->kernels_[alias_of[i]].fn;
-  mod->stats_.num_unique = unique;
+  mod->stats_.num_unique = static_cast<int>(by_symbol.size());
   mod->jit = std::move(*jit);
-  mod->stats_.codegen_s = seconds_since(t0);
+  mod->stats_.codegen_s += seconds_since(t0);
   return std::unique_ptr<CpuModule>(std::move(mod));
 }
+
+Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kernels) {
+  KILN_ASSIGN_OR_RETURN(CpuObject obj, compile_object(kernels, nullptr));
+  return load_cpu_object(obj);
+}
+
+Expected<std::string> emit_aot_data_object(const std::vector<std::pair<std::string, std::string>>& blobs,
+                                           const std::string& table_symbol, const std::vector<std::string>& fn_symbols) {
+  std::set<std::string> defined;
+  auto define = [&](const std::string& s) -> Status {
+    if (!is_c_identifier(s)) return Status::error("AOT data object: symbol '" + s + "' is not a C identifier");
+    if (!defined.insert(s).second) return Status::error("AOT data object: symbol '" + s + "' defined twice");
+    return Status::ok();
+  };
+  for (const auto& [name, bytes] : blobs) {
+    KILN_RETURN_IF_ERROR(define(name));
+    KILN_RETURN_IF_ERROR(define(name + "_size"));
+  }
+  KILN_RETURN_IF_ERROR(define(table_symbol));
+  KILN_RETURN_IF_ERROR(define(table_symbol + "_count"));
+  for (const std::string& f : fn_symbols) {
+    if (!is_c_identifier(f)) return Status::error("AOT data object: function symbol '" + f + "' is not a C identifier");
+    if (defined.count(f)) return Status::error("AOT data object: function symbol '" + f + "' clashes with a data symbol");
+  }
+  KILN_ASSIGN_OR_RETURN(auto tm, object_target_machine());
+  llvm::LLVMContext ctx;
+  llvm::Module m("kiln_aot_data", ctx);
+  m.setTargetTriple(tm->getTargetTriple().str());
+  m.setDataLayout(tm->createDataLayout());
+  auto* i64 = llvm::Type::getInt64Ty(ctx);
+  auto* ptr = llvm::PointerType::getUnqual(ctx);
+  auto add_global = [&](const std::string& name, llvm::Constant* init, unsigned align) {
+    auto* g = new llvm::GlobalVariable(m, init->getType(), /*isConstant=*/true, llvm::GlobalValue::ExternalLinkage,
+                                       init, name);
+    g->setAlignment(llvm::Align(align));
+  };
+  for (const auto& [name, bytes] : blobs) {
+    add_global(name, llvm::ConstantDataArray::getString(ctx, bytes, /*AddNull=*/true), 64);
+    add_global(name + "_size", llvm::ConstantInt::get(i64, bytes.size()), 8);
+  }
+  std::vector<llvm::Constant*> fns;
+  auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), false);
+  for (const std::string& f : fn_symbols) {
+    llvm::Function* fn = m.getFunction(f);
+    if (!fn) fn = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, f, m);
+    fns.push_back(fn);
+  }
+  add_global(table_symbol, llvm::ConstantArray::get(llvm::ArrayType::get(ptr, fns.size()), fns), 8);
+  add_global(table_symbol + "_count", llvm::ConstantInt::get(i64, fns.size()), 8);
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  if (llvm::verifyModule(m, &os)) return Status::error("AOT data object: LLVM verifier: " + os.str());
+  return emit_object(m, *tm, "AOT data object");
+}
+
+Status verify_llvm_ir_text(const std::string& text) {
+  llvm::LLVMContext ctx;
+  llvm::SMDiagnostic diag;
+  std::unique_ptr<llvm::Module> m = llvm::parseAssemblyString(text, diag, ctx);
+  if (!m) {
+    std::string msg;
+    llvm::raw_string_ostream os(msg);
+    diag.print("llvm_ir", os, /*ShowColors=*/false);
+    os.flush();
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+    return Status::error("LLVM IR parse error: " + msg);
+  }
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  if (llvm::verifyModule(*m, &os)) {
+    os.flush();
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    return Status::error("LLVM verifier: " + err);
+  }
+  return Status::ok();
+}
+
 
 Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels) {
   KILN_ASSIGN_OR_RETURN(auto jtmb, host_jtmb());

@@ -8,10 +8,16 @@
 // [begin, end) (see CpuKernel::parallel_dim); the runtime splits [0, parallel_extent)
 // across threads with one parallel-for. Inner loops are written so that LLVM's loop
 // vectorizer turns them into SIMD code (unit-stride loads, broadcasts hoisted).
+//
+// Ahead of time: compile_cpu_object stops at a relocatable ELF object (host triple, CPU and
+// features, PIC so that it links into PIE executables); load_cpu_object JIT-links such an
+// object (compile_cpu is the two in a row), and `kiln compile` hands the same bytes to the
+// system linker. The generated code calls `kiln_cpu_ipow` and libm (expf, erff, tanhf, ...).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codegen/kernel_ir.h"
@@ -35,7 +41,7 @@ struct CpuKernel {
 struct CpuCompileStats {
   double emit_s = 0;      ///< kernel IR -> LLVM IR
   double optimize_s = 0;  ///< O3 pipeline
-  double codegen_s = 0;   ///< machine code + JIT link (ORC)
+  double codegen_s = 0;   ///< machine code (object emission) + JIT link (ORC)
   int num_kernels = 0;
   int num_unique = 0;     ///< distinct generated functions (structurally equal kernels share one)
 };
@@ -53,6 +59,39 @@ class CpuModule {
 
 /// Compiles `kernels` (verified first) into one module. Errors name the kernel.
 Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kernels);
+
+/// Relocatable object code (ELF .o for the host triple/CPU/features) of a kernel module.
+struct CpuObject {
+  std::string object;                 ///< the .o file's bytes
+  std::string llvm_ir;                ///< LLVM IR after O3
+  std::vector<CpuKernel> kernels;     ///< schedules in input order; fn == nullptr
+  std::vector<std::string> symbols;   ///< per kernel: the defined function symbol (equal kernels share one)
+  CpuCompileStats stats;              ///< emit_s, optimize_s, codegen_s (= object emission), counts
+};
+
+/// Options of compile_cpu_object.
+struct CpuObjectOptions {
+  std::string symbol_prefix = "kiln_k_";  ///< symbols are prefix + index + "_" + kernel name with chars outside [A-Za-z0-9_] replaced by '_'
+};
+
+/// Compiles `kernels` (verified first; structurally equal kernels share one function, named
+/// after the first of them) through LLVM's O3 pipeline to an ELF object with PIC
+/// relocations. Errors name the kernel (or the LLVM step that failed).
+Expected<CpuObject> compile_cpu_object(const std::vector<Kernel>& kernels, const CpuObjectOptions& opts = {});
+
+/// Loads an object from compile_cpu_object into a new LLJIT (resolves kiln_cpu_ipow and libm/process symbols); the module's llvm_ir() is obj.llvm_ir, stats() adds the link time to codegen_s.
+/// Errors: a malformed object, an unresolved symbol, or a kernel/symbol count mismatch.
+Expected<std::unique_ptr<CpuModule>> load_cpu_object(const CpuObject& obj);
+
+/// An object file holding read-only data for the ahead-of-time binary: each blob becomes a global
+/// `const char SYMBOL[]` (bytes, plus one trailing NUL not counted) and `const int64_t SYMBOL_size`;
+/// `table_symbol` becomes a global array `void* const table_symbol[]` of the addresses of the external functions `fn_symbols` (in order, resolved by the system linker), plus `int64_t table_symbol_count`. All symbols have external linkage, C names (no mangling).
+/// Errors: a symbol that is not a C identifier, or defined twice.
+Expected<std::string> emit_aot_data_object(const std::vector<std::pair<std::string, std::string>>& blobs,
+                                           const std::string& table_symbol, const std::vector<std::string>& fn_symbols);
+
+/// Parses LLVM IR text and runs LLVM's verifier (for tests of dumped .ll files). Error: the parser or verifier message.
+Status verify_llvm_ir_text(const std::string& text);
 
 /// LLVM IR text of `kernels` before optimization (golden codegen tests; no JIT).
 Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels);

@@ -1,4 +1,4 @@
-// The kiln command line (flags parsed with CLI11): train, grad, gradcheck, bench, inspect, run.
+// The kiln command line (flags parsed with CLI11): train, compile, grad, gradcheck, bench, inspect, run.
 //
 // Every TrainConfig field is a flag `--<name>` with its Hugging Face name; a JSON file
 // given with --config sets the same keys, and flags on the command line override it.
@@ -33,11 +33,19 @@
 #include "tools/driver/driver.h"
 #include "tools/driver/export_trained.h"
 #include "tools/driver/gradcheck.h"
+#include "tools/driver/train_run.h"
+#include "tools/driver/aot_build.h"
 
 namespace {
 
 using namespace kiln;
 using runtime::TrainConfig;
+using driver::data_options;
+using driver::eager_plan;
+using driver::forward_specs;
+using driver::graphs_of;
+using driver::initializer_bytes;
+using driver::planned_vs_measured;
 namespace fs = std::filesystem;
 
 /// A failure with its exit code (2: usage, 1: run time).
@@ -159,132 +167,25 @@ std::string pad(const std::string& s, size_t width, bool left = false) {
   return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
 }
 
-/// Label spec before the program is compiled (the label input is added by attach_loss):
-/// class ids (logits shape without the last dim) for cross_entropy, else the output's type.
-std::vector<runtime::DataInputSpec> forward_specs(const ir::Graph& g, const TrainConfig& cfg) {
-  std::vector<runtime::DataInputSpec> specs;
-  for (ir::Value* in : g.inputs) specs.push_back({in->name, in->dtype, in->shape});
-  if (cfg.loss != "model" && !g.outputs.empty()) {
-    const ir::Value* out = g.outputs[0];
-    std::string label = cfg.label_input.empty() ? "labels" : cfg.label_input;
-    if (cfg.loss == "cross_entropy") {
-      ir::Shape s = out->shape;
-      if (s.rank() > 0) s.dims.pop_back();
-      for (auto& d : s.dims) d = ir::Dim();  // shape checked against the compiled graph later
-      specs.push_back({label, ir::DType::i64, s});
-    } else {
-      specs.push_back({label, out->dtype, out->shape});
-    }
-  }
-  return specs;
-}
-
-runtime::DataOptions data_options(const TrainConfig& cfg) {
-  runtime::DataOptions o;
-  o.label_input = cfg.loss == "model" ? "" : (cfg.label_input.empty() ? "labels" : cfg.label_input);
-  o.loss = cfg.loss;
-  o.block_size = cfg.block_size;
-  return o;
-}
-
-runtime::TrainGraphs graphs_of(const driver::TrainingProgram& p) {
-  return {p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output,
-          p.train_kernels.get(), p.eval_kernels.get()};
-}
-
-std::vector<runtime::DataInputSpec> program_specs(const ir::Graph& g, const std::vector<std::string>& names) {
-  std::vector<std::string> present;
-  for (auto& n : names)
-    for (ir::Value* in : g.inputs)
-      if (in->name == n) present.push_back(n);
-  return unwrap(runtime::data_input_specs(g, present));
-}
-
 // ------------------------------------------------------------------ memory
-/// Bytes of a graph's constant initializers: resident before a run, used by every step.
-int64_t initializer_bytes(const ir::Graph& g) {
-  int64_t b = 0;
-  for (ir::Value* v : g.initializers)
-    if (v->data) b += static_cast<int64_t>(v->data->nbytes());
-  return b;
-}
-
-/// The train_step's plan with the eager interpreter's semantics (what MemoryStats will
-/// measure); nullopt, with a note on stderr, when the graph cannot be planned.
-std::optional<passes::MemoryPlan> eager_plan(const ir::Graph& g) {
-  auto p = passes::plan_memory(g, passes::PlanOptions::eager());
-  if (!p) {
-    std::cerr << "kiln: note: no memory plan: " << one_line(p.message()) << "\n";
-    return std::nullopt;
-  }
-  return std::move(*p);
-}
-
-/// "planned X, measured Y (diff Z%)", binary units and exact bytes.
-std::string planned_vs_measured(int64_t planned, int64_t measured) {
-  std::string s = "planned " + passes::human_bytes(planned) + " (" + std::to_string(planned) + " B), measured " +
-                  passes::human_bytes(measured) + " (" + std::to_string(measured) + " B)";
-  if (measured > 0) s += " (diff " + fmt("%+.2f", 100.0 * double(planned - measured) / double(measured)) + "%)";
-  return s;
-}
-
 // ------------------------------------------------------------------ train
 int cmd_train(const ConfigFlags& flags) {
   TrainConfig cfg = flags.build();
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)"};
-  check(runtime::prepare_output_dir(cfg.output_dir));
-  runtime::RawData train_raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
-  runtime::RawData eval_raw;
-  if (!cfg.eval_data.empty()) eval_raw = unwrap(runtime::load_raw_data(cfg.eval_data), "--eval_data");
-  if (cfg.resume_from_checkpoint == "true" || cfg.resume_from_checkpoint == "latest") {
-    // HF: resume_from_checkpoint=True resumes from the newest checkpoint in output_dir.
-    auto all = runtime::list_checkpoints(cfg.output_dir);
-    if (all.empty()) throw Failure{1, "--resume_from_checkpoint: no checkpoint-N in " + cfg.output_dir};
-    cfg.resume_from_checkpoint = all.back().second;
-  }
-  if (!cfg.resume_from_checkpoint.empty() && !fs::is_directory(cfg.resume_from_checkpoint))
-    throw Failure{1, "--resume_from_checkpoint: " + cfg.resume_from_checkpoint + ": no such directory"};
-
-  // Check the data against the model before compiling, and count steps.
-  auto forward = unwrap(driver::load_model(cfg.model, cfg.shape));
-  auto pre = unwrap(runtime::Dataset::bind(train_raw, forward_specs(*forward, cfg), data_options(cfg)), "--train_data");
-  const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
-  const int64_t spe = pre.steps_per_epoch(rows_per_step);
-  if (spe <= 0)
-    throw Failure{1, "--train_data has " + std::to_string(pre.num_rows()) + " rows, fewer than one step of " +
-                         std::to_string(rows_per_step) + " (per_device_train_batch_size x gradient_accumulation_steps)"};
-  const int64_t total = cfg.total_steps(spe);
-
   passes::PassContext dbg = flags.pass_context();
-  auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, total));
-  auto train_ds = unwrap(runtime::Dataset::bind(train_raw, program_specs(*prog.train_step, prog.data_inputs),
-                                                data_options(cfg)),
-                         "--train_data");
-  std::optional<runtime::Dataset> eval_ds;
-  if (!cfg.eval_data.empty()) {
-    if (!prog.eval) throw Failure{1, "the training program has no eval graph"};
-    eval_ds = unwrap(runtime::Dataset::bind(eval_raw, program_specs(*prog.eval, prog.data_inputs), data_options(cfg)),
-                     "--eval_data");
-  }
-  // Measured peak of the steps: MemoryStats peak over the run minus what was resident
-  // before it (datasets, graphs), plus the train_step's own constants. The trainer's
-  // state copies, batches and step values are allocated inside the run.
-  auto plan = eager_plan(*prog.train_step);
-  const int64_t mem_base = ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step);
-  ir::MemoryStats::reset_peak();
-  auto res = unwrap(runtime::train(cfg, graphs_of(prog), train_ds, eval_ds ? &*eval_ds : nullptr));
-  const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
+  check(driver::run_training(cfg, &dbg, std::cout));
+  return 0;
+}
 
-  std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
-  check(driver::export_trained_model(cfg.model, res.weights, onnx_out), "export");
-  check(runtime::io::save_safetensors((fs::path(cfg.output_dir) / "model.safetensors").string(), res.weights));
-  std::cout << "saved " << onnx_out << "\n";
-  if (!res.eval_metrics.empty()) {
-    std::cout << "final";
-    for (auto& [k, v] : res.eval_metrics) std::cout << " | " << k << " " << fmt("%.4f", v);
-    std::cout << "\n";
-  }
-  if (plan) std::cout << "peak memory: " << planned_vs_measured(plan->peak_bytes, mem_measured) << "\n";
+// ------------------------------------------------------------------ compile
+/// `kiln compile MODEL [train flags] -o DIR`: the training program built ahead of time
+/// into a standalone binary DIR/train plus readable compiler output (tools/driver/aot_build.h).
+int cmd_compile(const ConfigFlags& flags, const std::string& out_dir) {
+  TrainConfig cfg = flags.build();
+  if (out_dir.empty()) throw Failure{2, "compile: -o DIR is required"};
+  if (cfg.backend != "compiled") throw Failure{2, "compile: --backend " + cfg.backend + " cannot be compiled ahead of time (only compiled)"};
+  passes::PassContext dbg = flags.pass_context();
+  check(driver::compile_training_binary(cfg, dbg, out_dir, std::cout), "compile");
   return 0;
 }
 
@@ -304,7 +205,7 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   GradSetup s{unwrap(driver::build_training_program(cfg, &dbg, true, f64, cfg.max_steps > 0 ? cfg.max_steps : 1)), {}};
   if (!s.prog.grads) throw Failure{1, "the driver built no gradient graph"};
   const ir::Graph& g = *s.prog.grads;
-  auto specs = program_specs(g, s.prog.data_inputs);
+  auto specs = unwrap(driver::program_specs(g, s.prog.data_inputs));
   auto ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
   auto batch = unwrap(ds.first_batch(cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps), "--train_data");
   for (ir::Value* in : g.inputs) {
@@ -442,7 +343,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
     runs[r].compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto& prog = runs[r].prog;
     if (!ds) {
-      auto specs = program_specs(*prog.train_step, prog.data_inputs);
+      auto specs = unwrap(driver::program_specs(*prog.train_step, prog.data_inputs));
       if (!cfg.train_data.empty()) {
         auto raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
         ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
@@ -695,6 +596,11 @@ int real_main(int argc, char** argv) {
   ConfigFlags train_flags, grad_flags, bench_flags;
   auto* train = app.add_subcommand("train", "train a model (Hugging Face Trainer options)");
   train_flags.add_to(train);
+  ConfigFlags compile_flags;
+  auto* compile = app.add_subcommand("compile", "compile a training program ahead of time into DIR/train (a standalone binary)");
+  compile_flags.add_to(compile);
+  std::string compile_out;
+  compile->add_option("-o,--output", compile_out, "output folder: train binary, ir/, kernels/, memory_plan.txt, compile_report.json");
   auto* grad = app.add_subcommand("grad", "loss and parameter gradients of one batch -> safetensors");
   grad_flags.add_to(grad);
   std::string grad_out;
@@ -756,6 +662,7 @@ int real_main(int argc, char** argv) {
   }
   try {
     if (*train) return cmd_train(train_flags);
+    if (*compile) return cmd_compile(compile_flags, compile_out);
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);
     if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps);

@@ -6,9 +6,15 @@
 
 #include "frontend/onnx_import.h"
 #include "ir/op_table.h"
+#include "ir/printer.h"
 #include "ir/verifier.h"
+#include "passes/memory_plan.h"
 #include "passes/passes.h"
 #include "runtime/interpreter.h"
+#include "tools/driver/logs.h"
+#ifdef KILN_AOT
+#include "tools/aot/aot_kernels.h"
+#endif
 
 namespace kiln::driver {
 
@@ -125,6 +131,35 @@ std::map<std::string, std::string> pass_options(const runtime::TrainConfig& cfg,
   return o;
 }
 
+/// Generated kernels of `g` (`which`: "train" or "eval"). In kiln itself: LLVM through
+/// the compile cache (codegen/cpu/program.h). In the ahead-of-time binary of `kiln
+/// compile` (built with KILN_AOT): the kernels linked into the binary (tools/aot/).
+static Expected<std::shared_ptr<codegen::CpuProgram>> compile_program(const Graph& g, const runtime::TrainConfig& cfg,
+                                                                      const std::string& which) {
+  log_text("fusion", describe_fusion(g));
+  std::shared_ptr<codegen::CpuProgram> prog;
+#ifdef KILN_AOT
+  (void)cfg;
+  KILN_ASSIGN_OR_RETURN(prog, aot::aot_program(g, which));
+#else
+  codegen::CpuCompileOptions co;
+  co.use_cache = !cfg.no_cache;
+  co.cache_dir = cfg.cache_dir;
+  co.symbol_prefix = "kiln_" + which + "_";
+  if (log_enabled("output_code") || log_enabled("cache"))
+    co.log = [](const std::string& topic, const std::string& text) { log_text(topic, text); };
+  KILN_ASSIGN_OR_RETURN(prog, codegen::compile_graph_cpu(g, co));
+#endif
+  if (log_enabled("recompiles")) {
+    std::ostringstream os;
+    os << "compiled " << g.name << " (" << which << "): " << prog->kernels.size()
+       << " kernels; reason: a new program (static shapes and options; kiln never recompiles a program)";
+    if (!prog->cache_status.empty()) os << "; compile cache: " << prog->cache_status;
+    log_text("recompiles", os.str());
+  }
+  return prog;
+}
+
 /// Batch-size bindings: user --shape first, then the first symbolic dim of each model input.
 static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, int64_t batch) {
   frontend::ImportOptions opts;
@@ -190,8 +225,13 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   const bool compiled = cfg.backend == "compiled";
   if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, {"fusion"}, dbg, train_opts));
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
+  log_text("graph", "training step after all passes:\n" + ir::graph_to_string(*train));
+  if (log_enabled("memory")) {
+    auto plan = passes::plan_memory(*train, passes::PlanOptions::eager());
+    log_text("memory", plan ? passes::format_memory_plan(*plan) : "no memory plan: " + plan.status().message());
+  }
   if (compiled) {
-    KILN_ASSIGN_OR_RETURN(prog.train_kernels, codegen::compile_graph_cpu(*train));
+    KILN_ASSIGN_OR_RETURN(prog.train_kernels, compile_program(*train, cfg, "train"));
   }
   prog.train_step = std::move(train);
 
@@ -203,8 +243,9 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   eval_pipe.push_back("canonicalize");
   if (compiled) eval_pipe.push_back("fusion");
   KILN_RETURN_IF_ERROR(run_passes(*eval, eval_pipe, nullptr, eval_opts));
+  log_text("graph", "eval program after all passes:\n" + ir::graph_to_string(*eval));
   if (compiled) {
-    KILN_ASSIGN_OR_RETURN(prog.eval_kernels, codegen::compile_graph_cpu(*eval));
+    KILN_ASSIGN_OR_RETURN(prog.eval_kernels, compile_program(*eval, cfg, "eval"));
   }
   prog.eval = std::move(eval);
   return prog;

@@ -1,6 +1,8 @@
 // export_trained_model: the original ONNX ModelProto with trained initializers.
 #include "tools/driver/export_trained.h"
 
+#include "frontend/model_bytes.h"
+
 #include <onnx/onnx_pb.h>
 
 #include <cstdio>
@@ -14,12 +16,10 @@ namespace kiln::driver {
 
 Status export_trained_model(const std::string& original_onnx, const std::map<std::string, ir::Tensor>& weights,
                             const std::string& out_path) {
-  std::ifstream in(original_onnx, std::ios::binary);
-  if (!in) return Status::error(original_onnx + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  auto bytes = frontend::read_model_bytes(original_onnx);  // a file, or the model embedded in an AOT binary
+  if (!bytes) return bytes.status();
   onnx::ModelProto model;
-  if (!model.ParseFromString(ss.str())) return Status::error(original_onnx + ": not a valid ONNX model");
+  if (!model.ParseFromString(*bytes)) return Status::error(original_onnx + ": not a valid ONNX model");
   std::map<std::string, onnx::TensorProto*> inits;
   for (auto& t : *model.mutable_graph()->mutable_initializer()) inits[t.name()] = &t;
   for (auto& [name, w] : weights) {

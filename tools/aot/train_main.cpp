@@ -1,0 +1,105 @@
+// main() of the standalone training binary that `kiln compile MODEL -o DIR` links as
+// DIR/train (issue 8). It holds the model, the compile-time configuration and the
+// generated kernels (object code); it needs no kiln build tree, no Python and no
+// compiler. At start it re-runs kiln's passes on the embedded model (they are
+// deterministic: the same graph, the same kernel fingerprints) and binds every fused
+// kernel to its compiled function, then trains exactly as `kiln train` does.
+//
+// Flags that may change: data paths, max_steps, num_train_epochs, output_dir,
+// logging/eval/save steps, save_total_limit, seed, resume_from_checkpoint. Any other
+// training flag (shapes, precision, optimizer, passes) is fixed at compile time and is
+// refused with one line. Exit codes: 0 ok, 2 bad usage, 1 failure at run time.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <set>
+
+#include "frontend/model_bytes.h"
+#include "runtime/train_config.h"
+#include "tools/aot/aot_kernels.h"
+#include "tools/driver/train_run.h"
+
+namespace {
+
+using namespace kiln;
+
+/// TrainConfig fields a compiled binary lets the user change.
+const std::set<std::string>& changeable() {
+  static const std::set<std::string> s = {"train_data",    "eval_data",    "max_steps",  "num_train_epochs",
+                                          "output_dir",    "logging_steps", "eval_steps", "save_steps",
+                                          "save_total_limit", "seed",      "resume_from_checkpoint"};
+  return s;
+}
+
+int fail(int code, const std::string& msg) {
+  std::string m = msg;
+  for (char& c : m)
+    if (c == '\n') c = ' ';
+  std::cerr << "train: error: " << m << std::endl;
+  return code;
+}
+
+int real_main(int argc, char** argv) {
+  Status s = aot::load_embedded();
+  if (!s) return fail(1, s.message());
+  auto base = aot::embedded_config();
+  if (!base) return fail(1, base.message());
+  runtime::TrainConfig cfg = *base;
+
+  CLI::App app{"a kiln training binary (built by kiln compile): trains the model it holds with the configuration "
+               "it was compiled with; the flags below may change per run"};
+  std::map<std::string, std::vector<std::string>> values;
+  std::map<std::string, CLI::Option*> options;
+  for (auto& f : runtime::config_fields(cfg)) {
+    auto& v = values[f.name];
+    const bool ok = changeable().count(f.name) > 0;
+    const std::string help = ok ? f.help : "(fixed at compile time: refused)";
+    CLI::Option* o = f.kind == runtime::ConfigField::Kind::boolean
+                         ? app.add_flag("--" + f.name, v, help)
+                         : app.add_option("--" + f.name, v, help)->allow_extra_args(false);
+    if (!ok) o->group("");  // hidden from --help
+    options[f.name] = o;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return fail(2, e.what());
+  }
+  for (auto& f : runtime::config_fields(cfg)) {
+    if (options.at(f.name)->count() == 0) continue;
+    if (!changeable().count(f.name))
+      return fail(2, "--" + f.name + " is fixed when the binary is compiled (it changes shapes or passes); run kiln "
+                     "compile again with the new value");
+    if (f.kind == runtime::ConfigField::Kind::str_list) static_cast<std::vector<std::string>*>(f.ptr)->clear();
+    for (auto& v : values.at(f.name)) {
+      Status st = runtime::set_config_field(f, v);
+      if (!st) return fail(2, st.message());
+    }
+  }
+  Status v = cfg.validate();
+  if (!v) return fail(2, v.message());
+  if (cfg.train_data.empty()) return fail(2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)");
+  s = aot::check_cpu();
+  if (!s) return fail(1, s.message());
+
+  // The model comes from the binary itself.
+  cfg.model = "embedded:model.onnx";
+  cfg.backend = "compiled";
+  frontend::register_model_bytes(cfg.model, aot::embedded_model());
+  s = driver::run_training(cfg, nullptr, std::cout);
+  if (!s) return fail(1, s.message());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return real_main(argc, argv);
+  } catch (const std::exception& e) {
+    return fail(1, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return fail(1, "internal error (unknown exception)");
+  }
+}

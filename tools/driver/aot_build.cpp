@@ -1,0 +1,264 @@
+// `kiln compile`: ahead-of-time training binaries; see aot_build.h.
+#include "tools/driver/aot_build.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "codegen/cpu/llvm_cpu.h"
+#include "codegen/cpu/program.h"
+#include "frontend/model_bytes.h"
+#include "passes/memory_plan.h"
+#include "runtime/data.h"
+#include "tools/aot/aot_manifest.h"
+#include "tools/driver/driver.h"
+#include "tools/driver/train_run.h"
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "0.1.0"
+#endif
+
+namespace kiln::driver {
+
+namespace fs = std::filesystem;
+using runtime::TrainConfig;
+
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  f.close();
+  if (!f) return Status::error(p.string() + ": cannot write");
+  return Status::ok();
+}
+
+/// Kernel name as a file-name part: [A-Za-z0-9_.-] kept, anything else '_'.
+std::string file_part(const std::string& s) {
+  std::string r;
+  for (char c : s) r += (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.') ? c : '_';
+  return r.size() > 80 ? r.substr(0, 80) : r;
+}
+
+/// Link inputs written by CMake next to kiln: <kiln's folder>/../lib/kiln_aot_link.txt.
+Expected<std::vector<std::string>> link_inputs() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return Status::error("cannot locate the kiln executable (/proc/self/exe): " + ec.message());
+  fs::path file = exe.parent_path().parent_path() / "lib" / "kiln_aot_link.txt";
+  std::ifstream in(file);
+  if (!in) return Status::error(file.string() + ": missing (kiln compile needs the build tree's lib/ folder next to bin/)");
+  std::vector<std::string> items;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] != '-' && !fs::exists(line))
+      return Status::error(file.string() + ": link input " + line + " does not exist (rebuild kiln)");
+    items.push_back(line);
+  }
+  return items;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return r + "'";
+}
+
+struct ProgramReport {
+  int kernels = 0, unique = 0, fused_ops = 0, top_level_nodes = 0;
+  std::string cache;
+};
+
+int count_fused_ops(const ir::Graph& g) {
+  int n = 0;
+  for (auto& node : g.nodes()) {
+    if (node->op == "FusedKernel" && !node->regions.empty()) n += static_cast<int>(node->regions[0]->nodes().size());
+    else
+      for (auto& r : node->regions) n += count_fused_ops(*r);
+  }
+  return n;
+}
+
+}  // namespace
+
+Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& dbg, const std::string& out_dir,
+                               std::ostream& out) {
+  using clock = std::chrono::steady_clock;
+  const auto t_all = clock::now();
+  TrainConfig cfg = cfg_in;
+  if (cfg.backend != "compiled")
+    return Status::error("kiln compile builds the compiled backend; --backend " + cfg.backend + " is for kiln train/bench");
+  if (out_dir.empty()) return Status::error("-o DIR is required");
+
+  // Optimizer steps of the run, for the LR schedule (as kiln train computes them).
+  int64_t total = cfg.max_steps;
+  if (total <= 0) {
+    if (cfg.train_data.empty())
+      return Status::error("give --max_steps or --train_data: the LR schedule needs the number of optimizer steps");
+    auto raw = runtime::load_raw_data(cfg.train_data);
+    if (!raw) return Status::error("--train_data: " + raw.status().message());
+    KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
+    auto ds = runtime::Dataset::bind(*raw, forward_specs(*forward, cfg), data_options(cfg));
+    if (!ds) return Status::error("--train_data: " + ds.status().message());
+    const int64_t spe = ds->steps_per_epoch(cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps);
+    if (spe <= 0) return Status::error("--train_data has fewer rows than one optimizer step");
+    total = cfg.total_steps(spe);
+  }
+  KILN_ASSIGN_OR_RETURN(std::string model_bytes, frontend::read_model_bytes(cfg.model));
+
+  const fs::path dir(out_dir);
+  std::error_code ec;
+  for (const char* sub : {"ir", "kernels", "obj"}) {
+    fs::remove_all(dir / sub, ec);
+    fs::create_directories(dir / sub, ec);
+    if (ec) return Status::error(out_dir + ": cannot create " + sub + "/: " + ec.message());
+  }
+  dbg.dump_ir_dir = (dir / "ir").string();
+  dbg.dump_index = 0;
+
+  const auto t_build = clock::now();
+  KILN_ASSIGN_OR_RETURN(auto prog, build_training_program(cfg, &dbg, false, false, total));
+  const double build_s = since(t_build);
+  if (!prog.train_kernels || !prog.train_kernels->object)
+    return Status::error("the training program has no compiled kernels (internal)");
+
+  // Kernel dumps, objects, manifest.
+  nlohmann::json programs = nlohmann::json::object();
+  std::vector<std::string> fn_symbols;
+  std::map<std::string, int> fn_index;
+  std::map<std::string, ProgramReport> reports;
+  double lower_s = 0, emit_s = 0, opt_s = 0, mc_s = 0;
+  std::vector<fs::path> objects;
+  struct Item {
+    const char* which;
+    const ir::Graph* g;
+    const codegen::CpuProgram* p;
+  };
+  for (const Item& it : {Item{"train", prog.train_step.get(), prog.train_kernels.get()},
+                         Item{"eval", prog.eval.get(), prog.eval_kernels.get()}}) {
+    if (!it.p || !it.g) continue;
+    ProgramReport& r = reports[it.which];
+    r.kernels = static_cast<int>(it.p->kernels.size());
+    r.fused_ops = count_fused_ops(*it.g);
+    r.top_level_nodes = static_cast<int>(it.g->nodes().size());
+    r.cache = it.p->cache_status;
+    lower_s += it.p->lower_s;
+    nlohmann::json entries = nlohmann::json::array();
+    const codegen::CpuObject* obj = it.p->object.get();
+    if (obj) {
+      r.unique = obj->stats.num_unique;
+      emit_s += obj->stats.emit_s;
+      opt_s += obj->stats.optimize_s;
+      mc_s += obj->stats.codegen_s;
+      if (obj->kernels.size() != it.p->kernels.size() || obj->symbols.size() != it.p->kernels.size())
+        return Status::error(std::string(it.which) + " program: object and kernel lists differ (internal)");
+      KILN_RETURN_IF_ERROR(write_file(dir / "kernels" / (std::string(it.which) + ".ll"), obj->llvm_ir));
+      fs::path o = dir / "obj" / (std::string(it.which) + ".o");
+      KILN_RETURN_IF_ERROR(write_file(o, obj->object));
+      objects.push_back(o);
+    }
+    for (size_t i = 0; i < it.p->kernels.size(); ++i) {
+      const codegen::Kernel& k = it.p->kernels[i];
+      char num[16];
+      std::snprintf(num, sizeof num, "_%03zu_", i);
+      KILN_RETURN_IF_ERROR(
+          write_file(dir / "kernels" / (std::string(it.which) + num + file_part(k.name) + ".kir"), k.to_string()));
+      if (!obj) continue;
+      const std::string& sym = obj->symbols[i];
+      auto [fi, fresh] = fn_index.emplace(sym, static_cast<int>(fn_symbols.size()));
+      if (fresh) fn_symbols.push_back(sym);
+      const codegen::CpuKernel& ck = obj->kernels[i];
+      entries.push_back({{"node", k.name},
+                         {"fingerprint", aot::kernel_fingerprint(k)},
+                         {"fn", fi->second},
+                         {"parallel_dim", ck.parallel_dim},
+                         {"parallel_extent", ck.parallel_extent},
+                         {"work_per_index", ck.work_per_index}});
+    }
+    programs[it.which] = entries;
+  }
+  nlohmann::json manifest = {{"format", aot::kManifestFormat},
+                             {"kiln_version", KILN_VERSION},
+                             {"cpu", codegen::host_cpu_description()},
+                             {"config", nlohmann::json::parse(runtime::config_to_json(cfg))},
+                             {"programs", programs}};
+  KILN_ASSIGN_OR_RETURN(std::string data_obj,
+                        codegen::emit_aot_data_object({{aot::kManifestSymbol, manifest.dump()}, {aot::kModelSymbol, model_bytes}},
+                                                      aot::kFunctionTableSymbol, fn_symbols));
+  objects.push_back(dir / "obj" / "data.o");
+  KILN_RETURN_IF_ERROR(write_file(objects.back(), data_obj));
+
+  // Memory plan.
+  auto plan = passes::plan_memory(*prog.train_step, passes::PlanOptions::eager());
+  if (!plan) return Status::error("memory plan: " + plan.status().message());
+  KILN_RETURN_IF_ERROR(write_file(dir / "memory_plan.txt", passes::format_memory_plan(*plan)));
+
+  // Link with the system linker (through the C++ compiler driver, for libstdc++ and crt).
+  KILN_ASSIGN_OR_RETURN(auto inputs, link_inputs());
+  const char* cxx = std::getenv("CXX");
+  std::string cmd = shell_quote(cxx && *cxx ? cxx : "c++") + " -o " + shell_quote((dir / "train").string());
+  for (auto& o : objects) cmd += " " + shell_quote(o.string());
+  for (auto& i : inputs) cmd += " " + shell_quote(i);
+  const fs::path log = dir / "link.log";
+  KILN_RETURN_IF_ERROR(write_file(log, cmd + "\n"));
+  const auto t_link = clock::now();
+  const int rc = std::system((cmd + " >> " + shell_quote(log.string()) + " 2>&1").c_str());
+  const double link_s = since(t_link);
+  if (rc != 0) return Status::error("linking " + (dir / "train").string() + " failed (see " + log.string() + ")");
+
+  // Report.
+  double passes_s = 0;
+  for (auto& [name, s] : dbg.pass_seconds)
+    if (name != "fusion") passes_s += s;
+  nlohmann::json cats = nlohmann::json::object();
+  for (int c = 0; c < passes::kNumMemoryCategories; ++c)
+    cats[passes::memory_category_name(static_cast<passes::MemoryCategory>(c))] = plan->at_peak[c];
+  nlohmann::json progs = nlohmann::json::object();
+  for (auto& [which, r] : reports)
+    progs[which] = {{"kernels", r.kernels},
+                    {"unique_functions", r.unique},
+                    {"fused_ops", r.fused_ops},
+                    {"top_level_nodes", r.top_level_nodes},
+                    {"compile_cache", r.cache}};
+  const double total_s = since(t_all);
+  nlohmann::json report = {
+      {"model", cfg.model},
+      {"kiln_version", KILN_VERSION},
+      {"cpu", codegen::host_cpu_description()},
+      {"binary", (dir / "train").string()},
+      {"binary_bytes", static_cast<int64_t>(fs::file_size(dir / "train", ec))},
+      {"optimizer_steps", total},
+      {"seconds",
+       {{"passes", passes_s},
+        {"fusion", dbg.pass_seconds.count("fusion") ? dbg.pass_seconds.at("fusion") : 0.0},
+        {"lower_to_kernel_ir", lower_s},
+        {"llvm_ir", emit_s},
+        {"llvm_o3", opt_s},
+        {"machine_code", mc_s},
+        {"build_program_total", build_s},
+        {"link", link_s},
+        {"total", total_s}}},
+      {"programs", progs},
+      {"planned_peak_bytes", plan->peak_bytes},
+      {"planned_peak_bytes_by_category", cats}};
+  KILN_RETURN_IF_ERROR(write_file(dir / "compile_report.json", report.dump(2) + "\n"));
+
+  char line[256];
+  std::snprintf(line, sizeof line, "compiled %s: %d train + %d eval kernels in %.2f s (program %.2f s, link %.2f s)\n",
+                (dir / "train").string().c_str(), reports["train"].kernels, reports.count("eval") ? reports["eval"].kernels : 0,
+                total_s, build_s, link_s);
+  out << line << "wrote " << (dir / "ir").string() << "/, " << (dir / "kernels").string() << "/, "
+      << (dir / "memory_plan.txt").string() << ", " << (dir / "compile_report.json").string() << "\n";
+  return Status::ok();
+}
+
+}  // namespace kiln::driver

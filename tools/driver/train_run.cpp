@@ -1,0 +1,159 @@
+// One training run as `kiln train` does it; see train_run.h.
+#include "tools/driver/train_run.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "ir/tensor.h"
+#include "runtime/checkpoint.h"
+#include "runtime/io.h"
+#include "tools/driver/export_trained.h"
+
+namespace kiln::driver {
+
+namespace fs = std::filesystem;
+using runtime::TrainConfig;
+
+std::vector<runtime::DataInputSpec> forward_specs(const ir::Graph& g, const TrainConfig& cfg) {
+  std::vector<runtime::DataInputSpec> specs;
+  for (ir::Value* in : g.inputs) specs.push_back({in->name, in->dtype, in->shape});
+  if (cfg.loss != "model" && !g.outputs.empty()) {
+    const ir::Value* out = g.outputs[0];
+    std::string label = cfg.label_input.empty() ? "labels" : cfg.label_input;
+    if (cfg.loss == "cross_entropy") {
+      ir::Shape s = out->shape;
+      if (s.rank() > 0) s.dims.pop_back();
+      for (auto& d : s.dims) d = ir::Dim();  // shape checked against the compiled graph later
+      specs.push_back({label, ir::DType::i64, s});
+    } else {
+      specs.push_back({label, out->dtype, out->shape});
+    }
+  }
+  return specs;
+}
+
+runtime::DataOptions data_options(const TrainConfig& cfg) {
+  runtime::DataOptions o;
+  o.label_input = cfg.loss == "model" ? "" : (cfg.label_input.empty() ? "labels" : cfg.label_input);
+  o.loss = cfg.loss;
+  o.block_size = cfg.block_size;
+  return o;
+}
+
+runtime::TrainGraphs graphs_of(const TrainingProgram& p) {
+  return {p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output,
+          p.train_kernels.get(), p.eval_kernels.get()};
+}
+
+Expected<std::vector<runtime::DataInputSpec>> program_specs(const ir::Graph& g, const std::vector<std::string>& names) {
+  std::vector<std::string> present;
+  for (auto& n : names)
+    for (ir::Value* in : g.inputs)
+      if (in->name == n) present.push_back(n);
+  return runtime::data_input_specs(g, present);
+}
+
+int64_t initializer_bytes(const ir::Graph& g) {
+  int64_t b = 0;
+  for (ir::Value* v : g.initializers)
+    if (v->data) b += static_cast<int64_t>(v->data->nbytes());
+  return b;
+}
+
+std::optional<passes::MemoryPlan> eager_plan(const ir::Graph& g) {
+  auto p = passes::plan_memory(g, passes::PlanOptions::eager());
+  if (!p) {
+    std::string m = p.message();
+    std::replace(m.begin(), m.end(), '\n', ' ');
+    std::cerr << "kiln: note: no memory plan: " << m << "\n";
+    return std::nullopt;
+  }
+  return std::move(*p);
+}
+
+std::string planned_vs_measured(int64_t planned, int64_t measured) {
+  std::string s = "planned " + passes::human_bytes(planned) + " (" + std::to_string(planned) + " B), measured " +
+                  passes::human_bytes(measured) + " (" + std::to_string(measured) + " B)";
+  if (measured > 0) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%+.2f", 100.0 * double(planned - measured) / double(measured));
+    s += std::string(" (diff ") + b + "%)";
+  }
+  return s;
+}
+
+Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out) {
+  if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
+  KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
+  auto ctx = [](const Status& s, const std::string& what) { return Status::error(what + ": " + s.message()); };
+  auto train_raw = runtime::load_raw_data(cfg.train_data);
+  if (!train_raw) return ctx(train_raw.status(), "--train_data");
+  runtime::RawData eval_raw;
+  if (!cfg.eval_data.empty()) {
+    auto e = runtime::load_raw_data(cfg.eval_data);
+    if (!e) return ctx(e.status(), "--eval_data");
+    eval_raw = std::move(*e);
+  }
+  if (cfg.resume_from_checkpoint == "true" || cfg.resume_from_checkpoint == "latest") {
+    // HF: resume_from_checkpoint=True resumes from the newest checkpoint in output_dir.
+    auto all = runtime::list_checkpoints(cfg.output_dir);
+    if (all.empty()) return Status::error("--resume_from_checkpoint: no checkpoint-N in " + cfg.output_dir);
+    cfg.resume_from_checkpoint = all.back().second;
+  }
+  if (!cfg.resume_from_checkpoint.empty() && !fs::is_directory(cfg.resume_from_checkpoint))
+    return Status::error("--resume_from_checkpoint: " + cfg.resume_from_checkpoint + ": no such directory");
+
+  // Check the data against the model before compiling, and count steps.
+  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
+  auto pre = runtime::Dataset::bind(*train_raw, forward_specs(*forward, cfg), data_options(cfg));
+  if (!pre) return ctx(pre.status(), "--train_data");
+  const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  const int64_t spe = pre->steps_per_epoch(rows_per_step);
+  if (spe <= 0)
+    return Status::error("--train_data has " + std::to_string(pre->num_rows()) + " rows, fewer than one step of " +
+                         std::to_string(rows_per_step) + " (per_device_train_batch_size x gradient_accumulation_steps)");
+  const int64_t total = cfg.total_steps(spe);
+
+  KILN_ASSIGN_OR_RETURN(auto prog, build_training_program(cfg, dbg, false, false, total));
+  KILN_ASSIGN_OR_RETURN(auto train_specs, program_specs(*prog.train_step, prog.data_inputs));
+  auto train_ds = runtime::Dataset::bind(*train_raw, train_specs, data_options(cfg));
+  if (!train_ds) return ctx(train_ds.status(), "--train_data");
+  std::optional<runtime::Dataset> eval_ds;
+  if (!cfg.eval_data.empty()) {
+    if (!prog.eval) return Status::error("the training program has no eval graph");
+    KILN_ASSIGN_OR_RETURN(auto eval_specs, program_specs(*prog.eval, prog.data_inputs));
+    auto e = runtime::Dataset::bind(eval_raw, eval_specs, data_options(cfg));
+    if (!e) return ctx(e.status(), "--eval_data");
+    eval_ds = std::move(*e);
+  }
+  // Measured peak of the steps: MemoryStats peak over the run minus what was resident
+  // before it (datasets, graphs), plus the train_step's own constants. The trainer's
+  // state copies, batches and step values are allocated inside the run.
+  auto plan = eager_plan(*prog.train_step);
+  const int64_t mem_base = ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step);
+  ir::MemoryStats::reset_peak();
+  KILN_ASSIGN_OR_RETURN(auto res, runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr));
+  const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
+
+  std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
+  Status s = export_trained_model(cfg.model, res.weights, onnx_out);
+  if (!s) return ctx(s, "export");
+  KILN_RETURN_IF_ERROR(
+      runtime::io::save_safetensors((fs::path(cfg.output_dir) / "model.safetensors").string(), res.weights));
+  out << "saved " << onnx_out << "\n";
+  if (!res.eval_metrics.empty()) {
+    out << "final";
+    for (auto& [k, v] : res.eval_metrics) {
+      char b[64];
+      std::snprintf(b, sizeof b, "%.4f", v);
+      out << " | " << k << " " << b;
+    }
+    out << "\n";
+  }
+  if (plan) out << "peak memory: " << planned_vs_measured(plan->peak_bytes, mem_measured) << "\n";
+  return Status::ok();
+}
+
+}  // namespace kiln::driver

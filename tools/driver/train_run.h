@@ -1,0 +1,53 @@
+// One training run as `kiln train` does it, shared by the kiln command line and the
+// ahead-of-time binary of `kiln compile` (tools/aot/): load and check the data, build
+// the training program, train (runtime::train), write model.onnx and
+// model.safetensors to output_dir, print planned against measured peak memory.
+#pragma once
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+#include "passes/memory_plan.h"
+#include "passes/pass.h"
+#include "runtime/data.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
+#include "tools/driver/driver.h"
+
+namespace kiln::driver {
+
+/// Data specs of a forward model before the training program exists: its inputs, and
+/// the label input (class ids for cross_entropy with free dims, else the output's type).
+std::vector<runtime::DataInputSpec> forward_specs(const ir::Graph& g, const runtime::TrainConfig& cfg);
+
+/// Loader options (label input, loss, block size) for `cfg`.
+runtime::DataOptions data_options(const runtime::TrainConfig& cfg);
+
+/// The runtime's view of a built program.
+runtime::TrainGraphs graphs_of(const TrainingProgram& p);
+
+/// Specs of the data inputs `names` present in `g` (errors: an input's type is not static enough).
+Expected<std::vector<runtime::DataInputSpec>> program_specs(const ir::Graph& g, const std::vector<std::string>& names);
+
+/// Bytes of a graph's constant initializers: resident before a run, used by every step.
+int64_t initializer_bytes(const ir::Graph& g);
+
+/// The graph's memory plan with the eager interpreter's accounting (what MemoryStats
+/// measures); nullopt, with a note on stderr, when the graph cannot be planned.
+std::optional<passes::MemoryPlan> eager_plan(const ir::Graph& g);
+
+/// "planned X (N B), measured Y (M B) (diff Z%)".
+std::string planned_vs_measured(int64_t planned, int64_t measured);
+
+/// Trains with `cfg` (train_data required; resume_from_checkpoint "latest"/"true"
+/// resolved to the newest checkpoint in output_dir), then writes output_dir/model.onnx
+/// and model.safetensors and prints "saved ...", the final eval metrics and the peak
+/// memory line on `out`. `dbg` carries the pass-manager switches. Errors (one line):
+/// unreadable data, data that does not fit the model, too few rows for one step, a
+/// missing checkpoint, any build or run failure.
+Status run_training(runtime::TrainConfig cfg, passes::PassContext* dbg, std::ostream& out);
+
+}  // namespace kiln::driver
