@@ -25,11 +25,23 @@
 //
 // Policies (option "remat_policy"):
 //   none     nothing changes.
-//   blocks   repeated layers found from PyTorch export name scopes (a scope segment "h.0",
-//            "layer1.0" or "0" whose family has >= 2 members); values flowing into a block
-//            from outside are kept, everything inside a block is recomputed (Hugging Face
-//            gradient_checkpointing / torch.utils.checkpoint per layer). Without such scopes
-//            the policy falls back to sqrt.
+//   blocks   repeated layers; values flowing into a block from outside are kept, everything
+//            inside a block is recomputed (Hugging Face gradient_checkpointing /
+//            torch.utils.checkpoint per layer). Blocks come from, in this order:
+//            1. PyTorch export name scopes: a scope segment "h.0", "layer1.0" or "0" whose
+//               family has >= 2 members;
+//            2. structural repetition, when no name scope repeats: each forward node (in
+//               schedule order) gets a signature from the op table's view of it (op,
+//               attributes but kiln_rng_id, input and output dtypes and shapes; never
+//               node or value names); the tandem repeat s[i..i+p) x k (k >= 2, p >= 2) covering
+//               the most nodes is taken (the smallest p on equal coverage: per layer, not
+//               per pair of layers), each repetition one block. Its phase within the
+//               periodic run is the one whose block boundaries cut the fewest live bytes.
+//               Nodes before the first and after the last repetition are in no block.
+//               O(n^2) integer comparisons over n forward nodes;
+//            3. sqrt, when nothing repeats.
+//            Under --time-passes or --print-ir-after remat|all, one "[remat] blocks ..."
+//            line on the pass log says which detection was used, the blocks and its time.
 //   sqrt     forward nodes in segments of round(sqrt(n)); values crossing a segment boundary
 //            are kept, the rest recomputed (Chen et al. 2016, "Training Deep Nets with
 //            Sublinear Memory Cost").
@@ -40,17 +52,21 @@
 //            PyTorch AOTAutograd's min_cut_rematerialization_partition.
 //   budget   option "memory_budget" (bytes): the planned peak (passes/memory_plan.h, eager
 //            options) plus the optimizer state the optimizer pass will add must fit. Choices
-//            are per block (or sqrt segment): keep it or recompute it; the pass picks the set
-//            of least recompute FLOPs whose saved bytes cover the excess, as a 0/1 knapsack
-//            integer program solved by GLPK (in the manner of Checkmate, Jain et al. 2020,
-//            at block granularity), verified with the memory planner and tightened until
-//            it fits; a greedy (bytes per FLOP) order is the fallback when GLPK hits its time
-//            limit or is not built in. When even recomputing every block does not fit, it is
-//            an error naming the smallest reachable peak and the category that dominates it.
+//            are per block (as blocks finds them; sqrt segments as its fallback): keep it or
+//            recompute it; the pass picks the set of least recompute FLOPs whose saved bytes
+//            cover the excess, as a 0/1 knapsack integer program solved by GLPK (in the
+//            manner of Checkmate, Jain et al. 2020, at block granularity), verified with the
+//            memory planner and tightened until it fits; a greedy (bytes per FLOP) order is
+//            the fallback when GLPK hits its time limit or is not built in. When even
+//            recomputing every block does not fit, it is an error naming the smallest
+//            reachable peak and the category that dominates it.
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <queue>
@@ -61,6 +77,7 @@
 #include <unordered_set>
 
 #include "ir/op_table.h"
+#include "ir/printer.h"
 #include "passes/memory_plan.h"
 #include "passes/passes.h"
 
@@ -240,7 +257,8 @@ std::string block_family(const std::string& key) {
 
 /// Segment id per forward node (-1: not in any segment, never recomputed).
 /// `blocks` from name scopes; empty result when the model has no repeated scopes.
-std::vector<int> block_segments(const Sections& s) {
+/// `nblocks` gets the number of blocks.
+std::vector<int> scope_segments(const Sections& s, int* nblocks) {
   std::vector<std::string> key(s.forward.size());
   std::map<std::string, std::set<std::string>> families;
   for (size_t i = 0; i < s.forward.size(); ++i) {
@@ -259,8 +277,157 @@ std::vector<int> block_segments(const Sections& s) {
     seg[i] = it->second;
     any = true;
   }
+  *nblocks = static_cast<int>(ids.size());
   if (!any) return {};
   return seg;
+}
+
+/// Structural signature of a forward node: what the op table sees of it, no names.
+std::string node_signature(const Node& n) {
+  std::ostringstream os;
+  os << n.op;
+  for (const auto& [k, v] : n.attrs.all()) {
+    if (k == "kiln_rng_id") continue;  // a per-node stream id, not what the node computes
+    os << ' ' << k << '=' << attr_to_string(v);
+  }
+  os << " (";
+  for (const Value* in : n.inputs) {
+    if (!in) {
+      os << "-,";
+      continue;
+    }
+    os << dtype_name(in->dtype) << in->shape.to_string() << ',';
+  }
+  os << ")->(";
+  for (const Value* o : n.outputs) os << dtype_name(o->dtype) << o->shape.to_string() << ',';
+  os << ") r" << n.regions.size();
+  return os.str();
+}
+
+/// A tandem repeat found in the forward signature sequence: `count` consecutive copies
+/// of the `period` nodes starting at forward index `start`.
+struct TandemRepeat {
+  int start = -1, period = 0, count = 0;
+};
+
+/// The tandem repeat (period >= 2, count >= 2) over `sig` covering the most elements,
+/// the smallest period on equal coverage (then the earliest run). `cut_bytes[c]`: bytes
+/// live across the cut before element c (c in [0, n]); the phase within the periodic run
+/// is the one whose block boundaries cut the fewest bytes (then the earliest).
+TandemRepeat longest_tandem_repeat(const std::vector<int>& sig, const std::vector<int64_t>& cut_bytes) {
+  const int n = static_cast<int>(sig.size());
+  TandemRepeat best;
+  int best_cover = 0, best_run = 0;  // run: length of the p-periodic stretch is run + p
+  for (int p = 2; 2 * p <= n; ++p) {
+    if (n / p * p <= best_cover) continue;  // this period cannot cover more
+    int run = 0;
+    auto consider = [&](int j0, int len) {
+      int k = (len + p) / p;
+      if (k >= 2 && k * p > best_cover) {
+        best_cover = k * p;
+        best = {j0, p, k};
+        best_run = len;
+      }
+    };
+    for (int j = 0; j + p < n; ++j) {
+      if (sig[j] == sig[j + p]) {
+        ++run;
+      } else {
+        consider(j - run, run);
+        run = 0;
+      }
+    }
+    consider(n - p - run, run);
+  }
+  if (best.count < 2) return {};
+  // Phase: any shift d in [0, run + p - count * p] gives `count` equal repetitions.
+  const int slack = best_run + best.period - best.count * best.period;
+  int64_t best_cost = std::numeric_limits<int64_t>::max();
+  int best_d = 0;
+  for (int d = 0; d <= slack; ++d) {
+    int64_t cost = 0;
+    for (int m = 0; m <= best.count; ++m) cost += cut_bytes[best.start + d + m * best.period];
+    if (cost < best_cost) best_cost = cost, best_d = d;
+  }
+  best.start += best_d;
+  return best;
+}
+
+/// `blocks` from structural repetition (see the file comment); empty when nothing repeats.
+std::vector<int> structural_segments(const Sections& s, TandemRepeat* found) {
+  const int n = static_cast<int>(s.forward.size());
+  std::unordered_map<std::string, int> ids;
+  std::vector<int> sig(n);
+  for (int i = 0; i < n; ++i)
+    sig[i] = ids.emplace(node_signature(*s.forward[i]), static_cast<int>(ids.size())).first->second;
+  // Bytes live across each cut: a value made at i and last read (in the forward) at j > i
+  // crosses the cuts i+1..j.
+  std::vector<int64_t> diff(n + 2, 0);
+  std::unordered_map<const Value*, int> last_use;
+  for (int i = 0; i < n; ++i)
+    for (const Value* in : s.forward[i]->inputs)
+      if (s.is_forward_value(in)) last_use[in] = i;
+  for (const auto& [v, j] : last_use) {
+    int i = s.fwd_index.at(v->producer);
+    if (j <= i) continue;
+    diff[i + 1] += value_bytes(v);
+    diff[j + 1] -= value_bytes(v);
+  }
+  std::vector<int64_t> cut(n + 1, 0);
+  int64_t acc = 0;
+  for (int c = 0; c <= n; ++c) cut[c] = (acc += diff[c]);
+  TandemRepeat r = longest_tandem_repeat(sig, cut);
+  *found = r;
+  if (r.count < 2) return {};
+  std::vector<int> seg(n, -1);
+  for (int i = r.start; i < r.start + r.count * r.period; ++i) seg[i] = (i - r.start) / r.period;
+  return seg;
+}
+
+/// The segmentation of `blocks` and how it was found.
+struct BlockDetection {
+  std::vector<int> seg;  ///< segment id per forward node; sqrt segments when nothing repeats
+  std::string note;      ///< one line: the detection used, the blocks, the time taken
+};
+
+std::vector<int> sqrt_segments(const Sections& s);
+
+BlockDetection detect_blocks(const Sections& s) {
+  auto t0 = std::chrono::steady_clock::now();
+  BlockDetection d;
+  std::ostringstream os;
+  const size_t n = s.forward.size();
+  int nblocks = 0;
+  d.seg = scope_segments(s, &nblocks);
+  if (!d.seg.empty()) {
+    size_t covered = std::count_if(d.seg.begin(), d.seg.end(), [](int x) { return x >= 0; });
+    os << "blocks from name scopes: " << nblocks << " blocks, " << covered << " of " << n << " forward nodes";
+  } else {
+    TandemRepeat r;
+    d.seg = structural_segments(s, &r);
+    if (!d.seg.empty()) {
+      os << "blocks from structural repetition: " << r.count << " blocks of " << r.period
+         << " nodes (forward nodes " << r.start << ".." << r.start + r.count * r.period - 1 << " of " << n << ")";
+    } else {
+      d.seg = sqrt_segments(s);
+      int segs = 0;
+      for (int x : d.seg) segs = std::max(segs, x + 1);
+      os << "blocks: no repeated name scopes or structure in " << n << " forward nodes; sqrt fallback, " << segs
+         << " segments";
+    }
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "; detection %.3f ms", ms);
+  os << buf;
+  d.note = os.str();
+  return d;
+}
+
+/// Writes "[remat] <line>" to the pass log under --time-passes / --print-ir-after remat|all.
+void log_decision(const PassContext& ctx, const std::string& line) {
+  if (!ctx.time_passes && ctx.print_ir_after != "all" && ctx.print_ir_after != "remat") return;
+  (ctx.log ? *ctx.log : std::cerr) << "[remat] " << line << "\n";
 }
 
 std::vector<int> sqrt_segments(const Sections& s) {
@@ -420,8 +587,14 @@ class Remat : public Pass {
       return Status::error("remat: no backward nodes (run autodiff first)");
     RematStats st;
     if (policy == "blocks" || policy == "sqrt") {
-      std::vector<int> seg = policy == "blocks" ? block_segments(s) : std::vector<int>{};
-      if (seg.empty()) seg = sqrt_segments(s);
+      std::vector<int> seg;
+      if (policy == "blocks") {
+        BlockDetection d = detect_blocks(s);
+        log_decision(ctx, d.note);
+        seg = std::move(d.seg);
+      } else {
+        seg = sqrt_segments(s);
+      }
       auto keep = segment_keep(s, seg);
       std::unordered_map<const Node*, int> segof;
       for (size_t i = 0; i < s.forward.size(); ++i) segof[s.forward[i]] = seg[i];
@@ -493,8 +666,9 @@ Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematSta
   KILN_ASSIGN_OR_RETURN(Fit base, planned_fit(g, ctx, opt_bytes));
   if (base.peak <= budget) return Status::ok();  // fits without recomputation
 
-  std::vector<int> seg = block_segments(s);
-  if (seg.empty()) seg = sqrt_segments(s);
+  BlockDetection det = detect_blocks(s);
+  log_decision(ctx, "budget: " + det.note);
+  std::vector<int> seg = std::move(det.seg);
   int nseg = 0;
   for (int x : seg) nseg = std::max(nseg, x + 1);
 

@@ -1,4 +1,5 @@
-// CPU code generation: kernel IR -> LLVM IR (llvm-16) -> ORC LLJIT machine code for the host.
+// CPU code generation: kernel IR -> LLVM IR (llvm-16) -> O3 -> an ELF object for the host
+// (PIC, host CPU and features) -> ORC LLJIT (load_cpu_object) or the system linker (`kiln compile`).
 //
 // Numerics (must match the eager kernels, runtime/kernels/elementwise.cpp and reduction.cpp):
 //  * f32 in float, f64 in double, integers in their own width (u8 unsigned), bool as i1

@@ -368,15 +368,15 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
     KILN_ASSIGN_OR_RETURN(auto mod, load_cpu_object(*shared));
     prog->module = std::shared_ptr<CpuModule>(std::move(mod));
     prog->object = shared;
+    const CpuCompileStats& st = prog->module->stats();
+    std::ostringstream os;
+    os.precision(3);
+    os << (opts.use_cache ? "miss " : "off (cache disabled) ") << key << ": compiled " << kernels_summary(*shared)
+       << " in " << st.emit_s + st.optimize_s + st.codegen_s << " s (emit " << st.emit_s << ", O3 " << st.optimize_s
+       << ", codegen+link " << st.codegen_s << ")";
+    log("cache", os.str());
     if (opts.use_cache) {
       prog->cache_status = "miss";
-      const CpuCompileStats& st = prog->module->stats();
-      std::ostringstream os;
-      os.precision(3);
-      os << "miss " << key << ": compiled " << kernels_summary(*shared) << " in "
-         << st.emit_s + st.optimize_s + st.codegen_s << " s (emit " << st.emit_s << ", O3 " << st.optimize_s
-         << ", codegen+link " << st.codegen_s << ")";
-      log("cache", os.str());
       const std::string err = write_atomic(path, encode_file(encode_payload(key, *shared)));
       if (err.empty()) log("cache", std::string(rewrite ? "rewrote " : "stored ") + path.string());
       else warn("cannot write compile cache entry " + path.string() + " (" + err + "); continuing without it");

@@ -31,7 +31,7 @@ namespace {
 const std::string kSrc = KILN_SOURCE_DIR;
 const std::string kBin = std::string(KILN_BINARY_DIR) + "/bin/kiln";
 
-struct Run {
+struct ShellRun {
   int code;
   std::string out, err;
 };
@@ -44,7 +44,7 @@ std::string slurp(const fs::path& p) {
 }
 
 /// Runs `cmd` in `cwd` with environment prefix `env` ("" or "NAME=VALUE ...").
-Run sh(const std::string& cmd, const std::string& cwd, const std::string& env = "") {
+ShellRun sh(const std::string& cmd, const std::string& cwd, const std::string& env = "") {
   const std::string base = (fs::temp_directory_path() / ("kiln_aot_" + std::to_string(::getpid()))).string();
   std::string full = "cd '" + cwd + "' && " + env + " " + cmd + " > '" + base + ".out' 2> '" + base + ".err'";
   int st = std::system(full.c_str());
@@ -91,7 +91,7 @@ const std::string& compiled_dir() {
   static std::string dir;
   if (dir.empty()) {
     dir = tmpdir("gpt");
-    Run r = sh("'" + kBin + "' compile " + kModel + kTrainFlags + " --max_steps 6 --cache_dir " + dir + "/cache -o " + dir +
+    ShellRun r = sh("'" + kBin + "' compile " + kModel + kTrainFlags + " --max_steps 6 --cache_dir " + dir + "/cache -o " + dir +
                    "/out",
                kSrc);
     EXPECT_EQ(r.code, 0) << r.out << r.err;
@@ -116,14 +116,14 @@ TEST(AotCompile, BinaryCopiedAloneReproducesKilnTrain) {
   const std::string dir = compiled_dir();
   ASSERT_TRUE(fs::exists(dir + "/out/train"));
   // Reference: kiln train, same flags.
-  Run ref = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 6 --no_cache --output_dir " + dir + "/ref",
+  ShellRun ref = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 6 --no_cache --output_dir " + dir + "/ref",
                kSrc);
   ASSERT_EQ(ref.code, 0) << ref.err;
   // The binary alone in another folder (no model.onnx, no build tree beside it).
   const std::string alone = dir + "/elsewhere";
   fs::create_directories(alone);
   fs::copy_file(dir + "/out/train", alone + "/train");
-  Run r = sh("./train --train_data " + kSrc + "/data/text/train.bin --output_dir run", alone);
+  ShellRun r = sh("./train --train_data " + kSrc + "/data/text/train.bin --output_dir run", alone);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(r.err.find("differ from the ones compiled"), std::string::npos) << r.err;
   expect_close_losses(train_losses(alone + "/run"), train_losses(dir + "/ref"), 6);
@@ -134,21 +134,21 @@ TEST(AotCompile, BinaryCopiedAloneReproducesKilnTrain) {
 TEST(AotCompile, RunTimeMaxStepsMatchesKilnTrain) {
   require_data();
   const std::string dir = compiled_dir();
-  Run ref = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 4 --no_cache --output_dir " + dir + "/ref4",
+  ShellRun ref = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 4 --no_cache --output_dir " + dir + "/ref4",
                kSrc);
   ASSERT_EQ(ref.code, 0) << ref.err;
-  Run r = sh("'" + dir + "/out/train' --max_steps 4 --output_dir " + dir + "/run4", kSrc);
+  ShellRun r = sh("'" + dir + "/out/train' --max_steps 4 --output_dir " + dir + "/run4", kSrc);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   expect_close_losses(train_losses(dir + "/run4"), train_losses(dir + "/ref4"), 4);
 }
 
 TEST(AotCompile, FixedFlagRefusedWithOneLine) {
   const std::string dir = compiled_dir();
-  Run r = sh("'" + dir + "/out/train' --bf16", kSrc);
+  ShellRun r = sh("'" + dir + "/out/train' --bf16", kSrc);
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("--bf16 is fixed when the binary is compiled"), std::string::npos) << r.err;
-  Run u = sh("'" + dir + "/out/train' --no_such_flag 1", kSrc);
+  ShellRun u = sh("'" + dir + "/out/train' --no_such_flag 1", kSrc);
   EXPECT_EQ(u.code, 2) << u.err;
 }
 
@@ -205,7 +205,7 @@ TEST(AotCompile, CacheHitAndTruncatedEntryRebuilt) {
     return rep["programs"]["train"]["compile_cache"].get<std::string>();
   };
   const std::string cmd = "'" + kBin + "' compile " + kModel + kTrainFlags + " --max_steps 6 --cache_dir " + dir + "/cache -o ";
-  Run hit = sh(cmd + dir + "/out2", kSrc);
+  ShellRun hit = sh(cmd + dir + "/out2", kSrc);
   ASSERT_EQ(hit.code, 0) << hit.err;
   EXPECT_EQ(cache_status(dir + "/out2"), "disk hit");
   int entries = 0;
@@ -215,18 +215,18 @@ TEST(AotCompile, CacheHitAndTruncatedEntryRebuilt) {
     fs::resize_file(e.path(), fs::file_size(e.path()) / 2);
   }
   EXPECT_EQ(entries, 2);  // train and eval programs
-  Run again = sh(cmd + dir + "/out3", kSrc);
+  ShellRun again = sh(cmd + dir + "/out3", kSrc);
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(cache_status(dir + "/out3"), "miss");
   EXPECT_EQ(count_lines_with(again.err, "compile cache entry"), 2) << again.err;  // one per truncated entry
-  Run fixed = sh(cmd + dir + "/out4", kSrc);
+  ShellRun fixed = sh(cmd + dir + "/out4", kSrc);
   EXPECT_EQ(cache_status(dir + "/out4"), "disk hit");
 }
 
 TEST(AotCompile, KilnLogsTopics) {
   require_data();
   const std::string dir = tmpdir("logs");
-  Run r = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 1 --no_cache --output_dir " + dir + "/o", kSrc,
+  ShellRun r = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 1 --no_cache --output_dir " + dir + "/o", kSrc,
              "KILN_LOGS=fusion,recompiles,memory,bogus");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_GT(count_lines_with(r.err, "[kiln:fusion] "), 10);

@@ -12,7 +12,15 @@
 //   - golden listing of the nodes recomputed by blocks on the tiny GPT
 //     (tests/ir/remat/tiny_gpt_blocks.expected; KILN_UPDATE_GOLDEN=1 rewrites it);
 //   - budget: fits a budget between the blocks and no-remat peaks with fewer recompute
-//     FLOPs than blocks, and refuses an impossible budget naming the reachable minimum.
+//     FLOPs than blocks, and refuses an impossible budget naming the reachable minimum;
+//   - blocks without name scopes (every node and intermediate value of the ONNX file
+//     renamed "n<i>" / "v<i>"): structural repetition finds as many blocks as the tiny GPT
+//     has layers (from its parameter names h.N.), the same recomputed nodes as the scope
+//     blocks of the original file, bitwise-equal gradients; resnet18 likewise (reports what
+//     it finds); an MLP with different widths falls back to sqrt (same recomputed nodes as
+//     --remat_policy sqrt); a 1000-layer synthetic MLP finds 1000 blocks in < 100 ms. The
+//     detection is read from the "[remat] blocks ..." line the pass writes under
+//     --time-passes.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -20,8 +28,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <sstream>
 
+#include <onnx/onnx_pb.h>
+
+#include "frontend/model_bytes.h"
 #include "ir/op_table.h"
 #include "passes/memory_plan.h"
 #include "runtime/interpreter.h"
@@ -410,6 +422,290 @@ TEST(Remat, ConfigFlags) {
     EXPECT_FALSE(r) << badv;
     if (!r) EXPECT_NE(r.message().find("--memory_budget"), std::string::npos);
   }
+}
+
+// ---------------------------------------------------------------- blocks without scopes
+
+/// Bytes of the ONNX files registered in memory (register_model_bytes keeps views).
+std::map<std::string, std::string>& registered_bytes() {
+  static std::map<std::string, std::string> m;
+  return m;
+}
+
+/// Registers `mp` under the virtual path "embedded:<tag>.onnx" and returns the path.
+std::string register_model(const std::string& tag, const onnx::ModelProto& mp) {
+  const std::string path = "embedded:" + tag + ".onnx";
+  std::string& bytes = registered_bytes()[path];
+  if (bytes.empty()) {
+    EXPECT_TRUE(mp.SerializeToString(&bytes)) << tag;
+    frontend::register_model_bytes(path, bytes);
+  }
+  return path;
+}
+
+/// examples/<model>/model.onnx with every node renamed "n<i>" and every intermediate value
+/// (not a graph input, output or initializer) "v<i>": no name scope survives. `orig` maps
+/// each new node name to the exported one.
+std::string register_unscoped(const std::string& model, std::map<std::string, std::string>* orig) {
+  onnx::ModelProto mp;
+  std::ifstream f(example_path(model, "model.onnx"), std::ios::binary);
+  EXPECT_TRUE(mp.ParseFromIstream(&f)) << model;
+  onnx::GraphProto* g = mp.mutable_graph();
+  std::set<std::string> keep;
+  for (auto& v : g->input()) keep.insert(v.name());
+  for (auto& v : g->output()) keep.insert(v.name());
+  for (auto& t : g->initializer()) keep.insert(t.name());
+  std::map<std::string, std::string> vnames;
+  auto rename = [&](std::string* name) {
+    if (name->empty() || keep.count(*name)) return;
+    auto it = vnames.find(*name);
+    if (it == vnames.end()) it = vnames.emplace(*name, "v" + std::to_string(vnames.size())).first;
+    *name = it->second;
+  };
+  for (int i = 0; i < g->node_size(); ++i) {
+    onnx::NodeProto* n = g->mutable_node(i);
+    (*orig)["n" + std::to_string(i)] = n->name();
+    n->set_name("n" + std::to_string(i));
+    for (auto& in : *n->mutable_input()) rename(&in);
+    for (auto& out : *n->mutable_output()) rename(&out);
+  }
+  for (auto& vi : *g->mutable_value_info()) rename(vi.mutable_name());
+  return register_model(model + "_unscoped", mp);
+}
+
+/// What the "[remat] blocks ..." line says.
+struct Detection {
+  std::string how;  ///< "name scopes", "structural repetition" or "sqrt"
+  int blocks = 0;   ///< blocks (or sqrt segments)
+  double ms = -1;   ///< detection time
+  std::string line;
+};
+
+Detection parse_detection(const std::string& log) {
+  Detection d;
+  std::smatch m;
+  static const std::regex line_re("\\[remat\\] (blocks[^\\n]*)");
+  if (!std::regex_search(log, m, line_re)) return d;
+  d.line = m[1];
+  static const std::regex found_re("blocks from (name scopes|structural repetition): ([0-9]+) blocks");
+  static const std::regex sqrt_re("sqrt fallback, ([0-9]+) segments");
+  static const std::regex ms_re("detection ([0-9.]+) ms");
+  if (std::regex_search(d.line, m, found_re)) {
+    d.how = m[1];
+    d.blocks = std::stoi(m[2]);
+  } else if (std::regex_search(d.line, m, sqrt_re)) {
+    d.how = "sqrt";
+    d.blocks = std::stoi(m[1]);
+  }
+  if (std::regex_search(d.line, m, ms_re)) d.ms = std::stod(m[1]);
+  return d;
+}
+
+/// Builds the program with --time-passes logging into a string and parses the detection.
+Expected<driver::TrainingProgram> build_logged(const runtime::TrainConfig& cfg, Detection* det, bool grads = true) {
+  std::ostringstream log;
+  passes::PassContext dbg;
+  dbg.time_passes = true;
+  dbg.log = &log;
+  auto p = driver::build_training_program(cfg, &dbg, grads);
+  *det = parse_detection(log.str());
+  return p;
+}
+
+/// Recomputed nodes in graph order as "op node" with node names mapped through `orig`.
+std::vector<std::string> remat_nodes(const Graph& g, const std::map<std::string, std::string>& orig) {
+  std::vector<std::string> out;
+  for (auto& n : g.nodes()) {
+    if (!is_remat_node(*n)) continue;
+    std::string base = n->name.substr(0, n->name.size() - std::string("/grad/remat").size());
+    auto it = orig.find(base);
+    out.push_back(n->op + " " + (it == orig.end() ? base : it->second));
+  }
+  return out;
+}
+
+/// Largest N + 1 over parameter names containing "<family>N." (e.g. "h." in
+/// "transformer.h.1.ln_1.weight"); 0 when none.
+int count_layers(const std::vector<std::string>& params, const std::string& family) {
+  std::regex re("(^|\\.)" + std::regex_replace(family, std::regex("\\."), "\\.") + "([0-9]+)\\.");
+  int n = 0;
+  for (auto& p : params) {
+    std::smatch m;
+    if (std::regex_search(p, m, re)) n = std::max(n, std::stoi(m[2]) + 1);
+  }
+  return n;
+}
+
+/// Scope blocks on the exported file vs structural blocks on the unscoped copy.
+struct UnscopedResult {
+  Detection scoped, unscoped;
+  std::vector<std::string> scoped_nodes, unscoped_nodes;
+  std::vector<std::string> parameters;
+};
+
+UnscopedResult check_unscoped(const std::string& model) {
+  UnscopedResult r;
+  Batch b = load_batch(model);
+  if (::testing::Test::HasFailure()) return r;
+  std::map<std::string, std::string> orig;
+  const std::string path = register_unscoped(model, &orig);
+
+  auto scoped = build_logged(config(model, b.x.dim(0), "blocks"), &r.scoped);
+  EXPECT_TRUE(scoped) << scoped.message();
+  if (!scoped) return r;
+  r.parameters = scoped->parameters;
+  r.scoped_nodes = remat_nodes(*scoped->grads, {});
+
+  auto cfg = [&](const char* policy) {
+    auto c = config(model, b.x.dim(0), policy);
+    c.model = path;
+    return c;
+  };
+  Detection none_det;
+  auto ref = build_logged(cfg("none"), &none_det);
+  EXPECT_TRUE(ref) << ref.message();
+  auto rem = build_logged(cfg("blocks"), &r.unscoped);
+  EXPECT_TRUE(rem) << rem.message();
+  if (!ref || !rem) return r;
+  EXPECT_TRUE(none_det.line.empty()) << "policy none reported a block detection";
+  r.unscoped_nodes = remat_nodes(*rem->grads, orig);
+  // No node of the unscoped program keeps an exported name (so no scope can be found).
+  for (auto& n : rem->grads->nodes())
+    EXPECT_EQ(n->name.find(".0/"), std::string::npos) << model << ": scoped node name survived: " << n->name;
+  EXPECT_GT(r.unscoped_nodes.size(), 0u) << model << ": nothing recomputed";
+  auto ga = run(*ref->grads, *ref, b);
+  auto gb = run(*rem->grads, *rem, b);
+  int bit = compare_outputs(ga, gb, model + " unscoped blocks grads");
+  EXPECT_EQ(bit, static_cast<int>(ga.size())) << model << ": gradients with structural blocks must be bitwise equal";
+  std::cout << "[ REMAT ] " << model << " exported names: " << r.scoped.line << "\n"
+            << "[ REMAT ] " << model << " unscoped:       " << r.unscoped.line << "\n"
+            << "[ REMAT ] " << model << " unscoped: " << r.unscoped_nodes.size() << " nodes recomputed (scope blocks "
+            << r.scoped_nodes.size() << "); grads bitwise " << bit << "/" << ga.size() << "\n";
+  return r;
+}
+
+TEST(RematStructural, TinyGptBlocksFromRepetition) {
+  UnscopedResult r = check_unscoped("tiny_gpt");
+  if (HasFailure()) return;
+  const int n_layer = count_layers(r.parameters, "h.");
+  ASSERT_GE(n_layer, 2) << "tiny_gpt parameters name no h.N. layers";
+  // meta.json states the same depth.
+  std::ifstream meta(example_path("tiny_gpt", "meta.json"));
+  std::stringstream ms;
+  ms << meta.rdbuf();
+  EXPECT_NE(ms.str().find("n_layer " + std::to_string(n_layer)), std::string::npos);
+  EXPECT_EQ(r.scoped.how, "name scopes") << r.scoped.line;
+  EXPECT_EQ(r.scoped.blocks, n_layer) << r.scoped.line;
+  EXPECT_EQ(r.unscoped.how, "structural repetition") << r.unscoped.line;
+  EXPECT_EQ(r.unscoped.blocks, n_layer) << r.unscoped.line;
+  EXPECT_GE(r.unscoped.ms, 0);
+  EXPECT_LT(r.unscoped.ms, 100) << r.unscoped.line;
+  // The blocks are the layers: the same nodes are recomputed as with the scope blocks.
+  EXPECT_EQ(r.unscoped_nodes, r.scoped_nodes);
+}
+
+TEST(RematStructural, Resnet18BlocksFromRepetition) {
+  UnscopedResult r = check_unscoped("resnet18");
+  if (HasFailure()) return;
+  // Scope blocks: layerS.B, 2 per stage, 4 stages.
+  int scope_expected = 0;
+  for (int stage = 1; stage <= 4; ++stage)
+    scope_expected += count_layers(r.parameters, "layer" + std::to_string(stage) + ".");
+  EXPECT_EQ(r.scoped.how, "name scopes") << r.scoped.line;
+  EXPECT_EQ(r.scoped.blocks, scope_expected) << r.scoped.line;
+  // Structure: only blocks of equal shapes repeat back to back. Within a stage the first
+  // block changes the resolution (a downsample branch) from stage 2 on, so the longest
+  // tandem repeat is stage 1's two identical BasicBlocks.
+  EXPECT_EQ(r.unscoped.how, "structural repetition") << r.unscoped.line;
+  EXPECT_GE(r.unscoped.blocks, 2) << r.unscoped.line;
+  EXPECT_LT(r.unscoped.ms, 100) << r.unscoped.line;
+  // Every node it recomputes is one the scope blocks recompute too.
+  std::set<std::string> scoped(r.scoped_nodes.begin(), r.scoped_nodes.end());
+  for (auto& n : r.unscoped_nodes) EXPECT_TRUE(scoped.count(n)) << n << " recomputed outside the scope blocks";
+  std::cout << "[ REMAT ] resnet18: scope blocks " << r.scoped.blocks << ", structural blocks " << r.unscoped.blocks
+            << "\n";
+}
+
+TEST(RematStructural, NoRepetitionFallsBackToSqrt) {
+  // mlp_digits: Gemm 64->128, Relu, Gemm 128->64, Relu, Gemm 64->10, no repeated scope and
+  // no two consecutive equal stretches of nodes.
+  Batch b = load_batch("mlp_digits");
+  if (HasFailure()) return;
+  Detection det, sq_det;
+  auto blocks = build_logged(config("mlp_digits", b.x.dim(0), "blocks"), &det);
+  ASSERT_TRUE(blocks) << blocks.message();
+  auto sq = build_logged(config("mlp_digits", b.x.dim(0), "sqrt"), &sq_det);
+  ASSERT_TRUE(sq) << sq.message();
+  std::cout << "[ REMAT ] mlp_digits: " << det.line << "\n";
+  EXPECT_EQ(det.how, "sqrt") << det.line;
+  EXPECT_GT(det.blocks, 1) << det.line;
+  EXPECT_TRUE(sq_det.line.empty()) << "policy sqrt reported a block detection";
+  auto a = remat_nodes(*blocks->grads, {});
+  EXPECT_GT(a.size(), 0u);
+  EXPECT_EQ(a, remat_nodes(*sq->grads, {})) << "the fallback must recompute what sqrt does";
+}
+
+/// A synthetic MLP of `layers` equal layers (MatMul 8x8, Add bias, Relu) after a Relu on
+/// the input, logits [4, 8]: 3 * layers + 1 forward nodes before the loss.
+onnx::ModelProto deep_mlp(int layers) {
+  onnx::ModelProto mp;
+  mp.set_ir_version(8);
+  mp.add_opset_import()->set_version(17);
+  onnx::GraphProto* g = mp.mutable_graph();
+  g->set_name("deep_mlp");
+  auto tensor_type = [](onnx::ValueInfoProto* vi, const std::string& name, std::vector<int64_t> dims) {
+    vi->set_name(name);
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+  };
+  tensor_type(g->add_input(), "x", {4, 8});
+  auto node = [&](const std::string& op, std::vector<std::string> in, const std::string& out) {
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type(op);
+    n->set_name("k" + std::to_string(g->node_size()));
+    for (auto& i : in) n->add_input(i);
+    n->add_output(out);
+  };
+  auto init = [&](const std::string& name, std::vector<int64_t> dims, int seed) {
+    onnx::TensorProto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    int64_t n = 1;
+    for (int64_t d : dims) t->add_dims(d), n *= d;
+    for (int64_t i = 0; i < n; ++i) t->add_float_data(0.35f * std::sin(0.7f * float(i) + 1.3f * float(seed)));
+  };
+  node("Relu", {"x"}, "h0");
+  std::string h = "h0";
+  for (int l = 0; l < layers; ++l) {
+    std::string w = "w" + std::to_string(l), bias = "b" + std::to_string(l);
+    init(w, {8, 8}, 2 * l);
+    init(bias, {8}, 2 * l + 1);
+    node("MatMul", {h, w}, "m" + std::to_string(l));
+    node("Add", {"m" + std::to_string(l), bias}, "a" + std::to_string(l));
+    std::string out = l + 1 == layers ? "logits" : "r" + std::to_string(l);
+    node("Relu", {"a" + std::to_string(l)}, out);
+    h = out;
+  }
+  tensor_type(g->add_output(), "logits", {4, 8});
+  return mp;
+}
+
+TEST(RematStructural, DeepSyntheticMlpScales) {
+  const int layers = 1000;
+  runtime::TrainConfig cfg;
+  cfg.model = register_model("deep_mlp_" + std::to_string(layers), deep_mlp(layers));
+  cfg.per_device_train_batch_size = cfg.per_device_eval_batch_size = 4;
+  cfg.loss = "cross_entropy";
+  cfg.remat_policy = "blocks";
+  cfg.max_steps = 1;
+  Detection det;
+  auto p = build_logged(cfg, &det, false);
+  ASSERT_TRUE(p) << p.message();
+  std::cout << "[ REMAT ] deep MLP " << layers << " layers: " << det.line << "\n";
+  EXPECT_EQ(det.how, "structural repetition") << det.line;
+  EXPECT_EQ(det.blocks, layers) << det.line << " (the smallest period: one block per layer)";
+  EXPECT_LT(det.ms, 100) << det.line;
 }
 
 }  // namespace

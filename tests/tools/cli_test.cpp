@@ -311,3 +311,35 @@ TEST_F(Cli, GradMatchesFloat64Reference) {
   }
   expect_one_error_line(run_kiln("grad " + model + data(), dir), 2, "--out");
 }
+
+/// `kiln compile` bad input: one line each, exit 2 for usage, 1 at run time; nothing
+/// half-written is reported as a success.
+TEST_F(Cli, CompileFlagErrors) {
+  expect_one_error_line(run_kiln("compile " + model + " --max_steps 2", dir), 2, "-o DIR is required");
+  expect_one_error_line(run_kiln("compile " + model + " -o " + dir + "/c", dir), 1,
+                        "give --max_steps or --train_data");
+  expect_one_error_line(run_kiln("compile " + model + " --backend eager --max_steps 2 -o " + dir + "/c", dir), 2,
+                        "--backend eager cannot be compiled ahead of time");
+  expect_one_error_line(run_kiln("compile " + model + " --max_steps 2 --train_data x=" + dir + "/x5.npy --train_data labels=" +
+                                     dir + "/y.npy -o " + dir + "/c",
+                                 dir),
+                        1, "--train_data");
+  expect_one_error_line(run_kiln("compile " + dir + "/none.onnx --max_steps 2 -o " + dir + "/c", dir), 1, "no such file");
+  EXPECT_FALSE(fs::exists(dir + "/c/train"));
+}
+
+/// The linear model compiled ahead of time: the binary trains and writes kiln train's outputs.
+TEST_F(Cli, CompiledLinearBinaryTrains) {
+  auto c = run_kiln("compile " + model + data() + " --max_steps 3 --per_device_train_batch_size 8 --no_cache -o " + dir + "/c",
+                    dir);
+  ASSERT_EQ(c.code, 0) << c.err;
+  ASSERT_TRUE(fs::exists(dir + "/c/train"));
+  const std::string cmd = dir + "/c/train --output_dir " + dir + "/run >" + dir + "/b.out 2>" + dir + "/b.err";
+  int st = std::system(cmd.c_str());
+  std::ifstream e(dir + "/b.err");
+  std::stringstream es;
+  es << e.rdbuf();
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << es.str();
+  EXPECT_TRUE(fs::exists(dir + "/run/model.onnx"));
+  EXPECT_TRUE(fs::exists(dir + "/run/metrics.jsonl"));
+}

@@ -100,10 +100,12 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
   if (out_dir.empty()) return Status::error("-o DIR is required");
 
   // Optimizer steps of the run, for the LR schedule (as kiln train computes them).
+  // Data given at compile time is checked against the model now (the binary keeps its
+  // paths as defaults), as kiln train would.
   int64_t total = cfg.max_steps;
-  if (total <= 0) {
-    if (cfg.train_data.empty())
-      return Status::error("give --max_steps or --train_data: the LR schedule needs the number of optimizer steps");
+  if (total <= 0 && cfg.train_data.empty())
+    return Status::error("give --max_steps or --train_data: the LR schedule needs the number of optimizer steps");
+  if (!cfg.train_data.empty()) {
     auto raw = runtime::load_raw_data(cfg.train_data);
     if (!raw) return Status::error("--train_data: " + raw.status().message());
     KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
@@ -111,7 +113,7 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
     if (!ds) return Status::error("--train_data: " + ds.status().message());
     const int64_t spe = ds->steps_per_epoch(cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps);
     if (spe <= 0) return Status::error("--train_data has fewer rows than one optimizer step");
-    total = cfg.total_steps(spe);
+    if (total <= 0) total = cfg.total_steps(spe);
   }
   KILN_ASSIGN_OR_RETURN(std::string model_bytes, frontend::read_model_bytes(cfg.model));
 
