@@ -27,11 +27,12 @@
 //  4. Everything after (clipping, schedule, optimizer update) reads the loop's
 //     outputs, so it runs once per optimizer step.
 //  5. Loss normalization: attach_loss built the loss for option
-//     accumulation_normalization (see there). With "tokens" the graph has an input
-//     "num_items_in_batch"; this pass replaces it by the count of labels !=
-//     ignore_index over all N microbatches (clamped to >= 1), computed before the
-//     loop, so the summed loss is the mean over every real label of the step, as
-//     one large batch gives (Hugging Face's num_items_in_batch fix).
+//     accumulation_normalization (see there). With "tokens" the graph keeps its
+//     input "num_items_in_batch": the count of labels != ignore_index over all N
+//     microbatches (clamped to >= 1; runtime::count_num_items), fed with the step,
+//     so the summed loss is the mean over every real label of the step, as one large
+//     batch gives (Hugging Face's num_items_in_batch fix). Counting outside the graph
+//     lets the trainer stream the microbatches into the loop (RunOptions::microbatch).
 //     With "microbatch" each microbatch's mean loss was scaled by 1/N.
 // Errors: a value computed per microbatch that is used after the loop (other than
 // the carried results), or a scan input whose leading dim is not static.
@@ -63,14 +64,10 @@ class Accumulation : public Pass {
     // ---- 1. scan inputs ----
     std::unordered_set<const Value*> state_inputs;
     for (auto& sb : g.state) state_inputs.insert(sb.input);
-    Value* num_items = nullptr;
     std::vector<Value*> scan;
     for (Value* in : g.inputs) {
       if (state_inputs.count(in)) continue;
-      if (in->name == "num_items_in_batch") {
-        num_items = in;
-        continue;
-      }
+      if (in->name == "num_items_in_batch") continue;  // fed with the step (see 5.)
       if (in->shape.rank() < 1 || !in->shape.dims[0].is_static())
         return Status::error("gradient accumulation: data input '" + in->name + "' has no static leading (batch) dim (" +
                              in->shape.to_string() + ")");
@@ -262,21 +259,10 @@ class Accumulation : public Pass {
     Builder b(g, "accumulation");
     // Scan inputs now hold all N microbatches.
     for (Value* s : scan) s->shape.dims[0] = Dim(s->shape.dims[0].value * N);
-    // Token count over the whole step for accumulation_normalization=tokens.
-    if (num_items) {
-      Value* labels = g.find_value(ctx.opt("label_input", "labels"));
-      if (!labels) return Status::error("gradient accumulation: no label input for num_items_in_batch");
-      b.set_prefix("accumulation/num_items");
-      const int64_t ignore = ctx.opt_i("ignore_index", -100);
-      Value* valid = b.op("Cast", {b.op("Not", {b.op("Equal", {labels, b.ints({ignore})})})},
-                          make_attrs({{"to", int64_t(dtype_to_onnx(num_items->dtype))}}));
-      Value* count = b.op("ReduceSum", {valid}, make_attrs({{"keepdims", int64_t(0)}}));
-      Value* clamped = b.op("Max", {count, b.scalar(1.0, num_items->dtype)}, {}, "num_items_in_batch.total");
-      if (!b.status()) return b.status();
-      g.replace_all_uses(num_items, clamped);
-      body->replace_all_uses(num_items, clamped);
-      g.inputs.erase(std::find(g.inputs.begin(), g.inputs.end(), num_items));
-    }
+    // accumulation_normalization=tokens: "num_items_in_batch" stays a graph input, the
+    // count of labels != ignore_index over all N microbatches of the step, supplied by
+    // whoever feeds the step (the trainer counts them before the loop, as Hugging
+    // Face's Trainer does), so the microbatches need not all be resident at once.
     b.set_prefix("accumulation");
     std::vector<Value*> loop_in;
     for (size_t i = 0; i < carried.size(); ++i) {

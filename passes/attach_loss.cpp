@@ -27,8 +27,8 @@
 // 4. Gradient accumulation (option gradient_accumulation_steps N > 1, train mode):
 //    with accumulation_normalization "tokens" (default for cross_entropy) the loss
 //    is the sum over this microbatch's non-ignored labels divided by a new scalar
-//    input "num_items_in_batch" (the count over all N microbatches, filled in by
-//    the accumulation pass); with "microbatch" the mean loss is scaled by 1/N.
+//    input "num_items_in_batch" (the count over all N microbatches, fed with the
+//    step: runtime::count_num_items); with "microbatch" the mean loss is scaled by 1/N.
 #include <map>
 #include <regex>
 #include <set>
@@ -173,7 +173,7 @@ class AttachLoss : public Pass {
       double eps = ctx.opt_f("label_smoothing", 0.0);
       // Gradient accumulation with token normalization: the sum over this
       // microbatch's real labels divided by the count over the whole step
-      // (input num_items_in_batch, computed by the accumulation pass).
+      // (input num_items_in_batch, counted by whoever feeds the step).
       Value* num_items = nullptr;
       if (tokens_norm) num_items = g.add_input("num_items_in_batch", x->dtype, Shape());
       auto sce_attrs =

@@ -42,6 +42,11 @@ struct PlanOptions {
   /// (output 0 takes input k's buffer when input k dies at that node, is not pinned,
   /// its storage is unique and dtype and dims match), in both modes.
   bool honor_inplace_attr = true;
+  /// Graph inputs read only as scan inputs of an AccumulationLoop are streamed one
+  /// microbatch at a time (RunOptions::microbatch, as the trainer runs them): they take
+  /// no memory of their own; each iteration's slice is a body input. False: all N·b
+  /// rows are fed and resident for the whole step.
+  bool streamed_microbatches = true;
   /// Arena offsets and buffer sizes are rounded up to this (bytes; Storage aligns to 64).
   int64_t alignment = 64;
 

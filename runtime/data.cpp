@@ -261,24 +261,34 @@ Batch Dataset::to_batch(const io::TokenBatch& tb) const {
 }
 
 Expected<Batch> Dataset::train_batch(uint64_t seed, int64_t epoch, int64_t index, int64_t rows) const {
+  return train_batch_rows(seed, epoch, index, rows, 0, rows);
+}
+
+Expected<Batch> Dataset::train_batch_rows(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
+                                          int64_t count) const {
   if (rows <= 0) return Status::error("batch size must be > 0");
   if (index < 0 || index >= steps_per_epoch(rows))
     return Status::error("batch index " + std::to_string(index) + " out of range (" +
                          std::to_string(steps_per_epoch(rows)) + " batches of " + std::to_string(rows) +
                          " rows per epoch)");
+  if (begin < 0 || count <= 0 || begin + count > rows)
+    return Status::error("rows [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+                         ") are not within a batch of " + std::to_string(rows));
   if (tokens_) {
-    // nanoGPT get_batch: s = rng() % (n - T) per row, rng seeded by (seed, epoch, index).
+    // nanoGPT get_batch: s = rng() % (n - T) per row, rng seeded by (seed, epoch, index);
+    // every row's start is drawn so that a part equals the same rows of the whole.
     std::mt19937_64 rng(mix_seed(seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index) + 1));
     io::TokenFile f{token_file_, tokens_};
-    KILN_ASSIGN_OR_RETURN(io::TokenBatch tb, io::sample_token_batch(f, rows, block_size_, rng));
-    return to_batch(tb);
+    KILN_ASSIGN_OR_RETURN(auto starts, io::sample_token_starts(f, rows, block_size_, rng));
+    return token_windows(std::vector<int64_t>(starts.begin() + begin, starts.begin() + begin + count));
   }
   if (cached_epoch_ != epoch || cached_seed_ != seed || cached_perm_.size() != static_cast<size_t>(num_rows())) {
     cached_perm_ = epoch_permutation(num_rows(), seed, epoch);
     cached_epoch_ = epoch;
     cached_seed_ = seed;
   }
-  std::vector<int64_t> sel(cached_perm_.begin() + index * rows, cached_perm_.begin() + (index + 1) * rows);
+  const int64_t first = index * rows + begin;
+  std::vector<int64_t> sel(cached_perm_.begin() + first, cached_perm_.begin() + first + count);
   return gather_rows(sel);
 }
 
@@ -318,6 +328,41 @@ Expected<Batch> Dataset::eval_batch(int64_t index, int64_t rows) const {
   }
   for (int64_t i = 0; i < rows; ++i) sel[i] = index * rows + i;
   return gather_rows(sel);
+}
+
+int64_t count_num_items(const Tensor& labels, int64_t ignore_index) {
+  if (ir::is_float(labels.dtype())) return labels.numel();
+  int64_t n = 0;
+  for (int64_t i = 0; i < labels.numel(); ++i) n += static_cast<int64_t>(labels.get_f64(i)) != ignore_index;
+  return n;
+}
+
+Tensor num_items_tensor(int64_t count, ir::DType dtype) {
+  Tensor t(dtype, {});
+  t.set_f64(0, static_cast<double>(std::max<int64_t>(count, 1)));
+  return t;
+}
+
+void add_num_items_feed(const ir::Graph& g, const Tensor& labels, int64_t ignore_index,
+                        std::map<std::string, Tensor>& feeds) {
+  for (ir::Value* in : g.inputs)
+    if (in->name == kNumItemsInput) feeds[in->name] = num_items_tensor(count_num_items(labels, ignore_index), in->dtype);
+}
+
+std::function<Expected<Tensor>(const ir::Value&, int64_t, int64_t)> microbatches_of(std::map<std::string, Tensor> whole) {
+  return [whole = std::move(whole)](const ir::Value& in, int64_t t, int64_t trips) -> Expected<Tensor> {
+    auto it = whole.find(in.name);
+    if (it == whole.end()) return Status::error("no data for streamed input '" + in.name + "'");
+    const Tensor& full = it->second;
+    if (full.rank() < 1 || trips < 1 || full.dim(0) % trips != 0)
+      return Status::error("input '" + in.name + "': " + ir::dims_to_string(full.dims()) + " has no " +
+                           std::to_string(trips) + " equal microbatches");
+    std::vector<int64_t> dims = full.dims();
+    dims[0] /= trips;
+    Tensor out(full.dtype(), dims);
+    std::memcpy(out.raw(), static_cast<const char*>(full.raw()) + static_cast<size_t>(t) * out.nbytes(), out.nbytes());
+    return out;
+  };
 }
 
 Expected<Tensor> fit_to_input(const Tensor& t, const DataInputSpec& in) {

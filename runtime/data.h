@@ -21,6 +21,7 @@
 // `max_eval_batches` batches.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,6 +71,29 @@ struct RawData {
 /// Errors name the spec or file (bad NAME=FILE syntax, unreadable or malformed file).
 Expected<RawData> load_raw_data(const std::vector<std::string>& specs);
 
+/// Name of the scalar graph input that gradient accumulation with token normalization
+/// reads (passes/attach_loss.cpp): the count of real labels over the whole step.
+inline constexpr const char* kNumItemsInput = "num_items_in_batch";
+
+/// Hugging Face's num_items_in_batch for one microbatch: the labels != ignore_index
+/// (every element for float labels).
+int64_t count_num_items(const ir::Tensor& labels, int64_t ignore_index);
+
+/// The kNumItemsInput feed of a step: max(count, 1) as a scalar of `dtype` (the clamp
+/// keeps a step whose labels are all ignored finite; its loss is then 0).
+ir::Tensor num_items_tensor(int64_t count, ir::DType dtype);
+
+/// Adds the kNumItemsInput feed (count_num_items of `labels`, clamped to >= 1) when `g`
+/// has that input; no change otherwise.
+void add_num_items_feed(const ir::Graph& g, const ir::Tensor& labels, int64_t ignore_index,
+                        std::map<std::string, ir::Tensor>& feeds);
+
+/// A RunOptions::microbatch source over whole-step tensors held by the caller (input
+/// name -> N·b rows): call t copies rows [t·b, (t+1)·b). For tests and benchmarks that
+/// stream a step's data as the trainer does. Error: an input it does not hold.
+std::function<Expected<ir::Tensor>(const ir::Value&, int64_t, int64_t)> microbatches_of(
+    std::map<std::string, ir::Tensor> whole);
+
 /// A dataset bound to a graph's data inputs.
 class Dataset {
  public:
@@ -97,6 +121,11 @@ class Dataset {
   int64_t steps_per_epoch(int64_t rows_per_step) const;
   /// Batch `index` of epoch `epoch` (shuffled arrays / random windows), `rows` rows.
   Expected<Batch> train_batch(uint64_t seed, int64_t epoch, int64_t index, int64_t rows) const;
+  /// Rows [begin, begin + count) of train_batch(seed, epoch, index, rows), without
+  /// gathering the others: one microbatch of a gradient-accumulation step, streamed
+  /// into the loop by the trainer.
+  Expected<Batch> train_batch_rows(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
+                                   int64_t count) const;
   /// The first `rows` rows in file order (arrays) or windows at 0, T, 2T, ... (tokens).
   Expected<Batch> first_batch(int64_t rows) const;
   /// Number of sequential eval batches of `rows` rows.

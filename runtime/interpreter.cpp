@@ -124,6 +124,13 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
     for (size_t i = 0; i < k; ++i) benv[body.inputs[i]] = std::move(carried[i]);
     for (size_t i = k; i < n.inputs.size(); ++i) {
       auto it = env.find(n.inputs[i]);
+      if (it == env.end() && opts.microbatch) {  // streamed: one microbatch at a time
+        auto mb = opts.microbatch(*n.inputs[i], t, trips);
+        if (!mb) return mb.status().with_context(n.name + " microbatch " + std::to_string(t));
+        KILN_RETURN_IF_ERROR(check_feed(*body.inputs[i], *mb).with_context(n.name + " microbatch " + std::to_string(t)));
+        benv[body.inputs[i]] = std::move(*mb);
+        continue;
+      }
       if (it == env.end()) return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
       const Tensor& full = it->second;
       if (full.rank() < 1 || full.dim(0) % trips != 0)
@@ -261,8 +268,22 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
                                                  const RunOptions& opts) {
   register_eager_kernels();
   Env env;
+  // Scan inputs of top-level accumulation loops that nothing else reads may be streamed
+  // (RunOptions::microbatch) instead of fed.
+  ValueSet streamable;
+  if (opts.microbatch) {
+    for (auto& n : g.nodes())
+      if (n->op == "AccumulationLoop")
+        for (size_t i = static_cast<size_t>(n->attrs.get_int("num_carried", 0)); i < n->inputs.size(); ++i)
+          streamable.insert(n->inputs[i]);
+    for (auto& n : g.nodes())
+      if (n->op != "AccumulationLoop")
+        for (Value* in : n->inputs) streamable.erase(in);
+    for (Value* o : g.outputs) streamable.erase(o);
+  }
   for (Value* in : g.inputs) {
     auto it = feeds.find(in->name);
+    if (it == feeds.end() && streamable.count(in)) continue;
     if (it == feeds.end()) return Status::error("missing input '" + in->name + "'");
     KILN_RETURN_IF_ERROR(check_feed(*in, it->second));
     env[in] = it->second;

@@ -3,6 +3,7 @@
 // eager runs ATen ops). It is the oracle for every compiled result (DESIGN.md
 // convention 8) and the baseline of every reported speed-up.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,6 +32,12 @@ struct RunOptions {
   /// codegen::compile_graph_cpu on this same graph). Without it, fused nodes run their
   /// bodies op by op (eager).
   const codegen::CpuProgram* program = nullptr;
+  /// Gradient accumulation: returns microbatch `t` (of `trips`) of an AccumulationLoop's
+  /// scan input `input` (its leading dim / trips rows) when that input was not fed, so
+  /// the caller streams microbatches into the loop instead of holding all N·b rows (the
+  /// trainer does; Hugging Face's Trainer feeds one microbatch per forward the same way).
+  /// Without it, every scan input must be fed whole.
+  std::function<Expected<Tensor>(const ir::Value& input, int64_t t, int64_t trips)> microbatch;
 };
 
 /// Runs `g` on `feeds` (graph input name -> tensor). Returns every graph output

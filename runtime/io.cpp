@@ -444,7 +444,7 @@ Expected<TokenBatch> token_windows(const TokenFile& f, const std::vector<int64_t
   return b;
 }
 
-Expected<TokenBatch> sample_token_batch(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng) {
+Expected<std::vector<int64_t>> sample_token_starts(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng) {
   if (batch < 1) return Status::error(f.path + ": batch size must be >= 1, got " + std::to_string(batch));
   if (seq < 1) return Status::error(f.path + ": sequence length must be >= 1, got " + std::to_string(seq));
   if (f.size() < seq + 1)
@@ -453,6 +453,11 @@ Expected<TokenBatch> sample_token_batch(const TokenFile& f, int64_t batch, int64
   const uint64_t span = static_cast<uint64_t>(f.size() - seq);  // s in [0, n - T - 1]
   std::vector<int64_t> starts(batch);
   for (auto& s : starts) s = static_cast<int64_t>(rng() % span);
+  return starts;
+}
+
+Expected<TokenBatch> sample_token_batch(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng) {
+  KILN_ASSIGN_OR_RETURN(auto starts, sample_token_starts(f, batch, seq, rng));
   return token_windows(f, starts, seq);
 }
 

@@ -74,6 +74,8 @@ struct TokenBatch {
 /// s = rng() % (n - T), i.e. s uniform in [0, n - T - 1] (the modulo is written out
 /// instead of std::uniform_int_distribution so that the sequence is the same with every
 /// standard library; its bias is below (n - T) / 2^64). Errors: B or T < 1, n < T + 1.
+/// The window starts sample_token_batch draws (batch of them, each in [0, n - T - 1]).
+Expected<std::vector<int64_t>> sample_token_starts(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng);
 Expected<TokenBatch> sample_token_batch(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng);
 
 /// The windows at the given starts (deterministic batches, e.g. consecutive windows

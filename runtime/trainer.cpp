@@ -96,7 +96,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
   for (ir::Value* in : g.inputs) {
     bool is_data = false;
     for (auto& d : graphs.data_inputs) is_data |= d == in->name;
-    if (!is_data && !t.state_.count(in->name))
+    if (!is_data && !t.state_.count(in->name) && in->name != kNumItemsInput)
       return Status::error("train_step: input '" + in->name + "' is neither a data input nor a state input");
   }
   {
@@ -150,9 +150,16 @@ std::map<std::string, Tensor> Trainer::weights() const {
 }
 
 Expected<std::map<std::string, Tensor>> Trainer::feeds_for(const ir::Graph& g, const Batch& batch,
-                                                           const std::vector<DataInputSpec>& specs) const {
+                                                           const std::vector<DataInputSpec>& specs,
+                                                           bool data_optional) const {
   std::map<std::string, Tensor> feeds;
   for (ir::Value* in : g.inputs) {
+    if (in->name == kNumItemsInput) continue;  // fed by step()
+    if (data_optional && !batch.count(in->name)) {
+      bool is_data = false;
+      for (auto& s : specs) is_data |= s.name == in->name;
+      if (is_data) continue;  // streamed into the accumulation loop
+    }
     auto b = batch.find(in->name);
     if (b != batch.end()) {
       const DataInputSpec* spec = nullptr;
@@ -215,20 +222,60 @@ Status Trainer::restore(const std::string& dir) {
 
 Expected<StepResult> Trainer::step(const Batch* given) {
   auto t0 = std::chrono::steady_clock::now();
+  const ir::Graph& g = *g_.train_step;
+  const int64_t trips = cfg_.gradient_accumulation_steps;
+  const int64_t micro = cfg_.per_device_train_batch_size;
+  const int64_t epoch = global_step_ / steps_per_epoch_, index = global_step_ % steps_per_epoch_;
+  // Gradient accumulation streams its microbatches into the loop (RunOptions::microbatch):
+  // only one microbatch of data is resident at a time, as when Hugging Face's Trainer
+  // runs one forward per microbatch. A given batch (benchmarks, tests) is fed whole.
+  const bool stream = !given && trips > 1;
   Batch batch;
   if (given) {
     batch = *given;
-  } else {
-    KILN_ASSIGN_OR_RETURN(batch, train_->train_batch(cfg_.seed, global_step_ / steps_per_epoch_,
-                                                     global_step_ % steps_per_epoch_, rows_per_step_));
+  } else if (!stream) {
+    KILN_ASSIGN_OR_RETURN(batch, train_->train_batch(cfg_.seed, epoch, index, rows_per_step_));
   }
-  KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(*g_.train_step, batch, train_specs_));
+  KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(g, batch, train_specs_, /*data_optional=*/stream));
+  for (ir::Value* in : g.inputs)
+    if (in->name == kNumItemsInput) {
+      // The real labels of all N microbatches, counted before the loop (as Hugging
+      // Face's Trainer counts num_items_in_batch over its accumulation batches).
+      int64_t count = 0;
+      if (stream) {
+        for (int64_t t = 0; t < trips; ++t) {
+          KILN_ASSIGN_OR_RETURN(Batch part,
+                                train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro, micro));
+          auto l = part.find(g_.label_input);
+          if (l == part.end()) return Status::error("train_step: the data has no label input '" + g_.label_input + "'");
+          count += count_num_items(l->second, cfg_.ignore_index);
+        }
+      } else {
+        auto l = batch.find(g_.label_input);
+        if (l == batch.end()) return Status::error("train_step: the batch has no label input '" + g_.label_input + "'");
+        count = count_num_items(l->second, cfg_.ignore_index);
+      }
+      feeds[in->name] = num_items_tensor(count, in->dtype);
+    }
   RunOptions ro;
   ro.training = true;
   ro.seed = cfg_.seed;
   ro.step = static_cast<uint64_t>(global_step_);
   ro.program = g_.train_program;
-  auto outs = run_graph(*g_.train_step, feeds, ro);
+  if (stream)
+    ro.microbatch = [&](const ir::Value& in, int64_t t, int64_t n) -> Expected<Tensor> {
+      KILN_ASSIGN_OR_RETURN(Batch part,
+                            train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro, micro));
+      auto it = part.find(in.name);
+      const DataInputSpec* spec = nullptr;
+      for (auto& sp : train_specs_)
+        if (sp.name == in.name) spec = &sp;
+      if (it == part.end() || !spec) return Status::error("train_step: no data for streamed input '" + in.name + "'");
+      DataInputSpec one = *spec;  // the spec of the whole step, N·b rows -> one microbatch
+      if (one.shape.rank() > 0 && one.shape.dims[0].is_static()) one.shape.dims[0] = ir::Dim(one.shape.dims[0].value / n);
+      return fit_to_input(it->second, one);
+    };
+  auto outs = run_graph(g, feeds, ro);
   if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
   StepResult r;
   if (outs->count("found_inf") && state_.count("loss_scale")) {  // --fp16 loss scaling

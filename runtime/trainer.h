@@ -107,8 +107,11 @@ class Trainer {
 
  private:
   Trainer() = default;
+  /// Feeds of `g`: data inputs from `batch`, state inputs from the state. With
+  /// `data_optional`, data inputs missing from `batch` are left out (streamed).
   Expected<std::map<std::string, ir::Tensor>> feeds_for(const ir::Graph& g, const Batch& batch,
-                                                        const std::vector<DataInputSpec>& specs) const;
+                                                        const std::vector<DataInputSpec>& specs,
+                                                        bool data_optional = false) const;
   double epoch_now() const;
 
   TrainConfig cfg_;

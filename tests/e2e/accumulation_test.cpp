@@ -59,6 +59,7 @@ std::map<std::string, ir::Tensor> grads_of(const runtime::TrainConfig& cfg, cons
   auto feeds = initial_state(*prog->grads);
   feeds[prog->data_inputs[0]] = b.x;
   feeds[prog->label_input] = b.y;
+  runtime::add_num_items_feed(*prog->grads, b.y, cfg.ignore_index, feeds);
   runtime::RunOptions ro;
   ro.training = true;
   auto out = runtime::run_graph(*prog->grads, feeds, ro);
@@ -134,10 +135,15 @@ TEST(Accumulation, TrainStepUpdatesLikeTheLargeBatch) {
     auto prog = driver::build_training_program(cfg);
     ASSERT_TRUE(prog) << prog.message();
     auto feeds = initial_state(*prog->train_step);
-    feeds[prog->data_inputs[0]] = b.x;
-    feeds[prog->label_input] = b.y;
     runtime::RunOptions ro;
     ro.training = true;
+    runtime::add_num_items_feed(*prog->train_step, b.y, cfg.ignore_index, feeds);
+    if (v == 0) {
+      feeds[prog->data_inputs[0]] = b.x;
+      feeds[prog->label_input] = b.y;
+    } else {  // the microbatches streamed into the loop, as the trainer runs them
+      ro.microbatch = runtime::microbatches_of({{prog->data_inputs[0], b.x}, {prog->label_input, b.y}});
+    }
     auto out = runtime::run_graph(*prog->train_step, feeds, ro);
     ASSERT_TRUE(out) << out.message();
     res[v] = *out;
@@ -168,6 +174,7 @@ TEST(Accumulation, BatchNormStatsUpdatedPerMicrobatch) {
   auto feeds = initial_state(*prog2->train_step);
   feeds[prog2->data_inputs[0]] = b.x;
   feeds[prog2->label_input] = b.y;
+  runtime::add_num_items_feed(*prog2->train_step, b.y, cfg2.ignore_index, feeds);
   runtime::RunOptions ro;
   ro.training = true;
   auto out2 = runtime::run_graph(*prog2->train_step, feeds, ro);
@@ -218,10 +225,16 @@ int64_t peak_of_step(const std::string& model, int64_t micro, int64_t n) {
                   static_cast<const char*>(t.raw()) + (r % t.dim(0)) * row_bytes, row_bytes);
     return out;
   };
-  feeds[prog->data_inputs[0]] = tile(b.x);
-  feeds[prog->label_input] = tile(b.y);
+  // The microbatches are streamed into the loop from data held outside the step, as
+  // the trainer streams them from its dataset.
+  runtime::add_num_items_feed(*prog->train_step, tile(b.y), cfg.ignore_index, feeds);
   runtime::RunOptions ro;
   ro.training = true;
+  ro.microbatch = runtime::microbatches_of({{prog->data_inputs[0], tile(b.x)}, {prog->label_input, tile(b.y)}});
+  if (n == 1) {
+    feeds[prog->data_inputs[0]] = tile(b.x);
+    feeds[prog->label_input] = tile(b.y);
+  }
   ir::MemoryStats::reset_peak();
   auto out = runtime::run_graph(*prog->train_step, feeds, ro);
   EXPECT_TRUE(out) << out.message();

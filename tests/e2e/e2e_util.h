@@ -11,6 +11,7 @@
 
 #include "ir/graph.h"
 #include "runtime/interpreter.h"
+#include "runtime/data.h"
 #include "runtime/io.h"
 #include "tools/driver/driver.h"
 
@@ -68,6 +69,7 @@ inline std::vector<double> trajectory_losses(const driver::TrainingProgram& prog
     if (f64 && ir::is_float(xi.dtype())) xi = xi.cast(ir::DType::f64);
     feeds[prog.data_inputs[0]] = xi;
     feeds[prog.label_input] = squeeze0(slice_rows(ys, i, 1));
+    runtime::add_num_items_feed(*prog.train_step, feeds[prog.label_input], -100, feeds);  // accumulation, tokens
     ro.step = static_cast<uint64_t>(i);
     auto out = runtime::run_graph(*prog.train_step, feeds, ro);
     if (!out) {

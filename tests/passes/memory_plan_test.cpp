@@ -20,6 +20,7 @@
 #include "passes/passes.h"
 #include "passes/training_util.h"
 #include "runtime/interpreter.h"
+#include "runtime/data.h"
 #include "runtime/io.h"
 #include "tools/driver/driver.h"
 #include "measure_util.h"
@@ -252,9 +253,15 @@ void measure_example(const std::string& model, bool bf16, StepMeasure& m, int64_
 
   std::map<std::string, Tensor> feeds;
   for (auto& sb : g.state) feeds[sb.input->name] = sb.initial->clone();
-  feeds[prog->data_inputs[0]] = *x;
-  feeds[prog->label_input] = *y;
-  m.measured = kiln::testing::measured_step_peak(g, feeds);
+  runtime::add_num_items_feed(g, *y, cfg.ignore_index, feeds);
+  if (accum > 1) {  // microbatches streamed into the loop, as the trainer runs them
+    m.measured = kiln::testing::measured_step_peak(
+        g, feeds, runtime::microbatches_of({{prog->data_inputs[0], *x}, {prog->label_input, *y}}));
+  } else {
+    feeds[prog->data_inputs[0]] = *x;
+    feeds[prog->label_input] = *y;
+    m.measured = kiln::testing::measured_step_peak(g, feeds);
+  }
   ASSERT_GE(m.measured, 0);
   m.planned = plan->peak_bytes;
   m.plan = std::move(*plan);
@@ -400,7 +407,9 @@ TEST(MemoryPlan, AccumulationLoopPeakMatchesHandCountAndInterpreter) {
   //  3: acc'(in place) s            224
   //  4: acc (loop output)           192
   //  5: acc o                       224
-  auto p = passes::plan_memory(*g, PlanOptions::eager());
+  PlanOptions fed = PlanOptions::eager();
+  fed.streamed_microbatches = false;  // x is fed whole (128 B resident)
+  auto p = passes::plan_memory(*g, fed);
   ASSERT_TRUE(p) << p.message();
   EXPECT_EQ(p->num_nodes, 6);
   EXPECT_EQ(p->accumulation_loops, 1);
@@ -422,7 +431,7 @@ TEST(MemoryPlan, AccumulationLoopPeakMatchesHandCountAndInterpreter) {
   EXPECT_EQ(b0, b1);
   // Without honouring kiln_inplace, step 3 holds acc, s and acc' (256): same peak here,
   // one reuse less.
-  PlanOptions no_attr = PlanOptions::eager();
+  PlanOptions no_attr = fed;
   no_attr.honor_inplace_attr = false;
   auto q = passes::plan_memory(*g, no_attr);
   ASSERT_TRUE(q) << q.message();
@@ -449,6 +458,29 @@ TEST(MemoryPlan, AccumulationLoopPeakMatchesHandCountAndInterpreter) {
       }
   }
   EXPECT_EQ(MemoryStats::peak_bytes() - before + resident, 256);
+
+  // Streamed (the trainer's way): x is never resident whole, each iteration's 2 rows are
+  // the body input xs: resident w 16 + shape 16 = 32; peak 256 - 128 = 128 at node 1.
+  auto st = passes::plan_memory(*g, PlanOptions::eager());
+  ASSERT_TRUE(st) << st.message();
+  EXPECT_EQ(st->persistent_bytes, 32);
+  EXPECT_EQ(st->peak_bytes, 128);
+  runtime::RunOptions ro;
+  ro.microbatch = runtime::microbatches_of({{"x", x}});
+  std::map<std::string, Tensor> wfeed{{"w", w}};
+  const int64_t before2 = MemoryStats::current_bytes();
+  MemoryStats::reset_peak();
+  {
+    auto out = runtime::run_graph(*g, wfeed, ro);
+    ASSERT_TRUE(out) << out.message();
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 4; ++c) {
+        double ref = 0;
+        for (int t = 0; t < 4; ++t) ref += std::max(0.0, x.get_f64((2 * t + r) * 4 + c) * w.get_f64(c));
+        EXPECT_NEAR(out->begin()->second.get_f64(r * 4 + c), ref, 1e-6);
+      }
+  }
+  EXPECT_EQ(MemoryStats::peak_bytes() - before2 + 32, 128);
 }
 
 class AccumulatedMemory : public ::testing::TestWithParam<const char*> {};

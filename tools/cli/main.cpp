@@ -215,6 +215,11 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
         if (sp.name == in->name) s.feeds[in->name] = unwrap(runtime::fit_to_input(b->second, sp));
       continue;
     }
+    if (in->name == runtime::kNumItemsInput && batch.count(s.prog.label_input)) {  // accumulation, tokens
+      s.feeds[in->name] = runtime::num_items_tensor(
+          runtime::count_num_items(batch.at(s.prog.label_input), cfg.ignore_index), in->dtype);
+      continue;
+    }
     bool found = false;
     for (auto& sb : g.state)
       if (sb.input == in && sb.initial) s.feeds[in->name] = *sb.initial, found = true;
