@@ -240,8 +240,8 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
     case Kind::str:
       *static_cast<std::string*>(f.ptr) = text;
       return Status::ok();
-    case Kind::str_list:
-      static_cast<std::vector<std::string>*>(f.ptr)->push_back(text);
+    case Kind::str_list:  // an empty item adds nothing: `--eval_data ""` leaves the list empty
+      if (!text.empty()) static_cast<std::vector<std::string>*>(f.ptr)->push_back(text);
       return Status::ok();
     case Kind::i64: {
       int64_t v;

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "codegen/lower.h"
@@ -329,10 +330,16 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
     std::error_code ec;
     if (fs::exists(path, ec)) {
       std::string bytes, payload, why;
-      {
-        std::ifstream f(path, std::ios::binary);
-        if (!f) why = "unreadable";
-        else bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+      if (!fs::is_regular_file(path, ec)) {
+        why = "not a regular file";
+      } else {
+        try {
+          std::ifstream f(path, std::ios::binary);
+          if (!f) why = "unreadable";
+          else bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+        } catch (const std::exception& e) {
+          why = std::string("unreadable (") + e.what() + ")";
+        }
       }
       if (why.empty()) why = check_file(bytes, payload);
       auto obj = std::make_shared<CpuObject>();
@@ -379,7 +386,14 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
       prog->cache_status = "miss";
       const std::string err = write_atomic(path, encode_file(encode_payload(key, *shared)));
       if (err.empty()) log("cache", std::string(rewrite ? "rewrote " : "stored ") + path.string());
-      else warn("cannot write compile cache entry " + path.string() + " (" + err + "); continuing without it");
+      else {
+        // One warning per cache folder and process (train and eval programs share it).
+        static std::mutex warned_mutex;
+        static std::set<std::string> warned;
+        std::lock_guard<std::mutex> lock(warned_mutex);
+        if (warned.insert(dir.string()).second)
+          warn("cannot write compile cache entries in " + dir.string() + " (" + err + "); continuing without the cache");
+      }
     }
   } else {
     std::ostringstream os;

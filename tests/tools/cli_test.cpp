@@ -343,3 +343,35 @@ TEST_F(Cli, CompiledLinearBinaryTrains) {
   EXPECT_TRUE(fs::exists(dir + "/run/model.onnx"));
   EXPECT_TRUE(fs::exists(dir + "/run/metrics.jsonl"));
 }
+
+/// `-o DIR` never deletes what kiln compile did not write: a non-empty folder without
+/// the compile marker is refused and left as it was; an earlier output is replaced.
+TEST_F(Cli, CompileRefusesForeignOutputFolder) {
+  fs::create_directories(dir + "/proj/ir");
+  std::ofstream(dir + "/proj/ir/keep.h") << "// user file\n";
+  expect_one_error_line(run_kiln("compile " + model + data() + " --max_steps 2 --no_cache -o " + dir + "/proj", dir), 1,
+                        "is not a kiln compile output");
+  EXPECT_TRUE(fs::exists(dir + "/proj/ir/keep.h"));
+  auto first = run_kiln("compile " + model + data() + " --max_steps 2 --no_cache -o " + dir + "/out", dir);
+  ASSERT_EQ(first.code, 0) << first.err;
+  auto again = run_kiln("compile " + model + data() + " --max_steps 2 --no_cache -o " + dir + "/out", dir);
+  EXPECT_EQ(again.code, 0) << again.err;
+}
+
+/// A cache entry that is a folder is reported in one warning line and the compile goes on.
+TEST_F(Cli, CompileCacheEntryThatIsAFolder) {
+  auto first = run_kiln("compile " + model + data() + " --max_steps 2 --cache_dir " + dir + "/cache -o " + dir + "/o1", dir);
+  ASSERT_EQ(first.code, 0) << first.err;
+  int entries = 0;
+  for (auto& e : fs::directory_iterator(dir + "/cache"))
+    if (e.path().extension() == ".kcache") {
+      fs::remove(e.path());
+      fs::create_directories(e.path());
+      ++entries;
+    }
+  ASSERT_GT(entries, 0);
+  auto r = run_kiln("compile " + model + data() + " --max_steps 2 --cache_dir " + dir + "/cache -o " + dir + "/o2", dir);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("is not a regular file; rebuilding"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}

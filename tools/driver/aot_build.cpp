@@ -115,10 +115,37 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
     if (spe <= 0) return Status::error("--train_data has fewer rows than one optimizer step");
     if (total <= 0) total = cfg.total_steps(spe);
   }
+  if (!cfg.eval_data.empty()) {
+    auto raw = runtime::load_raw_data(cfg.eval_data);
+    if (!raw) return Status::error("--eval_data: " + raw.status().message());
+  }
+  // The binary keeps the data paths as defaults: absolute, so it runs from any folder.
+  // Resuming is a per-run choice, never baked in.
+  std::error_code path_ec;
+  for (auto* list : {&cfg.train_data, &cfg.eval_data})
+    for (std::string& spec : *list) {
+      const size_t eq = spec.find('=');
+      const std::string name = eq == std::string::npos ? "" : spec.substr(0, eq + 1);
+      const std::string file = eq == std::string::npos ? spec : spec.substr(eq + 1);
+      spec = name + fs::absolute(file, path_ec).lexically_normal().string();
+    }
+  cfg.resume_from_checkpoint.clear();
   KILN_ASSIGN_OR_RETURN(std::string model_bytes, frontend::read_model_bytes(cfg.model));
 
+  // DIR must be new, empty, or an earlier kiln compile output (it holds the marker
+  // file): its ir/, kernels/ and obj/ are replaced, nothing else is ever deleted.
   const fs::path dir(out_dir);
   std::error_code ec;
+  const fs::path marker = dir / ".kiln_compile";
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec)) return Status::error(out_dir + ": exists and is not a folder");
+    if (!fs::is_empty(dir, ec) && !fs::exists(marker, ec))
+      return Status::error(out_dir + ": folder exists, is not empty and is not a kiln compile output (no " +
+                           marker.filename().string() + "); give a new or empty folder");
+  }
+  fs::create_directories(dir, ec);
+  if (ec) return Status::error(out_dir + ": cannot create: " + ec.message());
+  KILN_RETURN_IF_ERROR(write_file(marker, "kiln compile output; kiln compile may replace ir/ kernels/ obj/ train here\n"));
   for (const char* sub : {"ir", "kernels", "obj"}) {
     fs::remove_all(dir / sub, ec);
     fs::create_directories(dir / sub, ec);
