@@ -888,17 +888,28 @@ Status softmax_kernel(KernelContext& ctx) {
     using T = decltype(tag);
     const T* x = X.data<T>();
     T* y = ctx.out(0).data<T>();
-#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
-    for (int64_t oi = 0; oi < q.outer * q.inner; ++oi) {
-      const int64_t o = oi / q.inner, i = oi % q.inner, base = o * q.A * q.inner + i;
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t a = 0; a < q.A; ++a) m = std::max(m, ld(x, base + a * q.inner));
-      double s = 0;
-      for (int64_t a = 0; a < q.A; ++a) s += std::exp(ld(x, base + a * q.inner) - m);
-      double ls = std::log(s);
-      for (int64_t a = 0; a < q.A; ++a) {
-        double z = ld(x, base + a * q.inner) - m;
-        st(y, base + a * q.inner, Log ? z - ls : std::exp(z) / s);
+#pragma omp parallel if (X.numel() > kParallelThreshold)
+    {
+      // exp(z) of one row, computed once and reused for the output (same values as
+      // recomputing it; the exponential dominated this kernel).
+      std::vector<double> e(Log ? 0 : static_cast<size_t>(q.A));
+#pragma omp for schedule(static)
+      for (int64_t oi = 0; oi < q.outer * q.inner; ++oi) {
+        const int64_t o = oi / q.inner, i = oi % q.inner, base = o * q.A * q.inner + i;
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t a = 0; a < q.A; ++a) m = std::max(m, ld(x, base + a * q.inner));
+        double s = 0;
+        for (int64_t a = 0; a < q.A; ++a) {
+          const double ea = std::exp(ld(x, base + a * q.inner) - m);
+          if (!Log) e[static_cast<size_t>(a)] = ea;
+          s += ea;
+        }
+        if (Log) {
+          const double ls = std::log(s);
+          for (int64_t a = 0; a < q.A; ++a) st(y, base + a * q.inner, ld(x, base + a * q.inner) - m - ls);
+        } else {
+          for (int64_t a = 0; a < q.A; ++a) st(y, base + a * q.inner, e[static_cast<size_t>(a)] / s);
+        }
       }
     }
   });
