@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "codegen/cpu/llvm_cpu.h"
+#include "e2e_util.h"
 
 namespace fs = std::filesystem;
 
@@ -51,23 +52,9 @@ ShellRun sh(const std::string& cmd, const std::string& cwd, const std::string& e
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, slurp(base + ".out"), slurp(base + ".err")};
 }
 
-std::string tmpdir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("kiln_aot_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string tmpdir(const std::string& name) { return kiln::testing::fresh_tmpdir("aot_" + name); }
 
-std::map<int64_t, double> train_losses(const std::string& dir) {
-  std::map<int64_t, double> m;
-  std::ifstream f(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return m;
-}
+using kiln::testing::train_losses;
 
 int count_lines_with(const std::string& text, const std::string& needle) {
   int n = 0;

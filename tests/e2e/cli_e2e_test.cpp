@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "e2e_util.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -27,7 +29,7 @@ struct Run {
 };
 
 /// Runs kiln from the source directory (configs use repository-relative data paths).
-Run kiln(const std::string& args) {
+Run kiln_cmd(const std::string& args) {
   std::string log = (fs::temp_directory_path() / ("kiln_e2e_" + std::to_string(::getpid()) + ".log")).string();
   std::string cmd = "cd '" + kSrc + "' && '" + kBin + "' " + args + " > '" + log + "' 2>&1";
   int st = std::system(cmd.c_str());
@@ -42,23 +44,9 @@ void require_data() {
     FAIL() << "data/ is missing: run tools/prepare_test_data.sh (tools/test.sh does)";
 }
 
-std::string tmpdir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("kiln_e2e_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p.string();
-}
+std::string tmpdir(const std::string& name) { return kiln::testing::fresh_tmpdir(name); }
 
-/// metrics.jsonl lines with a "loss" key, by step.
-std::map<int64_t, double> train_losses(const std::string& dir) {
-  std::map<int64_t, double> m;
-  std::ifstream f(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return m;
-}
+using kiln::testing::train_losses;
 
 nlohmann::json last_eval(const std::string& dir) {
   std::ifstream f(dir + "/metrics.jsonl");
@@ -78,21 +66,21 @@ const std::string kGptData = "--train_data data/text/train.bin --block_size 64 "
 }  // namespace
 
 TEST(WholeModelGradcheck, MlpDigits) {
-  auto r = kiln("gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+  auto r = kiln_cmd("gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
                 "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy --elements_per_parameter 8");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("gradcheck: ok"), std::string::npos) << r.out;
 }
 
 TEST(WholeModelGradcheck, CnnBatchNorm) {
-  auto r = kiln("gradcheck examples/cnn_bn/model.onnx --train_data input=examples/cnn_bn/fixtures/batch_input.npy "
+  auto r = kiln_cmd("gradcheck examples/cnn_bn/model.onnx --train_data input=examples/cnn_bn/fixtures/batch_input.npy "
                 "--train_data labels=examples/cnn_bn/fixtures/batch_labels.npy --elements_per_parameter 6");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("gradcheck: ok"), std::string::npos) << r.out;
 }
 
 TEST(WholeModelGradcheck, TinyGptWithDropout) {
-  auto r = kiln("gradcheck examples/tiny_gpt/model.onnx --train_data input=examples/tiny_gpt/fixtures/batch_input.npy "
+  auto r = kiln_cmd("gradcheck examples/tiny_gpt/model.onnx --train_data input=examples/tiny_gpt/fixtures/batch_input.npy "
                 "--train_data labels=examples/tiny_gpt/fixtures/batch_labels.npy --per_device_train_batch_size 2 "
                 "--elements_per_parameter 3");
   EXPECT_EQ(r.code, 0) << r.out;
@@ -101,7 +89,7 @@ TEST(WholeModelGradcheck, TinyGptWithDropout) {
 
 TEST(WholeModelGradcheck, ReportsAWrongGradientAsFailure) {
   // A tolerance no float64 difference quotient can meet: the command must fail, not pass.
-  auto r = kiln("gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+  auto r = kiln_cmd("gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
                 "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy --tolerance 1e-30");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("gradcheck failed"), std::string::npos) << r.out;
@@ -111,12 +99,12 @@ void check_resume(const std::string& model, const std::string& data, int n, cons
   require_data();
   std::string full = tmpdir(model + "_full"), half = tmpdir(model + "_half"), resumed = tmpdir(model + "_resumed");
   std::string common = "train examples/" + model + "/model.onnx " + data + extra + " --logging_steps 1 --seed 7 ";
-  auto a = kiln(common + "--max_steps " + std::to_string(2 * n) + " --output_dir " + full);
+  auto a = kiln_cmd(common + "--max_steps " + std::to_string(2 * n) + " --output_dir " + full);
   ASSERT_EQ(a.code, 0) << a.out;
-  auto b = kiln(common + "--max_steps " + std::to_string(2 * n) + " --save_steps " + std::to_string(n) +
+  auto b = kiln_cmd(common + "--max_steps " + std::to_string(2 * n) + " --save_steps " + std::to_string(n) +
                 " --output_dir " + half);
   ASSERT_EQ(b.code, 0) << b.out;
-  auto c = kiln(common + "--max_steps " + std::to_string(2 * n) + " --resume_from_checkpoint " + half +
+  auto c = kiln_cmd(common + "--max_steps " + std::to_string(2 * n) + " --resume_from_checkpoint " + half +
                 "/checkpoint-" + std::to_string(n) + " --output_dir " + resumed);
   ASSERT_EQ(c.code, 0) << c.out;
   auto la = train_losses(full), lc = train_losses(resumed);
@@ -141,7 +129,7 @@ TEST(Resume, TinyGptWithDropoutEqualsUninterruptedRun) {
 TEST(Demo, DigitsMlpReaches95PercentEvalAccuracy) {
   require_data();
   std::string out = tmpdir("demo_mlp");
-  auto r = kiln("train examples/mlp_digits/model.onnx --config examples/mlp_digits/train_demo.json --output_dir " + out);
+  auto r = kiln_cmd("train examples/mlp_digits/model.onnx --config examples/mlp_digits/train_demo.json --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   auto e = last_eval(out);
   ASSERT_TRUE(e.contains("eval_accuracy")) << r.out;
@@ -152,7 +140,7 @@ TEST(Demo, DigitsMlpReaches95PercentEvalAccuracy) {
 TEST(Demo, TinyGptEvalLossBelowHalfLnVocab) {
   require_data();
   std::string out = tmpdir("demo_gpt");
-  auto r = kiln("train examples/tiny_gpt/model.onnx --config examples/tiny_gpt/train_demo.json --output_dir " + out);
+  auto r = kiln_cmd("train examples/tiny_gpt/model.onnx --config examples/tiny_gpt/train_demo.json --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   auto e = last_eval(out);
   ASSERT_TRUE(e.contains("eval_loss")) << r.out;
@@ -188,9 +176,9 @@ TEST(BadInput, ModelFilesGiveOneLine) {
   };
   for (auto& [file, needle] : cases) {
     SCOPED_TRACE(file);
-    expect_one_line_error(kiln("inspect " + kBad + file), needle);
+    expect_one_line_error(kiln_cmd("inspect " + kBad + file), needle);
     std::string out = tmpdir("bad_run");
-    expect_one_line_error(kiln("run " + kBad + file + " --input x=examples/mlp_digits/input.npy --output_dir " + out),
+    expect_one_line_error(kiln_cmd("run " + kBad + file + " --input x=examples/mlp_digits/input.npy --output_dir " + out),
                           needle);
   }
 }
@@ -198,15 +186,15 @@ TEST(BadInput, ModelFilesGiveOneLine) {
 TEST(BadInput, RunInputOfWrongDtypeOrShape) {
   std::string out = tmpdir("bad_npy");
   // int64 tokens fed to the MLP's float input: wrong dtype.
-  expect_one_line_error(kiln("run examples/mlp_digits/model.onnx --input input=examples/tiny_gpt/input.npy "
+  expect_one_line_error(kiln_cmd("run examples/mlp_digits/model.onnx --input input=examples/tiny_gpt/input.npy "
                              "--output_dir " + out),
                         "input");
   // CNN images [4,1,8,8] fed to the MLP's [batch, 64] input: wrong shape.
-  expect_one_line_error(kiln("run examples/mlp_digits/model.onnx --input input=examples/cnn_bn/input.npy "
+  expect_one_line_error(kiln_cmd("run examples/mlp_digits/model.onnx --input input=examples/cnn_bn/input.npy "
                              "--output_dir " + out),
                         "input");
   // A file that is not .npy at all.
-  expect_one_line_error(kiln("run examples/mlp_digits/model.onnx --input input=examples/mlp_digits/meta.json "
+  expect_one_line_error(kiln_cmd("run examples/mlp_digits/model.onnx --input input=examples/mlp_digits/meta.json "
                              "--output_dir " + out),
                         "meta.json");
 }
@@ -215,18 +203,18 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
   const std::string mlp = "examples/mlp_digits/model.onnx";
   const std::string fx = "--train_data input=examples/mlp_digits/fixtures/batch_input.npy "
                          "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy ";
-  expect_one_line_error(kiln("frobnicate"), "unknown subcommand 'frobnicate'");
-  expect_one_line_error(kiln("inspect " + mlp + " --shape batch=0"), "must be > 0");
-  expect_one_line_error(kiln("inspect " + mlp + " --shape foo=3"), "no input dim named 'foo'");
-  expect_one_line_error(kiln("train " + mlp + " " + fx + "--config examples"), "is a directory");
-  expect_one_line_error(kiln("gradcheck " + mlp + " " + fx + "--eps 0"), "--eps");
-  expect_one_line_error(kiln("gradcheck " + mlp + " " + fx + "--elements_per_parameter 0"),
+  expect_one_line_error(kiln_cmd("frobnicate"), "unknown subcommand 'frobnicate'");
+  expect_one_line_error(kiln_cmd("inspect " + mlp + " --shape batch=0"), "must be > 0");
+  expect_one_line_error(kiln_cmd("inspect " + mlp + " --shape foo=3"), "no input dim named 'foo'");
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--config examples"), "is a directory");
+  expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--eps 0"), "--eps");
+  expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--elements_per_parameter 0"),
                         "--elements_per_parameter");
-  expect_one_line_error(kiln("grad " + mlp + " " + fx + "--out examples"), "is a directory");
+  expect_one_line_error(kiln_cmd("grad " + mlp + " " + fx + "--out examples"), "is a directory");
   std::string out = tmpdir("dup_input");
-  expect_one_line_error(kiln("run " + mlp + " --input input=examples/mlp_digits/input.npy "
+  expect_one_line_error(kiln_cmd("run " + mlp + " --input input=examples/mlp_digits/input.npy "
                              "--input input=examples/mlp_digits/input.npy --output_dir " + out),
                         "given twice");
-  expect_one_line_error(kiln("train " + mlp + " " + fx + "--max_steps 1 --print-ir-after nosuchpass --output_dir " + out),
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --print-ir-after nosuchpass --output_dir " + out),
                         "nosuchpass");
 }

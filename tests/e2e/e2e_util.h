@@ -3,6 +3,9 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -24,6 +27,27 @@ inline std::string example_path(const std::string& name, const std::string& file
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream f(path);
   return nlohmann::json::parse(f);
+}
+
+/// A fresh (removed, then created) folder under the temp dir, unique to this process.
+inline std::string fresh_tmpdir(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::temp_directory_path() / ("kiln_e2e_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+/// Training losses by step from DIR/metrics.jsonl (lines with a "loss" key).
+inline std::map<int64_t, double> train_losses(const std::string& dir) {
+  std::map<int64_t, double> m;
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return m;
 }
 
 /// Initial state (parameters, buffers, optimizer state, counter) of a program's train_step.
