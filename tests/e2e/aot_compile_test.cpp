@@ -6,7 +6,7 @@
 //   - every artifact is produced and parses: ir/NN-PASS.txt for each pass,
 //     kernels/*.kir (one per kernel, as compile_report.json counts them), kernels/*.ll
 //     accepted by LLVM's parser and verifier, memory_plan.txt, compile_report.json;
-//     (the IR dumps cannot be re-imported yet: the printer's format has no parser);
+//     every IR dump re-imports (ir/parser.h) and prints back to the same text;
 //   - the compile cache: a second compile in a new process is a disk hit; a truncated
 //     entry is rebuilt with exactly one warning line;
 //   - KILN_LOGS prints its topics with a [kiln:TOPIC] prefix, and warns once on an
@@ -23,6 +23,8 @@
 #include <sstream>
 
 #include "codegen/cpu/llvm_cpu.h"
+#include "ir/parser.h"
+#include "ir/printer.h"
 #include "e2e_util.h"
 
 namespace fs = std::filesystem;
@@ -149,7 +151,11 @@ TEST(AotCompile, ArtifactsAreProducedAndParse) {
     const std::string n = e.path().filename().string();
     saw_fusion |= n.find("-fusion.txt") != std::string::npos;
     saw_autodiff |= n.find("-autodiff.txt") != std::string::npos;
-    EXPECT_FALSE(slurp(e.path()).empty()) << n;
+    const std::string text = slurp(e.path());
+    EXPECT_FALSE(text.empty()) << n;
+    auto parsed = kiln::ir::parse_graph(text);  // the dumps re-import (ir/parser.h)
+    ASSERT_TRUE(parsed) << n << ": " << parsed.message();
+    EXPECT_EQ(kiln::ir::graph_to_string(**parsed), text) << n;
   }
   EXPECT_GE(ir_files, 5);
   EXPECT_TRUE(saw_fusion);
