@@ -265,17 +265,20 @@ Status dropout_kernel(KernelContext& c) {
     const T* a = x.data<T>();
     T* o = y.data<T>();
     const int64_t blocks = (n + 3) / 4;
+    const int64_t groups = (blocks + kPhiloxLanes - 1) / kPhiloxLanes;  // kPhiloxLanes blocks at a time
     const C s = static_cast<C>(scale);
 #pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      auto bits = philox_block(seed, sub, offset, static_cast<uint64_t>(blk));
-      for (int w = 0; w < 4; ++w) {
-        int64_t i = blk * 4 + w;
-        if (i >= n) break;
-        bool keep = uint32_to_uniform(bits[w]) >= r;
-        o[i] = store<T>(keep ? static_cast<C>(load(a[i]) * s) : C(0));
-        if (pm) pm[i] = keep ? 1 : 0;
-      }
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      uint32_t bits[4][kPhiloxLanes];
+      philox_blocks(seed, sub, offset, static_cast<uint64_t>(grp * kPhiloxLanes), bits);
+      for (int l = 0; l < kPhiloxLanes; ++l)
+        for (int w = 0; w < 4; ++w) {
+          const int64_t i = (grp * kPhiloxLanes + l) * 4 + w;  // element i: word i % 4 of block i / 4
+          if (i >= n) break;
+          const bool keep = uint32_to_uniform(bits[w][l]) >= r;
+          o[i] = store<T>(keep ? static_cast<C>(load(a[i]) * s) : C(0));
+          if (pm) pm[i] = keep ? 1 : 0;
+        }
     }
   });
 }

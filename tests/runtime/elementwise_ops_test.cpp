@@ -290,6 +290,20 @@ TEST(ElementwiseOps, Cast) {
 
 // ----------------------------------------------------------------------------- Dropout and Philox
 
+/// The lane-parallel Philox (what Dropout runs) gives the one-block reference's bits,
+/// including blocks whose counter crosses 2^32 and 64-bit seeds.
+TEST(ElementwiseOps, PhiloxLanesEqualOneBlock) {
+  using namespace kiln::runtime::kernels;
+  for (uint64_t first : {uint64_t(0), uint64_t(12345), (uint64_t(1) << 32) - 3, uint64_t(0xfedcba9876543210ull)}) {
+    uint32_t lanes[4][kPhiloxLanes];
+    philox_blocks(0x0123456789abcdefull, 77, 5, first, lanes);
+    for (int l = 0; l < kPhiloxLanes; ++l) {
+      auto ref = philox_block(0x0123456789abcdefull, 77, 5, first + l);
+      for (int w = 0; w < 4; ++w) EXPECT_EQ(lanes[w][l], ref[w]) << "block " << first + l << " word " << w;
+    }
+  }
+}
+
 TEST(ElementwiseOps, PhiloxKnownAnswers) {
   using kiln::runtime::kernels::philox4x32_10;
   // Random123 kat_vectors, philox4x32 10 rounds.
