@@ -85,6 +85,16 @@ namespace {
 enum class Phase { forward, backward, optimizer };
 
 Phase phase_of(const Node& n) {
+  if (n.op == "FusedKernel" && n.regions.size() == 1) {
+    // A fused group (passes/fusion.cpp) is in the latest phase of the nodes it holds.
+    Phase p = Phase::forward;
+    for (auto& b : n.regions[0]->nodes()) {
+      const Phase q = phase_of(*b);
+      if (q == Phase::optimizer) return q;
+      if (q == Phase::backward) p = q;
+    }
+    return p;
+  }
   if (n.name.rfind("optimizer/", 0) == 0 || n.name == "optimizer") return Phase::optimizer;
   if (grad_scope_pos(n.name) != std::string::npos) return Phase::backward;
   return Phase::forward;

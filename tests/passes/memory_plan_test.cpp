@@ -514,6 +514,23 @@ TEST_P(AccumulatedMemory, PlannedPeakMatchesMeasuredWithFourMicrobatches) {
 INSTANTIATE_TEST_SUITE_P(Examples, AccumulatedMemory, ::testing::Values("mlp_digits", "tiny_gpt"),
                          [](const auto& info) { return std::string(info.param); });
 
+// A compiled program's FusedKernel nodes take the phase of the nodes they hold, so its
+// plan still finds the gradients (the parameter gradients live before the update).
+TEST(MemoryPlan, CompiledProgramCategoriesSeeThroughFusedKernels) {
+  runtime::TrainConfig cfg = config_for("tiny_gpt", 4, false);
+  cfg.backend = "compiled";
+  cfg.no_cache = true;
+  auto prog = driver::build_training_program(cfg);
+  ASSERT_TRUE(prog) << prog.message();
+  int fused = 0;
+  for (auto& n : prog->train_step->nodes()) fused += n->op == "FusedKernel";
+  ASSERT_GT(fused, 10);
+  auto p = passes::plan_memory(*prog->train_step, PlanOptions::eager());
+  ASSERT_TRUE(p) << p.message();
+  EXPECT_GE(p->max_by_category[static_cast<int>(MemoryCategory::gradients)], 4 * p->parameter_elements);
+  EXPECT_GT(p->max_by_category[static_cast<int>(MemoryCategory::saved_activations)], 0);
+}
+
 // ---------------------------------------------------------------- optimizer state
 
 // Bytes of optimizer state per parameter element: adamw_torch keeps two fp32 moments

@@ -375,3 +375,15 @@ TEST_F(Cli, CompileCacheEntryThatIsAFolder) {
   EXPECT_NE(r.err.find("is not a regular file; rebuilding"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
+
+/// A batch whose labels are all ignore_index has a NaN mean loss (as in PyTorch):
+/// gradcheck must fail with one line instead of reporting "ok" on NaN differences.
+TEST_F(Cli, GradcheckRefusesNonFiniteLoss) {
+  ir::Tensor y(ir::DType::i64, {N});
+  for (int64_t i = 0; i < N; ++i) y.data<int64_t>()[i] = -100;
+  ASSERT_TRUE(runtime::io::save_npy(dir + "/y_ignored.npy", y).is_ok());
+  expect_one_error_line(run_kiln("gradcheck " + model + " --train_data x=" + dir + "/x.npy --train_data labels=" + dir +
+                                     "/y_ignored.npy --per_device_train_batch_size 8",
+                                 dir),
+                        1, "not finite");
+}

@@ -1,6 +1,7 @@
 #include "tools/driver/gradcheck.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -77,6 +78,10 @@ Expected<GradcheckResult> gradcheck_op(const std::string& op, const std::vector<
   ro.seed = seed;
   auto analytic = runtime::run_graph(g, feeds, ro);
   if (!analytic) return analytic.status();
+  if (analytic->count("loss") && !std::isfinite((*analytic)["loss"].get_f64(0)))
+    return Status::error("gradcheck: the loss of this batch is not finite (" +
+                         std::to_string((*analytic)["loss"].get_f64(0)) +
+                         "); central differences need a finite loss (are all its labels ignore_index?)");
   GradcheckResult res;
   res.seed = seed;
   for (auto& sb : g.state) {
@@ -118,6 +123,10 @@ Expected<GradcheckResult> gradcheck_graph(const Graph& gp, std::map<std::string,
   ro.seed = seed;
   auto analytic = runtime::run_graph(gp, feeds, ro);
   if (!analytic) return analytic.status();
+  if (analytic->count("loss") && !std::isfinite((*analytic)["loss"].get_f64(0)))
+    return Status::error("gradcheck: the loss of this batch is not finite (" +
+                         std::to_string((*analytic)["loss"].get_f64(0)) +
+                         "); central differences need a finite loss (are all its labels ignore_index?)");
   GradcheckResult res;
   res.seed = seed;
   std::mt19937_64 rng(seed);
@@ -162,6 +171,7 @@ Expected<GradcheckResult> gradcheck_graph(const Graph& gp, std::map<std::string,
       ref += v.second[k] * v.second[k];
     }
     double e = std::sqrt(diff) / std::max({std::sqrt(ref), 1e-3 * global, 1e-300});
+    if (!std::isfinite(e)) e = std::numeric_limits<double>::infinity();  // a NaN never passes
     if (e >= res.max_rel_error) {
       res.max_rel_error = e;
       res.worst = pname;
