@@ -109,7 +109,7 @@ void BM_CodegenCopy(benchmark::State& state) {
 }
 
 // ----------------------------------------------------------------------------- kernel IR
-/// Small builder for hand-made kernels (as tests/codegen/llvm_cpu_test.cpp).
+/// f32 shorthand over the kernel IR's own builders (Kernel::add_*).
 struct KB {
   Kernel k;
   KB(std::string name, std::vector<int64_t> domain, std::vector<bool> reduced = {}) {
@@ -118,41 +118,12 @@ struct KB {
     k.reduced = std::move(reduced);
   }
   int param(const std::string& name, std::vector<int64_t> strides, bool out = false) {
-    KernelParam p;
-    p.name = name;
-    p.dtype = DType::f32;
-    p.strides = std::move(strides);
-    p.is_output = out;
-    k.params.push_back(p);
-    return static_cast<int>(k.params.size()) - 1;
+    return k.add_param(name, DType::f32, std::move(strides), out);
   }
-  int push(KExpr e) {
-    k.exprs.push_back(std::move(e));
-    return static_cast<int>(k.exprs.size()) - 1;
-  }
-  int load(int p) {
-    KExpr e;
-    e.kind = KExpr::Kind::load;
-    e.param = p;
-    e.dtype = DType::f32;
-    return push(e);
-  }
-  int cst(double v) {
-    KExpr e;
-    e.kind = KExpr::Kind::constant;
-    e.value = v;
-    e.dtype = DType::f32;
-    return push(e);
-  }
-  int op(ScalarOp o, std::vector<int> args) {
-    KExpr e;
-    e.kind = KExpr::Kind::op;
-    e.op = o;
-    e.args = std::move(args);
-    e.dtype = DType::f32;
-    return push(e);
-  }
-  void store(int p, int e, ReduceKind r = ReduceKind::none) { k.stores.push_back({p, e, r}); }
+  int load(int p) { return k.add_load(p); }
+  int cst(double v) { return k.add_constant(v, DType::f32); }
+  int op(ScalarOp o, std::vector<int> args) { return k.add_op(o, std::move(args), DType::f32); }
+  void store(int p, int e, ReduceKind r = ReduceKind::none) { k.add_store(p, e, r); }
 };
 
 constexpr int64_t kPointwiseElems = 16 * 1024 * 1024;

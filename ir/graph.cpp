@@ -328,6 +328,22 @@ Status Graph::topo_sort() {
   return Status::ok();
 }
 
+std::unordered_set<const Value*> streamable_scan_inputs(const Graph& g) {
+  std::unordered_set<const Value*> scan;
+  for (auto& n : g.nodes())
+    if (n->op == "AccumulationLoop")
+      for (size_t i = static_cast<size_t>(n->attrs.get_int("num_carried", 0)); i < n->inputs.size(); ++i)
+        scan.insert(n->inputs[i]);
+  for (auto& n : g.nodes())
+    if (n->op != "AccumulationLoop")
+      for (Value* in : n->inputs) scan.erase(in);
+  for (Value* o : g.outputs) scan.erase(o);
+  std::unordered_set<const Value*> out;
+  for (Value* in : g.inputs)
+    if (scan.count(in)) out.insert(in);
+  return out;
+}
+
 void collect_captures(const Graph& r, std::unordered_set<const Value*>& out) {
   std::unordered_set<const Value*> defined(r.inputs.begin(), r.inputs.end());
   defined.insert(r.initializers.begin(), r.initializers.end());

@@ -186,6 +186,12 @@ class Graph {
 /// liveness, the memory planner and topo_sort treat them as inputs of the region's node.
 void collect_captures(const Graph& region, std::unordered_set<const Value*>& out);
 
+/// Graph inputs of `g` that only top-level AccumulationLoop nodes read, as scan inputs
+/// (not carried, not read by another node, not graph outputs): the data a runtime may
+/// stream one microbatch at a time (runtime::RunOptions::microbatch) and the memory
+/// planner then never counts whole (passes::PlanOptions::streamed_microbatches).
+std::unordered_set<const Value*> streamable_scan_inputs(const Graph& g);
+
 /// Position of the "/grad" scope segment in a node name (autodiff names backward nodes
 /// `<node>/grad/...`, DESIGN.md convention 3), followed by '/' or the end; npos if none.
 size_t grad_scope_pos(const std::string& node_name);

@@ -209,19 +209,8 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     pinned[li.body].insert(li.body->outputs.begin(), li.body->outputs.end());
   }
   for (Value* v : g.inputs) KILN_RETURN_IF_ERROR(add_value(v, &g, true, -1));
-  if (opts.streamed_microbatches) {
-    // Streamed scan inputs: never resident as a whole (see PlanOptions).
-    std::unordered_set<const Value*> scan_only;
-    for (auto& li : loops)
-      if (li.node->regions.size() == 1 && node_pos.count(li.node) && tl[li.end].graph == &g)
-        for (size_t j = li.carried; j < li.node->inputs.size(); ++j) scan_only.insert(li.node->inputs[j]);
-    for (auto& n : g.nodes())
-      if (n->op != "AccumulationLoop")
-        for (Value* in : n->inputs) scan_only.erase(in);
-    for (Value* o : g.outputs) scan_only.erase(o);
-    for (Value* v : g.inputs)
-      if (scan_only.count(v)) plan.values[idx.at(v)].bytes = 0;
-  }
+  if (opts.streamed_microbatches)  // streamed scan inputs are never resident whole (see PlanOptions)
+    for (const Value* v : ir::streamable_scan_inputs(g)) plan.values[idx.at(v)].bytes = 0;
   for (Value* v : g.initializers) KILN_RETURN_IF_ERROR(add_value(v, &g, true, -1));
   std::vector<Phase> phase(N);
   std::unordered_map<const Value*, int> last_use;

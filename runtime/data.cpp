@@ -349,19 +349,24 @@ void add_num_items_feed(const ir::Graph& g, const Tensor& labels, int64_t ignore
     if (in->name == kNumItemsInput) feeds[in->name] = num_items_tensor(count_num_items(labels, ignore_index), in->dtype);
 }
 
+Expected<Tensor> microbatch_rows(const Tensor& full, int64_t t, int64_t trips) {
+  if (full.rank() < 1 || trips < 1 || full.dim(0) % trips != 0 || t < 0 || t >= trips)
+    return Status::error("leading dim of " + ir::dims_to_string(full.dims()) + " has no microbatch " +
+                         std::to_string(t) + " of " + std::to_string(trips) + " equal ones");
+  std::vector<int64_t> dims = full.dims();
+  dims[0] /= trips;
+  Tensor out(full.dtype(), dims);
+  std::memcpy(out.raw(), static_cast<const char*>(full.raw()) + static_cast<size_t>(t) * out.nbytes(), out.nbytes());
+  return out;
+}
+
 std::function<Expected<Tensor>(const ir::Value&, int64_t, int64_t)> microbatches_of(std::map<std::string, Tensor> whole) {
   return [whole = std::move(whole)](const ir::Value& in, int64_t t, int64_t trips) -> Expected<Tensor> {
     auto it = whole.find(in.name);
     if (it == whole.end()) return Status::error("no data for streamed input '" + in.name + "'");
-    const Tensor& full = it->second;
-    if (full.rank() < 1 || trips < 1 || full.dim(0) % trips != 0)
-      return Status::error("input '" + in.name + "': " + ir::dims_to_string(full.dims()) + " has no " +
-                           std::to_string(trips) + " equal microbatches");
-    std::vector<int64_t> dims = full.dims();
-    dims[0] /= trips;
-    Tensor out(full.dtype(), dims);
-    std::memcpy(out.raw(), static_cast<const char*>(full.raw()) + static_cast<size_t>(t) * out.nbytes(), out.nbytes());
-    return out;
+    auto rows = microbatch_rows(it->second, t, trips);
+    if (!rows) return rows.status().with_context("input '" + in.name + "'");
+    return rows;
   };
 }
 

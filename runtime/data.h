@@ -88,6 +88,10 @@ ir::Tensor num_items_tensor(int64_t count, ir::DType dtype);
 void add_num_items_feed(const ir::Graph& g, const ir::Tensor& labels, int64_t ignore_index,
                         std::map<std::string, ir::Tensor>& feeds);
 
+/// Microbatch `t` of `trips` of a whole-step tensor: rows [t·b, (t+1)·b) of its leading
+/// dim, b = dim 0 / trips, copied. Error: no leading dim, or one not divisible by trips.
+Expected<ir::Tensor> microbatch_rows(const ir::Tensor& full, int64_t t, int64_t trips);
+
 /// A RunOptions::microbatch source over whole-step tensors held by the caller (input
 /// name -> N·b rows): call t copies rows [t·b, (t+1)·b). For tests and benchmarks that
 /// stream a step's data as the trainer does. Error: an input it does not hold.

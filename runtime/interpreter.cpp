@@ -1,5 +1,7 @@
 #include "runtime/interpreter.h"
 
+#include "runtime/data.h"
+
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
@@ -85,16 +87,6 @@ using ValueSet = std::unordered_set<const Value*>;
 
 Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts);
 
-/// Rows [t*rows, (t+1)*rows) of `full` along axis 0, as a new tensor.
-Tensor slice_rows(const Tensor& full, int64_t t, int64_t rows) {
-  std::vector<int64_t> dims = full.dims();
-  dims[0] = rows;
-  Tensor out(full.dtype(), dims);
-  const size_t bytes = out.nbytes();
-  std::memcpy(out.raw(), static_cast<const char*>(full.raw()) + static_cast<size_t>(t) * bytes, bytes);
-  return out;
-}
-
 /// Runs an AccumulationLoop node (ir/ops/control.cpp): `trip_count` runs of the body
 /// on scan slices, carried values threaded through. Carried inputs whose last use is
 /// this node are moved into the loop, so an accumulator is never held twice.
@@ -132,12 +124,9 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
         continue;
       }
       if (it == env.end()) return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
-      const Tensor& full = it->second;
-      if (full.rank() < 1 || full.dim(0) % trips != 0)
-        return Status::error("node '" + n.name + "': scan input '" + n.inputs[i]->name + "' has leading dim " +
-                             (full.rank() ? std::to_string(full.dim(0)) : std::string("(scalar)")) +
-                             ", not a multiple of trip_count " + std::to_string(trips));
-      benv[body.inputs[i]] = slice_rows(full, t, full.dim(0) / trips);
+      auto slice = microbatch_rows(it->second, t, trips);
+      if (!slice) return slice.status().with_context("node '" + n.name + "': scan input '" + n.inputs[i]->name + "'");
+      benv[body.inputs[i]] = std::move(*slice);
     }
     for (const Value* v : captures) {
       auto it = env.find(v);
@@ -270,17 +259,7 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
   Env env;
   // Scan inputs of top-level accumulation loops that nothing else reads may be streamed
   // (RunOptions::microbatch) instead of fed.
-  ValueSet streamable;
-  if (opts.microbatch) {
-    for (auto& n : g.nodes())
-      if (n->op == "AccumulationLoop")
-        for (size_t i = static_cast<size_t>(n->attrs.get_int("num_carried", 0)); i < n->inputs.size(); ++i)
-          streamable.insert(n->inputs[i]);
-    for (auto& n : g.nodes())
-      if (n->op != "AccumulationLoop")
-        for (Value* in : n->inputs) streamable.erase(in);
-    for (Value* o : g.outputs) streamable.erase(o);
-  }
+  const ValueSet streamable = opts.microbatch ? ir::streamable_scan_inputs(g) : ValueSet{};
   for (Value* in : g.inputs) {
     auto it = feeds.find(in->name);
     if (it == feeds.end() && streamable.count(in)) continue;

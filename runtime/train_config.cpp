@@ -235,6 +235,20 @@ bool parse_f64(const std::string& s, double& out) {
 
 }  // namespace
 
+Status apply_flag_values(TrainConfig& cfg, const std::map<std::string, std::vector<std::string>>& given) {
+  auto fields = config_fields(cfg);
+  for (auto& [name, vals] : given) {
+    const ConfigField* f = nullptr;
+    for (auto& c : fields)
+      if (c.name == name) f = &c;
+    if (!f) return Status::error("--" + name + ": not a training option");
+    if (f->kind == Kind::str_list) static_cast<std::vector<std::string>*>(f->ptr)->clear();
+    if (f->kind == Kind::boolean && vals.empty()) KILN_RETURN_IF_ERROR(set_config_field(*f, "true"));
+    for (auto& v : vals) KILN_RETURN_IF_ERROR(set_config_field(*f, v));
+  }
+  return Status::ok();
+}
+
 Status set_config_field(const ConfigField& f, const std::string& text) {
   switch (f.kind) {
     case Kind::str:

@@ -110,6 +110,11 @@ std::vector<ConfigField> config_fields(TrainConfig& cfg);
 /// appended for str_list). Error: "--NAME: expected a number, got 'abc'".
 Status set_config_field(const ConfigField& f, const std::string& text);
 
+/// Applies command-line values of the flags that were given (name -> the values in
+/// order): a list flag is replaced by its values, a boolean flag given without a value
+/// is true, anything else takes its last value. Error: an unknown name, or the first
+/// value set_config_field refuses.
+Status apply_flag_values(TrainConfig& cfg, const std::map<std::string, std::vector<std::string>>& given);
 /// Reads a JSON config file with the same keys as the flags. Unknown keys are an error.
 Status load_config_json(const std::string& path, TrainConfig& cfg);
 /// Writes the config as JSON (used in trainer_state.json).

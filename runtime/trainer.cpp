@@ -263,17 +263,26 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   ro.step = static_cast<uint64_t>(global_step_);
   ro.program = g_.train_program;
   if (stream)
-    ro.microbatch = [&](const ir::Value& in, int64_t t, int64_t n) -> Expected<Tensor> {
-      KILN_ASSIGN_OR_RETURN(Batch part,
-                            train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro, micro));
-      auto it = part.find(in.name);
+    // One gather per microbatch: its tensors are handed out one input at a time and
+    // leave this cache as they go, so nothing of microbatch t outlives its iteration.
+    ro.microbatch = [&, pending = Batch{}, pending_t = int64_t(-1)](const ir::Value& in, int64_t t,
+                                                                    int64_t n) mutable -> Expected<Tensor> {
+      if (pending_t != t || !pending.count(in.name)) {
+        pending.clear();
+        KILN_ASSIGN_OR_RETURN(pending,
+                              train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro, micro));
+        pending_t = t;
+      }
+      auto it = pending.find(in.name);
       const DataInputSpec* spec = nullptr;
       for (auto& sp : train_specs_)
         if (sp.name == in.name) spec = &sp;
-      if (it == part.end() || !spec) return Status::error("train_step: no data for streamed input '" + in.name + "'");
+      if (it == pending.end() || !spec) return Status::error("train_step: no data for streamed input '" + in.name + "'");
+      Tensor part = std::move(it->second);
+      pending.erase(it);
       DataInputSpec one = *spec;  // the spec of the whole step, N·b rows -> one microbatch
       if (one.shape.rank() > 0 && one.shape.dims[0].is_static()) one.shape.dims[0] = ir::Dim(one.shape.dims[0].value / n);
-      return fit_to_input(it->second, one);
+      return fit_to_input(part, one);
     };
   auto outs = run_graph(g, feeds, ro);
   if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));

@@ -185,17 +185,28 @@ void strided_copy(void* dst, const void* src, size_t esize, const std::vector<in
 // Philox4x32-10
 // ---------------------------------------------------------------------------
 
+/// One Philox4x32 round on counter words (c0, c1, c2, c3) with key words (k0, k1).
+inline void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0, uint32_t k1) {
+  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
+  const uint64_t p0 = static_cast<uint64_t>(M0) * c0;
+  const uint64_t p1 = static_cast<uint64_t>(M1) * c2;
+  const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+  const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+  c1 = static_cast<uint32_t>(p1);
+  c3 = static_cast<uint32_t>(p0);
+  c0 = n0;
+  c2 = n2;
+}
+
+/// Weyl increments of the Philox4x32 key per round.
+inline constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+
 /// One Philox4x32-10 block: 10 rounds on a 128-bit counter with a 64-bit key.
 inline std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
-    uint64_t p0 = static_cast<uint64_t>(M0) * c[0];
-    uint64_t p1 = static_cast<uint64_t>(M1) * c[2];
-    uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
-    k[0] += W0;
-    k[1] += W1;
+    philox_round(c[0], c[1], c[2], c[3], k[0], k[1]);
+    k[0] += kPhiloxW0;
+    k[1] += kPhiloxW1;
   }
   return c;
 }
@@ -216,7 +227,6 @@ inline std::array<uint32_t, 4> philox_block(uint64_t seed, uint64_t subsequence,
 inline constexpr int kPhiloxLanes = 8;
 inline void philox_blocks(uint64_t seed, uint64_t subsequence, uint64_t offset, uint64_t first_block,
                           uint32_t out[4][kPhiloxLanes]) {
-  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
   uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
   for (int l = 0; l < kPhiloxLanes; ++l) {
     const uint64_t b = first_block + static_cast<uint64_t>(l);
@@ -228,18 +238,9 @@ inline void philox_blocks(uint64_t seed, uint64_t subsequence, uint64_t offset, 
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
   for (int round = 0; round < 10; ++round) {
 #pragma omp simd
-    for (int l = 0; l < kPhiloxLanes; ++l) {
-      const uint64_t p0 = static_cast<uint64_t>(M0) * c0[l];
-      const uint64_t p1 = static_cast<uint64_t>(M1) * c2[l];
-      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0;
-      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
-      c1[l] = static_cast<uint32_t>(p1);
-      c3[l] = static_cast<uint32_t>(p0);
-      c0[l] = n0;
-      c2[l] = n2;
-    }
-    k0 += W0;
-    k1 += W1;
+    for (int l = 0; l < kPhiloxLanes; ++l) philox_round(c0[l], c1[l], c2[l], c3[l], k0, k1);
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
   }
   for (int l = 0; l < kPhiloxLanes; ++l) {
     out[0][l] = c0[l];

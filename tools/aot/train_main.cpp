@@ -66,17 +66,16 @@ int real_main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return fail(2, e.what());
   }
+  std::map<std::string, std::vector<std::string>> given;
   for (auto& f : runtime::config_fields(cfg)) {
     if (options.at(f.name)->count() == 0) continue;
     if (!changeable().count(f.name))
       return fail(2, "--" + f.name + " is fixed when the binary is compiled (it changes shapes or passes); run kiln "
                      "compile again with the new value");
-    if (f.kind == runtime::ConfigField::Kind::str_list) static_cast<std::vector<std::string>*>(f.ptr)->clear();
-    for (auto& v : values.at(f.name)) {
-      Status st = runtime::set_config_field(f, v);
-      if (!st) return fail(2, st.message());
-    }
+    given[f.name] = values.at(f.name);
   }
+  Status applied = runtime::apply_flag_values(cfg, given);
+  if (!applied) return fail(2, applied.message());
   Status v = cfg.validate();
   if (!v) return fail(2, v.message());
   if (cfg.train_data.empty()) return fail(2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)");

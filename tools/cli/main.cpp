@@ -107,20 +107,11 @@ struct ConfigFlags {
       Status s = runtime::load_config_json(config_file, cfg);
       if (!s) throw Failure{2, s.message()};
     }
-    for (auto& f : runtime::config_fields(cfg)) {
-      const CLI::Option* o = options.at(f.name);
-      if (o->count() == 0) continue;
-      const auto& vals = values.at(f.name);
-      if (f.kind == runtime::ConfigField::Kind::str_list) static_cast<std::vector<std::string>*>(f.ptr)->clear();
-      if (f.kind == runtime::ConfigField::Kind::boolean && vals.empty()) {
-        Status s = runtime::set_config_field(f, "true");
-        if (!s) throw Failure{2, s.message()};
-      }
-      for (auto& v : vals) {
-        Status s = runtime::set_config_field(f, v);
-        if (!s) throw Failure{2, s.message()};
-      }
-    }
+    std::map<std::string, std::vector<std::string>> given;
+    for (auto& [name, o] : options)
+      if (o->count() > 0) given[name] = values.at(name);
+    Status applied = runtime::apply_flag_values(cfg, given);
+    if (!applied) throw Failure{2, applied.message()};
     if (!model_pos.empty()) cfg.model = model_pos;
     if (cfg.model.empty()) throw Failure{2, "a MODEL.onnx argument is required"};
     Status v = cfg.validate();

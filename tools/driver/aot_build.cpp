@@ -108,11 +108,7 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
   if (!cfg.train_data.empty()) {
     auto raw = runtime::load_raw_data(cfg.train_data);
     if (!raw) return Status::error("--train_data: " + raw.status().message());
-    KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
-    auto ds = runtime::Dataset::bind(*raw, forward_specs(*forward, cfg), data_options(cfg));
-    if (!ds) return Status::error("--train_data: " + ds.status().message());
-    const int64_t spe = ds->steps_per_epoch(cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps);
-    if (spe <= 0) return Status::error("--train_data has fewer rows than one optimizer step");
+    KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch(cfg, *raw));
     if (total <= 0) total = cfg.total_steps(spe);
   }
   if (!cfg.eval_data.empty()) {

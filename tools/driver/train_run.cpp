@@ -84,6 +84,18 @@ std::string planned_vs_measured(int64_t planned, int64_t measured) {
   return s;
 }
 
+Expected<int64_t> steps_per_epoch(const TrainConfig& cfg, const runtime::RawData& train_raw) {
+  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
+  auto pre = runtime::Dataset::bind(train_raw, forward_specs(*forward, cfg), data_options(cfg));
+  if (!pre) return Status::error("--train_data: " + pre.status().message());
+  const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  const int64_t spe = pre->steps_per_epoch(rows_per_step);
+  if (spe <= 0)
+    return Status::error("--train_data has " + std::to_string(pre->num_rows()) + " rows, fewer than one step of " +
+                         std::to_string(rows_per_step) + " (per_device_train_batch_size x gradient_accumulation_steps)");
+  return spe;
+}
+
 Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
@@ -106,14 +118,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     return Status::error("--resume_from_checkpoint: " + cfg.resume_from_checkpoint + ": no such directory");
 
   // Check the data against the model before compiling, and count steps.
-  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
-  auto pre = runtime::Dataset::bind(*train_raw, forward_specs(*forward, cfg), data_options(cfg));
-  if (!pre) return ctx(pre.status(), "--train_data");
-  const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
-  const int64_t spe = pre->steps_per_epoch(rows_per_step);
-  if (spe <= 0)
-    return Status::error("--train_data has " + std::to_string(pre->num_rows()) + " rows, fewer than one step of " +
-                         std::to_string(rows_per_step) + " (per_device_train_batch_size x gradient_accumulation_steps)");
+  KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch(cfg, *train_raw));
   const int64_t total = cfg.total_steps(spe);
 
   KILN_ASSIGN_OR_RETURN(auto prog, build_training_program(cfg, dbg, false, false, total));

@@ -42,6 +42,11 @@ std::optional<passes::MemoryPlan> eager_plan(const ir::Graph& g);
 /// "planned X (N B), measured Y (M B) (diff Z%)".
 std::string planned_vs_measured(int64_t planned, int64_t measured);
 
+/// Optimizer steps per epoch of `cfg` on `train_raw`, checking the data against the
+/// model first. Errors (one line, prefixed "--train_data"): the data does not fit the
+/// model's inputs, or it has fewer rows than one optimizer step.
+Expected<int64_t> steps_per_epoch(const runtime::TrainConfig& cfg, const runtime::RawData& train_raw);
+
 /// Trains with `cfg` (train_data required; resume_from_checkpoint "latest"/"true"
 /// resolved to the newest checkpoint in output_dir), then writes output_dir/model.onnx
 /// and model.safetensors and prints "saved ...", the final eval metrics and the peak
