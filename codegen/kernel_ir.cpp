@@ -21,8 +21,46 @@ int64_t Kernel::domain_size() const {
 }
 
 bool Kernel::has_reduction() const {
+  for (bool r : reduced)
+    if (r) return true;
+  return false;
+}
+
+std::vector<int> Kernel::expr_levels() const {
+  std::vector<int> lv(exprs.size(), 0);
+  for (size_t i = 0; i < exprs.size(); ++i) {
+    int l = 0;
+    for (int a : exprs[i].args)
+      if (a >= 0 && a < static_cast<int>(i)) l = std::max(l, lv[a]);
+    lv[i] = exprs[i].kind == KExpr::Kind::reduce ? l + 1 : l;
+  }
+  return lv;
+}
+
+std::vector<bool> Kernel::row_invariant() const {
+  std::vector<bool> inv(exprs.size(), true);
+  for (size_t i = 0; i < exprs.size(); ++i) {
+    const KExpr& e = exprs[i];
+    if (e.kind == KExpr::Kind::reduce || e.kind == KExpr::Kind::constant) continue;
+    if (e.kind == KExpr::Kind::load) {
+      if (e.param < 0 || e.param >= static_cast<int>(params.size())) continue;
+      const KernelParam& p = params[e.param];
+      for (size_t d = 0; d < reduced.size() && d < p.strides.size(); ++d)
+        if (reduced[d] && p.strides[d] != 0 && domain[d] > 1) inv[i] = false;
+      continue;
+    }
+    for (int a : e.args)
+      if (a >= 0 && a < static_cast<int>(i) && !inv[a]) inv[i] = false;
+  }
+  return inv;
+}
+
+bool Kernel::is_row_program() const {
+  if (!has_reduction()) return false;
+  for (const KExpr& e : exprs)
+    if (e.kind == KExpr::Kind::reduce) return true;
   for (const KStore& s : stores)
-    if (s.reduce != ReduceKind::none) return true;
+    if (s.reduce == ReduceKind::none) return true;
   return false;
 }
 
@@ -103,6 +141,8 @@ std::string Kernel::to_string() const {
     os << "  %e" << i << " = ";
     if (e.kind == KExpr::Kind::load) {
       os << "load p" << e.param;
+    } else if (e.kind == KExpr::Kind::reduce) {
+      os << "reduce_" << reduce_name(e.reduce) << " %e" << (e.args.empty() ? -1 : e.args[0]);
     } else if (e.kind == KExpr::Kind::constant) {
       std::ostringstream v;
       v.precision(17);
@@ -165,6 +205,13 @@ Status Kernel::verify() const {
       case KExpr::Kind::constant:
         if (!e.args.empty()) return fail(en + ": constant takes no args");
         break;
+      case KExpr::Kind::reduce:
+        if (e.args.size() != 1) return fail(en + ": reduce takes one arg");
+        if (e.reduce == ReduceKind::none) return fail(en + ": reduce needs sum or max");
+        if (!is_numeric(e.dtype)) return fail(en + ": reduce of a non-numeric dtype");
+        if (arg_dt(0) != e.dtype) return fail(en + ": reduce dtype differs from its arg's");
+        if (!any_reduced_dim) return fail(en + ": reduce in a kernel without reduced dims");
+        break;
       case KExpr::Kind::op: {
         const std::string on = en + " (" + ir::scalar_op_name(e.op) + ")";
         const int arity = op_arity(e.op);
@@ -206,7 +253,9 @@ Status Kernel::verify() const {
   }
   if (stores.empty()) return fail("no stores");
   std::vector<int> stored(params.size(), 0);
-  const bool reduction = has_reduction();
+  const std::vector<bool> inv = row_invariant();
+  bool any_reduction = false;
+  for (const KExpr& e : exprs) any_reduction |= e.kind == KExpr::Kind::reduce;
   for (size_t i = 0; i < stores.size(); ++i) {
     const KStore& s = stores[i];
     const std::string sn = "store " + std::to_string(i);
@@ -220,16 +269,22 @@ Status Kernel::verify() const {
     if (exprs[s.expr].dtype != p.dtype)
       return fail(sn + ": expr dtype " + ir::dtype_name(exprs[s.expr].dtype) + " != param dtype " +
                   ir::dtype_name(p.dtype));
-    if (reduction) {
-      if (s.reduce == ReduceKind::none) return fail(sn + ": mixes a plain store with reductions");
+    bool varies = false;  // the output varies along some reduced dim
+    for (size_t d = 0; d < rank && d < reduced.size(); ++d)
+      if (reduced[d] && p.strides[d] != 0) varies = true;
+    if (s.reduce != ReduceKind::none) {
+      any_reduction = true;
       if (!is_numeric(p.dtype)) return fail(sn + ": reduction of a non-numeric dtype");
       for (size_t d = 0; d < rank; ++d)
-        if (reduced[d] && p.strides[d] != 0)
+        if (d < reduced.size() && reduced[d] && p.strides[d] != 0)
           return fail(sn + ": output stride along reduced dim " + std::to_string(d) + " must be 0");
+    } else if (any_reduced_dim && !varies && !inv[s.expr]) {
+      return fail(sn + ": row store (stride 0 along the reduced dims) of %e" + std::to_string(s.expr) +
+                  ", which varies along them");
     }
   }
-  if (reduction && !any_reduced_dim) return fail("reduction store but no reduced dim");
-  if (!reduction && any_reduced_dim) return fail("reduced dims but no reduction store");
+  if (any_reduction && !any_reduced_dim) return fail("reduction store but no reduced dim");
+  if (!any_reduction && any_reduced_dim) return fail("reduced dims but no reduction store or reduce expression");
   for (size_t i = 0; i < params.size(); ++i)
     if (params[i].is_output && !stored[i]) return fail("output param p" + std::to_string(i) + " is never stored");
   return Status::ok();
@@ -543,46 +598,92 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
     return o;
   };
   std::vector<Val> vals(k.exprs.size());
-  auto eval_point = [&](const std::vector<int64_t>& idx) {
+  // Values of the reduce expressions at the current kept point (filled pass by pass).
+  std::vector<Val> reduced_vals(k.exprs.size());
+  const std::vector<int> level = k.expr_levels();
+  // Evaluates every expression of level < max_level at `idx` (reduce expressions take
+  // their finished values); higher levels are left stale.
+  auto eval_point = [&](const std::vector<int64_t>& idx, int max_level) {
     for (size_t i = 0; i < k.exprs.size(); ++i) {
       const KExpr& e = k.exprs[i];
+      if (level[i] >= max_level) continue;
       if (e.kind == KExpr::Kind::load) vals[i] = load_val(e.dtype, buffers[e.param], offset_of(k.params[e.param], idx));
       else if (e.kind == KExpr::Kind::constant) vals[i] = constant_val(e.dtype, e.value);
+      else if (e.kind == KExpr::Kind::reduce) vals[i] = reduced_vals[i];
       else vals[i] = eval_op(e, vals, k.exprs);
     }
   };
+  auto store_at = [&](const KStore& s, const std::vector<int64_t>& idx, const Val& v) {
+    store_val(k.params[s.param].dtype, buffers[s.param], offset_of(k.params[s.param], idx), v);
+  };
   if (!k.has_reduction()) {
     for_each_point(k.domain, [&](const std::vector<int64_t>& idx) {
-      eval_point(idx);
-      for (const KStore& s : k.stores) store_val(k.params[s.param].dtype, buffers[s.param], offset_of(k.params[s.param], idx), vals[s.expr]);
+      eval_point(idx, 1);
+      for (const KStore& s : k.stores) store_at(s, idx, vals[s.expr]);
     });
     return Status::ok();
   }
-  // Reductions: one accumulator per (store, kept point), in index order over the reduced dims.
-  std::vector<int64_t> kept_dom = k.domain;
-  for (size_t d = 0; d < rank; ++d)
-    if (k.reduced[d]) kept_dom[d] = 1;
-  int64_t nkept = 1;
-  for (int64_t e : kept_dom) nkept *= e;
-  auto kept_index = [&](const std::vector<int64_t>& idx) {
-    int64_t o = 0;
-    for (size_t d = 0; d < rank; ++d) o = o * kept_dom[d] + (k.reduced[d] ? 0 : idx[d]);
-    return o;
+  // Kernels with reduced dims, one kept point (row) at a time. Pass p (1..passes) runs
+  // over the row's reduced points and handles the items of level p - 1: it accumulates
+  // the reduce expressions of level p and the reduction stores of level p - 1, and
+  // writes the point stores of level p - 1. Row stores are written once, after the
+  // pass that finishes their level. Accumulation is in index order (the oracle order).
+  std::vector<int64_t> kept_dom = k.domain, red_dom = k.domain;
+  for (size_t d = 0; d < rank; ++d) (k.reduced[d] ? kept_dom : red_dom)[d] = 1;
+  auto varies = [&](const KStore& s) {
+    for (size_t d = 0; d < rank; ++d)
+      if (k.reduced[d] && k.params[s.param].strides[d] != 0) return true;
+    return false;
   };
-  std::vector<std::vector<Val>> acc(k.stores.size());
-  for (size_t s = 0; s < k.stores.size(); ++s)
-    acc[s].assign(static_cast<size_t>(nkept), reduce_init(k.stores[s].reduce, k.params[k.stores[s].param].dtype));
-  for_each_point(k.domain, [&](const std::vector<int64_t>& idx) {
-    eval_point(idx);
-    const int64_t ki = kept_index(idx);
+  int passes = 0;
+  for (size_t i = 0; i < k.exprs.size(); ++i)
+    if (k.exprs[i].kind == KExpr::Kind::reduce) passes = std::max(passes, level[i]);
+  for (const KStore& s : k.stores)
+    if (s.reduce != ReduceKind::none || varies(s)) passes = std::max(passes, level[s.expr] + 1);
+  std::vector<Val> acc(k.exprs.size());
+  std::vector<Val> store_acc(k.stores.size());
+  for_each_point(kept_dom, [&](const std::vector<int64_t>& kp) {
     for (size_t s = 0; s < k.stores.size(); ++s)
-      reduce_step(k.stores[s].reduce, k.params[k.stores[s].param].dtype, acc[s][ki], vals[k.stores[s].expr]);
-  });
-  for_each_point(kept_dom, [&](const std::vector<int64_t>& idx) {
-    const int64_t ki = kept_index(idx);
-    for (size_t s = 0; s < k.stores.size(); ++s) {
-      const KernelParam& p = k.params[k.stores[s].param];
-      store_val(p.dtype, buffers[k.stores[s].param], offset_of(p, idx), acc[s][ki]);
+      if (k.stores[s].reduce == ReduceKind::none && !varies(k.stores[s]) && level[k.stores[s].expr] == 0) {
+        eval_point(kp, 1);
+        store_at(k.stores[s], kp, vals[k.stores[s].expr]);
+      }
+    for (int p = 1; p <= passes; ++p) {
+      for (size_t i = 0; i < k.exprs.size(); ++i)
+        if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p) acc[i] = reduce_init(k.exprs[i].reduce, k.exprs[i].dtype);
+      for (size_t s = 0; s < k.stores.size(); ++s)
+        if (k.stores[s].reduce != ReduceKind::none && level[k.stores[s].expr] == p - 1)
+          store_acc[s] = reduce_init(k.stores[s].reduce, k.params[k.stores[s].param].dtype);
+      std::vector<int64_t> idx = kp;
+      for_each_point(red_dom, [&](const std::vector<int64_t>& sub) {
+        for (size_t d = 0; d < rank; ++d)
+          if (k.reduced[d]) idx[d] = sub[d];
+        eval_point(idx, p);
+        for (size_t i = 0; i < k.exprs.size(); ++i)
+          if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p)
+            reduce_step(k.exprs[i].reduce, k.exprs[i].dtype, acc[i], vals[k.exprs[i].args[0]]);
+        for (size_t s = 0; s < k.stores.size(); ++s) {
+          const KStore& st = k.stores[s];
+          if (level[st.expr] != p - 1) continue;
+          if (st.reduce != ReduceKind::none)
+            reduce_step(st.reduce, k.params[st.param].dtype, store_acc[s], vals[st.expr]);
+          else if (varies(st))
+            store_at(st, idx, vals[st.expr]);
+        }
+      });
+      for (size_t i = 0; i < k.exprs.size(); ++i)
+        if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p) {
+          reduced_vals[i] = acc[i];
+          if (ir::is_float(k.exprs[i].dtype)) reduced_vals[i].f = round_float(k.exprs[i].dtype, acc[i].f);
+        }
+      for (size_t s = 0; s < k.stores.size(); ++s) {
+        const KStore& st = k.stores[s];
+        if (st.reduce != ReduceKind::none && level[st.expr] == p - 1) store_at(st, kp, store_acc[s]);
+        if (st.reduce == ReduceKind::none && !varies(st) && level[st.expr] == p) {
+          eval_point(kp, p + 1);
+          store_at(st, kp, vals[st.expr]);
+        }
+      }
     }
   });
   return Status::ok();
@@ -646,6 +747,16 @@ int Kernel::add_op(ir::ScalarOp op, std::vector<int> args, ir::DType dt) {
   e.op = op;
   e.args = std::move(args);
   e.dtype = dt;
+  exprs.push_back(std::move(e));
+  return static_cast<int>(exprs.size()) - 1;
+}
+
+int Kernel::add_reduce(ReduceKind r, int arg) {
+  KExpr e;
+  e.kind = KExpr::Kind::reduce;
+  e.reduce = r;
+  e.args = {arg};
+  e.dtype = arg >= 0 && arg < static_cast<int>(exprs.size()) ? exprs[arg].dtype : ir::DType::undefined;
   exprs.push_back(std::move(e));
   return static_cast<int>(exprs.size()) - 1;
 }

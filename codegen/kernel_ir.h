@@ -3,7 +3,11 @@
 // a DAG of scalar expressions over strided loads, and stores. Views (broadcasting,
 // and later Transpose/Reshape/Slice) are index arithmetic: each parameter carries its
 // own element strides per domain dimension, 0 for a broadcast dimension. Reductions
-// are domain dimensions marked `reduced`: a reduction store accumulates over them.
+// are domain dimensions marked `reduced`: a reduction store accumulates over them, and
+// a `reduce` expression (an inline reduction, as Halide's `sum(...)` or TVM's `te.sum`)
+// is the reduction of its argument over them, usable by later expressions: a row
+// kernel such as Softmax is max, then sum of exp(x - max), then a plain store of
+// exp(x - max) / sum, one kernel (docs/architecture.md, decision 22).
 //
 // The CPU emitter (codegen/cpu/llvm_cpu.h) and the CUDA emitter (codegen/cuda/cuda_emitter.h)
 // render the same Kernel; nothing target-specific lives here. The form follows
@@ -31,24 +35,37 @@ struct KernelParam {
   bool is_output = false;
 };
 
+/// How a store (or a `reduce` expression) combines the values of the domain points
+/// that map to one element.
+enum class ReduceKind { none, sum, max };
+
 /// One node of the expression DAG. `args` index earlier entries of Kernel::exprs.
+///
+/// Kind::reduce (one arg, `reduce` = sum or max, dtype = the arg's): the value at a
+/// domain point is the reduction of the arg over every point that agrees with it on the
+/// kept (non-reduced) dims, so it is constant along the reduced dims ("row-invariant").
+/// Float sums accumulate in double (f64: double) in index order and are rounded to the
+/// dtype once; max starts from -inf (NaN if any element is NaN). The *level* of an
+/// expression is the depth of reduce expressions nested in it (loads and constants: 0);
+/// emitters compute level-L reductions in the L-th pass over the reduced dims.
 struct KExpr {
-  enum class Kind { load, constant, op };
+  enum class Kind { load, constant, op, reduce };
   Kind kind = Kind::op;
   ir::ScalarOp op = ir::ScalarOp::add;  ///< for Kind::op
   ir::DType dtype = ir::DType::f32;     ///< result dtype (bf16/f16: computed in f32, rounded)
   std::vector<int> args;
   int param = -1;                       ///< for Kind::load: index into Kernel::params
   double value = 0;                     ///< for Kind::constant
+  ReduceKind reduce = ReduceKind::none; ///< for Kind::reduce: sum or max
 };
-
-/// How a store combines the values of the domain points that map to one element.
-enum class ReduceKind { none, sum, max };
 
 /// out[param at domain index] = exprs[expr]; for a reduction store the output's
 /// strides are 0 along every reduced dim and the stored element is the sum (or max)
-/// over them, starting from 0 (or -inf). A kernel's stores are all `none` (then no
-/// dim is reduced) or all reductions over the same reduced dims.
+/// over them, starting from 0 (or -inf). In a kernel with reduced dims, a plain
+/// (`none`) store is either a *point store* (the output varies along a reduced dim:
+/// one element per domain point) or a *row store* (strides 0 along every reduced dim:
+/// its expression must be row-invariant, e.g. LayerNormalization's Mean). A kernel
+/// with reduced dims needs at least one reduction store or reduce expression.
 struct KStore {
   int param = -1;
   int expr = -1;
@@ -67,7 +84,17 @@ struct Kernel {
 
   /// Number of domain points (product of extents; 1 for rank 0).
   int64_t domain_size() const;
+  /// True when some domain dim is reduced (reduction stores or reduce expressions).
   bool has_reduction() const;
+  /// True when the kernel has reduce expressions or plain stores beside reduced dims
+  /// (a "row program": several passes over each row); false for plain pointwise kernels
+  /// and for kernels whose stores are all reductions of level-0 expressions.
+  bool is_row_program() const;
+  /// Per expression: its level (nested reduce depth; see KExpr).
+  std::vector<int> expr_levels() const;
+  /// Per expression: true when its value is constant along every reduced dim (constants,
+  /// loads with stride 0 there, reduce expressions, ops of such).
+  std::vector<bool> row_invariant() const;
   /// Text form, e.g.
   ///   kernel fused_3 domain [512, 64] reduced [-, -]
   ///     param 0 %x f32 strides [64, 1] in
@@ -88,6 +115,8 @@ struct Kernel {
   int add_constant(double v, ir::DType dt);
   /// A primitive applied to earlier expressions; `dt` is the result dtype.
   int add_op(ir::ScalarOp op, std::vector<int> args, ir::DType dt);
+  /// The sum or max of expression `arg` over the reduced dims (dtype: the arg's).
+  int add_reduce(ReduceKind r, int arg);
   /// Stores expression `expr` into output parameter `param` (a reduction when r != none).
   void add_store(int param, int expr, ReduceKind r = ReduceKind::none);
 };

@@ -128,6 +128,7 @@ class KernelEmitter {
     }
     CpuKernel ck;
     ck.name = k_.name;
+    level_ = k_.expr_levels();
     const int n = static_cast<int>(k_.domain.size());
     std::vector<int> kept, red;
     for (int d = 0; d < n; ++d) (k_.has_reduction() && k_.reduced[d] ? red : kept).push_back(d);
@@ -145,10 +146,12 @@ class KernelEmitter {
         ck.parallel_dim = kept[0];
         ck.parallel_extent = k_.domain[kept[0]];
       }
-      const bool column = !kept.empty() && kept.back() == n - 1;
+      // Row programs loop row by row whatever the layout (fast when the reduced dims are
+      // innermost, which the fusion pass arranges).
+      const bool column = !kept.empty() && kept.back() == n - 1 && !k_.is_row_program();
       auto body = [&] {
         if (column) column_tiles(kept, red, idx);
-        else kept_loops(kept, 0, red, idx, false);
+        else kept_loops(kept, 0, red, idx, false);  // kept empty: one row
       };
       if (kept.empty()) guard_once(body);
       else if (column && kept.size() == 1) column_tiles(kept, red, idx);
@@ -377,10 +380,19 @@ class KernelEmitter {
     return B_.CreateIntCast(x, rt, !is_unsigned(from));
   }
 
-  std::vector<llvm::Value*> eval(const std::vector<llvm::Value*>& idx) {
+  std::vector<llvm::Value*> eval(const std::vector<llvm::Value*>& idx) { return eval(idx, nullptr, 1); }
+  /// Expressions of level < max_level at `idx` (null for the others); reduce
+  /// expressions take their finished values from `known`.
+  std::vector<llvm::Value*> eval(const std::vector<llvm::Value*>& idx, const std::vector<llvm::Value*>* known,
+                                 int max_level) {
     std::vector<llvm::Value*> v(k_.exprs.size(), nullptr);
     for (size_t i = 0; i < k_.exprs.size(); ++i) {
       const KExpr& e = k_.exprs[i];
+      if (level_[i] >= max_level) continue;
+      if (e.kind == KExpr::Kind::reduce) {
+        v[i] = known ? (*known)[i] : nullptr;
+        continue;
+      }
       if (e.kind == KExpr::Kind::load) {
         v[i] = load(e.param, idx);
         continue;
@@ -413,37 +425,37 @@ class KernelEmitter {
   // ---- reductions
   /// Accumulator type of a store: float sums accumulate in double, as the eager
   /// ReduceSum does (same order, so the sums are bit-identical); else the register type.
-  llvm::Type* acc_type(const KStore& s) {
-    llvm::Type* ty = reg_type(k_.params[s.param].dtype);
-    return (s.reduce == ReduceKind::sum && ty->isFloatingPointTy()) ? B_.getDoubleTy() : ty;
+  llvm::Type* acc_type_t(ReduceKind r, DType t) {
+    llvm::Type* ty = reg_type(t);
+    return (r == ReduceKind::sum && ty->isFloatingPointTy()) ? B_.getDoubleTy() : ty;
   }
+  llvm::Type* acc_type(const KStore& s) { return acc_type_t(s.reduce, k_.params[s.param].dtype); }
   /// An accumulator converted back to the register type of the store's output.
   llvm::Value* acc_result(const KStore& s, llvm::Value* acc) {
     llvm::Type* ty = reg_type(k_.params[s.param].dtype);
     return acc->getType() == ty ? acc : B_.CreateFPTrunc(acc, ty);
   }
-  llvm::Value* reduce_init(const KStore& s) {
-    const DType t = k_.params[s.param].dtype;
-    llvm::Type* ty = acc_type(s);
-    if (s.reduce == ReduceKind::sum)
+  llvm::Value* reduce_init_t(ReduceKind r, DType t) {
+    llvm::Type* ty = acc_type_t(r, t);
+    if (r == ReduceKind::sum)
       return ty->isFloatingPointTy() ? llvm::ConstantFP::get(ty, 0.0) : llvm::ConstantInt::get(ty, 0);
     if (ty->isFloatingPointTy()) return llvm::ConstantFP::getInfinity(ty, true);
     if (is_unsigned(t)) return llvm::ConstantInt::get(ty, 0);
     return llvm::ConstantInt::get(ty, llvm::APInt::getSignedMinValue(ty->getIntegerBitWidth()));
   }
+  llvm::Value* reduce_init(const KStore& s) { return reduce_init_t(s.reduce, k_.params[s.param].dtype); }
   /// acc (+ or max) v; `reassoc` marks a float sum reassociable (row mode, so it vectorizes).
-  llvm::Value* reduce_step(const KStore& s, llvm::Value* acc, llvm::Value* v, bool reassoc) {
-    const DType t = k_.params[s.param].dtype;
-    if (s.reduce == ReduceKind::sum) {
+  llvm::Value* reduce_step_t(ReduceKind r, DType t, llvm::Value* acc, llvm::Value* v, bool reassoc) {
+    if (r == ReduceKind::sum) {
       if (!acc->getType()->isFloatingPointTy()) return B_.CreateAdd(acc, v);
       if (v->getType() != acc->getType()) v = B_.CreateFPExt(v, acc->getType());
-      llvm::Value* r = B_.CreateFAdd(acc, v);
+      llvm::Value* res = B_.CreateFAdd(acc, v);
       if (reassoc) {
         llvm::FastMathFlags fmf;
         fmf.setAllowReassoc();
-        llvm::cast<llvm::Instruction>(r)->setFastMathFlags(fmf);
+        llvm::cast<llvm::Instruction>(res)->setFastMathFlags(fmf);
       }
-      return r;
+      return res;
     }
     if (acc->getType()->isFloatingPointTy()) {
       llvm::Value* nan = B_.CreateFCmpUNO(acc, v);
@@ -452,6 +464,9 @@ class KernelEmitter {
     }
     llvm::Value* gt = is_unsigned(t) ? B_.CreateICmpUGT(v, acc) : B_.CreateICmpSGT(v, acc);
     return B_.CreateSelect(gt, v, acc);
+  }
+  llvm::Value* reduce_step(const KStore& s, llvm::Value* acc, llvm::Value* v, bool reassoc) {
+    return reduce_step_t(s.reduce, k_.params[s.param].dtype, acc, v, reassoc);
   }
 
   // ---- loops
@@ -510,6 +525,7 @@ class KernelEmitter {
     const size_t stop = column ? kept.size() - 1 : kept.size();
     if (ki == stop) {
       if (column) column_tiles(kept, red, idx);
+      else if (k_.is_row_program()) row_program_body(red, idx);
       else row_body(red, idx);
       return;
     }
@@ -557,6 +573,83 @@ class KernelEmitter {
       store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(t, acc[s])));
     }
   }
+  /// The initial accumulator of a reduce expression (as reduce_init for a store).
+  llvm::Value* expr_init(const KExpr& e) {
+    KStore s;
+    s.reduce = e.reduce;
+    return reduce_init_t(s.reduce, e.dtype);
+  }
+  /// Row program (Kernel::is_row_program) for one kept point: pass p = 1..passes loops
+  /// over the reduced dims, accumulating the level-p reduce expressions and the
+  /// reduction stores of level p - 1 and writing the point stores of level p - 1; row
+  /// stores are written once their level is finished (kernel_ir.h, evaluate_reference).
+  void row_program_body(const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
+    const size_t ne = k_.exprs.size(), ns = k_.stores.size();
+    auto varies = [&](const KStore& s) {
+      for (int d : red)
+        if (k_.params[s.param].strides[d] != 0) return true;
+      return false;
+    };
+    int passes = 0;
+    for (size_t i = 0; i < ne; ++i)
+      if (k_.exprs[i].kind == KExpr::Kind::reduce) passes = std::max(passes, level_[i]);
+    for (const KStore& s : k_.stores)
+      if (s.reduce != ReduceKind::none || varies(s)) passes = std::max(passes, level_[s.expr] + 1);
+    std::vector<llvm::Value*> known(ne, nullptr);
+    auto row_stores = [&](int lvl) {
+      std::vector<llvm::Value*> v;
+      for (const KStore& s : k_.stores)
+        if (s.reduce == ReduceKind::none && !varies(s) && level_[s.expr] == lvl) {
+          if (v.empty()) v = eval(idx, &known, lvl + 1);
+          store(s.param, idx, v[s.expr]);
+        }
+    };
+    row_stores(0);
+    for (int p = 1; p <= passes; ++p) {
+      std::vector<llvm::Value*> acc(ne, nullptr), sacc(ns, nullptr);
+      std::vector<llvm::Type*> ety(ne, nullptr), sty(ns, nullptr);
+      for (size_t i = 0; i < ne; ++i) {
+        const KExpr& e = k_.exprs[i];
+        if (e.kind != KExpr::Kind::reduce || level_[i] != p) continue;
+        ety[i] = acc_type_t(e.reduce, e.dtype);
+        acc[i] = entry_alloca(ety[i], nullptr);
+        B_.CreateStore(expr_init(e), acc[i]);
+      }
+      for (size_t s = 0; s < ns; ++s) {
+        const KStore& st = k_.stores[s];
+        if (st.reduce == ReduceKind::none || level_[st.expr] != p - 1) continue;
+        sty[s] = acc_type(st);
+        sacc[s] = entry_alloca(sty[s], nullptr);
+        B_.CreateStore(reduce_init(st), sacc[s]);
+      }
+      reduced_loops(red, 0, idx, [&] {
+        std::vector<llvm::Value*> v = eval(idx, &known, p);
+        for (size_t i = 0; i < ne; ++i)
+          if (acc[i]) {
+            const KExpr& e = k_.exprs[i];
+            B_.CreateStore(reduce_step_t(e.reduce, e.dtype, B_.CreateLoad(ety[i], acc[i]), v[e.args[0]], true), acc[i]);
+          }
+        for (size_t s = 0; s < ns; ++s) {
+          const KStore& st = k_.stores[s];
+          if (level_[st.expr] != p - 1) continue;
+          if (sacc[s]) B_.CreateStore(reduce_step(st, B_.CreateLoad(sty[s], sacc[s]), v[st.expr], true), sacc[s]);
+          else if (st.reduce == ReduceKind::none && varies(st)) store(st.param, idx, v[st.expr]);
+        }
+      });
+      for (size_t i = 0; i < ne; ++i)
+        if (acc[i]) {
+          const KExpr& e = k_.exprs[i];
+          llvm::Value* r = B_.CreateLoad(ety[i], acc[i]);
+          llvm::Type* rt = reg_type(e.dtype);
+          if (r->getType() != rt) r = B_.CreateFPTrunc(r, rt);
+          known[i] = ir::is_float(e.dtype) ? round_to(e.dtype, r) : r;
+        }
+      for (size_t s = 0; s < ns; ++s)
+        if (sacc[s]) store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(sty[s], sacc[s])));
+      row_stores(p);
+    }
+  }
+
   /// Column mode: the innermost (kept) dim in tiles of kTile accumulators on the stack.
   void column_tiles(const std::vector<int>& kept, const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
     const int inner = kept.back();
@@ -609,6 +702,7 @@ class KernelEmitter {
   llvm::Value* begin_ = nullptr;
   llvm::Value* end_ = nullptr;
   std::vector<llvm::Value*> base_;
+  std::vector<int> level_;  ///< Kernel::expr_levels()
 };
 
 /// Host target machine (cpu, features, O3 codegen).

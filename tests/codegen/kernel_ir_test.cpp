@@ -248,5 +248,56 @@ TEST(KernelIr, ReferenceRejectsWrongBufferCount) {
   EXPECT_NE(s.message().find("fused_3"), std::string::npos);
 }
 
+
+TEST(KernelIr, ReferenceRowProgramMatchesFloat64Math) {
+  // Softmax over rows of [3, 5] with reduce expressions, against double math (tolerance
+  // 1e-6 relative: f32 exp and division).
+  KB b("softmax", {3, 5}, {false, true});
+  const DType f = DType::f32;
+  int x = b.load(b.param("x", f, {5, 1}));
+  int m = b.k.add_reduce(ReduceKind::max, x);
+  int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, m}, f)}, f);
+  int s = b.k.add_reduce(ReduceKind::sum, e);
+  b.out("y", b.op(ScalarOp::div, {e, s}, f), {5, 1});
+  b.out("lse", b.op(ScalarOp::add, {m, b.op(ScalarOp::log, {s}, f)}, f), {1, 0});
+  ASSERT_TRUE(b.k.verify().is_ok()) << b.k.verify().message();
+  EXPECT_NE(b.k.to_string().find("reduce_max %e0"), std::string::npos) << b.k.to_string();
+  EXPECT_TRUE(b.k.is_row_program());
+  EXPECT_EQ(b.k.expr_levels()[s], 2);
+  std::vector<float> xv(15), y(15, -1), lse(3, -1);
+  for (int i = 0; i < 15; ++i) xv[i] = static_cast<float>(std::sin(i * 1.7) * 3);
+  ASSERT_TRUE(evaluate_reference(b.k, {xv.data(), y.data(), lse.data()}).is_ok());
+  for (int r = 0; r < 3; ++r) {
+    double mx = -1e300, sum = 0;
+    for (int c = 0; c < 5; ++c) mx = std::max(mx, static_cast<double>(xv[r * 5 + c]));
+    for (int c = 0; c < 5; ++c) sum += std::exp(xv[r * 5 + c] - mx);
+    for (int c = 0; c < 5; ++c)
+      EXPECT_NEAR(y[r * 5 + c], std::exp(xv[r * 5 + c] - mx) / sum, 1e-6 * std::exp(xv[r * 5 + c] - mx) / sum + 1e-9);
+    EXPECT_NEAR(lse[r], mx + std::log(sum), 1e-6 * std::fabs(mx + std::log(sum)));
+  }
+}
+
+TEST(KernelIr, VerifyRowProgramRules) {
+  const DType f = DType::f32;
+  {
+    // A row store (stride 0 along the reduced dim) of a value that varies along it.
+    KB b("bad_row_store", {3, 5}, {false, true});
+    int x = b.load(b.param("x", f, {5, 1}));
+    b.out("s", b.k.add_reduce(ReduceKind::sum, x), {1, 0});
+    b.out("bad", x, {1, 0});
+    Status s = b.k.verify();
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("varies along them"), std::string::npos) << s.message();
+  }
+  {
+    // A reduce expression in a kernel without reduced dims.
+    KB b("bad_reduce", {3, 5});
+    int x = b.load(b.param("x", f, {5, 1}));
+    b.out("y", b.k.add_reduce(ReduceKind::sum, x), {5, 1});
+    Status s = b.k.verify();
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("without reduced dims"), std::string::npos) << s.message();
+  }
+}
 }  // namespace
 }  // namespace kiln::codegen
