@@ -2,6 +2,7 @@
 
 #include "runtime/data.h"
 
+#include <chrono>
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
@@ -198,6 +199,10 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
   };
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];
+    // RunOptions::profile: this node's wall time (not an AccumulationLoop's: its body is timed).
+    const bool timed = opts.profile && n.op != "AccumulationLoop";
+    const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    bool generated = false;
     if (n.op == "AccumulationLoop") {
       // Carried inputs used only here move into the loop.
       bool steal = true;
@@ -211,6 +216,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
     } else if (const codegen::CpuKernel* ck =
                    opts.program && n.op == "FusedKernel" ? opts.program->find(&n) : nullptr) {
       KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env));
+      generated = true;
     } else {
       std::vector<const Tensor*> ins;
       for (Value* v : n.inputs) {
@@ -241,6 +247,9 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       if (!outs) return outs.status();
       for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
     }
+    if (timed)
+      opts.profile->add(profile_key(n, generated),
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (Value* v : n.inputs) release(v, i);
     for (auto& r : n.regions) {
       ValueSet caps;

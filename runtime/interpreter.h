@@ -13,6 +13,7 @@
 #include "ir/op_table.h"
 #include "ir/status.h"
 #include "ir/tensor.h"
+#include "runtime/profile.h"
 
 namespace kiln::runtime {
 
@@ -38,6 +39,11 @@ struct RunOptions {
   /// trainer does; Hugging Face's Trainer feeds one microbatch per forward the same way).
   /// Without it, every scan input must be fed whole.
   std::function<Expected<Tensor>(const ir::Value& input, int64_t t, int64_t trips)> microbatch;
+  /// Op-level profile (runtime/profile.h): when set, every node's wall time is added
+  /// under profile_key(node) (AccumulationLoop nodes are not keys: their body nodes
+  /// are timed one by one; a FusedKernel run eagerly is one key, its body ops are not).
+  /// Null: off.
+  OpProfile* profile = nullptr;
 };
 
 /// Runs `g` on `feeds` (graph input name -> tensor). Returns every graph output

@@ -262,6 +262,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   ro.seed = cfg_.seed;
   ro.step = static_cast<uint64_t>(global_step_);
   ro.program = g_.train_program;
+  ro.profile = opts_.profile;
   if (stream)
     // One gather per microbatch: its tensors are handed out one input at a time and
     // leave this cache as they go, so nothing of microbatch t outlives its iteration.

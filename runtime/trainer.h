@@ -27,6 +27,7 @@ struct CpuProgram;
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/metrics.h"
+#include "runtime/profile.h"
 #include "runtime/train_config.h"
 
 namespace kiln::runtime {
@@ -49,6 +50,9 @@ struct TrainerOptions {
   std::ostream* out = &std::cout;  ///< log lines and the progress bar
   int progress = -1;               ///< progress bar: 1 on, 0 off, -1 when stdout is a TTY
   bool write_files = true;         ///< metrics.jsonl and checkpoints under output_dir
+  /// Op-level profile of the train steps (RunOptions::profile; null: off). kiln bench
+  /// --profile sets it after the warm-up steps with Trainer::set_profile.
+  OpProfile* profile = nullptr;
 };
 
 /// Result of one optimizer step.
@@ -89,6 +93,8 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   int64_t global_step() const { return global_step_; }
 
+  /// Profiles the following train steps into `p` (null: stop profiling).
+  void set_profile(OpProfile* p) { opts_.profile = p; }
   /// Restores state and position from a checkpoint directory (errors name the tensor at fault).
   Status restore(const std::string& checkpoint_dir);
   /// One optimizer step on the next batch (or on `batch` when given); advances global_step.

@@ -387,3 +387,35 @@ TEST_F(Cli, GradcheckRefusesNonFiniteLoss) {
                                  dir),
                         1, "not finite");
 }
+
+/// `kiln bench --profile`: after the timing, one op table per backend (header with
+/// `calls`, a `MatMul` row); only the timed steps are profiled, so with the same warm-up
+/// twice the timed steps give exactly twice the MatMul calls.
+TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
+  // Calls of the `MatMul` row in the "profile (<backend>)" section, -1 when absent.
+  auto matmul_calls = [](const std::string& out, const std::string& backend) -> long long {
+    const size_t sec = out.find("profile (" + backend + ")");
+    if (sec == std::string::npos) return -1;
+    const size_t hdr = out.find("calls", sec);
+    const size_t row = out.find("\nMatMul ", sec);
+    if (hdr == std::string::npos || row == std::string::npos) return -1;
+    return std::atoll(out.c_str() + row + 8);
+  };
+  const std::string base = "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 2 --profile";
+  auto both = run_kiln(base + " --backend eager,compiled --bench_steps 3", dir);
+  ASSERT_EQ(both.code, 0) << both.err << both.out;
+  const long long eager3 = matmul_calls(both.out, "eager"), compiled3 = matmul_calls(both.out, "compiled");
+  EXPECT_GT(eager3, 0) << both.out;
+  EXPECT_EQ(eager3 % 3, 0) << both.out;
+  EXPECT_EQ(compiled3, eager3) << both.out;  // MatMul is a library op: never fused
+  // The tables follow the timing lines.
+  EXPECT_LT(both.out.find("median s/step"), both.out.find("profile (eager)")) << both.out;
+  auto six = run_kiln(base + " --backend eager --bench_steps 6", dir);
+  ASSERT_EQ(six.code, 0) << six.err << six.out;
+  EXPECT_EQ(matmul_calls(six.out, "eager"), 2 * eager3) << six.out;
+  EXPECT_LT(six.out.find("median step time"), six.out.find("profile (eager)")) << six.out;
+  // Without --profile, no table.
+  auto plain = run_kiln("bench " + model + data() + " --per_device_train_batch_size 4 --backend eager --bench_steps 1", dir);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("profile ("), std::string::npos) << plain.out;
+}

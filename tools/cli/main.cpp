@@ -293,7 +293,7 @@ runtime::Batch synthetic_batch(const std::vector<runtime::DataInputSpec>& specs,
   return b;
 }
 
-int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
+int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
@@ -315,6 +315,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
     int64_t peak = 0;      // measured step peak
     std::vector<double> times;
     double compile_s = 0;
+    runtime::OpProfile profile;  // --profile: the timed steps only
   };
   std::vector<Run> runs(backends.size());
   if (backends.size() > 1 && warmup < 1) {
@@ -373,6 +374,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
   for (auto& r : runs) {
     r.resident = initializer_bytes(*r.prog.train_step);
     for (auto& [n, t] : r.tr->state()) r.resident += static_cast<int64_t>(t.nbytes());
+    if (profile) r.tr->set_profile(&r.profile);
   }
   // Measured step peak: MemoryStats peak during the step minus what was resident before
   // it, plus the step's own resident inputs (its constants and state).
@@ -387,6 +389,17 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
     std::sort(t.begin(), t.end());
     return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
   };
+  // --profile: per-op table of one backend's timed steps (top 25 keys, then the rest summed).
+  auto print_profile = [&](Run& r) {
+    if (!profile) return;
+    double step_s = 0;
+    for (double t : r.times) step_s += t;
+    const double ops_s = r.profile.total_seconds();
+    std::cout << "profile (" << r.backend << "): " << steps << " timed steps, " << fmt("%.3f", step_s * 1e3)
+              << " ms in steps, " << fmt("%.3f", ops_s * 1e3) << " ms in ops ("
+              << fmt("%.1f", step_s > 0 ? 100.0 * ops_s / step_s : 0.0) << "%)\n"
+              << r.profile.table(25);
+  };
   // Precision column (issue 4): what the step computes in (--bf16 / --fp16, else fp32).
   const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
   if (runs.size() == 1) {
@@ -400,6 +413,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
               << (r.plan ? planned_vs_measured(r.plan->peak_bytes, r.peak)
                          : "measured " + passes::human_bytes(r.peak) + " (" + std::to_string(r.peak) + " B), no plan")
               << "\n";
+    print_profile(r);
     return 0;
   }
   std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision "
@@ -415,6 +429,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps) {
               << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16) << pad(fmt("%.2f", r.compile_s), 10)
               << "\n";
   }
+  for (auto& r : runs) print_profile(r);
   return 0;
 }
 
@@ -616,6 +631,9 @@ int real_main(int argc, char** argv) {
   int bench_warmup = 3, bench_steps = 10;
   bench->add_option("--warmup_steps_bench", bench_warmup, "untimed warm-up steps");
   bench->add_option("--bench_steps", bench_steps, "timed steps");
+  bool bench_profile = false;
+  bench->add_flag("--profile", bench_profile,
+                  "per-op table of the timed steps (calls, total ms, mean us, % of op time), after each backend's timing");
   auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters, ops and FLOPs of a model");
   std::string inspect_model;
   std::vector<std::string> inspect_shape;
@@ -661,7 +679,7 @@ int real_main(int argc, char** argv) {
     if (*compile) return cmd_compile(compile_flags, compile_out);
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);
-    if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps);
+    if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps, bench_profile);
     if (*inspect) {
       inspect_shape = inspect_flags.values["shape"];
     }
