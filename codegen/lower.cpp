@@ -29,6 +29,14 @@ class KernelBuilder : public ScalarBuilder {
   Ref constant(double v, DType dt) override { return k_.add_constant(v, dt); }
   Ref apply(ScalarOp op, std::vector<Ref> args, DType dt) override { return k_.add_op(op, std::move(args), dt); }
   DType dtype(Ref r) const override { return k_.exprs[r].dtype; }
+  Ref reduce(ScalarOp combine, Ref x) override {
+    if (!allow_reduce_) {
+      error_ = "node '" + n_->name + "': a reduction outside a row rule";
+      return x;
+    }
+    return k_.add_reduce(combine == ScalarOp::max ? ReduceKind::max : ReduceKind::sum, x);
+  }
+  void allow_reduce(bool a) { allow_reduce_ = a; }
   Ref load(int param) { return k_.add_load(param); }
   const std::string& error() const { return error_; }
 
@@ -37,6 +45,7 @@ class KernelBuilder : public ScalarBuilder {
   std::unordered_map<const Value*, Ref>& env_;
   const Node* n_ = nullptr;
   std::string error_;
+  bool allow_reduce_ = false;
 };
 
 /// Numpy broadcast strides of `shape` against `domain` (right-aligned; size-1 dims 0).
@@ -73,15 +82,29 @@ Expected<Kernel> lower_fused(const Node& fused) {
   auto fail = [&](const std::string& m) { return Status::error("fused node '" + fused.name + "': " + m); };
   if (fused.op != "FusedKernel" || fused.regions.size() != 1) return fail("not a FusedKernel with a body");
   const std::string kind = fused.attrs.get_string("kind", "");
-  if (kind != "pointwise" && kind != "reduction") return fail("kind '" + kind + "' is not supported");
+  if (kind != "pointwise" && kind != "reduction" && kind != "row") return fail("kind '" + kind + "' is not supported");
   const bool reduction = kind == "reduction";
   const Graph& body = *fused.regions[0];
   if (body.outputs.empty() || body.nodes().empty()) return fail("empty body");
   const Node& last = *body.nodes().back();
   if (reduction && (body.outputs.size() != 1 || body.outputs[0] != last.outputs[0] || !last.input(0)))
     return fail("a reduction kernel's only output must be its last node's");
-  // Pointwise: the members' common shape. Reduction: the reduced input's shape.
-  const Shape& dom_shape = reduction ? last.input(0)->shape : body.outputs[0]->shape;
+  // Row: the one member with a row rule (OpDef::row); its input 0 spans the domain.
+  const Node* row_node = nullptr;
+  if (kind == "row") {
+    for (auto& n : body.nodes()) {
+      const OpDef* def = OpTable::get().find(n->op);
+      if (def && def->row) {
+        if (row_node) return fail("two row ops ('" + row_node->name + "', '" + n->name + "') in one kernel");
+        row_node = n.get();
+      }
+    }
+    if (!row_node || !row_node->input(0)) return fail("a row kernel without a row op");
+  }
+  // Pointwise: the members' common shape. Reduction: the reduced input's shape. Row: the
+  // row op's input 0.
+  const Shape& dom_shape =
+      row_node ? row_node->input(0)->shape : reduction ? last.input(0)->shape : body.outputs[0]->shape;
   if (!dom_shape.is_static()) return fail("domain shape " + dom_shape.to_string() + " is not static");
   Kernel k;
   k.name = fused.name;
@@ -97,21 +120,40 @@ Expected<Kernel> lower_fused(const Node& fused) {
   }
   for (const Value* c : body.initializers)
     if (c->data->numel() == 1) env[c] = b.constant(c->data->get_f64(0), c->dtype);  // else: reduction axes
+  if (row_node) {
+    const OpDef* def = OpTable::get().find(row_node->op);
+    auto dims = def->row_dims(*row_node);
+    if (!dims) return fail("node '" + row_node->name + "': " + dims.message());
+    k.reduced.assign(k.domain.size(), false);
+    for (int d : *dims) {
+      if (d < 0 || d >= static_cast<int>(k.domain.size())) return fail("row dim out of range");
+      k.reduced[d] = true;
+    }
+  }
   for (auto& n : body.nodes()) {
     if (reduction && n.get() == &last) break;
     const OpDef* def = OpTable::get().find(n->op);
-    if (!def || !def->scalar) return fail("op '" + n->op + "' (node '" + n->name + "') has no scalar rule");
-    if (n->num_outputs() != 1) return fail("node '" + n->name + "' has several outputs");
+    const bool is_row = n.get() == row_node;
+    if (!def || !(is_row ? def->row : def->scalar))
+      return fail("op '" + n->op + "' (node '" + n->name + "') has no " + (is_row ? "row" : "scalar") + " rule");
+    if (n->num_outputs() != 1 && !is_row) return fail("node '" + n->name + "' has several outputs");
     b.set_node(n.get());
+    b.allow_reduce(is_row);
     std::vector<ScalarBuilder::Ref> outs;
-    KILN_RETURN_IF_ERROR(def->scalar(b, outs).with_context("fused node '" + fused.name + "', node '" + n->name + "'"));
+    KILN_RETURN_IF_ERROR((is_row ? def->row : def->scalar)(b, outs)
+                             .with_context("fused node '" + fused.name + "', node '" + n->name + "'"));
     if (!b.error().empty()) return fail(b.error());
-    if (outs.size() != 1 || k.exprs[outs[0]].dtype != n->outputs[0]->dtype)
-      return fail("node '" + n->name + "': scalar rule result does not match the output dtype");
-    if (!(n->outputs[0]->shape == dom_shape))
-      return fail("node '" + n->name + "' output shape " + n->outputs[0]->shape.to_string() +
-                  " differs from the domain " + dom_shape.to_string());
-    env[n->outputs[0]] = outs[0];
+    if (outs.size() != static_cast<size_t>(n->num_outputs()))
+      return fail("node '" + n->name + "': the rule gives " + std::to_string(outs.size()) + " results for " +
+                  std::to_string(n->num_outputs()) + " outputs");
+    for (size_t o = 0; o < outs.size(); ++o) {
+      if (k.exprs[outs[o]].dtype != n->outputs[o]->dtype)
+        return fail("node '" + n->name + "': rule result " + std::to_string(o) + " does not match the output dtype");
+      if (!(n->outputs[o]->shape == dom_shape) && !(is_row && o > 0))
+        return fail("node '" + n->name + "' output shape " + n->outputs[o]->shape.to_string() +
+                    " differs from the domain " + dom_shape.to_string());
+      env[n->outputs[o]] = outs[o];
+    }
     k.fused_nodes.push_back(n->name);
   }
   if (reduction) {
@@ -137,12 +179,17 @@ Expected<Kernel> lower_fused(const Node& fused) {
     k.fused_nodes.push_back(last.name);
     return k;
   }
-  const std::vector<int64_t> contiguous = broadcast_strides(k.domain, k.domain);
+  // Outputs in the domain's shape are point stores; a row op's statistics (1 along the
+  // row dims) are row stores with broadcast strides (0 along the row dims).
   for (const Value* o : body.outputs) {
     auto it = env.find(o);
     if (it == env.end()) return fail("output '" + o->name + "' is not computed by the body");
-    k.add_store(k.add_param(o->name, o->dtype, contiguous, /*is_output=*/true), it->second);
+    if (!o->shape.is_static() || o->shape.rank() > dom_shape.rank())
+      return fail("output '" + o->name + "' shape " + o->shape.to_string() + " does not fit the domain");
+    k.add_store(k.add_param(o->name, o->dtype, broadcast_strides(o->shape.to_vector(), k.domain), /*is_output=*/true),
+                it->second);
   }
+  KILN_RETURN_IF_ERROR(k.verify().with_context("fused node '" + fused.name + "'"));
   return k;
 }
 

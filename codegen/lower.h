@@ -5,7 +5,10 @@
 // numpy broadcast strides against the domain (0 along broadcast dims), each body
 // output a contiguous output parameter; every member node contributes the scalar
 // expressions of its op-table scalar rule (OpDef::scalar), and rank-0 body
-// initializers become literals.
+// initializers become literals. A "reduction" kernel ends in a ReduceSum/ReduceMax (a
+// reduction store). A "row" kernel's domain is its row op's input 0 shape, with the op's
+// row dims (OpDef::row_dims) reduced; the row op contributes its row rule (OpDef::row,
+// reduce expressions), and outputs of smaller shape (statistics) become row stores.
 #pragma once
 #include <string>
 #include <vector>

@@ -146,6 +146,11 @@ class ScalarBuilder {
   /// comparisons and logic: boolean, cast: the target dtype).
   virtual Ref apply(ScalarOp op, std::vector<Ref> args, DType dt) = 0;
   virtual DType dtype(Ref r) const = 0;
+  /// Row rules only (OpDef::row): the combination, ScalarOp::add (sum) or ScalarOp::max,
+  /// of `x` over the op's row dims (OpDef::row_dims), in x's dtype (float sums accumulate
+  /// in double); the result is the same at every element of a row. Scalar rules of
+  /// pointwise ops never call it.
+  virtual Ref reduce(ScalarOp combine, Ref x) = 0;
 };
 /// A pointwise op's element rule: fills `outputs` (one Ref per node output).
 using ScalarFn = std::function<Status(ScalarBuilder&, std::vector<ScalarBuilder::Ref>& outputs)>;
@@ -179,6 +184,16 @@ struct OpDef {
   /// elements combine, ScalarOp::add (ReduceSum) or ScalarOp::max (ReduceMax); unset
   /// for every other op.
   std::optional<ScalarOp> reduce_combine;
+  /// Row rule of a row-reduction op (Softmax, LogSoftmax and their gradients,
+  /// LayerNormalization): every output element as an expression over the inputs'
+  /// elements at the same index (numpy broadcasting) and ScalarBuilder::reduce over
+  /// `row_dims`. Outputs whose shape is 1 along the row dims (LayerNormalization's Mean)
+  /// must be row-invariant. The fusion pass puts such an op, with pointwise prologue and
+  /// epilogue, in one generated "row" kernel (codegen/kernel_ir.h, reduce expressions).
+  ScalarFn row;
+  /// The dims of input 0 that `row` reduces over, for node `n` with static shapes; an
+  /// error when the node's attributes are invalid.
+  std::function<Expected<std::vector<int>>(const Node& n)> row_dims;
   bool onnx = true;               ///< an ONNX op (imported/exported by name) vs a kiln-internal op
 };
 

@@ -19,6 +19,12 @@
 //    "reduction" kernel: pointwise prologue, then the sum; bias gradients such as
 //    ReduceSum(dY) or sums of squares for the gradient norm), else it forms a
 //    reduction kernel of its own. Epilogues after a reduction are not fused yet.
+//  * A row op (OpDef::row: Softmax, LogSoftmax, their gradients, LayerNormalization)
+//    whose row dims are the trailing dims of its input joins the pointwise groups of its
+//    producers over its input's shape (prologue: attention scale and mask, bf16 -> f32
+//    casts) like a pointwise node, and later pointwise nodes over that shape join it
+//    (epilogue: the f32 -> bf16 cast): a "row" kernel, at most one row op each
+//    (docs/architecture.md, decision 22).
 //  * Each group becomes one FusedKernel node at the position of its last member. The
 //    body region holds the original nodes (names, attributes and all), so the IR dump
 //    shows every fusion decision (invariant 2). Rank-0 constants the members read
@@ -51,6 +57,7 @@ class DryRunBuilder : public ScalarBuilder {
   Ref constant(double, DType dt) override { return push(dt); }
   Ref apply(ScalarOp, std::vector<Ref>, DType dt) override { return push(dt); }
   DType dtype(Ref r) const override { return dts_[r]; }
+  Ref reduce(ScalarOp, Ref x) override { return push(dts_[x]); }
 
  private:
   Ref push(DType d) {
@@ -76,6 +83,30 @@ bool fusable(const Node& n) {
   return b.dtype(outs[0]) == n.outputs[0]->dtype;
 }
 
+/// A row op code generation can emit as one kernel (OpDef::row): static shapes, float
+/// input 0, row dims that are the trailing dims of input 0 (the rows are contiguous, the
+/// fast layout of every emitter), and a row rule whose results match the outputs.
+bool row_fusable(const Node& n) {
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def || !def->row || !def->row_dims || !n.regions.empty() || n.attrs.has("kiln_inplace")) return false;
+  const Value* x = n.input(0);
+  if (!x || !x->shape.is_static() || !is_float(x->dtype) || x->shape.rank() == 0) return false;
+  for (const Value* in : n.inputs)
+    if (in && (!in->shape.is_static() || in->shape.rank() > x->shape.rank())) return false;
+  for (const Value* o : n.outputs)
+    if (!o->shape.is_static() || o->dtype == DType::undefined) return false;
+  auto dims = def->row_dims(n);
+  if (!dims || dims->empty()) return false;
+  for (size_t i = 0; i < dims->size(); ++i)
+    if ((*dims)[i] != x->shape.rank() - static_cast<int>(dims->size()) + static_cast<int>(i)) return false;
+  DryRunBuilder b(n);
+  std::vector<ScalarBuilder::Ref> outs;
+  if (!def->row(b, outs).is_ok() || outs.size() != n.outputs.size()) return false;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (b.dtype(outs[i]) != n.outputs[i]->dtype) return false;
+  return true;
+}
+
 /// Values read by node `n`, nested-region captures included.
 std::vector<const Value*> reads(const Node& n) {
   std::vector<const Value*> r(n.inputs.begin(), n.inputs.end());
@@ -92,6 +123,7 @@ struct Group {
   Shape domain;
   std::unordered_set<const Value*> values;  // outputs of members
   bool reduction = false;                   // closed by a reduction (its last member)
+  bool row = false;                         // holds a row op (kind "row")
 };
 
 /// A reduction code generation can emit: ReduceSum-like op (OpDef::reduce_combine) on a
@@ -146,7 +178,8 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       const Value* x = n->inputs[0];
       int chosen = -1;
       auto it = x->producer ? group_of.find(x->producer) : group_of.end();
-      if (it != group_of.end() && !groups[it->second].reduction && groups[it->second].domain == x->shape) {
+      if (it != group_of.end() && !groups[it->second].reduction && !groups[it->second].row &&
+          groups[it->second].domain == x->shape) {
         bool ok = true;
         for (const Value* v : groups[it->second].values) {
           if (graph_outs.count(v)) ok = false;
@@ -166,17 +199,21 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       group_of[n] = chosen;
       continue;
     }
-    if (!fusable(*n)) continue;
-    const Shape& dom = n->outputs[0]->shape;
-    // Candidate groups: those of n's producers with n's domain. A candidate stays
-    // when every reader of its values placed before n belongs to a candidate too;
-    // the survivors merge with n into one group.
+    const bool row = row_fusable(*n);
+    if (!row && !fusable(*n)) continue;
+    // Pointwise: its output shape. Row op: its input 0's shape (the kernel's domain).
+    const Shape& dom = row ? n->inputs[0]->shape : n->outputs[0]->shape;
+    // Candidate groups: those of n's producers with n's domain (pointwise groups, or a
+    // row group that n extends with an epilogue; a row op takes no second row op). A
+    // candidate stays when every reader of its values placed before n belongs to a
+    // candidate too; the survivors merge with n into one group.
     std::set<int> cand;
     for (const Value* in : n->inputs) {
-      if (!in->producer) continue;
+      if (!in || !in->producer) continue;
       auto it = group_of.find(in->producer);
-      if (it != group_of.end() && groups[it->second].domain == dom && !groups[it->second].reduction)
-        cand.insert(it->second);
+      if (it == group_of.end()) continue;
+      const Group& gc = groups[it->second];
+      if (gc.domain == dom && !gc.reduction && !(row && gc.row)) cand.insert(it->second);
     }
     for (bool changed = true; changed;) {
       changed = false;
@@ -195,6 +232,16 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
         }
       }
     }
+    // At most one row op per kernel: keep the first row candidate only.
+    bool have_row = row;
+    for (auto c = cand.begin(); c != cand.end();) {
+      if (groups[*c].row && have_row) {
+        c = cand.erase(c);
+        continue;
+      }
+      have_row |= groups[*c].row;
+      ++c;
+    }
     int chosen = cand.empty() ? -1 : *cand.begin();
     for (int c : cand) {
       if (c == chosen) continue;
@@ -204,6 +251,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
         group_of[m] = chosen;
       }
       groups[chosen].values.insert(from.values.begin(), from.values.end());
+      groups[chosen].row |= from.row;
       from.members.clear();
       from.values.clear();
     }
@@ -213,7 +261,8 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       groups[chosen].domain = dom;
     }
     groups[chosen].members.push_back(n);
-    groups[chosen].values.insert(n->outputs[0]);
+    for (Value* o : n->outputs) groups[chosen].values.insert(o);
+    groups[chosen].row |= row;
     group_of[n] = chosen;
   }
   // Condition (b) makes every reader of a group value outside the group come after
@@ -250,13 +299,13 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
           ext_in.push_back(in);
       }
     std::vector<Value*> ext_out;
-    for (Node* m : gr.members) {
-      Value* o = m->outputs[0];
-      bool outside = graph_outputs.count(o) > 0;
-      for (size_t r : readers[o])
-        if (!member_set.count(nodes[r].get())) outside = true;
-      if (outside) ext_out.push_back(o);
-    }
+    for (Node* m : gr.members)
+      for (Value* o : m->outputs) {
+        bool outside = graph_outputs.count(o) > 0;
+        for (size_t r : readers[o])
+          if (!member_set.count(nodes[r].get())) outside = true;
+        if (outside) ext_out.push_back(o);
+      }
     if (ext_out.empty()) continue;  // dead group: canonicalize removes it
     plans.push_back({&gr, ext_in, consts, ext_out});
   }
@@ -298,7 +347,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
     for (auto it = gr.members.rbegin(); it != gr.members.rend(); ++it) g.remove_node(*it);
     const size_t insert_at = static_cast<size_t>(last_pos) + 1 - gr.members.size();
     Attributes a;
-    a.set("kind", std::string(gr.reduction ? "reduction" : "pointwise"));
+    a.set("kind", std::string(gr.reduction ? "reduction" : gr.row ? "row" : "pointwise"));
     Node* f = g.insert_node(insert_at, "FusedKernel", name, ext_in, out_names, a);
     f->regions.push_back(std::move(body));
     for (size_t k = 0; k < ext_out.size(); ++k) {

@@ -258,12 +258,20 @@ struct KernelEmitter {
     return s.empty() ? "0" : s;
   }
 
-  /// Emits every expression; offsets of param p are named off(p).
-  Status exprs(const std::string& ind, const std::function<std::string(int)>& off) {
+  /// Emits every expression (or those with only[i] set); offsets of param p are named
+  /// off(p). A reduce expression emits nothing: its value is the row-scope register
+  /// rv<i>, set by the row-program schedule once its pass has finished.
+  Status exprs(const std::string& ind, const std::function<std::string(int)>& off,
+               const std::vector<bool>* only = nullptr) {
     std::vector<std::string> names(k.exprs.size());
     for (size_t i = 0; i < k.exprs.size(); ++i) {
       const KExpr& e = k.exprs[i];
       names[i] = "v" + std::to_string(i);
+      if (e.kind == KExpr::Kind::reduce) {
+        names[i] = "rv" + std::to_string(i);
+        continue;
+      }
+      if (only && !(*only)[i]) continue;
       std::string rhs;
       if (e.kind == KExpr::Kind::load) {
         rhs = load_expr(k.params[e.param].dtype, "p" + std::to_string(e.param), off(e.param));
@@ -311,6 +319,226 @@ bool dense_over(const Kernel& k, int p, const std::vector<int>& dims) {
     expect *= e;
   }
   return true;
+}
+
+/// C expression combining two reduction accumulators `a` and `b` of a `t` reduction.
+std::string combine(ReduceKind r, DType t, const std::string& a, const std::string& b) {
+  if (r == ReduceKind::sum) {
+    if (ir::is_float(t)) return a + " + " + b;
+    return "(long long)((unsigned long long)" + a + " + (unsigned long long)" + b + ")";  // wraps
+  }
+  if (is_f32ish(t)) return "kiln_rmaxf(" + a + ", " + b + ")";
+  if (t == DType::f64) return "kiln_rmaxd(" + a + ", " + b + ")";
+  return "(" + b + " > " + a + " ? " + b + " : " + a + ")";
+}
+
+/// Row program (Kernel::is_row_program): the passes of evaluate_reference, each over the
+/// whole row. Pass p (1..passes) loops the row's elements (lanes / threads / one thread,
+/// by schedule), accumulating the level-p reduce expressions and the reduction stores of
+/// level p - 1 and writing the point stores of level p - 1; the accumulators are then
+/// combined across the row's threads (xor-shuffle tree, which leaves the identical result
+/// in every lane since + and max commute; row_block adds one shared-memory slot per warp,
+/// which every thread folds in the same order) and each reduce expression's value is kept
+/// in a register rv<i>, rounded to its dtype, for the later passes. Reduction stores and
+/// row stores are written by the row's first thread once their level is known.
+Status emit_row_program(KernelEmitter& em, const std::vector<int>& kept, const std::vector<int>& red, int64_t M,
+                        int64_t R, bool row_like, CudaKernelInfo& info) {
+  const Kernel& k = em.k;
+  std::ostream& os = em.os;
+  const size_t ne = k.exprs.size(), ns = k.stores.size();
+  const std::vector<int> level = k.expr_levels();
+  const std::vector<bool> inv = k.row_invariant();
+  auto varies = [&](const KStore& s) {  // a point store (as evaluate_reference decides)
+    for (int d : red)
+      if (k.params[s.param].strides[d] != 0) return true;
+    return false;
+  };
+  int passes = 0;
+  for (size_t i = 0; i < ne; ++i)
+    if (k.exprs[i].kind == KExpr::Kind::reduce) passes = std::max(passes, level[i]);
+  for (const KStore& s : k.stores)
+    if (s.reduce != ReduceKind::none || varies(s)) passes = std::max(passes, level[s.expr] + 1);
+  // Expressions needed for `roots` (reduce expressions are registers: not expanded).
+  auto closure = [&](const std::vector<int>& roots) {
+    std::vector<bool> need(ne, false);
+    for (int r : roots) need[r] = true;
+    for (size_t i = ne; i-- > 0;)
+      if (need[i] && k.exprs[i].kind != KExpr::Kind::reduce)
+        for (int a : k.exprs[i].args) need[a] = true;
+    return need;
+  };
+
+  enum class Mode { warp, block, serial } mode = Mode::serial;
+  if (row_like && R >= 32) mode = R >= 4096 && M < 2048 ? Mode::block : Mode::warp;
+  std::string leader, r_start, r_step;
+  switch (mode) {
+    case Mode::warp:
+      info.schedule = "row_warp";
+      info.grid[0] = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(M, kWarpsPerBlock), 1, kMaxGridX));
+      os << "  const int lane = threadIdx.x & 31;\n"
+         << "  for (long long row = (long long)blockIdx.x * " << kWarpsPerBlock << " + (threadIdx.x >> 5); row < " << M
+         << "LL; row += (long long)gridDim.x * " << kWarpsPerBlock << ") {\n";
+      leader = "lane == 0", r_start = "lane", r_step = "32";
+      break;
+    case Mode::block:
+      info.schedule = "row_block";
+      info.grid[0] = static_cast<unsigned>(std::clamp<int64_t>(M, 1, kMaxGridX));
+      os << "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n";
+      for (size_t i = 0; i < ne; ++i)
+        if (k.exprs[i].kind == KExpr::Kind::reduce)
+          os << "  __shared__ " << acc_type(k.exprs[i].dtype) << " sh_ra" << i << "[" << kWarpsPerBlock << "];\n";
+      for (size_t s = 0; s < ns; ++s)
+        if (k.stores[s].reduce != ReduceKind::none)
+          os << "  __shared__ " << acc_type(k.params[k.stores[s].param].dtype) << " sh_sa" << s << "["
+             << kWarpsPerBlock << "];\n";
+      os << "  for (long long row = blockIdx.x; row < " << M << "LL; row += gridDim.x) {\n";
+      leader = "threadIdx.x == 0", r_start = "threadIdx.x", r_step = "blockDim.x";
+      break;
+    case Mode::serial:
+      info.schedule = "column";  // one thread per row, sequential passes
+      info.grid[0] = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(M, kBlock), 1, kMaxGridX));
+      os << "  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < " << M
+         << "LL; row += (long long)gridDim.x * blockDim.x) {\n";
+      r_start = "0", r_step = "1";
+      break;
+  }
+  const std::string ind = "    ";
+  em.decompose(ind, "row", kept);
+  for (size_t p = 0; p < k.params.size(); ++p)
+    os << ind << "const " << em.idx_t << " b" << p << " = (" << em.idx_t << ")(" << k.params[p].offset << ") + "
+       << em.linear(static_cast<int>(p), kept) << ";\n";
+  // A block run by the row's first thread (its own scope for expression names).
+  auto open_leader = [&](const std::string& in) {
+    os << in << (leader.empty() ? std::string("{\n") : "if (" + leader + ") {\n");
+  };
+  auto close_leader = [&](const std::string& in) { os << in << "}\n"; };
+  // Row stores whose expression has level `lvl`, evaluated at the row's base offsets
+  // (their loads have stride 0 along the reduced dims).
+  auto row_stores = [&](int lvl) -> Status {
+    std::vector<int> roots;
+    for (const KStore& s : k.stores)
+      if (s.reduce == ReduceKind::none && !varies(s) && level[s.expr] == lvl) roots.push_back(s.expr);
+    if (roots.empty()) return Status::ok();
+    const std::vector<bool> need = closure(roots);
+    open_leader(ind);
+    const std::string in2 = ind + "  ";
+    KILN_RETURN_IF_ERROR(em.exprs(in2, [](int p) { return "b" + std::to_string(p); }, &need));
+    for (const KStore& s : k.stores)
+      if (s.reduce == ReduceKind::none && !varies(s) && level[s.expr] == lvl)
+        os << in2 << "p" << s.param << "[b" << s.param << "] = "
+           << to_storage(k.params[s.param].dtype, (k.exprs[s.expr].kind == KExpr::Kind::reduce ? "rv" : "v") +
+                                                      std::to_string(s.expr))
+           << ";\n";
+    close_leader(ind);
+    return Status::ok();
+  };
+  auto value_name = [&](int e) { return (k.exprs[e].kind == KExpr::Kind::reduce ? "rv" : "v") + std::to_string(e); };
+
+  KILN_RETURN_IF_ERROR(row_stores(0));
+  for (int p = 1; p <= passes; ++p) {
+    // This pass's accumulators: (name, kind, dtype, value expression index).
+    struct Acc {
+      std::string name;
+      ReduceKind r;
+      DType t;
+      int value;
+    };
+    std::vector<Acc> accs;
+    std::vector<int> roots;
+    for (size_t i = 0; i < ne; ++i)
+      if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p) {
+        accs.push_back({"ra" + std::to_string(i), k.exprs[i].reduce, k.exprs[i].dtype, k.exprs[i].args[0]});
+        roots.push_back(k.exprs[i].args[0]);
+      }
+    std::vector<int> point_stores;
+    for (size_t s = 0; s < ns; ++s) {
+      const KStore& st = k.stores[s];
+      if (level[st.expr] != p - 1) continue;
+      if (st.reduce != ReduceKind::none) {
+        accs.push_back({"sa" + std::to_string(s), st.reduce, k.params[st.param].dtype, st.expr});
+        roots.push_back(st.expr);
+      } else if (varies(st)) {
+        point_stores.push_back(static_cast<int>(s));
+        roots.push_back(st.expr);
+      }
+    }
+    const std::vector<bool> need = closure(roots);
+    std::vector<bool> param_used(k.params.size(), false);
+    for (size_t i = 0; i < ne; ++i)
+      if (need[i] && !(R > 0 && inv[i]) && k.exprs[i].kind == KExpr::Kind::load) param_used[k.exprs[i].param] = true;
+    for (int s : point_stores) param_used[k.stores[s].param] = true;
+
+    // Row-invariant expressions are computed once, before the loop, at the row's base
+    // offsets (their loads have stride 0 along the reduced dims); not for an empty row,
+    // whose buffers may hold no element at all.
+    std::vector<bool> hoist(ne, false), in_loop = need;
+    for (size_t i = 0; i < ne; ++i)
+      if (R > 0 && need[i] && inv[i] && k.exprs[i].kind != KExpr::Kind::reduce) hoist[i] = true, in_loop[i] = false;
+
+    os << ind << "// pass " << p << " of " << passes << "\n";
+    for (const Acc& a : accs) os << ind << acc_type(a.t) << " " << a.name << " = " << acc_init(a.t, a.r) << ";\n";
+    // Unrolled by 4 at most: a fully unrolled short row would keep every loaded element
+    // live across the passes (and across division/sqrt slow-path calls) and spill.
+    const std::string in1 = ind + "  ", in2 = ind + "    ";
+    os << ind << "{\n";
+    KILN_RETURN_IF_ERROR(em.exprs(in1, [](int q) { return "b" + std::to_string(q); }, &hoist));
+    os << "#pragma unroll 4\n"
+       << in1 << "for (long long r = " << r_start << "; r < " << R << "LL; r += " << r_step << ") {\n";
+    em.decompose(in2, "r", red);
+    for (size_t q = 0; q < k.params.size(); ++q)
+      if (param_used[q])
+        os << in2 << "const " << em.idx_t << " o" << q << " = b" << q << " + " << em.linear(static_cast<int>(q), red)
+           << ";\n";
+    KILN_RETURN_IF_ERROR(em.exprs(in2, [](int q) { return "o" + std::to_string(q); }, &in_loop));
+    for (const Acc& a : accs)
+      os << in2 << a.name << " = "
+         << combine(a.r, a.t, a.name, std::string("(") + acc_type(a.t) + ")" + value_name(a.value)) << ";\n";
+    for (int s : point_stores) {
+      const KStore& st = k.stores[s];
+      os << in2 << "p" << st.param << "[o" << st.param << "] = " << to_storage(k.params[st.param].dtype, value_name(st.expr))
+         << ";\n";
+    }
+    os << in1 << "}\n" << ind << "}\n";
+    // Combine across the row's threads: afterwards every thread holds the row's result.
+    if (mode != Mode::serial && !accs.empty()) {
+      for (const Acc& a : accs)
+        os << ind << a.name << " = " << (a.r == ReduceKind::sum ? "kiln_warp_sum" : "kiln_warp_max") << "(" << a.name
+           << ");\n";
+      if (mode == Mode::block) {
+        for (const Acc& a : accs) os << ind << "if (lane == 0) sh_" << a.name << "[warp] = " << a.name << ";\n";
+        os << ind << "__syncthreads();\n";
+        for (const Acc& a : accs) {
+          os << ind << a.name << " = sh_" << a.name << "[0];\n";
+          os << ind << "for (int w = 1; w < " << kWarpsPerBlock << "; ++w) " << a.name << " = "
+             << combine(a.r, a.t, a.name, "sh_" + a.name + "[w]") << ";\n";
+        }
+      }
+    }
+    // Reduce expressions of level p: rounded to their dtype, kept for later passes.
+    for (size_t i = 0; i < ne; ++i)
+      if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p) {
+        const DType t = k.exprs[i].dtype;
+        os << ind << "const " << reg_type(t) << " rv" << i << " = "
+           << round_to(t, std::string("(") + reg_type(t) + ")ra" + std::to_string(i)) << ";\n";
+      }
+    bool any_red_store = false;
+    for (const Acc& a : accs) any_red_store |= a.name[0] == 's';
+    if (any_red_store) {
+      open_leader(ind);
+      for (size_t s = 0; s < ns; ++s) {
+        const KStore& st = k.stores[s];
+        if (st.reduce == ReduceKind::none || level[st.expr] != p - 1) continue;
+        os << ind << "  p" << st.param << "[b" << st.param
+           << "] = " << to_storage(k.params[st.param].dtype, "sa" + std::to_string(s)) << ";\n";
+      }
+      close_leader(ind);
+    }
+    KILN_RETURN_IF_ERROR(row_stores(p));
+  }
+  // The shared slots are reused by the next row.
+  if (mode == Mode::block) os << ind << "__syncthreads();\n";
+  os << "  }\n}\n\n";
+  return Status::ok();
 }
 
 Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& info) {
@@ -408,6 +636,11 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
   bool row_like = true;  // every reduced dim after every kept dim
   for (int d : kept)
     if (!red.empty() && d > red.front()) row_like = false;
+  if (k.is_row_program()) {
+    KILN_RETURN_IF_ERROR(emit_row_program(em, kept, red, M, R, row_like, info));
+    out << em.os.str();
+    return Status::ok();
+  }
 
   // Per store: accumulator declaration, combine, final store.
   auto acc_decl = [&](const std::string& ind) {

@@ -19,14 +19,28 @@
 //               f64 sum outputs whose written elements form one dense range; bf16/f16/int
 //               outputs use the plain column schedule so each element is rounded once.
 //
+// Row programs (Kernel::is_row_program: reduce expressions such as Softmax's max and sum,
+// point stores along the reduced dims, row stores) run the passes of evaluate_reference
+// over each row: pass p loops over the row, accumulating the level-p reduce expressions
+// (and the reduction stores of level p - 1) and writing the point stores of level p - 1;
+// the accumulators are combined across the row's threads, every thread keeps the result
+// (rounded to the expression's dtype) for the later passes, and the row's first thread
+// writes the reduction and row stores once their level is known. Schedules: row_warp or
+// row_block (chosen as for plain reductions: reduced dims innermost, R >= 32; row_block
+// for R >= 4096 and fewer than 2048 rows), else `column`: one thread per row, sequential
+// passes (correct for reduced outer dims, not fast). Never atomic.
+//
 // Semantics follow kernel_ir.h exactly: bf16/f16 values live in f32 registers and every
 // bf16/f16 expression result is rounded to nearest even (__float2bfloat16_rn /
 // __float2half_rn); f64 computes in double; integers compute in their own width (results
-// wrap); bool is one byte (0/1) in memory and `bool` in registers. Float max/min use
-// fmaxf/fminf (a NaN operand yields the other operand). Reductions accumulate in f32 for
+// wrap); bool is one byte (0/1) in memory and `bool` in registers. Float max/min
+// propagate NaN as the reference does (kiln_maxf/kiln_minf). Reductions accumulate in f32 for
 // f32/bf16/f16, double for f64, int64 for integers; sums start at 0, max at -inf (the
-// lowest integer for integer dtypes). Reduction order differs from the reference evaluator
-// (tree/atomic order), so reduced results match it to rounding, not bitwise. The source
+// lowest integer for integer dtypes). Reduce expressions (kernel_ir.h) accumulate the same
+// way, so their f32 sums are f32 sums (the reference sums in double: the two agree to the f32
+// rounding error of a lane-strided tree sum, far below 1e-5 relative for positive terms), then are
+// rounded to their dtype (bf16/f16) before use. Reduction order differs from the reference
+// evaluator (tree/atomic order), so reduced results match it to rounding, not bitwise. The source
 // should be compiled with --fmad=false (nvrtc.h's default) so pointwise f32 arithmetic is
 // bit-identical to the CPU reference; transcendental functions are CUDA's (erff, expf, ...
 // within a few ulp of glibc's).

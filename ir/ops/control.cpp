@@ -19,7 +19,9 @@
 //   inputs:  every value the group reads from outside (body input i <-> node input i)
 //   outputs: every group value used outside it (body output j <-> node output j)
 //   attrs:   kind ("pointwise": every body node is pointwise with one output shape,
-//            the kernel's iteration domain)
+//            the kernel's iteration domain; "reduction": a pointwise prologue closed by a
+//            ReduceSum/ReduceMax; "row": one row op (OpDef::row: Softmax family,
+//            LayerNormalization) with pointwise prologue and epilogue over its input's shape)
 //   The body is self-contained (no captures). The compiled backend runs it as one
 //   generated kernel (codegen/lower.h); the eager interpreter runs the body op by op,
 //   so a fused program still has the eager oracle.

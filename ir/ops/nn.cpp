@@ -651,6 +651,98 @@ GradFn grad_softmax_like(const char* grad_op) {
   };
 }
 
+
+// ---- Row rules (code generation of the Softmax family and LayerNormalization) ----
+// Each computes in f32 (f64 for f64 inputs) like the eager kernels' compute types; the
+// eager kernels accumulate in double, and the generated reduce sums do too.
+
+using Ref = ScalarBuilder::Ref;
+
+DType row_compute_type(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+/// Input i widened to the compute type.
+Ref row_in(ScalarBuilder& b, int i, DType ct) {
+  Ref x = b.input(i);
+  return b.dtype(x) == ct ? x : b.apply(ScalarOp::cast, {x}, ct);
+}
+/// A compute-type value narrowed to dtype t.
+Ref row_out(ScalarBuilder& b, Ref v, DType t) { return b.dtype(v) == t ? v : b.apply(ScalarOp::cast, {v}, t); }
+
+/// Softmax/LogSoftmax (ONNX-13): one axis.
+Expected<std::vector<int>> softmax_row_dims(const Node& n) {
+  const Value* x = n.input(0);
+  if (!x) return Status::error("node '" + n.name + "' has no input");
+  auto ax = normalize_axis(n.attrs.get_int("axis", -1), x->shape.rank());
+  if (!ax) return ax.status();
+  return std::vector<int>{*ax};
+}
+
+/// LayerNormalization(-Grad): dims [axis, rank) of X (input 0 of the forward, 1 of the gradient).
+Expected<std::vector<int>> ln_row_dims(const Node& n, int x_input) {
+  const Value* x = n.input(x_input);
+  if (!x) return Status::error("node '" + n.name + "' has no X input");
+  auto ax = normalize_axis(n.attrs.get_int("axis", -1), x->shape.rank());
+  if (!ax) return ax.status();
+  std::vector<int> d;
+  for (int i = *ax; i < x->shape.rank(); ++i) d.push_back(i);
+  return d;
+}
+
+template <bool Log>
+Status softmax_row(ScalarBuilder& b, std::vector<Ref>& outs) {
+  const DType t = b.dtype(b.input(0)), ct = row_compute_type(t);
+  Ref x = row_in(b, 0, ct);
+  Ref m = b.reduce(ScalarOp::max, x);
+  Ref z = b.apply(ScalarOp::sub, {x, m}, ct);
+  Ref e = b.apply(ScalarOp::exp, {z}, ct);
+  Ref s = b.reduce(ScalarOp::add, e);
+  Ref y = Log ? b.apply(ScalarOp::sub, {z, b.apply(ScalarOp::log, {s}, ct)}, ct) : b.apply(ScalarOp::div, {e, s}, ct);
+  outs = {row_out(b, y, t)};
+  return Status::ok();
+}
+
+// SoftmaxGrad(dY, Y): dX = Y * (dY - sum(dY * Y)); LogSoftmaxGrad: dX = dY - exp(Y) * sum(dY).
+template <bool Log>
+Status softmax_grad_row(ScalarBuilder& b, std::vector<Ref>& outs) {
+  const DType t = b.dtype(b.input(0)), ct = row_compute_type(t);
+  Ref dy = row_in(b, 0, ct), y = row_in(b, 1, ct);
+  Ref dx;
+  if (Log) {
+    Ref s = b.reduce(ScalarOp::add, dy);
+    dx = b.apply(ScalarOp::sub, {dy, b.apply(ScalarOp::mul, {b.apply(ScalarOp::exp, {y}, ct), s}, ct)}, ct);
+  } else {
+    Ref s = b.reduce(ScalarOp::add, b.apply(ScalarOp::mul, {dy, y}, ct));
+    dx = b.apply(ScalarOp::mul, {y, b.apply(ScalarOp::sub, {dy, s}, ct)}, ct);
+  }
+  outs = {row_out(b, dx, t)};
+  return Status::ok();
+}
+
+// LayerNormalization(X, Scale, B?) -> Y, Mean?, InvStdDev?: two-pass statistics as the
+// eager kernel (mean, then the mean of squared deviations), InvStdDev = 1/sqrt(var + eps).
+Status ln_row(ScalarBuilder& b, std::vector<Ref>& outs) {
+  const Node& n = b.node();
+  const DType t = b.dtype(b.input(0)), ct = row_compute_type(t);
+  auto dims = ln_row_dims(n, 0);
+  if (!dims) return dims.status();
+  double count = 1;
+  for (int d : *dims) count *= static_cast<double>(n.input(0)->shape.dims[d].value);
+  Ref x = row_in(b, 0, ct);
+  Ref cnt = b.constant(count, ct);
+  Ref mean = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, x), cnt}, ct);
+  Ref d = b.apply(ScalarOp::sub, {x, mean}, ct);
+  Ref var = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, b.apply(ScalarOp::mul, {d, d}, ct)), cnt}, ct);
+  Ref eps = b.constant(n.attrs.get_float("epsilon", 1e-5), ct);
+  Ref inv = b.apply(ScalarOp::div, {b.constant(1, ct), b.apply(ScalarOp::sqrt, {b.apply(ScalarOp::add, {var, eps}, ct)}, ct)}, ct);
+  Ref y = b.apply(ScalarOp::mul, {b.apply(ScalarOp::mul, {d, inv}, ct), row_in(b, 1, ct)}, ct);
+  if (b.has_input(2)) y = b.apply(ScalarOp::add, {y, row_in(b, 2, ct)}, ct);
+  outs = {row_out(b, y, t)};
+  const DType sd = n.num_outputs() > 1 ? n.outputs[1]->dtype : ct;
+  if (n.num_outputs() > 1) outs.push_back(row_out(b, mean, sd));
+  if (n.num_outputs() > 2) outs.push_back(row_out(b, inv, n.outputs[2]->dtype));
+  return Status::ok();
+}
+
 OpDef make(const char* name, const char* doc, int min_in, int max_in, int min_out, int max_out,
            std::vector<AttrSpec> attrs, InferFn infer, PrecisionPolicy prec, FusionClass fusion) {
   OpDef d;
@@ -752,7 +844,7 @@ void register_nn_ops(OpTable& t) {
                       "recomputed from X in training mode",
                       5, 5, 1, 3, {{"epsilon", AttrKind::f}, {"training_mode", AttrKind::i}}, infer_bn_grad, P::fp32,
                       F::opaque)));
-  t.add(with_grad(make("LayerNormalization",
+  OpDef& ln = t.add(with_grad(make("LayerNormalization",
                        "Layer normalization over dims [axis, rank) (ONNX LayerNormalization-17); Mean/InvStdDev are f32 "
                        "(f64 for f64 X)",
                        2, 3, 1, 3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}, {"stash_type", AttrKind::i}}, infer_ln,
@@ -761,16 +853,23 @@ void register_nn_ops(OpTable& t) {
   t.add(internal(make("LayerNormalizationGrad",
                       "kiln: (dX, dScale, dB) of LayerNormalization from (dY, X, Scale); statistics recomputed from X", 3, 3, 1,
                       3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}}, infer_ln_grad, P::fp32, F::reduction)));
-  t.add(with_grad(make("Softmax", "exp(x) / sum(exp(x)) along one axis (ONNX Softmax-13)", 1, 1, 1, 1, {{"axis", AttrKind::i}},
+  OpDef& sm = t.add(with_grad(make("Softmax", "exp(x) / sum(exp(x)) along one axis (ONNX Softmax-13)", 1, 1, 1, 1, {{"axis", AttrKind::i}},
                        infer_softmax, P::fp32, F::reduction),
                   grad_softmax_like("SoftmaxGrad")));
-  t.add(with_grad(make("LogSoftmax", "x - log(sum(exp(x))) along one axis (ONNX LogSoftmax-13)", 1, 1, 1, 1,
+  OpDef& lsm = t.add(with_grad(make("LogSoftmax", "x - log(sum(exp(x))) along one axis (ONNX LogSoftmax-13)", 1, 1, 1, 1,
                        {{"axis", AttrKind::i}}, infer_softmax, P::fp32, F::reduction),
                   grad_softmax_like("LogSoftmaxGrad")));
-  t.add(internal(make("SoftmaxGrad", "kiln: dX = Y * (dY - sum(dY * Y, axis)) from (dY, Y)", 2, 2, 1, 1,
+  OpDef& smg = t.add(internal(make("SoftmaxGrad", "kiln: dX = Y * (dY - sum(dY * Y, axis)) from (dY, Y)", 2, 2, 1, 1,
                       {{"axis", AttrKind::i}}, infer_softmax_grad, P::fp32, F::reduction)));
-  t.add(internal(make("LogSoftmaxGrad", "kiln: dX = dY - exp(Y) * sum(dY, axis) from (dY, Y)", 2, 2, 1, 1,
+  OpDef& lsmg = t.add(internal(make("LogSoftmaxGrad", "kiln: dX = dY - exp(Y) * sum(dY, axis) from (dY, Y)", 2, 2, 1, 1,
                       {{"axis", AttrKind::i}}, infer_softmax_grad, P::fp32, F::reduction)));
+  ln.row = ln_row;
+  ln.row_dims = [](const Node& n) { return ln_row_dims(n, 0); };
+  sm.row = softmax_row<false>;
+  lsm.row = softmax_row<true>;
+  smg.row = softmax_grad_row<false>;
+  lsmg.row = softmax_grad_row<true>;
+  for (OpDef* d : {&sm, &lsm, &smg, &lsmg}) d->row_dims = softmax_row_dims;
 }
 
 }  // namespace kiln::ir

@@ -7,6 +7,12 @@
 // is compiled by NVRTC for sm_80 and sm_90. ptxas' verbose report must name every kernel,
 // and the pointwise and row-reduction kernels of the GPT programs must not spill (0 spill
 // store/load bytes); local memory and registers are reported for every program.
+// CudaRenderRow: hand-made row programs (kernel IR reduce expressions: Softmax, LayerNorm
+// with row stores, SoftmaxGrad-like mixed stores; builders as in llvm_cpu_test.cpp) get
+// the expected schedule (row_warp / row_block when the reduced dims are innermost after
+// collapse_dims, else one thread per row, "column"), passes in the order of
+// evaluate_reference, and compile with NVRTC for sm_80 and sm_90 with no spills. Their
+// numeric check against evaluate_reference runs on a GPU (tests/gpu/cuda_row_test.cpp).
 // Without the CUDA toolkit (no kiln_codegen_cuda, KILN_HAVE_CUDA undefined) the suite is
 // one test that skips with a message.
 #include <gtest/gtest.h>
@@ -28,6 +34,7 @@
 #include "codegen/cuda/cuda_emitter.h"
 #include "codegen/cuda/nvrtc.h"
 #include "codegen/lower.h"
+#include "kernel_builder.h"
 #include "tools/driver/driver.h"
 #endif
 
@@ -228,6 +235,160 @@ std::vector<Prog> programs() {
 
 INSTANTIATE_TEST_SUITE_P(CudaRender, CudaRenderPrograms, ::testing::ValuesIn(programs()),
                          [](const ::testing::TestParamInfo<Prog>& i) { return prog_name(i.param); });
+
+// ---- Row programs (reduce expressions) --------------------------------------------
+
+using codegen::Kernel;
+using codegen::ReduceKind;
+using codegen::testing::KB;
+using ir::DType;
+using ir::ScalarOp;
+
+/// Softmax over the innermost dim of [rows, cols]: max, sum of exp(x - max), exp(x - max) / sum.
+Kernel softmax_kernel(const std::string& name, int64_t rows, int64_t cols, DType t) {
+  KB b(name, {rows, cols}, {false, true});
+  const DType c = t == DType::f64 ? DType::f64 : DType::f32;
+  int x = b.load(b.param("x", t, {cols, 1}));
+  if (c != t) x = b.op(ScalarOp::cast, {x}, c);
+  int m = b.k.add_reduce(ReduceKind::max, x);
+  int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, m}, c)}, c);
+  int s = b.k.add_reduce(ReduceKind::sum, e);
+  int y = b.op(ScalarOp::div, {e, s}, c);
+  if (c != t) y = b.op(ScalarOp::cast, {y}, t);
+  b.out("y", y, {cols, 1});
+  return b.k;
+}
+
+/// LayerNormalization over the innermost dim with scale and bias; Mean and InvStdDev as
+/// row stores ([rows] outputs, stride 0 along the row).
+Kernel layernorm_kernel(const std::string& name, int64_t rows, int64_t cols) {
+  const DType f = DType::f32;
+  KB b(name, {rows, cols}, {false, true});
+  int x = b.load(b.param("x", f, {cols, 1}));
+  int sc = b.load(b.param("scale", f, {0, 1}));
+  int bi = b.load(b.param("bias", f, {0, 1}));
+  int n = b.cst(static_cast<double>(cols), f);
+  int mean = b.op(ScalarOp::div, {b.k.add_reduce(ReduceKind::sum, x), n}, f);
+  int d = b.op(ScalarOp::sub, {x, mean}, f);
+  int var = b.op(ScalarOp::div, {b.k.add_reduce(ReduceKind::sum, b.op(ScalarOp::mul, {d, d}, f)), n}, f);
+  int rstd = b.op(ScalarOp::div, {b.cst(1, f), b.op(ScalarOp::sqrt, {b.op(ScalarOp::add, {var, b.cst(1e-5, f)}, f)}, f)}, f);
+  b.out("y", b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {d, rstd}, f), sc}, f), bi}, f), {cols, 1});
+  b.out("mean", mean, {1, 0});
+  b.out("rstd", rstd, {1, 0});
+  return b.k;
+}
+
+/// SoftmaxGrad-like mixed stores over [a, b], reduced dim `rd`: reduce expression
+/// s = sum(dy * y), point store dx = y * (dy - s), reduction store rowsum = sum(dy * y),
+/// row store rowmax = max(dy).
+Kernel mixed_kernel(const std::string& name, int64_t a, int64_t bb, int rd) {
+  const DType f = DType::f32;
+  KB b(name, {a, bb}, {rd == 0, rd == 1});
+  const std::vector<int64_t> kept = rd == 0 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{1, 0};
+  int y = b.load(b.param("y", f, {bb, 1}));
+  int dy = b.load(b.param("dy", f, {bb, 1}));
+  int s = b.k.add_reduce(ReduceKind::sum, b.op(ScalarOp::mul, {dy, y}, f));
+  b.out("dx", b.op(ScalarOp::mul, {y, b.op(ScalarOp::sub, {dy, s}, f)}, f), {bb, 1});
+  b.out("rowsum", b.op(ScalarOp::mul, {dy, y}, f), kept, ReduceKind::sum);
+  b.out("rowmax", b.k.add_reduce(ReduceKind::max, dy), kept);
+  return b.k;
+}
+
+struct RowWant {
+  Kernel k;
+  const char* schedule;
+  unsigned grid;
+};
+
+std::vector<RowWant> row_kernels() {
+  std::vector<RowWant> v;
+  v.push_back({softmax_kernel("softmax_f32", 37, 129, DType::f32), "row_warp", 5});
+  v.push_back({softmax_kernel("softmax_bf16", 5, 64, DType::bf16), "row_warp", 1});
+  v.push_back({softmax_kernel("softmax_f64", 4, 33, DType::f64), "row_warp", 1});
+  v.push_back({softmax_kernel("softmax_long", 3, 5000, DType::f32), "row_block", 3});
+  v.push_back({softmax_kernel("softmax_short", 300, 7, DType::f32), "column", 2});
+  v.push_back({layernorm_kernel("layernorm", 9, 256), "row_warp", 2});
+  v.push_back({layernorm_kernel("layernorm_long", 2, 8192), "row_block", 2});
+  v.push_back({mixed_kernel("mixed_outer", 24, 10, 0), "column", 1});
+  v.push_back({mixed_kernel("mixed_inner", 10, 300, 1), "row_warp", 2});
+  {  // a bf16 reduce expression (rounded to bf16 before use): y = x - sum(x)
+    KB b("bf16_center", {6, 64}, {false, true});
+    int x = b.load(b.param("x", DType::bf16, {64, 1}));
+    b.out("y", b.op(ScalarOp::sub, {x, b.k.add_reduce(ReduceKind::sum, x)}, DType::bf16), {64, 1});
+    v.push_back({b.k, "row_warp", 1});
+  }
+  {  // [4, 6, 64] reduced innermost: collapses to 24 rows of 64.
+    KB b("softmax_3d", {4, 6, 64}, {false, false, true});
+    int x = b.load(b.param("x", DType::f32, {384, 64, 1}));
+    int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, b.k.add_reduce(ReduceKind::max, x)}, DType::f32)}, DType::f32);
+    b.out("y", b.op(ScalarOp::div, {e, b.k.add_reduce(ReduceKind::sum, e)}, DType::f32), {384, 64, 1});
+    v.push_back({b.k, "row_warp", 3});
+  }
+  return v;
+}
+
+TEST(CudaRenderRow, SchedulesAndPasses) {
+  const std::vector<RowWant> want = row_kernels();
+  std::vector<Kernel> ks;
+  for (const RowWant& w : want) {
+    ASSERT_TRUE(w.k.is_row_program()) << w.k.name;
+    ASSERT_TRUE(w.k.verify().is_ok()) << w.k.verify().message();
+    ks.push_back(w.k);
+  }
+  auto src = codegen::emit_cuda(ks);
+  ASSERT_TRUE(src.has_value()) << src.message();
+  ASSERT_EQ(src->kernels.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const codegen::CudaKernelInfo& info = src->kernels[i];
+    EXPECT_EQ(info.schedule, want[i].schedule) << info.name;
+    EXPECT_EQ(info.grid[0], want[i].grid) << info.name;
+    EXPECT_EQ(info.block[0], 256u) << info.name;
+    EXPECT_TRUE(info.inits.empty()) << info.name;
+  }
+  auto body = [&](const std::string& name) {
+    const size_t at = src->source.find(" " + name + "(\n");
+    EXPECT_NE(at, std::string::npos) << name;
+    return at == std::string::npos ? std::string() : src->source.substr(at, src->source.find("\n}\n", at) - at);
+  };
+  // Softmax: pass 1 max, pass 2 sum of exp (combined across the warp), pass 3 stores.
+  const std::string sm = body("softmax_f32");
+  const size_t p1 = sm.find("// pass 1 of 3"), p2 = sm.find("// pass 2 of 3"), p3 = sm.find("// pass 3 of 3");
+  ASSERT_TRUE(p1 != std::string::npos && p2 != std::string::npos && p3 != std::string::npos) << sm;
+  EXPECT_LT(p1, sm.find("kiln_warp_max(ra"));
+  EXPECT_LT(sm.find("kiln_warp_max(ra"), p2);
+  EXPECT_LT(p2, sm.find("kiln_warp_sum(ra"));
+  EXPECT_LT(sm.find("kiln_warp_sum(ra"), p3);
+  EXPECT_GT(sm.find("p1[o1] = "), p3) << "the point store belongs to the last pass";
+  // bf16 reduce results are rounded to bf16 before use.
+  EXPECT_NE(body("bf16_center").find("kiln_rbf((float)ra"), std::string::npos);
+  // LayerNorm: Mean/InvStdDev row stores by lane 0; the block schedule folds shared slots.
+  EXPECT_NE(body("layernorm").find("if (lane == 0) {"), std::string::npos);
+  const std::string lb = body("layernorm_long");
+  EXPECT_NE(lb.find("__syncthreads();"), std::string::npos);
+  EXPECT_NE(lb.find("if (threadIdx.x == 0) {"), std::string::npos);
+  // One thread per row: no shuffles.
+  EXPECT_EQ(body("mixed_outer").find("kiln_warp_"), std::string::npos);
+}
+
+TEST(CudaRenderRow, CompilesForSm80AndSm90WithoutSpills) {
+  ASSERT_FALSE(codegen::cuda_include_dir().empty()) << "CUDA headers (cuda_bf16.h) not found for NVRTC";
+  std::vector<Kernel> ks;
+  for (const RowWant& w : row_kernels()) ks.push_back(w.k);
+  auto src = codegen::emit_cuda(ks);
+  ASSERT_TRUE(src.has_value()) << src.message();
+  for (const char* arch : {"sm_80", "sm_90"}) {
+    auto info = codegen::ptxas_info(src->source, "row_programs", arch);
+    ASSERT_TRUE(info.has_value()) << info.message();
+    std::set<std::string> seen;
+    for (const codegen::PtxasKernelInfo& k : *info) {
+      seen.insert(k.kernel);
+      EXPECT_EQ(k.spill_store_bytes, 0) << k.kernel << " " << arch;
+      EXPECT_EQ(k.spill_load_bytes, 0) << k.kernel << " " << arch;
+      EXPECT_EQ(k.local_memory_bytes, 0) << k.kernel << " " << arch;
+    }
+    for (const Kernel& k : ks) EXPECT_TRUE(seen.count(k.name)) << k.name << " missing for " << arch;
+  }
+}
 
 #endif  // KILN_HAVE_CUDA
 

@@ -7,7 +7,10 @@
 //   f32 and f64: bit-identical for arithmetic (same operations in the same order),
 //                1e-6 relative for transcendentals (same libm, but LLVM may pick
 //                another libm entry point), sums bit-identical (both accumulate in double);
-//   bf16:        at most one bf16 ulp (2^-8 relative) apart.
+//   bf16:        at most one bf16 ulp (2^-8 relative) apart;
+//   row ops (Softmax family, LayerNormalization; one "row" kernel each): the eager
+//                kernels compute in double, the generated ones in f32 with double
+//                sums: 1e-5 relative in f32, 1e-12 in f64, one bf16 ulp in bf16.
 // Each case also checks that the compiled program really has a generated kernel.
 #include <gtest/gtest.h>
 
@@ -47,6 +50,7 @@ struct OpCase {
   double lo = -2, hi = 2;
   bool transcendental = false;
   bool reduction = false;
+  bool row = false;  // a row op (OpDef::row): one "row" kernel
 };
 
 std::string case_name(const OpCase& c) { return c.op + "_" + ir::dtype_name(c.dtype); }
@@ -88,6 +92,29 @@ std::vector<OpCase> cases() {
     {
       OpCase r{"ReduceSum", dt, {dt}, {full}, {}, -2, 2};
       r.reduction = true;
+      v.push_back(r);
+    }
+    // Row ops over the last axis (and LayerNormalization over the last two).
+    for (const char* op : {"Softmax", "LogSoftmax"}) {
+      OpCase r{op, dt, {dt}, {full}, {}, -4, 4, true};
+      r.row = true;
+      v.push_back(r);
+    }
+    {
+      OpCase r{"SoftmaxGrad", dt, {dt, dt}, {full, full}, {}, 0.01, 0.5, true};
+      r.row = true;
+      v.push_back(r);
+      r.op = "LogSoftmaxGrad";
+      r.lo = -3;
+      r.hi = -0.1;
+      v.push_back(r);
+    }
+    {
+      OpCase r{"LayerNormalization", dt, {dt, dt, dt}, {full, row, row}, {}, -2, 2, true};
+      r.row = true;
+      v.push_back(r);
+      r.dims = {full, {5, 6}, {5, 6}};
+      r.attrs.set("axis", int64_t(1));
       v.push_back(r);
     }
   }
@@ -151,7 +178,11 @@ TEST_P(OpsCompiled, MatchesEager) {
   const ir::Tensor& b = ref->at("y");
   ASSERT_EQ(a.dims(), b.dims());
   ASSERT_EQ(a.dtype(), b.dtype());
-  const double tol = c.dtype == DType::bf16 ? std::ldexp(1.0, -8) : c.transcendental ? 1e-6 : 0.0;
+  // Row ops: the eager kernels compute in double, the generated ones in f32 (f64 for f64)
+  // with double sums: 1e-5 relative in f32, 1e-12 in f64, one bf16 ulp.
+  double tol = c.dtype == DType::bf16 ? std::ldexp(1.0, -8) : c.transcendental ? 1e-6 : 0.0;
+  if (c.row && c.dtype == DType::f32) tol = 1e-5;
+  if (c.row && c.dtype == DType::f64) tol = 1e-12;
   for (int64_t i = 0; i < b.numel(); ++i) {
     const double x = a.get_f64(i), r = b.get_f64(i);
     if (std::isnan(r)) {
@@ -168,7 +199,7 @@ TEST(OpsCompiled, EveryGeneratedOpHasACase) {
   for (const OpCase& c : cases()) covered.insert(c.op);
   const std::set<std::string> no_case = {"CastLike"};  // same rule as Cast
   for (auto& [name, d] : ir::OpTable::get().all())
-    if ((d.scalar || d.reduce_combine) && !no_case.count(name))
+    if ((d.scalar || d.reduce_combine || d.row) && !no_case.count(name))
       EXPECT_TRUE(covered.count(name)) << name << " is generated but has no compiled-vs-eager case";
 }
 

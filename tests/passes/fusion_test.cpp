@@ -65,10 +65,20 @@ TEST_P(FusionKeepsFunction, OneStepBitIdentical) {
     ASSERT_EQ(n->regions.size(), 1u);
     const ir::Graph& body = *n->regions[0];
     const bool reduction = n->attrs.get_string("kind", "") == "reduction";
-    const ir::Shape dom = reduction ? body.nodes().back()->inputs[0]->shape : body.outputs[0]->shape;
+    const bool row = n->attrs.get_string("kind", "") == "row";
+    const ir::Node* row_op = nullptr;
+    for (auto& bn : body.nodes())
+      if (ir::OpTable::get().find(bn->op)->row) {
+        EXPECT_EQ(row_op, nullptr) << "two row ops in " << n->name;
+        row_op = bn.get();
+      }
+    EXPECT_EQ(row, row_op != nullptr) << n->name;
+    const ir::Shape dom = row_op ? row_op->inputs[0]->shape
+                          : reduction ? body.nodes().back()->inputs[0]->shape : body.outputs[0]->shape;
     for (auto& bn : body.nodes()) {
       const ir::OpDef* d = ir::OpTable::get().find(bn->op);
       ASSERT_NE(d, nullptr);
+      if (bn.get() == row_op) continue;
       if (reduction && bn == body.nodes().back()) {
         EXPECT_TRUE(d->reduce_combine.has_value()) << bn->name;
         EXPECT_EQ(body.outputs.size(), 1u);
@@ -146,6 +156,39 @@ TEST(Fusion, GptDumpShowsFusedKernelsAndFewerNodes) {
   const std::string dump = os.str();
   EXPECT_NE(dump.find("FusedKernel"), std::string::npos);
   EXPECT_NE(dump.find("kind="), std::string::npos) << dump.substr(0, 2000);
+}
+
+TEST(Fusion, GptSoftmaxAndLayerNormAreRowKernelsWithTheirCasts) {
+  // tiny GPT in bf16: every Softmax, SoftmaxGrad and LayerNormalization is in a "row"
+  // kernel, none runs alone, and the autocast's casts around them fused in.
+  runtime::TrainConfig cfg;
+  cfg.model = example("tiny_gpt", "model.onnx");
+  cfg.per_device_train_batch_size = 2;
+  cfg.loss = "cross_entropy";
+  cfg.bf16 = true;
+  cfg.max_steps = 1;
+  auto prog = driver::build_training_program(cfg, nullptr, false, false, 1);
+  ASSERT_TRUE(prog) << prog.message();
+  passes::PassContext ctx;
+  ASSERT_TRUE(passes::run_pipeline(*prog->train_step, {"fusion"}, ctx).is_ok());
+  std::map<std::string, int> in_row, top;
+  int casts_in_row = 0, row_kernels = 0;
+  for (auto& n : prog->train_step->nodes()) {
+    top[n->op]++;
+    if (n->op != "FusedKernel" || n->attrs.get_string("kind", "") != "row") continue;
+    ++row_kernels;
+    for (auto& b : n->regions[0]->nodes()) {
+      in_row[b->op]++;
+      casts_in_row += b->op == "Cast";
+    }
+  }
+  for (const char* op : {"Softmax", "SoftmaxGrad", "LayerNormalization"}) {
+    EXPECT_GT(in_row[op], 0) << op << " is in no row kernel";
+    EXPECT_EQ(top[op], 0) << op << " still runs alone";
+  }
+  EXPECT_EQ(row_kernels, in_row["Softmax"] + in_row["SoftmaxGrad"] + in_row["LayerNormalization"] +
+                             in_row["LogSoftmax"] + in_row["LogSoftmaxGrad"]);
+  EXPECT_GT(casts_in_row, 0) << "bf16 casts around the row ops were not fused";
 }
 
 TEST(Fusion, EveryPointwiseOpHasAScalarRule) {
