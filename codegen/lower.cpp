@@ -113,8 +113,30 @@ Expected<Kernel> lower_fused(const Node& fused) {
   k.domain = dom_shape.to_vector();
   std::unordered_map<const Value*, ScalarBuilder::Ref> env;
   KernelBuilder b(k, env);
+  // A body input read by a Transpose member is a parameter with permuted strides (the
+  // Transpose's output element at domain index i is input element i permuted): the
+  // view costs no copy. The fusion pass makes such an input reach the body only there.
+  std::unordered_map<const Value*, const Node*> viewed_by;
+  for (auto& n : body.nodes())
+    if (n->op == "Transpose" && n->input(0)) viewed_by[n->input(0)] = n.get();
   for (const Value* in : body.inputs) {
     if (!in->shape.is_static()) return fail("input '" + in->name + "' shape is not static");
+    auto vt = viewed_by.find(in);
+    if (vt != viewed_by.end()) {
+      const Node& t = *vt->second;
+      const std::vector<int64_t> in_dims = in->shape.to_vector();
+      const int r = static_cast<int>(in_dims.size());
+      std::vector<int64_t> perm = t.attrs.get_ints("perm");
+      if (perm.empty())
+        for (int i = r - 1; i >= 0; --i) perm.push_back(i);
+      if (static_cast<int>(perm.size()) != r || !(t.outputs[0]->shape == dom_shape))
+        return fail("Transpose '" + t.name + "' does not span the domain " + dom_shape.to_string());
+      std::vector<int64_t> contiguous(r, 1), strides(r, 0);
+      for (int d = r - 2; d >= 0; --d) contiguous[d] = contiguous[d + 1] * in_dims[d + 1];
+      for (int d = 0; d < r; ++d) strides[d] = in_dims[perm[d]] == 1 ? 0 : contiguous[perm[d]];
+      env[t.outputs[0]] = b.load(k.add_param(in->name, in->dtype, strides));
+      continue;
+    }
     if (in->shape.rank() > dom_shape.rank()) return fail("input '" + in->name + "' has a higher rank than the domain");
     env[in] = b.load(k.add_param(in->name, in->dtype, broadcast_strides(in->shape.to_vector(), k.domain)));
   }
@@ -132,6 +154,12 @@ Expected<Kernel> lower_fused(const Node& fused) {
   }
   for (auto& n : body.nodes()) {
     if (reduction && n.get() == &last) break;
+    if (n->op == "Transpose") {
+      if (!env.count(n->outputs[0]))
+        return fail("Transpose '" + n->name + "' reads a value computed in the kernel");
+      k.fused_nodes.push_back(n->name);
+      continue;
+    }
     const OpDef* def = OpTable::get().find(n->op);
     const bool is_row = n.get() == row_node;
     if (!def || !(is_row ? def->row : def->scalar))

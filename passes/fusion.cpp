@@ -25,6 +25,10 @@
 //    casts) like a pointwise node, and later pointwise nodes over that shape join it
 //    (epilogue: the f32 -> bf16 cast): a "row" kernel, at most one row op each
 //    (docs/architecture.md, decision 22).
+//  * A Transpose starts a group over its output shape (later pointwise nodes join it):
+//    code generation reads its input through permuted strides, so the copy is one
+//    generated loop nest, fused with its consumers, never a separate pass. Its input
+//    must reach the kernel only through it.
 //  * Each group becomes one FusedKernel node at the position of its last member. The
 //    body region holds the original nodes (names, attributes and all), so the IR dump
 //    shows every fusion decision (invariant 2). Rank-0 constants the members read
@@ -105,6 +109,15 @@ bool row_fusable(const Node& n) {
   for (size_t i = 0; i < outs.size(); ++i)
     if (b.dtype(outs[i]) != n.outputs[i]->dtype) return false;
   return true;
+}
+
+/// A Transpose that code generation absorbs as index arithmetic: its input becomes a
+/// kernel parameter with permuted strides (no copy of its own), static shapes.
+bool view_fusable(const Node& n) {
+  if (n.op != "Transpose" || n.num_outputs() != 1 || !n.regions.empty() || n.attrs.has("kiln_inplace")) return false;
+  const Value* x = n.input(0);
+  return x && x->shape.is_static() && n.outputs[0]->shape.is_static() && x->dtype != DType::undefined &&
+         x->shape.rank() == n.outputs[0]->shape.rank() && x->shape.numel() > 1;
 }
 
 /// Values read by node `n`, nested-region captures included.
@@ -200,7 +213,8 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       continue;
     }
     const bool row = row_fusable(*n);
-    if (!row && !fusable(*n)) continue;
+    const bool view = !row && view_fusable(*n);
+    if (!row && !view && !fusable(*n)) continue;
     // Pointwise: its output shape. Row op: its input 0's shape (the kernel's domain).
     const Shape& dom = row ? n->inputs[0]->shape : n->outputs[0]->shape;
     // Candidate groups: those of n's producers with n's domain (pointwise groups, or a
@@ -209,6 +223,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
     // candidate too; the survivors merge with n into one group.
     std::set<int> cand;
     for (const Value* in : n->inputs) {
+      if (view) break;  // a Transpose starts a group: its input must come from outside it
       if (!in || !in->producer) continue;
       auto it = group_of.find(in->producer);
       if (it == group_of.end()) continue;
@@ -231,6 +246,33 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
           changed = true;
         }
       }
+    }
+    // A Transpose's input must be a kernel input read only through it (one parameter
+    // per input, with the permuted strides): drop candidates holding Transposes until
+    // no merged group reads a viewed value another way or computes it.
+    auto view_conflict = [&]() {
+      std::unordered_map<const Value*, int> viewed;
+      std::unordered_set<const Value*> direct, made;
+      auto add = [&](const Node* m) {
+        if (m->op == "Transpose") viewed[m->inputs[0]]++;
+        else
+          for (const Value* in : m->inputs)
+            if (in) direct.insert(in);
+        for (const Value* o : m->outputs) made.insert(o);
+      };
+      for (int c : cand)
+        for (const Node* m : groups[c].members) add(m);
+      add(n);
+      for (auto& [v, k] : viewed)
+        if (k > 1 || direct.count(v) || made.count(v)) return true;
+      return false;
+    };
+    while (!cand.empty() && view_conflict()) {
+      auto drop = cand.begin();
+      for (auto c = cand.begin(); c != cand.end(); ++c)
+        for (const Node* m : groups[*c].members)
+          if (m->op == "Transpose") drop = c;
+      cand.erase(drop);
     }
     // At most one row op per kernel: keep the first row candidate only.
     bool have_row = row;

@@ -191,6 +191,27 @@ Status grad_matmul(GradContext& c) {
     if (c.needs_grad(1)) c.set_grad_input(1, c.emit1("Mul", {dY, A}));
     return Status::ok();
   }
+  if (ra >= 3 && rb == 2 && A->shape.is_static() && dY->shape.is_static()) {
+    // A linear layer on batched activations, (..., M, K) x (K, N): both gradients as
+    // one 2-D Gemm over the flattened rows, transposes folded into transA/transB. The
+    // general rule below would copy B^T and A^T and form (..., K, N) per batch before
+    // summing over the batch (the unbroadcast).
+    const int64_t K = A->shape.dims.back().value, N = B->shape.dims.back().value;
+    Value* g2 = c.emit1("Reshape", {dY, c.const_i64({-1, N})});  // (rows, N)
+    if (c.needs_grad(0)) {
+      Attributes a;
+      a.set("transB", int64_t(1));
+      Value* gA = c.emit1("Gemm", {g2, B}, a);  // (rows, K)
+      c.set_grad_input(0, c.emit1("Reshape", {gA, c.const_i64(A->shape.to_vector())}));
+    }
+    if (c.needs_grad(1)) {
+      Attributes a;
+      a.set("transA", int64_t(1));
+      Value* A2 = c.emit1("Reshape", {A, c.const_i64({-1, K})});  // (rows, K)
+      c.set_grad_input(1, c.emit1("Gemm", {A2, g2}, a));           // (K, N)
+    }
+    return Status::ok();
+  }
   Value* A2 = ra == 1 ? c.emit1("Unsqueeze", {A, c.const_i64({0})}) : A;  // (1, K)
   Value* B2 = rb == 1 ? c.emit1("Unsqueeze", {B, c.const_i64({1})}) : B;  // (K, 1)
   Value* g = dY;                                                           // (..., M, N)
@@ -653,8 +674,9 @@ GradFn grad_softmax_like(const char* grad_op) {
 
 
 // ---- Row rules (code generation of the Softmax family and LayerNormalization) ----
-// Each computes in f32 (f64 for f64 inputs) like the eager kernels' compute types; the
-// eager kernels accumulate in double, and the generated reduce sums do too.
+// The eager kernels compute in double. The rules do too, except for Softmax's
+// exponential, which is f32 (f64 for f64 input) so that it vectorizes: the differences
+// to the eager kernels stay at the f32 rounding level (ops_compiled_test.cpp).
 
 using Ref = ScalarBuilder::Ref;
 
@@ -695,16 +717,29 @@ Status softmax_row(ScalarBuilder& b, std::vector<Ref>& outs) {
   Ref m = b.reduce(ScalarOp::max, x);
   Ref z = b.apply(ScalarOp::sub, {x, m}, ct);
   Ref e = b.apply(ScalarOp::exp, {z}, ct);
-  Ref s = b.reduce(ScalarOp::add, e);
-  Ref y = Log ? b.apply(ScalarOp::sub, {z, b.apply(ScalarOp::log, {s}, ct)}, ct) : b.apply(ScalarOp::div, {e, s}, ct);
+  // exp in f32 (the vectorized part), the sum and the normalization in f64 as the eager
+  // kernel: a sum rounded to f32 would scale a whole row by the same rounding error.
+  const DType wt = DType::f64;
+  Ref ew = ct == wt ? e : b.apply(ScalarOp::cast, {e}, wt);
+  Ref s = b.reduce(ScalarOp::add, ew);
+  Ref y;
+  if (Log) {
+    Ref zw = ct == wt ? z : b.apply(ScalarOp::cast, {z}, wt);
+    y = b.apply(ScalarOp::sub, {zw, b.apply(ScalarOp::log, {s}, wt)}, wt);
+  } else {
+    y = b.apply(ScalarOp::div, {ew, s}, wt);
+  }
   outs = {row_out(b, y, t)};
   return Status::ok();
 }
 
 // SoftmaxGrad(dY, Y): dX = Y * (dY - sum(dY * Y)); LogSoftmaxGrad: dX = dY - exp(Y) * sum(dY).
+// In f64 like the eager kernel: dY - sum cancels (the rows of dX sum to zero), and an f32
+// sum rounded before the subtraction loses the small differences that the bias
+// gradients of the attention projections are made of.
 template <bool Log>
 Status softmax_grad_row(ScalarBuilder& b, std::vector<Ref>& outs) {
-  const DType t = b.dtype(b.input(0)), ct = row_compute_type(t);
+  const DType t = b.dtype(b.input(0)), ct = DType::f64;
   Ref dy = row_in(b, 0, ct), y = row_in(b, 1, ct);
   Ref dx;
   if (Log) {
@@ -722,7 +757,7 @@ Status softmax_grad_row(ScalarBuilder& b, std::vector<Ref>& outs) {
 // eager kernel (mean, then the mean of squared deviations), InvStdDev = 1/sqrt(var + eps).
 Status ln_row(ScalarBuilder& b, std::vector<Ref>& outs) {
   const Node& n = b.node();
-  const DType t = b.dtype(b.input(0)), ct = row_compute_type(t);
+  const DType t = b.dtype(b.input(0)), ct = DType::f64;  // as the eager kernel (a few ops per element)
   auto dims = ln_row_dims(n, 0);
   if (!dims) return dims.status();
   double count = 1;

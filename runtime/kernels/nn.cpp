@@ -145,6 +145,11 @@ Status gemm_kernel(KernelContext& ctx) {
         st(y, m * N + n, v);
       }
   };
+  if (use_onednn(A.dtype()) && K > 0 && !Cm && alpha == 1.0) {
+    // Y = op(A) op(B): oneDNN writes Y in its dtype (f32 accumulation), no extra pass.
+    Status stt = onednn::matmul({A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, Y.raw(), {M, N}, A.dtype(), Y.dtype());
+    return stt.with_context("node '" + ctx.node.name + "' (Gemm)");
+  }
   if (use_onednn(A.dtype()) && K > 0) {
     std::vector<float> prod(static_cast<size_t>(M * N));
     Status stt = onednn::matmul({A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, prod.data(), {M, N}, A.dtype(), DType::f32);

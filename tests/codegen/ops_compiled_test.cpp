@@ -94,6 +94,12 @@ std::vector<OpCase> cases() {
       r.reduction = true;
       v.push_back(r);
     }
+    {
+      // A Transpose is a generated strided copy (its input read with permuted strides).
+      OpCase t{"Transpose", dt, {dt}, {full}, {}, -2, 2};
+      t.attrs.set("perm", std::vector<int64_t>{2, 0, 1});
+      v.push_back(t);
+    }
     // Row ops over the last axis (and LayerNormalization over the last two).
     for (const char* op : {"Softmax", "LogSoftmax"}) {
       OpCase r{op, dt, {dt}, {full}, {}, -4, 4, true};

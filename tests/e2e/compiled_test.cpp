@@ -86,10 +86,37 @@ TEST_P(CompiledVsEager, LossesAndStateAgree) {
     ASSERT_EQ(u.dims(), t.dims()) << name;
     if (!ir::is_float(t.dtype())) {
       // Integer state (8-bit codes, the step counter): codes may differ by one
-      // quantization step where the fp32 inputs differ in the last ulp.
+      // quantization step where the fp32 inputs differ in the last ulp. Near zero the
+      // dynamic map's gaps shrink to about 1e-7 of the block's absmax, so a moment that
+      // differs in its last bits may move a code further: at most 0.1% of the codes in
+      // fp32; in bf16 the moments agree to about 1e-2 (the float tolerance): 2%.
       int64_t diff = 0;
       for (int64_t i = 0; i < t.numel(); ++i) diff += std::llabs(u.get_i64(i) - t.get_i64(i)) > 1;
-      EXPECT_EQ(diff, 0) << name;
+      const int64_t allowed = c.precision == "fp32" ? t.numel() / 1000 : t.numel() / 50;
+      EXPECT_LE(diff, allowed) << name << ": " << diff << " of " << t.numel() << " codes";
+      continue;
+    }
+    const std::string suffix = "attn.c_attn.bias";
+    if (c.optim != "sgd" && name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      // The key third of the fused q|k|v bias has an exactly zero gradient (softmax is
+      // invariant to the per-query constant q.b_k), so its computed gradient is rounding
+      // noise, and Adam's m / sqrt(v) turns any noise into steps of about lr: eager and
+      // compiled arithmetic (f32 exp, other summation orders) give different noise.
+      // The q and v thirds must agree at the tolerance; the k third only within the
+      // AdamW step bound 2 * lr * steps.
+      const int64_t third = t.numel() / 3;
+      double dq = 0, nq = 0, kmax = 0;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const double a = u.get_f64(i), b = t.get_f64(i);
+        if (i >= third && i < 2 * third) {
+          kmax = std::max(kmax, std::fabs(a - b));
+        } else {
+          dq += (a - b) * (a - b);
+          nq += b * b;
+        }
+      }
+      EXPECT_LE(std::sqrt(dq / std::max(nq, 1e-30)), tol) << name << " (q and v thirds)";
+      EXPECT_LE(kmax, 2 * 1e-3 * c.steps) << name << " (k third)";
       continue;
     }
     EXPECT_LE(rel_l2(u, t), tol) << name;
