@@ -197,6 +197,11 @@ struct OpDef {
   bool onnx = true;               ///< an ONNX op (imported/exported by name) vs a kiln-internal op
 };
 
+/// Reshape-family ops whose output is its input's elements in the same order with new
+/// dims (Reshape, Flatten, Squeeze, Unsqueeze): the interpreter and the memory planner
+/// let the output share the input's buffer when the input dies at that node.
+bool is_view_op(const std::string& op);
+
 /// The table. Access with OpTable::get(); entries are registered once on first use.
 class OpTable {
  public:

@@ -17,11 +17,11 @@ int64_t MemoryStats::current_bytes() { return g_current.load(); }
 int64_t MemoryStats::peak_bytes() { return g_peak.load(); }
 void MemoryStats::reset_peak() { g_peak.store(g_current.load()); }
 
-Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
+Storage::Storage(size_t nbytes, bool zero) : nbytes_(nbytes) {
   size_t alloc = (nbytes + 63) / 64 * 64;
   if (alloc == 0) alloc = 64;
   data_ = std::aligned_alloc(64, alloc);
-  std::memset(data_, 0, alloc);
+  if (zero) std::memset(data_, 0, alloc);
   int64_t cur = g_current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
   int64_t peak = g_peak.load();
   while (cur > peak && !g_peak.compare_exchange_weak(peak, cur)) {
@@ -53,6 +53,14 @@ std::string dims_to_string(const std::vector<int64_t>& dims) {
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_(std::move(dims)) {
   storage_ = std::make_shared<Storage>(static_cast<size_t>(numel_of(dims_)) * dtype_size(dtype_));
+}
+
+Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> dims) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(numel_of(t.dims_)) * dtype_size(dtype), false);
+  return t;
 }
 
 Tensor Tensor::scalar_f32(float v) {

@@ -21,10 +21,11 @@ struct MemoryStats {
   static void reset_peak();
 };
 
-/// Contiguous byte buffer, 64-byte aligned, zero-initialised. Counted in MemoryStats.
+/// Contiguous byte buffer, 64-byte aligned, zero-initialised unless `zero` is false (for
+/// outputs a kernel overwrites entirely). Counted in MemoryStats.
 class Storage {
  public:
-  explicit Storage(size_t nbytes);
+  explicit Storage(size_t nbytes, bool zero = true);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -44,6 +45,8 @@ class Tensor {
   Tensor() = default;
   /// Allocates a zero-filled tensor of the given dtype and dims.
   Tensor(DType dtype, std::vector<int64_t> dims);
+  /// Allocates without filling: for outputs that a kernel writes in full.
+  static Tensor uninitialized(DType dtype, std::vector<int64_t> dims);
   static Tensor scalar_f32(float v);
   static Tensor scalar_i64(int64_t v);
   /// 1-D i64 tensor with the given values.

@@ -515,6 +515,19 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
         if (j != ip && n.inputs[j] == v) ok = false;
       if (ok) inplace_from = it->second;
     }
+    // Reshape-family views (ir::is_view_op): the output shares its input's buffer when
+    // the input dies here, as runtime/interpreter.cpp does (no copy, no new buffer).
+    if (inplace_from < 0 && is_view_op(n.op) && n.num_inputs() >= 1 && n.inputs[0] && n.num_outputs() == 1 &&
+        n.outputs[0]) {
+      const Value* v = n.inputs[0];
+      const Value* o = n.outputs[0];
+      auto it = idx.find(v);
+      auto ot = idx.find(o);
+      if (it != idx.end() && ot != idx.end() && owner.at(v) == ng && !plan.values[it->second].persistent &&
+          last_use[v] == i && !pinned[ng].count(v) && holds_buffer(it->second) && v->dtype == o->dtype &&
+          plan.values[it->second].bytes == plan.values[ot->second].bytes)
+        inplace_from = it->second;
+    }
     for (int k = 0; k < n.num_outputs(); ++k) {
       Value* o = n.outputs[k];
       if (!o) continue;

@@ -161,7 +161,8 @@ Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env)
   }
   std::vector<Tensor> outs;
   for (Value* o : n.outputs) {
-    outs.emplace_back(o->dtype, o->shape.to_vector());
+    // A generated kernel writes every element of each output: no zero fill.
+    outs.push_back(Tensor::uninitialized(o->dtype, o->shape.to_vector()));
     bufs.push_back(outs.back().raw());
   }
   void* const* args = bufs.data();
@@ -243,9 +244,26 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
           if (!other_use) inplace = &it->second;
         }
       }
-      auto outs = run_node_impl(n, ins, opts, i, inplace);
-      if (!outs) return outs.status();
-      for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
+      // Reshape-family ops (ir::is_view_op) whose input dies here: the output is the
+      // same storage with new dims, no copy (the planner models the same rule).
+      bool viewed = false;
+      if (ir::is_view_op(n.op) && n.num_inputs() >= 1 && n.inputs[0] && n.num_outputs() == 1 &&
+          n.outputs[0]->shape.is_static()) {
+        const Value* v = n.inputs[0];
+        auto it = env.find(v);
+        const std::vector<int64_t> od = n.outputs[0]->shape.to_vector();
+        if (it != env.end() && last_use[v] == i && !pinned.count(v) && it->second.storage_unique() &&
+            ir::numel_of(od) == it->second.numel() && it->second.dtype() == n.outputs[0]->dtype) {
+          Tensor view = it->second.reshaped(od);
+          env[n.outputs[0]] = std::move(view);
+          viewed = true;
+        }
+      }
+      if (!viewed) {
+        auto outs = run_node_impl(n, ins, opts, i, inplace);
+        if (!outs) return outs.status();
+        for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
+      }
     }
     if (timed)
       opts.profile->add(profile_key(n, generated),

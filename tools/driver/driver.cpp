@@ -18,6 +18,15 @@
 
 namespace kiln::driver {
 
+bool host_has_native_bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 using namespace kiln::ir;
 
 Status bind_dims(Graph& g, const std::map<std::string, int64_t>& dims) {
@@ -223,7 +232,10 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   KILN_RETURN_IF_ERROR(run_passes(*train, opt_pipe, dbg, train_opts));
   // --backend compiled: pointwise groups become FusedKernel nodes, then generated code.
   const bool compiled = cfg.backend == "compiled";
-  if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, {"fusion"}, dbg, train_opts));
+  // On CPUs without native bf16 dot products, bf16 GEMMs run as f32 GEMMs of the widened
+  // operands (passes/gemm_widening.cpp): same function, several times faster there.
+  if (compiled && cfg.bf16 && !host_has_native_bf16()) train_opts["widen_bf16_gemm"] = "1";
+  if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, {"gemm_widening", "fusion"}, dbg, train_opts));
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
   log_text("graph", "training step after all passes:\n" + ir::graph_to_string(*train));
   if (log_enabled("memory")) {
@@ -239,9 +251,10 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   KILN_ASSIGN_OR_RETURN(auto eval, load_model(cfg.model, eval_dims, to_f64, nullptr));
   auto eval_opts = opts;
   eval_opts["mode"] = "eval";
+  if (train_opts.count("widen_bf16_gemm")) eval_opts["widen_bf16_gemm"] = "1";
   std::vector<std::string> eval_pipe = fwd;
   eval_pipe.push_back("canonicalize");
-  if (compiled) eval_pipe.push_back("fusion");
+  if (compiled) eval_pipe.insert(eval_pipe.end(), {"gemm_widening", "fusion"});
   KILN_RETURN_IF_ERROR(run_passes(*eval, eval_pipe, nullptr, eval_opts));
   log_text("graph", "eval program after all passes:\n" + ir::graph_to_string(*eval));
   if (compiled) {

@@ -15,6 +15,12 @@
 
 namespace kiln::driver {
 
+/// True when the host CPU has native bf16 dot products (x86 AVX512_BF16), where oneDNN's
+/// bf16 GEMMs are fast; otherwise the compiled backend widens bf16 GEMMs to f32
+/// (passes/gemm_widening.cpp).
+bool host_has_native_bf16();
+
+
 /// Imports an ONNX model, binds dim_params (`shape`), folds shape computations
 /// and canonicalizes. With `to_f64`, every float initializer and input becomes f64
 /// (for float64 reference checks). Errors name the file and node at fault.
