@@ -101,14 +101,17 @@ Status sce_kernel(KernelContext& ctx) {
     using T = decltype(tag);
     const T* x = X.data<T>();
     T* lpo = logp_out ? logp_out->data<T>() : nullptr;
-#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+#pragma omp parallel if (X.numel() > kParallelThreshold)
+    {
+    std::vector<double> row(static_cast<size_t>(s->C));  // one buffer per thread
+#pragma omp for schedule(static)
     for (int64_t i = 0; i < s->N * s->D; ++i) {
       const int64_t n = i / s->D, d = i % s->D;
-      std::vector<double> row(static_cast<size_t>(s->C));
       log_softmax_at(x, *s, n, d, row.data());
       if (lpo)
         for (int64_t c = 0; c < s->C; ++c) st(lpo, n * s->C * s->D + c * s->D + d, row[c]);
       lp[i] = s->pos_w[i] == 0.0 ? 0.0 : -row[s->labels[i]] * s->pos_w[i];
+    }
     }
   });
   KILN_RETURN_IF_ERROR(st_);
@@ -147,16 +150,30 @@ Status sce_grad_kernel(KernelContext& ctx) {
     using T = decltype(tag);
     const T* x = X.data<T>();
     T* dx = ctx.out(0).data<T>();
-#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+#pragma omp parallel if (X.numel() > kParallelThreshold)
+    {
+    std::vector<double> e(static_cast<size_t>(s->C));  // exp(x - max) of one row, per thread
+#pragma omp for schedule(static)
     for (int64_t i = 0; i < s->N * s->D; ++i) {
       const int64_t n = i / s->D, d = i % s->D;
+      const int64_t base = n * s->C * s->D + d;
       const double coef = grad_coef(*s, dL, i);
-      std::vector<double> row(static_cast<size_t>(s->C));
-      if (coef != 0.0) log_softmax_at(x, *s, n, d, row.data());
-      for (int64_t c = 0; c < s->C; ++c) {
-        double v = coef == 0.0 ? 0.0 : coef * (std::exp(row[c]) - (c == s->labels[i] ? 1.0 : 0.0));
-        st(dx, n * s->C * s->D + c * s->D + d, v);
+      if (coef == 0.0) {
+        for (int64_t c = 0; c < s->C; ++c) st(dx, base + c * s->D, 0.0);
+        continue;
       }
+      // softmax = exp(x - max) / sum, each exponential computed once.
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t c = 0; c < s->C; ++c) m = std::max(m, ld(x, base + c * s->D));
+      double sum = 0;
+      for (int64_t c = 0; c < s->C; ++c) {
+        e[static_cast<size_t>(c)] = std::exp(ld(x, base + c * s->D) - m);
+        sum += e[static_cast<size_t>(c)];
+      }
+      const double scale = coef / sum;
+      for (int64_t c = 0; c < s->C; ++c)
+        st(dx, base + c * s->D, scale * e[static_cast<size_t>(c)] - (c == s->labels[i] ? coef : 0.0));
+    }
     }
   });
 }
