@@ -22,7 +22,9 @@
 //    type; starting from 0 (sum) or -inf/lowest (max), stored once.
 //
 // Row programs (reduce expressions, kernel_ir.h) run row by row: per kept point, pass
-// p = 1..P is one loop over the reduced dims (row_program_body).
+// p = 1..P is one loop over the reduced dims (row_program_body). Their float max
+// reductions use maxnum (nnan, nsz) plus a "saw a NaN" flag, so they vectorize and still
+// give NaN for a row holding one (the sign of a zero maximum is not specified).
 // Schedule (after collapse_dims): pointwise kernels run dim 0 over [begin, end) and the
 // other dims as nested loops (innermost unit-stride for the vectorizer). Reductions
 // parallelize over the outermost kept dim; if the innermost dim is reduced ("row" mode)
@@ -641,7 +643,7 @@ class KernelEmitter {
     };
     row_stores(0);
     for (int p = 1; p <= passes; ++p) {
-      std::vector<llvm::Value*> acc(ne, nullptr), sacc(ns, nullptr);
+      std::vector<llvm::Value*> acc(ne, nullptr), sacc(ns, nullptr), nan_seen(ne, nullptr);
       std::vector<llvm::Type*> ety(ne, nullptr), sty(ns, nullptr);
       for (size_t i = 0; i < ne; ++i) {
         const KExpr& e = k_.exprs[i];
@@ -649,6 +651,12 @@ class KernelEmitter {
         ety[i] = acc_type_t(e.reduce, e.dtype);
         acc[i] = entry_alloca(ety[i], nullptr);
         B_.CreateStore(expr_init(e), acc[i]);
+        if (e.reduce == ReduceKind::max && ir::is_float(e.dtype)) {
+          // Float max as maxnum (nnan, nsz: a reduction LLVM vectorizes) plus a separate
+          // "saw a NaN" flag, so the result is still NaN when any element is.
+          nan_seen[i] = entry_alloca(B_.getInt8Ty(), nullptr);
+          B_.CreateStore(B_.getInt8(0), nan_seen[i]);
+        }
       }
       for (size_t s = 0; s < ns; ++s) {
         const KStore& st = k_.stores[s];
@@ -662,7 +670,20 @@ class KernelEmitter {
         for (size_t i = 0; i < ne; ++i)
           if (acc[i]) {
             const KExpr& e = k_.exprs[i];
-            B_.CreateStore(reduce_step_t(e.reduce, e.dtype, B_.CreateLoad(ety[i], acc[i]), v[e.args[0]], true), acc[i]);
+            llvm::Value* x = v[e.args[0]];
+            if (nan_seen[i]) {
+              llvm::FastMathFlags fmf;
+              fmf.setNoNaNs();
+              fmf.setNoSignedZeros();
+              llvm::Function* mx = llvm::Intrinsic::getDeclaration(&M_, llvm::Intrinsic::maxnum, {ety[i]});
+              llvm::CallInst* m = B_.CreateCall(mx, {B_.CreateLoad(ety[i], acc[i]), x});
+              m->setFastMathFlags(fmf);
+              B_.CreateStore(m, acc[i]);
+              llvm::Value* isn = B_.CreateZExt(B_.CreateFCmpUNO(x, x), B_.getInt8Ty());
+              B_.CreateStore(B_.CreateOr(B_.CreateLoad(B_.getInt8Ty(), nan_seen[i]), isn), nan_seen[i]);
+              continue;
+            }
+            B_.CreateStore(reduce_step_t(e.reduce, e.dtype, B_.CreateLoad(ety[i], acc[i]), x, true), acc[i]);
           }
         for (size_t s = 0; s < ns; ++s) {
           const KStore& st = k_.stores[s];
@@ -675,6 +696,9 @@ class KernelEmitter {
         if (acc[i]) {
           const KExpr& e = k_.exprs[i];
           llvm::Value* r = B_.CreateLoad(ety[i], acc[i]);
+          if (nan_seen[i])
+            r = B_.CreateSelect(B_.CreateICmpNE(B_.CreateLoad(B_.getInt8Ty(), nan_seen[i]), B_.getInt8(0)),
+                                qnan(ety[i]), r);
           llvm::Type* rt = reg_type(e.dtype);
           if (r->getType() != rt) r = B_.CreateFPTrunc(r, rt);
           known[i] = ir::is_float(e.dtype) ? round_to(e.dtype, r) : r;

@@ -167,7 +167,7 @@ TEST_F(Cli, BackendFlagErrors) {
                         "--backend: unknown value 'jit'");
   expect_one_error_line(run_kiln("bench " + model + " --backend eager,foo", dir), 2, "--backend: unknown value 'foo'");
   expect_one_error_line(run_kiln("train " + model + data() + " --backend eager,compiled --output_dir " + dir + "/o", dir),
-                        1, "one backend per program");
+                        2, "one backend per program");
 }
 
 /// Resuming with another optimizer would drop the checkpoint's optimizer state: refused,

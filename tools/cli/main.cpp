@@ -67,6 +67,7 @@ int report(const Failure& f) {
 
 /// Raw text of every config flag, bound to CLI11 options; applied after parsing.
 struct ConfigFlags {
+  bool backend_list = false;  ///< --backend may name several backends (kiln bench only)
   std::map<std::string, std::vector<std::string>> values;
   std::map<std::string, CLI::Option*> options;
   std::string config_file;
@@ -116,6 +117,8 @@ struct ConfigFlags {
     if (cfg.model.empty()) throw Failure{2, "a MODEL.onnx argument is required"};
     Status v = cfg.validate();
     if (!v) throw Failure{2, v.message()};
+    if (!backend_list && cfg.backend.find(',') != std::string::npos)
+      throw Failure{2, "--backend: one backend per program (a list such as '" + cfg.backend + "' is for kiln bench)"};
     if (!fs::exists(cfg.model)) throw Failure{1, cfg.model + ": no such file"};
     return cfg;
   }
@@ -627,6 +630,7 @@ int real_main(int argc, char** argv) {
   gradcheck->add_option("--elements_per_parameter", gc_per_param, "elements perturbed per parameter (default 4)");
   gradcheck->add_option("--tolerance", gc_tol, "max relative error (default 1e-6)");
   auto* bench = app.add_subcommand("bench", "time training steps");
+  bench_flags.backend_list = true;
   bench_flags.add_to(bench);
   int bench_warmup = 3, bench_steps = 10;
   bench->add_option("--warmup_steps_bench", bench_warmup, "untimed warm-up steps");
