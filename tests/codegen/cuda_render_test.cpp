@@ -241,42 +241,10 @@ INSTANTIATE_TEST_SUITE_P(CudaRender, CudaRenderPrograms, ::testing::ValuesIn(pro
 using codegen::Kernel;
 using codegen::ReduceKind;
 using codegen::testing::KB;
+using codegen::testing::row_layernorm_kernel;
+using codegen::testing::row_softmax_kernel;
 using ir::DType;
 using ir::ScalarOp;
-
-/// Softmax over the innermost dim of [rows, cols]: max, sum of exp(x - max), exp(x - max) / sum.
-Kernel softmax_kernel(const std::string& name, int64_t rows, int64_t cols, DType t) {
-  KB b(name, {rows, cols}, {false, true});
-  const DType c = t == DType::f64 ? DType::f64 : DType::f32;
-  int x = b.load(b.param("x", t, {cols, 1}));
-  if (c != t) x = b.op(ScalarOp::cast, {x}, c);
-  int m = b.k.add_reduce(ReduceKind::max, x);
-  int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, m}, c)}, c);
-  int s = b.k.add_reduce(ReduceKind::sum, e);
-  int y = b.op(ScalarOp::div, {e, s}, c);
-  if (c != t) y = b.op(ScalarOp::cast, {y}, t);
-  b.out("y", y, {cols, 1});
-  return b.k;
-}
-
-/// LayerNormalization over the innermost dim with scale and bias; Mean and InvStdDev as
-/// row stores ([rows] outputs, stride 0 along the row).
-Kernel layernorm_kernel(const std::string& name, int64_t rows, int64_t cols) {
-  const DType f = DType::f32;
-  KB b(name, {rows, cols}, {false, true});
-  int x = b.load(b.param("x", f, {cols, 1}));
-  int sc = b.load(b.param("scale", f, {0, 1}));
-  int bi = b.load(b.param("bias", f, {0, 1}));
-  int n = b.cst(static_cast<double>(cols), f);
-  int mean = b.op(ScalarOp::div, {b.k.add_reduce(ReduceKind::sum, x), n}, f);
-  int d = b.op(ScalarOp::sub, {x, mean}, f);
-  int var = b.op(ScalarOp::div, {b.k.add_reduce(ReduceKind::sum, b.op(ScalarOp::mul, {d, d}, f)), n}, f);
-  int rstd = b.op(ScalarOp::div, {b.cst(1, f), b.op(ScalarOp::sqrt, {b.op(ScalarOp::add, {var, b.cst(1e-5, f)}, f)}, f)}, f);
-  b.out("y", b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {d, rstd}, f), sc}, f), bi}, f), {cols, 1});
-  b.out("mean", mean, {1, 0});
-  b.out("rstd", rstd, {1, 0});
-  return b.k;
-}
 
 /// SoftmaxGrad-like mixed stores over [a, b], reduced dim `rd`: reduce expression
 /// s = sum(dy * y), point store dx = y * (dy - s), reduction store rowsum = sum(dy * y),
@@ -302,13 +270,13 @@ struct RowWant {
 
 std::vector<RowWant> row_kernels() {
   std::vector<RowWant> v;
-  v.push_back({softmax_kernel("softmax_f32", 37, 129, DType::f32), "row_warp", 5});
-  v.push_back({softmax_kernel("softmax_bf16", 5, 64, DType::bf16), "row_warp", 1});
-  v.push_back({softmax_kernel("softmax_f64", 4, 33, DType::f64), "row_warp", 1});
-  v.push_back({softmax_kernel("softmax_long", 3, 5000, DType::f32), "row_block", 3});
-  v.push_back({softmax_kernel("softmax_short", 300, 7, DType::f32), "column", 2});
-  v.push_back({layernorm_kernel("layernorm", 9, 256), "row_warp", 2});
-  v.push_back({layernorm_kernel("layernorm_long", 2, 8192), "row_block", 2});
+  v.push_back({row_softmax_kernel("softmax_f32", 37, 129, DType::f32), "row_warp", 5});
+  v.push_back({row_softmax_kernel("softmax_bf16", 5, 64, DType::bf16), "row_warp", 1});
+  v.push_back({row_softmax_kernel("softmax_f64", 4, 33, DType::f64), "row_warp", 1});
+  v.push_back({row_softmax_kernel("softmax_long", 3, 5000, DType::f32), "row_block", 3});
+  v.push_back({row_softmax_kernel("softmax_short", 300, 7, DType::f32), "column", 2});
+  v.push_back({row_layernorm_kernel("layernorm", 9, 256), "row_warp", 2});
+  v.push_back({row_layernorm_kernel("layernorm_long", 2, 8192), "row_block", 2});
   v.push_back({mixed_kernel("mixed_outer", 24, 10, 0), "column", 1});
   v.push_back({mixed_kernel("mixed_inner", 10, 300, 1), "row_warp", 2});
   {  // a bf16 reduce expression (rounded to bf16 before use): y = x - sum(x)

@@ -23,6 +23,8 @@ using ir::DType;
 using ir::ScalarOp;
 
 using testing::KB;
+using testing::row_layernorm_kernel;
+using testing::row_softmax_kernel;
 
 int64_t buffer_elems(const KernelParam& p, const std::vector<int64_t>& dom) {
   int64_t n = p.offset + 1;
@@ -414,45 +416,11 @@ TEST(LlvmCpu, ErrorsNameTheKernel) {
 // ---- Row programs (reduce expressions, kernel_ir.h): JIT against the reference, and
 // the reference against float64 math in kernel_ir_test.cpp.
 
-/// Softmax over the innermost dim of [rows, cols]: max, sum of exp(x - max), exp(x - max) / sum.
-Kernel softmax_kernel(const std::string& name, int64_t rows, int64_t cols, DType t) {
-  KB b(name, {rows, cols}, {false, true});
-  const DType c = t == DType::f64 ? DType::f64 : DType::f32;
-  int x = b.load(b.param("x", t, {cols, 1}));
-  if (c != t) x = b.op(ScalarOp::cast, {x}, c);
-  int m = b.k.add_reduce(ReduceKind::max, x);
-  int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, m}, c)}, c);
-  int s = b.k.add_reduce(ReduceKind::sum, e);
-  int y = b.op(ScalarOp::div, {e, s}, c);
-  if (c != t) y = b.op(ScalarOp::cast, {y}, t);
-  b.out("y", y, {cols, 1});
-  return b.k;
-}
-
-/// LayerNormalization over the innermost dim with scale and bias; Mean and InvStdDev as
-/// row stores ([rows] outputs, stride 0 along the row).
-Kernel layernorm_kernel(const std::string& name, int64_t rows, int64_t cols) {
-  const DType f = DType::f32;
-  KB b(name, {rows, cols}, {false, true});
-  int x = b.load(b.param("x", f, {cols, 1}));
-  int sc = b.load(b.param("scale", f, {0, 1}));
-  int bi = b.load(b.param("bias", f, {0, 1}));
-  int n = b.cst(static_cast<double>(cols), f);
-  int mean = b.op(ScalarOp::div, {b.k.add_reduce(ReduceKind::sum, x), n}, f);
-  int d = b.op(ScalarOp::sub, {x, mean}, f);
-  int var = b.op(ScalarOp::div, {b.k.add_reduce(ReduceKind::sum, b.op(ScalarOp::mul, {d, d}, f)), n}, f);
-  int rstd = b.op(ScalarOp::div, {b.cst(1, f), b.op(ScalarOp::sqrt, {b.op(ScalarOp::add, {var, b.cst(1e-5, f)}, f)}, f)}, f);
-  b.out("y", b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {d, rstd}, f), sc}, f), bi}, f), {cols, 1});
-  b.out("mean", mean, {1, 0});
-  b.out("rstd", rstd, {1, 0});
-  return b.k;
-}
-
 TEST(LlvmCpuRow, SoftmaxAndLayerNormMatchReference) {
-  std::vector<Kernel> ks = {softmax_kernel("softmax_f32", 37, 129, DType::f32),
-                            softmax_kernel("softmax_bf16", 5, 64, DType::bf16),
-                            softmax_kernel("softmax_f64", 4, 33, DType::f64),
-                            layernorm_kernel("layernorm", 9, 256)};
+  std::vector<Kernel> ks = {row_softmax_kernel("softmax_f32", 37, 129, DType::f32),
+                            row_softmax_kernel("softmax_bf16", 5, 64, DType::bf16),
+                            row_softmax_kernel("softmax_f64", 4, 33, DType::f64),
+                            row_layernorm_kernel("layernorm", 9, 256)};
   // exp through libm on both sides; sums reassociated (vectorized) in double.
   std::vector<Tols> tols = {{{1, 1e-6}}, {{1, 1e-2}}, {{1, 1e-12}}, {{3, 1e-5}, {4, 1e-6}, {5, 1e-5}}};
   check(ks, tols, 3, /*specials=*/false);
@@ -461,7 +429,7 @@ TEST(LlvmCpuRow, SoftmaxAndLayerNormMatchReference) {
 TEST(LlvmCpuRow, NonFiniteRowsMatchReference) {
   // NaN and +-inf inputs: rows with NaN are NaN, rows with +inf give NaN (inf - inf), as
   // in the reference and the eager Softmax.
-  check({softmax_kernel("softmax_specials", 40, 50, DType::f32)}, {{{1, 1e-6}}}, 3, /*specials=*/true);
+  check({row_softmax_kernel("softmax_specials", 40, 50, DType::f32)}, {{{1, 1e-6}}}, 3, /*specials=*/true);
 }
 
 TEST(LlvmCpuRow, ReducedOuterDimAndMixedStores) {

@@ -29,6 +29,7 @@
 #include "codegen/cuda/cuda_emitter.h"
 #include "codegen/cuda/nvrtc.h"
 #include "runtime/cuda/cuda_device.h"
+#include "../codegen/kernel_builder.h"
 
 namespace kiln::gputest {
 namespace {
@@ -39,6 +40,8 @@ using ir::DType;
 using ir::ScalarOp;
 using runtime::CudaDevice;
 using runtime::CudaDevicePtr;
+using codegen::testing::row_layernorm_kernel;
+using codegen::testing::row_softmax_kernel;
 
 /// One row kernel, its expected schedule, input ranges and tolerances.
 struct RowCase {
@@ -49,54 +52,7 @@ struct RowCase {
   double rel = 1e-5, abs = 0;                     ///< float tolerance (bf16: rel 2e-2)
 };
 
-// ---- Builders (as tests/codegen/llvm_cpu_test.cpp's) -------------------------------------
-
-/// Softmax over the innermost dim of [rows, cols]: max, sum of exp(x - max), exp(x - max) / sum.
-Kernel softmax_kernel(const std::string& name, int64_t rows, int64_t cols, DType t) {
-  Kernel k;
-  k.name = name;
-  k.domain = {rows, cols};
-  k.reduced = {false, true};
-  const DType c = t == DType::f64 ? DType::f64 : DType::f32;
-  int x = k.add_load(k.add_param("x", t, {cols, 1}));
-  if (c != t) x = k.add_op(ScalarOp::cast, {x}, c);
-  const int m = k.add_reduce(ReduceKind::max, x);
-  const int e = k.add_op(ScalarOp::exp, {k.add_op(ScalarOp::sub, {x, m}, c)}, c);
-  const int s = k.add_reduce(ReduceKind::sum, e);
-  int y = k.add_op(ScalarOp::div, {e, s}, c);
-  if (c != t) y = k.add_op(ScalarOp::cast, {y}, t);
-  k.add_store(k.add_param("y", t, {cols, 1}, true), y);
-  return k;
-}
-
-/// LayerNormalization over the innermost dim with scale and bias in dtype t (computed in
-/// f32); Mean and InvStdDev (f32) as row stores.
-Kernel layernorm_kernel(const std::string& name, int64_t rows, int64_t cols, DType t = DType::f32) {
-  const DType f = DType::f32;
-  Kernel k;
-  k.name = name;
-  k.domain = {rows, cols};
-  k.reduced = {false, true};
-  auto in = [&](const char* n, std::vector<int64_t> st) {
-    int v = k.add_load(k.add_param(n, t, std::move(st)));
-    return t == f ? v : k.add_op(ScalarOp::cast, {v}, f);
-  };
-  const int x = in("x", {cols, 1}), sc = in("scale", {0, 1}), bi = in("bias", {0, 1});
-  const int n = k.add_constant(static_cast<double>(cols), f);
-  const int mean = k.add_op(ScalarOp::div, {k.add_reduce(ReduceKind::sum, x), n}, f);
-  const int d = k.add_op(ScalarOp::sub, {x, mean}, f);
-  const int var = k.add_op(ScalarOp::div, {k.add_reduce(ReduceKind::sum, k.add_op(ScalarOp::mul, {d, d}, f)), n}, f);
-  const int rstd = k.add_op(
-      ScalarOp::div,
-      {k.add_constant(1, f), k.add_op(ScalarOp::sqrt, {k.add_op(ScalarOp::add, {var, k.add_constant(1e-5, f)}, f)}, f)},
-      f);
-  int y = k.add_op(ScalarOp::add, {k.add_op(ScalarOp::mul, {k.add_op(ScalarOp::mul, {d, rstd}, f), sc}, f), bi}, f);
-  if (t != f) y = k.add_op(ScalarOp::cast, {y}, t);
-  k.add_store(k.add_param("y", t, {cols, 1}, true), y);
-  k.add_store(k.add_param("mean", f, {1, 0}, true), mean);
-  k.add_store(k.add_param("rstd", f, {1, 0}, true), rstd);
-  return k;
-}
+// ---- Builders (softmax and layer norm: tests/codegen/kernel_builder.h) ---------------------
 
 /// SoftmaxGrad-like mixed stores over [outer, inner] with the reduced dim `reduced_dim`:
 /// a reduce expression s = sum(dy * y), a point store dx = y * (dy - s), a reduction store
@@ -152,19 +108,19 @@ Kernel bf16_reduce_kernel(const std::string& name, int64_t rows, int64_t cols) {
 
 std::vector<RowCase> row_cases() {
   std::vector<RowCase> v;
-  v.push_back({softmax_kernel("softmax_f32_37x129", 37, 129, DType::f32), "row_warp"});
-  v.push_back({softmax_kernel("softmax_bf16_5x64", 5, 64, DType::bf16), "row_warp", {-2.5, 2.5}, false, 2e-2});
-  v.push_back({softmax_kernel("softmax_f64_4x33", 4, 33, DType::f64), "row_warp", {-2.5, 2.5}, false, 1e-12});
-  v.push_back({softmax_kernel("softmax_f32_3x5000", 3, 5000, DType::f32), "row_block"});
-  v.push_back({softmax_kernel("softmax_bf16_2x4099", 2, 4099, DType::bf16), "row_block", {-2.5, 2.5}, false, 2e-2});
-  v.push_back({softmax_kernel("softmax_f32_300x7", 300, 7, DType::f32), "column"});
-  v.push_back({softmax_kernel("softmax_f32_1x1", 1, 1, DType::f32), "column"});
-  v.push_back({softmax_kernel("softmax_specials_40x50", 40, 50, DType::f32), "row_warp", {-2.5, 2.5}, true});
+  v.push_back({row_softmax_kernel("softmax_f32_37x129", 37, 129, DType::f32), "row_warp"});
+  v.push_back({row_softmax_kernel("softmax_bf16_5x64", 5, 64, DType::bf16), "row_warp", {-2.5, 2.5}, false, 2e-2});
+  v.push_back({row_softmax_kernel("softmax_f64_4x33", 4, 33, DType::f64), "row_warp", {-2.5, 2.5}, false, 1e-12});
+  v.push_back({row_softmax_kernel("softmax_f32_3x5000", 3, 5000, DType::f32), "row_block"});
+  v.push_back({row_softmax_kernel("softmax_bf16_2x4099", 2, 4099, DType::bf16), "row_block", {-2.5, 2.5}, false, 2e-2});
+  v.push_back({row_softmax_kernel("softmax_f32_300x7", 300, 7, DType::f32), "column"});
+  v.push_back({row_softmax_kernel("softmax_f32_1x1", 1, 1, DType::f32), "column"});
+  v.push_back({row_softmax_kernel("softmax_specials_40x50", 40, 50, DType::f32), "row_warp", {-2.5, 2.5}, true});
   // y = (x - mean) * rstd * scale + bias can cancel to ~0: 1e-5 absolute besides.
-  v.push_back({layernorm_kernel("layernorm_f32_9x256", 9, 256), "row_warp", {-2.5, 2.5}, false, 1e-5, 1e-5});
-  v.push_back({layernorm_kernel("layernorm_f32_4x8192", 4, 8192), "row_block", {-2.5, 2.5}, false, 1e-5, 1e-5});
-  v.push_back({layernorm_kernel("layernorm_f32_5x20", 5, 20), "column", {-2.5, 2.5}, false, 1e-5, 1e-5});
-  v.push_back({layernorm_kernel("layernorm_bf16_6x300", 6, 300, DType::bf16), "row_warp", {-2.5, 2.5}, false, 2e-2,
+  v.push_back({row_layernorm_kernel("layernorm_f32_9x256", 9, 256), "row_warp", {-2.5, 2.5}, false, 1e-5, 1e-5});
+  v.push_back({row_layernorm_kernel("layernorm_f32_4x8192", 4, 8192), "row_block", {-2.5, 2.5}, false, 1e-5, 1e-5});
+  v.push_back({row_layernorm_kernel("layernorm_f32_5x20", 5, 20), "column", {-2.5, 2.5}, false, 1e-5, 1e-5});
+  v.push_back({row_layernorm_kernel("layernorm_bf16_6x300", 6, 300, DType::bf16), "row_warp", {-2.5, 2.5}, false, 2e-2,
                2e-2});
   // Positive inputs (sums without cancellation); dx = y * (dy - s) with s >> dy.
   v.push_back({mixed_kernel("mixed_outer_24x10", 24, 10, 0), "column", {0.5, 1.5}, false, 1e-5, 1e-6});
