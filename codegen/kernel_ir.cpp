@@ -55,6 +55,23 @@ std::vector<bool> Kernel::row_invariant() const {
   return inv;
 }
 
+bool Kernel::varies_along_reduced(const KStore& s) const {
+  const KernelParam& p = params[s.param];
+  for (size_t d = 0; d < reduced.size() && d < p.strides.size(); ++d)
+    if (reduced[d] && p.strides[d] != 0) return true;
+  return false;
+}
+
+int Kernel::row_passes() const {
+  const std::vector<int> level = expr_levels();
+  int passes = 0;
+  for (size_t i = 0; i < exprs.size(); ++i)
+    if (exprs[i].kind == KExpr::Kind::reduce) passes = std::max(passes, level[i]);
+  for (const KStore& s : stores)
+    if (s.reduce != ReduceKind::none || varies_along_reduced(s)) passes = std::max(passes, level[s.expr] + 1);
+  return passes;
+}
+
 bool Kernel::is_row_program() const {
   if (!has_reduction()) return false;
   for (const KExpr& e : exprs)
@@ -269,9 +286,7 @@ Status Kernel::verify() const {
     if (exprs[s.expr].dtype != p.dtype)
       return fail(sn + ": expr dtype " + ir::dtype_name(exprs[s.expr].dtype) + " != param dtype " +
                   ir::dtype_name(p.dtype));
-    bool varies = false;  // the output varies along some reduced dim
-    for (size_t d = 0; d < rank && d < reduced.size(); ++d)
-      if (reduced[d] && p.strides[d] != 0) varies = true;
+    const bool varies = varies_along_reduced(s);
     if (s.reduce != ReduceKind::none) {
       any_reduction = true;
       if (!is_numeric(p.dtype)) return fail(sn + ": reduction of a non-numeric dtype");
@@ -630,16 +645,8 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
   // pass that finishes their level. Accumulation is in index order (the oracle order).
   std::vector<int64_t> kept_dom = k.domain, red_dom = k.domain;
   for (size_t d = 0; d < rank; ++d) (k.reduced[d] ? kept_dom : red_dom)[d] = 1;
-  auto varies = [&](const KStore& s) {
-    for (size_t d = 0; d < rank; ++d)
-      if (k.reduced[d] && k.params[s.param].strides[d] != 0) return true;
-    return false;
-  };
-  int passes = 0;
-  for (size_t i = 0; i < k.exprs.size(); ++i)
-    if (k.exprs[i].kind == KExpr::Kind::reduce) passes = std::max(passes, level[i]);
-  for (const KStore& s : k.stores)
-    if (s.reduce != ReduceKind::none || varies(s)) passes = std::max(passes, level[s.expr] + 1);
+  auto varies = [&](const KStore& s) { return k.varies_along_reduced(s); };
+  const int passes = k.row_passes();
   std::vector<Val> acc(k.exprs.size());
   std::vector<Val> store_acc(k.stores.size());
   for_each_point(kept_dom, [&](const std::vector<int64_t>& kp) {

@@ -95,6 +95,14 @@ struct Kernel {
   /// Per expression: true when its value is constant along every reduced dim (constants,
   /// loads with stride 0 there, reduce expressions, ops of such).
   std::vector<bool> row_invariant() const;
+  /// True when the output of store `s` has a non-zero stride along some reduced dim: a
+  /// plain store then writes one element per domain point (a point store), else once
+  /// per row (a row store).
+  bool varies_along_reduced(const KStore& s) const;
+  /// Passes over each row that a kernel with reduced dims needs: the deepest reduce
+  /// expression's level, or one more than the level of a reduction or point store's
+  /// expression, whichever is larger (see evaluate_reference).
+  int row_passes() const;
   /// Text form, e.g.
   ///   kernel fused_3 domain [512, 64] reduced [-, -]
   ///     param 0 %x f32 strides [64, 1] in

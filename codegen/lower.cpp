@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "ir/op_table.h"
+#include "ir/tensor.h"
 #include "ir/ops/nn.h"
 
 namespace kiln::codegen {
@@ -131,8 +132,8 @@ Expected<Kernel> lower_fused(const Node& fused) {
         for (int i = r - 1; i >= 0; --i) perm.push_back(i);
       if (static_cast<int>(perm.size()) != r || !(t.outputs[0]->shape == dom_shape))
         return fail("Transpose '" + t.name + "' does not span the domain " + dom_shape.to_string());
-      std::vector<int64_t> contiguous(r, 1), strides(r, 0);
-      for (int d = r - 2; d >= 0; --d) contiguous[d] = contiguous[d + 1] * in_dims[d + 1];
+      const std::vector<int64_t> contiguous = ir::strides_of(in_dims);
+      std::vector<int64_t> strides(r, 0);
       for (int d = 0; d < r; ++d) strides[d] = in_dims[perm[d]] == 1 ? 0 : contiguous[perm[d]];
       env[t.outputs[0]] = b.load(k.add_param(in->name, in->dtype, strides));
       continue;

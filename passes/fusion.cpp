@@ -137,6 +137,7 @@ struct Group {
   std::unordered_set<const Value*> values;  // outputs of members
   bool reduction = false;                   // closed by a reduction (its last member)
   bool row = false;                         // holds a row op (kind "row")
+  bool view = false;                        // holds a Transpose read through strides
 };
 
 /// A reduction code generation can emit: ReduceSum-like op (OpDef::reduce_combine) on a
@@ -267,7 +268,9 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
         if (k > 1 || direct.count(v) || made.count(v)) return true;
       return false;
     };
-    while (!cand.empty() && view_conflict()) {
+    bool any_view = view;
+    for (int c : cand) any_view |= groups[c].view;
+    while (any_view && !cand.empty() && view_conflict()) {
       auto drop = cand.begin();
       for (auto c = cand.begin(); c != cand.end(); ++c)
         for (const Node* m : groups[*c].members)
@@ -294,6 +297,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       }
       groups[chosen].values.insert(from.values.begin(), from.values.end());
       groups[chosen].row |= from.row;
+      groups[chosen].view |= from.view;
       from.members.clear();
       from.values.clear();
     }
@@ -305,6 +309,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
     groups[chosen].members.push_back(n);
     for (Value* o : n->outputs) groups[chosen].values.insert(o);
     groups[chosen].row |= row;
+    groups[chosen].view |= view;
     group_of[n] = chosen;
   }
   // Condition (b) makes every reader of a group value outside the group come after

@@ -498,35 +498,33 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     }
     const OpDef* def = OpTable::get().find(n.op);
     const bool pointwise = in_place && def && def->fusion == FusionClass::pointwise;
-    // kiln_inplace = k: output 0 writes into input k when the interpreter allows it
-    // (last use here, not pinned, storage unique: a node output or body input of this
-    // graph, not a resident or captured value; same dtype and dims; read once here).
-    int inplace_from = -1;
-    const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
-    if (opts.honor_inplace_attr && ip >= 0 && ip < n.num_inputs() && n.inputs[ip] && n.num_outputs() > 0 &&
-        n.outputs[0]) {
-      const Value* v = n.inputs[ip];
-      const Value* o = n.outputs[0];
+    // Input k's value index when output 0 may take its buffer, as the interpreter allows
+    // it: last use here, not pinned, storage unique (a node output or body input of this
+    // graph, not a resident or captured value), the same dtype, read once by this node.
+    auto dying_input = [&](int64_t k) -> int {
+      if (k < 0 || k >= n.num_inputs() || !n.inputs[k] || n.num_outputs() == 0 || !n.outputs[0]) return -1;
+      const Value* v = n.inputs[k];
       auto it = idx.find(v);
-      bool ok = it != idx.end() && owner.at(v) == ng && !plan.values[it->second].persistent &&
-                last_use[v] == i && !pinned[ng].count(v) && holds_buffer(it->second) && v->dtype == o->dtype &&
-                v->shape.to_vector() == o->shape.to_vector();
-      for (int j = 0; j < n.num_inputs() && ok; ++j)
-        if (j != ip && n.inputs[j] == v) ok = false;
-      if (ok) inplace_from = it->second;
+      if (it == idx.end() || owner.at(v) != ng || plan.values[it->second].persistent || last_use[v] != i ||
+          pinned[ng].count(v) || !holds_buffer(it->second) || v->dtype != n.outputs[0]->dtype)
+        return -1;
+      for (int j = 0; j < n.num_inputs(); ++j)
+        if (j != k && n.inputs[j] == v) return -1;
+      return it->second;
+    };
+    // kiln_inplace = k: output 0 writes into input k (same dims).
+    int inplace_from = -1;
+    if (opts.honor_inplace_attr) {
+      const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
+      const int from = dying_input(ip);
+      if (from >= 0 && n.inputs[ip]->shape.to_vector() == n.outputs[0]->shape.to_vector()) inplace_from = from;
     }
     // Reshape-family views (ir::is_view_op): the output shares its input's buffer when
     // the input dies here, as runtime/interpreter.cpp does (no copy, no new buffer).
-    if (inplace_from < 0 && is_view_op(n.op) && n.num_inputs() >= 1 && n.inputs[0] && n.num_outputs() == 1 &&
-        n.outputs[0]) {
-      const Value* v = n.inputs[0];
-      const Value* o = n.outputs[0];
-      auto it = idx.find(v);
-      auto ot = idx.find(o);
-      if (it != idx.end() && ot != idx.end() && owner.at(v) == ng && !plan.values[it->second].persistent &&
-          last_use[v] == i && !pinned[ng].count(v) && holds_buffer(it->second) && v->dtype == o->dtype &&
-          plan.values[it->second].bytes == plan.values[ot->second].bytes)
-        inplace_from = it->second;
+    if (inplace_from < 0 && is_view_op(n.op) && n.num_outputs() == 1) {
+      const int from = dying_input(0);
+      auto ot = n.outputs[0] ? idx.find(n.outputs[0]) : idx.end();
+      if (from >= 0 && ot != idx.end() && plan.values[from].bytes == plan.values[ot->second].bytes) inplace_from = from;
     }
     for (int k = 0; k < n.num_outputs(); ++k) {
       Value* o = n.outputs[k];

@@ -232,30 +232,26 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       // kiln_inplace = k: output 0 may reuse input k's buffer when this is its last
       // use and nothing else shares it (set by passes for pointwise updates such as
       // the gradient accumulators; DESIGN.md invariant 2: visible in the IR).
-      const Tensor* inplace = nullptr;
-      const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
-      if (ip >= 0 && ip < n.num_inputs() && n.inputs[ip]) {
-        const Value* v = n.inputs[ip];
+      // Input k's tensor when this node may take its storage: its last use, not pinned,
+      // nothing else shares the storage, and the node reads it only once.
+      auto dying_input = [&](int64_t k) -> Tensor* {
+        if (k < 0 || k >= n.num_inputs() || !n.inputs[k]) return nullptr;
+        const Value* v = n.inputs[k];
         auto it = env.find(v);
-        if (it != env.end() && last_use[v] == i && !pinned.count(v) && it->second.storage_unique()) {
-          bool other_use = false;  // the same value read twice by this node
-          for (int j = 0; j < n.num_inputs(); ++j)
-            if (j != ip && n.inputs[j] == v) other_use = true;
-          if (!other_use) inplace = &it->second;
-        }
-      }
+        if (it == env.end() || last_use[v] != i || pinned.count(v) || !it->second.storage_unique()) return nullptr;
+        for (int j = 0; j < n.num_inputs(); ++j)
+          if (j != k && n.inputs[j] == v) return nullptr;
+        return &it->second;
+      };
+      const Tensor* inplace = dying_input(n.attrs.get_int("kiln_inplace", -1));
       // Reshape-family ops (ir::is_view_op) whose input dies here: the output is the
       // same storage with new dims, no copy (the planner models the same rule).
       bool viewed = false;
-      if (ir::is_view_op(n.op) && n.num_inputs() >= 1 && n.inputs[0] && n.num_outputs() == 1 &&
-          n.outputs[0]->shape.is_static()) {
-        const Value* v = n.inputs[0];
-        auto it = env.find(v);
+      if (ir::is_view_op(n.op) && n.num_outputs() == 1 && n.outputs[0]->shape.is_static()) {
         const std::vector<int64_t> od = n.outputs[0]->shape.to_vector();
-        if (it != env.end() && last_use[v] == i && !pinned.count(v) && it->second.storage_unique() &&
-            ir::numel_of(od) == it->second.numel() && it->second.dtype() == n.outputs[0]->dtype) {
-          Tensor view = it->second.reshaped(od);
-          env[n.outputs[0]] = std::move(view);
+        Tensor* in = dying_input(0);
+        if (in && ir::numel_of(od) == in->numel() && in->dtype() == n.outputs[0]->dtype) {
+          env[n.outputs[0]] = in->reshaped(od);
           viewed = true;
         }
       }

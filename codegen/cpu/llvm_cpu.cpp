@@ -610,28 +610,14 @@ class KernelEmitter {
       store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(t, acc[s])));
     }
   }
-  /// The initial accumulator of a reduce expression (as reduce_init for a store).
-  llvm::Value* expr_init(const KExpr& e) {
-    KStore s;
-    s.reduce = e.reduce;
-    return reduce_init_t(s.reduce, e.dtype);
-  }
   /// Row program (Kernel::is_row_program) for one kept point: pass p = 1..passes loops
   /// over the reduced dims, accumulating the level-p reduce expressions and the
   /// reduction stores of level p - 1 and writing the point stores of level p - 1; row
   /// stores are written once their level is finished (kernel_ir.h, evaluate_reference).
   void row_program_body(const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
     const size_t ne = k_.exprs.size(), ns = k_.stores.size();
-    auto varies = [&](const KStore& s) {
-      for (int d : red)
-        if (k_.params[s.param].strides[d] != 0) return true;
-      return false;
-    };
-    int passes = 0;
-    for (size_t i = 0; i < ne; ++i)
-      if (k_.exprs[i].kind == KExpr::Kind::reduce) passes = std::max(passes, level_[i]);
-    for (const KStore& s : k_.stores)
-      if (s.reduce != ReduceKind::none || varies(s)) passes = std::max(passes, level_[s.expr] + 1);
+    auto varies = [&](const KStore& s) { return k_.varies_along_reduced(s); };
+    const int passes = k_.row_passes();
     std::vector<llvm::Value*> known(ne, nullptr);
     auto row_stores = [&](int lvl) {
       std::vector<llvm::Value*> v;
@@ -650,7 +636,7 @@ class KernelEmitter {
         if (e.kind != KExpr::Kind::reduce || level_[i] != p) continue;
         ety[i] = acc_type_t(e.reduce, e.dtype);
         acc[i] = entry_alloca(ety[i], nullptr);
-        B_.CreateStore(expr_init(e), acc[i]);
+        B_.CreateStore(reduce_init_t(e.reduce, e.dtype), acc[i]);
         if (e.reduce == ReduceKind::max && ir::is_float(e.dtype)) {
           // Float max as maxnum (nnan, nsz: a reduction LLVM vectorizes) plus a separate
           // "saw a NaN" flag, so the result is still NaN when any element is.

@@ -348,16 +348,8 @@ Status emit_row_program(KernelEmitter& em, const std::vector<int>& kept, const s
   const size_t ne = k.exprs.size(), ns = k.stores.size();
   const std::vector<int> level = k.expr_levels();
   const std::vector<bool> inv = k.row_invariant();
-  auto varies = [&](const KStore& s) {  // a point store (as evaluate_reference decides)
-    for (int d : red)
-      if (k.params[s.param].strides[d] != 0) return true;
-    return false;
-  };
-  int passes = 0;
-  for (size_t i = 0; i < ne; ++i)
-    if (k.exprs[i].kind == KExpr::Kind::reduce) passes = std::max(passes, level[i]);
-  for (const KStore& s : k.stores)
-    if (s.reduce != ReduceKind::none || varies(s)) passes = std::max(passes, level[s.expr] + 1);
+  auto varies = [&](const KStore& s) { return k.varies_along_reduced(s); };  // a point store
+  const int passes = k.row_passes();
   // Expressions needed for `roots` (reduce expressions are registers: not expanded).
   auto closure = [&](const std::vector<int>& roots) {
     std::vector<bool> need(ne, false);
