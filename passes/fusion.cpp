@@ -24,7 +24,9 @@
 //    producers over its input's shape (prologue: attention scale and mask, bf16 -> f32
 //    casts) like a pointwise node, and later pointwise nodes over that shape join it
 //    (epilogue: the f32 -> bf16 cast): a "row" kernel, at most one row op each
-//    (docs/architecture.md, decision 22).
+//    (docs/architecture.md, decision 22). A node that reads only a row group's
+//    statistics (row stores such as Mean) does not join it: it starts its own group
+//    (typically the prologue of a column reduction, passes/decompose.cpp).
 //  * A Transpose starts a group over its output shape (later pointwise nodes join it):
 //    code generation reads its input through permuted strides, so the copy is one
 //    generated loop nest, fused with its consumers, never a separate pass. Its input
@@ -229,6 +231,11 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       auto it = group_of.find(in->producer);
       if (it == group_of.end()) continue;
       const Group& gc = groups[it->second];
+      // A row group takes as epilogue only nodes that read one of its elementwise
+      // values; a node reading just its row statistics (Mean, InvStdDev: broadcast
+      // along the row) starts a group of its own, so that it can feed a column
+      // reduction instead of becoming a full-size output of the row kernel.
+      if (gc.row && !row && !(in->shape == dom)) continue;
       if (gc.domain == dom && !gc.reduction && !(row && gc.row)) cand.insert(it->second);
     }
     for (bool changed = true; changed;) {

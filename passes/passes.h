@@ -43,6 +43,8 @@ std::unique_ptr<Pass> make_remat_pass();
 std::unique_ptr<Pass> make_fusion_pass();
 /// bf16 MatMul/Gemm as f32 products of widened operands (option widen_bf16_gemm; gemm_widening.cpp).
 std::unique_ptr<Pass> make_gemm_widening_pass();
+/// Compiled pipeline, before fusion: LayerNormalizationGrad as a row op plus column sums (decompose.cpp).
+std::unique_ptr<Pass> make_decompose_pass();
 /// Casts every float initializer, input and Cast target to f64 (passes/to_float64.cpp).
 std::unique_ptr<Pass> make_to_float64_pass();
 

@@ -36,10 +36,12 @@ Value* Builder::op(const std::string& op, std::vector<Value*> inputs, Attributes
 Value* Builder::scalar(double v, DType dtype) {
   Tensor t(dtype, {});
   t.set_f64(0, v);
-  return g_.add_initializer(prefix_ + "/const", std::move(t));
+  return (consts_ ? *consts_ : g_).add_initializer(prefix_ + "/const", std::move(t));
 }
 
-Value* Builder::ints(const std::vector<int64_t>& v) { return g_.add_initializer(prefix_ + "/ints", Tensor::from_i64(v)); }
+Value* Builder::ints(const std::vector<int64_t>& v) {
+  return (consts_ ? *consts_ : g_).add_initializer(prefix_ + "/ints", Tensor::from_i64(v));
+}
 
 Attributes make_attrs(std::initializer_list<std::pair<std::string, AttrValue>> kv) {
   Attributes a;

@@ -26,10 +26,14 @@ class Builder {
   /// First inference error recorded by op(), or ok.
   const Status& status() const { return status_; }
   void set_prefix(std::string p) { prefix_ = std::move(p); }
+  /// Puts the constants of scalar() and ints() into `g` (the root graph, when building
+  /// inside a loop body: bodies read outer initializers as captures). Default: the graph built.
+  void set_constant_graph(ir::Graph* g) { consts_ = g; }
   ir::Graph& graph() { return g_; }
 
  private:
   ir::Graph& g_;
+  ir::Graph* consts_ = nullptr;
   std::string prefix_;
   int counter_ = 0;
   Status status_;

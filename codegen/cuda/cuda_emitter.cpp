@@ -470,11 +470,23 @@ Status emit_row_program(KernelEmitter& em, const std::vector<int>& kept, const s
     os << ind << "// pass " << p << " of " << passes << "\n";
     for (const Acc& a : accs) os << ind << acc_type(a.t) << " " << a.name << " = " << acc_init(a.t, a.r) << ";\n";
     // Unrolled by 4 at most: a fully unrolled short row would keep every loaded element
-    // live across the passes (and across division/sqrt slow-path calls) and spill.
+    // live across the passes (and across division/sqrt slow-path calls) and spill;
     const std::string in1 = ind + "  ", in2 = ind + "    ";
     os << ind << "{\n";
     KILN_RETURN_IF_ERROR(em.exprs(in1, [](int q) { return "b" + std::to_string(q); }, &hoist));
-    os << "#pragma unroll 4\n"
+    // f64 transcendentals (CUDA's exp/log/... for double are long inline sequences) are
+    // not unrolled at all: four copies in flight spill.
+    bool f64_libm = false;
+    for (size_t i = 0; i < ne; ++i) {
+      const KExpr& e = k.exprs[i];
+      if (in_loop[i] && e.kind == KExpr::Kind::op && e.dtype == DType::f64)
+        switch (e.op) {
+          case ScalarOp::exp: case ScalarOp::log: case ScalarOp::pow: case ScalarOp::erf: case ScalarOp::tanh:
+          case ScalarOp::sin: case ScalarOp::cos: f64_libm = true; break;
+          default: break;
+        }
+    }
+    os << (f64_libm ? "#pragma unroll 1\n" : "#pragma unroll 4\n")
        << in1 << "for (long long r = " << r_start << "; r < " << R << "LL; r += " << r_step << ") {\n";
     em.decompose(in2, "r", red);
     for (size_t q = 0; q < k.params.size(); ++q)

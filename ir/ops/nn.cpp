@@ -7,7 +7,7 @@
 //                                            training_mode=1 or a training run
 //   LayerNormalization, Softmax, LogSoftmax  reduction, fp32
 //   ConvGradInput, ConvGradWeight, MaxPoolGrad, AveragePoolGrad, BatchNormalizationGrad,
-//   LayerNormalizationGrad, SoftmaxGrad, LogSoftmaxGrad
+//   LayerNormalizationGrad, LayerNormalizationInputGrad, SoftmaxGrad, LogSoftmaxGrad
 //                                            kiln-internal (onnx = false), not differentiable
 //
 // Gradient rules are IR builders (DESIGN.md convention 3): MatMul and Gemm compose
@@ -627,6 +627,24 @@ Status infer_ln_grad(InferContext& c) {
   return Status::ok();
 }
 
+// LayerNormalizationInputGrad(dY, X, Scale) -> dX, Mean?, InvStdDev? (f64 statistics of
+// X, shape of X with dims [axis, rank) set to 1): the row part of LayerNormalizationGrad,
+// which the decompose pass (passes/decompose.cpp) splits off for code generation; dScale
+// and dB become column sums over the rows that read Mean and InvStdDev.
+Status infer_ln_input_grad(InferContext& c) {
+  KILN_RETURN_IF_ERROR(need_float(c, 0, "dY"));
+  KILN_RETURN_IF_ERROR(need_float(c, 1, "X"));
+  KILN_RETURN_IF_ERROR(need_float(c, 2, "Scale"));
+  const Shape& x = c.in[1].shape;
+  auto ax = normalize_axis(c.attrs().get_int("axis", -1), x.rank());
+  if (!ax) return c.fail(ax.message());
+  c.out[0] = {c.in[0].dtype, x};
+  Shape stat = x;
+  for (int i = *ax; i < x.rank(); ++i) stat.dims[i] = Dim(1);
+  for (size_t i = 1; i < c.out.size(); ++i) c.out[i] = {DType::f64, stat};
+  return Status::ok();
+}
+
 Status grad_ln(GradContext& c) {
   Value* dY = c.grad_output(0);
   if (!dY) return Status::ok();
@@ -730,6 +748,34 @@ Status softmax_row(ScalarBuilder& b, std::vector<Ref>& outs) {
     y = b.apply(ScalarOp::div, {ew, s}, wt);
   }
   outs = {row_out(b, y, t)};
+  return Status::ok();
+}
+
+// LayerNormalizationInputGrad (dY, X, Scale) -> dX, Mean?, InvStdDev?, in f64 operation
+// for operation as the eager LayerNormalizationGrad kernel: statistics recomputed from X,
+// dX = inv * (g - mean(g) - xhat * mean(g * xhat)) with g = dY * Scale, xhat = (X - mean) * inv.
+Status ln_input_grad_row(ScalarBuilder& b, std::vector<Ref>& outs) {
+  const Node& n = b.node();
+  const DType t = b.dtype(b.input(0)), ct = DType::f64;
+  auto dims = ln_row_dims(n, 1);
+  if (!dims) return dims.status();
+  double count = 1;
+  for (int d : *dims) count *= static_cast<double>(n.input(1)->shape.dims[d].value);
+  Ref x = row_in(b, 1, ct);
+  Ref cnt = b.constant(count, ct);
+  Ref mean = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, x), cnt}, ct);
+  Ref d = b.apply(ScalarOp::sub, {x, mean}, ct);
+  Ref var = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, b.apply(ScalarOp::mul, {d, d}, ct)), cnt}, ct);
+  Ref eps = b.constant(n.attrs.get_float("epsilon", 1e-5), ct);
+  Ref inv = b.apply(ScalarOp::div, {b.constant(1, ct), b.apply(ScalarOp::sqrt, {b.apply(ScalarOp::add, {var, eps}, ct)}, ct)}, ct);
+  Ref g = b.apply(ScalarOp::mul, {row_in(b, 0, ct), row_in(b, 2, ct)}, ct);
+  Ref xh = b.apply(ScalarOp::mul, {d, inv}, ct);
+  Ref mg = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, g), cnt}, ct);
+  Ref mgx = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, b.apply(ScalarOp::mul, {g, xh}, ct)), cnt}, ct);
+  Ref inner = b.apply(ScalarOp::sub, {b.apply(ScalarOp::sub, {g, mg}, ct), b.apply(ScalarOp::mul, {xh, mgx}, ct)}, ct);
+  outs = {row_out(b, b.apply(ScalarOp::mul, {inv, inner}, ct), t)};
+  if (n.num_outputs() > 1) outs.push_back(row_out(b, mean, n.outputs[1]->dtype));
+  if (n.num_outputs() > 2) outs.push_back(row_out(b, inv, n.outputs[2]->dtype));
   return Status::ok();
 }
 
@@ -888,6 +934,11 @@ void register_nn_ops(OpTable& t) {
   t.add(internal(make("LayerNormalizationGrad",
                       "kiln: (dX, dScale, dB) of LayerNormalization from (dY, X, Scale); statistics recomputed from X", 3, 3, 1,
                       3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}}, infer_ln_grad, P::fp32, F::reduction)));
+  OpDef& lnig = t.add(internal(make("LayerNormalizationInputGrad",
+                      "kiln: (dX, Mean?, InvStdDev?) of LayerNormalization from (dY, X, Scale): the row part of "
+                      "LayerNormalizationGrad (statistics recomputed from X, f64)",
+                      3, 3, 1, 3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}}, infer_ln_input_grad, P::fp32,
+                      F::reduction)));
   OpDef& sm = t.add(with_grad(make("Softmax", "exp(x) / sum(exp(x)) along one axis (ONNX Softmax-13)", 1, 1, 1, 1, {{"axis", AttrKind::i}},
                        infer_softmax, P::fp32, F::reduction),
                   grad_softmax_like("SoftmaxGrad")));
@@ -900,6 +951,8 @@ void register_nn_ops(OpTable& t) {
                       {{"axis", AttrKind::i}}, infer_softmax_grad, P::fp32, F::reduction)));
   ln.row = ln_row;
   ln.row_dims = [](const Node& n) { return ln_row_dims(n, 0); };
+  lnig.row = ln_input_grad_row;
+  lnig.row_dims = [](const Node& n) { return ln_row_dims(n, 1); };
   sm.row = softmax_row<false>;
   lsm.row = softmax_row<true>;
   smg.row = softmax_grad_row<false>;

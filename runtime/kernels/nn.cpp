@@ -791,16 +791,79 @@ Status ln_kernel(KernelContext& ctx) {
   });
 }
 
-Status ln_grad_kernel(KernelContext& ctx) {
+/// The row part of LayerNormalizationGrad over R rows of D elements: dX, and the row
+/// statistics mu and inv (f64) recomputed from X, as the forward kernel computes them.
+template <typename T>
+void ln_grad_rows(const T* x, const T* dy, const Param& scale, int64_t R, int64_t D, double eps, T* dx, double* mu,
+                  double* inv) {
+#pragma omp parallel for schedule(static) if (R * D > kParallelThreshold)
+  for (int64_t r = 0; r < R; ++r) {
+    const T* xr = x + r * D;
+    const T* gr = dy + r * D;
+    double s = 0, ss = 0;
+    for (int64_t j = 0; j < D; ++j) s += ld(xr, j);
+    double m = s / static_cast<double>(D);
+    for (int64_t j = 0; j < D; ++j) ss += (ld(xr, j) - m) * (ld(xr, j) - m);
+    double iv = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
+    mu[r] = m;
+    inv[r] = iv;
+    // dX = inv * (g - mean(g) - xhat * mean(g * xhat)), g = dY * scale
+    double mg = 0, mgx = 0;
+    for (int64_t j = 0; j < D; ++j) {
+      double g = ld(gr, j) * scale.at(j), xh = (ld(xr, j) - m) * iv;
+      mg += g;
+      mgx += g * xh;
+    }
+    mg /= static_cast<double>(D);
+    mgx /= static_cast<double>(D);
+    for (int64_t j = 0; j < D; ++j) {
+      double g = ld(gr, j) * scale.at(j), xh = (ld(xr, j) - m) * iv;
+      st(dx + r * D, j, iv * (g - mg - xh * mgx));
+    }
+  }
+}
+
+/// (dY, X, Scale) checked and viewed as R rows of D elements.
+Expected<std::pair<int64_t, int64_t>> ln_grad_setup(KernelContext& ctx, Param& scale) {
   const Tensor& dY = ctx.in(0);
   const Tensor& X = ctx.in(1);
   if (dY.dims() != X.dims() || dY.dtype() != X.dtype()) return ctx.fail("dY and X differ in dtype or shape");
   auto view = ln_view(ctx, X);
   if (!view) return view.status();
+  scale.v = as_doubles(ctx.in(2));
+  if (scale.v.size() != 1 && static_cast<int64_t>(scale.v.size()) != view->second)
+    return ctx.fail("Scale must have prod(X.shape[axis:]) = " + std::to_string(view->second) + " elements");
+  return view;
+}
+
+Status ln_input_grad_kernel(KernelContext& ctx) {
+  Param scale;
+  auto view = ln_grad_setup(ctx, scale);
+  if (!view) return view.status();
   auto [R, D] = *view;
-  Param scale{as_doubles(ctx.in(2))};
-  if (scale.v.size() != 1 && static_cast<int64_t>(scale.v.size()) != D)
-    return ctx.fail("Scale must have prod(X.shape[axis:]) = " + std::to_string(D) + " elements");
+  const double eps = ctx.attrs().get_float("epsilon", 1e-5);
+  std::vector<double> mu(R), inv(R);
+  KILN_RETURN_IF_ERROR(dispatch_float(ctx, ctx.in(1).dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    ln_grad_rows(ctx.in(1).data<T>(), ctx.in(0).data<T>(), scale, R, D, eps, ctx.out(0).data<T>(), mu.data(),
+                 inv.data());
+  }));
+  for (int o = 1; o < 3 && o < static_cast<int>(ctx.outputs.size()); ++o) {
+    Tensor& t = ctx.outputs[o];
+    if (!t.defined()) continue;
+    const std::vector<double>& src = o == 1 ? mu : inv;
+    for (int64_t r = 0; r < R && r < t.numel(); ++r) t.set_f64(r, src[r]);
+  }
+  return Status::ok();
+}
+
+Status ln_grad_kernel(KernelContext& ctx) {
+  Param scale;
+  auto view = ln_grad_setup(ctx, scale);
+  if (!view) return view.status();
+  auto [R, D] = *view;
+  const Tensor& dY = ctx.in(0);
+  const Tensor& X = ctx.in(1);
   const double eps = ctx.attrs().get_float("epsilon", 1e-5);
   std::vector<double> mu(R), inv(R);
   std::vector<double> dscale(static_cast<size_t>(D), 0.0), dbias(static_cast<size_t>(D), 0.0);
@@ -808,32 +871,7 @@ Status ln_grad_kernel(KernelContext& ctx) {
     using T = decltype(tag);
     const T* x = X.data<T>();
     const T* dy = dY.data<T>();
-    T* dx = ctx.out(0).data<T>();
-#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
-    for (int64_t r = 0; r < R; ++r) {
-      const T* xr = x + r * D;
-      const T* gr = dy + r * D;
-      double s = 0, ss = 0;
-      for (int64_t j = 0; j < D; ++j) s += ld(xr, j);
-      double m = s / static_cast<double>(D);
-      for (int64_t j = 0; j < D; ++j) ss += (ld(xr, j) - m) * (ld(xr, j) - m);
-      double iv = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
-      mu[r] = m;
-      inv[r] = iv;
-      // dX = inv * (g - mean(g) - xhat * mean(g * xhat)), g = dY * scale
-      double mg = 0, mgx = 0;
-      for (int64_t j = 0; j < D; ++j) {
-        double g = ld(gr, j) * scale.at(j), xh = (ld(xr, j) - m) * iv;
-        mg += g;
-        mgx += g * xh;
-      }
-      mg /= static_cast<double>(D);
-      mgx /= static_cast<double>(D);
-      for (int64_t j = 0; j < D; ++j) {
-        double g = ld(gr, j) * scale.at(j), xh = (ld(xr, j) - m) * iv;
-        st(dx + r * D, j, iv * (g - mg - xh * mgx));
-      }
-    }
+    ln_grad_rows(x, dy, scale, R, D, eps, ctx.out(0).data<T>(), mu.data(), inv.data());
 #pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
     for (int64_t j = 0; j < D; ++j) {
       double a = 0, b = 0;
@@ -966,6 +1004,7 @@ void register_nn_kernels(ir::OpTable& t) {
   set_kernel(t, "BatchNormalizationGrad", bn_grad_kernel);
   set_kernel(t, "LayerNormalization", ln_kernel);
   set_kernel(t, "LayerNormalizationGrad", ln_grad_kernel);
+  set_kernel(t, "LayerNormalizationInputGrad", ln_input_grad_kernel);
   set_kernel(t, "Softmax", softmax_kernel<false>);
   set_kernel(t, "LogSoftmax", softmax_kernel<true>);
   set_kernel(t, "SoftmaxGrad", softmax_grad_kernel<false>);

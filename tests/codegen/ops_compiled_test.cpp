@@ -123,6 +123,12 @@ std::vector<OpCase> cases() {
       r.attrs.set("axis", int64_t(1));
       v.push_back(r);
     }
+    {
+      // dX of LayerNormalization (passes/decompose.cpp's row part): (dY, X, Scale).
+      OpCase r{"LayerNormalizationInputGrad", dt, {dt, dt, dt}, {full, full, row}, {}, -2, 2, true};
+      r.row = true;
+      v.push_back(r);
+    }
   }
   for (const char* op : {"And", "Or", "Xor"})
     v.push_back({op, DType::boolean, {DType::boolean, DType::boolean}, {full, mid}, {}, 0, 1});

@@ -235,7 +235,9 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   // On CPUs without native bf16 dot products, bf16 GEMMs run as f32 GEMMs of the widened
   // operands (passes/gemm_widening.cpp): same function, several times faster there.
   if (compiled && cfg.bf16 && !host_has_native_bf16()) train_opts["widen_bf16_gemm"] = "1";
-  if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, {"gemm_widening", "fusion"}, dbg, train_opts));
+  // Backward ops with row and column results split into a row op and column sums
+  // (passes/decompose.cpp), which fusion then generates.
+  if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, {"gemm_widening", "decompose", "fusion"}, dbg, train_opts));
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
   log_text("graph", "training step after all passes:\n" + ir::graph_to_string(*train));
   if (log_enabled("memory")) {

@@ -1,0 +1,225 @@
+// decompose: rewrites backward ops that compute both row-wise and column-wise results
+// into parts the fusion pass can generate, in the manner of PyTorch's decompositions
+// (torch._decomp) that Inductor applies before lowering. Runs in the compiled pipeline
+// before fusion (tools/driver/driver.cpp); the eager backend keeps the undecomposed ops.
+//
+//   LayerNormalizationGrad(dY, X, Scale) -> dX, dScale, dB  becomes
+//     dX, Mean, InvStdDev = LayerNormalizationInputGrad(dY, X, Scale)   (one row kernel)
+//     dScale = Cast(ReduceSum(Cast(dY, f64) * ((Cast(X, f64) - Mean) * InvStdDev), rows))
+//     dB     = Cast(ReduceSum(Cast(dY, f64), rows))                      (column sums)
+//   with the statistics and sums in f64 as the eager kernel (runtime/kernels/nn.cpp), so
+//   the results agree with it to f64 rounding. The rows are the dims before `axis`; dScale
+//   and dB keep Scale's dtype and shape (a Reshape when the row dims' shape differs). Only
+//   outputs something reads are built. Nodes whose Scale is a broadcast single element,
+//   or with non-static shapes, are left alone.
+//
+//   SoftmaxCrossEntropyLossGrad(dLoss, scores (N, C), labels (N)) becomes a Softmax with a
+//   one-hot epilogue (see decompose_sce_grad): one row kernel after fusion.
+//
+// The new nodes take the place of the original node in the schedule (same position, in
+// order dX, dScale, dB), named "<node>/input", "<node>/dscale/...", "<node>/dbias/...".
+// Recurses into loop bodies (AccumulationLoop).
+#include <algorithm>
+
+#include "ir/dtype.h"
+#include "passes/passes.h"
+#include "passes/training_util.h"
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+namespace {
+
+bool used(const Graph& g, const Value* v) { return v && (!g.uses(v).empty() || g.is_graph_output(v)); }
+
+/// Eligible: static float shapes, Scale with as many elements as a row.
+bool decomposable_ln_grad(const Node& n) {
+  if (n.op != "LayerNormalizationGrad" || n.num_inputs() != 3 || !n.regions.empty()) return false;
+  for (const Value* v : n.inputs)
+    if (!v || !v->shape.is_static() || !is_float(v->dtype)) return false;
+  for (const Value* v : n.outputs)
+    if (!v || !v->shape.is_static()) return false;
+  const Shape& x = n.inputs[1]->shape;
+  auto ax = normalize_axis(n.attrs.get_int("axis", -1), x.rank());
+  if (!ax || *ax == 0) return false;  // no row dims: nothing to sum over
+  int64_t row = 1;
+  for (int i = *ax; i < x.rank(); ++i) row *= x.dims[i].value;
+  return n.inputs[2]->shape.numel() == row && row > 0;
+}
+
+Attributes cast_to(DType t) {
+  Attributes a;
+  a.set("to", static_cast<int64_t>(dtype_to_onnx(t)));
+  return a;
+}
+
+/// Rewrites one LayerNormalizationGrad node: removes it, then appends its replacement
+/// with `b` (the caller moves the new nodes to the node's position). The results that
+/// something reads keep their value names; their readers are rewired.
+Status decompose_ln_grad(Graph& g, Graph& root, Node* n) {
+  const std::string name = n->name;
+  Value* dY = n->inputs[0];
+  Value* X = n->inputs[1];
+  Value* scale = n->inputs[2];
+  const Attributes attrs = n->attrs;
+  const int ax = static_cast<int>(*normalize_axis(attrs.get_int("axis", -1), X->shape.rank()));
+  std::vector<Value*> old = n->outputs;
+  std::vector<bool> need(3, false);
+  for (size_t i = 0; i < old.size() && i < 3; ++i) need[i] = used(g, old[i]);
+  std::vector<std::string> names;
+  for (Value* v : old) names.push_back(v->name);
+  g.remove_node(n);  // frees the output names for the replacement
+
+  Builder b(g, name);
+  b.set_constant_graph(&root);
+  Attributes a;
+  a.set("axis", attrs.get_int("axis", -1));
+  a.set("epsilon", attrs.get_float("epsilon", 1e-5));
+  const int nout = need[1] ? 3 : 1;
+  std::vector<std::string> outs = {names[0], name + "/mean", name + "/inv_std_dev"};
+  outs.resize(static_cast<size_t>(nout));
+  Node* row = g.add_node("LayerNormalizationInputGrad", name + "/input", {dY, X, scale}, outs, a);
+  KILN_RETURN_IF_ERROR(infer_node(*row));
+  const std::vector<Value*> parts = row->outputs;
+  std::vector<Value*> fresh = {parts[0], nullptr, nullptr};
+
+  std::vector<int64_t> rows;
+  for (int i = 0; i < ax; ++i) rows.push_back(i);
+  auto f64 = [&](Value* v) { return v->dtype == DType::f64 ? v : b.op("Cast", {v}, cast_to(DType::f64)); };
+  // A column sum over the rows in Scale's dtype and shape; the last node's output is named `out`.
+  auto column_sum = [&](Value* v, const std::string& out) -> Value* {
+    const std::vector<int64_t> xd = X->shape.to_vector();
+    const bool reshape = scale->shape.to_vector() != std::vector<int64_t>(xd.begin() + ax, xd.end());
+    const bool cast = scale->dtype != DType::f64;
+    Value* s = b.op("ReduceSum", {v, b.ints(rows)}, make_attrs({{"keepdims", int64_t(0)}}), reshape || cast ? "" : out);
+    if (s && reshape) s = b.op("Reshape", {s, b.ints(scale->shape.to_vector())}, {}, cast ? "" : out);
+    if (s && cast) s = b.op("Cast", {s}, cast_to(scale->dtype), out);
+    return s;
+  };
+  if (need[1]) {
+    b.set_prefix(name + "/dscale");
+    Value* xhat = b.op("Mul", {b.op("Sub", {f64(X), parts[1]}), parts[2]});
+    fresh[1] = column_sum(b.op("Mul", {f64(dY), xhat}), names[1]);
+  }
+  if (need[2]) {
+    b.set_prefix(name + "/dbias");
+    fresh[2] = column_sum(f64(dY), names[2]);
+  }
+  KILN_RETURN_IF_ERROR(b.status());
+  for (int i = 0; i < 3; ++i)
+    if (need[i] && fresh[i] != old[i]) g.replace_all_uses(old[i], fresh[i]);
+  return Status::ok();
+}
+
+/// Eligible SoftmaxCrossEntropyLossGrad: (dLoss, scores (N, C), labels (N) i64), no
+/// weights, static shapes.
+bool decomposable_sce_grad(const Node& n) {
+  if (n.op != "SoftmaxCrossEntropyLossGrad" || n.num_inputs() != 3 || n.num_outputs() != 1 || !n.regions.empty())
+    return false;
+  for (const Value* v : n.inputs)
+    if (!v || !v->shape.is_static()) return false;
+  const Value* x = n.inputs[1];
+  const Value* l = n.inputs[2];
+  return is_float(x->dtype) && is_float(n.inputs[0]->dtype) && x->shape.rank() == 2 && l->dtype == DType::i64 &&
+         l->shape.rank() == 1 && x->shape.dims[0].value == l->shape.dims[0].value && x->shape.numel() > 0;
+}
+
+/// SoftmaxCrossEntropyLossGrad(dLoss, scores, labels) becomes, in f64 after the softmax
+/// (as the eager kernel: dX = p * coef - onehot * coef, coef = 0 at ignored labels):
+///   p      = Softmax(Cast(scores, f64), axis 1)                          (row kernel)
+///   coef   = Where(valid, dLoss [/ count of valid labels for mean], 0)   (N) or scalar
+///   onehot = Equal(iota(C), Reshape(labels, (N, 1)))
+///   dX     = Cast(p * coef - Where(onehot, coef, 0), dtype of scores)
+/// The fusion pass makes the softmax and everything after it one row kernel. Labels are
+/// not range-checked here: the forward SoftmaxCrossEntropyLoss of the same step (eager)
+/// rejects a label outside [0, C) first.
+Status decompose_sce_grad(Graph& g, Graph& root, Node* n) {
+  const std::string name = n->name;
+  Value* dL = n->inputs[0];
+  Value* X = n->inputs[1];
+  Value* L = n->inputs[2];
+  const Attributes attrs = n->attrs;
+  Value* old = n->outputs[0];
+  const std::string out_name = old->name;
+  const DType t = X->dtype;
+  const int64_t N = X->shape.dims[0].value, C = X->shape.dims[1].value;
+  const std::string reduction = attrs.get_string("reduction", "mean");
+  g.remove_node(n);
+
+  Builder b(g, name);
+  b.set_constant_graph(&root);
+  const DType f = DType::f64;
+  auto to = [&](Value* v, DType d) { return v->dtype == d ? v : b.op("Cast", {v}, cast_to(d)); };
+  Value* valid = nullptr;  // boolean (N): label != ignore_index
+  if (attrs.has("ignore_index"))
+    valid = b.op("Not", {b.op("Equal", {L, b.ints({attrs.get_int("ignore_index", -100)})})});
+  Value* zero = b.scalar(0.0, f);
+  Value* coef = to(dL, f);  // rank 0 (mean, sum) or (N) (none)
+  if (reduction == "mean") {
+    Value* count = valid ? b.op("ReduceSum", {to(valid, f), b.ints({0})}, make_attrs({{"keepdims", int64_t(0)}}))
+                         : b.scalar(static_cast<double>(N), f);
+    coef = b.op("Div", {coef, count});
+  }
+  if (valid) coef = b.op("Where", {valid, coef, zero});
+  if (coef && coef->shape.rank() == 1) coef = b.op("Reshape", {coef, b.ints({N, 1})});
+  std::vector<int64_t> iota(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) iota[static_cast<size_t>(c)] = c;
+  Value* onehot = b.op("Equal", {b.ints(iota), b.op("Reshape", {L, b.ints({N, 1})})});
+  Attributes sa;
+  sa.set("axis", int64_t(1));
+  // The softmax in f64 (libm exp), as the eager kernel: dX rounded to f32 then equals the
+  // eager result except where the two f64 values straddle an f32 rounding boundary, so
+  // that training trajectories stay as close as eager and compiled elsewhere are (an f32
+  // exp's 1e-7 differences are amplified by Adam's first, sign-like steps).
+  Value* p = b.op("Softmax", {to(X, f)}, sa);
+  Value* dx = nullptr;
+  if (p && coef && onehot) {
+    Value* d = b.op("Sub", {b.op("Mul", {p, coef}), b.op("Where", {onehot, coef, zero})}, {},
+                    t == f ? out_name : "");
+    dx = t == f ? d : (d ? b.op("Cast", {d}, cast_to(t), out_name) : nullptr);
+  }
+  KILN_RETURN_IF_ERROR(b.status());
+  g.replace_all_uses(old, dx);
+  return Status::ok();
+}
+
+/// Decomposes the eligible nodes of `g` and of its loop bodies; constants go to `root`.
+int decompose_graph(Graph& g, Graph& root, Status& st) {
+  int count = 0;
+  for (auto& n : g.nodes())
+    if (n->op != "FusedKernel")
+      for (auto& r : n->regions) count += decompose_graph(*r, root, st);
+  std::vector<Node*> targets;
+  for (auto& n : g.nodes())
+    if (decomposable_ln_grad(*n) || decomposable_sce_grad(*n)) targets.push_back(n.get());
+  for (Node* n : targets) {
+    if (!st.is_ok()) return count;
+    const auto pos = static_cast<std::ptrdiff_t>(g.index_of(n));
+    const auto appended_from = static_cast<std::ptrdiff_t>(g.nodes().size()) - 1;  // n is removed
+    st = n->op == "LayerNormalizationGrad" ? decompose_ln_grad(g, root, n) : decompose_sce_grad(g, root, n);
+    if (!st.is_ok()) return count;
+    // The appended nodes (everything after the original last node) go to its position.
+    auto& nodes = g.mutable_nodes();
+    std::rotate(nodes.begin() + pos, nodes.begin() + appended_from, nodes.end());
+    ++count;
+  }
+  return count;
+}
+
+class Decompose : public Pass {
+ public:
+  std::string name() const override { return "decompose"; }
+  Expected<bool> run(Graph& g, PassContext&) override {
+    Status st;
+    const int n = decompose_graph(g, g, st);
+    if (!st.is_ok()) return st;
+    return n > 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_decompose_pass() { return std::make_unique<Decompose>(); }
+
+}  // namespace kiln::passes
