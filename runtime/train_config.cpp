@@ -1,5 +1,6 @@
 // TrainConfig: validation, step arithmetic (Hugging Face Trainer semantics), and
 // the table of fields shared by the command-line flags and the JSON config files.
+#include <algorithm>
 #include "runtime/train_config.h"
 
 #include <cctype>
@@ -120,17 +121,27 @@ Status TrainConfig::validate() const {
   }
   for (auto& [k, v] : shape)
     if (v <= 0) return bad("shape", "dimension '" + k + "' must be > 0, got " + num_str(v));
-  if (!remat_policy.empty())
-    KILN_RETURN_IF_ERROR(one_of("remat_policy", remat_policy, {"none", "blocks", "sqrt", "min-cut", "budget"}));
+  // As --backend, a comma list ("none,blocks") is for `kiln bench`; each item is checked.
+  std::vector<std::string> policies;
+  {
+    std::string item;
+    std::istringstream is(remat_policy);
+    while (std::getline(is, item, ',')) {
+      KILN_RETURN_IF_ERROR(one_of("remat_policy", item, {"none", "blocks", "sqrt", "min-cut", "budget"}));
+      policies.push_back(item);
+    }
+  }
+  if (policies.empty()) policies.push_back(effective_remat_policy());
+  const bool any_budget = std::find(policies.begin(), policies.end(), "budget") != policies.end();
   if (!memory_budget.empty()) {
     auto b = parse_byte_size(memory_budget);
     if (!b) return b.status();
   }
-  if (!memory_budget.empty() && effective_remat_policy() != "budget")
+  if (!memory_budget.empty() && !any_budget)
     return bad("memory_budget", "only applies to --remat_policy budget (got policy '" + effective_remat_policy() + "')");
-  if (gradient_checkpointing && remat_policy == "none")
+  if (gradient_checkpointing && std::find(policies.begin(), policies.end(), "none") != policies.end())
     return bad("remat_policy", "'none' contradicts --gradient_checkpointing (drop one of them)");
-  if (effective_remat_policy() == "budget" && memory_budget.empty())
+  if (any_budget && memory_budget.empty())
     return bad("memory_budget", "--remat_policy budget needs --memory_budget (e.g. 800MB, 24GiB)");
   return Status::ok();
 }
@@ -206,7 +217,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"no_cache", Kind::boolean, &c.no_cache, "compile generated kernels without the compile cache"},
       {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
       {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing, "recompute each repeated layer in backward (= --remat_policy blocks)"},
-      {"remat_policy", Kind::str, &c.remat_policy, "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes"},
+      {"remat_policy", Kind::str, &c.remat_policy, "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes; bench takes a list: none,blocks"},
       {"memory_budget", Kind::str, &c.memory_budget, "planned peak budget for --remat_policy budget: bytes, 800MB, 24GiB"},
   };
 }

@@ -170,6 +170,25 @@ TEST_F(Cli, BackendFlagErrors) {
                         2, "one backend per program");
 }
 
+/// kiln bench --remat_policy a,b: one program per policy (times backend), steps
+/// interleaved, one row per variant; train takes one policy only.
+TEST_F(Cli, BenchRematPolicyList) {
+  const std::string base = "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 1 --bench_steps 2";
+  auto r = run_kiln(base + " --backend eager --remat_policy none,sqrt", dir);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("steps alternate between variants"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nvariant "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nnone "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nsqrt "), std::string::npos) << r.out;
+  auto both = run_kiln(base + " --backend eager,compiled --remat_policy none,sqrt", dir);
+  ASSERT_EQ(both.code, 0) << both.err << both.out;
+  for (const char* v : {"\neager/none ", "\neager/sqrt ", "\ncompiled/none ", "\ncompiled/sqrt "})
+    EXPECT_NE(both.out.find(v), std::string::npos) << v << " missing in\n" << both.out;
+  expect_one_error_line(run_kiln(base + " --remat_policy none,bogus", dir), 2, "--remat_policy: unknown value 'bogus'");
+  expect_one_error_line(run_kiln("train " + model + data() + " --remat_policy none,sqrt --output_dir " + dir + "/o", dir),
+                        2, "one policy per program");
+}
+
 /// Resuming with another optimizer would drop the checkpoint's optimizer state: refused,
 /// and the checkpoint stays.
 TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {

@@ -67,7 +67,7 @@ int report(const Failure& f) {
 
 /// Raw text of every config flag, bound to CLI11 options; applied after parsing.
 struct ConfigFlags {
-  bool backend_list = false;  ///< --backend may name several backends (kiln bench only)
+  bool backend_list = false;  ///< --backend and --remat_policy may be lists (kiln bench only)
   std::map<std::string, std::vector<std::string>> values;
   std::map<std::string, CLI::Option*> options;
   std::string config_file;
@@ -119,6 +119,9 @@ struct ConfigFlags {
     if (!v) throw Failure{2, v.message()};
     if (!backend_list && cfg.backend.find(',') != std::string::npos)
       throw Failure{2, "--backend: one backend per program (a list such as '" + cfg.backend + "' is for kiln bench)"};
+    if (!backend_list && cfg.remat_policy.find(',') != std::string::npos)
+      throw Failure{2, "--remat_policy: one policy per program (a list such as '" + cfg.remat_policy +
+                           "' is for kiln bench)"};
     if (!fs::exists(cfg.model)) throw Failure{1, cfg.model + ": no such file"};
     return cfg;
   }
@@ -300,17 +303,35 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
-  // --backend eager,compiled: one program per backend, their steps interleaved so that
-  // the machine's load falls on each alike (ratios from one run, not absolute times).
-  std::vector<std::string> backends;
-  {
+  // --backend eager,compiled and/or --remat_policy none,blocks: one program per variant
+  // (backend x policy), their steps interleaved so that the machine's load falls on each
+  // alike (ratios from one run, not absolute times).
+  auto split = [](const std::string& text) {
+    std::vector<std::string> items;
     std::string item;
-    std::istringstream is(cfg.backend);
+    std::istringstream is(text);
     while (std::getline(is, item, ','))
-      if (std::find(backends.begin(), backends.end(), item) == backends.end()) backends.push_back(item);
-  }
+      if (std::find(items.begin(), items.end(), item) == items.end()) items.push_back(item);
+    return items;
+  };
+  const std::vector<std::string> backend_items = split(cfg.backend);
+  std::vector<std::string> policy_items = split(cfg.remat_policy);
+  if (policy_items.empty()) policy_items.push_back(cfg.remat_policy);
+  struct Variant {
+    std::string label, backend, policy;
+  };
+  std::vector<Variant> variants;
+  for (const std::string& b : backend_items)
+    for (const std::string& p : policy_items) {
+      std::string label = b;
+      if (policy_items.size() > 1) label = backend_items.size() > 1 ? b + "/" + (p.empty() ? "none" : p) : (p.empty() ? "none" : p);
+      variants.push_back({label, b, p});
+    }
+  const bool by_policy = policy_items.size() > 1;
+  std::vector<std::string> backends;
+  for (const Variant& v : variants) backends.push_back(v.label);
   struct Run {
-    std::string backend;
+    std::string backend;  // the variant's label
     driver::TrainingProgram prog;
     std::optional<runtime::Trainer> tr;
     std::optional<passes::MemoryPlan> plan;
@@ -332,10 +353,13 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
   std::optional<runtime::Dataset> ds;
   for (size_t r = 0; r < backends.size(); ++r) {
     TrainConfig c = cfg;
-    c.backend = backends[r];
+    c.backend = variants[r].backend;
+    c.remat_policy = variants[r].policy;
     runs[r].backend = backends[r];
     if (!dump_root.empty() && backends.size() > 1) {  // one --dump-ir-dir folder per backend
-      dbg.dump_ir_dir = (fs::path(dump_root) / backends[r]).string();
+      std::string folder = backends[r];
+      std::replace(folder.begin(), folder.end(), '/', '_');
+      dbg.dump_ir_dir = (fs::path(dump_root) / folder).string();
       dbg.dump_index = 0;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -420,14 +444,17 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
     return 0;
   }
   std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision "
-            << precision << ", OpenMP threads: " << omp_get_max_threads() << "; steps alternate between backends\n";
-  std::cout << pad("backend", 10, true) << pad("median s/step", 16) << pad("samples/s", 12)
+            << precision << ", OpenMP threads: " << omp_get_max_threads() << "; steps alternate between "
+            << (by_policy ? "variants" : "backends") << "\n";
+  size_t label_w = 10;
+  for (auto& r : runs) label_w = std::max(label_w, r.backend.size() + 2);
+  std::cout << pad(by_policy ? "variant" : "backend", label_w, true) << pad("median s/step", 16) << pad("samples/s", 12)
             << pad("vs " + runs[0].backend, 14) << pad("peak measured", 16) << pad("peak planned", 16)
             << pad("build s", 10) << "\n";
   const double base = median(runs[0].times);
   for (auto& r : runs) {
     const double med = median(r.times);
-    std::cout << pad(r.backend, 10, true) << pad(fmt("%.6f", med), 16) << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12)
+    std::cout << pad(r.backend, label_w, true) << pad(fmt("%.6f", med), 16) << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12)
               << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), 14) << pad(passes::human_bytes(r.peak), 16)
               << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16) << pad(fmt("%.2f", r.compile_s), 10)
               << "\n";
