@@ -184,6 +184,12 @@ TEST_F(Cli, BenchRematPolicyList) {
   ASSERT_EQ(both.code, 0) << both.err << both.out;
   for (const char* v : {"\neager/none ", "\neager/sqrt ", "\ncompiled/none ", "\ncompiled/sqrt "})
     EXPECT_NE(both.out.find(v), std::string::npos) << v << " missing in\n" << both.out;
+  // --memory_budget goes to the budget variant only.
+  auto budget = run_kiln(base + " --backend eager --remat_policy none,budget --memory_budget 1GiB", dir);
+  ASSERT_EQ(budget.code, 0) << budget.err << budget.out;
+  EXPECT_NE(budget.out.find("\nbudget "), std::string::npos) << budget.out;
+  expect_one_error_line(run_kiln(base + " --remat_policy none,sqrt --memory_budget 1GiB", dir), 2,
+                        "only applies to --remat_policy budget");
   expect_one_error_line(run_kiln(base + " --remat_policy none,bogus", dir), 2, "--remat_policy: unknown value 'bogus'");
   expect_one_error_line(run_kiln("train " + model + data() + " --remat_policy none,sqrt --output_dir " + dir + "/o", dir),
                         2, "one policy per program");

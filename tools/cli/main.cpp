@@ -355,6 +355,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
     TrainConfig c = cfg;
     c.backend = variants[r].backend;
     c.remat_policy = variants[r].policy;
+    if (c.effective_remat_policy() != "budget") c.memory_budget.clear();  // --memory_budget is the budget variant's
     runs[r].backend = backends[r];
     if (!dump_root.empty() && backends.size() > 1) {  // one --dump-ir-dir folder per backend
       std::string folder = backends[r];
