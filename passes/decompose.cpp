@@ -34,12 +34,20 @@ namespace {
 bool used(const Graph& g, const Value* v) { return v && (!g.uses(v).empty() || g.is_graph_output(v)); }
 
 /// Eligible: static float shapes, Scale with as many elements as a row.
-bool decomposable_ln_grad(const Node& n) {
-  if (n.op != "LayerNormalizationGrad" || n.num_inputs() != 3 || !n.regions.empty()) return false;
+/// `n` is `op` with `inputs` inputs, no region, and static shapes everywhere.
+bool static_node(const Node& n, const char* op, int inputs) {
+  if (n.op != op || n.num_inputs() != inputs || !n.regions.empty()) return false;
   for (const Value* v : n.inputs)
-    if (!v || !v->shape.is_static() || !is_float(v->dtype)) return false;
+    if (!v || !v->shape.is_static()) return false;
   for (const Value* v : n.outputs)
     if (!v || !v->shape.is_static()) return false;
+  return true;
+}
+
+bool decomposable_ln_grad(const Node& n) {
+  if (!static_node(n, "LayerNormalizationGrad", 3)) return false;
+  for (const Value* v : n.inputs)
+    if (!is_float(v->dtype)) return false;
   const Shape& x = n.inputs[1]->shape;
   auto ax = normalize_axis(n.attrs.get_int("axis", -1), x.rank());
   if (!ax || *ax == 0) return false;  // no row dims: nothing to sum over
@@ -115,10 +123,7 @@ Status decompose_ln_grad(Graph& g, Graph& root, Node* n) {
 /// Eligible SoftmaxCrossEntropyLossGrad: (dLoss, scores (N, C), labels (N) i64), no
 /// weights, static shapes.
 bool decomposable_sce_grad(const Node& n) {
-  if (n.op != "SoftmaxCrossEntropyLossGrad" || n.num_inputs() != 3 || n.num_outputs() != 1 || !n.regions.empty())
-    return false;
-  for (const Value* v : n.inputs)
-    if (!v || !v->shape.is_static()) return false;
+  if (!static_node(n, "SoftmaxCrossEntropyLossGrad", 3) || n.num_outputs() != 1) return false;
   const Value* x = n.inputs[1];
   const Value* l = n.inputs[2];
   return is_float(x->dtype) && is_float(n.inputs[0]->dtype) && x->shape.rank() == 2 && l->dtype == DType::i64 &&

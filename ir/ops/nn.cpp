@@ -751,23 +751,39 @@ Status softmax_row(ScalarBuilder& b, std::vector<Ref>& outs) {
   return Status::ok();
 }
 
+/// Row statistics of LayerNormalization(-Grad) in f64 as the eager kernels: two passes
+/// (mean, then the mean of squared deviations), InvStdDev = 1/sqrt(var + eps). `x_input`
+/// is X's input index (0 forward, 1 gradient).
+struct LnStats {
+  Ref x, mean, d, inv, count;  ///< X (f64), its row mean, X - mean, 1/std, the row length
+};
+Expected<LnStats> ln_row_stats(ScalarBuilder& b, int x_input) {
+  const Node& n = b.node();
+  const DType ct = DType::f64;
+  auto dims = ln_row_dims(n, x_input);
+  if (!dims) return dims.status();
+  double count = 1;
+  for (int d : *dims) count *= static_cast<double>(n.input(x_input)->shape.dims[d].value);
+  LnStats s;
+  s.x = row_in(b, x_input, ct);
+  s.count = b.constant(count, ct);
+  s.mean = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, s.x), s.count}, ct);
+  s.d = b.apply(ScalarOp::sub, {s.x, s.mean}, ct);
+  Ref var = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, b.apply(ScalarOp::mul, {s.d, s.d}, ct)), s.count}, ct);
+  Ref eps = b.constant(n.attrs.get_float("epsilon", 1e-5), ct);
+  s.inv = b.apply(ScalarOp::div,
+                  {b.constant(1, ct), b.apply(ScalarOp::sqrt, {b.apply(ScalarOp::add, {var, eps}, ct)}, ct)}, ct);
+  return s;
+}
+
 // LayerNormalizationInputGrad (dY, X, Scale) -> dX, Mean?, InvStdDev?, in f64 operation
 // for operation as the eager LayerNormalizationGrad kernel: statistics recomputed from X,
 // dX = inv * (g - mean(g) - xhat * mean(g * xhat)) with g = dY * Scale, xhat = (X - mean) * inv.
 Status ln_input_grad_row(ScalarBuilder& b, std::vector<Ref>& outs) {
   const Node& n = b.node();
   const DType t = b.dtype(b.input(0)), ct = DType::f64;
-  auto dims = ln_row_dims(n, 1);
-  if (!dims) return dims.status();
-  double count = 1;
-  for (int d : *dims) count *= static_cast<double>(n.input(1)->shape.dims[d].value);
-  Ref x = row_in(b, 1, ct);
-  Ref cnt = b.constant(count, ct);
-  Ref mean = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, x), cnt}, ct);
-  Ref d = b.apply(ScalarOp::sub, {x, mean}, ct);
-  Ref var = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, b.apply(ScalarOp::mul, {d, d}, ct)), cnt}, ct);
-  Ref eps = b.constant(n.attrs.get_float("epsilon", 1e-5), ct);
-  Ref inv = b.apply(ScalarOp::div, {b.constant(1, ct), b.apply(ScalarOp::sqrt, {b.apply(ScalarOp::add, {var, eps}, ct)}, ct)}, ct);
+  KILN_ASSIGN_OR_RETURN(LnStats st, ln_row_stats(b, 1));
+  const Ref mean = st.mean, d = st.d, inv = st.inv, cnt = st.count;
   Ref g = b.apply(ScalarOp::mul, {row_in(b, 0, ct), row_in(b, 2, ct)}, ct);
   Ref xh = b.apply(ScalarOp::mul, {d, inv}, ct);
   Ref mg = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, g), cnt}, ct);
@@ -804,17 +820,8 @@ Status softmax_grad_row(ScalarBuilder& b, std::vector<Ref>& outs) {
 Status ln_row(ScalarBuilder& b, std::vector<Ref>& outs) {
   const Node& n = b.node();
   const DType t = b.dtype(b.input(0)), ct = DType::f64;  // as the eager kernel (a few ops per element)
-  auto dims = ln_row_dims(n, 0);
-  if (!dims) return dims.status();
-  double count = 1;
-  for (int d : *dims) count *= static_cast<double>(n.input(0)->shape.dims[d].value);
-  Ref x = row_in(b, 0, ct);
-  Ref cnt = b.constant(count, ct);
-  Ref mean = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, x), cnt}, ct);
-  Ref d = b.apply(ScalarOp::sub, {x, mean}, ct);
-  Ref var = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, b.apply(ScalarOp::mul, {d, d}, ct)), cnt}, ct);
-  Ref eps = b.constant(n.attrs.get_float("epsilon", 1e-5), ct);
-  Ref inv = b.apply(ScalarOp::div, {b.constant(1, ct), b.apply(ScalarOp::sqrt, {b.apply(ScalarOp::add, {var, eps}, ct)}, ct)}, ct);
+  KILN_ASSIGN_OR_RETURN(LnStats st, ln_row_stats(b, 0));
+  const Ref mean = st.mean, d = st.d, inv = st.inv;
   Ref y = b.apply(ScalarOp::mul, {b.apply(ScalarOp::mul, {d, inv}, ct), row_in(b, 1, ct)}, ct);
   if (b.has_input(2)) y = b.apply(ScalarOp::add, {y, row_in(b, 2, ct)}, ct);
   outs = {row_out(b, y, t)};
