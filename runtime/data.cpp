@@ -339,7 +339,7 @@ int64_t count_num_items(const Tensor& labels, int64_t ignore_index) {
 
 Tensor num_items_tensor(int64_t count, ir::DType dtype) {
   Tensor t(dtype, {});
-  t.set_f64(0, static_cast<double>(std::max<int64_t>(count, 1)));
+  t.set_f64(0, static_cast<double>(count));
   return t;
 }
 

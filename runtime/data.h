@@ -79,12 +79,14 @@ inline constexpr const char* kNumItemsInput = "num_items_in_batch";
 /// (every element for float labels).
 int64_t count_num_items(const ir::Tensor& labels, int64_t ignore_index);
 
-/// The kNumItemsInput feed of a step: max(count, 1) as a scalar of `dtype` (the clamp
-/// keeps a step whose labels are all ignored finite; its loss is then 0).
+/// The kNumItemsInput feed of a step: `count` as a scalar of `dtype`. A step whose labels
+/// are all ignored has count 0 and a NaN loss (0 / 0), as the same batch without
+/// accumulation (mean over no labels) and PyTorch; its gradients are 0 (ignored
+/// positions get none).
 ir::Tensor num_items_tensor(int64_t count, ir::DType dtype);
 
-/// Adds the kNumItemsInput feed (count_num_items of `labels`, clamped to >= 1) when `g`
-/// has that input; no change otherwise.
+/// Adds the kNumItemsInput feed (count_num_items of `labels`) when `g` has that input;
+/// no change otherwise.
 void add_num_items_feed(const ir::Graph& g, const ir::Tensor& labels, int64_t ignore_index,
                         std::map<std::string, ir::Tensor>& feeds);
 

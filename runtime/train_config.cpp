@@ -60,6 +60,11 @@ Status TrainConfig::validate() const {
       one_of("lr_scheduler_type", lr_scheduler_type, {"linear", "cosine", "constant", "constant_with_warmup"}));
   // A comma list ("eager,compiled") is for `kiln bench`, which runs each side by side;
   // the driver builds one program per single backend.
+  // "a," or ",a" would read as one item: an empty item is an error wherever it is.
+  for (const auto& [flag, text] : {std::pair<const char*, const std::string*>{"backend", &backend},
+                                   std::pair<const char*, const std::string*>{"remat_policy", &remat_policy}})
+    if (!text->empty() && (text->front() == ',' || text->back() == ','))
+      return bad(flag, "empty item in the list '" + *text + "'");
   {
     std::string item;
     std::istringstream is(backend);

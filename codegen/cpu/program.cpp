@@ -6,6 +6,7 @@
 #include <link.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -294,6 +295,47 @@ std::string write_atomic(const fs::path& path, const std::string& bytes) {
   return "";
 }
 
+/// The on-disk cache keeps at most this many bytes of entries: after each store, the
+/// least recently used `.kcache` files (oldest modification time; a disk hit touches its
+/// entry) are removed until the rest fit. Entries of older kiln builds are never hit
+/// again (the key holds the build ID), so they age out this way.
+constexpr uintmax_t kCacheMaxBytes = uintmax_t(512) << 20;
+
+/// Removes the least recently used entries of `dir` beyond kCacheMaxBytes, never `keep`.
+/// Returns how many files were removed; errors (a file vanishing meanwhile) are ignored.
+int prune_cache_dir(const fs::path& dir, const fs::path& keep) {
+  struct Entry {
+    fs::file_time_type t;
+    uintmax_t size;
+    fs::path p;
+  };
+  std::vector<Entry> entries;
+  uintmax_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.extension() != ".kcache" || !it->is_regular_file(ec)) continue;
+    const uintmax_t size = it->file_size(ec);
+    if (ec) continue;
+    const auto t = it->last_write_time(ec);
+    if (ec) continue;
+    entries.push_back({t, size, p});
+    total += size;
+  }
+  if (total <= kCacheMaxBytes) return 0;
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.t < b.t; });
+  int removed = 0;
+  for (const Entry& e : entries) {
+    if (total <= kCacheMaxBytes) break;
+    if (e.p == keep) continue;
+    if (fs::remove(e.p, ec)) {
+      total -= e.size;
+      ++removed;
+    }
+  }
+  return removed;
+}
+
 struct MemoryEntry {
   std::shared_ptr<CpuModule> module;
   std::shared_ptr<const CpuObject> object;
@@ -407,6 +449,8 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
           prog->module = std::shared_ptr<CpuModule>(std::move(*mod));
           prog->object = std::move(obj);
           prog->cache_status = "disk hit";
+          std::error_code touch_ec;  // recently used: pruned last
+          fs::last_write_time(path, fs::file_time_type::clock::now(), touch_ec);
         } else {
           why = "unloadable (" + mod.message() + ")";
         }
@@ -437,7 +481,12 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
     if (opts.use_cache) {
       prog->cache_status = "miss";
       const std::string err = write_atomic(path, encode_file(encode_payload(key, *shared)));
-      if (err.empty()) log("cache", std::string(rewrite ? "rewrote " : "stored ") + path.string());
+      if (err.empty()) {
+        log("cache", std::string(rewrite ? "rewrote " : "stored ") + path.string());
+        if (int n = prune_cache_dir(dir, path))
+          log("cache", "pruned " + std::to_string(n) + " least recently used entries (cache over " +
+                           std::to_string(kCacheMaxBytes >> 20) + " MiB)");
+      }
       else {
         // One warning per cache folder and process (train and eval programs share it).
         static std::mutex warned_mutex;

@@ -544,6 +544,42 @@ void check_bad_entry(CompileCache& t, std::shared_ptr<CpuProgram> (CompileCache:
   EXPECT_EQ(p3->cache_status, "disk hit");
 }
 
+TEST_F(CompileCache, StorePrunesLeastRecentlyUsedEntriesBeyond512MiB) {
+  // Three old entries of 200 MiB each (sparse files: no disk used) plus another file:
+  // after the store, the oldest .kcache files go until the folder's entries fit in
+  // 512 MiB; the new entry and non-cache files stay.
+  const auto now = fs::file_time_type::clock::now();
+  for (int i = 0; i < 3; ++i) {
+    const fs::path p = fs::path(dir_) / ("old" + std::to_string(i) + ".kcache");
+    std::ofstream(p).put('x');
+    fs::resize_file(p, uintmax_t(200) << 20);
+    fs::last_write_time(p, now - std::chrono::hours(24 * (10 - i)));  // old0 is the oldest
+  }
+  const fs::path other = fs::path(dir_) / "notes.txt";
+  std::ofstream(other) << "not a cache entry";
+  fs::resize_file(other, uintmax_t(300) << 20);
+  std::vector<std::pair<std::string, std::string>> logs;
+  auto p = compile(&logs);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->cache_status, "miss");
+  EXPECT_FALSE(fs::exists(fs::path(dir_) / "old0.kcache"));
+  EXPECT_TRUE(fs::exists(fs::path(dir_) / "old1.kcache"));
+  EXPECT_TRUE(fs::exists(fs::path(dir_) / "old2.kcache"));
+  EXPECT_TRUE(fs::exists(fs::path(dir_) / (p->cache_key + ".kcache")));
+  EXPECT_TRUE(fs::exists(other));
+  bool logged = false;
+  for (auto& l : logs) logged |= l.first == "cache" && l.second.find("pruned 1 ") != std::string::npos;
+  EXPECT_TRUE(logged);
+  // A disk hit marks its entry recently used.
+  clear_cpu_memory_cache();
+  const fs::path mine = fs::path(dir_) / (p->cache_key + ".kcache");
+  fs::last_write_time(mine, now - std::chrono::hours(24 * 30));
+  auto hit = compile();
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(hit->cache_status, "disk hit");
+  EXPECT_GT(fs::last_write_time(mine), now - std::chrono::hours(1));
+}
+
 TEST_F(CompileCache, TruncatedEntryIsRebuilt) {
   check_bad_entry(*this, &CompileCache::compile, [](const fs::path& f) {
     const std::string s = read_file(f);

@@ -112,6 +112,23 @@ TEST(Accumulation, TinyGptMatchesLargeBatchWithUnevenIgnoredLabels) {
   expect_same_grads(acc2, ref, 1e-6, "tiny_gpt N=2 tokens");
 }
 
+TEST(Accumulation, EveryLabelIgnoredGivesNaNLossAndZeroGradientsAsOneBatch) {
+  // A step with no real label: the mean over no labels is NaN for the large batch
+  // (ONNX and PyTorch), and so is the token-normalized sum of the microbatches (0 / 0);
+  // no parameter receives a gradient in either form.
+  Batch b = fixture_batch("mlp_digits");
+  b.y = ignore_labels(b.y, 4, {2, 2, 2, 2});
+  auto ref = grads_of(config("mlp_digits", 8, 1), b);
+  auto acc = grads_of(config("mlp_digits", 2, 4), b);
+  EXPECT_TRUE(std::isnan(ref.at("loss").get_f64(0)));
+  EXPECT_TRUE(std::isnan(acc.at("loss").get_f64(0)));
+  for (auto* g : {&ref, &acc})
+    for (auto& [name, t] : *g) {
+      if (name == "loss") continue;
+      for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.get_f64(i), 0.0) << name << " element " << i;
+    }
+}
+
 TEST(Accumulation, MicrobatchNormalizationMatchesWhenNothingIsIgnored) {
   Batch b = fixture_batch("mlp_digits");
   auto ref = grads_of(config("mlp_digits", 8, 1), b);

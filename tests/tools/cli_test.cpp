@@ -191,6 +191,8 @@ TEST_F(Cli, BenchRematPolicyList) {
   expect_one_error_line(run_kiln(base + " --remat_policy none,sqrt --memory_budget 1GiB", dir), 2,
                         "only applies to --remat_policy budget");
   expect_one_error_line(run_kiln(base + " --remat_policy none,bogus", dir), 2, "--remat_policy: unknown value 'bogus'");
+  expect_one_error_line(run_kiln(base + " --remat_policy none,", dir), 2, "--remat_policy: empty item");
+  expect_one_error_line(run_kiln(base + " --backend ,eager", dir), 2, "--backend: empty item");
   expect_one_error_line(run_kiln("train " + model + data() + " --remat_policy none,sqrt --output_dir " + dir + "/o", dir),
                         2, "one policy per program");
 }

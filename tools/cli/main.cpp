@@ -128,10 +128,14 @@ struct ConfigFlags {
 
   passes::PassContext pass_context() const {
     passes::PassContext ctx;
-    if (print_ir_after == "fusion" && values.count("backend") && options.at("backend")->count() > 0) {
+    // Passes of the compiled pipeline only: asking for them with --backend eager prints nothing.
+    const bool compiled_pass = print_ir_after == "fusion" || print_ir_after == "decompose" || print_ir_after == "gemm_widening";
+    if (compiled_pass && values.count("backend") && options.at("backend")->count() > 0) {
       bool compiled = false;
       for (auto& v : values.at("backend")) compiled = compiled || v.find("compiled") != std::string::npos;
-      if (!compiled) std::cerr << "kiln: note: --print-ir-after fusion: the fusion pass runs only with --backend compiled\n";
+      if (!compiled)
+        std::cerr << "kiln: note: --print-ir-after " << print_ir_after
+                  << ": that pass runs only with --backend compiled\n";
     }
     ctx.print_ir_after = print_ir_after;
     ctx.dump_ir_dir = dump_ir_dir;
@@ -449,14 +453,15 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
             << (by_policy ? "variants" : "backends") << "\n";
   size_t label_w = 10;
   for (auto& r : runs) label_w = std::max(label_w, r.backend.size() + 2);
+  const size_t vs_w = std::max<size_t>(14, runs[0].backend.size() + 5);
   std::cout << pad(by_policy ? "variant" : "backend", label_w, true) << pad("median s/step", 16) << pad("samples/s", 12)
-            << pad("vs " + runs[0].backend, 14) << pad("peak measured", 16) << pad("peak planned", 16)
+            << pad("vs " + runs[0].backend, vs_w) << pad("peak measured", 16) << pad("peak planned", 16)
             << pad("build s", 10) << "\n";
   const double base = median(runs[0].times);
   for (auto& r : runs) {
     const double med = median(r.times);
     std::cout << pad(r.backend, label_w, true) << pad(fmt("%.6f", med), 16) << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12)
-              << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), 14) << pad(passes::human_bytes(r.peak), 16)
+              << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), vs_w) << pad(passes::human_bytes(r.peak), 16)
               << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16) << pad(fmt("%.2f", r.compile_s), 10)
               << "\n";
   }
