@@ -431,7 +431,8 @@ Expected<TrainResult> Trainer::run() {
     if (!std::isfinite(r.loss) && !warned_nonfinite) {
       // PyTorch and the HF Trainer keep going on a non-finite loss; say so once, loudly.
       bar.clear();
-      std::cerr << "kiln: warning: loss is " << r.loss << " at step " << global_step_
+      std::cerr << "kiln: warning: loss is " << (std::isnan(r.loss) ? std::string("nan") : std::to_string(r.loss))
+                << " at step " << global_step_
                 << " (check the data for NaN/inf and the learning rate); training continues\n";
       warned_nonfinite = true;
     }
