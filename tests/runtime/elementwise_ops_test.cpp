@@ -4,6 +4,8 @@
 // broadcasting, f64, bf16 and integer cases; Philox is checked against the
 // Random123 known-answer vectors; gradient rules go through the f64 central-
 // difference checker (tools/driver/gradcheck.h).
+#include <limits>
+#include <cstring>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -382,6 +384,36 @@ TEST(ElementwiseOps, DropoutTrainingMaskScaleAndDeterminism) {
   for (int64_t i = 0; i < 100; ++i) {
     double v = single[0].get_f64(i);
     EXPECT_TRUE(v == 0.0 || std::abs(v - 2 * x.get_f64(i)) < 1e-6);
+  }
+}
+
+TEST(ElementwiseOps, DropoutF32IsBitExactAgainstPhiloxReference) {
+  // f32 Dropout runs an AVX2 path on CPUs that have it (128-element groups, several
+  // threads for large tensors) and the portable path for the tail: every element must be
+  // keep ? float(x * float(1 / (1 - ratio))) : +0, with keep from philox_uniform, bit for
+  // bit, also for inf and NaN inputs (dropped ones give +0) and across the group seams.
+  for (int64_t n : {int64_t(128 * 5 + 37), int64_t(1) << 18}) {
+    Tensor x = rnd(DType::f32, {n}, -3, 3, 21);
+    x.set_f64(3, std::numeric_limits<double>::infinity());
+    x.set_f64(200, -std::numeric_limits<double>::infinity());
+    x.set_f64(641, std::numeric_limits<double>::quiet_NaN());
+    RunOptions tr;
+    tr.training = true;
+    tr.seed = 0x0123456789abcdefull;
+    tr.step = 9;
+    Attributes a;
+    a.set("kiln_rng_id", int64_t(5));
+    const float ratio = 0.3f;
+    auto o = run_op("Dropout", {x, make(DType::f32, {}, {ratio})}, a, 2, tr);
+    const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(ratio)));
+    const float* xv = x.data<float>();
+    const float* yv = o[0].data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const bool keep = kiln::runtime::kernels::philox_uniform(tr.seed, 5, 9, static_cast<uint64_t>(i)) >= ratio;
+      const float want = keep ? xv[i] * scale : 0.0f;
+      ASSERT_EQ(o[1].get_i64(i) != 0, keep) << "mask element " << i << " of " << n;
+      ASSERT_EQ(std::memcmp(&yv[i], &want, 4), 0) << "element " << i << " of " << n << ": " << yv[i] << " vs " << want;
+    }
   }
 }
 
