@@ -33,7 +33,6 @@ namespace {
 
 bool used(const Graph& g, const Value* v) { return v && (!g.uses(v).empty() || g.is_graph_output(v)); }
 
-/// Eligible: static float shapes, Scale with as many elements as a row.
 /// `n` is `op` with `inputs` inputs, no region, and static shapes everywhere.
 bool static_node(const Node& n, const char* op, int inputs) {
   if (n.op != op || n.num_inputs() != inputs || !n.regions.empty()) return false;
@@ -44,6 +43,7 @@ bool static_node(const Node& n, const char* op, int inputs) {
   return true;
 }
 
+/// Eligible LayerNormalizationGrad: static float shapes, Scale with as many elements as a row.
 bool decomposable_ln_grad(const Node& n) {
   if (!static_node(n, "LayerNormalizationGrad", 3)) return false;
   for (const Value* v : n.inputs)

@@ -59,22 +59,17 @@ Status TrainConfig::validate() const {
   KILN_RETURN_IF_ERROR(
       one_of("lr_scheduler_type", lr_scheduler_type, {"linear", "cosine", "constant", "constant_with_warmup"}));
   // A comma list ("eager,compiled") is for `kiln bench`, which runs each side by side;
-  // the driver builds one program per single backend.
-  // "a," or ",a" would read as one item: an empty item is an error wherever it is.
-  for (const auto& [flag, text] : {std::pair<const char*, const std::string*>{"backend", &backend},
-                                   std::pair<const char*, const std::string*>{"remat_policy", &remat_policy}})
-    if (!text->empty() && (text->front() == ',' || text->back() == ','))
-      return bad(flag, "empty item in the list '" + *text + "'");
-  {
-    std::string item;
-    std::istringstream is(backend);
-    int items = 0;
-    while (std::getline(is, item, ',')) {
-      ++items;
-      KILN_RETURN_IF_ERROR(one_of("backend", item, {"eager", "compiled"}));
+  // the driver builds one program per single backend. An empty item is an error.
+  auto check_list = [&](const char* flag, const std::string& text,
+                        const std::vector<std::string>& allowed) -> Expected<std::vector<std::string>> {
+    std::vector<std::string> items = comma_list(text);
+    for (const std::string& item : items) {
+      if (item.empty() && items.size() > 1) return bad(flag, "empty item in the list '" + text + "'");
+      KILN_RETURN_IF_ERROR(one_of(flag, item, allowed));
     }
-    if (items == 0) KILN_RETURN_IF_ERROR(one_of("backend", backend, {"eager", "compiled"}));
-  }
+    return items;
+  };
+  if (auto items = check_list("backend", backend, {"eager", "compiled"}); !items) return items.status();
   if (!accumulation_normalization.empty())
     KILN_RETURN_IF_ERROR(one_of("accumulation_normalization", accumulation_normalization, {"tokens", "microbatch"}));
   if (accumulation_normalization == "tokens" && loss != "cross_entropy")
@@ -127,16 +122,12 @@ Status TrainConfig::validate() const {
   for (auto& [k, v] : shape)
     if (v <= 0) return bad("shape", "dimension '" + k + "' must be > 0, got " + num_str(v));
   // As --backend, a comma list ("none,blocks") is for `kiln bench`; each item is checked.
-  std::vector<std::string> policies;
-  {
-    std::string item;
-    std::istringstream is(remat_policy);
-    while (std::getline(is, item, ',')) {
-      KILN_RETURN_IF_ERROR(one_of("remat_policy", item, {"none", "blocks", "sqrt", "min-cut", "budget"}));
-      policies.push_back(item);
-    }
+  std::vector<std::string> policies = {effective_remat_policy()};
+  if (!remat_policy.empty()) {
+    auto items = check_list("remat_policy", remat_policy, {"none", "blocks", "sqrt", "min-cut", "budget"});
+    if (!items) return items.status();
+    policies = *items;
   }
-  if (policies.empty()) policies.push_back(effective_remat_policy());
   const bool any_budget = std::find(policies.begin(), policies.end(), "budget") != policies.end();
   if (!memory_budget.empty()) {
     auto b = parse_byte_size(memory_budget);
@@ -149,6 +140,15 @@ Status TrainConfig::validate() const {
   if (any_budget && memory_budget.empty())
     return bad("memory_budget", "--remat_policy budget needs --memory_budget (e.g. 800MB, 24GiB)");
   return Status::ok();
+}
+
+std::vector<std::string> comma_list(const std::string& text) {
+  std::vector<std::string> items(1);
+  for (char ch : text) {
+    if (ch == ',') items.emplace_back();
+    else items.back() += ch;
+  }
+  return items;
 }
 
 Expected<int64_t> parse_byte_size(const std::string& text) {

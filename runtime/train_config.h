@@ -106,6 +106,11 @@ struct ConfigField {
 };
 /// All fields of `cfg`, in declaration order, pointing into `cfg`.
 std::vector<ConfigField> config_fields(TrainConfig& cfg);
+/// The items of a comma list ("eager,compiled" -> {"eager", "compiled"}), in order,
+/// empty items kept ("a," -> {"a", ""}) so that callers can reject them; "" -> {""}.
+/// `kiln bench` takes lists for --backend and --remat_policy.
+std::vector<std::string> comma_list(const std::string& text);
+
 /// Sets a field from its command-line text ("1e-4", "true", "batch=8,seq=64", a list item
 /// appended for str_list). Error: "--NAME: expected a number, got 'abc'".
 Status set_config_field(const ConfigField& f, const std::string& text);

@@ -8,7 +8,8 @@
 // and LLVM's versions, the GNU build ID of the kiln binary (a rebuilt code generator never
 // loads an older one's code), the host CPU and features, the symbol prefix and the text of
 // every lowered kernel. The folder keeps at most 512 MiB of entries: after each store the
-// least recently used ones (oldest mtime; a hit touches its entry) are removed. A hit skips LLVM emission, O3 and code generation (lowering still runs).
+// least recently used ones (oldest mtime; a hit touches its entry) are removed. A hit
+// skips LLVM emission, O3 and code generation (lowering still runs).
 // File layout (little-endian): "KILNCCH\0" magic, u32 format version, u64 payload length,
 // 32-byte SHA-256 of the payload, then the payload (key, kernel schedules and symbols, LLVM
 // IR, object bytes, stats). A truncated, corrupt or stale entry is never loaded: one warning

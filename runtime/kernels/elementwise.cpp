@@ -268,8 +268,8 @@ __attribute__((target("avx2"))) void dropout_f32_avx2(const float* a, float* o, 
                                                      uint64_t seed, uint64_t sub, uint64_t offset, uint32_t thr,
                                                      float s) {
   constexpr int NV = 4;
-  const __m256i M0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i M1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const __m256i M0 = _mm256_set1_epi32(static_cast<int>(kPhiloxM0));
+  const __m256i M1 = _mm256_set1_epi32(static_cast<int>(kPhiloxM1));
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
   const __m256i thr_v = _mm256_set1_epi32(static_cast<int>(thr ^ 0x80000000u));

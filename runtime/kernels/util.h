@@ -185,11 +185,13 @@ void strided_copy(void* dst, const void* src, size_t esize, const std::vector<in
 // Philox4x32-10
 // ---------------------------------------------------------------------------
 
+/// Multipliers of the Philox4x32 round function.
+inline constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+
 /// One Philox4x32 round on counter words (c0, c1, c2, c3) with key words (k0, k1).
 inline void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0, uint32_t k1) {
-  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
-  const uint64_t p0 = static_cast<uint64_t>(M0) * c0;
-  const uint64_t p1 = static_cast<uint64_t>(M1) * c2;
+  const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0;
+  const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2;
   const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
   const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
   c1 = static_cast<uint32_t>(p1);

@@ -129,7 +129,8 @@ struct ConfigFlags {
   passes::PassContext pass_context() const {
     passes::PassContext ctx;
     // Passes of the compiled pipeline only: asking for them with --backend eager prints nothing.
-    const bool compiled_pass = print_ir_after == "fusion" || print_ir_after == "decompose" || print_ir_after == "gemm_widening";
+    const auto& cp = driver::compiled_pipeline();
+    const bool compiled_pass = std::find(cp.begin(), cp.end(), print_ir_after) != cp.end();
     if (compiled_pass && values.count("backend") && options.at("backend")->count() > 0) {
       bool compiled = false;
       for (auto& v : values.at("backend")) compiled = compiled || v.find("compiled") != std::string::npos;
@@ -310,17 +311,14 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
   // --backend eager,compiled and/or --remat_policy none,blocks: one program per variant
   // (backend x policy), their steps interleaved so that the machine's load falls on each
   // alike (ratios from one run, not absolute times).
-  auto split = [](const std::string& text) {
+  auto split = [](const std::string& text) {  // validated items, each once
     std::vector<std::string> items;
-    std::string item;
-    std::istringstream is(text);
-    while (std::getline(is, item, ','))
+    for (const std::string& item : runtime::comma_list(text))
       if (std::find(items.begin(), items.end(), item) == items.end()) items.push_back(item);
     return items;
   };
   const std::vector<std::string> backend_items = split(cfg.backend);
-  std::vector<std::string> policy_items = split(cfg.remat_policy);
-  if (policy_items.empty()) policy_items.push_back(cfg.remat_policy);
+  const std::vector<std::string> policy_items = split(cfg.remat_policy);
   struct Variant {
     std::string label, backend, policy;
   };

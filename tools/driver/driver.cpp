@@ -183,6 +183,14 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
   return b;
 }
 
+const std::vector<std::string>& compiled_pipeline() {
+  // bf16 GEMMs widened to f32 on CPUs without native bf16 (gemm_widening); backward ops
+  // with row and column results split into a row op and column sums (decompose), which
+  // fusion then generates with the pointwise groups.
+  static const std::vector<std::string> p = {"gemm_widening", "decompose", "fusion"};
+  return p;
+}
+
 Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg, passes::PassContext* dbg,
                                                  bool want_grads, bool to_f64, int64_t total_steps) {
   if (total_steps <= 0) total_steps = cfg.max_steps > 0 ? cfg.max_steps : 1;
@@ -235,9 +243,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   // On CPUs without native bf16 dot products, bf16 GEMMs run as f32 GEMMs of the widened
   // operands (passes/gemm_widening.cpp): same function, several times faster there.
   if (compiled && cfg.bf16 && !host_has_native_bf16()) train_opts["widen_bf16_gemm"] = "1";
-  // Backward ops with row and column results split into a row op and column sums
-  // (passes/decompose.cpp), which fusion then generates.
-  if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, {"gemm_widening", "decompose", "fusion"}, dbg, train_opts));
+  if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, compiled_pipeline(), dbg, train_opts));
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
   log_text("graph", "training step after all passes:\n" + ir::graph_to_string(*train));
   if (log_enabled("memory")) {
@@ -256,7 +262,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   if (train_opts.count("widen_bf16_gemm")) eval_opts["widen_bf16_gemm"] = "1";
   std::vector<std::string> eval_pipe = fwd;
   eval_pipe.push_back("canonicalize");
-  if (compiled) eval_pipe.insert(eval_pipe.end(), {"gemm_widening", "fusion"});
+  if (compiled) eval_pipe.insert(eval_pipe.end(), compiled_pipeline().begin(), compiled_pipeline().end());
   KILN_RETURN_IF_ERROR(run_passes(*eval, eval_pipe, nullptr, eval_opts));
   log_text("graph", "eval program after all passes:\n" + ir::graph_to_string(*eval));
   if (compiled) {

@@ -20,6 +20,10 @@ namespace kiln::driver {
 /// (passes/gemm_widening.cpp).
 bool host_has_native_bf16();
 
+/// The passes `--backend compiled` runs after the training passes, in order
+/// (gemm_widening, decompose, fusion); the eager backend runs none of them.
+const std::vector<std::string>& compiled_pipeline();
+
 
 /// Imports an ONNX model, binds dim_params (`shape`), folds shape computations
 /// and canonicalizes. With `to_f64`, every float initializer and input becomes f64
