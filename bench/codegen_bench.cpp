@@ -6,6 +6,7 @@
 //                       (f32, 16M elements) and the AdamW update (p, g, m, v -> p', m', v').
 //   Codegen/RowSum      sum over the last dim of (4096, 4096) f32 -> 4096.
 //   Codegen/ColSum      bias-gradient column sum (8192, 256) f32 -> 256.
+//   Codegen/Softmax     GPT-2's causal attention softmax row kernel over (8, 8, 256, 256).
 //   Codegen/Build*      driver::build_training_program with backend "compiled" (import, all
 //                       passes, fusion, lowering, LLVM O3 + JIT) of the tiny GPT (batch 8) and
 //                       of gpt_4l256 (build/examples/, tools/prepare_bench_models.sh; batch 8).
@@ -173,6 +174,25 @@ Kernel col_sum_kernel(int64_t rows, int64_t cols) {
   return b.k;
 }
 
+/// Causal attention softmax as the fusion pass builds it for GPT-2 (one row kernel):
+/// y = Softmax(Where(mask, -inf, x * scale)) over the last dim of a (batch, heads, seq,
+/// seq) domain; mask is a bool (seq, seq) broadcast over batch and heads; exp in f32, the
+/// row sum and the normalization (times 1 / sum) in f64, as Softmax's row rule writes it.
+Kernel attention_softmax_kernel(int64_t batch, int64_t heads, int64_t seq) {
+  KB b("bench_softmax", {batch, heads, seq, seq}, {false, false, false, true});
+  const std::vector<int64_t> dense = {heads * seq * seq, seq * seq, seq, 1};
+  int x = b.load(b.param("x", dense));
+  int mask = b.k.add_load(b.k.add_param("mask", DType::boolean, {0, 0, seq, 1}));
+  int s = b.op(ScalarOp::select, {mask, b.cst(-INFINITY), b.op(ScalarOp::mul, {x, b.cst(0.125)})});
+  int mx = b.k.add_reduce(ReduceKind::max, s);
+  int e = b.k.add_op(ScalarOp::cast, {b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {s, mx})})}, DType::f64);
+  int sum = b.k.add_reduce(ReduceKind::sum, e);
+  int inv = b.k.add_op(ScalarOp::div, {b.k.add_constant(1.0, DType::f64), sum}, DType::f64);
+  int y = b.k.add_op(ScalarOp::cast, {b.k.add_op(ScalarOp::mul, {e, inv}, DType::f64)}, DType::f32);
+  b.store(b.param("y", dense, true), y);
+  return b.k;
+}
+
 /// Number of f32 elements param `p` of `k` spans.
 int64_t param_elems(const Kernel& k, const KernelParam& p) {
   int64_t n = p.offset + 1;
@@ -196,7 +216,9 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
     const int64_t n = param_elems(k, p);
     bufs.push_back(std::make_unique<Buf>(n, p.is_output ? 0.f : 0.5f));
     ptrs.push_back(bufs.back()->p);
-    bytes += n * 4;
+    const int64_t width = static_cast<int64_t>(ir::dtype_size(p.dtype));
+    if (p.dtype == DType::boolean) std::memset(bufs.back()->p, 0, static_cast<size_t>(n));  // false
+    bytes += n * width;
   }
   const double copy_bw = copy_bandwidth();
   // The split of run_fused_compiled (runtime/interpreter.cpp).
@@ -230,6 +252,7 @@ void BM_CodegenPointwiseMulAdd(benchmark::State& s) { run_kernel(s, axpby_kernel
 void BM_CodegenPointwiseAdamW(benchmark::State& s) { run_kernel(s, adamw_kernel(kPointwiseElems)); }
 void BM_CodegenRowSum(benchmark::State& s) { run_kernel(s, row_sum_kernel(4096, 4096)); }
 void BM_CodegenColSum(benchmark::State& s) { run_kernel(s, col_sum_kernel(8192, 256)); }
+void BM_CodegenSoftmax(benchmark::State& s) { run_kernel(s, attention_softmax_kernel(8, 8, 256)); }
 
 // ----------------------------------------------------------------------------- build time
 /// Path of a repository file: as given when it exists from the working directory, else
@@ -287,5 +310,6 @@ BENCHMARK(BM_CodegenPointwiseMulAdd)->Unit(benchmark::kMillisecond)->UseRealTime
 BENCHMARK(BM_CodegenPointwiseAdamW)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenRowSum)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenColSum)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenSoftmax)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenBuildTinyGpt)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(3);
 BENCHMARK(BM_CodegenBuildGpt4l256)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(2);

@@ -456,13 +456,18 @@ class KernelEmitter {
 
   std::vector<llvm::Value*> eval(const std::vector<llvm::Value*>& idx) { return eval(idx, nullptr, 1); }
   /// Expressions of level < max_level at `idx` (null for the others); reduce
-  /// expressions take their finished values from `known`.
+  /// expressions take their finished values from `known`; a non-null `preset[i]` is
+  /// used as expression i's value instead of computing it (a row-scratch reload).
   std::vector<llvm::Value*> eval(const std::vector<llvm::Value*>& idx, const std::vector<llvm::Value*>* known,
-                                 int max_level) {
+                                 int max_level, const std::vector<llvm::Value*>* preset = nullptr) {
     std::vector<llvm::Value*> v(k_.exprs.size(), nullptr);
     for (size_t i = 0; i < k_.exprs.size(); ++i) {
       const KExpr& e = k_.exprs[i];
       if (level_[i] >= max_level) continue;
+      if (preset && (*preset)[i]) {
+        v[i] = (*preset)[i];
+        continue;
+      }
       if (e.kind == KExpr::Kind::reduce) {
         v[i] = known ? (*known)[i] : nullptr;
         continue;
@@ -545,7 +550,8 @@ class KernelEmitter {
 
   // ---- loops
   /// for (i = lo; i < hi; ++i) body(i); the builder ends at the loop exit.
-  void for_range(llvm::Value* lo, llvm::Value* hi, const std::function<void(llvm::Value*)>& body) {
+  void for_range(llvm::Value* lo, llvm::Value* hi, const std::function<void(llvm::Value*)>& body,
+                 int vector_width = 0) {
     llvm::BasicBlock* pre = B_.GetInsertBlock();
     llvm::BasicBlock* loop = llvm::BasicBlock::Create(C_, "loop", F_);
     llvm::BasicBlock* exit = llvm::BasicBlock::Create(C_, "loop.end");
@@ -556,7 +562,20 @@ class KernelEmitter {
     body(i);
     llvm::Value* next = B_.CreateNSWAdd(i, i64c(1));
     i->addIncoming(next, B_.GetInsertBlock());
-    B_.CreateCondBr(B_.CreateICmpSLT(next, hi), loop, exit);
+    llvm::BranchInst* latch = B_.CreateCondBr(B_.CreateICmpSLT(next, hi), loop, exit);
+    if (vector_width > 0) {
+      // llvm.loop.vectorize.width (and no interleaving): the loop vectorizer's cost model
+      // otherwise narrows loops that mix f32 and f64 to the f64 width and interleaves
+      // them, which spills the exp polynomial's constants.
+      llvm::Metadata* width[] = {llvm::MDString::get(C_, "llvm.loop.vectorize.width"),
+                                 llvm::ConstantAsMetadata::get(B_.getInt32(vector_width))};
+      llvm::Metadata* inter[] = {llvm::MDString::get(C_, "llvm.loop.interleave.count"),
+                                 llvm::ConstantAsMetadata::get(B_.getInt32(1))};
+      llvm::Metadata* ops[] = {nullptr, llvm::MDNode::get(C_, width), llvm::MDNode::get(C_, inter)};
+      llvm::MDNode* md = llvm::MDNode::getDistinct(C_, ops);
+      md->replaceOperandWith(0, md);
+      latch->setMetadata(llvm::LLVMContext::MD_loop, md);
+    }
     exit->insertInto(F_);
     B_.SetInsertPoint(exit);
   }
@@ -611,16 +630,19 @@ class KernelEmitter {
     idx[d] = nullptr;
   }
   void reduced_loops(const std::vector<int>& red, size_t ri, std::vector<llvm::Value*>& idx,
-                     const std::function<void()>& body) {
+                     const std::function<void()>& body, int vector_width = 0) {
     if (ri == red.size()) {
       body();
       return;
     }
     const int d = red[ri];
-    for_range(i64c(0), i64c(k_.domain[d]), [&](llvm::Value* i) {
-      idx[d] = i;
-      reduced_loops(red, ri + 1, idx, body);
-    });
+    for_range(
+        i64c(0), i64c(k_.domain[d]),
+        [&](llvm::Value* i) {
+          idx[d] = i;
+          reduced_loops(red, ri + 1, idx, body, vector_width);
+        },
+        ri + 1 == red.size() ? vector_width : 0);
     idx[d] = nullptr;
   }
   /// Row mode: one register accumulator per store over all reduced dims.
@@ -647,6 +669,99 @@ class KernelEmitter {
       store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(t, acc[s])));
     }
   }
+  /// Vector width (f32 lanes) for the reduced loops of row programs: 16 with AVX-512, 8
+  /// with AVX, else 0 (the vectorizer's own choice).
+  int row_vector_width() const {
+    if (feats_.find("+avx512f") != std::string::npos) return 16;
+    if (feats_.find("+avx") != std::string::npos) return 8;
+    return 0;
+  }
+
+  /// Which expressions of a row program are computed once per row and reloaded: see
+  /// row_scratch_plan.
+  struct RowScratch {
+    int64_t row = 0;                       ///< elements per row (0: no scratch)
+    std::vector<int> first;                ///< per expr: the pass that stores it (0: not kept)
+    std::vector<std::vector<bool>> needed; ///< [pass][expr]: the pass uses the expr's value
+  };
+  /// Float expressions whose value a later pass needs again and whose computation holds
+  /// a transcendental op (exp, log, tanh, erf, sin, cos, pow; not sqrt or div, which
+  /// cost about what a reload does) are kept in a row scratch array: the first pass that
+  /// needs one stores it, later passes reload it instead of recomputing it. Only the
+  /// outermost such expressions are kept (Softmax keeps the f64 cast of its exp, not
+  /// also the exp). Rows longer than kScratchBytes / element size keep nothing. The
+  /// values are bit-identical to recomputation, so the reference evaluator is unchanged.
+  RowScratch row_scratch_plan(const std::vector<int>& red) {
+    constexpr int64_t kScratchBytes = 128 * 1024;
+    const size_t ne = k_.exprs.size();
+    const int passes = k_.row_passes();
+    RowScratch r;
+    r.first.assign(ne, 0);
+    r.needed.assign(passes + 1, std::vector<bool>(ne, false));
+    // needed[p]: the args of the level-p reduce expressions and the expressions of the
+    // stores written in pass p (level p - 1), closed over args but not through reduce
+    // expressions (their values are known by then).
+    for (int p = 1; p <= passes; ++p) {
+      std::vector<bool>& need = r.needed[p];
+      for (size_t i = 0; i < ne; ++i)
+        if (k_.exprs[i].kind == KExpr::Kind::reduce && level_[i] == p) need[k_.exprs[i].args[0]] = true;
+      for (const KStore& s : k_.stores)
+        if (level_[s.expr] == p - 1 && (s.reduce != ReduceKind::none || k_.varies_along_reduced(s))) need[s.expr] = true;
+      for (size_t i = ne; i-- > 0;)
+        if (need[i] && k_.exprs[i].kind == KExpr::Kind::op)
+          for (int a : k_.exprs[i].args) need[a] = true;
+    }
+    int64_t row = 1;
+    for (int d : red) row *= k_.domain[d];
+    std::vector<bool> costly(ne, false);
+    for (size_t i = 0; i < ne; ++i) {
+      const KExpr& e = k_.exprs[i];
+      if (e.kind != KExpr::Kind::op) continue;
+      switch (e.op) {
+        case ScalarOp::exp: case ScalarOp::log: case ScalarOp::tanh: case ScalarOp::erf: case ScalarOp::sin:
+        case ScalarOp::cos: case ScalarOp::pow: costly[i] = ir::is_float(e.dtype); break;
+        default: break;
+      }
+      for (int a : e.args) costly[i] = costly[i] || (k_.exprs[a].kind == KExpr::Kind::op && costly[a]);
+    }
+    // Candidates: costly float exprs first needed in pass q and needed again later.
+    std::vector<int> first_need(ne, 0);
+    std::vector<bool> cand(ne, false);
+    for (size_t i = 0; i < ne; ++i) {
+      for (int p = 1; p <= passes && !first_need[i]; ++p)
+        if (r.needed[p][i]) first_need[i] = p;
+      if (!costly[i] || !ir::is_float(k_.exprs[i].dtype) || !first_need[i]) continue;
+      for (int p = first_need[i] + 1; p <= passes; ++p) cand[i] = cand[i] || r.needed[p][i];
+    }
+    // Keep a candidate when some later pass needs it other than through a kept
+    // candidate consumer computed before that pass.
+    int64_t bytes = 0;
+    for (size_t i = 0; i < ne; ++i) {
+      if (!cand[i]) continue;
+      bool keep = false;
+      for (int p = first_need[i] + 1; p <= passes && !keep; ++p) {
+        if (!r.needed[p][i]) continue;
+        bool direct = false;  // a store or reduce of pass p, or a non-candidate consumer, reads it
+        for (const KStore& s : k_.stores)
+          direct = direct || (s.expr == static_cast<int>(i) && level_[s.expr] == p - 1);
+        for (size_t c = i + 1; c < ne && !direct; ++c) {
+          const KExpr& ce = k_.exprs[c];
+          if (std::find(ce.args.begin(), ce.args.end(), static_cast<int>(i)) == ce.args.end()) continue;
+          if (ce.kind == KExpr::Kind::reduce) direct = direct || level_[c] == p;
+          else if (r.needed[p][c]) direct = direct || !(cand[c] && first_need[c] < p);
+        }
+        keep = direct;
+      }
+      if (!keep) continue;
+      const int64_t b = row * static_cast<int64_t>(k_.exprs[i].dtype == DType::f64 ? 8 : 4);
+      if (bytes + b > kScratchBytes) continue;
+      bytes += b;
+      r.first[i] = first_need[i];
+    }
+    if (bytes > 0) r.row = row;
+    return r;
+  }
+
   /// Row program (Kernel::is_row_program) for one kept point: pass p = 1..passes loops
   /// over the reduced dims, accumulating the level-p reduce expressions and the
   /// reduction stores of level p - 1 and writing the point stores of level p - 1; row
@@ -656,6 +771,19 @@ class KernelEmitter {
     auto varies = [&](const KStore& s) { return k_.varies_along_reduced(s); };
     const int passes = k_.row_passes();
     std::vector<llvm::Value*> known(ne, nullptr);
+    // Row scratch: the values of the expressions row_scratch_plan picks are kept in a
+    // stack array indexed by the position in the row during the first pass that computes
+    // them and reloaded in later passes (a softmax's exp is computed once, not twice).
+    const RowScratch scratch = row_scratch_plan(red);
+    std::vector<llvm::Value*> scratch_buf(ne, nullptr);
+    for (size_t i = 0; i < ne; ++i)
+      if (scratch.first[i] > 0)
+        scratch_buf[i] = entry_alloca(reg_type(k_.exprs[i].dtype), i64c(scratch.row));
+    auto row_pos = [&] {
+      llvm::Value* r = i64c(0);
+      for (int d : red) r = B_.CreateNSWAdd(B_.CreateNSWMul(r, i64c(k_.domain[d])), idx[d]);
+      return r;
+    };
     auto row_stores = [&](int lvl) {
       std::vector<llvm::Value*> v;
       for (const KStore& s : k_.stores)
@@ -689,7 +817,19 @@ class KernelEmitter {
         B_.CreateStore(reduce_init(st), sacc[s]);
       }
       reduced_loops(red, 0, idx, [&] {
-        std::vector<llvm::Value*> v = eval(idx, &known, p);
+        std::vector<llvm::Value*> preset(ne, nullptr);
+        llvm::Value* pos = scratch.row > 0 ? row_pos() : nullptr;
+        for (size_t i = 0; i < ne; ++i)
+          if (scratch_buf[i] && scratch.first[i] < p && scratch.needed[p][i]) {
+            llvm::Type* t = reg_type(k_.exprs[i].dtype);
+            preset[i] = B_.CreateLoad(t, B_.CreateInBoundsGEP(t, scratch_buf[i], pos));
+          }
+        std::vector<llvm::Value*> v = eval(idx, &known, p, &preset);
+        for (size_t i = 0; i < ne; ++i)
+          if (scratch_buf[i] && scratch.first[i] == p) {
+            llvm::Type* t = reg_type(k_.exprs[i].dtype);
+            B_.CreateStore(v[i], B_.CreateInBoundsGEP(t, scratch_buf[i], pos));
+          }
         for (size_t i = 0; i < ne; ++i)
           if (acc[i]) {
             const KExpr& e = k_.exprs[i];
@@ -714,7 +854,7 @@ class KernelEmitter {
           if (sacc[s]) B_.CreateStore(reduce_step(st, B_.CreateLoad(sty[s], sacc[s]), v[st.expr], true), sacc[s]);
           else if (st.reduce == ReduceKind::none && varies(st)) store(st.param, idx, v[st.expr]);
         }
-      });
+      }, row_vector_width());
       for (size_t i = 0; i < ne; ++i)
         if (acc[i]) {
           const KExpr& e = k_.exprs[i];

@@ -485,5 +485,32 @@ TEST(LlvmCpuRow, ReducedOuterDimAndMixedStores) {
   check({b.k}, {{{2, 1e-5}, {3, 1e-5}}}, 3, /*specials=*/false);
 }
 
+TEST(LlvmCpuRow, RowScratchReloadsMatchReference) {
+  // exp(x - max) is needed in passes 2, 3 and 4 (the sum, y = e / sum with the sum of
+  // e * y, then z = e * that sum): the emitter keeps it in a row scratch array (two
+  // reduced dims, so the row position spans both) and reloads it; a 40000-element row
+  // (160 KB of f32, over the 128 KB scratch limit) recomputes it instead.
+  const DType f = DType::f32;
+  KB b("scratch_two_reduced", {5, 6, 40}, {false, true, true});
+  int x = b.load(b.param("x", f, {240, 1, 6}));  // transposed in the row: dims 1, 2 stay apart
+  int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, b.k.add_reduce(ReduceKind::max, x)}, f)}, f);
+  int y = b.op(ScalarOp::div, {e, b.k.add_reduce(ReduceKind::sum, e)}, f);
+  int q = b.k.add_reduce(ReduceKind::sum, b.op(ScalarOp::mul, {e, y}, f));
+  b.out("y", y, {240, 40, 1});
+  b.out("z", b.op(ScalarOp::mul, {e, q}, f), {240, 40, 1});
+  b.out("q", q, {1, 0, 0});
+  ASSERT_TRUE(b.k.verify().is_ok()) << b.k.verify().message();
+  ASSERT_EQ(b.k.row_passes(), 4);
+  Kernel long_row = row_softmax_kernel("scratch_long_row", 2, 40000, f);
+  check({b.k, long_row}, {{{1, 1e-6}, {2, 1e-5}, {3, 1e-5}}, {{1, 1e-6}}}, 2, /*specials=*/false);
+  // The kept row: one 240-element f32 stack array in the first kernel, none in the second.
+  auto ir = emit_llvm_ir({b.k, long_row});
+  ASSERT_TRUE(ir.has_value()) << ir.message();
+  const size_t k2 = ir->find("define void @scratch_long_row(");
+  ASSERT_NE(k2, std::string::npos);
+  EXPECT_NE(ir->substr(0, k2).find("alloca float, i64 240"), std::string::npos) << ir->substr(0, k2);
+  EXPECT_EQ(ir->substr(k2).find("alloca float, i64 40000"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kiln::codegen
