@@ -6,6 +6,7 @@
 //                       (f32, 16M elements) and the AdamW update (p, g, m, v -> p', m', v').
 //   Codegen/RowSum      sum over the last dim of (4096, 4096) f32 -> 4096.
 //   Codegen/ColSum      bias-gradient column sum (8192, 256) f32 -> 256.
+//   Codegen/Gelu        GPT-2's exact GELU (erf) over 8 x 256 x 1024 f32 elements.
 //   Codegen/Softmax     GPT-2's causal attention softmax row kernel over (8, 8, 256, 256).
 //   Codegen/Build*      driver::build_training_program with backend "compiled" (import, all
 //                       passes, fusion, lowering, LLVM O3 + JIT) of the tiny GPT (batch 8) and
@@ -193,6 +194,16 @@ Kernel attention_softmax_kernel(int64_t batch, int64_t heads, int64_t seq) {
   return b.k;
 }
 
+/// GPT-2's exact GELU as the fusion pass builds it from the exported graph (bias add
+/// left out): y = x * (erf(x / sqrt 2) + 1) * 0.5 over n f32 elements.
+Kernel gelu_kernel(int64_t n) {
+  KB b("bench_gelu", {n});
+  int x = b.load(b.param("x", {1}));
+  int e = b.op(ScalarOp::erf, {b.op(ScalarOp::div, {x, b.cst(1.4142135381698608)})});
+  b.store(b.param("y", {1}, true), b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {x, b.op(ScalarOp::add, {e, b.cst(1.0)})}), b.cst(0.5)}));
+  return b.k;
+}
+
 /// Number of f32 elements param `p` of `k` spans.
 int64_t param_elems(const Kernel& k, const KernelParam& p) {
   int64_t n = p.offset + 1;
@@ -252,6 +263,7 @@ void BM_CodegenPointwiseMulAdd(benchmark::State& s) { run_kernel(s, axpby_kernel
 void BM_CodegenPointwiseAdamW(benchmark::State& s) { run_kernel(s, adamw_kernel(kPointwiseElems)); }
 void BM_CodegenRowSum(benchmark::State& s) { run_kernel(s, row_sum_kernel(4096, 4096)); }
 void BM_CodegenColSum(benchmark::State& s) { run_kernel(s, col_sum_kernel(8192, 256)); }
+void BM_CodegenGelu(benchmark::State& s) { run_kernel(s, gelu_kernel(8 * 256 * 1024)); }
 void BM_CodegenSoftmax(benchmark::State& s) { run_kernel(s, attention_softmax_kernel(8, 8, 256)); }
 
 // ----------------------------------------------------------------------------- build time
@@ -310,6 +322,7 @@ BENCHMARK(BM_CodegenPointwiseMulAdd)->Unit(benchmark::kMillisecond)->UseRealTime
 BENCHMARK(BM_CodegenPointwiseAdamW)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenRowSum)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenColSum)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenGelu)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenSoftmax)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenBuildTinyGpt)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(3);
 BENCHMARK(BM_CodegenBuildGpt4l256)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(2);

@@ -37,10 +37,12 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "llvm/Analysis/TargetTransformInfo.h"
 #include "llvm/AsmParser/Parser.h"
@@ -74,6 +76,73 @@ using ir::ScalarOp;
 namespace {
 
 constexpr int64_t kTile = 256;  // column-mode accumulator tile (elements)
+
+/// Polynomial p(t) = sum_i m_i t^i on t in [-1, 1] interpolating f on [a, b] (t = (2x -
+/// a - b) / (b - a)) at the n Chebyshev nodes (Numerical Recipes' chebft, then the
+/// Chebyshev series expanded into monomials), all in long double; returns m_0..m_{n-1}.
+/// The generated code evaluates it by Horner's rule in f32.
+std::vector<double> chebyshev_monomials(long double (*f)(long double), long double a, long double b, int n) {
+  const long double pi = 3.141592653589793238462643383279502884L;
+  const size_t N = static_cast<size_t>(n);
+  std::vector<long double> fv(N), c(N);
+  for (size_t k = 0; k < N; ++k) fv[k] = f((b - a) / 2 * std::cos(pi * (k + 0.5L) / n) + (a + b) / 2);
+  for (size_t j = 0; j < N; ++j) {
+    long double s = 0;
+    for (size_t k = 0; k < N; ++k) s += fv[k] * std::cos(pi * j * (k + 0.5L) / n);
+    c[j] = 2 * s / n / (j == 0 ? 2 : 1);
+  }
+  // T_0 = 1, T_1 = t, T_j = 2 t T_{j-1} - T_{j-2}, as monomial coefficient vectors.
+  std::vector<std::vector<long double>> T(N, std::vector<long double>(N, 0));
+  T[0][0] = 1;
+  if (N > 1) T[1][1] = 1;
+  for (size_t j = 2; j < N; ++j)
+    for (size_t i = 0; i < N; ++i) T[j][i] = (i > 0 ? 2 * T[j - 1][i - 1] : 0) - T[j - 2][i];
+  std::vector<double> m(N);
+  for (size_t i = 0; i < N; ++i) {
+    long double s = 0;
+    for (size_t j = 0; j < N; ++j) s += c[j] * T[j][i];
+    m[i] = static_cast<double>(s);
+  }
+  return m;
+}
+
+constexpr long double kTwoOverSqrtPi = 1.128379167095512573896158903121545172L;
+/// erf(sqrt(z)) / sqrt(z) (2 / sqrt(pi) at 0): smooth on [0, 1], so erf(x) = x g(x^2)
+/// keeps its relative accuracy near 0.
+long double erf_over_x_of_square(long double z) {
+  if (z <= 0) return kTwoOverSqrtPi;
+  const long double r = std::sqrt(z);
+  return std::erf(r) / r;
+}
+/// erfc(x) exp(x^2): smooth and slowly varying on [1, 4] (about 1 / (x sqrt(pi))).
+long double scaled_erfc(long double x) { return std::erfc(x) * std::exp(x * x); }
+/// tanh(sqrt(z)) / sqrt(z) (1 at 0).
+long double tanh_over_x_of_square(long double z) {
+  if (z <= 0) return 1;
+  const long double r = std::sqrt(z);
+  return std::tanh(r) / r;
+}
+
+/// f32 erf: |x| < 1 as x g(x^2) (8 terms), 1 <= |x| < kErfOne as 1 - exp(-x^2) q(x) with
+/// q = scaled_erfc (10 terms), +-1 beyond (erff rounds to +-1 from 3.9192). Within 2 ulp
+/// of the correctly rounded value with a correctly rounded exp (float32 model of the
+/// Horner steps, every f32 input in [0, 4]); expf_poly adds its own error in the second range.
+constexpr double kErfOne = 3.92;
+const std::vector<double>& erf_small_poly() {
+  static const std::vector<double> m = chebyshev_monomials(erf_over_x_of_square, 0, 1, 8);
+  return m;
+}
+const std::vector<double>& erf_large_poly() {
+  static const std::vector<double> m = chebyshev_monomials(scaled_erfc, 1, kErfOne, 10);
+  return m;
+}
+/// f32 tanh: |x| < kTanhCut as x g(x^2) (6 terms), else 1 - 2 / (exp(2|x|) + 1).
+constexpr double kTanhCut = 0.55;
+const std::vector<double>& tanh_small_poly() {
+  static const std::vector<double> m =
+      chebyshev_monomials(tanh_over_x_of_square, 0, static_cast<long double>(kTanhCut) * kTanhCut, 6);
+  return m;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -270,6 +339,59 @@ class KernelEmitter {
   }
   llvm::Value* qnan(llvm::Type* t) { return llvm::ConstantFP::getQNaN(t); }
 
+  /// sum_i m_i t^i by Horner's rule at t = x * scale + shift (x: f32 register value).
+  llvm::Value* horner_f32(llvm::Value* x, const std::vector<double>& m, double scale, double shift) {
+    auto k = [&](double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); };
+    llvm::Value* t = B_.CreateFAdd(B_.CreateFMul(x, k(scale)), k(shift));
+    llvm::Value* r = k(m.back());
+    for (size_t i = m.size() - 1; i-- > 0;) r = B_.CreateFAdd(B_.CreateFMul(r, t), k(m[i]));
+    return r;
+  }
+
+  /// erf of an f32 register value as straight-line f32 code the loop vectorizer widens
+  /// (libm's erff keeps a loop scalar: GELU's kernels ran at a tenth of the copy rate).
+  /// Polynomials from chebyshev_monomials (erf_small_poly, erf_large_poly); each range is
+  /// evaluated on clamped arguments and the result selected; odd, NaN kept, +-1 at +-inf.
+  llvm::Value* erff_poly(llvm::Value* x) {
+    auto k = [&](double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); };
+    llvm::Value* ax = intrinsic(llvm::Intrinsic::fabs, {x});
+    llvm::Value* as = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(1)), ax, k(1));
+    llvm::Value* small = B_.CreateFMul(as, horner_f32(B_.CreateFMul(as, as), erf_small_poly(), 2, -1));
+    llvm::Value* al = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(kErfOne)), ax, k(kErfOne));
+    al = B_.CreateSelect(B_.CreateFCmpOLT(al, k(1)), k(1), al);
+    llvm::Value* q = horner_f32(al, erf_large_poly(), 2 / (kErfOne - 1), -(kErfOne + 1) / (kErfOne - 1));
+    llvm::Value* e = expf_poly(B_.CreateFNeg(B_.CreateFMul(al, al)));
+    llvm::Value* large = B_.CreateFSub(k(1), B_.CreateFMul(e, q));
+    llvm::Value* r = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(1)), small,
+                                     B_.CreateSelect(B_.CreateFCmpOLT(ax, k(kErfOne)), large, k(1)));
+    r = intrinsic2(llvm::Intrinsic::copysign, r, x);
+    return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, r);
+  }
+
+  /// tanh of an f32 register value, vectorizable: |x| < kTanhCut as x g(x^2)
+  /// (tanh_small_poly), else 1 - 2 / (exp(2|x|) + 1) with |x| clamped to 9.1 (tanh rounds
+  /// to 1 in f32 from 9.01); odd, NaN kept. About 1 ulp in the polynomial range, a few
+  /// ulp beyond (expf_poly's error, damped by the division).
+  llvm::Value* tanhf_poly(llvm::Value* x) {
+    auto k = [&](double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); };
+    llvm::Value* ax = intrinsic(llvm::Intrinsic::fabs, {x});
+    llvm::Value* as = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(kTanhCut)), ax, k(kTanhCut));
+    llvm::Value* small =
+        B_.CreateFMul(as, horner_f32(B_.CreateFMul(as, as), tanh_small_poly(), 2 / (kTanhCut * kTanhCut), -1));
+    llvm::Value* al = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(9.1)), ax, k(9.1));
+    llvm::Value* e = expf_poly(B_.CreateFAdd(al, al));
+    llvm::Value* large = B_.CreateFSub(k(1), B_.CreateFDiv(k(2), B_.CreateFAdd(e, k(1))));
+    llvm::Value* r = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(kTanhCut)), small, large);
+    r = intrinsic2(llvm::Intrinsic::copysign, r, x);
+    return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, r);
+  }
+
+  /// A two-argument intrinsic overloaded on its first argument's type (copysign, ...).
+  llvm::Value* intrinsic2(llvm::Intrinsic::ID id, llvm::Value* a, llvm::Value* b) {
+    llvm::Function* f = llvm::Intrinsic::getDeclaration(&M_, id, {a->getType()});
+    return B_.CreateCall(f, {a, b});
+  }
+
   /// exp of an f32 register value as straight-line code the loop vectorizer widens (a
   /// libm call would keep the loop scalar): Cephes' expf (range reduction by ln 2 in two
   /// parts, degree-7 polynomial, 2^n built in two halves so that subnormal results stay
@@ -363,8 +485,8 @@ class KernelEmitter {
       case ScalarOp::sin: r = intrinsic(llvm::Intrinsic::sin, {x}); break;
       case ScalarOp::cos: r = intrinsic(llvm::Intrinsic::cos, {x}); break;
       case ScalarOp::floor: r = intrinsic(llvm::Intrinsic::floor, {x}); break;
-      case ScalarOp::erf: r = libm("erff", "erf", x); break;
-      case ScalarOp::tanh: r = libm("tanhf", "tanh", x); break;
+      case ScalarOp::erf: r = x->getType()->isFloatTy() ? erff_poly(x) : libm("erff", "erf", x); break;
+      case ScalarOp::tanh: r = x->getType()->isFloatTy() ? tanhf_poly(x) : libm("tanhf", "tanh", x); break;
       default: r = x; break;
     }
     return round_to(t, r);

@@ -240,6 +240,66 @@ TEST(LlvmCpu, F64ExpIsWithinTwoUlpOfLongDouble) {
   }
 }
 
+/// Distance in units in the last place between two finite floats of the same sign (or
+/// zero): the difference of their ordered bit patterns.
+int64_t ulp_distance(float a, float b) {
+  auto ordered = [](float f) {
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return i < 0 ? static_cast<int64_t>(INT32_MIN) - i : static_cast<int64_t>(i);
+  };
+  return std::llabs(ordered(a) - ordered(b));
+}
+
+TEST(LlvmCpu, F32ErfAndTanhAreWithinFourUlpOfLongDouble) {
+  // The generated f32 erf and tanh are inline polynomial code (erff_poly, tanhf_poly),
+  // not libm: checked against erfl/tanhl (long double) rounded to f32 on every 1021st
+  // f32 bit pattern in [-5, 5] (about 2.1 million points, from the subnormals up, so
+  // every binade and range cut is covered), the range cuts, +-0, +-inf and NaN.
+  // Bound: 4 ulp (the polynomials' 2, plus expf_poly's).
+  std::vector<float> xs;
+  for (uint32_t bits = 0; bits <= 0x40A00000u; bits += 1021) {  // +0 .. 5.0, positive floats
+    float f;
+    std::memcpy(&f, &bits, 4);
+    xs.push_back(f);
+    xs.push_back(-f);
+  }
+  for (float v : {0.0f, -0.0f, 1e-30f, 1e-10f, 3.9192f, 3.92f, 0.55f, 9.01f, 9.1f, 20.f, 1e30f})
+    for (float s : {1.f, -1.f}) xs.push_back(s * v);
+  xs.push_back(std::numeric_limits<float>::infinity());
+  xs.push_back(-std::numeric_limits<float>::infinity());
+  xs.push_back(std::numeric_limits<float>::quiet_NaN());
+  const int64_t n = static_cast<int64_t>(xs.size());
+  KB b("erf_tanh_f32", {n});
+  int x = b.load(b.param("x", DType::f32, {1}));
+  b.out("erf", b.op(ScalarOp::erf, {x}, DType::f32), {1});
+  b.out("tanh", b.op(ScalarOp::tanh, {x}, DType::f32), {1});
+  auto mod = compile_cpu({b.k});
+  ASSERT_TRUE(mod.has_value()) << mod.message();
+  std::vector<float> ye(xs.size()), yt(xs.size());
+  void* ptrs[3] = {xs.data(), ye.data(), yt.data()};
+  (*mod)->kernels()[0].fn(ptrs, 0, n);
+  int64_t worst_erf = 0, worst_tanh = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (std::isnan(xs[i])) {
+      EXPECT_TRUE(std::isnan(ye[i]) && std::isnan(yt[i]));
+      continue;
+    }
+    const float re = static_cast<float>(std::erf(static_cast<long double>(xs[i])));
+    const float rt = static_cast<float>(std::tanh(static_cast<long double>(xs[i])));
+    EXPECT_EQ(std::signbit(ye[i]), std::signbit(re)) << "erf(" << xs[i] << ")";
+    EXPECT_EQ(std::signbit(yt[i]), std::signbit(rt)) << "tanh(" << xs[i] << ")";
+    const int64_t de = ulp_distance(ye[i], re), dt = ulp_distance(yt[i], rt);
+    worst_erf = std::max(worst_erf, de);
+    worst_tanh = std::max(worst_tanh, dt);
+    if (de > 4) ADD_FAILURE() << "erf(" << xs[i] << ") = " << ye[i] << ", want " << re << " (" << de << " ulp)";
+    if (dt > 4) ADD_FAILURE() << "tanh(" << xs[i] << ") = " << yt[i] << ", want " << rt << " (" << dt << " ulp)";
+    if (de > 4 || dt > 4) break;
+  }
+  std::cout << "[ INFO ] f32 erf: max " << worst_erf << " ulp, tanh: max " << worst_tanh << " ulp over " << n
+            << " points\n";
+}
+
 TEST(LlvmCpu, IntegerOps) {
   std::vector<Kernel> ks;
   for (DType t : {DType::i64, DType::i32, DType::i8, DType::u8}) {
