@@ -262,7 +262,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       }
     }
     if (timed)
-      opts.profile->add(profile_key(n, generated),
+      opts.profile->add(profile_key(n, generated, opts.profile->group()),
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (Value* v : n.inputs) release(v, i);
     for (auto& r : n.regions) {

@@ -46,9 +46,11 @@ std::string row(const std::string& key, size_t key_w, int64_t calls, double seco
   std::snprintf(buf, sizeof buf, "  %10lld  %12.3f  %12.2f  %7.2f%%", static_cast<long long>(calls), seconds * 1e3,
                 calls > 0 ? seconds * 1e6 / static_cast<double>(calls) : 0.0, total > 0 ? 100.0 * seconds / total : 0.0);
   std::string k = key;
-  k.resize(std::max(key_w, key.size()), ' ');
+  if (k.size() > key_w) k = k.substr(0, key_w - 3) + "...";
+  k.resize(key_w, ' ');
   return k + buf + "\n";
 }
+constexpr size_t kMaxKeyWidth = 120;  // longer keys (per-node rows of big fused kernels) end in "..."
 }  // namespace
 
 std::string OpProfile::table(int max_rows) const {
@@ -56,7 +58,7 @@ std::string OpProfile::table(int max_rows) const {
   const double total = total_seconds();
   const size_t shown = max_rows > 0 ? std::min(es.size(), static_cast<size_t>(max_rows)) : es.size();
   size_t key_w = 5;  // "total"
-  for (size_t i = 0; i < shown; ++i) key_w = std::max(key_w, es[i].key.size());
+  for (size_t i = 0; i < shown; ++i) key_w = std::max(key_w, std::min(kMaxKeyWidth, es[i].key.size()));
   const std::string rest_key = "(" + std::to_string(es.size() - shown) + " other keys)";
   if (shown < es.size()) key_w = std::max(key_w, rest_key.size());
   std::ostringstream os;
@@ -81,9 +83,16 @@ std::string OpProfile::table(int max_rows) const {
   return os.str();
 }
 
-std::string profile_key(const ir::Node& n, bool generated) {
-  if (n.op != "FusedKernel") return n.op;
-  return "FusedKernel[" + n.attrs.get_string("kind", "?") + "]" + (generated ? " (generated)" : " (eager)");
+std::string profile_key(const ir::Node& n, bool generated, ProfileGroup group) {
+  if (n.op != "FusedKernel") return group == ProfileGroup::node ? n.name + " " + n.op : n.op;
+  std::string key = "FusedKernel[" + n.attrs.get_string("kind", "?") + "]" + (generated ? " (generated)" : " (eager)");
+  if (group == ProfileGroup::op) return key;
+  key = n.name + " " + key;
+  if (n.regions.empty()) return key;
+  const auto& body = n.regions[0]->nodes();
+  for (size_t i = 0; i < body.size() && i < 3; ++i) key += (i ? ", " : ": ") + body[i]->name;
+  if (body.size() > 3) key += ", +" + std::to_string(body.size() - 3);
+  return key;
 }
 
 }  // namespace kiln::runtime

@@ -251,7 +251,42 @@ TEST(Profile, FusedKernelGeneratedVsEager) {
     EXPECT_EQ(prof.calls("Mul"), 0);
     EXPECT_EQ(prof.calls("MatMul"), 1);
     EXPECT_LE(prof.total_seconds(), wall);
+
+    // Grouped by node: one key per node, generated kernels named with what they fuse.
+    runtime::OpProfile by_node;
+    by_node.set_group(runtime::ProfileGroup::node);
+    ro.profile = &by_node;
+    ASSERT_TRUE(runtime::run_graph(*fused, feeds, ro));
+    int64_t keys_seen = 0;
+    for (auto& n : fused->nodes()) {
+      std::string want = n->name + " " + n->op;
+      if (n->op == "FusedKernel") {
+        want = n->name + " " + key(n->attrs.get_string("kind", ""), true) + ": " + n->regions[0]->nodes()[0]->name;
+        const size_t members = n->regions[0]->nodes().size();
+        for (size_t i = 1; i < members && i < 3; ++i) want += ", " + n->regions[0]->nodes()[i]->name;
+        if (members > 3) want += ", +" + std::to_string(members - 3);
+      }
+      EXPECT_EQ(by_node.calls(want), 1) << want << "\n" << by_node.table();
+      ++keys_seen;
+    }
+    EXPECT_EQ(static_cast<int64_t>(by_node.entries().size()), keys_seen) << by_node.table();
   }
+}
+
+TEST(Profile, TableCutsKeysLongerThan120Characters) {
+  runtime::OpProfile p;
+  const std::string long_key = "fused_9 FusedKernel[row] (generated): " + std::string(150, 'n');
+  p.add(long_key, 0.002);
+  p.add("MatMul", 0.001);
+  std::istringstream is(p.table());
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(is, line)) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 5u) << p.table();
+  EXPECT_EQ(lines[2].rfind(long_key.substr(0, 117) + "...  ", 0), 0u) << lines[2];
+  EXPECT_EQ(lines[3].rfind("MatMul ", 0), 0u);
+  EXPECT_EQ(lines[2].size(), lines[3].size()) << "columns not aligned\n" << p.table();
+  EXPECT_EQ(p.calls(long_key), 1);  // the key itself is kept whole
 }
 
 TEST(Profile, TableSortsCollapsesAndTotals) {

@@ -445,4 +445,14 @@ TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
   auto plain = run_kiln("bench " + model + data() + " --per_device_train_batch_size 4 --backend eager --bench_steps 1", dir);
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(plain.out.find("profile ("), std::string::npos) << plain.out;
+  // --profile_by node (implies --profile): rows per node; generated kernels list what they fuse.
+  auto nodes = run_kiln("bench " + model + data() + " --per_device_train_batch_size 4 --backend compiled --bench_steps 1 "
+                        "--profile_by node", dir);
+  ASSERT_EQ(nodes.code, 0) << nodes.err << nodes.out;
+  EXPECT_NE(nodes.out.find("profile (compiled)"), std::string::npos) << nodes.out;
+  EXPECT_NE(nodes.out.find(" FusedKernel[pointwise] (generated): "), std::string::npos) << nodes.out;
+  EXPECT_EQ(nodes.out.find("\nMatMul "), std::string::npos) << "op-level row in a per-node table\n" << nodes.out;
+  auto bad = run_kiln("bench " + model + data() + " --profile_by kernel", dir);
+  EXPECT_EQ(bad.code, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("--profile_by"), std::string::npos) << bad.err;
 }

@@ -304,7 +304,7 @@ runtime::Batch synthetic_batch(const std::vector<runtime::DataInputSpec>& specs,
   return b;
 }
 
-int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
+int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, const std::string& profile_by) {
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
@@ -404,7 +404,10 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
   for (auto& r : runs) {
     r.resident = initializer_bytes(*r.prog.train_step);
     for (auto& [n, t] : r.tr->state()) r.resident += static_cast<int64_t>(t.nbytes());
-    if (profile) r.tr->set_profile(&r.profile);
+    if (profile) {
+      r.profile.set_group(profile_by == "node" ? runtime::ProfileGroup::node : runtime::ProfileGroup::op);
+      r.tr->set_profile(&r.profile);
+    }
   }
   // Measured step peak: MemoryStats peak during the step minus what was resident before
   // it, plus the step's own resident inputs (its constants and state).
@@ -419,7 +422,8 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile) {
     std::sort(t.begin(), t.end());
     return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
   };
-  // --profile: per-op table of one backend's timed steps (top 25 keys, then the rest summed).
+  // --profile: per-op (or, --profile_by node, per-node) table of one backend's timed
+  // steps (top 25 keys, then the rest summed).
   auto print_profile = [&](Run& r) {
     if (!profile) return;
     double step_s = 0;
@@ -669,6 +673,11 @@ int real_main(int argc, char** argv) {
   bool bench_profile = false;
   bench->add_flag("--profile", bench_profile,
                   "per-op table of the timed steps (calls, total ms, mean us, % of op time), after each backend's timing");
+  std::string bench_profile_by = "op";
+  bench->add_option("--profile_by", bench_profile_by,
+                    "op (default: one row per op type) | node (one row per node or generated kernel, with the IR "
+                    "nodes it fuses); implies --profile")
+      ->check(CLI::IsMember({"op", "node"}));
   auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters, ops and FLOPs of a model");
   std::string inspect_model;
   std::vector<std::string> inspect_shape;
@@ -714,7 +723,8 @@ int real_main(int argc, char** argv) {
     if (*compile) return cmd_compile(compile_flags, compile_out);
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);
-    if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps, bench_profile);
+    if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps,
+                                  bench_profile || bench->count("--profile_by") > 0, bench_profile_by);
     if (*inspect) {
       inspect_shape = inspect_flags.values["shape"];
     }
