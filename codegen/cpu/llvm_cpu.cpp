@@ -14,9 +14,10 @@
 //    truncate toward zero, saturate, NaN -> 0 (llvm.fpto[su]i.sat = ONNX Cast as eager);
 //    integer div truncates, x/0 = 0, x/-1 = -x; integer pow by squaring (kiln_cpu_ipow).
 //  * Transcendentals: llvm.log/sin/cos/pow intrinsics (lowered to libm logf, ...) and
-//    libm erff/tanhf (erf/tanh for f64), resolved from the process by the JIT; f32 exp
-//    is inline polynomial code (expf_poly, within about 2 ulp of libm) so that loops
-//    with exp vectorize (softmax rows, sigmoid); so is f64 exp (exp_poly_f64, about 1 ulp).
+//    libm erf/tanh for f64, resolved from the process by the JIT; f32 exp, erf and tanh
+//    are inline polynomial code (expf_poly, erff_poly, tanhf_poly: within about 2 ulp of
+//    the correctly rounded value, not bit-equal to libm) so that loops with them
+//    vectorize (softmax rows, sigmoid, GELU); so is f64 exp (exp_poly_f64, about 1 ulp).
 //  * Float sums accumulate in double in index order, like the eager ReduceSum, so
 //    generated and eager sums are bit-identical; max and integer sums in the register
 //    type; starting from 0 (sum) or -inf/lowest (max), stored once.
@@ -24,7 +25,10 @@
 // Row programs (reduce expressions, kernel_ir.h) run row by row: per kept point, pass
 // p = 1..P is one loop over the reduced dims (row_program_body). Their float max
 // reductions use maxnum (nnan, nsz) plus a "saw a NaN" flag, so they vectorize and still
-// give NaN for a row holding one (the sign of a zero maximum is not specified).
+// give NaN for a row holding one (the sign of a zero maximum is not specified). Values a
+// later pass needs again and that hold a transcendental (Softmax's exp) are kept in a
+// per-row stack array by the first pass and reloaded (row_scratch_plan); the reduced
+// loops carry vectorize.width = the f32 lanes of the target and no interleaving.
 // Schedule (after collapse_dims): pointwise kernels run dim 0 over [begin, end) and the
 // other dims as nested loops (innermost unit-stride for the vectorizer). Reductions
 // parallelize over the outermost kept dim; if the innermost dim is reduced ("row" mode)
