@@ -538,6 +538,23 @@ std::unordered_set<const Value*> min_cut_keep(const Sections& s) {
       vals.push_back(o);
     }
   const int V = static_cast<int>(vals.size());
+  // Hops from each value to the nearest saved value along forward uses (0: saved; a
+  // large value when no use leads to one), as AOTAutograd's dist_from_bw.
+  constexpr int64_t kFar = 1000;
+  std::vector<int64_t> dist(V, kFar);
+  std::unordered_map<const Value*, std::vector<const Node*>> users;
+  for (Node* n : s.forward)
+    for (Value* in : n->inputs)
+      if (in && id.count(in)) users[in].push_back(n);
+  for (int i = V - 1; i >= 0; --i) {  // forward order is topological: users come later
+    if (s.saved_set.count(vals[i])) {
+      dist[i] = 0;
+      continue;
+    }
+    for (const Node* u : users[vals[i]])
+      for (Value* o : u->outputs)
+        if (o && id.count(o)) dist[i] = std::min(dist[i], dist[id[o]] + 1);
+  }
   const int S = 2 * V, T = 2 * V + 1;
   MaxFlow mf(2 * V + 2);
   auto in_node = [](int i) { return 2 * i; };
@@ -545,9 +562,12 @@ std::unordered_set<const Value*> min_cut_keep(const Sections& s) {
   for (int i = 0; i < V; ++i) {
     const Value* v = vals[i];
     const Node* p = v->producer;
-    // Capacity: bytes (scaled), +1 so that among equal-byte cuts the one nearer the
-    // backward (fewer recomputed values) wins.
-    mf.add_edge(in_node(i), out_node(i), value_bytes(v) * 16 + 1);
+    // Capacity: bytes first; among cuts of equal bytes the one whose values are nearer
+    // the backward (fewer hops to a saved value, so less to recompute: keep a Softmax's
+    // output rather than its input) and with fewer values wins. AOTAutograd scales its
+    // weights by 1.1^dist_from_bw; here distance is a tie-break worth about one byte per
+    // cut value, so the saved bytes stay minimal.
+    mf.add_edge(in_node(i), out_node(i), value_bytes(v) * 4096 + 4 * std::min(dist[i], kFar) + 1);
     if (s.graph_outputs.count(v)) mf.add_edge(S, out_node(i), MaxFlow::kInf);  // resident anyway
     if (!cheap_op(*p) || !recomputable_at_all(*p)) {
       mf.add_edge(S, in_node(i), MaxFlow::kInf);  // must be computed in forward
