@@ -399,6 +399,9 @@ Expected<TrainResult> Trainer::run() {
   out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << rows_per_step_
       << " rows, " << total_steps_ << " steps" << (resumed_ ? ", resuming at step " + std::to_string(global_step_) : "")
       << "\n";
+  if (resumed_ && global_step_ >= total_steps_)
+    out << "note: the checkpoint is at step " << global_step_ << ", at or past the " << total_steps_
+        << " steps of this run (--max_steps, or --num_train_epochs): nothing to train; raise --max_steps to continue\n";
   TrainResult res;
   res.total_steps = total_steps_;
   auto run_t0 = std::chrono::steady_clock::now();

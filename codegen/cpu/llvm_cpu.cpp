@@ -57,6 +57,8 @@
 #include "llvm/IR/IRBuilder.h"
 #include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Intrinsics.h"
+#include "llvm/IR/DiagnosticHandler.h"
+#include "llvm/IR/DiagnosticInfo.h"
 #include "llvm/IR/LLVMContext.h"
 #include "llvm/IR/Module.h"
 #include "llvm/IR/Verifier.h"
@@ -80,6 +82,14 @@ using ir::ScalarOp;
 namespace {
 
 constexpr int64_t kTile = 256;  // column-mode accumulator tile (elements)
+
+/// Swallows LLVM's remarks, warnings and notes (for example "loop not vectorized" for a
+/// loop that carries vectorization hints), which LLVM would print to the user's stderr;
+/// errors keep LLVM's default handling.
+struct QuietDiagnostics : llvm::DiagnosticHandler {
+  bool handleDiagnostics(const llvm::DiagnosticInfo& d) override { return d.getSeverity() != llvm::DS_Error; }
+};
+void quiet_diagnostics(llvm::LLVMContext& ctx) { ctx.setDiagnosticHandler(std::make_unique<QuietDiagnostics>()); }
 
 /// Polynomial p(t) = sum_i m_i t^i on t in [-1, 1] interpolating f on [a, b] (t = (2x -
 /// a - b) / (b - a)) at the n Chebyshev nodes (Numerical Recipes' chebft, then the
@@ -980,7 +990,7 @@ class KernelEmitter {
           if (sacc[s]) B_.CreateStore(reduce_step(st, B_.CreateLoad(sty[s], sacc[s]), v[st.expr], true), sacc[s]);
           else if (st.reduce == ReduceKind::none && varies(st)) store(st.param, idx, v[st.expr]);
         }
-      }, row_vector_width());
+      }, k_.domain[red.back()] >= 16 ? row_vector_width() : 0);  // LLVM vectorizes shorter loops only for size
       for (size_t i = 0; i < ne; ++i)
         if (acc[i]) {
           const KExpr& e = k_.exprs[i];
@@ -1198,6 +1208,7 @@ Expected<CpuObject> compile_object(const std::vector<Kernel>& kernels, const std
 
   auto t0 = clock::now();
   llvm::LLVMContext ctx;
+  quiet_diagnostics(ctx);
   llvm::Module m("kiln_cpu", ctx);
   m.setTargetTriple(tm->getTargetTriple().str());
   m.setDataLayout(tm->createDataLayout());
@@ -1352,6 +1363,7 @@ Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels) {
   KILN_ASSIGN_OR_RETURN(auto jtmb, host_jtmb());
   KILN_ASSIGN_OR_RETURN(auto tm, host_target_machine(jtmb));
   llvm::LLVMContext ctx;
+  quiet_diagnostics(ctx);
   llvm::Module m("kiln_cpu", ctx);
   m.setTargetTriple(tm->getTargetTriple().str());
   m.setDataLayout(tm->createDataLayout());

@@ -545,6 +545,33 @@ TEST(LlvmCpuRow, ReducedOuterDimAndMixedStores) {
   check({b.k}, {{{2, 1e-5}, {3, 1e-5}}}, 3, /*specials=*/false);
 }
 
+TEST(LlvmCpuRow, CompilingPrintsNothing) {
+  // A 10-wide softmax row (mlp_digits' classes): LLVM treats loops of under 16 known
+  // iterations as size-optimized and, when a loop carries vectorization hints, reports
+  // "loop not vectorized" on stderr. kiln neither hints such loops nor lets LLVM print.
+  // The kernel is mlp_digits' cross-entropy gradient after the decompose pass: an f64
+  // softmax over 10 classes with a one-hot epilogue (Equal(iota, label)) and a per-row
+  // coefficient, whose loops need runtime alias checks.
+  KB b("sce_grad_10", {8, 10}, {false, true});
+  int iota = b.load(b.param("iota", DType::i64, {0, 1}));
+  int label = b.load(b.param("label", DType::i64, {1, 0}));
+  int x = b.op(ScalarOp::cast, {b.load(b.param("logits", DType::f32, {10, 1}))}, DType::f64);
+  int coef = b.load(b.param("coef", DType::f64, {1, 0}));
+  int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, b.k.add_reduce(ReduceKind::max, x)}, DType::f64)}, DType::f64);
+  int inv = b.op(ScalarOp::div, {b.cst(1, DType::f64), b.k.add_reduce(ReduceKind::sum, e)}, DType::f64);
+  int g = b.op(ScalarOp::sub, {b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {e, inv}, DType::f64), coef}, DType::f64),
+                               b.op(ScalarOp::select, {b.op(ScalarOp::eq, {iota, label}, DType::boolean), coef,
+                                                       b.cst(0, DType::f64)}, DType::f64)}, DType::f64);
+  b.out("dlogits", b.op(ScalarOp::cast, {g}, DType::f32), {10, 1});
+  ASSERT_TRUE(b.k.verify().is_ok()) << b.k.verify().message();
+  ::testing::internal::CaptureStderr();
+  auto mod = compile_cpu({b.k, row_softmax_kernel("softmax_10", 32, 10, DType::f32),
+                          row_softmax_kernel("softmax_300", 4, 300, DType::f32)});
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(mod.has_value()) << mod.message();
+  EXPECT_EQ(err, "");
+}
+
 TEST(LlvmCpuRow, RowScratchReloadsMatchReference) {
   // exp(x - max) is needed in passes 2, 3 and 4 (the sum, y = e / sum with the sum of
   // e * y, then z = e * that sum): the emitter keeps it in a row scratch array (two

@@ -126,6 +126,20 @@ TEST(Resume, TinyGptWithDropoutEqualsUninterruptedRun) {
   check_resume("tiny_gpt", kGptData, 3, "--per_device_train_batch_size 4 --learning_rate 1e-3 ");
 }
 
+TEST(Resume, CheckpointPastMaxStepsTrainsNothingAndSaysSo) {
+  require_data();
+  const std::string half = tmpdir("mlp_past_half"), again = tmpdir("mlp_past_again");
+  const std::string common = "train examples/mlp_digits/model.onnx " + std::string(kMlpData) +
+                             "--per_device_train_batch_size 32 --seed 7 ";
+  auto a = kiln_cmd(common + "--max_steps 4 --save_steps 4 --output_dir " + half);
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto b = kiln_cmd(common + "--max_steps 2 --resume_from_checkpoint " + half + "/checkpoint-4 --output_dir " + again);
+  EXPECT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("nothing to train"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("no training step ran"), std::string::npos) << b.out;
+  EXPECT_EQ(b.out.find("diff +"), std::string::npos) << "planned vs measured of no step\n" << b.out;
+}
+
 TEST(Demo, DigitsMlpReaches95PercentEvalAccuracy) {
   require_data();
   std::string out = tmpdir("demo_mlp");

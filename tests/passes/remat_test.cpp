@@ -173,9 +173,11 @@ TEST_P(RematEquivalence, GradientsAndStepEqualNoRemat) {
   ASSERT_TRUE(rem) << rem.message();
   ASSERT_EQ(count_remat(*ref->grads), 0);
   const int cloned = count_remat(*rem->grads);
-  // Every model has saved activations computed by recomputable ops (min-cut: a Relu, an
-  // Add or a Reshape at least).
-  EXPECT_GT(cloned, 0) << model << " " << policy << ": nothing recomputed";
+  // blocks and sqrt recompute in every model. min-cut recomputes only where that lowers
+  // the saved bytes (checked below): ties go to the cut nearer the backward, so in the
+  // MLP, CNN and ResNet, whose cheap ops' inputs are as large as their outputs, it keeps
+  // everything; in the GPT it recomputes layer norms and GELUs.
+  if (policy != "min-cut" || model == "tiny_gpt") EXPECT_GT(cloned, 0) << model << " " << policy << ": nothing recomputed";
   if (policy == "min-cut")
     for (auto& n : rem->grads->nodes())
       if (is_remat_node(*n)) {
@@ -197,6 +199,10 @@ TEST_P(RematEquivalence, GradientsAndStepEqualNoRemat) {
             << bit_step << "/" << sa.size() << "; planned peak " << pa->peak_bytes << " -> " << pb->peak_bytes
             << " B, saved activations " << pa->saved_activation_bytes << " -> " << pb->saved_activation_bytes << " B\n";
   EXPECT_LE(pb->saved_activation_bytes, pa->saved_activation_bytes);
+  if (policy == "min-cut") {
+    if (cloned > 0) EXPECT_LT(pb->saved_activation_bytes, pa->saved_activation_bytes) << "recomputed for no saving";
+    else EXPECT_EQ(pb->saved_activation_bytes, pa->saved_activation_bytes);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModelsAndPolicies, RematEquivalence, ::testing::ValuesIn(all_cases()),

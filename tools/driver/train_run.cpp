@@ -157,7 +157,11 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     }
     out << "\n";
   }
-  if (plan) out << "peak memory: " << planned_vs_measured(plan->peak_bytes, mem_measured) << "\n";
+  if (plan && res.step_losses.empty())
+    out << "peak memory: planned " << passes::human_bytes(plan->peak_bytes) << " (" << plan->peak_bytes
+        << " B); no training step ran, nothing measured\n";
+  else if (plan)
+    out << "peak memory: " << planned_vs_measured(plan->peak_bytes, mem_measured) << "\n";
   return Status::ok();
 }
 
