@@ -49,7 +49,9 @@
 //            pointwise / reduction / view) are recomputed, never library ops (MatMul, Gemm,
 //            Conv): a minimum s-t cut (Dinic's max flow) over the forward value graph, each
 //            value split into in/out nodes joined by an edge of its byte size, as in
-//            PyTorch AOTAutograd's min_cut_rematerialization_partition.
+//            PyTorch AOTAutograd's min_cut_rematerialization_partition; among cuts of
+//            equal bytes the one nearer the backward wins (fewer hops to a saved value),
+//            so nothing is recomputed where recomputing saves no bytes.
 //   budget   option "memory_budget" (bytes): the planned peak (passes/memory_plan.h, eager
 //            options) plus the optimizer state the optimizer pass will add must fit. Choices
 //            are per block (as blocks finds them; sqrt segments as its fallback): keep it or
