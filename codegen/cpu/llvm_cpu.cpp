@@ -353,12 +353,14 @@ class KernelEmitter {
   }
   llvm::Value* qnan(llvm::Type* t) { return llvm::ConstantFP::getQNaN(t); }
 
+  /// An f32 literal (v rounded to float).
+  llvm::Constant* f32c(double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); }
+
   /// sum_i m_i t^i by Horner's rule at t = x * scale + shift (x: f32 register value).
   llvm::Value* horner_f32(llvm::Value* x, const std::vector<double>& m, double scale, double shift) {
-    auto k = [&](double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); };
-    llvm::Value* t = B_.CreateFAdd(B_.CreateFMul(x, k(scale)), k(shift));
-    llvm::Value* r = k(m.back());
-    for (size_t i = m.size() - 1; i-- > 0;) r = B_.CreateFAdd(B_.CreateFMul(r, t), k(m[i]));
+    llvm::Value* t = B_.CreateFAdd(B_.CreateFMul(x, f32c(scale)), f32c(shift));
+    llvm::Value* r = f32c(m.back());
+    for (size_t i = m.size() - 1; i-- > 0;) r = B_.CreateFAdd(B_.CreateFMul(r, t), f32c(m[i]));
     return r;
   }
 
@@ -367,18 +369,17 @@ class KernelEmitter {
   /// Polynomials from chebyshev_monomials (erf_small_poly, erf_large_poly); each range is
   /// evaluated on clamped arguments and the result selected; odd, NaN kept, +-1 at +-inf.
   llvm::Value* erff_poly(llvm::Value* x) {
-    auto k = [&](double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); };
     llvm::Value* ax = intrinsic(llvm::Intrinsic::fabs, {x});
-    llvm::Value* as = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(1)), ax, k(1));
+    llvm::Value* as = B_.CreateSelect(B_.CreateFCmpOLT(ax, f32c(1)), ax, f32c(1));
     llvm::Value* small = B_.CreateFMul(as, horner_f32(B_.CreateFMul(as, as), erf_small_poly(), 2, -1));
-    llvm::Value* al = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(kErfOne)), ax, k(kErfOne));
-    al = B_.CreateSelect(B_.CreateFCmpOLT(al, k(1)), k(1), al);
+    llvm::Value* al = B_.CreateSelect(B_.CreateFCmpOLT(ax, f32c(kErfOne)), ax, f32c(kErfOne));
+    al = B_.CreateSelect(B_.CreateFCmpOLT(al, f32c(1)), f32c(1), al);
     llvm::Value* q = horner_f32(al, erf_large_poly(), 2 / (kErfOne - 1), -(kErfOne + 1) / (kErfOne - 1));
     llvm::Value* e = expf_poly(B_.CreateFNeg(B_.CreateFMul(al, al)));
-    llvm::Value* large = B_.CreateFSub(k(1), B_.CreateFMul(e, q));
-    llvm::Value* r = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(1)), small,
-                                     B_.CreateSelect(B_.CreateFCmpOLT(ax, k(kErfOne)), large, k(1)));
-    r = intrinsic2(llvm::Intrinsic::copysign, r, x);
+    llvm::Value* large = B_.CreateFSub(f32c(1), B_.CreateFMul(e, q));
+    llvm::Value* r = B_.CreateSelect(B_.CreateFCmpOLT(ax, f32c(1)), small,
+                                     B_.CreateSelect(B_.CreateFCmpOLT(ax, f32c(kErfOne)), large, f32c(1)));
+    r = intrinsic(llvm::Intrinsic::copysign, {r, x});
     return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, r);
   }
 
@@ -387,23 +388,16 @@ class KernelEmitter {
   /// to 1 in f32 from 9.01); odd, NaN kept. About 1 ulp in the polynomial range, a few
   /// ulp beyond (expf_poly's error, damped by the division).
   llvm::Value* tanhf_poly(llvm::Value* x) {
-    auto k = [&](double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); };
     llvm::Value* ax = intrinsic(llvm::Intrinsic::fabs, {x});
-    llvm::Value* as = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(kTanhCut)), ax, k(kTanhCut));
+    llvm::Value* as = B_.CreateSelect(B_.CreateFCmpOLT(ax, f32c(kTanhCut)), ax, f32c(kTanhCut));
     llvm::Value* small =
         B_.CreateFMul(as, horner_f32(B_.CreateFMul(as, as), tanh_small_poly(), 2 / (kTanhCut * kTanhCut), -1));
-    llvm::Value* al = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(9.1)), ax, k(9.1));
+    llvm::Value* al = B_.CreateSelect(B_.CreateFCmpOLT(ax, f32c(9.1)), ax, f32c(9.1));
     llvm::Value* e = expf_poly(B_.CreateFAdd(al, al));
-    llvm::Value* large = B_.CreateFSub(k(1), B_.CreateFDiv(k(2), B_.CreateFAdd(e, k(1))));
-    llvm::Value* r = B_.CreateSelect(B_.CreateFCmpOLT(ax, k(kTanhCut)), small, large);
-    r = intrinsic2(llvm::Intrinsic::copysign, r, x);
+    llvm::Value* large = B_.CreateFSub(f32c(1), B_.CreateFDiv(f32c(2), B_.CreateFAdd(e, f32c(1))));
+    llvm::Value* r = B_.CreateSelect(B_.CreateFCmpOLT(ax, f32c(kTanhCut)), small, large);
+    r = intrinsic(llvm::Intrinsic::copysign, {r, x});
     return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, r);
-  }
-
-  /// A two-argument intrinsic overloaded on its first argument's type (copysign, ...).
-  llvm::Value* intrinsic2(llvm::Intrinsic::ID id, llvm::Value* a, llvm::Value* b) {
-    llvm::Function* f = llvm::Intrinsic::getDeclaration(&M_, id, {a->getType()});
-    return B_.CreateCall(f, {a, b});
   }
 
   /// exp of an f32 register value as straight-line code the loop vectorizer widens (a
@@ -805,9 +799,12 @@ class KernelEmitter {
       store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(t, acc[s])));
     }
   }
-  /// Vector width (f32 lanes) for the reduced loops of row programs: 16 with AVX-512, 8
-  /// with AVX, else 0 (the vectorizer's own choice).
-  int row_vector_width() const {
+  /// Vector width (f32 lanes) for a reduced loop of `trip` iterations in a row program:
+  /// 16 with AVX-512, 8 with AVX, else 0 (the vectorizer's own choice). Also 0 below 16
+  /// iterations, which LLVM vectorizes only as if optimizing for size (a hinted loop it
+  /// then leaves scalar draws a "loop not vectorized" remark).
+  int row_vector_width(int64_t trip) const {
+    if (trip < 16) return 0;
     if (feats_.find("+avx512f") != std::string::npos) return 16;
     if (feats_.find("+avx") != std::string::npos) return 8;
     return 0;
@@ -990,7 +987,7 @@ class KernelEmitter {
           if (sacc[s]) B_.CreateStore(reduce_step(st, B_.CreateLoad(sty[s], sacc[s]), v[st.expr], true), sacc[s]);
           else if (st.reduce == ReduceKind::none && varies(st)) store(st.param, idx, v[st.expr]);
         }
-      }, k_.domain[red.back()] >= 16 ? row_vector_width() : 0);  // LLVM vectorizes shorter loops only for size
+      }, row_vector_width(k_.domain[red.back()]));
       for (size_t i = 0; i < ne; ++i)
         if (acc[i]) {
           const KExpr& e = k_.exprs[i];
