@@ -21,6 +21,10 @@
 #include <mutex>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "ir/ops/optim8bit.h"
 #include "runtime/kernels/kernels.h"
 
@@ -45,8 +49,11 @@ int64_t blocksize(const KernelContext& c) { return c.attrs().get_int("blocksize"
 /// ir::nearest_code, exactly, at table speed. nearest_code is monotone in x, so
 /// code(x) = #{j in 1..255 : x >= t_j} with t_j the smallest float whose code is >= j
 /// (found once per map by bisection over the order-preserving integer keys of floats).
-/// A table over the top 14 bits of x's key gives the code of the bucket's smallest
-/// value; a few threshold compares finish. Built once per distinct map and cached.
+/// A table over the top 16 bits of x's key gives the code of the bucket's smallest
+/// value; a few threshold compares finish (at most one for the dynamic maps in [-1, 1]).
+/// Where one is enough, the AVX2 path reads one packed entry per bucket holding the
+/// start code and the low key bits of the one threshold inside the bucket. Built once per
+/// distinct map and cached.
 class CodeFinder {
  public:
   explicit CodeFinder(const float* qmap) : map_(qmap, qmap + ir::kQuantMapSize) {
@@ -59,9 +66,24 @@ class CodeFinder {
       }
       t_[j] = float_of(lo);
     }
+    t_[ir::kQuantMapSize] = INFINITY;  // x >= t_[256] never holds for finite x
     for (uint32_t b = 0; b < kBuckets; ++b) {
       float lo = float_of(b << (32 - kBits));
       start_[b] = lo != lo ? 0 : ir::nearest_code(qmap, lo);  // NaN keys (never looked up)
+    }
+    // The most threshold steps any x in [-1, 1] takes past its bucket's start code.
+    for (uint32_t b = key_of(-1.f) >> (32 - kBits); b <= key_of(1.f) >> (32 - kBits); ++b) {
+      const uint32_t hi_key = std::min(((b + 1) << (32 - kBits)) - 1, key_of(1.f));
+      max_steps_ = std::max(max_steps_, ir::nearest_code(qmap, float_of(hi_key)) - int(start_[b]));
+    }
+    if (max_steps_ <= 1) {
+      packed_.resize(kBuckets);
+      for (uint32_t b = 0; b < kBuckets; ++b) {
+        const int next = start_[b] + 1;  // the code a threshold inside the bucket leads to
+        const uint32_t t_key = next < ir::kQuantMapSize ? key_of(t_[next]) : 0;
+        const bool inside = next < ir::kQuantMapSize && (t_key >> (32 - kBits)) == b;
+        packed_[b] = (uint32_t(start_[b]) << 17) | (inside ? (t_key & 0xffffu) : 0x10000u);
+      }
     }
   }
   bool same_map(const float* qmap) const {
@@ -73,6 +95,38 @@ class CodeFinder {
     while (i < ir::kQuantMapSize - 1 && x >= t_[i + 1]) ++i;
     return static_cast<uint8_t>(i);
   }
+#if defined(__x86_64__)
+  /// code(x) for 8 finite x in [-1, 1] (AVX2): the bucket's start code by one gather,
+  /// then max_steps_ threshold compares, each a gather of t_[i + 1] (a step past the
+  /// final code compares against the same threshold and stays). Equal to operator().
+  __attribute__((target("avx2"))) __m256i codes8(__m256 x) const {
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i key =
+        _mm256_xor_si256(bits, _mm256_or_si256(_mm256_srai_epi32(bits, 31), _mm256_set1_epi32(INT32_MIN)));
+    if (!packed_.empty()) {
+      // code = start + (low key bits >= threshold's) = start + 1 + (threshold > low ? -1 : 0)
+      // Eight scalar loads, not vpgatherdd: faster on the AMD cores measured (docs/performance.md).
+      alignas(32) uint32_t bucket[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bucket), _mm256_srli_epi32(key, 32 - kBits));
+      const uint32_t* pk = packed_.data();
+      const __m256i e = _mm256_setr_epi32(pk[bucket[0]], pk[bucket[1]], pk[bucket[2]], pk[bucket[3]], pk[bucket[4]],
+                                          pk[bucket[5]], pk[bucket[6]], pk[bucket[7]]);
+      const __m256i thr = _mm256_and_si256(e, _mm256_set1_epi32(0x1ffff));
+      const __m256i low = _mm256_and_si256(key, _mm256_set1_epi32(0xffff));
+      return _mm256_add_epi32(_mm256_srli_epi32(e, 17),
+                              _mm256_add_epi32(_mm256_set1_epi32(1), _mm256_cmpgt_epi32(thr, low)));
+    }
+    // Byte gather: 4 bytes from start_ + bucket (start_ has 3 bytes of padding), low byte kept.
+    __m256i i = _mm256_and_si256(
+        _mm256_i32gather_epi32(reinterpret_cast<const int*>(start_), _mm256_srli_epi32(key, 32 - kBits), 1),
+        _mm256_set1_epi32(0xff));
+    for (int s = 0; s < max_steps_; ++s) {
+      const __m256 t = _mm256_i32gather_ps(t_ + 1, i, 4);
+      i = _mm256_sub_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(x, t, _CMP_GE_OQ)));
+    }
+    return i;
+  }
+#endif
   /// The cached finder for `qmap` (thread-safe).
   static const CodeFinder& get(const float* qmap) {
     static std::mutex mu;
@@ -86,7 +140,7 @@ class CodeFinder {
   }
 
  private:
-  static constexpr int kBits = 14;
+  static constexpr int kBits = 16;
   static constexpr uint32_t kBuckets = 1u << kBits;
   /// Order-preserving map from non-NaN floats to uint32 (and back).
   static uint32_t key_of(float f) {
@@ -101,8 +155,12 @@ class CodeFinder {
     return f;
   }
   std::vector<float> map_;
-  float t_[ir::kQuantMapSize] = {};
-  uint8_t start_[kBuckets] = {};
+  float t_[ir::kQuantMapSize + 1] = {};  // t_[j]: smallest float of code >= j (t_[0] unused)
+  uint8_t start_[kBuckets + 3] = {};  // + 3: the last bucket's 4-byte gather stays inside
+  int max_steps_ = 0;
+  /// Per bucket, when max_steps_ <= 1: start code << 17 | the low 16 key bits of the
+  /// threshold inside the bucket (0x10000: none).
+  std::vector<uint32_t> packed_;
 };
 
 /// Quantizes n values of one block: returns absmax, writes codes.
@@ -120,6 +178,82 @@ inline float quantize_block(const float* x, int64_t n, const CodeFinder& code, u
   return mx;
 }
 
+#if defined(__x86_64__)
+bool cpu_has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+/// map[code[0..8)] as 8 floats, by eight scalar loads (faster than vgatherdps on the AMD
+/// cores measured, docs/performance.md).
+__attribute__((target("avx2"))) inline __m256 lookup8(const float* map, const uint8_t* code) {
+  return _mm256_setr_ps(map[code[0]], map[code[1]], map[code[2]], map[code[3]], map[code[4]], map[code[5]],
+                        map[code[6]], map[code[7]]);
+}
+
+/// Stores the low bytes of 8 codes (each 0..255) to out[0..8).
+__attribute__((target("avx2"))) inline void store_codes8(__m256i c, uint8_t* out) {
+  const __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(c16, c16));
+}
+
+/// Folds |x| of 8 lanes into a running max (NaN lanes ignored) and a running NaN mask.
+__attribute__((target("avx2"))) inline void fold_absmax8(__m256 x, __m256& mx, __m256& nan) {
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+  mx = _mm256_max_ps(a, mx);  // MAXPS returns the second operand when one is NaN
+  nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/// Horizontal max of 8 lanes (no NaN lanes).
+__attribute__((target("avx2"))) inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+/// quantize_block with AVX2, bit-identical to it. `mx` (max |x|, NaN lanes ignored) and
+/// `any_nan` may come from the loop that produced x; a block that is not all finite with
+/// a positive absmax goes through quantize_block itself (its exact NaN and zero rules).
+__attribute__((target("avx2"))) float quantize_block_avx2(const float* x, int64_t n, float mx, bool any_nan,
+                                                         const CodeFinder& code, uint8_t zero_code, uint8_t* codes) {
+  if (any_nan || !(mx > 0.f && std::isfinite(mx))) return quantize_block(x, n, code, zero_code, codes);
+  const __m256 d = _mm256_set1_ps(mx);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store_codes8(code.codes8(_mm256_div_ps(_mm256_loadu_ps(x + i), d)), codes + i);
+  for (; i < n; ++i) codes[i] = code(x[i] / mx);
+  return mx;
+}
+
+/// Max |x| over one block by AVX2 and whether it holds a NaN.
+__attribute__((target("avx2"))) float block_absmax_avx2(const float* x, int64_t n, bool* any_nan) {
+  __m256 mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) fold_absmax8(_mm256_loadu_ps(x + i), mx, nan);
+  float m = hmax8(mx);
+  bool has_nan = _mm256_movemask_ps(nan) != 0;
+  for (; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    has_nan = has_nan || a != a;
+    m = a > m ? a : m;
+  }
+  *any_nan = has_nan;
+  return m;
+}
+#endif
+
+/// Quantizes one block (quantize_block), by AVX2 where the CPU has it.
+inline float quantize_block_fast(const float* x, int64_t n, const CodeFinder& code, uint8_t zero_code, uint8_t* codes) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) {
+    bool nan = false;
+    const float mx = block_absmax_avx2(x, n, &nan);
+    return quantize_block_avx2(x, n, mx, nan, code, zero_code, codes);
+  }
+#endif
+  return quantize_block(x, n, code, zero_code, codes);
+}
+
 Status quantize_kernel(KernelContext& c) {
   const Tensor& x = c.in(0);
   KILN_RETURN_IF_ERROR(check_qmap(c, c.in(1), "qmap"));
@@ -133,7 +267,7 @@ Status quantize_kernel(KernelContext& c) {
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t lo = b * bs, len = std::min(bs, n - lo);
-    absmax[b] = quantize_block(xp + lo, len, finder, zero, codes + lo);
+    absmax[b] = quantize_block_fast(xp + lo, len, finder, zero, codes + lo);
   }
   return Status::ok();
 }
@@ -156,6 +290,114 @@ Status dequantize_kernel(KernelContext& c) {
   return Status::ok();
 }
 
+/// The f32 constants of one AdamW8bitUpdate, rounded as adamw_torch's IR rounds them.
+struct AdamConsts {
+  float b1, omb1, b2, omb2, eps, lr_wd, step_size, sqrt_bc2, coef;
+  bool clip, decay;
+};
+
+/// One element's AdamW step from dequantized moments (the header's formulas, in order).
+/// Returns the new parameter; writes the new moments.
+inline float adam_element(const AdamConsts& k, float p, float gr, float mo, float vo, float& mn, float& vn) {
+  if (k.clip) gr = gr * k.coef;
+  if (k.decay) p = p - p * k.lr_wd;
+  mn = mo * k.b1 + gr * k.omb1;
+  vn = vo * k.b2 + (gr * gr) * k.omb2;
+  const float denom = std::sqrt(vn) / k.sqrt_bc2 + k.eps;
+  return p - k.step_size * (mn / denom);
+}
+
+/// Pointers of one AdamW8bitUpdate call (inputs, then outputs; see the op's schema).
+struct AdamBuffers {
+  const float *p, *g, *a1, *a2, *qs, *qu;
+  const uint8_t *q1, *q2;
+  float *po, *a1o, *a2o;
+  uint8_t *q1o, *q2o;
+};
+
+/// Block b (elements [lo, lo + len)) by the portable scalar code; m, v: len floats scratch.
+void adam8bit_block(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_t lo, int64_t len, const CodeFinder& fs,
+                    const CodeFinder& fu, uint8_t zs, uint8_t zu, float* m, float* v) {
+  const float am = t.a1[b], av = t.a2[b];
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t i = lo + j;
+    t.po[i] = adam_element(k, t.p[i], t.g[i], t.qs[t.q1[i]] * am, t.qu[t.q2[i]] * av, m[j], v[j]);
+  }
+  t.a1o[b] = quantize_block(m, len, fs, zs, t.q1o + lo);
+  t.a2o[b] = quantize_block(v, len, fu, zu, t.q2o + lo);
+}
+
+#if defined(__x86_64__)
+/// adam8bit_block by AVX2, bit-identical to it: 8 elements at a time with the same f32
+/// operations in the same order (no FMA: the target enables AVX2 only, so nothing is
+/// contracted), the map lookups as gathers, absmax folded into the update loop.
+__attribute__((target("avx2"))) void adam8bit_block_avx2(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_t lo,
+                                                        int64_t len, const CodeFinder& fs, const CodeFinder& fu,
+                                                        uint8_t zs, uint8_t zu, float* m, float* v) {
+  const float am = t.a1[b], av = t.a2[b];
+  const __m256 am8 = _mm256_set1_ps(am), av8 = _mm256_set1_ps(av);
+  const __m256 b1 = _mm256_set1_ps(k.b1), omb1 = _mm256_set1_ps(k.omb1), b2 = _mm256_set1_ps(k.b2),
+               omb2 = _mm256_set1_ps(k.omb2), eps = _mm256_set1_ps(k.eps), lr_wd = _mm256_set1_ps(k.lr_wd),
+               ss = _mm256_set1_ps(k.step_size), sbc2 = _mm256_set1_ps(k.sqrt_bc2), coef = _mm256_set1_ps(k.coef);
+  const bool clip = k.clip, decay = k.decay;
+  __m256 mx_m = _mm256_setzero_ps(), mx_v = _mm256_setzero_ps(), nan_m = _mm256_setzero_ps(),
+         nan_v = _mm256_setzero_ps();
+  // Locals, so the stores below cannot make the compiler reload the pointers.
+  const float* __restrict pp = t.p + lo;
+  const float* __restrict gp = t.g + lo;
+  const uint8_t* __restrict q1 = t.q1 + lo;
+  const uint8_t* __restrict q2 = t.q2 + lo;
+  const float* qs = t.qs;
+  const float* qu = t.qu;
+  float* __restrict po = t.po + lo;
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const __m256 mo = _mm256_mul_ps(lookup8(qs, q1 + j), am8);
+    const __m256 vo = _mm256_mul_ps(lookup8(qu, q2 + j), av8);
+    __m256 gr = _mm256_loadu_ps(gp + j);
+    if (clip) gr = _mm256_mul_ps(gr, coef);
+    __m256 p = _mm256_loadu_ps(pp + j);
+    if (decay) p = _mm256_sub_ps(p, _mm256_mul_ps(p, lr_wd));
+    const __m256 mn = _mm256_add_ps(_mm256_mul_ps(mo, b1), _mm256_mul_ps(gr, omb1));
+    const __m256 vn = _mm256_add_ps(_mm256_mul_ps(vo, b2), _mm256_mul_ps(_mm256_mul_ps(gr, gr), omb2));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vn), sbc2), eps);
+    _mm256_storeu_ps(po + j, _mm256_sub_ps(p, _mm256_mul_ps(ss, _mm256_div_ps(mn, denom))));
+    _mm256_storeu_ps(m + j, mn);
+    _mm256_storeu_ps(v + j, vn);
+    fold_absmax8(mn, mx_m, nan_m);
+    fold_absmax8(vn, mx_v, nan_v);
+  }
+  float xm = hmax8(mx_m), xv = hmax8(mx_v);
+  bool nm = _mm256_movemask_ps(nan_m) != 0, nv = _mm256_movemask_ps(nan_v) != 0;
+  for (; j < len; ++j) {
+    const int64_t i = lo + j;
+    t.po[i] = adam_element(k, t.p[i], t.g[i], t.qs[t.q1[i]] * am, t.qu[t.q2[i]] * av, m[j], v[j]);
+    const float a = std::fabs(m[j]), c = std::fabs(v[j]);
+    nm = nm || a != a;
+    nv = nv || c != c;
+    xm = a > xm ? a : xm;
+    xv = c > xv ? c : xv;
+  }
+  const bool fast_m = !nm && xm > 0.f && std::isfinite(xm), fast_v = !nv && xv > 0.f && std::isfinite(xv);
+  if (fast_m && fast_v) {  // both moments' codes in one loop: two independent gather chains
+    const __m256 dm = _mm256_set1_ps(xm), dv = _mm256_set1_ps(xv);
+    uint8_t* __restrict c1 = t.q1o + lo;
+    uint8_t* __restrict c2 = t.q2o + lo;
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      store_codes8(fs.codes8(_mm256_div_ps(_mm256_loadu_ps(m + i), dm)), c1 + i);
+      store_codes8(fu.codes8(_mm256_div_ps(_mm256_loadu_ps(v + i), dv)), c2 + i);
+    }
+    for (; i < len; ++i) c1[i] = fs(m[i] / xm), c2[i] = fu(v[i] / xv);
+    t.a1o[b] = xm;
+    t.a2o[b] = xv;
+    return;
+  }
+  t.a1o[b] = quantize_block_avx2(m, len, xm, nm, fs, zs, t.q1o + lo);
+  t.a2o[b] = quantize_block_avx2(v, len, xv, nv, fu, zu, t.q2o + lo);
+}
+#endif
+
 Status adamw8bit_kernel(KernelContext& c) {
   const Tensor& p = c.in(0);
   const Tensor& g = c.in(1);
@@ -165,36 +407,35 @@ Status adamw8bit_kernel(KernelContext& c) {
   if (g.numel() != n || c.in(2).numel() != n || c.in(4).numel() != n || c.in(3).numel() != nb ||
       c.in(5).numel() != nb)
     return c.fail("state sizes do not match the parameter's " + std::to_string(n) + " elements");
-  const float* qs = c.in(6).data<float>();
-  const float* qu = c.in(7).data<float>();
+  AdamConsts k{};
   const float lr = c.in(8).data<float>()[0];
-  const float step_size = c.in(9).data<float>()[0];
-  const float sqrt_bc2 = c.in(10).data<float>()[0];
-  const bool clip = c.has_input(11);
-  const float coef = clip ? c.in(11).data<float>()[0] : 1.f;
+  k.step_size = c.in(9).data<float>()[0];
+  k.sqrt_bc2 = c.in(10).data<float>()[0];
+  k.clip = c.has_input(11);
+  k.coef = k.clip ? c.in(11).data<float>()[0] : 1.f;
   // Constants rounded to f32 exactly as the adamw_torch IR's scalar initializers are.
   const double b1d = c.attrs().get_float("beta1", 0.9), b2d = c.attrs().get_float("beta2", 0.999);
-  const float b1 = static_cast<float>(b1d), omb1 = static_cast<float>(1.0 - b1d);
-  const float b2 = static_cast<float>(b2d), omb2 = static_cast<float>(1.0 - b2d);
-  const float eps = static_cast<float>(c.attrs().get_float("eps", 1e-8));
+  k.b1 = static_cast<float>(b1d), k.omb1 = static_cast<float>(1.0 - b1d);
+  k.b2 = static_cast<float>(b2d), k.omb2 = static_cast<float>(1.0 - b2d);
+  k.eps = static_cast<float>(c.attrs().get_float("eps", 1e-8));
   const double wd = c.attrs().get_float("weight_decay", 0.0);
-  const bool decay = wd != 0.0;
-  const float lr_wd = lr * static_cast<float>(wd);  // Mul(lr, C(wd)) of the fp32 graph
+  k.decay = wd != 0.0;
+  k.lr_wd = lr * static_cast<float>(wd);  // Mul(lr, C(wd)) of the fp32 graph
+  const float* qs = c.in(6).data<float>();
+  const float* qu = c.in(7).data<float>();
   const uint8_t zero_s = ir::nearest_code(qs, 0.f), zero_u = ir::nearest_code(qu, 0.f);
   const CodeFinder& find_s = CodeFinder::get(qs);
   const CodeFinder& find_u = CodeFinder::get(qu);
-
-  const float* pp = p.data<float>();
-  const float* gp = g.data<float>();
-  const uint8_t* q1 = c.in(2).data<uint8_t>();
-  const float* a1 = c.in(3).data<float>();
-  const uint8_t* q2 = c.in(4).data<uint8_t>();
-  const float* a2 = c.in(5).data<float>();
-  float* po = c.out(0).data<float>();
-  uint8_t* q1o = c.out(1).data<uint8_t>();
-  float* a1o = c.out(2).data<float>();
-  uint8_t* q2o = c.out(3).data<uint8_t>();
-  float* a2o = c.out(4).data<float>();
+  const AdamBuffers t{p.data<float>(),          g.data<float>(),          c.in(3).data<float>(),
+                      c.in(5).data<float>(),    qs,                       qu,
+                      c.in(2).data<uint8_t>(),  c.in(4).data<uint8_t>(),  c.out(0).data<float>(),
+                      c.out(2).data<float>(),   c.out(4).data<float>(),   c.out(1).data<uint8_t>(),
+                      c.out(3).data<uint8_t>()};
+#if defined(__x86_64__)
+  const bool avx2 = cpu_has_avx2();
+#else
+  const bool avx2 = false;
+#endif
 
 #pragma omp parallel if (n >= (1 << 16))
   {
@@ -202,23 +443,13 @@ Status adamw8bit_kernel(KernelContext& c) {
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t lo = b * bs, len = std::min(bs, n - lo);
-      const float am = a1[b], av = a2[b];
-      for (int64_t k = 0; k < len; ++k) {
-        const int64_t i = lo + k;
-        float gr = gp[i];
-        if (clip) gr = gr * coef;
-        const float mo = qs[q1[i]] * am, vo = qu[q2[i]] * av;
-        float pd = pp[i];
-        if (decay) pd = pd - pd * lr_wd;
-        const float mn = mo * b1 + gr * omb1;
-        const float vn = vo * b2 + (gr * gr) * omb2;
-        const float denom = std::sqrt(vn) / sqrt_bc2 + eps;
-        po[i] = pd - step_size * (mn / denom);
-        m[k] = mn;
-        v[k] = vn;
+#if defined(__x86_64__)
+      if (avx2) {
+        adam8bit_block_avx2(k, t, b, lo, len, find_s, find_u, zero_s, zero_u, m.data(), v.data());
+        continue;
       }
-      a1o[b] = quantize_block(m.data(), len, find_s, zero_s, q1o + lo);
-      a2o[b] = quantize_block(v.data(), len, find_u, zero_u, q2o + lo);
+#endif
+      adam8bit_block(k, t, b, lo, len, find_s, find_u, zero_s, zero_u, m.data(), v.data());
     }
   }
   return Status::ok();

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -498,5 +499,92 @@ TEST(Optim8bit, KernelCodesEqualBinarySearchAtTiesAndRandomValues) {
                       << " kernel code " << int(r.codes.data<uint8_t>()[i]) << " reference " << int(want);
     }
     EXPECT_EQ(diffs, 0);
+  }
+}
+
+/// The fused update, bit for bit, against a scalar f32 reference written here from the
+/// kernel's documented formulas (the f32 ops of adamw_torch in its order, absmax = max |x|,
+/// codes by ir::nearest_code's binary search): every parameter, absmax and code, on
+/// non-zero state, for sizes that leave 0, 1 and 7 elements after the last 8-wide group,
+/// with blocks whose new moments hold a NaN, an inf, only zeros or a denormal absmax.
+/// On AVX2 machines this checks the vector path; elsewhere the portable one.
+TEST(Optim8bit, FusedUpdateEqualsScalarF32ReferenceBitwise) {
+  Tensor qs = qmap_tensor(true), qu = qmap_tensor(false);
+  const float* ms = qs.data<float>();
+  const float* mu = qu.data<float>();
+  const float b1 = 0.9f, omb1 = static_cast<float>(1.0 - 0.9), b2 = 0.999f, omb2 = static_cast<float>(1.0 - 0.999);
+  const float eps = 1e-8f, lr = 1e-3f, wd = 0.01f, ss = 1e-3f / 0.271f, sbc2 = 0.0447f, coef = 0.75f;
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> code(0, 255);
+  for (int64_t n : {int64_t{4096}, int64_t{70000} /* 2 threads */, int64_t{1281}, int64_t{2311}}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const int64_t nb = (n + 255) / 256;
+    Tensor p(DType::f32, {n}), g(DType::f32, {n}), q1(DType::u8, {n}), q2(DType::u8, {n});
+    Tensor a1(DType::f32, {nb}), a2(DType::f32, {nb});
+    for (int64_t i = 0; i < n; ++i) {
+      p.data<float>()[i] = 0.1f * nd(rng);
+      g.data<float>()[i] = 1e-2f * nd(rng);
+      q1.data<uint8_t>()[i] = static_cast<uint8_t>(code(rng));
+      q2.data<uint8_t>()[i] = static_cast<uint8_t>(code(rng));
+    }
+    for (int64_t b = 0; b < nb; ++b) a1.data<float>()[b] = 1e-3f * (1 + b % 3), a2.data<float>()[b] = 1e-5f;
+    // Block 1: a NaN gradient; block 2: an inf gradient; block 3: zero gradient and state;
+    // block 4: tiny gradients and state (denormal new moments).
+    g.data<float>()[256 + 17] = NAN;
+    g.data<float>()[512 + 200] = INFINITY;
+    for (int64_t i = 768; i < 1024 && i < n; ++i) {
+      g.data<float>()[i] = 0.f;
+      q1.data<uint8_t>()[i] = ir::nearest_code(ms, 0.f);
+      q2.data<uint8_t>()[i] = ir::nearest_code(mu, 0.f);
+    }
+    for (int64_t i = 1024; i < 1280 && i < n; ++i) g.data<float>()[i] = 1e-39f * nd(rng);
+    if (nb > 4) a1.data<float>()[4] = 1e-40f, a2.data<float>()[4] = 1e-42f;
+    Tensor t_lr = Tensor::scalar_f32(lr), t_ss = Tensor::scalar_f32(ss), t_sb = Tensor::scalar_f32(sbc2);
+    Tensor t_coef = Tensor::scalar_f32(coef);
+    ir::Attributes at;
+    at.set("beta1", 0.9);
+    at.set("beta2", 0.999);
+    at.set("eps", 1e-8);
+    at.set("weight_decay", 0.01);
+    auto r = run_op("AdamW8bitUpdate", {&p, &g, &q1, &a1, &q2, &a2, &qs, &qu, &t_lr, &t_ss, &t_sb, &t_coef}, 5, at);
+    ASSERT_TRUE(r) << r.message();
+    int64_t bad = 0;
+    auto same = [](float x, float y) { return (x != x && y != y) || std::memcmp(&x, &y, 4) == 0; };
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t lo = b * 256, hi = std::min(n, lo + 256);
+      std::vector<float> m, v;
+      for (int64_t i = lo; i < hi; ++i) {
+        const float gr = g.data<float>()[i] * coef;
+        const float mo = ms[q1.data<uint8_t>()[i]] * a1.data<float>()[b];
+        const float vo = mu[q2.data<uint8_t>()[i]] * a2.data<float>()[b];
+        const float pi = p.data<float>()[i], pd = pi - pi * (lr * wd);
+        const float mn = mo * b1 + gr * omb1, vn = vo * b2 + (gr * gr) * omb2;
+        const float want = pd - ss * (mn / (std::sqrt(vn) / sbc2 + eps));
+        if (!same((*r)[0].data<float>()[i], want) && ++bad < 5)
+          ADD_FAILURE() << "param " << i << ": " << (*r)[0].data<float>()[i] << " want " << want;
+        m.push_back(mn);
+        v.push_back(vn);
+      }
+      for (int k = 0; k < 2; ++k) {
+        const std::vector<float>& x = k == 0 ? m : v;
+        const float* map = k == 0 ? ms : mu;
+        float mx = 0.f;
+        bool nan = false;
+        for (float e : x) nan = nan || e != e, mx = std::max(mx, std::fabs(e));
+        const float got_a = (*r)[2 + 2 * k].data<float>()[b];
+        if (nan) EXPECT_TRUE(got_a != got_a) << "block " << b << " moment " << k << ": absmax must be NaN";
+        else EXPECT_TRUE(same(got_a, mx)) << "block " << b << " moment " << k << ": absmax " << got_a << " want " << mx;
+        const bool coded = !nan && mx > 0.f && std::isfinite(mx);
+        for (size_t j = 0; j < x.size(); ++j) {
+          const uint8_t want = coded ? ir::nearest_code(map, x[j] / mx) : ir::nearest_code(map, 0.f);
+          const uint8_t got = (*r)[1 + 2 * k].data<uint8_t>()[lo + static_cast<int64_t>(j)];
+          if (got != want && ++bad < 5)
+            ADD_FAILURE() << "block " << b << " moment " << k << " element " << j << ": code " << int(got)
+                          << " want " << int(want);
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
   }
 }

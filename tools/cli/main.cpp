@@ -304,7 +304,8 @@ runtime::Batch synthetic_batch(const std::vector<runtime::DataInputSpec>& specs,
   return b;
 }
 
-int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, const std::string& profile_by) {
+int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, const std::string& profile_by,
+              int row_limit) {
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
@@ -432,7 +433,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
     std::cout << "profile (" << r.backend << "): " << steps << " timed steps, " << fmt("%.3f", step_s * 1e3)
               << " ms in steps, " << fmt("%.3f", ops_s * 1e3) << " ms in ops ("
               << fmt("%.1f", step_s > 0 ? 100.0 * ops_s / step_s : 0.0) << "%)\n"
-              << r.profile.table(25);
+              << r.profile.table(row_limit);
   };
   // Precision column (issue 4): what the step computes in (--bf16 / --fp16, else fp32).
   const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
@@ -678,6 +679,11 @@ int real_main(int argc, char** argv) {
                     "op (default: one row per op type) | node (one row per node or generated kernel, with the IR "
                     "nodes it fuses); implies --profile")
       ->check(CLI::IsMember({"op", "node"}));
+  int bench_row_limit = 25;
+  bench->add_option("--profile_row_limit", bench_row_limit,
+                    "rows of the profile table before one \"(N other keys)\" row; 0: every key (as the row_limit "
+                    "of torch.profiler's table)")
+      ->check(CLI::NonNegativeNumber);
   auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters, ops and FLOPs of a model");
   std::string inspect_model;
   std::vector<std::string> inspect_shape;
@@ -724,7 +730,9 @@ int real_main(int argc, char** argv) {
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);
     if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps,
-                                  bench_profile || bench->count("--profile_by") > 0, bench_profile_by);
+                                  bench_profile || bench->count("--profile_by") > 0 ||
+                                      bench->count("--profile_row_limit") > 0,
+                                  bench_profile_by, bench_row_limit);
     if (*inspect) {
       inspect_shape = inspect_flags.values["shape"];
     }
