@@ -192,6 +192,31 @@ TEST(NnOps, Gemm) {
         }
 }
 
+/// Gemm with transA = 1 above the size where the oneDNN helper first copies the
+/// transposed A row-major (M >= 512, M*K*N >= 2^24; runtime/kernels/onednn.cpp), twice
+/// (the second call reuses the cached reorder and the scratch buffer), and a transposed A
+/// just below the M cut-off, against a float64 product; f32 tolerance for K = 256 sums.
+TEST(NnOps, GemmTransposedALargeMatchesFloat64) {
+  for (int64_t M : {int64_t{512}, int64_t{384}}) {
+    const int64_t K = 256, N = 160;
+    Tensor A = rnd(DType::f32, {K, M}, -1, 1, 41), B = rnd(DType::f32, {K, N}, -1, 1, 42);
+    Attributes a;
+    a.set("transA", int64_t(1));
+    std::vector<double> ref(static_cast<size_t>(M * N));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += A.get_f64(k * M + m) * B.get_f64(k * N + n);
+        ref[static_cast<size_t>(m * N + n)] = s;
+      }
+    for (int rep = 0; rep < 2; ++rep) {
+      auto y = run_op("Gemm", {A, B}, a);
+      ASSERT_EQ(y.size(), 1u);
+      expect_close(y[0], ref, 1e-4, 1e-5, "Gemm transA M=" + std::to_string(M) + " call " + std::to_string(rep));
+    }
+  }
+}
+
 // ----------------------------------------------------------------------------- Conv
 
 TEST(NnOps, Conv2dVariants) {
