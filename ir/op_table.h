@@ -177,6 +177,10 @@ struct OpDef {
   CostFn cost;                    ///< optional; default_cost used when empty
   FusionClass fusion = FusionClass::opaque;
   KernelFn kernel;                ///< eager CPU kernel (filled by the runtime)
+  /// The eager kernel writes every element of every output whatever the inputs, so the
+  /// interpreter allocates its outputs without zero-filling them (set by the runtime
+  /// beside `kernel`; false: outputs start as zeros, as kernels that accumulate need).
+  bool kernel_writes_all_outputs = false;
   /// Element rule of a pointwise op for code generation (empty: the fusion pass never
   /// puts the op in a generated kernel; it runs as its own step).
   ScalarFn scalar;

@@ -73,6 +73,8 @@ Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<con
                            " is not static in eager mode");
     if (i == 0 && inplace && inplace->dtype() == ti.dtype && inplace->dims() == ti.shape.to_vector())
       kctx.outputs.push_back(*inplace);  // shares the dying input's storage: no allocation
+    else if (def->kernel_writes_all_outputs)
+      kctx.outputs.push_back(Tensor::uninitialized(ti.dtype, ti.shape.to_vector()));
     else
       kctx.outputs.emplace_back(ti.dtype, ti.shape.to_vector());
   }

@@ -14,4 +14,9 @@ void set_kernel(ir::OpTable& t, const char* name, ir::KernelFn fn) {
   d->kernel = std::move(fn);
 }
 
+void set_kernel_writing_all_outputs(ir::OpTable& t, const char* name, ir::KernelFn fn) {
+  set_kernel(t, name, std::move(fn));
+  t.find_mutable(name)->kernel_writes_all_outputs = true;
+}
+
 }  // namespace kiln::runtime::kernels

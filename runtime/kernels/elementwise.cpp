@@ -525,7 +525,7 @@ void register_elementwise_kernels(ir::OpTable& t) {
   set_kernel(t, "Cast", [](KernelContext& c) { return cast_into(c, c.in(0), c.out(0)); });
   set_kernel(t, "CastLike", [](KernelContext& c) { return cast_into(c, c.in(0), c.out(0)); });
   set_kernel(t, "Identity", copy_kernel);
-  set_kernel(t, "Dropout", dropout_kernel);
+  set_kernel_writing_all_outputs(t, "Dropout", dropout_kernel);
 }
 
 }  // namespace kiln::runtime::kernels

@@ -15,5 +15,9 @@ void register_optim8bit_kernels(ir::OpTable& t);  ///< runtime/kernels/optim8bit
 
 /// Sets the kernel of op `name`; aborts if the op is not in the table (a programming error).
 void set_kernel(ir::OpTable& t, const char* name, ir::KernelFn fn);
+/// set_kernel for a kernel that writes every element of every output (library steps
+/// such as MatMul): its outputs are allocated without a zero fill
+/// (OpDef::kernel_writes_all_outputs; checked by tests/runtime/kernel_writes_test.cpp).
+void set_kernel_writing_all_outputs(ir::OpTable& t, const char* name, ir::KernelFn fn);
 
 }  // namespace kiln::runtime::kernels

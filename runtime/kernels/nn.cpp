@@ -8,6 +8,7 @@
 // spatial dims with extent-1 dims in front.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ir/ops/nn.h"
@@ -93,7 +94,10 @@ Status matmul_kernel(KernelContext& ctx) {
   Tensor& Y = ctx.out(0);
   MatmulShape s = matmul_shape(A.dims(), B.dims());
   if (Y.numel() == 0) return Status::ok();
-  if (s.K == 0) return Status::ok();  // zeros
+  if (s.K == 0) {  // an empty sum: zeros (outputs are not zero-filled for this kernel)
+    std::memset(Y.raw(), 0, Y.nbytes());
+    return Status::ok();
+  }
   for (size_t i = 0; i + 2 < s.cd.size(); ++i)
     if (s.ad[i] != 1 && s.bd[i] != 1 && s.ad[i] != s.bd[i])
       return ctx.fail("batch dims " + ir::dims_to_string(A.dims()) + " x " + ir::dims_to_string(B.dims()) +
@@ -990,8 +994,8 @@ Status softmax_grad_kernel(KernelContext& ctx) {
 }  // namespace
 
 void register_nn_kernels(ir::OpTable& t) {
-  set_kernel(t, "MatMul", matmul_kernel);
-  set_kernel(t, "Gemm", gemm_kernel);
+  set_kernel_writing_all_outputs(t, "MatMul", matmul_kernel);
+  set_kernel_writing_all_outputs(t, "Gemm", gemm_kernel);
   set_kernel(t, "Conv", conv_kernel);
   set_kernel(t, "ConvGradInput", conv_grad_input_kernel);
   set_kernel(t, "ConvGradWeight", conv_grad_weight_kernel);

@@ -449,8 +449,8 @@ void register_shape_kernels(ir::OpTable& t) {
   set_kernel(t, "Squeeze", copy_same_numel);
   set_kernel(t, "Unsqueeze", copy_same_numel);
   set_kernel(t, "Transpose", transpose_kernel);
-  set_kernel(t, "Concat", concat_kernel);
-  set_kernel(t, "Split", split_kernel);
+  set_kernel_writing_all_outputs(t, "Concat", concat_kernel);
+  set_kernel_writing_all_outputs(t, "Split", split_kernel);
   set_kernel(t, "Slice", slice_kernel);
   set_kernel(t, "SliceGrad", slice_grad_kernel);
   set_kernel(t, "Gather", gather_kernel);

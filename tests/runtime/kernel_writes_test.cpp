@@ -1,0 +1,95 @@
+// OpDef::kernel_writes_all_outputs: the interpreter allocates such a kernel's outputs
+// without a zero fill, so each flagged kernel must write every output element. Each is
+// run twice on the same inputs, once into zero-filled outputs and once into outputs
+// filled with 0xff bytes (NaN for floats, 255 for bytes); the outputs must be equal byte
+// for byte. Every flagged op must have a case here (a newly flagged op without one fails).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "ir/op_table.h"
+#include "runtime/interpreter.h"
+#include "tests/runtime/op_test_util.h"
+
+using namespace kiln;
+using namespace kiln::ir;
+using namespace kiln::testing;
+
+namespace {
+
+struct Case {
+  std::string op;
+  std::vector<Tensor> inputs;
+  Attributes attrs;
+  int outputs = 1;
+  bool training = false;
+};
+
+/// Outputs of op's eager kernel when its outputs start as `fill` bytes.
+std::vector<Tensor> run_into(const Case& c, uint8_t fill, const std::vector<Tensor>& shapes) {
+  Node n;
+  n.op = c.op;
+  n.name = "writes_" + c.op;
+  n.attrs = c.attrs;
+  n.outputs.assign(static_cast<size_t>(c.outputs), nullptr);
+  KernelContext k{n, {}, {}, c.training, 7, 3, 11};
+  for (const Tensor& t : c.inputs) k.inputs.push_back(&t);
+  for (const Tensor& s : shapes) {
+    Tensor t = Tensor::uninitialized(s.dtype(), s.dims());
+    std::memset(t.raw(), fill, t.nbytes());
+    k.outputs.push_back(t);
+  }
+  Status st = OpTable::get().find(c.op)->kernel(k);
+  EXPECT_TRUE(st.is_ok()) << c.op << ": " << st.message();
+  return k.outputs;
+}
+
+TEST(KernelWrites, FlaggedKernelsWriteEveryOutputElement) {
+  runtime::register_eager_kernels();
+  Attributes ta, axis1, split;
+  ta.set("transA", int64_t(1));
+  axis1.set("axis", int64_t(1));
+  split.set("axis", int64_t(1));
+  split.set("num_outputs", int64_t(3));
+  Attributes ratio;
+  ratio.set("ratio", 0.3);
+  std::vector<Case> cases = {
+      {"MatMul", {rnd(DType::f32, {2, 3, 4}, -1, 1, 1), rnd(DType::f32, {4, 5}, -1, 1, 2)}},
+      {"MatMul", {rnd(DType::f32, {3, 0}, -1, 1, 1), rnd(DType::f32, {0, 5}, -1, 1, 2)}},  // K = 0: zeros
+      {"MatMul", {rnd(DType::f64, {3, 4}, -1, 1, 1), rnd(DType::f64, {4, 2}, -1, 1, 2)}},
+      {"Gemm", {rnd(DType::f32, {4, 3}, -1, 1, 3), rnd(DType::f32, {4, 5}, -1, 1, 4)}, ta},
+      {"Gemm", {rnd(DType::f32, {3, 0}, -1, 1, 3), rnd(DType::f32, {0, 5}, -1, 1, 4), rnd(DType::f32, {5}, -1, 1, 5)}},
+      {"Dropout", {rnd(DType::f32, {1000}, -1, 1, 6)}, ratio, 2, true},
+      {"Dropout", {rnd(DType::f32, {1000}, -1, 1, 6)}, ratio, 2, false},
+      {"Dropout", {rnd(DType::bf16, {77}, -1, 1, 6)}, ratio, 2, true},
+      {"Concat", {rnd(DType::f32, {2, 3, 2}, -1, 1, 7), rnd(DType::f32, {2, 1, 2}, -1, 1, 8)}, axis1},
+      {"Split", {rnd(DType::f32, {2, 6, 2}, -1, 1, 9)}, split, 3},
+  };
+  std::set<std::string> covered;
+  for (const Case& c : cases) {
+    covered.insert(c.op);
+    std::vector<const Tensor*> ins;
+    for (const Tensor& t : c.inputs) ins.push_back(&t);
+    Node n;
+    n.op = c.op;
+    n.name = "writes_" + c.op;
+    n.attrs = c.attrs;
+    n.outputs.assign(static_cast<size_t>(c.outputs), nullptr);
+    runtime::RunOptions o;
+    o.training = c.training;
+    auto shapes = runtime::run_node(n, ins, o);
+    ASSERT_TRUE(shapes) << c.op << ": " << shapes.message();
+    std::vector<Tensor> zero = run_into(c, 0x00, *shapes), poison = run_into(c, 0xff, *shapes);
+    ASSERT_EQ(zero.size(), poison.size());
+    for (size_t k = 0; k < zero.size(); ++k) {
+      ASSERT_EQ(zero[k].nbytes(), poison[k].nbytes());
+      EXPECT_EQ(std::memcmp(zero[k].raw(), poison[k].raw(), zero[k].nbytes()), 0)
+          << c.op << " output " << k << " " << dims_to_string(zero[k].dims()) << ": depends on the initial contents";
+    }
+  }
+  for (const auto& [name, def] : OpTable::get().all())
+    if (def.kernel_writes_all_outputs) EXPECT_TRUE(covered.count(name)) << name << " is flagged but has no case here";
+}
+
+}  // namespace
