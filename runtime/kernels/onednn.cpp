@@ -181,12 +181,13 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
   // A stored transposed (2-D, strides {1, M}: the weight gradient X^T dY of a Linear
   // layer). oneDNN 2.6's AVX2 gemm runs this layout at about half the speed of a row-major
-  // A when M is large (gpt_4l256, ONEDNN_VERBOSE: 8.2 against 4.4 ms for M = K = 1024,
-  // N = 256; no gain at M = 256), so such an A is first copied row-major by a oneDNN
-  // reorder (1.4 ms there) into a per-thread scratch buffer (not a kiln tensor: like
-  // oneDNN's own scratchpad it is outside the memory plan; M * K * 4 bytes, kept).
+  // A when M is large and N small (measured: M = K = 1024, N = 256: 10.7 against 4.2 ms;
+  // M = 2048: 19.2 against 10.9; no gain at M = 256 or at N = 768), so such an A is first
+  // copied row-major by a oneDNN reorder (1.4 ms for 1024 x 1024) into a per-thread
+  // scratch buffer (not a kiln tensor: like oneDNN's own scratchpad it is outside the
+  // memory plan; M * K * 4 bytes, kept).
   if (a.dims.size() == 2 && idt == Dt::f32 && a.strides == std::vector<int64_t>{1, a.dims[0]} && a.dims[0] >= 512 &&
-      a.dims[0] * a.dims[1] * c_dims.back() >= (int64_t{1} << 24)) {
+      c_dims.back() <= 384 && a.dims[0] * a.dims[1] * c_dims.back() >= (int64_t{1} << 24)) {
     thread_local std::vector<float> dense;
     dense.resize(static_cast<size_t>(a.dims[0] * a.dims[1]));
     const memory::desc from = md(a.dims, Dt::f32, a.strides), to = md(a.dims, Dt::f32, {});

@@ -193,7 +193,7 @@ TEST(NnOps, Gemm) {
 }
 
 /// Gemm with transA = 1 above the size where the oneDNN helper first copies the
-/// transposed A row-major (M >= 512, M*K*N >= 2^24; runtime/kernels/onednn.cpp), twice
+/// transposed A row-major (M >= 512, N <= 384, M*K*N >= 2^24; runtime/kernels/onednn.cpp), twice
 /// (the second call reuses the cached reorder and the scratch buffer), and a transposed A
 /// just below the M cut-off, against a float64 product; f32 tolerance for K = 256 sums.
 TEST(NnOps, GemmTransposedALargeMatchesFloat64) {
