@@ -45,6 +45,8 @@ std::unique_ptr<Pass> make_fusion_pass();
 std::unique_ptr<Pass> make_gemm_widening_pass();
 /// Compiled pipeline, before fusion: LayerNormalizationGrad as a row op plus column sums (decompose.cpp).
 std::unique_ptr<Pass> make_decompose_pass();
+/// Transposes feeding MatMul/Gemm operands read as strided operands (passes/absorb_transpose.cpp).
+std::unique_ptr<Pass> make_absorb_transpose_pass();
 /// Casts every float initializer, input and Cast target to f64 (passes/to_float64.cpp).
 std::unique_ptr<Pass> make_to_float64_pass();
 

@@ -20,6 +20,7 @@ static const std::map<std::string, std::function<std::unique_ptr<Pass>()>>& fact
       {"fusion", make_fusion_pass},
       {"gemm_widening", make_gemm_widening_pass},
       {"decompose", make_decompose_pass},
+      {"absorb_transpose", make_absorb_transpose_pass},
       {"eval_mode", make_eval_mode_pass},
       {"autocast", make_autocast_pass},
       {"cast_simplify", make_cast_simplify_pass},

@@ -144,11 +144,37 @@ Expected<std::vector<int64_t>> pool_kernel(const InferContext& c) {
 
 // ---- MatMul ----
 
+/// Shape of MatMul operand `k` of node `n` as the product reads it: the input's shape,
+/// permuted by `kiln_perm_a` / `kiln_perm_b` when the absorb_transpose pass set it
+/// (operand k = Transpose(input k, perm)). Errors: a perm that is not a permutation of
+/// the input's dims.
+Expected<Shape> matmul_operand_shape(const Node& n, int k, const Shape& in) {
+  const std::vector<int64_t> perm = n.attrs.get_ints(k == 0 ? "kiln_perm_a" : "kiln_perm_b");
+  if (perm.empty()) return in;
+  const int r = in.rank();
+  std::vector<bool> seen(static_cast<size_t>(std::max(r, 0)), false);
+  if (static_cast<int>(perm.size()) != r)
+    return Status::error(std::string(k == 0 ? "kiln_perm_a" : "kiln_perm_b") + " has " + std::to_string(perm.size()) +
+                         " entries for an operand of rank " + std::to_string(r));
+  Shape out;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= r || seen[static_cast<size_t>(p)])
+      return Status::error(std::string(k == 0 ? "kiln_perm_a" : "kiln_perm_b") + " is not a permutation");
+    seen[static_cast<size_t>(p)] = true;
+    out.dims.push_back(in.dims[static_cast<size_t>(p)]);
+  }
+  return out;
+}
+
 Status infer_matmul(InferContext& c) {
   KILN_RETURN_IF_ERROR(need_float(c, 0, "A"));
   KILN_RETURN_IF_ERROR(need_float(c, 1, "B"));
   KILN_RETURN_IF_ERROR(same_dtype(c, 0, 1));
-  Shape a = c.in[0].shape, b = c.in[1].shape;
+  auto pa = matmul_operand_shape(c.node, 0, c.in[0].shape);
+  if (!pa) return c.fail(pa.message());
+  auto pb = matmul_operand_shape(c.node, 1, c.in[1].shape);
+  if (!pb) return c.fail(pb.message());
+  Shape a = *pa, b = *pb;
   int ra = a.rank(), rb = b.rank();
   if (ra == 0 || rb == 0) return c.fail("MatMul operands must have rank >= 1");
   if (ra == 1 && rb == 1) {
@@ -174,7 +200,8 @@ Status infer_matmul(InferContext& c) {
 Cost cost_matmul(const Node& n) {
   Cost c;
   c.bytes = io_bytes(n);
-  int64_t k = n.input(0)->shape.rank() ? n.input(0)->shape.dims.back().value : -1;
+  auto a = matmul_operand_shape(n, 0, n.input(0)->shape);
+  int64_t k = a && a->rank() ? a->dims.back().value : -1;
   int64_t y = n.output(0)->shape.numel();
   if (k > 0 && y > 0) c.flops = 2.0 * static_cast<double>(y) * static_cast<double>(k);
   return c;
@@ -183,6 +210,10 @@ Cost cost_matmul(const Node& n) {
 Status grad_matmul(GradContext& c) {
   Value* dY = c.grad_output(0);
   if (!dY) return Status::ok();
+  if (c.node().attrs.has("kiln_perm_a") || c.node().attrs.has("kiln_perm_b"))
+    return Status::error("MatMul '" + c.node().name +
+                         "' reads a transposed operand (kiln_perm_a/b, set after autodiff by absorb_transpose): "
+                         "no gradient rule");
   Value* A = c.input(0);
   Value* B = c.input(1);
   int ra = A->shape.rank(), rb = B->shape.rank();

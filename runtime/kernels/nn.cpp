@@ -88,11 +88,50 @@ MatmulShape matmul_shape(const std::vector<int64_t>& a, const std::vector<int64_
   return s;
 }
 
+/// A MatMul operand as the product reads it: input `t` viewed as Transpose(t, perm)
+/// (perm from kiln_perm_a / kiln_perm_b; empty: t itself), dims and element strides.
+struct OperandView {
+  std::vector<int64_t> dims, strides;
+};
+OperandView operand_view(const Tensor& t, const std::vector<int64_t>& perm) {
+  OperandView v{t.dims(), ir::strides_of(t.dims())};
+  if (perm.empty()) return v;
+  OperandView p;
+  for (int64_t i : perm) {
+    p.dims.push_back(v.dims[static_cast<size_t>(i)]);
+    p.strides.push_back(v.strides[static_cast<size_t>(i)]);
+  }
+  return p;
+}
+
+/// Element strides of a view padded as matmul_shape pads its dims: a 1-D A gains a
+/// leading M = 1 dim, a 1-D B a trailing N = 1 dim, then leading batch dims of size 1
+/// up to rank r (strides of size-1 dims are never used to step; they get the span of
+/// the dims inside them, as row-major strides would).
+std::vector<int64_t> padded_strides(const OperandView& v, bool is_a, size_t r) {
+  std::vector<int64_t> st = v.strides, d = v.dims;
+  if (d.size() == 1 && is_a) st.insert(st.begin(), d[0] * st[0]), d.insert(d.begin(), 1);
+  if (d.size() == 1 && !is_a) st.push_back(1), d.push_back(1);
+  while (st.size() < r) {
+    int64_t span = 1;
+    for (size_t i = 0; i < d.size(); ++i) span = std::max(span, st[i] * d[i]);
+    st.insert(st.begin(), span);
+    d.insert(d.begin(), 1);
+  }
+  return st;
+}
+
 Status matmul_kernel(KernelContext& ctx) {
   const Tensor& A = ctx.in(0);
   const Tensor& B = ctx.in(1);
   Tensor& Y = ctx.out(0);
-  MatmulShape s = matmul_shape(A.dims(), B.dims());
+  // kiln_perm_a / kiln_perm_b (passes/absorb_transpose.cpp): an operand is read through a
+  // transposed view, strided, without a copy.
+  const std::vector<int64_t> perm_a = ctx.attrs().get_ints("kiln_perm_a"), perm_b = ctx.attrs().get_ints("kiln_perm_b");
+  if ((!perm_a.empty() && perm_a.size() != A.dims().size()) || (!perm_b.empty() && perm_b.size() != B.dims().size()))
+    return ctx.fail("kiln_perm_a/kiln_perm_b rank differs from the operand's");
+  const OperandView va = operand_view(A, perm_a), vb = operand_view(B, perm_b);
+  MatmulShape s = matmul_shape(va.dims, vb.dims);
   if (Y.numel() == 0) return Status::ok();
   if (s.K == 0) {  // an empty sum: zeros (outputs are not zero-filled for this kernel)
     std::memset(Y.raw(), 0, Y.nbytes());
@@ -102,13 +141,17 @@ Status matmul_kernel(KernelContext& ctx) {
     if (s.ad[i] != 1 && s.bd[i] != 1 && s.ad[i] != s.bd[i])
       return ctx.fail("batch dims " + ir::dims_to_string(A.dims()) + " x " + ir::dims_to_string(B.dims()) +
                       " do not broadcast");
+  const bool strided = !perm_a.empty() || !perm_b.empty();
+  const std::vector<int64_t> as = strided ? padded_strides(va, true, s.cd.size()) : ir::strides_of(s.ad);
+  const std::vector<int64_t> bs = strided ? padded_strides(vb, false, s.cd.size()) : ir::strides_of(s.bd);
   if (use_onednn(A.dtype())) {
-    Status st = onednn::matmul({A.raw(), s.ad, {}}, {B.raw(), s.bd, {}}, Y.raw(), s.cd, A.dtype(), Y.dtype());
+    Status st = onednn::matmul({A.raw(), s.ad, strided ? as : std::vector<int64_t>{}},
+                               {B.raw(), s.bd, strided ? bs : std::vector<int64_t>{}}, Y.raw(), s.cd, A.dtype(), Y.dtype());
     return st.with_context("node '" + ctx.node.name + "' (MatMul)");
   }
   return dispatch_float(ctx, A.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    matmul_plain(A.data<T>(), B.data<T>(), Y.data<T>(), s, ir::strides_of(s.ad), ir::strides_of(s.bd));
+    matmul_plain(A.data<T>(), B.data<T>(), Y.data<T>(), s, as, bs);
   });
 }
 

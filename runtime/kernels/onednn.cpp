@@ -210,11 +210,39 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   key_add(os, bs);
   key_add(os, c_dims);
   auto amd = md(a.dims, idt, as), bmd = md(b.dims, idt, bs), cmd = md(c_dims, odt);
+  const bool strided = as != row_major(a.dims) || bs != row_major(b.dims);
   auto prim = get_or_build(os.str(), [&] {
-    return dnnl::primitive(dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(amd, bmd, cmd), engine())));
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), engine());
+    // A strided (transposed-view) operand that only oneDNN's reference code takes is
+    // copied dense below instead (the reference matmul is orders of magnitude slower).
+    if (strided && std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
+      throw dnnl::error(dnnl_unimplemented, "only the reference implementation takes these strides");
+    return dnnl::primitive(dnnl::matmul(pd));
   });
   if (prim->ok)
     return run(*prim, {{DNNL_ARG_SRC, mem(amd, a.data)}, {DNNL_ARG_WEIGHTS, mem(bmd, b.data)}, {DNNL_ARG_DST, mem(cmd, c)}});
+  if (strided && idt == Dt::f32) {
+    // Dense copies of the strided operands (oneDNN reorders), then the dense product.
+    std::vector<float> da, db;
+    auto densify = [&](const Operand& o, const std::vector<int64_t>& st, std::vector<float>& buf) -> Expected<Operand> {
+      if (st == row_major(o.dims)) return Operand{o.data, o.dims, {}};
+      buf.resize(static_cast<size_t>(numel(o.dims)));
+      const memory::desc from = md(o.dims, Dt::f32, st), to = md(o.dims, Dt::f32, {});
+      std::ostringstream key;
+      key << "reorder_dense";
+      key_add(key, o.dims);
+      key_add(key, st);
+      auto re = get_or_build(key.str(), [&] { return dnnl::primitive(dnnl::reorder(mem(from, o.data), mem(to, buf.data()))); });
+      if (!re->ok) return unimplemented("reorder", *re);
+      KILN_RETURN_IF_ERROR(run(*re, {{DNNL_ARG_FROM, mem(from, o.data)}, {DNNL_ARG_TO, mem(to, buf.data())}}));
+      return Operand{buf.data(), o.dims, {}};
+    };
+    auto a2 = densify(a, as, da);
+    if (!a2) return a2.status();
+    auto b2 = densify(b, bs, db);
+    if (!b2) return b2.status();
+    return matmul(*a2, *b2, c, c_dims, in_dt, out_dt);
+  }
   if (in_dt != ir::DType::bf16) return unimplemented("matmul", *prim);
   // bf16 without a bf16 implementation: f32 on converted copies, rounded on store.
   std::vector<float> fa, fb;

@@ -455,4 +455,28 @@ TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
   auto bad = run_kiln("bench " + model + data() + " --profile_by kernel", dir);
   EXPECT_EQ(bad.code, 2) << bad.out << bad.err;
   EXPECT_NE(bad.err.find("--profile_by"), std::string::npos) << bad.err;
+  // --profile_row_limit (implies --profile): N rows, then "(K other keys)"; 0 = every key.
+  auto rows = [](const std::string& out) {
+    const size_t sec = out.find("profile (compiled)"), end = out.find("\ntotal ", sec);
+    int n = 0;
+    for (size_t at = out.find("\n", out.find("-----", sec)); at != std::string::npos && at < end; at = out.find("\n", at + 1))
+      ++n;
+    return n;
+  };
+  const std::string by_node = "bench " + model + data() +
+                              " --per_device_train_batch_size 4 --backend compiled --bench_steps 1 --profile_by node";
+  auto two = run_kiln(by_node + " --profile_row_limit 2", dir);
+  ASSERT_EQ(two.code, 0) << two.err << two.out;
+  EXPECT_EQ(rows(two.out), 3) << two.out;  // 2 keys + "(N other keys)"
+  EXPECT_NE(two.out.find(" other keys)"), std::string::npos) << two.out;
+  auto all = run_kiln(by_node + " --profile_row_limit 0", dir);
+  ASSERT_EQ(all.code, 0) << all.err << all.out;
+  EXPECT_EQ(all.out.find(" other keys)"), std::string::npos) << all.out;
+  const size_t other = two.out.find(" other keys)");
+  const size_t open = two.out.rfind('(', other);
+  ASSERT_NE(open, std::string::npos) << two.out;
+  EXPECT_EQ(rows(all.out), 2 + std::atoi(two.out.c_str() + open + 1)) << all.out << two.out;  // every key
+  auto negative = run_kiln(by_node + " --profile_row_limit -1", dir);
+  EXPECT_EQ(negative.code, 2) << negative.out << negative.err;
+  EXPECT_NE(negative.err.find("--profile_row_limit"), std::string::npos) << negative.err;
 }

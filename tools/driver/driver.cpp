@@ -184,10 +184,11 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
 }
 
 const std::vector<std::string>& compiled_pipeline() {
-  // bf16 GEMMs widened to f32 on CPUs without native bf16 (gemm_widening); backward ops
-  // with row and column results split into a row op and column sums (decompose), which
-  // fusion then generates with the pointwise groups.
-  static const std::vector<std::string> p = {"gemm_widening", "decompose", "fusion"};
+  // bf16 GEMMs widened to f32 on CPUs without native bf16 (gemm_widening); Transposes
+  // feeding MatMul/Gemm operands read as strided operands, no copy (absorb_transpose);
+  // backward ops with row and column results split into a row op and column sums
+  // (decompose), which fusion then generates with the pointwise groups.
+  static const std::vector<std::string> p = {"gemm_widening", "absorb_transpose", "decompose", "fusion"};
   return p;
 }
 
