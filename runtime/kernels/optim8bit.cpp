@@ -96,9 +96,11 @@ class CodeFinder {
     return static_cast<uint8_t>(i);
   }
 #if defined(__x86_64__)
-  /// code(x) for 8 finite x in [-1, 1] (AVX2): the bucket's start code by one gather,
-  /// then max_steps_ threshold compares, each a gather of t_[i + 1] (a step past the
-  /// final code compares against the same threshold and stays). Equal to operator().
+  /// code(x) for 8 finite x in [-1, 1] (AVX2), equal to operator(). With packed_ (at
+  /// most one threshold per bucket): one packed entry per lane and an integer compare.
+  /// Otherwise the bucket's start code by a byte gather, then max_steps_ threshold
+  /// compares, each a gather of t_[i + 1] (a step past the final code compares against
+  /// the same threshold and stays).
   __attribute__((target("avx2"))) __m256i codes8(__m256 x) const {
     const __m256i bits = _mm256_castps_si256(x);
     const __m256i key =

@@ -457,11 +457,16 @@ TEST(Optim8bit, BadInputsAreErrors) {
 
 /// The quantize kernel's table-driven code search must pick exactly the code of the
 /// reference binary search (ir::nearest_code): checked at every map entry, every midpoint
-/// between neighbours and 1-2 ulp around both, and on random values, for both maps.
+/// between neighbours and 1-2 ulp around both, and on random values, for both dynamic
+/// maps and for a map whose entries cluster in [0.5, 0.5026] (many thresholds inside one
+/// table bucket: the kernels' general multi-step search, not the one-compare fast path).
 TEST(Optim8bit, KernelCodesEqualBinarySearchAtTiesAndRandomValues) {
   std::mt19937_64 rng(7);
-  for (bool is_signed : {true, false}) {
-    Tensor qmap = qmap_tensor(is_signed);
+  std::vector<float> clustered = {-1.f, 0.f};
+  for (int i = 0; i < 254; ++i) clustered.push_back(0.5f + 1e-5f * static_cast<float>(i));
+  for (int which = 0; which < 3; ++which) {
+    const bool is_signed = which != 1;
+    Tensor qmap = which == 2 ? Tensor::from_f32(clustered, {256}) : qmap_tensor(is_signed);
     const float* q = qmap.data<float>();
     std::vector<float> xs = {1.0f};  // absmax 1: the kernel then quantizes x / 1 = x
     auto around = [&](float v) {
@@ -495,7 +500,7 @@ TEST(Optim8bit, KernelCodesEqualBinarySearchAtTiesAndRandomValues) {
       ASSERT_EQ(r.absmax.data<float>()[i / 256], 1.0f);
       uint8_t want = ir::nearest_code(q, blocks[static_cast<size_t>(i)]);
       if (r.codes.data<uint8_t>()[i] != want && ++diffs < 5)
-        ADD_FAILURE() << (is_signed ? "signed" : "unsigned") << " x=" << blocks[static_cast<size_t>(i)]
+        ADD_FAILURE() << (which == 2 ? "clustered" : is_signed ? "signed" : "unsigned") << " x=" << blocks[static_cast<size_t>(i)]
                       << " kernel code " << int(r.codes.data<uint8_t>()[i]) << " reference " << int(want);
     }
     EXPECT_EQ(diffs, 0);
