@@ -188,7 +188,8 @@ Status Trainer::restore(const std::string& dir) {
     auto it = src.find(name);
     if (it == src.end())
       return Status::error("checkpoint '" + dir + "': missing tensor '" + name + "' (" + kind + ") in " +
-                           ((kind == "parameter" || kind == "buffer") ? "model" : "optimizer") + ".safetensors");
+                           ((kind == "parameter" || kind == "buffer") ? "model" : "optimizer") + ".safetensors" +
+                           (kind == "optimizer_state" ? " (was the checkpoint written with another --optim?)" : ""));
     if (!same_layout(it->second, cur))
       return Status::error("checkpoint '" + dir + "': tensor '" + name + "' is " + describe(it->second) +
                            ", the program expects " + describe(cur));

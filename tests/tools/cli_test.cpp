@@ -208,6 +208,14 @@ TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {
                                  " --output_dir " + out + " --resume_from_checkpoint latest", dir),
                         1, "is not state of this training program");
   EXPECT_TRUE(fs::exists(out + "/checkpoint-2/optimizer.safetensors"));
+  // The other direction: the program needs optimizer state the checkpoint lacks.
+  std::string sgd = dir + "/run_sgd";
+  auto s = run_kiln("train " + model + data() + " --optim sgd --per_device_train_batch_size 4 --max_steps 2"
+                    " --save_steps 2 --output_dir " + sgd, dir);
+  ASSERT_EQ(s.code, 0) << s.err << s.out;
+  expect_one_error_line(run_kiln("train " + model + data() + " --optim adamw_torch --per_device_train_batch_size 4"
+                                 " --max_steps 4 --output_dir " + sgd + " --resume_from_checkpoint latest", dir),
+                        1, "(optimizer_state) in optimizer.safetensors (was the checkpoint written with another --optim?)");
 }
 
 TEST_F(Cli, ConfigFileUnknownKeyAndFlagOverride) {

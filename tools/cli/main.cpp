@@ -308,6 +308,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
               int row_limit) {
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
+  if (row_limit < 0) throw Failure{2, "--profile_row_limit must be >= 0 (0: every row), got " + std::to_string(row_limit)};
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   // --backend eager,compiled and/or --remat_policy none,blocks: one program per variant
   // (backend x policy), their steps interleaved so that the machine's load falls on each
@@ -682,8 +683,7 @@ int real_main(int argc, char** argv) {
   int bench_row_limit = 25;
   bench->add_option("--profile_row_limit", bench_row_limit,
                     "rows of the profile table before one \"(N other keys)\" row; 0: every key (as the row_limit "
-                    "of torch.profiler's table)")
-      ->check(CLI::NonNegativeNumber);
+                    "of torch.profiler's table)");
   auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters, ops and FLOPs of a model");
   std::string inspect_model;
   std::vector<std::string> inspect_shape;
