@@ -162,6 +162,23 @@ Status unimplemented(const char* what, const Cached& c) {
   return Status::error(std::string("oneDNN has no ") + what + " implementation: " + c.why);
 }
 
+/// A row-major f32 copy of operand `o` read with element `strides`, by a cached oneDNN
+/// reorder into `buf` (resized; the returned operand points into it), or `o` itself when
+/// the strides are already row-major. Errors: oneDNN has no reorder for the layout.
+Expected<Operand> dense_f32_copy(const Operand& o, const std::vector<int64_t>& strides, std::vector<float>& buf) {
+  if (strides == row_major(o.dims)) return Operand{o.data, o.dims, {}};
+  buf.resize(static_cast<size_t>(numel(o.dims)));
+  const memory::desc from = md(o.dims, Dt::f32, strides), to = md(o.dims, Dt::f32, {});
+  std::ostringstream key;
+  key << "reorder_dense";
+  key_add(key, o.dims);
+  key_add(key, strides);
+  auto re = get_or_build(key.str(), [&] { return dnnl::primitive(dnnl::reorder(mem(from, o.data), mem(to, buf.data()))); });
+  if (!re->ok) return unimplemented("reorder", *re);
+  KILN_RETURN_IF_ERROR(run(*re, {{DNNL_ARG_FROM, mem(from, o.data)}, {DNNL_ARG_TO, mem(to, buf.data())}}));
+  return Operand{buf.data(), o.dims, {}};
+}
+
 }  // namespace
 
 std::vector<float> bf16_to_f32(const void* src, int64_t n) {
@@ -189,16 +206,8 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   if (a.dims.size() == 2 && idt == Dt::f32 && a.strides == std::vector<int64_t>{1, a.dims[0]} && a.dims[0] >= 512 &&
       c_dims.back() <= 384 && a.dims[0] * a.dims[1] * c_dims.back() >= (int64_t{1} << 24)) {
     thread_local std::vector<float> dense;
-    dense.resize(static_cast<size_t>(a.dims[0] * a.dims[1]));
-    const memory::desc from = md(a.dims, Dt::f32, a.strides), to = md(a.dims, Dt::f32, {});
-    std::ostringstream key;
-    key << "reorder_t";
-    key_add(key, a.dims);
-    auto re = get_or_build(key.str(), [&] { return dnnl::primitive(dnnl::reorder(mem(from, a.data), mem(to, dense.data()))); });
-    if (re->ok) {
-      KILN_RETURN_IF_ERROR(run(*re, {{DNNL_ARG_FROM, mem(from, a.data)}, {DNNL_ARG_TO, mem(to, dense.data())}}));
-      return matmul(Operand{dense.data(), a.dims, {}}, b, c, c_dims, in_dt, out_dt);
-    }
+    auto a2 = dense_f32_copy(a, a.strides, dense);
+    if (a2) return matmul(*a2, b, c, c_dims, in_dt, out_dt);
   }
   std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
   std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
@@ -224,22 +233,9 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   if (strided && idt == Dt::f32) {
     // Dense copies of the strided operands (oneDNN reorders), then the dense product.
     std::vector<float> da, db;
-    auto densify = [&](const Operand& o, const std::vector<int64_t>& st, std::vector<float>& buf) -> Expected<Operand> {
-      if (st == row_major(o.dims)) return Operand{o.data, o.dims, {}};
-      buf.resize(static_cast<size_t>(numel(o.dims)));
-      const memory::desc from = md(o.dims, Dt::f32, st), to = md(o.dims, Dt::f32, {});
-      std::ostringstream key;
-      key << "reorder_dense";
-      key_add(key, o.dims);
-      key_add(key, st);
-      auto re = get_or_build(key.str(), [&] { return dnnl::primitive(dnnl::reorder(mem(from, o.data), mem(to, buf.data()))); });
-      if (!re->ok) return unimplemented("reorder", *re);
-      KILN_RETURN_IF_ERROR(run(*re, {{DNNL_ARG_FROM, mem(from, o.data)}, {DNNL_ARG_TO, mem(to, buf.data())}}));
-      return Operand{buf.data(), o.dims, {}};
-    };
-    auto a2 = densify(a, as, da);
+    auto a2 = dense_f32_copy(a, as, da);
     if (!a2) return a2.status();
-    auto b2 = densify(b, bs, db);
+    auto b2 = dense_f32_copy(b, bs, db);
     if (!b2) return b2.status();
     return matmul(*a2, *b2, c, c_dims, in_dt, out_dt);
   }

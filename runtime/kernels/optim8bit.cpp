@@ -380,21 +380,6 @@ __attribute__((target("avx2"))) void adam8bit_block_avx2(const AdamConsts& k, co
     xm = a > xm ? a : xm;
     xv = c > xv ? c : xv;
   }
-  const bool fast_m = !nm && xm > 0.f && std::isfinite(xm), fast_v = !nv && xv > 0.f && std::isfinite(xv);
-  if (fast_m && fast_v) {  // both moments' codes in one loop: two independent gather chains
-    const __m256 dm = _mm256_set1_ps(xm), dv = _mm256_set1_ps(xv);
-    uint8_t* __restrict c1 = t.q1o + lo;
-    uint8_t* __restrict c2 = t.q2o + lo;
-    int64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-      store_codes8(fs.codes8(_mm256_div_ps(_mm256_loadu_ps(m + i), dm)), c1 + i);
-      store_codes8(fu.codes8(_mm256_div_ps(_mm256_loadu_ps(v + i), dv)), c2 + i);
-    }
-    for (; i < len; ++i) c1[i] = fs(m[i] / xm), c2[i] = fu(v[i] / xv);
-    t.a1o[b] = xm;
-    t.a2o[b] = xv;
-    return;
-  }
   t.a1o[b] = quantize_block_avx2(m, len, xm, nm, fs, zs, t.q1o + lo);
   t.a2o[b] = quantize_block_avx2(v, len, xv, nv, fu, zu, t.q2o + lo);
 }

@@ -200,22 +200,23 @@ TEST_F(Cli, BenchRematPolicyList) {
 /// Resuming with another optimizer would drop the checkpoint's optimizer state: refused,
 /// and the checkpoint stays.
 TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {
+  // Trains 2 steps with `first` into `out`, then resumes with `second`: one error line.
+  auto refused = [&](const std::string& first, const std::string& second, const std::string& out,
+                     const std::string& expected) {
+    auto r = run_kiln("train " + model + data() + " --optim " + first + " --per_device_train_batch_size 4 --max_steps 2"
+                      " --save_steps 2 --output_dir " + out, dir);
+    ASSERT_EQ(r.code, 0) << r.err << r.out;
+    expect_one_error_line(run_kiln("train " + model + data() + " --optim " + second +
+                                   " --per_device_train_batch_size 4 --max_steps 4 --output_dir " + out +
+                                   " --resume_from_checkpoint latest", dir),
+                          1, expected);
+  };
   std::string out = dir + "/run";
-  auto r = run_kiln("train " + model + data() + " --optim adamw_torch --per_device_train_batch_size 4 --max_steps 2"
-                    " --save_steps 2 --output_dir " + out, dir);
-  ASSERT_EQ(r.code, 0) << r.err << r.out;
-  expect_one_error_line(run_kiln("train " + model + data() + " --optim sgd --per_device_train_batch_size 4 --max_steps 4"
-                                 " --output_dir " + out + " --resume_from_checkpoint latest", dir),
-                        1, "is not state of this training program");
+  refused("adamw_torch", "sgd", out, "is not state of this training program");
   EXPECT_TRUE(fs::exists(out + "/checkpoint-2/optimizer.safetensors"));
   // The other direction: the program needs optimizer state the checkpoint lacks.
-  std::string sgd = dir + "/run_sgd";
-  auto s = run_kiln("train " + model + data() + " --optim sgd --per_device_train_batch_size 4 --max_steps 2"
-                    " --save_steps 2 --output_dir " + sgd, dir);
-  ASSERT_EQ(s.code, 0) << s.err << s.out;
-  expect_one_error_line(run_kiln("train " + model + data() + " --optim adamw_torch --per_device_train_batch_size 4"
-                                 " --max_steps 4 --output_dir " + sgd + " --resume_from_checkpoint latest", dir),
-                        1, "(optimizer_state) in optimizer.safetensors (was the checkpoint written with another --optim?)");
+  refused("sgd", "adamw_torch", dir + "/run_sgd",
+          "(optimizer_state) in optimizer.safetensors (was the checkpoint written with another --optim?)");
 }
 
 TEST_F(Cli, ConfigFileUnknownKeyAndFlagOverride) {
