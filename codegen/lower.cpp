@@ -178,7 +178,7 @@ Expected<Kernel> lower_fused(const Node& fused) {
     for (size_t o = 0; o < outs.size(); ++o) {
       if (k.exprs[outs[o]].dtype != n->outputs[o]->dtype)
         return fail("node '" + n->name + "': rule result " + std::to_string(o) + " does not match the output dtype");
-      if (!(n->outputs[o]->shape == dom_shape) && !(is_row && o > 0))
+      if (!(n->outputs[o]->shape == dom_shape) && !is_row)
         return fail("node '" + n->name + "' output shape " + n->outputs[o]->shape.to_string() +
                     " differs from the domain " + dom_shape.to_string());
       env[n->outputs[o]] = outs[o];

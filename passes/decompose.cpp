@@ -16,6 +16,11 @@
 //   SoftmaxCrossEntropyLossGrad(dLoss, scores (N, C), labels (N)) becomes a Softmax with a
 //   one-hot epilogue (see decompose_sce_grad): one row kernel after fusion.
 //
+//   SoftmaxCrossEntropyLoss(scores (N, C), labels (N)) -> loss becomes CheckLabels, the
+//   per-row SoftmaxCrossEntropyRows (one row kernel: no (N, C) log-probabilities are
+//   written) and its sum in f64 (see decompose_sce): cross_entropy = nll(log_softmax) as
+//   PyTorch defines it, fused the way Inductor fuses it.
+//
 // The new nodes take the place of the original node in the schedule (same position, in
 // order dX, dScale, dB), named "<node>/input", "<node>/dscale/...", "<node>/dbias/...".
 // Recurses into loop bodies (AccumulationLoop).
@@ -189,6 +194,77 @@ Status decompose_sce_grad(Graph& g, Graph& root, Node* n) {
   return Status::ok();
 }
 
+/// Eligible SoftmaxCrossEntropyLoss: scores (N, C) float, labels (N) i64/i32, no
+/// weights, static shapes, no log_prob output read.
+bool decomposable_sce(const Graph& g, const Node& n) {
+  if (!static_node(n, "SoftmaxCrossEntropyLoss", 2) || n.num_outputs() < 1) return false;
+  for (int k = 1; k < n.num_outputs(); ++k)
+    if (used(g, n.outputs[k])) return false;
+  const Value* x = n.inputs[0];
+  const Value* l = n.inputs[1];
+  return is_float(x->dtype) && x->shape.rank() == 2 && (l->dtype == DType::i64 || l->dtype == DType::i32) &&
+         l->shape.rank() == 1 && x->shape.dims[0].value == l->shape.dims[0].value && x->shape.numel() > 0;
+}
+
+/// SoftmaxCrossEntropyLoss(scores, labels) becomes, in f64 after the row kernel (as the
+/// eager kernel, which sums the per-row losses in double in row order):
+///   checked = CheckLabels(labels)                                         (the eager check)
+///   rows    = SoftmaxCrossEntropyRows(scores, Reshape(checked, (N, 1)), iota(C))  (N, 1) f64
+///   none: Cast(Reshape(rows, (N)));  sum: Cast(ReduceSum(rows));
+///   mean: Cast(ReduceSum(rows) / count), count = the labels != ignore_index (N without it)
+/// A mean over zero counted labels is 0/0 = NaN, as the eager kernel and PyTorch.
+Status decompose_sce(Graph& g, Graph& root, Node* n) {
+  const std::string name = n->name;
+  Value* X = n->inputs[0];
+  Value* L = n->inputs[1];
+  const Attributes attrs = n->attrs;
+  Value* old = n->outputs[0];
+  const std::string out_name = old->name;
+  const DType t = old->dtype;
+  const int64_t N = X->shape.dims[0].value, C = X->shape.dims[1].value;
+  const std::string reduction = attrs.get_string("reduction", "mean");
+  const bool has_ignore = attrs.has("ignore_index");
+  const int64_t ignore = attrs.get_int("ignore_index", -100);
+  g.remove_node(n);
+
+  Builder b(g, name);
+  b.set_constant_graph(&root);
+  const DType f = DType::f64;
+  Attributes ca;
+  ca.set("num_classes", C);
+  Attributes ra;
+  if (has_ignore) {
+    ca.set("ignore_index", ignore);
+    ra.set("ignore_index", ignore);
+  }
+  Value* checked = b.op("CheckLabels", {L}, ca);
+  std::vector<int64_t> iota(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) iota[static_cast<size_t>(c)] = c;
+  Value* rows = checked ? b.op("SoftmaxCrossEntropyRows", {X, b.op("Reshape", {checked, b.ints({N, 1})}), b.ints(iota)}, ra)
+                        : nullptr;
+  Value* res = nullptr;  // f64: (N) for none, else rank 0
+  if (rows && reduction == "none") {
+    res = b.op("Reshape", {rows, b.ints({N})});
+  } else if (rows) {
+    res = b.op("ReduceSum", {rows, b.ints({0, 1})}, make_attrs({{"keepdims", int64_t(0)}}));
+    if (res && reduction == "mean") {
+      Value* count = b.scalar(static_cast<double>(N), f);
+      if (has_ignore) {
+        Value* ig = b.ints({ignore});
+        if (L->dtype != DType::i64) ig = b.op("Cast", {ig}, cast_to(L->dtype));
+        Value* valid = b.op("Not", {b.op("Equal", {L, ig})});
+        count = b.op("ReduceSum", {b.op("Cast", {valid}, cast_to(f)), b.ints({0})}, make_attrs({{"keepdims", int64_t(0)}}));
+      }
+      res = count ? b.op("Div", {res, count}) : nullptr;
+    }
+  }
+  Value* out = res ? b.op("Cast", {res}, cast_to(t), out_name) : nullptr;
+  KILN_RETURN_IF_ERROR(b.status());
+  if (!out) return Status::error("decompose: node '" + name + "' could not be rewritten");
+  g.replace_all_uses(old, out);
+  return Status::ok();
+}
+
 /// Decomposes the eligible nodes of `g` and of its loop bodies; constants go to `root`.
 int decompose_graph(Graph& g, Graph& root, Status& st) {
   int count = 0;
@@ -197,12 +273,14 @@ int decompose_graph(Graph& g, Graph& root, Status& st) {
       for (auto& r : n->regions) count += decompose_graph(*r, root, st);
   std::vector<Node*> targets;
   for (auto& n : g.nodes())
-    if (decomposable_ln_grad(*n) || decomposable_sce_grad(*n)) targets.push_back(n.get());
+    if (decomposable_ln_grad(*n) || decomposable_sce_grad(*n) || decomposable_sce(g, *n)) targets.push_back(n.get());
   for (Node* n : targets) {
     if (!st.is_ok()) return count;
     const auto pos = static_cast<std::ptrdiff_t>(g.index_of(n));
     const auto appended_from = static_cast<std::ptrdiff_t>(g.nodes().size()) - 1;  // n is removed
-    st = n->op == "LayerNormalizationGrad" ? decompose_ln_grad(g, root, n) : decompose_sce_grad(g, root, n);
+    st = n->op == "LayerNormalizationGrad"        ? decompose_ln_grad(g, root, n)
+         : n->op == "SoftmaxCrossEntropyLossGrad" ? decompose_sce_grad(g, root, n)
+                                                  : decompose_sce(g, root, n);
     if (!st.is_ok()) return count;
     // The appended nodes (everything after the original last node) go to its position.
     auto& nodes = g.mutable_nodes();

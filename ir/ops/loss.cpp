@@ -9,6 +9,15 @@
 // without weights), as the ONNX spec and PyTorch do.
 // Gradient rules emit SoftmaxCrossEntropyLossGrad / NegativeLogLikelihoodLossGrad
 // (onnx = false, not differentiable), which recompute softmax from the scores.
+//
+// Two kiln-internal ops carry the forward SoftmaxCrossEntropyLoss of the compiled
+// pipeline (passes/decompose.cpp), so that its row work is one generated kernel:
+//   CheckLabels(labels) -> labels: the labels unchanged; an error names a label outside
+//       [0, num_classes) that is not ignore_index (the eager loss kernels' check).
+//   SoftmaxCrossEntropyRows(scores (N, C), labels (N, 1), classes (C) = 0..C-1)
+//       -> row_loss (N, 1) f64: log(sum_c exp(scores[n, c])) - scores[n, labels[n]] with
+//       the row max subtracted first, 0 where labels[n] == ignore_index. A row op
+//       (OpDef::row): max, then the sum of exp and the label's score in one pass.
 #include "ir/op_table.h"
 
 namespace kiln::ir {
@@ -110,6 +119,58 @@ OpDef loss_def(const char* name, const char* doc, int min_in, int max_in, int ma
   return d;
 }
 
+// ---- CheckLabels / SoftmaxCrossEntropyRows (see the header)
+
+Status infer_check_labels(InferContext& c) {
+  if (!c.has_input(0) || !(c.in[0].dtype == DType::i64 || c.in[0].dtype == DType::i32))
+    return c.fail("labels must be i64 or i32");
+  if (!c.attrs().has("num_classes") || c.attrs().get_int("num_classes", 0) < 1)
+    return c.fail("attribute num_classes must be >= 1");
+  c.out[0] = c.in[0];
+  return Status::ok();
+}
+
+Status infer_sce_rows(InferContext& c) {
+  if (!c.has_input(0) || !is_float(c.in[0].dtype) || c.in[0].shape.rank() != 2)
+    return c.fail("scores must be a float (N, C) tensor");
+  for (int i : {1, 2})
+    if (!c.has_input(i) || !(c.in[i].dtype == DType::i64 || c.in[i].dtype == DType::i32))
+      return c.fail(std::string(i == 1 ? "labels" : "classes") + " must be i64 or i32");
+  const Shape& s = c.in[0].shape;
+  const Shape& l = c.in[1].shape;
+  const Shape& k = c.in[2].shape;
+  if (l.rank() != 2 || dims_conflict(l.dims[0], s.dims[0]) || !(l.dims[1].is_static() && l.dims[1].value == 1))
+    return c.fail("labels must be (N, 1) for scores " + s.to_string() + ", got " + l.to_string());
+  if (k.rank() != 1 || dims_conflict(k.dims[0], s.dims[1]))
+    return c.fail("classes must be (C) for scores " + s.to_string() + ", got " + k.to_string());
+  c.out[0] = {DType::f64, Shape({s.dims[0], Dim(1)})};
+  return Status::ok();
+}
+
+/// Row rule of SoftmaxCrossEntropyRows over the class dim: the max, then exp(x - max)
+/// in the scores' compute type (f32 for f32/bf16/f16, as the Softmax row rule) summed in
+/// f64, and the label's x - max picked by comparing the class index with the label.
+Status sce_rows_row(ScalarBuilder& b, std::vector<ScalarBuilder::Ref>& outs) {
+  using Ref = ScalarBuilder::Ref;
+  const Node& n = b.node();
+  const DType t = b.dtype(b.input(0)), ct = t == DType::f64 ? DType::f64 : DType::f32, wt = DType::f64;
+  auto widen = [&](Ref v, DType d) { return b.dtype(v) == d ? v : b.apply(ScalarOp::cast, {v}, d); };
+  Ref x = widen(b.input(0), ct);
+  Ref z = b.apply(ScalarOp::sub, {x, b.reduce(ScalarOp::max, x)}, ct);
+  Ref s = b.reduce(ScalarOp::add, widen(b.apply(ScalarOp::exp, {z}, ct), wt));
+  Ref label = widen(b.input(1), DType::i64);
+  Ref hit = b.apply(ScalarOp::eq, {widen(b.input(2), DType::i64), label}, DType::boolean);
+  Ref picked = b.reduce(ScalarOp::add, b.apply(ScalarOp::select, {hit, widen(z, wt), b.constant(0.0, wt)}, wt));
+  Ref loss = b.apply(ScalarOp::sub, {b.apply(ScalarOp::log, {s}, wt), picked}, wt);
+  if (n.attrs.has("ignore_index")) {
+    Ref ignored = b.apply(ScalarOp::eq, {label, b.constant(double(n.attrs.get_int("ignore_index", 0)), DType::i64)},
+                          DType::boolean);
+    loss = b.apply(ScalarOp::select, {ignored, b.constant(0.0, wt), loss}, wt);
+  }
+  outs = {loss};
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_loss_ops(OpTable& t) {
@@ -136,6 +197,22 @@ void register_loss_ops(OpTable& t) {
                       4, 1, infer_loss_grad);
   ng.onnx = false;
   t.add(std::move(ng));
+
+  OpDef cl = make_op("CheckLabels",
+                  "kiln: the labels unchanged; error at a label outside [0, num_classes) that is not ignore_index", 1, 1,
+                  infer_check_labels, PrecisionPolicy::follow_inputs, FusionClass::opaque);
+  cl.attrs = {{"num_classes", AttrKind::i}, {"ignore_index", AttrKind::i}};
+  cl.onnx = false;
+  t.add(std::move(cl));
+  OpDef rows = make_op("SoftmaxCrossEntropyRows",
+                    "kiln: per-row cross entropy log(sum(exp(scores))) - scores[label] (0 at ignore_index) from "
+                    "(scores (N, C), labels (N, 1), classes (C)), f64",
+                    3, 3, infer_sce_rows, PrecisionPolicy::fp32, FusionClass::reduction);
+  rows.attrs = {{"ignore_index", AttrKind::i}};
+  rows.onnx = false;
+  rows.row = sce_rows_row;
+  rows.row_dims = [](const Node&) -> Expected<std::vector<int>> { return std::vector<int>{1}; };
+  t.add(std::move(rows));
 }
 
 }  // namespace kiln::ir

@@ -8,6 +8,7 @@
 // naming the node.
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "runtime/kernels/kernels.h"
@@ -193,10 +194,68 @@ Status nll_grad_kernel(KernelContext& ctx) {
   return Status::ok();
 }
 
+/// The label check of setup(), alone: labels (any shape) against [0, num_classes) with
+/// ignore_index exempt. Returns the error of the first bad label.
+Status check_label_range(const KernelContext& ctx, const Tensor& L, int64_t C) {
+  const bool has_ignore = ctx.attrs().has("ignore_index");
+  const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);
+  for (int64_t i = 0; i < L.numel(); ++i) {
+    const int64_t l = L.get_i64(i);
+    if (has_ignore && l == ignore) continue;
+    if (l < 0 || l >= C)
+      return ctx.fail("label " + std::to_string(l) + " at position " + std::to_string(i) + " is outside [0, " +
+                      std::to_string(C) + ")");
+  }
+  return Status::ok();
+}
+
+Status check_labels_kernel(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_label_range(ctx, ctx.in(0), ctx.attrs().get_int("num_classes", 0)));
+  std::memcpy(ctx.out(0).raw(), ctx.in(0).raw(), ctx.in(0).nbytes());
+  return Status::ok();
+}
+
+/// SoftmaxCrossEntropyRows: per row, log(sum exp(x - max)) minus the sum of (x - max)
+/// over the classes c with classes[c] == label (the one x[label] - max for classes =
+/// 0..C-1, as the generated row rule computes it), in double.
+Status sce_rows_kernel(KernelContext& ctx) {
+  const Tensor& X = ctx.in(0);
+  const Tensor& L = ctx.in(1);
+  const int64_t N = X.dim(0), C = X.dim(1);
+  if (L.numel() != N) return ctx.fail("labels " + ir::dims_to_string(L.dims()) + " do not match scores");
+  if (ctx.in(2).numel() != C) return ctx.fail("classes " + ir::dims_to_string(ctx.in(2).dims()) + " do not match scores");
+  const std::vector<int64_t> classes = ctx.in(2).to_i64_vector();
+  KILN_RETURN_IF_ERROR(check_label_range(ctx, L, C));
+  const bool has_ignore = ctx.attrs().has("ignore_index");
+  const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);
+  double* out = ctx.out(0).data<double>();
+  return dispatch_float(ctx, X.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = X.data<T>();
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t l = L.get_i64(n);
+      if (has_ignore && l == ignore) {
+        out[n] = 0.0;
+        continue;
+      }
+      double m = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (int64_t c = 0; c < C; ++c) m = std::max(m, ld(x, n * C + c));
+      for (int64_t c = 0; c < C; ++c) sum += std::exp(ld(x, n * C + c) - m);
+      double picked = 0;
+      for (int64_t c = 0; c < C; ++c)
+        if (classes[static_cast<size_t>(c)] == l) picked += ld(x, n * C + c) - m;
+      out[n] = std::log(sum) - picked;
+    }
+  });
+}
+
 }  // namespace
 
 void register_loss_kernels(ir::OpTable& t) {
   set_kernel(t, "SoftmaxCrossEntropyLoss", sce_kernel);
+  set_kernel(t, "CheckLabels", check_labels_kernel);
+  set_kernel(t, "SoftmaxCrossEntropyRows", sce_rows_kernel);
   set_kernel(t, "NegativeLogLikelihoodLoss", nll_kernel);
   set_kernel(t, "SoftmaxCrossEntropyLossGrad", sce_grad_kernel);
   set_kernel(t, "NegativeLogLikelihoodLossGrad", nll_grad_kernel);

@@ -8,7 +8,8 @@
 //                1e-6 relative for transcendentals (same libm, but LLVM may pick
 //                another libm entry point), sums bit-identical (both accumulate in double);
 //   bf16:        at most one bf16 ulp (2^-8 relative) apart;
-//   row ops (Softmax family, LayerNormalization; one "row" kernel each): the eager
+//   row ops (Softmax family, LayerNormalization, the per-row cross entropy; one "row"
+//                kernel each; a row op's dtype here is its input's): the eager
 //                kernels compute in double, the generated ones in f32 with double
 //                sums: 1e-5 relative in f32, 1e-12 in f64, one bf16 ulp in bf16.
 // Each case also checks that the compiled program really has a generated kernel.
@@ -129,6 +130,15 @@ std::vector<OpCase> cases() {
       r.row = true;
       v.push_back(r);
     }
+    {
+      // The per-row cross entropy of the decomposed forward loss (passes/decompose.cpp):
+      // (scores (N, C), labels (N, 1), classes 0..C-1), f64 result; feeds set below.
+      OpCase r{"SoftmaxCrossEntropyRows", dt, {dt, DType::i64, DType::i64}, {{5, 6}, {5, 1}, {6}}, {}, -4, 4, true};
+      r.row = true;
+      v.push_back(r);
+      r.attrs.set("ignore_index", int64_t(3));  // rows whose label is 3 give 0
+      v.push_back(r);
+    }
   }
   for (const char* op : {"And", "Or", "Xor"})
     v.push_back({op, DType::boolean, {DType::boolean, DType::boolean}, {full, mid}, {}, 0, 1});
@@ -156,6 +166,10 @@ TEST_P(OpsCompiled, MatchesEager) {
     const std::string n = "x" + std::to_string(i);
     ins.push_back(g.add_input(n, c.in_dtypes[i], ir::Shape::of(c.dims[i])));
     feeds[n] = random_tensor(c.in_dtypes[i], c.dims[i], c.lo, c.hi, 1000 + i);
+  }
+  if (c.op == "SoftmaxCrossEntropyRows") {  // labels in [0, C), classes 0..C-1
+    for (int64_t i = 0; i < 5; ++i) feeds["x1"].set_f64(i, static_cast<double>((i * 2) % 6));
+    for (int64_t i = 0; i < 6; ++i) feeds["x2"].set_f64(i, static_cast<double>(i));
   }
   if (c.op == "ReduceSum") {
     // Bias-gradient shape: sum over the leading dims of x*x, keepdims 0.

@@ -1,5 +1,6 @@
-// decompose pass (passes/decompose.cpp): LayerNormalizationGrad and
-// SoftmaxCrossEntropyLossGrad split into ops the fusion pass generates. Each case runs
+// decompose pass (passes/decompose.cpp): LayerNormalizationGrad,
+// SoftmaxCrossEntropyLossGrad and the forward SoftmaxCrossEntropyLoss split into ops the
+// fusion pass generates. Each case runs
 // the original node (eager kernel), the decomposed graph (eager kernels of its ops) and
 // the decomposed graph after fusion with generated kernels, against a float64 reference
 // computed here from the formulas (PyTorch's layer_norm backward; softmax minus one-hot
@@ -203,6 +204,123 @@ TEST(Decompose, AllLabelsIgnoredGiveZeroGradientNotNaN) {
   ASSERT_EQ(res.size(), 3u);
   for (auto& r : res)
     for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(r.at("dX").get_f64(i), 0.0) << i;
+}
+
+/// Forward cross entropy for one reduction against a float64 reference (log-sum-exp
+/// with the max subtracted, minus the label's score; ignored labels excluded from the
+/// sum and the count). Also checks that after fusion the per-row part is a generated
+/// row kernel (no eager loss node is left).
+void check_sce(const std::string& reduction, int64_t N, int64_t C, bool ignore, DType label_dtype = DType::i64) {
+  SCOPED_TRACE(reduction + " N=" + std::to_string(N) + " C=" + std::to_string(C) + " labels " +
+               ir::dtype_name(label_dtype));
+  ir::Graph g;
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({N, C}));
+  ir::Value* l = g.add_input("labels", label_dtype, ir::Shape::of({N}));
+  ir::Attributes a;
+  a.set("reduction", reduction);
+  if (ignore) a.set("ignore_index", int64_t(-100));
+  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  std::mt19937_64 rng(11);
+  ir::Tensor labels(label_dtype, {N});
+  for (int64_t i = 0; i < N; ++i) labels.set_f64(i, ignore && i % 4 == 2 ? -100.0 : static_cast<double>(rng() % C));
+  // Scores up to about +-40: exp without the max subtracted would lose the small terms.
+  std::map<std::string, ir::Tensor> feeds = {{"X", random_f32({N, C}, 8, 10.0)}, {"labels", labels}};
+  auto res = run_three_ways(g, feeds, "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyRows");
+  ASSERT_EQ(res.size(), 3u);
+
+  const ir::Tensor& X = feeds["X"];
+  std::vector<double> per_row(N, 0.0);
+  double total = 0, count = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    const int64_t lab = labels.get_i64(r);
+    if (ignore && lab == -100) continue;
+    double m = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, X.get_f64(r * C + c));
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(X.get_f64(r * C + c) - m);
+    per_row[r] = std::log(sum) + m - X.get_f64(r * C + lab);
+    total += per_row[r];
+    count += 1;
+  }
+  std::vector<double> ref = reduction == "none" ? per_row
+                            : reduction == "sum" ? std::vector<double>{total}
+                                                 : std::vector<double>{total / count};
+  const char* way[] = {"original", "decomposed eager", "decomposed compiled"};
+  for (int w = 0; w < 3; ++w) expect_close(res[w].at("loss"), ref, 1e-5, std::string(way[w]) + " loss");
+}
+
+TEST(Decompose, SoftmaxCrossEntropyLossMatchesFloat64Reference) {
+  for (const char* r : {"mean", "sum", "none"}) check_sce(r, 37, 11, true);
+  check_sce("mean", 16, 10, false);
+  check_sce("mean", 64, 300, true, DType::i32);
+  check_sce("sum", 512, 256, true);
+}
+
+TEST(Decompose, SoftmaxCrossEntropyLossRowsAreOneGeneratedRowKernel) {
+  ir::Graph g;
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({8, 50}));
+  ir::Value* l = g.add_input("labels", DType::i64, ir::Shape::of({8}));
+  ir::Attributes a;
+  a.set("ignore_index", int64_t(-100));
+  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  passes::PassContext ctx;
+  ctx.verify_each = true;
+  ASSERT_TRUE(passes::run_pipeline(g, {"decompose", "fusion"}, ctx).is_ok());
+  int row_kernels_with_loss = 0;
+  for (auto& n : g.nodes()) {
+    EXPECT_NE(n->op, "SoftmaxCrossEntropyRows") << "the per-row loss was left to its eager kernel";
+    if (n->op == "FusedKernel" && n->attrs.get_string("kind", "") == "row")
+      for (auto& m : n->regions[0]->nodes()) row_kernels_with_loss += m->op == "SoftmaxCrossEntropyRows";
+  }
+  EXPECT_EQ(row_kernels_with_loss, 1);
+}
+
+TEST(Decompose, SoftmaxCrossEntropyLossBadLabelIsAnErrorCompiledToo) {
+  // The eager loss kernel rejects a label outside [0, C); the decomposed and generated
+  // forms must too (CheckLabels), never index past the row.
+  ir::Graph g;
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({4, 5}));
+  ir::Value* l = g.add_input("labels", DType::i64, ir::Shape::of({4}));
+  ir::Attributes a;
+  a.set("ignore_index", int64_t(-100));
+  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  passes::PassContext ctx;
+  ASSERT_TRUE(passes::run_pipeline(g, {"decompose", "fusion"}, ctx).is_ok());
+  auto prog = codegen::compile_graph_cpu(g);
+  ASSERT_TRUE(prog) << prog.message();
+  runtime::RunOptions ro;
+  ro.program = prog->get();
+  for (double bad : {5.0, -1.0}) {
+    ir::Tensor labels(DType::i64, {4});
+    labels.set_f64(0, 1);
+    labels.set_f64(1, -100);
+    labels.set_f64(2, bad);
+    labels.set_f64(3, 0);
+    auto r = runtime::run_graph(g, {{"X", random_f32({4, 5}, 3)}, {"labels", labels}}, ro);
+    ASSERT_FALSE(r) << "label " << bad << " accepted";
+    EXPECT_NE(r.message().find("label " + std::to_string(static_cast<int>(bad)) + " at position 2 is outside [0, 5)"),
+              std::string::npos)
+        << r.message();
+    EXPECT_NE(r.message().find("sce"), std::string::npos) << "the message names the loss node: " << r.message();
+  }
+}
+
+TEST(Decompose, SoftmaxCrossEntropyLossAllIgnoredMeanIsNaNAsEager) {
+  ir::Graph g;
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({3, 4}));
+  ir::Value* l = g.add_input("labels", DType::i64, ir::Shape::of({3}));
+  ir::Attributes a;
+  a.set("ignore_index", int64_t(-100));
+  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  ir::Tensor labels(DType::i64, {3});
+  for (int64_t i = 0; i < 3; ++i) labels.set_f64(i, -100.0);
+  auto res = run_three_ways(g, {{"X", random_f32({3, 4}, 2)}, {"labels", labels}}, "SoftmaxCrossEntropyLoss",
+                            "SoftmaxCrossEntropyRows");
+  ASSERT_EQ(res.size(), 3u);
+  for (auto& r : res) EXPECT_TRUE(std::isnan(r.at("loss").get_f64(0)));
 }
 
 }  // namespace
