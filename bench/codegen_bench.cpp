@@ -204,6 +204,27 @@ Kernel gelu_kernel(int64_t n) {
   return b.k;
 }
 
+/// The cross-entropy gradient row kernel as passes/decompose.cpp and the fusion pass
+/// build it for the tiny GPT (rows = batch * seq, cols = vocab): p = Softmax(Cast(x, f64))
+/// with exp in f64, dx = Cast(p * coef - Where(class == label, coef, 0), f32).
+Kernel cross_entropy_grad_kernel(int64_t rows, int64_t cols) {
+  KB b("bench_ce_grad", {rows, cols}, {false, true});
+  const DType f64 = DType::f64;
+  int cls = b.k.add_load(b.k.add_param("classes", DType::i64, {0, 1}));
+  int lab = b.k.add_load(b.k.add_param("labels", DType::i64, {1, 0}));
+  int x = b.k.add_op(ScalarOp::cast, {b.load(b.param("x", {cols, 1}))}, f64);
+  int coef = b.k.add_load(b.k.add_param("coef", f64, {1, 0}));
+  int mx = b.k.add_reduce(ReduceKind::max, x);
+  int e = b.k.add_op(ScalarOp::exp, {b.k.add_op(ScalarOp::sub, {x, mx}, f64)}, f64);
+  int inv = b.k.add_op(ScalarOp::div, {b.k.add_constant(1.0, f64), b.k.add_reduce(ReduceKind::sum, e)}, f64);
+  int p = b.k.add_op(ScalarOp::mul, {e, inv}, f64);
+  int hit = b.k.add_op(ScalarOp::eq, {cls, lab}, DType::boolean);
+  int onehot = b.k.add_op(ScalarOp::select, {hit, coef, b.k.add_constant(0.0, f64)}, f64);
+  int dx = b.k.add_op(ScalarOp::sub, {b.k.add_op(ScalarOp::mul, {p, coef}, f64), onehot}, f64);
+  b.store(b.param("dx", {cols, 1}, true), b.k.add_op(ScalarOp::cast, {dx}, DType::f32));
+  return b.k;
+}
+
 /// Number of f32 elements param `p` of `k` spans.
 int64_t param_elems(const Kernel& k, const KernelParam& p) {
   int64_t n = p.offset + 1;
@@ -265,6 +286,7 @@ void BM_CodegenRowSum(benchmark::State& s) { run_kernel(s, row_sum_kernel(4096, 
 void BM_CodegenColSum(benchmark::State& s) { run_kernel(s, col_sum_kernel(8192, 256)); }
 void BM_CodegenGelu(benchmark::State& s) { run_kernel(s, gelu_kernel(8 * 256 * 1024)); }
 void BM_CodegenSoftmax(benchmark::State& s) { run_kernel(s, attention_softmax_kernel(8, 8, 256)); }
+void BM_CodegenCrossEntropyGrad(benchmark::State& s) { run_kernel(s, cross_entropy_grad_kernel(512, 256)); }
 
 // ----------------------------------------------------------------------------- build time
 /// Path of a repository file: as given when it exists from the working directory, else
@@ -324,5 +346,6 @@ BENCHMARK(BM_CodegenRowSum)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenColSum)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenGelu)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenSoftmax)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenCrossEntropyGrad)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenBuildTinyGpt)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(3);
 BENCHMARK(BM_CodegenBuildGpt4l256)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(2);

@@ -460,8 +460,8 @@ class KernelEmitter {
     inv_fact[0] = 1;
     for (int k = 1; k < 14; ++k) inv_fact[k] = inv_fact[k - 1] / k;
     llvm::Value* p = c(inv_fact[13]);
-    for (int k = 12; k >= 1; --k) p = B_.CreateFAdd(B_.CreateFMul(p, r), c(inv_fact[k]));
-    llvm::Value* y = B_.CreateFAdd(B_.CreateFMul(p, r), c(1.0));
+    for (int k = 12; k >= 1; --k) p = muladd(p, r, c(inv_fact[k]));
+    llvm::Value* y = muladd(p, r, c(1.0));
     const double magic = 6755399441055744.0;  // 1.5 * 2^52: n + magic holds n in its low mantissa bits
     llvm::Value* ni = B_.CreateSub(B_.CreateBitCast(B_.CreateFAdd(n, c(magic)), i64), ci(0x4338000000000000LL));
     llvm::Value* n1 = B_.CreateAShr(ni, 1);
