@@ -445,9 +445,10 @@ Status adamw8bit_kernel(KernelContext& c) {
 }  // namespace
 
 void register_optim8bit_kernels(ir::OpTable& t) {
-  set_kernel(t, "BlockwiseQuantize8bit", quantize_kernel);
-  set_kernel(t, "BlockwiseDequantize8bit", dequantize_kernel);
-  set_kernel(t, "AdamW8bitUpdate", adamw8bit_kernel);
+  // Each writes every code, absmax, value and parameter of its outputs: no zero fill.
+  set_kernel_writing_all_outputs(t, "BlockwiseQuantize8bit", quantize_kernel);
+  set_kernel_writing_all_outputs(t, "BlockwiseDequantize8bit", dequantize_kernel);
+  set_kernel_writing_all_outputs(t, "AdamW8bitUpdate", adamw8bit_kernel);
 }
 
 }  // namespace kiln::runtime::kernels

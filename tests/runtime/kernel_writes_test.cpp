@@ -9,6 +9,7 @@
 #include <set>
 
 #include "ir/op_table.h"
+#include "ir/ops/optim8bit.h"
 #include "runtime/interpreter.h"
 #include "tests/runtime/op_test_util.h"
 
@@ -66,6 +67,26 @@ TEST(KernelWrites, FlaggedKernelsWriteEveryOutputElement) {
       {"Concat", {rnd(DType::f32, {2, 3, 2}, -1, 1, 7), rnd(DType::f32, {2, 1, 2}, -1, 1, 8)}, axis1},
       {"Split", {rnd(DType::f32, {2, 6, 2}, -1, 1, 9)}, split, 3},
   };
+  // 8-bit optimizer state: 1000 elements = 3 full blocks of 256 and one of 232 (the AVX2
+  // path's 8-wide groups, a tail), one block of zeros (the zero-code rule).
+  const Tensor qs = Tensor::from_f32(create_dynamic_map(true), {256});
+  const Tensor qu = Tensor::from_f32(create_dynamic_map(false), {256});
+  Tensor x = rnd(DType::f32, {1000}, -1, 1, 10);
+  for (int64_t i = 256; i < 512; ++i) x.data<float>()[i] = 0.f;
+  const Tensor codes = rnd(DType::u8, {1000}, 0, 255, 11), absmax = rnd(DType::f32, {4}, 0.01, 1, 12);
+  Attributes adam;
+  adam.set("beta1", 0.9);
+  adam.set("beta2", 0.999);
+  adam.set("eps", 1e-8);
+  adam.set("weight_decay", 0.01);
+  cases.push_back({"BlockwiseQuantize8bit", {x, qs}, {}, 2});
+  cases.push_back({"BlockwiseDequantize8bit", {codes, absmax, qu}});
+  cases.push_back({"AdamW8bitUpdate",
+                   {rnd(DType::f32, {1000}, -1, 1, 13), x, codes, absmax, rnd(DType::u8, {1000}, 0, 255, 14),
+                    rnd(DType::f32, {4}, 0.01, 1, 15), qs, qu, Tensor::scalar_f32(1e-3f), Tensor::scalar_f32(1e-2f),
+                    Tensor::scalar_f32(0.05f)},
+                   adam,
+                   5});
   std::set<std::string> covered;
   for (const Case& c : cases) {
     covered.insert(c.op);
