@@ -125,6 +125,51 @@ Status decompose_ln_grad(Graph& g, Graph& root, Node* n) {
   return Status::ok();
 }
 
+/// What the cross-entropy rewrites need of a SoftmaxCrossEntropyLoss(-Grad) node (scores
+/// at input `x_input`, labels after them), taken before the node leaves the graph.
+struct SceParts {
+  std::string name, out_name, reduction;
+  Attributes attrs;
+  Value *X = nullptr, *L = nullptr, *old = nullptr;
+  int64_t N = 0, C = 0;
+};
+SceParts detach_sce(Graph& g, Node* n, int x_input) {
+  SceParts p;
+  p.name = n->name;
+  p.attrs = n->attrs;
+  p.X = n->inputs[x_input];
+  p.L = n->inputs[x_input + 1];
+  p.old = n->outputs[0];
+  p.out_name = p.old->name;
+  p.N = p.X->shape.dims[0].value;
+  p.C = p.X->shape.dims[1].value;
+  p.reduction = p.attrs.get_string("reduction", "mean");
+  g.remove_node(n);
+  return p;
+}
+
+/// Boolean (N): labels != ignore_index; nullptr when the node has no ignore_index.
+Value* counted_labels(Builder& b, const SceParts& p) {
+  if (!p.attrs.has("ignore_index")) return nullptr;
+  Value* ig = b.ints({p.attrs.get_int("ignore_index", -100)});
+  if (p.L->dtype != DType::i64) ig = b.op("Cast", {ig}, cast_to(p.L->dtype));
+  return b.op("Not", {b.op("Equal", {p.L, ig})});
+}
+
+/// The mean's denominator, f64 rank 0: the count of `counted` labels, or N without it.
+Value* label_count(Builder& b, const SceParts& p, Value* counted) {
+  if (!counted) return b.scalar(static_cast<double>(p.N), DType::f64);
+  return b.op("ReduceSum", {b.op("Cast", {counted}, cast_to(DType::f64)), b.ints({0})},
+              make_attrs({{"keepdims", int64_t(0)}}));
+}
+
+/// The class indices 0..C-1 as an i64 constant (C).
+Value* class_indices(Builder& b, int64_t C) {
+  std::vector<int64_t> iota(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) iota[static_cast<size_t>(c)] = c;
+  return b.ints(iota);
+}
+
 /// Eligible SoftmaxCrossEntropyLossGrad: (dLoss, scores (N, C), labels (N) i64), no
 /// weights, static shapes.
 bool decomposable_sce_grad(const Node& n) {
@@ -142,40 +187,27 @@ bool decomposable_sce_grad(const Node& n) {
 ///   onehot = Equal(iota(C), Reshape(labels, (N, 1)))
 ///   dX     = Cast(p * coef - Where(onehot, coef, 0), dtype of scores)
 /// The fusion pass makes the softmax and everything after it one row kernel. Labels are
-/// not range-checked here: the forward SoftmaxCrossEntropyLoss of the same step (eager)
-/// rejects a label outside [0, C) first.
+/// not range-checked here: the forward loss of the same step (its eager kernel, or the
+/// CheckLabels of its decomposition) rejects a label outside [0, C) first.
 Status decompose_sce_grad(Graph& g, Graph& root, Node* n) {
-  const std::string name = n->name;
   Value* dL = n->inputs[0];
-  Value* X = n->inputs[1];
-  Value* L = n->inputs[2];
-  const Attributes attrs = n->attrs;
-  Value* old = n->outputs[0];
-  const std::string out_name = old->name;
+  const SceParts s = detach_sce(g, n, 1);
+  Value* X = s.X;
   const DType t = X->dtype;
-  const int64_t N = X->shape.dims[0].value, C = X->shape.dims[1].value;
-  const std::string reduction = attrs.get_string("reduction", "mean");
-  g.remove_node(n);
+  const int64_t N = s.N;
+  const std::string& out_name = s.out_name;
 
-  Builder b(g, name);
+  Builder b(g, s.name);
   b.set_constant_graph(&root);
   const DType f = DType::f64;
   auto to = [&](Value* v, DType d) { return v->dtype == d ? v : b.op("Cast", {v}, cast_to(d)); };
-  Value* valid = nullptr;  // boolean (N): label != ignore_index
-  if (attrs.has("ignore_index"))
-    valid = b.op("Not", {b.op("Equal", {L, b.ints({attrs.get_int("ignore_index", -100)})})});
+  Value* valid = counted_labels(b, s);  // boolean (N): label != ignore_index
   Value* zero = b.scalar(0.0, f);
   Value* coef = to(dL, f);  // rank 0 (mean, sum) or (N) (none)
-  if (reduction == "mean") {
-    Value* count = valid ? b.op("ReduceSum", {to(valid, f), b.ints({0})}, make_attrs({{"keepdims", int64_t(0)}}))
-                         : b.scalar(static_cast<double>(N), f);
-    coef = b.op("Div", {coef, count});
-  }
+  if (s.reduction == "mean") coef = b.op("Div", {coef, label_count(b, s, valid)});
   if (valid) coef = b.op("Where", {valid, coef, zero});
   if (coef && coef->shape.rank() == 1) coef = b.op("Reshape", {coef, b.ints({N, 1})});
-  std::vector<int64_t> iota(static_cast<size_t>(C));
-  for (int64_t c = 0; c < C; ++c) iota[static_cast<size_t>(c)] = c;
-  Value* onehot = b.op("Equal", {b.ints(iota), b.op("Reshape", {L, b.ints({N, 1})})});
+  Value* onehot = b.op("Equal", {class_indices(b, s.C), b.op("Reshape", {s.L, b.ints({N, 1})})});
   Attributes sa;
   sa.set("axis", int64_t(1));
   // The softmax in f64 (libm exp), as the eager kernel: dX rounded to f32 then equals the
@@ -190,7 +222,7 @@ Status decompose_sce_grad(Graph& g, Graph& root, Node* n) {
     dx = t == f ? d : (d ? b.op("Cast", {d}, cast_to(t), out_name) : nullptr);
   }
   KILN_RETURN_IF_ERROR(b.status());
-  g.replace_all_uses(old, dx);
+  g.replace_all_uses(s.old, dx);
   return Status::ok();
 }
 
@@ -214,54 +246,31 @@ bool decomposable_sce(const Graph& g, const Node& n) {
 ///   mean: Cast(ReduceSum(rows) / count), count = the labels != ignore_index (N without it)
 /// A mean over zero counted labels is 0/0 = NaN, as the eager kernel and PyTorch.
 Status decompose_sce(Graph& g, Graph& root, Node* n) {
-  const std::string name = n->name;
-  Value* X = n->inputs[0];
-  Value* L = n->inputs[1];
-  const Attributes attrs = n->attrs;
-  Value* old = n->outputs[0];
-  const std::string out_name = old->name;
-  const DType t = old->dtype;
-  const int64_t N = X->shape.dims[0].value, C = X->shape.dims[1].value;
-  const std::string reduction = attrs.get_string("reduction", "mean");
-  const bool has_ignore = attrs.has("ignore_index");
-  const int64_t ignore = attrs.get_int("ignore_index", -100);
-  g.remove_node(n);
-
-  Builder b(g, name);
+  const SceParts s = detach_sce(g, n, 0);
+  const DType t = s.old->dtype;
+  Builder b(g, s.name);
   b.set_constant_graph(&root);
-  const DType f = DType::f64;
-  Attributes ca;
-  ca.set("num_classes", C);
-  Attributes ra;
-  if (has_ignore) {
-    ca.set("ignore_index", ignore);
-    ra.set("ignore_index", ignore);
+  Attributes ca, ra;
+  ca.set("num_classes", s.C);
+  if (s.attrs.has("ignore_index")) {
+    ca.set("ignore_index", s.attrs.get_int("ignore_index", -100));
+    ra.set("ignore_index", s.attrs.get_int("ignore_index", -100));
   }
-  Value* checked = b.op("CheckLabels", {L}, ca);
-  std::vector<int64_t> iota(static_cast<size_t>(C));
-  for (int64_t c = 0; c < C; ++c) iota[static_cast<size_t>(c)] = c;
-  Value* rows = checked ? b.op("SoftmaxCrossEntropyRows", {X, b.op("Reshape", {checked, b.ints({N, 1})}), b.ints(iota)}, ra)
+  Value* checked = b.op("CheckLabels", {s.L}, ca);
+  Value* rows = checked ? b.op("SoftmaxCrossEntropyRows",
+                               {s.X, b.op("Reshape", {checked, b.ints({s.N, 1})}), class_indices(b, s.C)}, ra)
                         : nullptr;
   Value* res = nullptr;  // f64: (N) for none, else rank 0
-  if (rows && reduction == "none") {
-    res = b.op("Reshape", {rows, b.ints({N})});
+  if (rows && s.reduction == "none") {
+    res = b.op("Reshape", {rows, b.ints({s.N})});
   } else if (rows) {
     res = b.op("ReduceSum", {rows, b.ints({0, 1})}, make_attrs({{"keepdims", int64_t(0)}}));
-    if (res && reduction == "mean") {
-      Value* count = b.scalar(static_cast<double>(N), f);
-      if (has_ignore) {
-        Value* ig = b.ints({ignore});
-        if (L->dtype != DType::i64) ig = b.op("Cast", {ig}, cast_to(L->dtype));
-        Value* valid = b.op("Not", {b.op("Equal", {L, ig})});
-        count = b.op("ReduceSum", {b.op("Cast", {valid}, cast_to(f)), b.ints({0})}, make_attrs({{"keepdims", int64_t(0)}}));
-      }
-      res = count ? b.op("Div", {res, count}) : nullptr;
-    }
+    if (res && s.reduction == "mean") res = b.op("Div", {res, label_count(b, s, counted_labels(b, s))});
   }
-  Value* out = res ? b.op("Cast", {res}, cast_to(t), out_name) : nullptr;
+  Value* out = res ? b.op("Cast", {res}, cast_to(t), s.out_name) : nullptr;
   KILN_RETURN_IF_ERROR(b.status());
-  if (!out) return Status::error("decompose: node '" + name + "' could not be rewritten");
-  g.replace_all_uses(old, out);
+  if (!out) return Status::error("decompose: node '" + s.name + "' could not be rewritten");
+  g.replace_all_uses(s.old, out);
   return Status::ok();
 }
 

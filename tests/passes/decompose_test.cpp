@@ -206,6 +206,19 @@ TEST(Decompose, AllLabelsIgnoredGiveZeroGradientNotNaN) {
     for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(r.at("dX").get_f64(i), 0.0) << i;
 }
 
+/// g = SoftmaxCrossEntropyLoss(X f32 (N, C), labels (N), reduction, ignore_index -100 if
+/// `ignore`) -> "loss", inferred.
+void sce_loss_graph(ir::Graph& g, int64_t N, int64_t C, const std::string& reduction = "mean", bool ignore = true,
+                    DType label_dtype = DType::i64) {
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({N, C}));
+  ir::Value* l = g.add_input("labels", label_dtype, ir::Shape::of({N}));
+  ir::Attributes a;
+  a.set("reduction", reduction);
+  if (ignore) a.set("ignore_index", int64_t(-100));
+  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+}
+
 /// Forward cross entropy for one reduction against a float64 reference (log-sum-exp
 /// with the max subtracted, minus the label's score; ignored labels excluded from the
 /// sum and the count). Also checks that after fusion the per-row part is a generated
@@ -214,13 +227,7 @@ void check_sce(const std::string& reduction, int64_t N, int64_t C, bool ignore, 
   SCOPED_TRACE(reduction + " N=" + std::to_string(N) + " C=" + std::to_string(C) + " labels " +
                ir::dtype_name(label_dtype));
   ir::Graph g;
-  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({N, C}));
-  ir::Value* l = g.add_input("labels", label_dtype, ir::Shape::of({N}));
-  ir::Attributes a;
-  a.set("reduction", reduction);
-  if (ignore) a.set("ignore_index", int64_t(-100));
-  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
-  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  sce_loss_graph(g, N, C, reduction, ignore, label_dtype);
   std::mt19937_64 rng(11);
   ir::Tensor labels(label_dtype, {N});
   for (int64_t i = 0; i < N; ++i) labels.set_f64(i, ignore && i % 4 == 2 ? -100.0 : static_cast<double>(rng() % C));
@@ -258,12 +265,7 @@ TEST(Decompose, SoftmaxCrossEntropyLossMatchesFloat64Reference) {
 
 TEST(Decompose, SoftmaxCrossEntropyLossRowsAreOneGeneratedRowKernel) {
   ir::Graph g;
-  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({8, 50}));
-  ir::Value* l = g.add_input("labels", DType::i64, ir::Shape::of({8}));
-  ir::Attributes a;
-  a.set("ignore_index", int64_t(-100));
-  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
-  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  sce_loss_graph(g, 8, 50);
   passes::PassContext ctx;
   ctx.verify_each = true;
   ASSERT_TRUE(passes::run_pipeline(g, {"decompose", "fusion"}, ctx).is_ok());
@@ -280,12 +282,7 @@ TEST(Decompose, SoftmaxCrossEntropyLossBadLabelIsAnErrorCompiledToo) {
   // The eager loss kernel rejects a label outside [0, C); the decomposed and generated
   // forms must too (CheckLabels), never index past the row.
   ir::Graph g;
-  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({4, 5}));
-  ir::Value* l = g.add_input("labels", DType::i64, ir::Shape::of({4}));
-  ir::Attributes a;
-  a.set("ignore_index", int64_t(-100));
-  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
-  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  sce_loss_graph(g, 4, 5);
   passes::PassContext ctx;
   ASSERT_TRUE(passes::run_pipeline(g, {"decompose", "fusion"}, ctx).is_ok());
   auto prog = codegen::compile_graph_cpu(g);
@@ -309,12 +306,7 @@ TEST(Decompose, SoftmaxCrossEntropyLossBadLabelIsAnErrorCompiledToo) {
 
 TEST(Decompose, SoftmaxCrossEntropyLossAllIgnoredMeanIsNaNAsEager) {
   ir::Graph g;
-  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({3, 4}));
-  ir::Value* l = g.add_input("labels", DType::i64, ir::Shape::of({3}));
-  ir::Attributes a;
-  a.set("ignore_index", int64_t(-100));
-  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, l}, {"loss"}, a)->outputs[0]};
-  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  sce_loss_graph(g, 3, 4);
   ir::Tensor labels(DType::i64, {3});
   for (int64_t i = 0; i < 3; ++i) labels.set_f64(i, -100.0);
   auto res = run_three_ways(g, {{"X", random_f32({3, 4}, 2)}, {"labels", labels}}, "SoftmaxCrossEntropyLoss",
