@@ -248,13 +248,42 @@ Status copy_kernel(KernelContext& c) {
 }
 
 #if defined(__x86_64__)
-/// AVX2 Dropout for f32, the same bits as the portable path below: Philox4x32-10 on 32
+/// AVX2 Dropout for f32 and bf16, the same bits as the portable path below: Philox4x32-10 on 32
 /// blocks at once (4 interleaved vectors of 8 blocks, so that the multiplies of
 /// independent rounds overlap), the 32x32->64 products as two vpmuludq on even and odd
 /// lanes, the four words of 8 blocks transposed into element order, keep = (bits >> 8)
 /// >= thr, the kept elements x * s and the dropped ones +0 (a bitwise and-not), the mask
-/// as bytes. Handles groups [g0, g1) of kDropoutGroup elements each.
+/// as bytes. bf16 elements are widened to f32 (a 16-bit shift), scaled in f32 and rounded
+/// back to nearest even with NaN kept quiet, as ir::f32_to_bf16. Handles groups [g0, g1)
+/// of kDropoutGroup elements each.
 constexpr int64_t kDropoutGroup = 128;
+
+/// 8 elements at `p` as f32 (T = float or bf16_t).
+template <typename T> __attribute__((target("avx2"))) inline __m256 load8_f32(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+/// Stores 8 f32 values to `p` as T (bf16: round to nearest even, NaN quiet; ir::f32_to_bf16).
+template <typename T> __attribute__((target("avx2"))) inline void store8_f32(T* p, __m256 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane 0..0xffff
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+  }
+}
 
 /// hi:lo = x * m per 32-bit lane (8 lanes): vpmuludq on the even lanes, then the odd ones.
 __attribute__((target("avx2"))) inline void mul32(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
@@ -264,9 +293,9 @@ __attribute__((target("avx2"))) inline void mul32(__m256i x, __m256i m, __m256i&
   hi = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA);
 }
 
-__attribute__((target("avx2"))) void dropout_f32_avx2(const float* a, float* o, uint8_t* pm, int64_t g0, int64_t g1,
-                                                     uint64_t seed, uint64_t sub, uint64_t offset, uint32_t thr,
-                                                     float s) {
+template <typename T>
+__attribute__((target("avx2"))) void dropout_avx2(const T* a, T* o, uint8_t* pm, int64_t g0, int64_t g1, uint64_t seed,
+                                                 uint64_t sub, uint64_t offset, uint32_t thr, float s) {
   constexpr int NV = 4;
   const __m256i M0 = _mm256_set1_epi32(static_cast<int>(kPhiloxM0));
   const __m256i M1 = _mm256_set1_epi32(static_cast<int>(kPhiloxM1));
@@ -317,8 +346,8 @@ __attribute__((target("avx2"))) void dropout_f32_avx2(const float* a, float* o, 
         // keep = (bits >> 8) >= thr, unsigned, as a signed compare of sign-flipped values.
         const __m256i top = _mm256_xor_si256(_mm256_srli_epi32(e[q], 8), sign);
         const __m256i drop = _mm256_cmpgt_epi32(thr_v, top);
-        const __m256 y = _mm256_andnot_ps(_mm256_castsi256_ps(drop), _mm256_mul_ps(_mm256_loadu_ps(a + at), s_v));
-        _mm256_storeu_ps(o + at, y);
+        const __m256 y = _mm256_andnot_ps(_mm256_castsi256_ps(drop), _mm256_mul_ps(load8_f32(a + at), s_v));
+        store8_f32(o + at, y);
         if (pm) {
           const __m256i keep = _mm256_andnot_si256(drop, one);
           const __m128i k16 = _mm_packs_epi32(_mm256_castsi256_si128(keep), _mm256_extracti128_si256(keep, 1));
@@ -365,7 +394,7 @@ Status dropout_kernel(KernelContext& c) {
     constexpr int kGroup = 4 * kPhiloxLanes;  // elements per philox_blocks call
     int64_t first_group = 0;                  // groups before it are done by the AVX2 path
 #if defined(__x86_64__)
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16_t>) {
       if (cpu_has_avx2()) {
         // keep <=> (bits >> 8) * 2^-24 >= r <=> (bits >> 8) >= ceil(r * 2^24): exact in double.
         const auto thr = static_cast<uint32_t>(std::ceil(static_cast<double>(r) * 16777216.0));
@@ -373,7 +402,7 @@ Status dropout_kernel(KernelContext& c) {
         const int chunks = std::max(1, n >= kParallelThreshold ? omp_get_max_threads() : 1);
 #pragma omp parallel for schedule(static) if (chunks > 1)
         for (int k = 0; k < chunks; ++k)
-          dropout_f32_avx2(a, o, pm, full * k / chunks, full * (k + 1) / chunks, seed, sub, offset, thr, s);
+          dropout_avx2<T>(a, o, pm, full * k / chunks, full * (k + 1) / chunks, seed, sub, offset, thr, s);
         first_group = full * kDropoutGroup / kGroup;
       }
     }

@@ -387,13 +387,19 @@ TEST(ElementwiseOps, DropoutTrainingMaskScaleAndDeterminism) {
   }
 }
 
-TEST(ElementwiseOps, DropoutF32IsBitExactAgainstPhiloxReference) {
-  // f32 Dropout runs an AVX2 path on CPUs that have it (128-element groups, several
-  // threads for large tensors) and the portable path for the tail: every element must be
-  // keep ? float(x * float(1 / (1 - ratio))) : +0, with keep from philox_uniform, bit for
-  // bit, also for inf and NaN inputs (dropped ones give +0) and across the group seams.
+TEST(ElementwiseOps, DropoutF32AndBf16AreBitExactAgainstPhiloxReference) {
+  // f32 and bf16 Dropout run an AVX2 path on CPUs that have it (128-element groups,
+  // several threads for large tensors) and the portable path for the tail: every element
+  // must be keep ? round(x * float(1 / (1 - ratio))) : +0 (f32 arithmetic; bf16: x widened,
+  // the product rounded to nearest even as ir::f32_to_bf16), with keep from philox_uniform,
+  // bit for bit, also for inf and NaN inputs (dropped ones give +0) and across the group
+  // seams. Ratio 1/3 makes the scale exactly 1.5, so that many bf16 products lie exactly
+  // halfway between two bf16 values (the round-to-even ties).
+  for (DType dt : {DType::f32, DType::bf16})
+  for (const float ratio : {0.3f, 1.0f / 3.0f})
   for (int64_t n : {int64_t(128 * 5 + 37), int64_t(1) << 18}) {
-    Tensor x = rnd(DType::f32, {n}, -3, 3, 21);
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " ratio " + std::to_string(ratio));
+    Tensor x = rnd(dt, {n}, -3, 3, 21);
     x.set_f64(3, std::numeric_limits<double>::infinity());
     x.set_f64(200, -std::numeric_limits<double>::infinity());
     x.set_f64(641, std::numeric_limits<double>::quiet_NaN());
@@ -403,16 +409,21 @@ TEST(ElementwiseOps, DropoutF32IsBitExactAgainstPhiloxReference) {
     tr.step = 9;
     Attributes a;
     a.set("kiln_rng_id", int64_t(5));
-    const float ratio = 0.3f;
     auto o = run_op("Dropout", {x, make(DType::f32, {}, {ratio})}, a, 2, tr);
     const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(ratio)));
-    const float* xv = x.data<float>();
-    const float* yv = o[0].data<float>();
     for (int64_t i = 0; i < n; ++i) {
       const bool keep = kiln::runtime::kernels::philox_uniform(tr.seed, 5, 9, static_cast<uint64_t>(i)) >= ratio;
-      const float want = keep ? xv[i] * scale : 0.0f;
       ASSERT_EQ(o[1].get_i64(i) != 0, keep) << "mask element " << i << " of " << n;
-      ASSERT_EQ(std::memcmp(&yv[i], &want, 4), 0) << "element " << i << " of " << n << ": " << yv[i] << " vs " << want;
+      if (dt == DType::f32) {
+        const float want = keep ? x.data<float>()[i] * scale : 0.0f;
+        const float got = o[0].data<float>()[i];
+        ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "element " << i << " of " << n << ": " << got << " vs " << want;
+      } else {
+        const uint16_t* xb = static_cast<const uint16_t*>(x.raw());
+        const uint16_t want = keep ? ir::f32_to_bf16(ir::bf16_to_f32(xb[i]) * scale) : uint16_t(0);
+        const uint16_t got = static_cast<const uint16_t*>(o[0].raw())[i];
+        ASSERT_EQ(got, want) << "bf16 element " << i << " of " << n << ": bits " << got << " vs " << want;
+      }
     }
   }
 }
