@@ -23,11 +23,14 @@ std::atomic<int64_t> g_peak{0};
 /// gpt_4l256 step, 10-15% of the tiny GPT's step time). Tensor blocks up to 32 MiB (the
 /// largest threshold mallopt accepts on 64-bit) therefore come from the heap, and up to
 /// 1 GiB of freed heap top stays mapped for the next step (docs/architecture.md, decision
-/// 25). Not applied when GLIBC_TUNABLES sets a glibc.malloc tunable: the user's choice wins.
+/// 25). Not applied when the user set malloc's thresholds (a glibc.malloc tunable in
+/// GLIBC_TUNABLES, or the older MALLOC_*_ variables): the user's choice wins.
 bool tune_host_allocator() {
 #if defined(__GLIBC__)
   const char* t = std::getenv("GLIBC_TUNABLES");
   if (t && std::strstr(t, "glibc.malloc.")) return false;
+  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"})
+    if (std::getenv(v)) return false;
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   return true;

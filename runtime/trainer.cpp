@@ -437,7 +437,8 @@ Expected<TrainResult> Trainer::run() {
       bar.clear();
       std::cerr << "kiln: warning: loss is " << (std::isnan(r.loss) ? std::string("nan") : std::to_string(r.loss))
                 << " at step " << global_step_
-                << " (check the data for NaN/inf and the learning rate); training continues\n";
+                << " (check the data for NaN/inf, batches whose labels are all ignore_index, and the learning rate); "
+                   "training continues\n";
       warned_nonfinite = true;
     }
     if (r.skipped) {  // as torch's GradScaler: no optimizer step, scale backed off

@@ -25,9 +25,12 @@ long minor_faults() {
 
 TEST(HostAllocator, CompiledTinyGptStepsDoNotPageFaultTheirTensorsAgain) {
   const char* t = std::getenv("GLIBC_TUNABLES");
-  if (t && std::strstr(t, "glibc.malloc.")) {
-    GTEST_SKIP() << "cannot run: GLIBC_TUNABLES sets a glibc.malloc tunable, which turns kiln's allocator "
-                    "settings off by design";
+  bool user_set = t && std::strstr(t, "glibc.malloc.");
+  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"})
+    user_set = user_set || std::getenv(v);
+  if (user_set) {
+    GTEST_SKIP() << "cannot run: the environment sets glibc malloc thresholds (GLIBC_TUNABLES or MALLOC_*_), "
+                    "which turns kiln's allocator settings off by design";
   }
   runtime::TrainConfig cfg;
   cfg.model = example_path("tiny_gpt", "model.onnx");
