@@ -9,7 +9,10 @@
 namespace kiln::runtime {
 
 namespace {
+/// printf of one double; every NaN prints as "nan" (glibc writes "-nan" for a NaN with the
+/// sign bit set, which 0/0 and most NaN arithmetic give), infinities as "inf"/"-inf".
 std::string fmt(const char* f, double v) {
+  if (std::isnan(v)) return "nan";
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;

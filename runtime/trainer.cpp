@@ -488,8 +488,14 @@ Expected<TrainResult> Trainer::run() {
   KILN_RETURN_IF_ERROR(metrics.write(summary));
   char buf[160];
   std::snprintf(buf, sizeof buf, "done: step %lld | epoch %.2f | train_loss %.4f | train_runtime %.2f s",
-                static_cast<long long>(global_step_), res.epoch, res.train_loss, runtime);
-  out << buf << "\n";
+                static_cast<long long>(global_step_), res.epoch, std::isnan(res.train_loss) ? 0.0 : res.train_loss,
+                runtime);
+  std::string done = buf;
+  if (std::isnan(res.train_loss)) {  // one spelling of NaN everywhere (glibc prints "-nan" for most)
+    const auto at = done.find("train_loss ");
+    done.replace(at + 11, done.find(' ', at + 11) - (at + 11), "nan");
+  }
+  out << done << "\n";
   res.weights = weights();
   return res;
 }

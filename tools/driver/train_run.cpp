@@ -2,6 +2,7 @@
 #include "tools/driver/train_run.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -153,7 +154,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     for (auto& [k, v] : res.eval_metrics) {
       char b[64];
       std::snprintf(b, sizeof b, "%.4f", v);
-      out << " | " << k << " " << b;
+      out << " | " << k << " " << (std::isnan(v) ? "nan" : b);  // glibc prints "-nan" for most NaNs
     }
     out << "\n";
   }
