@@ -252,6 +252,11 @@ Status decompose_sce(Graph& g, Graph& root, Node* n) {
   b.set_constant_graph(&root);
   Attributes ca, ra;
   ca.set("num_classes", s.C);
+  // Labels flattened by a Reshape (token labels [batch, seq]): their fed dims, so that an
+  // error names the element as the user sees it.
+  const Node* lp = s.L->producer;
+  if (lp && lp->op == "Reshape" && lp->input(0) && lp->input(0)->shape.is_static() && lp->input(0)->shape.rank() > 1)
+    ca.set("label_dims", lp->input(0)->shape.to_vector());
   if (s.attrs.has("ignore_index")) {
     ca.set("ignore_index", s.attrs.get_int("ignore_index", -100));
     ra.set("ignore_index", s.attrs.get_int("ignore_index", -100));

@@ -201,7 +201,8 @@ void register_loss_ops(OpTable& t) {
   OpDef cl = make_op("CheckLabels",
                   "kiln: the labels unchanged; error at a label outside [0, num_classes) that is not ignore_index", 1, 1,
                   infer_check_labels, PrecisionPolicy::follow_inputs, FusionClass::opaque);
-  cl.attrs = {{"num_classes", AttrKind::i}, {"ignore_index", AttrKind::i}};
+  // label_dims (optional): the labels' dims before they were flattened, for the message.
+  cl.attrs = {{"num_classes", AttrKind::i}, {"ignore_index", AttrKind::i}, {"label_dims", AttrKind::ints}};
   cl.onnx = false;
   t.add(std::move(cl));
   OpDef rows = make_op("SoftmaxCrossEntropyRows",

@@ -210,7 +210,28 @@ Status check_label_range(const KernelContext& ctx, const Tensor& L, int64_t C) {
 }
 
 Status check_labels_kernel(KernelContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_label_range(ctx, ctx.in(0), ctx.attrs().get_int("num_classes", 0)));
+  Status st = check_label_range(ctx, ctx.in(0), ctx.attrs().get_int("num_classes", 0));
+  const std::vector<int64_t> dims = ctx.attrs().get_ints("label_dims");
+  if (!st.is_ok() && dims.size() > 1 && ir::numel_of(dims) == ctx.in(0).numel()) {
+    // Name the element in the labels as fed ([batch, seq] for token labels), not only
+    // its flattened position.
+    const Tensor& L = ctx.in(0);
+    const bool has_ignore = ctx.attrs().has("ignore_index");
+    const int64_t ignore = ctx.attrs().get_int("ignore_index", 0), C = ctx.attrs().get_int("num_classes", 0);
+    for (int64_t i = 0; i < L.numel(); ++i) {
+      const int64_t l = L.get_i64(i);
+      if ((has_ignore && l == ignore) || (l >= 0 && l < C)) continue;
+      std::vector<int64_t> at(dims.size());
+      for (int64_t d = static_cast<int64_t>(dims.size()) - 1, r = i; d >= 0; --d) {
+        at[static_cast<size_t>(d)] = r % dims[static_cast<size_t>(d)];
+        r /= dims[static_cast<size_t>(d)];
+      }
+      return ctx.fail("label " + std::to_string(l) + " at position " + std::to_string(i) + " (index " +
+                      ir::dims_to_string(at) + " of the labels " + ir::dims_to_string(dims) + ") is outside [0, " +
+                      std::to_string(C) + ")");
+    }
+  }
+  KILN_RETURN_IF_ERROR(st);
   std::memcpy(ctx.out(0).raw(), ctx.in(0).raw(), ctx.in(0).nbytes());
   return Status::ok();
 }

@@ -304,6 +304,33 @@ TEST(Decompose, SoftmaxCrossEntropyLossBadLabelIsAnErrorCompiledToo) {
   }
 }
 
+TEST(Decompose, SoftmaxCrossEntropyLossBadTokenLabelIsNamedByItsFedIndex) {
+  // Token labels [batch, seq] reach the loss flattened by a Reshape (attach_loss): the
+  // error names the element as fed, [1, 1] of [2, 3], besides its flat position 4.
+  ir::Graph g;
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({6, 5}));
+  ir::Value* l = g.add_input("labels", DType::i64, ir::Shape::of({2, 3}));
+  ir::Value* shape = g.add_initializer("flat", ir::Tensor::from_i64({6}));
+  ir::Value* flat = g.add_node("Reshape", "flatten", {l, shape}, {"labels_flat"})->outputs[0];
+  ir::Attributes a;
+  a.set("ignore_index", int64_t(-100));
+  g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, flat}, {"loss"}, a)->outputs[0]};
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  passes::PassContext ctx;
+  ASSERT_TRUE(passes::run_pipeline(g, {"decompose", "fusion"}, ctx).is_ok());
+  auto prog = codegen::compile_graph_cpu(g);
+  ASSERT_TRUE(prog) << prog.message();
+  runtime::RunOptions ro;
+  ro.program = prog->get();
+  ir::Tensor labels(DType::i64, {2, 3});
+  for (int64_t i = 0; i < 6; ++i) labels.set_f64(i, i == 4 ? 7.0 : (i == 1 ? -100.0 : 2.0));
+  auto r = runtime::run_graph(g, {{"X", random_f32({6, 5}, 5)}, {"labels", labels}}, ro);
+  ASSERT_FALSE(r) << "label 7 accepted";
+  EXPECT_NE(r.message().find("label 7 at position 4 (index [1, 1] of the labels [2, 3]) is outside [0, 5)"),
+            std::string::npos)
+      << r.message();
+}
+
 TEST(Decompose, SoftmaxCrossEntropyLossAllIgnoredMeanIsNaNAsEager) {
   ir::Graph g;
   sce_loss_graph(g, 3, 4);
