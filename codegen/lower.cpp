@@ -114,12 +114,15 @@ Expected<Kernel> lower_fused(const Node& fused) {
   k.domain = dom_shape.to_vector();
   std::unordered_map<const Value*, ScalarBuilder::Ref> env;
   KernelBuilder b(k, env);
-  // A body input read by a Transpose member is a parameter with permuted strides (the
-  // Transpose's output element at domain index i is input element i permuted): the
-  // view costs no copy. The fusion pass makes such an input reach the body only there.
+  // A body input read by a view member (Transpose, Expand, Slice; passes/fusion.cpp) is
+  // a parameter with the view's strides: the Transpose's output element at domain index
+  // i is input element i permuted; Expand's is the input element broadcast to it (stride
+  // 0 along expanded dims); Slice's is at offset + i * step-scaled strides. The view
+  // costs no copy. The fusion pass makes such an input reach the body only there.
   std::unordered_map<const Value*, const Node*> viewed_by;
   for (auto& n : body.nodes())
-    if (n->op == "Transpose" && n->input(0)) viewed_by[n->input(0)] = n.get();
+    if ((n->op == "Transpose" || n->op == "Expand" || n->op == "Slice") && n->input(0))
+      viewed_by[n->input(0)] = n.get();
   for (const Value* in : body.inputs) {
     if (!in->shape.is_static()) return fail("input '" + in->name + "' shape is not static");
     auto vt = viewed_by.find(in);
@@ -127,15 +130,36 @@ Expected<Kernel> lower_fused(const Node& fused) {
       const Node& t = *vt->second;
       const std::vector<int64_t> in_dims = in->shape.to_vector();
       const int r = static_cast<int>(in_dims.size());
-      std::vector<int64_t> perm = t.attrs.get_ints("perm");
-      if (perm.empty())
-        for (int i = r - 1; i >= 0; --i) perm.push_back(i);
-      if (static_cast<int>(perm.size()) != r || !(t.outputs[0]->shape == dom_shape))
-        return fail("Transpose '" + t.name + "' does not span the domain " + dom_shape.to_string());
+      if (!(t.outputs[0]->shape == dom_shape))
+        return fail(t.op + " '" + t.name + "' does not span the domain " + dom_shape.to_string());
       const std::vector<int64_t> contiguous = ir::strides_of(in_dims);
-      std::vector<int64_t> strides(r, 0);
-      for (int d = 0; d < r; ++d) strides[d] = in_dims[perm[d]] == 1 ? 0 : contiguous[perm[d]];
-      env[t.outputs[0]] = b.load(k.add_param(in->name, in->dtype, strides));
+      std::vector<int64_t> strides;
+      int64_t offset = 0;
+      if (t.op == "Transpose") {
+        std::vector<int64_t> perm = t.attrs.get_ints("perm");
+        if (perm.empty())
+          for (int i = r - 1; i >= 0; --i) perm.push_back(i);
+        if (static_cast<int>(perm.size()) != r) return fail("Transpose '" + t.name + "' perm does not match its input");
+        strides.assign(r, 0);
+        for (int d = 0; d < r; ++d) strides[d] = in_dims[perm[d]] == 1 ? 0 : contiguous[perm[d]];
+      } else if (t.op == "Expand") {
+        strides = broadcast_strides(in_dims, k.domain);
+      } else {  // Slice-13: constant starts, ends, axes?, steps? (copied into the body)
+        auto ints = [&](int i) {
+          const Value* v = t.input(i);
+          return v && v->data ? v->data->to_i64_vector() : std::vector<int64_t>{};
+        };
+        if (!t.input(1) || !t.input(1)->data || !t.input(2) || !t.input(2)->data)
+          return fail("Slice '" + t.name + "' has no constant starts and ends");
+        auto view = ir::slice_view(in_dims, ints(1), ints(2), ints(3), ints(4));
+        if (!view) return fail("Slice '" + t.name + "': " + view.message());
+        if (view->dims != k.domain) return fail("Slice '" + t.name + "' does not span the domain " + dom_shape.to_string());
+        strides = view->strides;
+        offset = view->offset;
+        for (int d = 0; d < r; ++d)
+          if (k.domain[d] == 1) strides[d] = 0;  // one index: its stride never counts
+      }
+      env[t.outputs[0]] = b.load(k.add_param(in->name, in->dtype, strides, false, offset));
       continue;
     }
     if (in->shape.rank() > dom_shape.rank()) return fail("input '" + in->name + "' has a higher rank than the domain");
@@ -155,9 +179,9 @@ Expected<Kernel> lower_fused(const Node& fused) {
   }
   for (auto& n : body.nodes()) {
     if (reduction && n.get() == &last) break;
-    if (n->op == "Transpose") {
+    if (n->op == "Transpose" || n->op == "Expand" || n->op == "Slice") {
       if (!env.count(n->outputs[0]))
-        return fail("Transpose '" + n->name + "' reads a value computed in the kernel");
+        return fail(n->op + " '" + n->name + "' reads a value computed in the kernel");
       k.fused_nodes.push_back(n->name);
       continue;
     }

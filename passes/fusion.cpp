@@ -27,10 +27,12 @@
 //    (docs/architecture.md, decision 22). A node that reads only a row group's
 //    statistics (row stores such as Mean) does not join it: it starts its own group
 //    (typically the prologue of a column reduction, passes/decompose.cpp).
-//  * A Transpose starts a group over its output shape (later pointwise nodes join it):
-//    code generation reads its input through permuted strides, so the copy is one
-//    generated loop nest, fused with its consumers, never a separate pass. Its input
-//    must reach the kernel only through it.
+//  * A view (Transpose; Expand; Slice with positive steps; constant shape operands)
+//    starts a group over its output shape (later pointwise nodes join it): code
+//    generation reads its input through permuted, broadcast or stepped strides with an
+//    offset, so the copy is one generated loop nest, fused with its consumers, never a
+//    separate pass. Its input must reach the kernel only through it; its constant
+//    operands are copied into the body.
 //  * Each group becomes one FusedKernel node at the position of its last member. The
 //    body region holds the original nodes (names, attributes and all), so the IR dump
 //    shows every fusion decision (invariant 2). Rank-0 constants the members read
@@ -113,13 +115,30 @@ bool row_fusable(const Node& n) {
   return true;
 }
 
-/// A Transpose that code generation absorbs as index arithmetic: its input becomes a
-/// kernel parameter with permuted strides (no copy of its own), static shapes.
+/// Ops code generation reads through strides instead of running them (views).
+bool is_view_node(const Node& n) { return n.op == "Transpose" || n.op == "Expand" || n.op == "Slice"; }
+
+/// A view that code generation absorbs as index arithmetic: its input becomes a kernel
+/// parameter with permuted (Transpose), broadcast (Expand: stride 0 along expanded
+/// dims) or stepped and offset (Slice, positive steps) strides, no copy of its own.
+/// Static shapes; Expand's shape and Slice's starts/ends/axes/steps are constants (they
+/// are copied into the kernel body).
 bool view_fusable(const Node& n) {
-  if (n.op != "Transpose" || n.num_outputs() != 1 || !n.regions.empty() || n.attrs.has("kiln_inplace")) return false;
+  if (!is_view_node(n) || n.num_outputs() != 1 || !n.regions.empty() || n.attrs.has("kiln_inplace")) return false;
   const Value* x = n.input(0);
-  return x && x->shape.is_static() && n.outputs[0]->shape.is_static() && x->dtype != DType::undefined &&
-         x->shape.rank() == n.outputs[0]->shape.rank() && x->shape.numel() > 1;
+  const Value* y = n.outputs[0];
+  if (!x || !x->shape.is_static() || !y->shape.is_static() || x->dtype == DType::undefined) return false;
+  if (n.op == "Transpose") return x->shape.rank() == y->shape.rank() && x->shape.numel() > 1;
+  for (int k = 1; k < n.num_inputs(); ++k)
+    if (!n.inputs[k] || !n.inputs[k]->is_initializer()) return false;
+  if (y->shape.numel() <= 0) return false;
+  if (n.op == "Expand") return n.num_inputs() == 2 && x->shape.rank() <= y->shape.rank();
+  // Slice-13 input form with positive steps, rank kept.
+  if (n.num_inputs() < 3 || x->shape.rank() != y->shape.rank()) return false;
+  if (n.num_inputs() > 4)
+    for (int64_t st : n.inputs[4]->data->to_i64_vector())
+      if (st <= 0) return false;
+  return true;
 }
 
 /// Values read by node `n`, nested-region captures included.
@@ -139,7 +158,7 @@ struct Group {
   std::unordered_set<const Value*> values;  // outputs of members
   bool reduction = false;                   // closed by a reduction (its last member)
   bool row = false;                         // holds a row op (kind "row")
-  bool view = false;                        // holds a Transpose read through strides
+  bool view = false;                        // holds a view (Transpose, Expand, Slice) read through strides
 };
 
 /// A reduction code generation can emit: ReduceSum-like op (OpDef::reduce_combine) on a
@@ -226,7 +245,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
     // candidate too; the survivors merge with n into one group.
     std::set<int> cand;
     for (const Value* in : n->inputs) {
-      if (view) break;  // a Transpose starts a group: its input must come from outside it
+      if (view) break;  // a view starts a group: its input must come from outside it
       if (!in || !in->producer) continue;
       auto it = group_of.find(in->producer);
       if (it == group_of.end()) continue;
@@ -255,14 +274,14 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
         }
       }
     }
-    // A Transpose's input must be a kernel input read only through it (one parameter
-    // per input, with the permuted strides): drop candidates holding Transposes until
+    // A view's input must be a kernel input read only through it (one parameter per
+    // input, with the view's strides): drop candidates holding views until
     // no merged group reads a viewed value another way or computes it.
     auto view_conflict = [&]() {
       std::unordered_map<const Value*, int> viewed;
       std::unordered_set<const Value*> direct, made;
       auto add = [&](const Node* m) {
-        if (m->op == "Transpose") viewed[m->inputs[0]]++;
+        if (is_view_node(*m)) viewed[m->inputs[0]]++;
         else
           for (const Value* in : m->inputs)
             if (in) direct.insert(in);
@@ -281,7 +300,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       auto drop = cand.begin();
       for (auto c = cand.begin(); c != cand.end(); ++c)
         for (const Node* m : groups[*c].members)
-          if (m->op == "Transpose") drop = c;
+          if (is_view_node(*m)) drop = c;
       cand.erase(drop);
     }
     // At most one row op per kernel: keep the first row candidate only.
@@ -347,7 +366,8 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
         if (!in || gr.values.count(in) || seen.count(in)) continue;
         seen.insert(in);
         const bool axes = gr.reduction && m == gr.members.back() && k == 1;  // reduction axes: constant
-        if (axes || (in->is_initializer() && in->data->numel() == 1 && !is_parameter_candidate(*in)))
+        const bool view_operand = k >= 1 && is_view_node(*m);  // Expand's shape, Slice's starts...
+        if (axes || view_operand || (in->is_initializer() && in->data->numel() == 1 && !is_parameter_candidate(*in)))
           consts.push_back(in);
         else
           ext_in.push_back(in);

@@ -1,7 +1,7 @@
-// Window geometry shared by the Conv / MaxPool / AveragePool entries (ir/ops/nn.cpp)
-// and their eager kernels (runtime/kernels/nn.cpp): resolves kernel_shape,
-// strides, dilations, pads, auto_pad and ceil_mode into explicit begin/end pads
-// and output extents, following the ONNX spec (opsets 11-18).
+// Helpers shared by op entries, their eager kernels and code generation: the window
+// geometry of Conv / MaxPool / AveragePool (ir/ops/nn.cpp, runtime/kernels/nn.cpp;
+// kernel_shape, strides, dilations, pads, auto_pad and ceil_mode resolved into explicit
+// begin/end pads and output extents, ONNX opsets 11-18), Reduce* axes, and Slice views.
 #pragma once
 #include <vector>
 
@@ -38,5 +38,26 @@ struct ReduceSpec {
 /// true when the node has an axes input even if its value is unknown (then an error).
 /// Errors: out-of-range or duplicate axes, non-constant axes.
 Expected<ReduceSpec> reduce_spec(const Attributes& a, bool axes_given, const Tensor* axes_input, int rank);
+
+/// One dim of an ONNX Slice-13 with its indices clamped (negative start/end count from
+/// the end; positive steps clamp to [0, dim], negative ones to [-1, dim - 1]): the first
+/// index, the step and the number of elements taken.
+struct SliceDim {
+  int64_t start = 0, step = 1, len = 0;
+};
+SliceDim normalize_slice(int64_t dim, int64_t start, int64_t end, int64_t step);
+
+/// A Slice of a dense row-major tensor of `dims` as a strided view of it: element
+/// offset of the first taken element, per-dim element strides (step times the dense
+/// stride, negative for negative steps) and the sliced dims (ONNX Slice-13; empty axes =
+/// 0..n-1, empty steps = 1). Errors: lengths that differ, an axis out of range, a zero
+/// step. Used by Slice's eager kernel and by code generation (a Slice read in place).
+struct SliceView {
+  int64_t offset = 0;
+  std::vector<int64_t> strides, dims;
+};
+Expected<SliceView> slice_view(const std::vector<int64_t>& dims, const std::vector<int64_t>& starts,
+                               const std::vector<int64_t>& ends, std::vector<int64_t> axes,
+                               std::vector<int64_t> steps);
 
 }  // namespace kiln::ir

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "ir/op_table.h"
+#include "ir/ops/nn.h"
 
 namespace kiln::ir {
 
@@ -213,10 +214,7 @@ Status infer_unsqueeze(InferContext& c) {
 
 // ------------------------------------------------------------------ Slice
 
-/// Normalised slice of one dim (ONNX Slice-13 clamping): first index, step, length.
-struct SliceDim {
-  int64_t start = 0, step = 1, len = 0;
-};
+}  // namespace
 
 SliceDim normalize_slice(int64_t dim, int64_t start, int64_t end, int64_t step) {
   SliceDim s;
@@ -237,6 +235,34 @@ SliceDim normalize_slice(int64_t dim, int64_t start, int64_t end, int64_t step) 
   s.start = start;
   return s;
 }
+
+Expected<SliceView> slice_view(const std::vector<int64_t>& dims, const std::vector<int64_t>& starts,
+                               const std::vector<int64_t>& ends, std::vector<int64_t> axes,
+                               std::vector<int64_t> steps) {
+  const int r = static_cast<int>(dims.size());
+  const size_t n = starts.size();
+  if (axes.empty())
+    for (size_t i = 0; i < n; ++i) axes.push_back(static_cast<int64_t>(i));
+  if (steps.empty()) steps.assign(n, 1);
+  if (ends.size() != n || axes.size() != n || steps.size() != n)
+    return Status::error("starts, ends, axes and steps lengths differ");
+  const std::vector<int64_t> own = strides_of(dims);
+  SliceView v;
+  v.strides = own;
+  v.dims = dims;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t a = axes[i] < 0 ? axes[i] + r : axes[i];
+    if (a < 0 || a >= r) return Status::error("axis " + std::to_string(axes[i]) + " out of range");
+    if (steps[i] == 0) return Status::error("step must not be 0");
+    const SliceDim s = normalize_slice(dims[a], starts[i], ends[i], steps[i]);
+    v.dims[a] = s.len;
+    v.strides[a] = own[a] * s.step;
+    if (s.len > 0) v.offset += s.start * own[a];
+  }
+  return v;
+}
+
+namespace {
 
 Status infer_slice(InferContext& c) {
   const Shape& in = c.in[0].shape;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ir/ops/nn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/util.h"
 
@@ -104,45 +105,15 @@ Status split_kernel(KernelContext& c) {
 }
 
 /// Element offset and per-dim strides (elements) of a Slice view of a tensor with
-/// `dims`, from starts/ends/axes/steps with ONNX Slice-13 clamping. The same
-/// normalisation as the Slice inference in ir/ops/shape.cpp.
+/// `dims` (ir::slice_view, the normalisation the Slice inference uses); errors name the node.
 Status slice_view(const KernelContext& c, const std::vector<int64_t>& dims, const std::vector<int64_t>& starts,
                   const std::vector<int64_t>& ends, std::vector<int64_t> axes, std::vector<int64_t> steps,
                   int64_t& offset, std::vector<int64_t>& strides, std::vector<int64_t>& out_dims) {
-  const int r = static_cast<int>(dims.size());
-  const size_t n = starts.size();
-  if (axes.empty())
-    for (size_t i = 0; i < n; ++i) axes.push_back(static_cast<int64_t>(i));
-  if (steps.empty()) steps.assign(n, 1);
-  if (ends.size() != n || axes.size() != n || steps.size() != n)
-    return c.fail("starts, ends, axes and steps lengths differ");
-  std::vector<int64_t> own = ir::strides_of(dims);
-  strides = own;
-  out_dims = dims;
-  offset = 0;
-  for (size_t i = 0; i < n; ++i) {
-    int64_t a = axes[i] < 0 ? axes[i] + r : axes[i];
-    if (a < 0 || a >= r) return c.fail("axis " + std::to_string(axes[i]) + " out of range");
-    int64_t d = dims[a], st = steps[i];
-    if (st == 0) return c.fail("step must not be 0");
-    int64_t s = starts[i], e = ends[i], len;
-    if (s < 0) s += d;
-    if (e < 0) e += d;
-    if (d == 0) {
-      len = 0;
-    } else if (st > 0) {
-      s = std::clamp<int64_t>(s, 0, d);
-      e = std::clamp<int64_t>(e, 0, d);
-      len = e > s ? (e - s + st - 1) / st : 0;
-    } else {
-      s = std::clamp<int64_t>(s, 0, d - 1);
-      e = std::clamp<int64_t>(e, -1, d - 1);
-      len = s > e ? (s - e + (-st) - 1) / (-st) : 0;
-    }
-    out_dims[a] = len;
-    strides[a] = own[a] * st;
-    if (len > 0) offset += s * own[a];
-  }
+  auto v = ir::slice_view(dims, starts, ends, std::move(axes), std::move(steps));
+  if (!v) return c.fail(v.message());
+  offset = v->offset;
+  strides = std::move(v->strides);
+  out_dims = std::move(v->dims);
   return Status::ok();
 }
 

@@ -278,17 +278,25 @@ TEST(Decompose, SoftmaxCrossEntropyLossRowsAreOneGeneratedRowKernel) {
   EXPECT_EQ(row_kernels_with_loss, 1);
 }
 
+/// Runs decompose and fusion on `g` and compiles its kernels into `prog`.
+void compile_decomposed(ir::Graph& g, std::shared_ptr<codegen::CpuProgram>& prog) {
+  passes::PassContext ctx;
+  ASSERT_TRUE(passes::run_pipeline(g, {"decompose", "fusion"}, ctx).is_ok());
+  auto p = codegen::compile_graph_cpu(g);
+  ASSERT_TRUE(p) << p.message();
+  prog = *p;
+}
+
 TEST(Decompose, SoftmaxCrossEntropyLossBadLabelIsAnErrorCompiledToo) {
   // The eager loss kernel rejects a label outside [0, C); the decomposed and generated
   // forms must too (CheckLabels), never index past the row.
   ir::Graph g;
   sce_loss_graph(g, 4, 5);
-  passes::PassContext ctx;
-  ASSERT_TRUE(passes::run_pipeline(g, {"decompose", "fusion"}, ctx).is_ok());
-  auto prog = codegen::compile_graph_cpu(g);
-  ASSERT_TRUE(prog) << prog.message();
+  std::shared_ptr<codegen::CpuProgram> prog;
+  compile_decomposed(g, prog);
+  ASSERT_NE(prog, nullptr);
   runtime::RunOptions ro;
-  ro.program = prog->get();
+  ro.program = prog.get();
   for (double bad : {5.0, -1.0}) {
     ir::Tensor labels(DType::i64, {4});
     labels.set_f64(0, 1);
@@ -316,12 +324,11 @@ TEST(Decompose, SoftmaxCrossEntropyLossBadTokenLabelIsNamedByItsFedIndex) {
   a.set("ignore_index", int64_t(-100));
   g.outputs = {g.add_node("SoftmaxCrossEntropyLoss", "sce", {x, flat}, {"loss"}, a)->outputs[0]};
   ASSERT_TRUE(ir::infer_graph(g).is_ok());
-  passes::PassContext ctx;
-  ASSERT_TRUE(passes::run_pipeline(g, {"decompose", "fusion"}, ctx).is_ok());
-  auto prog = codegen::compile_graph_cpu(g);
-  ASSERT_TRUE(prog) << prog.message();
+  std::shared_ptr<codegen::CpuProgram> prog;
+  compile_decomposed(g, prog);
+  ASSERT_NE(prog, nullptr);
   runtime::RunOptions ro;
-  ro.program = prog->get();
+  ro.program = prog.get();
   ir::Tensor labels(DType::i64, {2, 3});
   for (int64_t i = 0; i < 6; ++i) labels.set_f64(i, i == 4 ? 7.0 : (i == 1 ? -100.0 : 2.0));
   auto r = runtime::run_graph(g, {{"X", random_f32({6, 5}, 5)}, {"labels", labels}}, ro);
