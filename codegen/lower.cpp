@@ -114,15 +114,18 @@ Expected<Kernel> lower_fused(const Node& fused) {
   k.domain = dom_shape.to_vector();
   std::unordered_map<const Value*, ScalarBuilder::Ref> env;
   KernelBuilder b(k, env);
-  // A body input read by a view member (Transpose, Expand, Slice; passes/fusion.cpp) is
-  // a parameter with the view's strides: the Transpose's output element at domain index
-  // i is input element i permuted; Expand's is the input element broadcast to it (stride
-  // 0 along expanded dims); Slice's is at offset + i * step-scaled strides. The view
-  // costs no copy. The fusion pass makes such an input reach the body only there.
+  // A body input read by a view member (Transpose, Expand, Slice, the Reshape family;
+  // passes/fusion.cpp) is a parameter with the view's strides: the Transpose's output
+  // element at domain index i is input element i permuted; Expand's is the input element
+  // broadcast to it (stride 0 along expanded dims); Slice's is at offset + i * step-scaled
+  // strides; a Reshape's is the input read with the dense strides of its output dims. The
+  // view costs no copy. The fusion pass makes such an input reach the body only there.
   std::unordered_map<const Value*, const Node*> viewed_by;
+  auto is_view = [](const std::string& op) {
+    return op == "Transpose" || op == "Expand" || op == "Slice" || ir::is_view_op(op);
+  };
   for (auto& n : body.nodes())
-    if ((n->op == "Transpose" || n->op == "Expand" || n->op == "Slice") && n->input(0))
-      viewed_by[n->input(0)] = n.get();
+    if (is_view(n->op) && n->input(0)) viewed_by[n->input(0)] = n.get();
   for (const Value* in : body.inputs) {
     if (!in->shape.is_static()) return fail("input '" + in->name + "' shape is not static");
     auto vt = viewed_by.find(in);
@@ -144,6 +147,8 @@ Expected<Kernel> lower_fused(const Node& fused) {
         for (int d = 0; d < r; ++d) strides[d] = in_dims[perm[d]] == 1 ? 0 : contiguous[perm[d]];
       } else if (t.op == "Expand") {
         strides = broadcast_strides(in_dims, k.domain);
+      } else if (ir::is_view_op(t.op)) {  // Reshape family: the same elements in order, new dims
+        strides = broadcast_strides(k.domain, k.domain);
       } else {  // Slice-13: constant starts, ends, axes?, steps? (copied into the body)
         auto ints = [&](int i) {
           const Value* v = t.input(i);
@@ -179,7 +184,7 @@ Expected<Kernel> lower_fused(const Node& fused) {
   }
   for (auto& n : body.nodes()) {
     if (reduction && n.get() == &last) break;
-    if (n->op == "Transpose" || n->op == "Expand" || n->op == "Slice") {
+    if (is_view(n->op)) {
       if (!env.count(n->outputs[0]))
         return fail(n->op + " '" + n->name + "' reads a value computed in the kernel");
       k.fused_nodes.push_back(n->name);

@@ -27,12 +27,14 @@
 //    (docs/architecture.md, decision 22). A node that reads only a row group's
 //    statistics (row stores such as Mean) does not join it: it starts its own group
 //    (typically the prologue of a column reduction, passes/decompose.cpp).
-//  * A view (Transpose; Expand; Slice with positive steps; constant shape operands)
-//    starts a group over its output shape (later pointwise nodes join it): code
-//    generation reads its input through permuted, broadcast or stepped strides with an
-//    offset, so the copy is one generated loop nest, fused with its consumers, never a
-//    separate pass. Its input must reach the kernel only through it; its constant
-//    operands are copied into the body.
+//  * A view (Transpose; Expand; Slice with positive steps; the Reshape family; constant
+//    shape operands) starts a group over its output shape (later pointwise nodes join
+//    it): code generation reads its input through permuted, broadcast, stepped or
+//    reshaped dense strides with an offset, so the copy is one generated loop nest,
+//    fused with its consumers, never a separate pass. Its input must reach the kernel
+//    only through it; its constant operands are copied into the body. A Reshape-family
+//    view is fused only for its one reader, and a group of such views alone stays
+//    unfused (the interpreter shares their storage).
 //  * Each group becomes one FusedKernel node at the position of its last member. The
 //    body region holds the original nodes (names, attributes and all), so the IR dump
 //    shows every fusion decision (invariant 2). Rank-0 constants the members read
@@ -115,8 +117,12 @@ bool row_fusable(const Node& n) {
   return true;
 }
 
-/// Ops code generation reads through strides instead of running them (views).
-bool is_view_node(const Node& n) { return n.op == "Transpose" || n.op == "Expand" || n.op == "Slice"; }
+/// Ops code generation reads through strides instead of running them (views); the
+/// Reshape family (ir::is_view_op: same element order, new dims) reads the input with the
+/// dense strides of the output's dims.
+bool is_view_node(const Node& n) {
+  return n.op == "Transpose" || n.op == "Expand" || n.op == "Slice" || is_view_op(n.op);
+}
 
 /// A view that code generation absorbs as index arithmetic: its input becomes a kernel
 /// parameter with permuted (Transpose), broadcast (Expand: stride 0 along expanded
@@ -130,11 +136,12 @@ bool view_fusable(const Node& n) {
   if (!x || !x->shape.is_static() || !y->shape.is_static() || x->dtype == DType::undefined) return false;
   if (n.op == "Transpose") return x->shape.rank() == y->shape.rank() && x->shape.numel() > 1;
   for (int k = 1; k < n.num_inputs(); ++k)
-    if (!n.inputs[k] || !n.inputs[k]->is_initializer()) return false;
+    if (n.inputs[k] && !n.inputs[k]->is_initializer()) return false;
   if (y->shape.numel() <= 0) return false;
+  if (is_view_op(n.op)) return x->dtype == y->dtype && x->shape.numel() == y->shape.numel();
   if (n.op == "Expand") return n.num_inputs() == 2 && x->shape.rank() <= y->shape.rank();
   // Slice-13 input form with positive steps, rank kept.
-  if (n.num_inputs() < 3 || x->shape.rank() != y->shape.rank()) return false;
+  if (n.num_inputs() < 3 || !n.inputs[1] || !n.inputs[2] || x->shape.rank() != y->shape.rank()) return false;
   if (n.num_inputs() > 4)
     for (int64_t st : n.inputs[4]->data->to_i64_vector())
       if (st <= 0) return false;
@@ -235,7 +242,11 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       continue;
     }
     const bool row = row_fusable(*n);
-    const bool view = !row && view_fusable(*n);
+    // A Reshape-family view joins a kernel only for its one reader: were its output read
+    // elsewhere too, the kernel would write it out (a copy where the interpreter shares
+    // storage) or the other reader would split a kernel it used to share.
+    const bool view = !row && view_fusable(*n) &&
+                      (!is_view_op(n->op) || (readers[n->outputs[0]].size() == 1 && !graph_outs.count(n->outputs[0])));
     if (!row && !view && !fusable(*n)) continue;
     // Pointwise: its output shape. Row op: its input 0's shape (the kernel's domain).
     const Shape& dom = row ? n->inputs[0]->shape : n->outputs[0]->shape;
@@ -355,6 +366,11 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
     if (sb.output) graph_outputs.insert(sb.output);
   for (Group& gr : groups) {
     if (gr.members.empty() || static_cast<int>(gr.members.size()) < min_nodes) continue;
+    // A group of Reshape-family views alone would turn the interpreter's storage-sharing
+    // view into a copy kernel: leave it unfused.
+    bool only_reshapes = true;
+    for (const Node* m : gr.members) only_reshapes &= is_view_op(m->op);
+    if (only_reshapes) continue;
     std::unordered_set<const Node*> member_set(gr.members.begin(), gr.members.end());
     // External inputs in first-read order; group outputs read outside or graph outputs.
     std::vector<Value*> ext_in;

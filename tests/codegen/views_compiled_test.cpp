@@ -1,7 +1,7 @@
 // Views in generated kernels (passes/fusion.cpp view_fusable, codegen/lower.cpp): an
-// Expand or a Slice (positive steps, constant operands) feeding pointwise ops is read in
-// place through broadcast / stepped strides with an element offset, fused with its
-// consumers, never copied by its own kernel. Each graph runs eagerly (the Expand and
+// Expand, a Slice (positive steps, constant operands) or a Reshape (its one reader)
+// feeding pointwise ops is read in place through broadcast / stepped / reshaped strides
+// with an element offset, fused with its consumers, never copied by its own kernel. Each graph runs eagerly (the Expand and
 // Slice kernels copy) and compiled; the results must be bit-identical (data movement and
 // one multiply-add in the same f32 arithmetic), and after fusion no Expand or Slice may
 // be left outside a FusedKernel body.
@@ -43,9 +43,9 @@ void expect_views_fused(ir::Graph& g, const std::map<std::string, ir::Tensor>& f
   ASSERT_TRUE(st.is_ok()) << st.message();
   int inside = 0;
   for (auto& n : fused->nodes()) {
-    EXPECT_TRUE(n->op != "Expand" && n->op != "Slice") << n->name << " was left to its eager kernel";
+    EXPECT_TRUE(n->op != "Expand" && n->op != "Slice" && n->op != "Reshape") << n->name << " was left to its eager kernel";
     if (n->op == "FusedKernel")
-      for (auto& m : n->regions[0]->nodes()) inside += m->op == "Expand" || m->op == "Slice";
+      for (auto& m : n->regions[0]->nodes()) inside += m->op == "Expand" || m->op == "Slice" || m->op == "Reshape";
   }
   EXPECT_EQ(inside, views);
   auto prog = codegen::compile_graph_cpu(*fused);
@@ -100,6 +100,44 @@ TEST(ViewsCompiled, ExpandIsABroadcastLoad) {
   g.outputs = {y, v};
   expect_views_fused(
       g, {{"x", random_f32({3, 1, 5}, 3)}, {"z", random_f32({2, 3, 4, 5}, 4)}, {"w", random_f32({6, 7}, 5)}}, 2);
+}
+
+TEST(ViewsCompiled, ReshapeForItsOneReaderIsADenseLoad) {
+  // y = Reshape(x (4, 6), [2, 3, 4]) * x2 (2, 3, 4) + c (4): the kernel reads x with the
+  // dense strides of (2, 3, 4).
+  ir::Graph g;
+  ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({4, 6}));
+  ir::Value* x2 = g.add_input("x2", DType::f32, ir::Shape::of({2, 3, 4}));
+  ir::Value* c = g.add_input("c", DType::f32, ir::Shape::of({4}));
+  ir::Value* r =
+      g.add_node("Reshape", "reshape", {x, g.add_initializer("shape", ir::Tensor::from_i64({2, 3, 4}))}, {"r"})
+          ->outputs[0];
+  ir::Value* m = g.add_node("Mul", "mul", {r, x2}, {"m"})->outputs[0];
+  g.outputs = {g.add_node("Add", "add", {m, c}, {"y"})->outputs[0]};
+  expect_views_fused(g, {{"x", random_f32({4, 6}, 7)}, {"x2", random_f32({2, 3, 4}, 8)}, {"c", random_f32({4}, 9)}}, 1);
+}
+
+TEST(ViewsCompiled, ReshapeWithTwoReadersOrAloneStaysAnEagerView) {
+  // Read by two kernels, or by a library call only, the Reshape stays the interpreter's
+  // storage-sharing view: fusing it would make some kernel write a copy of it.
+  ir::Graph g;
+  ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({4, 6}));
+  ir::Value* w = g.add_input("w", DType::f32, ir::Shape::of({4, 5}));
+  ir::Value* r =
+      g.add_node("Reshape", "reshape", {x, g.add_initializer("shape", ir::Tensor::from_i64({6, 4}))}, {"r"})
+          ->outputs[0];
+  ir::Value* a = g.add_node("Neg", "neg", {r}, {"a"})->outputs[0];
+  ir::Value* b = g.add_node("MatMul", "mm", {r, w}, {"b"})->outputs[0];
+  ir::Value* r2 =
+      g.add_node("Reshape", "reshape2", {w, g.add_initializer("shape2", ir::Tensor::from_i64({20}))}, {"r2"})
+          ->outputs[0];
+  g.outputs = {a, b, g.add_node("MatMul", "mm2", {r2, g.add_input("v", DType::f32, ir::Shape::of({20}))}, {"d"})->outputs[0]};
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  passes::PassContext ctx;
+  ASSERT_TRUE(passes::run_pipeline(g, {"fusion"}, ctx).is_ok());
+  int top = 0;
+  for (auto& n : g.nodes()) top += n->op == "Reshape";
+  EXPECT_EQ(top, 2) << "a Reshape was fused although another reader or only a library call reads it";
 }
 
 TEST(ViewsCompiled, NegativeStepSliceStaysEager) {
