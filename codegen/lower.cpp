@@ -121,11 +121,8 @@ Expected<Kernel> lower_fused(const Node& fused) {
   // strides; a Reshape's is the input read with the dense strides of its output dims. The
   // view costs no copy. The fusion pass makes such an input reach the body only there.
   std::unordered_map<const Value*, const Node*> viewed_by;
-  auto is_view = [](const std::string& op) {
-    return op == "Transpose" || op == "Expand" || op == "Slice" || ir::is_view_op(op);
-  };
   for (auto& n : body.nodes())
-    if (is_view(n->op) && n->input(0)) viewed_by[n->input(0)] = n.get();
+    if (ir::is_strided_view_op(n->op) && n->input(0)) viewed_by[n->input(0)] = n.get();
   for (const Value* in : body.inputs) {
     if (!in->shape.is_static()) return fail("input '" + in->name + "' shape is not static");
     auto vt = viewed_by.find(in);
@@ -184,7 +181,7 @@ Expected<Kernel> lower_fused(const Node& fused) {
   }
   for (auto& n : body.nodes()) {
     if (reduction && n.get() == &last) break;
-    if (is_view(n->op)) {
+    if (ir::is_strided_view_op(n->op)) {
       if (!env.count(n->outputs[0]))
         return fail(n->op + " '" + n->name + "' reads a value computed in the kernel");
       k.fused_nodes.push_back(n->name);

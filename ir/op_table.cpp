@@ -168,4 +168,8 @@ bool is_view_op(const std::string& op) {
   return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze";
 }
 
+bool is_strided_view_op(const std::string& op) {
+  return op == "Transpose" || op == "Expand" || op == "Slice" || is_view_op(op);
+}
+
 }  // namespace kiln::ir

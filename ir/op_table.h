@@ -205,6 +205,10 @@ struct OpDef {
 /// dims (Reshape, Flatten, Squeeze, Unsqueeze): the interpreter and the memory planner
 /// let the output share the input's buffer when the input dies at that node.
 bool is_view_op(const std::string& op);
+/// Ops code generation reads through strides instead of running (passes/fusion.cpp,
+/// codegen/lower.cpp): Transpose (permuted), Expand (broadcast), Slice (stepped, with an
+/// element offset) and the is_view_op family (the dense strides of the output dims).
+bool is_strided_view_op(const std::string& op);
 
 /// The table. Access with OpTable::get(); entries are registered once on first use.
 class OpTable {

@@ -117,12 +117,8 @@ bool row_fusable(const Node& n) {
   return true;
 }
 
-/// Ops code generation reads through strides instead of running them (views); the
-/// Reshape family (ir::is_view_op: same element order, new dims) reads the input with the
-/// dense strides of the output's dims.
-bool is_view_node(const Node& n) {
-  return n.op == "Transpose" || n.op == "Expand" || n.op == "Slice" || is_view_op(n.op);
-}
+/// Ops code generation reads through strides instead of running them (ir::is_strided_view_op).
+bool is_view_node(const Node& n) { return is_strided_view_op(n.op); }
 
 /// A view that code generation absorbs as index arithmetic: its input becomes a kernel
 /// parameter with permuted (Transpose), broadcast (Expand: stride 0 along expanded

@@ -486,16 +486,11 @@ Expected<TrainResult> Trainer::run() {
   summary["train_samples_per_second"] = runtime > 0 ? static_cast<double>(ran * rows_per_step_) / runtime : 0.0;
   summary["train_steps_per_second"] = runtime > 0 ? static_cast<double>(ran) / runtime : 0.0;
   KILN_RETURN_IF_ERROR(metrics.write(summary));
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "done: step %lld | epoch %.2f | train_loss %.4f | train_runtime %.2f s",
-                static_cast<long long>(global_step_), res.epoch, std::isnan(res.train_loss) ? 0.0 : res.train_loss,
-                runtime);
-  std::string done = buf;
-  if (std::isnan(res.train_loss)) {  // one spelling of NaN everywhere (glibc prints "-nan" for most)
-    const auto at = done.find("train_loss ");
-    done.replace(at + 11, done.find(' ', at + 11) - (at + 11), "nan");
-  }
-  out << done << "\n";
+  char loss[32], buf[160];
+  std::snprintf(loss, sizeof loss, "%.4f", res.train_loss);
+  std::snprintf(buf, sizeof buf, "done: step %lld | epoch %.2f | train_loss %s | train_runtime %.2f s",
+                static_cast<long long>(global_step_), res.epoch, std::isnan(res.train_loss) ? "nan" : loss, runtime);
+  out << buf << "\n";  // one spelling of NaN everywhere (glibc prints "-nan" for most)
   res.weights = weights();
   return res;
 }

@@ -34,6 +34,30 @@ struct LossSetup {
   std::string reduction;
 };
 
+/// Labels (any shape) against [0, C), ignore_index (attribute) exempt: the error names the
+/// first bad label and its flat position, and its index in `fed_dims` when given (the
+/// labels' dims before a flattening Reshape, CheckLabels' label_dims).
+Status check_label_range(const KernelContext& ctx, const Tensor& L, int64_t C, const std::vector<int64_t>& fed_dims = {}) {
+  const bool has_ignore = ctx.attrs().has("ignore_index");
+  const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);
+  for (int64_t i = 0; i < L.numel(); ++i) {
+    const int64_t l = L.get_i64(i);
+    if ((has_ignore && l == ignore) || (l >= 0 && l < C)) continue;
+    std::string where = std::to_string(i);
+    if (fed_dims.size() > 1 && ir::numel_of(fed_dims) == L.numel()) {
+      std::vector<int64_t> at(fed_dims.size());
+      for (int64_t d = static_cast<int64_t>(fed_dims.size()) - 1, r = i; d >= 0; --d) {
+        at[static_cast<size_t>(d)] = r % fed_dims[static_cast<size_t>(d)];
+        r /= fed_dims[static_cast<size_t>(d)];
+      }
+      where += " (index " + ir::dims_to_string(at) + " of the labels " + ir::dims_to_string(fed_dims) + ")";
+    }
+    return ctx.fail("label " + std::to_string(l) + " at position " + where + " is outside [0, " + std::to_string(C) +
+                    ")");
+  }
+  return Status::ok();
+}
+
 Expected<LossSetup> setup(const KernelContext& ctx, int o) {
   const Tensor& S = ctx.in(o);
   const Tensor& L = ctx.in(o + 1);
@@ -45,16 +69,14 @@ Expected<LossSetup> setup(const KernelContext& ctx, int o) {
   if (L.numel() != s.N * s.D) return ctx.fail("labels " + ir::dims_to_string(L.dims()) + " do not match scores");
   const Tensor* W = ctx.has_input(o + 2) ? ctx.inputs[o + 2] : nullptr;
   if (W && W->numel() != s.C) return ctx.fail("weights must have C elements");
+  KILN_RETURN_IF_ERROR(check_label_range(ctx, L, s.C));
   const bool has_ignore = ctx.attrs().has("ignore_index");
   const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);
   s.labels = L.to_i64_vector();
   s.pos_w.assign(s.labels.size(), 0.0);
   for (size_t i = 0; i < s.labels.size(); ++i) {
-    int64_t l = s.labels[i];
+    const int64_t l = s.labels[i];
     if (has_ignore && l == ignore) continue;
-    if (l < 0 || l >= s.C)
-      return ctx.fail("label " + std::to_string(l) + " at position " + std::to_string(i) + " is outside [0, " +
-                      std::to_string(s.C) + ")");
     s.pos_w[i] = W ? W->get_f64(l) : 1.0;
     s.wsum += s.pos_w[i];
   }
@@ -194,79 +216,44 @@ Status nll_grad_kernel(KernelContext& ctx) {
   return Status::ok();
 }
 
-/// The label check of setup(), alone: labels (any shape) against [0, num_classes) with
-/// ignore_index exempt. Returns the error of the first bad label.
-Status check_label_range(const KernelContext& ctx, const Tensor& L, int64_t C) {
-  const bool has_ignore = ctx.attrs().has("ignore_index");
-  const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);
-  for (int64_t i = 0; i < L.numel(); ++i) {
-    const int64_t l = L.get_i64(i);
-    if (has_ignore && l == ignore) continue;
-    if (l < 0 || l >= C)
-      return ctx.fail("label " + std::to_string(l) + " at position " + std::to_string(i) + " is outside [0, " +
-                      std::to_string(C) + ")");
-  }
-  return Status::ok();
-}
-
 Status check_labels_kernel(KernelContext& ctx) {
-  Status st = check_label_range(ctx, ctx.in(0), ctx.attrs().get_int("num_classes", 0));
-  const std::vector<int64_t> dims = ctx.attrs().get_ints("label_dims");
-  if (!st.is_ok() && dims.size() > 1 && ir::numel_of(dims) == ctx.in(0).numel()) {
-    // Name the element in the labels as fed ([batch, seq] for token labels), not only
-    // its flattened position.
-    const Tensor& L = ctx.in(0);
-    const bool has_ignore = ctx.attrs().has("ignore_index");
-    const int64_t ignore = ctx.attrs().get_int("ignore_index", 0), C = ctx.attrs().get_int("num_classes", 0);
-    for (int64_t i = 0; i < L.numel(); ++i) {
-      const int64_t l = L.get_i64(i);
-      if ((has_ignore && l == ignore) || (l >= 0 && l < C)) continue;
-      std::vector<int64_t> at(dims.size());
-      for (int64_t d = static_cast<int64_t>(dims.size()) - 1, r = i; d >= 0; --d) {
-        at[static_cast<size_t>(d)] = r % dims[static_cast<size_t>(d)];
-        r /= dims[static_cast<size_t>(d)];
-      }
-      return ctx.fail("label " + std::to_string(l) + " at position " + std::to_string(i) + " (index " +
-                      ir::dims_to_string(at) + " of the labels " + ir::dims_to_string(dims) + ") is outside [0, " +
-                      std::to_string(C) + ")");
-    }
-  }
-  KILN_RETURN_IF_ERROR(st);
+  KILN_RETURN_IF_ERROR(check_label_range(ctx, ctx.in(0), ctx.attrs().get_int("num_classes", 0),
+                                         ctx.attrs().get_ints("label_dims")));
   std::memcpy(ctx.out(0).raw(), ctx.in(0).raw(), ctx.in(0).nbytes());
   return Status::ok();
 }
 
-/// SoftmaxCrossEntropyRows: per row, log(sum exp(x - max)) minus the sum of (x - max)
-/// over the classes c with classes[c] == label (the one x[label] - max for classes =
-/// 0..C-1, as the generated row rule computes it), in double.
+/// SoftmaxCrossEntropyRows: per row, minus the sum of the log-softmax (log_softmax_at,
+/// as the SoftmaxCrossEntropyLoss kernel) over the classes c with classes[c] == label:
+/// the one -log p[label] for classes = 0..C-1, as the generated row rule computes it.
 Status sce_rows_kernel(KernelContext& ctx) {
   const Tensor& X = ctx.in(0);
-  const Tensor& L = ctx.in(1);
-  const int64_t N = X.dim(0), C = X.dim(1);
-  if (L.numel() != N) return ctx.fail("labels " + ir::dims_to_string(L.dims()) + " do not match scores");
-  if (ctx.in(2).numel() != C) return ctx.fail("classes " + ir::dims_to_string(ctx.in(2).dims()) + " do not match scores");
-  const std::vector<int64_t> classes = ctx.in(2).to_i64_vector();
-  KILN_RETURN_IF_ERROR(check_label_range(ctx, L, C));
+  LossSetup geo;  // the (N, C) geometry log_softmax_at reads (input 2 is no weight tensor)
+  geo.N = X.dim(0);
+  geo.C = X.dim(1);
+  if (ctx.in(1).numel() != geo.N) return ctx.fail("labels " + ir::dims_to_string(ctx.in(1).dims()) + " do not match scores");
+  if (ctx.in(2).numel() != geo.C) return ctx.fail("classes " + ir::dims_to_string(ctx.in(2).dims()) + " do not match scores");
+  KILN_RETURN_IF_ERROR(check_label_range(ctx, ctx.in(1), geo.C));
   const bool has_ignore = ctx.attrs().has("ignore_index");
   const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);
+  const std::vector<int64_t> labels = ctx.in(1).to_i64_vector(), classes = ctx.in(2).to_i64_vector();
+  const LossSetup* s = &geo;
   double* out = ctx.out(0).data<double>();
   return dispatch_float(ctx, X.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* x = X.data<T>();
-#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold)
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t l = L.get_i64(n);
-      if (has_ignore && l == ignore) {
+#pragma omp parallel if (X.numel() > kParallelThreshold)
+    {
+      std::vector<double> row(static_cast<size_t>(s->C));  // one buffer per thread
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < s->N; ++n) {
+        const int64_t l = labels[static_cast<size_t>(n)];
         out[n] = 0.0;
-        continue;
+        if (has_ignore && l == ignore) continue;
+        log_softmax_at(x, *s, n, 0, row.data());
+        for (int64_t c = 0; c < s->C; ++c)
+          if (classes[static_cast<size_t>(c)] == l) out[n] -= row[static_cast<size_t>(c)];
       }
-      double m = -std::numeric_limits<double>::infinity(), sum = 0;
-      for (int64_t c = 0; c < C; ++c) m = std::max(m, ld(x, n * C + c));
-      for (int64_t c = 0; c < C; ++c) sum += std::exp(ld(x, n * C + c) - m);
-      double picked = 0;
-      for (int64_t c = 0; c < C; ++c)
-        if (classes[static_cast<size_t>(c)] == l) picked += ld(x, n * C + c) - m;
-      out[n] = std::log(sum) - picked;
     }
   });
 }
