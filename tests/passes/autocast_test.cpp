@@ -207,11 +207,13 @@ int kiln(const std::string& args, std::string* out) {
 }
 
 /// Mean of the last 20 per-step losses of a 200-step run.
-double tail_loss(const std::string& args, const std::string& tag) {
+double tail_loss(const std::string& args, const std::string& tag, int seed) {
   fs::path dir = fs::temp_directory_path() / ("kiln_autocast_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   std::string out;
-  int rc = kiln(args + " --max_steps 200 --logging_steps 1 --seed 7 --output_dir " + dir.string(), &out);
+  int rc = kiln(args + " --max_steps 200 --logging_steps 1 --seed " + std::to_string(seed) + " --output_dir " +
+                    dir.string(),
+                &out);
   EXPECT_EQ(rc, 0) << out;
   std::map<int64_t, double> losses;
   std::ifstream f(dir / "metrics.jsonl");
@@ -229,11 +231,18 @@ double tail_loss(const std::string& args, const std::string& tag) {
   return k ? s / k : NAN;
 }
 
-void compare_bf16(const std::string& args, const std::string& tag) {
+/// Tail losses of fp32 and bf16 runs, each averaged over `seeds` (one run per seed and
+/// precision; every seed's own gap is printed), must agree within 2%.
+void compare_bf16(const std::string& args, const std::string& tag, const std::vector<int>& seeds = {7}) {
   if (!fs::exists(kSrc + "/data/digits/x_train.npy") || !fs::exists(kSrc + "/data/text/train.bin"))
     FAIL() << "data/ is missing: run tools/prepare_test_data.sh (tools/test.sh does)";
-  double f32 = tail_loss(args, tag + "_f32");
-  double bf = tail_loss(args + " --bf16", tag + "_bf16");
+  double f32 = 0, bf = 0;
+  for (int seed : seeds) {
+    const double f = tail_loss(args, tag + "_f32", seed), b = tail_loss(args + " --bf16", tag + "_bf16", seed);
+    std::cout << tag << " seed " << seed << ": fp32 tail loss " << f << ", bf16 " << b << ", gap "
+              << std::fabs(b - f) / f * 100 << "%\n";
+    f32 += f / seeds.size(), bf += b / seeds.size();
+  }
   std::cout << tag << ": fp32 tail loss " << f32 << ", bf16 " << bf << ", gap " << std::fabs(bf - f32) / f32 * 100
             << "%\n";
   EXPECT_LT(std::fabs(bf - f32), 0.02 * std::fabs(f32)) << "fp32 " << f32 << " bf16 " << bf;
@@ -261,10 +270,16 @@ TEST(Bf16Numerics, CnnBn200StepsWithin2Percent) {
                "cnn_bn");
 }
 
-// ResNet-18 at 32x32 on upsampled digits, batch 8: the slowest of the four (bf16 convolutions
-// have no native instructions on CPUs without AVX512_BF16).
+// ResNet-18 at 32x32 on upsampled digits, batch 8, averaged over three seeds at lr 1e-4.
+// With BatchNorm over 8 images its trajectory is chaotic: at lr 1e-3 two fp32 runs that
+// differ only in summation order (1 or 2 threads, oneDNN limited to AVX2) end 0.58-0.67,
+// +-7%, so one seed at that rate cannot resolve 2% (it passed on an AVX2 machine, 0.58%,
+// and failed on an AVX-512 one, 2.39%, with native bf16 convolutions computing the same
+// function). At lr 1e-4 the same perturbations move one seed's fp32 tail by up to 1%
+// and the 3-seed bf16 gap measured 0.07-0.86% (docs/performance.md, issue 4); a bf16 run
+// learning at half the rate ends about 11% higher and fails.
 TEST(Bf16Numerics, ResNet18_200StepsWithin2Percent) {
   compare_bf16("train examples/resnet18/model.onnx --train_data input=data/digits/x_train_rgb32.npy "
-               "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 8 --learning_rate 1e-3",
-               "resnet18");
+               "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 8 --learning_rate 1e-4",
+               "resnet18", {7, 8, 9});
 }
