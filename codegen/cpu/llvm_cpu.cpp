@@ -202,6 +202,10 @@ class KernelEmitter {
     F_->addFnAttr(llvm::Attribute::NoUnwind);
     if (!cpu_.empty()) F_->addFnAttr("target-cpu", cpu_);
     if (!feats_.empty()) F_->addFnAttr("target-features", feats_);
+    // LLVM tunes Intel's AVX-512 server cores to prefer 256-bit vectors (the clock
+    // penalty of early AVX-512 parts); the generated kernels are compute-bound
+    // polynomial loops that run faster with zmm (docs/performance.md).
+    if (feats_.find("+avx512f") != std::string::npos) F_->addFnAttr("prefer-vector-width", "512");
     auto arg = F_->arg_begin();
     llvm::Value* buffers = &*arg++;
     begin_ = &*arg++;

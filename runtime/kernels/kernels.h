@@ -13,6 +13,18 @@ void register_loss_kernels(ir::OpTable& t);
 void register_training_kernels(ir::OpTable& t);
 void register_optim8bit_kernels(ir::OpTable& t);  ///< runtime/kernels/optim8bit.cpp
 
+/// Test hooks of the 8-bit optimizer kernels (runtime/kernels/optim8bit.cpp).
+namespace optim8bit_testing {
+/// Caps the instruction set the kernels use: 0 portable C++, 1 AVX2 + FMA, 2 AVX-512
+/// (each also needs the CPU's support). Returns the previous cap. Process-wide.
+int set_max_isa(int level);
+/// The level the kernels use now (the CPU's best, capped).
+int active_isa();
+/// out[i] = a[i] / b as the active vector path divides (a multiply by RN(1/b) and one FMA
+/// correction), n a multiple of 16. False (nothing written) on the portable path.
+bool divide_by_reciprocal(const float* a, float b, float* out, int64_t n);
+}  // namespace optim8bit_testing
+
 /// Sets the kernel of op `name`; aborts if the op is not in the table (a programming error).
 void set_kernel(ir::OpTable& t, const char* name, ir::KernelFn fn);
 /// set_kernel for a kernel that writes every element of every output (library steps

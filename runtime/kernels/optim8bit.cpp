@@ -12,9 +12,13 @@
 // The arithmetic is the f32 arithmetic of passes/optimizer.cpp's adamw_torch ops in the
 // same order, so with exact state the result equals adamw_torch bit for bit. A block
 // whose absmax is 0 stores the code of 0.0 (dequantizes to 0 whatever the code).
-// x / absmax is a division (not a multiply by 1/absmax) so denormal absmax values
-// cannot overflow to inf.
+// x / absmax is the correctly rounded quotient: on the AVX2 path a multiply by the
+// rounded reciprocal and one FMA correction (Markstein's theorem, exact when nothing
+// underflows: used only for absmax in [2^-60, 2^60] and maps whose nonzero thresholds
+// are >= 2^-40 in magnitude), elsewhere a division, so denormal absmax values cannot
+// overflow to inf. sqrt(v') / sqrt_bc2 is computed the same way.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -23,10 +27,19 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*() and then
+// warn, where inlined, that the undefined value is used (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 #include "ir/ops/optim8bit.h"
 #include "runtime/kernels/kernels.h"
+
+#if defined(__x86_64__)
+/// The AVX-512 paths' target (16-lane loads, gathers, masks, byte narrowing).
+#define KILN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#endif
 
 namespace kiln::runtime::kernels {
 
@@ -71,6 +84,8 @@ class CodeFinder {
       float lo = float_of(b << (32 - kBits));
       start_[b] = lo != lo ? 0 : ir::nearest_code(qmap, lo);  // NaN keys (never looked up)
     }
+    for (int j = 1; j < ir::kQuantMapSize; ++j)
+      if (t_[j] != 0.f && std::fabs(t_[j]) < 0x1p-40f) recip_ok_ = false;
     // The most threshold steps any x in [-1, 1] takes past its bucket's start code.
     for (uint32_t b = key_of(-1.f) >> (32 - kBits); b <= key_of(1.f) >> (32 - kBits); ++b) {
       const uint32_t hi_key = std::min(((b + 1) << (32 - kBits)) - 1, key_of(1.f));
@@ -86,6 +101,11 @@ class CodeFinder {
       }
     }
   }
+  /// Whether x / absmax may be computed by reciprocal and correction (div_rn8): every
+  /// nonzero threshold has magnitude >= 2^-40, so the quotients whose correction could be
+  /// inexact (|x| < 2^-102, where the residual underflows: below 2^-42 for absmax >=
+  /// 2^-60) lie in one code with 0.
+  bool recip_ok() const { return recip_ok_; }
   bool same_map(const float* qmap) const {
     return std::equal(map_.begin(), map_.end(), qmap, [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; });
   }
@@ -128,7 +148,22 @@ class CodeFinder {
     }
     return i;
   }
+  /// codes8 for 16 lanes (AVX-512), equal to operator(); needs has_packed(): one gathered
+  /// packed entry per lane, start + (low key bits >= the bucket's threshold's).
+  KILN_AVX512 __m512i codes16(__m512 x) const {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i key =
+        _mm512_xor_si512(bits, _mm512_or_si512(_mm512_srai_epi32(bits, 31), _mm512_set1_epi32(INT32_MIN)));
+    const __m512i e = _mm512_i32gather_epi32(_mm512_srli_epi32(key, 32 - kBits), packed_.data(), 4);
+    const __m512i start = _mm512_srli_epi32(e, 17);
+    const __mmask16 past = _mm512_cmpge_epi32_mask(_mm512_and_si512(key, _mm512_set1_epi32(0xffff)),
+                                                   _mm512_and_si512(e, _mm512_set1_epi32(0x1ffff)));
+    return _mm512_mask_add_epi32(start, past, start, _mm512_set1_epi32(1));
+  }
 #endif
+  /// Whether the one-compare packed table exists (every bucket of [-1, 1] holds at most
+  /// one threshold; true for the dynamic maps).
+  bool has_packed() const { return !packed_.empty(); }
   /// The cached finder for `qmap` (thread-safe).
   static const CodeFinder& get(const float* qmap) {
     static std::mutex mu;
@@ -160,6 +195,7 @@ class CodeFinder {
   float t_[ir::kQuantMapSize + 1] = {};  // t_[j]: smallest float of code >= j (t_[0] unused)
   uint8_t start_[kBuckets + 3] = {};  // + 3: the last bucket's 4-byte gather stays inside
   int max_steps_ = 0;
+  bool recip_ok_ = true;
   /// Per bucket, when max_steps_ <= 1: start code << 17 | the low 16 key bits of the
   /// threshold inside the bucket (0x10000: none).
   std::vector<uint32_t> packed_;
@@ -181,33 +217,70 @@ inline float quantize_block(const float* x, int64_t n, const CodeFinder& code, u
 }
 
 #if defined(__x86_64__)
+/// The AVX2 paths also use FMA (every AVX2 CPU kiln targets has it; checked anyway).
 bool cpu_has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
+}
+bool cpu_has_avx512() {
+  static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+#endif
+
+/// Highest path the kernels may take (0 portable, 1 AVX2, 2 AVX-512); tests lower it.
+std::atomic<int> g_max_isa{2};
+
+/// The path this call takes: the CPU's best, capped by g_max_isa.
+int isa_level() {
+  int cpu = 0;
+#if defined(__x86_64__)
+  cpu = cpu_has_avx512() ? 2 : cpu_has_avx2() ? 1 : 0;
+#endif
+  return std::min(cpu, g_max_isa.load(std::memory_order_relaxed));
+}
+
+#if defined(__x86_64__)
+/// a / b rounded to nearest for 8 lanes, given y = RN(1/b): q = a*y, r = a - b*q (exact
+/// by FMA), q + r*y (Markstein 1990, "Computation of elementary functions on the IBM
+/// RISC System/6000 processor", Theorem 1). Equals the division when no intermediate
+/// underflows: |a/b| >= 2^-60 with b in [2^-60, 2^60] (checked against _mm256_div_ps
+/// over every mantissa of b, tests/runtime/adamw8bit_test.cpp). Zero quotients may lose
+/// their sign; infinite or NaN a gives NaN (callers exclude or repair those lanes).
+__attribute__((target("avx2,fma"))) inline __m256 div_rn8(__m256 a, __m256 b, __m256 y) {
+  const __m256 q = _mm256_mul_ps(a, y);
+  return _mm256_fmadd_ps(_mm256_fnmadd_ps(q, b, a), y, q);
 }
 
 /// map[code[0..8)] as 8 floats, by eight scalar loads (faster than vgatherdps on the AMD
 /// cores measured, docs/performance.md).
-__attribute__((target("avx2"))) inline __m256 lookup8(const float* map, const uint8_t* code) {
+__attribute__((target("avx2,fma"))) inline __m256 lookup8(const float* map, const uint8_t* code) {
   return _mm256_setr_ps(map[code[0]], map[code[1]], map[code[2]], map[code[3]], map[code[4]], map[code[5]],
                         map[code[6]], map[code[7]]);
 }
 
+/// out[i] = div_rn8(a[i], b, RN(1 / b)) for n elements (n a multiple of 8); test hook.
+__attribute__((target("avx2,fma"))) void divide_by_reciprocal_avx2(const float* a, float b, float* out, int64_t n) {
+  const __m256 bb = _mm256_set1_ps(b), y = _mm256_set1_ps(1.f / b);
+  for (int64_t i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, div_rn8(_mm256_loadu_ps(a + i), bb, y));
+}
+
 /// Stores the low bytes of 8 codes (each 0..255) to out[0..8).
-__attribute__((target("avx2"))) inline void store_codes8(__m256i c, uint8_t* out) {
+__attribute__((target("avx2,fma"))) inline void store_codes8(__m256i c, uint8_t* out) {
   const __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(c16, c16));
 }
 
 /// Folds |x| of 8 lanes into a running max (NaN lanes ignored) and a running NaN mask.
-__attribute__((target("avx2"))) inline void fold_absmax8(__m256 x, __m256& mx, __m256& nan) {
+__attribute__((target("avx2,fma"))) inline void fold_absmax8(__m256 x, __m256& mx, __m256& nan) {
   const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
   mx = _mm256_max_ps(a, mx);  // MAXPS returns the second operand when one is NaN
   nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 /// Horizontal max of 8 lanes (no NaN lanes).
-__attribute__((target("avx2"))) inline float hmax8(__m256 v) {
+__attribute__((target("avx2,fma"))) inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
@@ -217,18 +290,23 @@ __attribute__((target("avx2"))) inline float hmax8(__m256 v) {
 /// quantize_block with AVX2, bit-identical to it. `mx` (max |x|, NaN lanes ignored) and
 /// `any_nan` may come from the loop that produced x; a block that is not all finite with
 /// a positive absmax goes through quantize_block itself (its exact NaN and zero rules).
-__attribute__((target("avx2"))) float quantize_block_avx2(const float* x, int64_t n, float mx, bool any_nan,
-                                                         const CodeFinder& code, uint8_t zero_code, uint8_t* codes) {
+__attribute__((target("avx2,fma"))) float quantize_block_avx2(const float* x, int64_t n, float mx, bool any_nan,
+                                                             const CodeFinder& code, uint8_t zero_code,
+                                                             uint8_t* codes) {
   if (any_nan || !(mx > 0.f && std::isfinite(mx))) return quantize_block(x, n, code, zero_code, codes);
   const __m256 d = _mm256_set1_ps(mx);
   int64_t i = 0;
+  if (code.recip_ok() && mx >= 0x1p-60f && mx <= 0x1p60f) {  // div_rn8's exact range
+    const __m256 y = _mm256_set1_ps(1.f / mx);
+    for (; i + 8 <= n; i += 8) store_codes8(code.codes8(div_rn8(_mm256_loadu_ps(x + i), d, y)), codes + i);
+  }
   for (; i + 8 <= n; i += 8) store_codes8(code.codes8(_mm256_div_ps(_mm256_loadu_ps(x + i), d)), codes + i);
   for (; i < n; ++i) codes[i] = code(x[i] / mx);
   return mx;
 }
 
 /// Max |x| over one block by AVX2 and whether it holds a NaN.
-__attribute__((target("avx2"))) float block_absmax_avx2(const float* x, int64_t n, bool* any_nan) {
+__attribute__((target("avx2,fma"))) float block_absmax_avx2(const float* x, int64_t n, bool* any_nan) {
   __m256 mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) fold_absmax8(_mm256_loadu_ps(x + i), mx, nan);
@@ -243,36 +321,6 @@ __attribute__((target("avx2"))) float block_absmax_avx2(const float* x, int64_t 
   return m;
 }
 #endif
-
-/// Quantizes one block (quantize_block), by AVX2 where the CPU has it.
-inline float quantize_block_fast(const float* x, int64_t n, const CodeFinder& code, uint8_t zero_code, uint8_t* codes) {
-#if defined(__x86_64__)
-  if (cpu_has_avx2()) {
-    bool nan = false;
-    const float mx = block_absmax_avx2(x, n, &nan);
-    return quantize_block_avx2(x, n, mx, nan, code, zero_code, codes);
-  }
-#endif
-  return quantize_block(x, n, code, zero_code, codes);
-}
-
-Status quantize_kernel(KernelContext& c) {
-  const Tensor& x = c.in(0);
-  KILN_RETURN_IF_ERROR(check_qmap(c, c.in(1), "qmap"));
-  const float* qmap = c.in(1).data<float>();
-  const int64_t n = x.numel(), bs = blocksize(c), nb = ir::num_blocks_8bit(n, bs);
-  const uint8_t zero = ir::nearest_code(qmap, 0.f);
-  const CodeFinder& finder = CodeFinder::get(qmap);
-  const float* xp = x.data<float>();
-  uint8_t* codes = c.out(0).data<uint8_t>();
-  float* absmax = c.out(1).data<float>();
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t lo = b * bs, len = std::min(bs, n - lo);
-    absmax[b] = quantize_block_fast(xp + lo, len, finder, zero, codes + lo);
-  }
-  return Status::ok();
-}
 
 Status dequantize_kernel(KernelContext& c) {
   const Tensor& codes = c.in(0);
@@ -331,9 +379,13 @@ void adam8bit_block(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_
 
 #if defined(__x86_64__)
 /// adam8bit_block by AVX2, bit-identical to it: 8 elements at a time with the same f32
-/// operations in the same order (no FMA: the target enables AVX2 only, so nothing is
-/// contracted), the map lookups as gathers, absmax folded into the update loop.
-__attribute__((target("avx2"))) void adam8bit_block_avx2(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_t lo,
+/// operations in the same order (nothing contracted: this file is compiled with
+/// -ffp-contract=off; the only FMAs are div_rn8's exact corrections), the map lookups as
+/// scalar loads, absmax folded into the update loop. sqrt(v') / sqrt_bc2 is div_rn8 by
+/// the reciprocal of sqrt_bc2 when that lies in [2^-60, 1] (sqrt(v') is 0 or >= 2^-75,
+/// so the quotient is 0 or >= 2^-75; an infinite or NaN lane keeps the plain product,
+/// which is then the quotient's inf or NaN).
+__attribute__((target("avx2,fma"))) void adam8bit_block_avx2(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_t lo,
                                                         int64_t len, const CodeFinder& fs, const CodeFinder& fu,
                                                         uint8_t zs, uint8_t zu, float* m, float* v) {
   const float am = t.a1[b], av = t.a2[b];
@@ -342,6 +394,8 @@ __attribute__((target("avx2"))) void adam8bit_block_avx2(const AdamConsts& k, co
                omb2 = _mm256_set1_ps(k.omb2), eps = _mm256_set1_ps(k.eps), lr_wd = _mm256_set1_ps(k.lr_wd),
                ss = _mm256_set1_ps(k.step_size), sbc2 = _mm256_set1_ps(k.sqrt_bc2), coef = _mm256_set1_ps(k.coef);
   const bool clip = k.clip, decay = k.decay;
+  const bool recip_bc2 = k.sqrt_bc2 >= 0x1p-60f && k.sqrt_bc2 <= 1.f;
+  const __m256 rbc2 = _mm256_set1_ps(1.f / k.sqrt_bc2);
   __m256 mx_m = _mm256_setzero_ps(), mx_v = _mm256_setzero_ps(), nan_m = _mm256_setzero_ps(),
          nan_v = _mm256_setzero_ps();
   // Locals, so the stores below cannot make the compiler reload the pointers.
@@ -362,7 +416,15 @@ __attribute__((target("avx2"))) void adam8bit_block_avx2(const AdamConsts& k, co
     if (decay) p = _mm256_sub_ps(p, _mm256_mul_ps(p, lr_wd));
     const __m256 mn = _mm256_add_ps(_mm256_mul_ps(mo, b1), _mm256_mul_ps(gr, omb1));
     const __m256 vn = _mm256_add_ps(_mm256_mul_ps(vo, b2), _mm256_mul_ps(_mm256_mul_ps(gr, gr), omb2));
-    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vn), sbc2), eps);
+    const __m256 s = _mm256_sqrt_ps(vn);
+    __m256 sq;
+    if (recip_bc2) {
+      const __m256 q = _mm256_mul_ps(s, rbc2), r = _mm256_fnmadd_ps(q, sbc2, s);
+      sq = _mm256_blendv_ps(_mm256_fmadd_ps(r, rbc2, q), q, _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
+    } else {
+      sq = _mm256_div_ps(s, sbc2);
+    }
+    const __m256 denom = _mm256_add_ps(sq, eps);
     _mm256_storeu_ps(po + j, _mm256_sub_ps(p, _mm256_mul_ps(ss, _mm256_div_ps(mn, denom))));
     _mm256_storeu_ps(m + j, mn);
     _mm256_storeu_ps(v + j, vn);
@@ -383,7 +445,140 @@ __attribute__((target("avx2"))) void adam8bit_block_avx2(const AdamConsts& k, co
   t.a1o[b] = quantize_block_avx2(m, len, xm, nm, fs, zs, t.q1o + lo);
   t.a2o[b] = quantize_block_avx2(v, len, xv, nv, fu, zu, t.q2o + lo);
 }
+
+/// div_rn8 for 16 lanes.
+KILN_AVX512 inline __m512 div_rn16(__m512 a, __m512 b, __m512 y) {
+  const __m512 q = _mm512_mul_ps(a, y);
+  return _mm512_fmadd_ps(_mm512_fnmadd_ps(q, b, a), y, q);
+}
+
+/// quantize_block_avx2 with 16 lanes (gathered packed entries), bit-identical to it.
+KILN_AVX512 float quantize_block_avx512(const float* x, int64_t n, float mx, bool any_nan, const CodeFinder& code,
+                                        uint8_t zero_code, uint8_t* codes) {
+  if (any_nan || !(mx > 0.f && std::isfinite(mx)) || !code.has_packed())
+    return quantize_block_avx2(x, n, mx, any_nan, code, zero_code, codes);
+  const __m512 d = _mm512_set1_ps(mx);
+  int64_t i = 0;
+  if (code.recip_ok() && mx >= 0x1p-60f && mx <= 0x1p60f) {  // div_rn8's exact range
+    const __m512 y = _mm512_set1_ps(1.f / mx);
+    for (; i + 16 <= n; i += 16)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
+                       _mm512_cvtepi32_epi8(code.codes16(div_rn16(_mm512_loadu_ps(x + i), d, y))));
+  }
+  for (; i + 16 <= n; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
+                     _mm512_cvtepi32_epi8(code.codes16(_mm512_div_ps(_mm512_loadu_ps(x + i), d))));
+  for (; i < n; ++i) codes[i] = code(x[i] / mx);
+  return mx;
+}
+
+/// map[code[0..16)] as 16 floats (one gather from the 1 KiB map).
+KILN_AVX512 inline __m512 lookup16(const float* map, const uint8_t* code) {
+  return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code))), map, 4);
+}
+
+/// out[i] = div_rn16(a[i], b, RN(1 / b)) for n elements (n a multiple of 16); test hook.
+KILN_AVX512 void divide_by_reciprocal_avx512(const float* a, float b, float* out, int64_t n) {
+  const __m512 bb = _mm512_set1_ps(b), y = _mm512_set1_ps(1.f / b);
+  for (int64_t i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, div_rn16(_mm512_loadu_ps(a + i), bb, y));
+}
+
+/// adam8bit_block_avx2 with 16 lanes, bit-identical to it (the same f32 operations in the
+/// same order; absmax as max over lanes with NaN lanes tracked in a mask).
+KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_t lo, int64_t len,
+                                       const CodeFinder& fs, const CodeFinder& fu, uint8_t zs, uint8_t zu, float* m,
+                                       float* v) {
+  const float am = t.a1[b], av = t.a2[b];
+  const __m512 am16 = _mm512_set1_ps(am), av16 = _mm512_set1_ps(av);
+  const __m512 b1 = _mm512_set1_ps(k.b1), omb1 = _mm512_set1_ps(k.omb1), b2 = _mm512_set1_ps(k.b2),
+               omb2 = _mm512_set1_ps(k.omb2), eps = _mm512_set1_ps(k.eps), lr_wd = _mm512_set1_ps(k.lr_wd),
+               ss = _mm512_set1_ps(k.step_size), sbc2 = _mm512_set1_ps(k.sqrt_bc2), coef = _mm512_set1_ps(k.coef);
+  const bool clip = k.clip, decay = k.decay;
+  const bool recip_bc2 = k.sqrt_bc2 >= 0x1p-60f && k.sqrt_bc2 <= 1.f;
+  const __m512 rbc2 = _mm512_set1_ps(1.f / k.sqrt_bc2);
+  __m512 mx_m = _mm512_setzero_ps(), mx_v = _mm512_setzero_ps();
+  __mmask16 nan_m = 0, nan_v = 0;
+  const float* __restrict pp = t.p + lo;
+  const float* __restrict gp = t.g + lo;
+  const uint8_t* __restrict q1 = t.q1 + lo;
+  const uint8_t* __restrict q2 = t.q2 + lo;
+  const float* qs = t.qs;
+  const float* qu = t.qu;
+  float* __restrict po = t.po + lo;
+  int64_t j = 0;
+  for (; j + 16 <= len; j += 16) {
+    const __m512 mo = _mm512_mul_ps(lookup16(qs, q1 + j), am16);
+    const __m512 vo = _mm512_mul_ps(lookup16(qu, q2 + j), av16);
+    __m512 gr = _mm512_loadu_ps(gp + j);
+    if (clip) gr = _mm512_mul_ps(gr, coef);
+    __m512 p = _mm512_loadu_ps(pp + j);
+    if (decay) p = _mm512_sub_ps(p, _mm512_mul_ps(p, lr_wd));
+    const __m512 mn = _mm512_add_ps(_mm512_mul_ps(mo, b1), _mm512_mul_ps(gr, omb1));
+    const __m512 vn = _mm512_add_ps(_mm512_mul_ps(vo, b2), _mm512_mul_ps(_mm512_mul_ps(gr, gr), omb2));
+    const __m512 s = _mm512_sqrt_ps(vn);
+    __m512 sq;
+    if (recip_bc2) {
+      const __m512 q = _mm512_mul_ps(s, rbc2), r = _mm512_fnmadd_ps(q, sbc2, s);
+      // A NaN residual (s infinite or NaN) keeps the product, which is then the quotient.
+      sq = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q), _mm512_fmadd_ps(r, rbc2, q), q);
+    } else {
+      sq = _mm512_div_ps(s, sbc2);
+    }
+    const __m512 denom = _mm512_add_ps(sq, eps);
+    _mm512_storeu_ps(po + j, _mm512_sub_ps(p, _mm512_mul_ps(ss, _mm512_div_ps(mn, denom))));
+    _mm512_storeu_ps(m + j, mn);
+    _mm512_storeu_ps(v + j, vn);
+    mx_m = _mm512_max_ps(_mm512_abs_ps(mn), mx_m);  // MAXPS returns the second operand for a NaN
+    mx_v = _mm512_max_ps(_mm512_abs_ps(vn), mx_v);
+    nan_m |= _mm512_cmp_ps_mask(mn, mn, _CMP_UNORD_Q);
+    nan_v |= _mm512_cmp_ps_mask(vn, vn, _CMP_UNORD_Q);
+  }
+  float xm = _mm512_reduce_max_ps(mx_m), xv = _mm512_reduce_max_ps(mx_v);
+  bool nm = nan_m != 0, nv = nan_v != 0;
+  for (; j < len; ++j) {
+    const int64_t i = lo + j;
+    t.po[i] = adam_element(k, t.p[i], t.g[i], t.qs[t.q1[i]] * am, t.qu[t.q2[i]] * av, m[j], v[j]);
+    const float a = std::fabs(m[j]), c = std::fabs(v[j]);
+    nm = nm || a != a;
+    nv = nv || c != c;
+    xm = a > xm ? a : xm;
+    xv = c > xv ? c : xv;
+  }
+  t.a1o[b] = quantize_block_avx512(m, len, xm, nm, fs, zs, t.q1o + lo);
+  t.a2o[b] = quantize_block_avx512(v, len, xv, nv, fu, zu, t.q2o + lo);
+}
 #endif
+
+/// Quantizes one block (quantize_block), by AVX-512 or AVX2 where the CPU has it.
+inline float quantize_block_fast(const float* x, int64_t n, const CodeFinder& code, uint8_t zero_code, uint8_t* codes) {
+#if defined(__x86_64__)
+  if (const int isa = isa_level(); isa >= 1) {
+    bool nan = false;
+    const float mx = block_absmax_avx2(x, n, &nan);
+    return isa == 2 ? quantize_block_avx512(x, n, mx, nan, code, zero_code, codes)
+                    : quantize_block_avx2(x, n, mx, nan, code, zero_code, codes);
+  }
+#endif
+  return quantize_block(x, n, code, zero_code, codes);
+}
+
+Status quantize_kernel(KernelContext& c) {
+  const Tensor& x = c.in(0);
+  KILN_RETURN_IF_ERROR(check_qmap(c, c.in(1), "qmap"));
+  const float* qmap = c.in(1).data<float>();
+  const int64_t n = x.numel(), bs = blocksize(c), nb = ir::num_blocks_8bit(n, bs);
+  const uint8_t zero = ir::nearest_code(qmap, 0.f);
+  const CodeFinder& finder = CodeFinder::get(qmap);
+  const float* xp = x.data<float>();
+  uint8_t* codes = c.out(0).data<uint8_t>();
+  float* absmax = c.out(1).data<float>();
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t lo = b * bs, len = std::min(bs, n - lo);
+    absmax[b] = quantize_block_fast(xp + lo, len, finder, zero, codes + lo);
+  }
+  return Status::ok();
+}
 
 Status adamw8bit_kernel(KernelContext& c) {
   const Tensor& p = c.in(0);
@@ -418,11 +613,7 @@ Status adamw8bit_kernel(KernelContext& c) {
                       c.in(2).data<uint8_t>(),  c.in(4).data<uint8_t>(),  c.out(0).data<float>(),
                       c.out(2).data<float>(),   c.out(4).data<float>(),   c.out(1).data<uint8_t>(),
                       c.out(3).data<uint8_t>()};
-#if defined(__x86_64__)
-  const bool avx2 = cpu_has_avx2();
-#else
-  const bool avx2 = false;
-#endif
+  const int isa = isa_level();
 
 #pragma omp parallel if (n >= (1 << 16))
   {
@@ -431,7 +622,11 @@ Status adamw8bit_kernel(KernelContext& c) {
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t lo = b * bs, len = std::min(bs, n - lo);
 #if defined(__x86_64__)
-      if (avx2) {
+      if (isa == 2) {
+        adam8bit_block_avx512(k, t, b, lo, len, find_s, find_u, zero_s, zero_u, m.data(), v.data());
+        continue;
+      }
+      if (isa == 1) {
         adam8bit_block_avx2(k, t, b, lo, len, find_s, find_u, zero_s, zero_u, m.data(), v.data());
         continue;
       }
@@ -443,6 +638,25 @@ Status adamw8bit_kernel(KernelContext& c) {
 }
 
 }  // namespace
+
+namespace optim8bit_testing {
+
+int set_max_isa(int level) { return g_max_isa.exchange(std::clamp(level, 0, 2)); }
+
+int active_isa() { return isa_level(); }
+
+bool divide_by_reciprocal(const float* a, float b, float* out, int64_t n) {
+#if defined(__x86_64__)
+  const int isa = isa_level();
+  if (isa == 2) divide_by_reciprocal_avx512(a, b, out, n);
+  if (isa == 1) divide_by_reciprocal_avx2(a, b, out, n);
+  return isa >= 1;
+#else
+  return false;
+#endif
+}
+
+}  // namespace optim8bit_testing
 
 void register_optim8bit_kernels(ir::OpTable& t) {
   // Each writes every code, absmax, value and parameter of its outputs: no zero fill.

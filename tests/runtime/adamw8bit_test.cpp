@@ -21,6 +21,7 @@
 #include "ir/ops/optim8bit.h"
 #include "runtime/interpreter.h"
 #include "runtime/io.h"
+#include "runtime/kernels/kernels.h"
 
 using namespace kiln;
 using ir::DType;
@@ -163,7 +164,9 @@ TEST(Optim8bit, DynamicMapsMatchFloat64Reference) {
     ASSERT_EQ(ref.size(), 256u);
     for (int i = 0; i < 256; ++i) {
       EXPECT_NEAR(got[i], ref[i], 1e-7 * std::fabs(ref[i]) + 1e-12) << "entry " << i;  // f32 rounding only
-      if (i > 0) EXPECT_LE(got[i - 1], got[i]) << "not sorted at " << i;
+      if (i > 0) {
+        EXPECT_LE(got[i - 1], got[i]) << "not sorted at " << i;
+      }
     }
     EXPECT_EQ(got.back(), 1.0f);
     EXPECT_EQ(std::count(got.begin(), got.end(), 0.0f), 1);
@@ -460,7 +463,7 @@ TEST(Optim8bit, BadInputsAreErrors) {
 /// between neighbours and 1-2 ulp around both, and on random values, for both dynamic
 /// maps and for a map whose entries cluster in [0.5, 0.5026] (many thresholds inside one
 /// table bucket: the kernels' general multi-step search, not the one-compare fast path).
-TEST(Optim8bit, KernelCodesEqualBinarySearchAtTiesAndRandomValues) {
+static void check_codes_equal_binary_search() {
   std::mt19937_64 rng(7);
   std::vector<float> clustered = {-1.f, 0.f};
   for (int i = 0; i < 254; ++i) clustered.push_back(0.5f + 1e-5f * static_cast<float>(i));
@@ -512,8 +515,8 @@ TEST(Optim8bit, KernelCodesEqualBinarySearchAtTiesAndRandomValues) {
 /// codes by ir::nearest_code's binary search): every parameter, absmax and code, on
 /// non-zero state, for sizes that leave 0, 1 and 7 elements after the last 8-wide group,
 /// with blocks whose new moments hold a NaN, an inf, only zeros or a denormal absmax.
-/// On AVX2 machines this checks the vector path; elsewhere the portable one.
-TEST(Optim8bit, FusedUpdateEqualsScalarF32ReferenceBitwise) {
+/// Run at every kernel path the CPU has (for_each_isa).
+static void check_fused_update_bitwise() {
   Tensor qs = qmap_tensor(true), qu = qmap_tensor(false);
   const float* ms = qs.data<float>();
   const float* mu = qu.data<float>();
@@ -593,3 +596,76 @@ TEST(Optim8bit, FusedUpdateEqualsScalarF32ReferenceBitwise) {
     EXPECT_EQ(bad, 0);
   }
 }
+
+namespace {
+
+/// Runs `check` with the 8-bit kernels capped at each path (portable, AVX2 + FMA,
+/// AVX-512), saying which ones this CPU cannot run; restores the cap after.
+void for_each_isa(void (*check)()) {
+  namespace t = runtime::kernels::optim8bit_testing;
+  const char* names[] = {"portable", "AVX2+FMA", "AVX-512"};
+  const int saved = t::set_max_isa(2);
+  for (int level = 0; level <= 2; ++level) {
+    t::set_max_isa(level);
+    if (t::active_isa() != level) {
+      std::cout << "[ NOTE     ] the " << names[level] << " path is not checked: this CPU lacks it\n";
+      continue;
+    }
+    SCOPED_TRACE(std::string("kernel path ") + names[level]);
+    check();
+  }
+  t::set_max_isa(saved);
+}
+
+}  // namespace
+
+TEST(Optim8bit, KernelCodesEqualBinarySearchAtTiesAndRandomValues) { for_each_isa(check_codes_equal_binary_search); }
+
+TEST(Optim8bit, FusedUpdateEqualsScalarF32ReferenceBitwise) { for_each_isa(check_fused_update_bitwise); }
+
+/// The vector paths divide by absmax (and sqrt_bc2) as a multiply by the rounded
+/// reciprocal plus one FMA correction (Markstein); it must equal the f32 division bit for
+/// bit: for every mantissa of b in [1, 2) (16 random quotients in [2^-40, 1] each, both
+/// signs, and a = b), and for b at random exponents in [2^-60, 2^60]; at each vector path.
+static void check_reciprocal_division() {
+  namespace t = runtime::kernels::optim8bit_testing;
+  std::mt19937 rng(11);
+  std::vector<float> a(16), out(16);
+  if (!t::divide_by_reciprocal(a.data(), 1.f, out.data(), 0)) {
+    std::cout << "[ NOTE     ] the portable path divides: nothing to check\n";
+    return;
+  }
+  int64_t bad = 0, checked = 0;
+  auto check_b = [&](float b) {
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t r = rng();
+      const float frac = static_cast<float>(r >> 8) * (1.f / 16777216.f);
+      a[k] = (r & 0x40 ? -1.f : 1.f) * b * std::ldexp(frac, -static_cast<int>((r & 0x3f) % 41));
+    }
+    a[0] = b;
+    t::divide_by_reciprocal(a.data(), b, out.data(), 16);
+    for (int k = 0; k < 16; ++k) {
+      const float want = a[k] / b;
+      ++checked;
+      // Zero quotients may lose their sign (documented; codes of +0 and -0 are equal).
+      if (std::memcmp(&want, &out[k], 4) != 0 && !(want == 0.f && out[k] == 0.f) && ++bad < 5)
+        ADD_FAILURE() << std::hexfloat << a[k] << " / " << b << ": " << out[k] << " want " << want;
+    }
+  };
+  for (uint32_t m = 0; m < (1u << 23); m += 2) {
+    const uint32_t bits = (127u << 23) | m | (rng() & 1u);  // every other mantissa, the other at random
+    float b;
+    std::memcpy(&b, &bits, 4);
+    check_b(b);
+  }
+  std::uniform_int_distribution<int> ex(-60, 59);
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t bits = (static_cast<uint32_t>(127 + ex(rng)) << 23) | (rng() & 0x7fffffu);
+    float b;
+    std::memcpy(&b, &bits, 4);
+    check_b(b);
+  }
+  EXPECT_EQ(bad, 0) << "of " << checked << " quotients";
+}
+
+TEST(Optim8bit, ReciprocalDivisionEqualsF32Division) { for_each_isa(check_reciprocal_division); }
