@@ -506,6 +506,53 @@ inline int64_t window_argmax(const Win3& q, const T* xs, int64_t o0, int64_t o1,
   return arg;
 }
 
+/// Taps [lo, hi) of window o along dim i that fall inside the input.
+inline void tap_range(const Win3& q, int i, int64_t o, int64_t& lo, int64_t& hi) {
+  const int64_t base = o * q.s[i] - q.pb[i];
+  lo = base >= 0 ? 0 : (-base + q.d[i] - 1) / q.d[i];
+  hi = base > q.in[i] - 1 ? 0 : std::min(q.k[i], (q.in[i] - 1 - base) / q.d[i] + 1);
+  if (hi < lo) hi = lo;
+}
+
+/// Valid tap ranges of every output position along each dim (tap_range), computed once
+/// per call: [lo, hi) of output o along dim i is r[i][2 o], r[i][2 o + 1].
+struct TapRanges {
+  std::vector<int64_t> r[3];
+  explicit TapRanges(const Win3& q) {
+    for (int i = 0; i < 3; ++i) {
+      r[i].resize(static_cast<size_t>(2 * q.out[i]));
+      for (int64_t o = 0; o < q.out[i]; ++o) tap_range(q, i, o, r[i][2 * o], r[i][2 * o + 1]);
+    }
+  }
+};
+
+/// window_argmax for f32 over precomputed tap ranges (no per-tap bounds checks, divisions
+/// or double conversions); the same taps in the same order, so the same first maximum
+/// (and the first NaN wins, as there).
+inline int64_t window_argmax_f32(const Win3& q, const TapRanges& t, const float* xs, int64_t o0, int64_t o1,
+                                 int64_t o2, float& best) {
+  const int64_t lo[3] = {t.r[0][2 * o0], t.r[1][2 * o1], t.r[2][2 * o2]};
+  const int64_t hi[3] = {t.r[0][2 * o0 + 1], t.r[1][2 * o1 + 1], t.r[2][2 * o2 + 1]};
+  int64_t arg = -1;
+  best = -std::numeric_limits<float>::infinity();
+  const int64_t b0 = o0 * q.s[0] - q.pb[0], b1 = o1 * q.s[1] - q.pb[1], b2 = o2 * q.s[2] - q.pb[2];
+  for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
+    const int64_t i0 = b0 + k0 * q.d[0];
+    for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
+      const int64_t row = (i0 * q.in[1] + b1 + k1 * q.d[1]) * q.in[2] + b2;
+      for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) {
+        const int64_t i = row + k2 * q.d[2];
+        const float v = xs[i];
+        if (arg < 0 || v > best || (v != v && best == best)) {
+          best = v;
+          arg = i;
+        }
+      }
+    }
+  }
+  return arg;
+}
+
 Status maxpool_kernel(KernelContext& ctx) {
   const Tensor& X = ctx.in(0);
   Tensor& Y = ctx.out(0);
@@ -533,6 +580,24 @@ Status maxpool_kernel(KernelContext& ctx) {
   if (!p) return p.status();
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
+  if (X.dtype() == DType::f32) {  // the common case, without double conversions
+    const TapRanges taps(q);
+    const float* x = X.data<float>();
+    float* y = Y.data<float>();
+    int64_t* idx = I ? I->data<int64_t>() : nullptr;
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < p->NC; ++nc)
+      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+        for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
+          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+            float best;
+            const int64_t a = window_argmax_f32(q, taps, x + nc * IS, o0, o1, o2, best);
+            const int64_t o = nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2;
+            y[o] = best;
+            if (idx) idx[o] = a < 0 ? -1 : nc * IS + spatial_index(a);
+          }
+    return Status::ok();
+  }
   return dispatch_numeric(ctx, X.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* x = X.data<T>();
@@ -562,6 +627,7 @@ Status maxpool_grad_kernel(KernelContext& ctx) {
   if (!p) return p.status();
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
+  const TapRanges taps(q);
   return dispatch_float(ctx, X.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* x = X.data<T>();
@@ -573,8 +639,14 @@ Status maxpool_grad_kernel(KernelContext& ctx) {
       for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
         for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
           for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
-            double best;
-            int64_t a = window_argmax(q, x + nc * IS, o0, o1, o2, best);
+            int64_t a;
+            if constexpr (std::is_same_v<T, float>) {
+              float best;
+              a = window_argmax_f32(q, taps, x + nc * IS, o0, o1, o2, best);
+            } else {
+              double best;
+              a = window_argmax(q, x + nc * IS, o0, o1, o2, best);
+            }
             if (a >= 0) acc[a] += ld(dy, nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2);
           }
       for (int64_t i = 0; i < IS; ++i) st(dx, nc * IS + i, acc[i]);

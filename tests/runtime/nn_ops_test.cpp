@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -669,4 +670,59 @@ TEST(NnOps, TableEntries) {
   // unknown attribute rejected by the verifier
   n->attrs.set("bogus", int64_t(1));
   EXPECT_FALSE(verify_graph(g).is_ok());
+}
+
+// MaxPool and MaxPoolGrad in f32 take a fast path (tap ranges computed once per call,
+// float compares); other dtypes take the generic window walk. Both must pick the same first
+// maximum, ties and NaNs included: f32 outputs equal the f64 path's exactly, f32 gradients
+// equal the f64 path's rounded to f32 (both sum in double, in the same order). Inputs on a
+// coarse grid (many ties) with one NaN; 1-D to 3-D, strides, dilations, asymmetric pads,
+// ceil mode, and a non-square output (catches swapped window coordinates).
+TEST(NnOps, MaxPoolF32PathEqualsGenericPath) {
+  struct Case {
+    std::vector<int64_t> dims, k, s, d, pads;
+    int64_t ceil;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 16, 16}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 0},                  // a ResNet stem
+      {{1, 2, 9, 14}, {2, 3}, {1, 2}, {2, 1}, {1, 0, 2, 1}, 0},                   // dilation, asymmetric pads
+      {{2, 2, 13}, {3}, {2}, {1}, {1, 1}, 1},                                     // 1-D, ceil mode
+      {{1, 2, 5, 6, 7}, {2, 2, 3}, {2, 1, 2}, {1, 1, 1}, {1, 0, 0, 0, 1, 1}, 1},  // 3-D
+  };
+  uint64_t seed = 90;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("input " + ir::dims_to_string(c.dims));
+    Tensor X = rnd(DType::f32, c.dims, -1, 1, seed++);
+    for (int64_t i = 0; i < X.numel(); ++i) X.data<float>()[i] = std::round(X.data<float>()[i] * 4.f) / 4.f;
+    X.data<float>()[X.numel() / 3] = NAN;
+    Attributes a;
+    a.set("kernel_shape", c.k);
+    a.set("strides", c.s);
+    a.set("dilations", c.d);
+    a.set("pads", c.pads);
+    a.set("ceil_mode", c.ceil);
+    auto same = [](float got, double want) {
+      const float w = static_cast<float>(want);
+      return (got != got && w != w) || std::memcmp(&got, &w, 4) == 0;
+    };
+    auto y32 = run_op("MaxPool", {X}, a, 2);
+    auto y64 = run_op("MaxPool", {X.cast(DType::f64)}, a, 2);
+    ASSERT_EQ(y32[0].numel(), y64[0].numel());
+    int64_t bad = 0;
+    for (int64_t i = 0; i < y32[0].numel(); ++i) {
+      if (!same(y32[0].data<float>()[i], y64[0].data<double>()[i]) && ++bad < 4)
+        ADD_FAILURE() << "MaxPool output " << i << ": " << y32[0].data<float>()[i] << " vs " << y64[0].data<double>()[i];
+      if (y32[1].data<int64_t>()[i] != y64[1].data<int64_t>()[i] && ++bad < 4)
+        ADD_FAILURE() << "MaxPool index " << i << ": " << y32[1].data<int64_t>()[i] << " vs " << y64[1].data<int64_t>()[i];
+    }
+    Tensor dY = rnd(DType::f32, y32[0].dims(), -1, 1, seed++);
+    auto g32 = run_op("MaxPoolGrad", {dY, X}, a);
+    auto g64 = run_op("MaxPoolGrad", {dY.cast(DType::f64), X.cast(DType::f64)}, a);
+    ASSERT_EQ(g32[0].numel(), X.numel());
+    for (int64_t i = 0; i < X.numel(); ++i)
+      if (!same(g32[0].data<float>()[i], g64[0].data<double>()[i]) && ++bad < 8)
+        ADD_FAILURE() << "MaxPoolGrad element " << i << ": " << g32[0].data<float>()[i] << " vs "
+                      << g64[0].data<double>()[i];
+    EXPECT_EQ(bad, 0);
+  }
 }
