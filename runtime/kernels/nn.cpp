@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "ir/ops/nn.h"
 #include "runtime/kernels/kernels.h"
@@ -553,6 +554,20 @@ inline int64_t window_argmax_f32(const Win3& q, const TapRanges& t, const float*
   return arg;
 }
 
+/// window_argmax, by window_argmax_f32 for f32 (the common case).
+template <typename T>
+inline int64_t window_argmax_of(const Win3& q, const TapRanges& t, const T* xs, int64_t o0, int64_t o1, int64_t o2,
+                                double& best) {
+  if constexpr (std::is_same_v<T, float>) {
+    float b;
+    const int64_t a = window_argmax_f32(q, t, xs, o0, o1, o2, b);
+    best = b;
+    return a;
+  } else {
+    return window_argmax(q, xs, o0, o1, o2, best);
+  }
+}
+
 Status maxpool_kernel(KernelContext& ctx) {
   const Tensor& X = ctx.in(0);
   Tensor& Y = ctx.out(0);
@@ -580,24 +595,7 @@ Status maxpool_kernel(KernelContext& ctx) {
   if (!p) return p.status();
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
-  if (X.dtype() == DType::f32) {  // the common case, without double conversions
-    const TapRanges taps(q);
-    const float* x = X.data<float>();
-    float* y = Y.data<float>();
-    int64_t* idx = I ? I->data<int64_t>() : nullptr;
-#pragma omp parallel for schedule(static)
-    for (int64_t nc = 0; nc < p->NC; ++nc)
-      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
-        for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
-          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
-            float best;
-            const int64_t a = window_argmax_f32(q, taps, x + nc * IS, o0, o1, o2, best);
-            const int64_t o = nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2;
-            y[o] = best;
-            if (idx) idx[o] = a < 0 ? -1 : nc * IS + spatial_index(a);
-          }
-    return Status::ok();
-  }
+  const TapRanges taps(q);
   return dispatch_numeric(ctx, X.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* x = X.data<T>();
@@ -609,7 +607,7 @@ Status maxpool_kernel(KernelContext& ctx) {
         for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
           for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
             double best;
-            int64_t a = window_argmax(q, x + nc * IS, o0, o1, o2, best);
+            int64_t a = window_argmax_of(q, taps, x + nc * IS, o0, o1, o2, best);
             int64_t o = nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2;
             if (a < 0 && integer) best = 0;  // empty window (all padding): no -inf in integers
             st(y, o, best);
@@ -639,14 +637,8 @@ Status maxpool_grad_kernel(KernelContext& ctx) {
       for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
         for (int64_t o1 = 0; o1 < q.out[1]; ++o1)
           for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
-            int64_t a;
-            if constexpr (std::is_same_v<T, float>) {
-              float best;
-              a = window_argmax_f32(q, taps, x + nc * IS, o0, o1, o2, best);
-            } else {
-              double best;
-              a = window_argmax(q, x + nc * IS, o0, o1, o2, best);
-            }
+            double best;
+            const int64_t a = window_argmax_of(q, taps, x + nc * IS, o0, o1, o2, best);
             if (a >= 0) acc[a] += ld(dy, nc * OS + (o0 * q.out[1] + o1) * q.out[2] + o2);
           }
       for (int64_t i = 0; i < IS; ++i) st(dx, nc * IS + i, acc[i]);

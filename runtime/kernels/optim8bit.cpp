@@ -377,6 +377,22 @@ void adam8bit_block(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_
   t.a2o[b] = quantize_block(v, len, fu, zu, t.q2o + lo);
 }
 
+/// Elements [j, len) of block b past the vector paths' last full vector: the scalar
+/// update, their |m'| and |v'| folded into the running absmax values and NaN flags.
+inline void adam8bit_tail(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_t lo, int64_t j, int64_t len,
+                          float* m, float* v, float& xm, float& xv, bool& nm, bool& nv) {
+  const float am = t.a1[b], av = t.a2[b];
+  for (; j < len; ++j) {
+    const int64_t i = lo + j;
+    t.po[i] = adam_element(k, t.p[i], t.g[i], t.qs[t.q1[i]] * am, t.qu[t.q2[i]] * av, m[j], v[j]);
+    const float a = std::fabs(m[j]), c = std::fabs(v[j]);
+    nm = nm || a != a;
+    nv = nv || c != c;
+    xm = a > xm ? a : xm;
+    xv = c > xv ? c : xv;
+  }
+}
+
 #if defined(__x86_64__)
 /// adam8bit_block by AVX2, bit-identical to it: 8 elements at a time with the same f32
 /// operations in the same order (nothing contracted: this file is compiled with
@@ -433,15 +449,7 @@ __attribute__((target("avx2,fma"))) void adam8bit_block_avx2(const AdamConsts& k
   }
   float xm = hmax8(mx_m), xv = hmax8(mx_v);
   bool nm = _mm256_movemask_ps(nan_m) != 0, nv = _mm256_movemask_ps(nan_v) != 0;
-  for (; j < len; ++j) {
-    const int64_t i = lo + j;
-    t.po[i] = adam_element(k, t.p[i], t.g[i], t.qs[t.q1[i]] * am, t.qu[t.q2[i]] * av, m[j], v[j]);
-    const float a = std::fabs(m[j]), c = std::fabs(v[j]);
-    nm = nm || a != a;
-    nv = nv || c != c;
-    xm = a > xm ? a : xm;
-    xv = c > xv ? c : xv;
-  }
+  adam8bit_tail(k, t, b, lo, j, len, m, v, xm, xv, nm, nv);
   t.a1o[b] = quantize_block_avx2(m, len, xm, nm, fs, zs, t.q1o + lo);
   t.a2o[b] = quantize_block_avx2(v, len, xv, nv, fu, zu, t.q2o + lo);
 }
@@ -535,15 +543,7 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
   }
   float xm = _mm512_reduce_max_ps(mx_m), xv = _mm512_reduce_max_ps(mx_v);
   bool nm = nan_m != 0, nv = nan_v != 0;
-  for (; j < len; ++j) {
-    const int64_t i = lo + j;
-    t.po[i] = adam_element(k, t.p[i], t.g[i], t.qs[t.q1[i]] * am, t.qu[t.q2[i]] * av, m[j], v[j]);
-    const float a = std::fabs(m[j]), c = std::fabs(v[j]);
-    nm = nm || a != a;
-    nv = nv || c != c;
-    xm = a > xm ? a : xm;
-    xv = c > xv ? c : xv;
-  }
+  adam8bit_tail(k, t, b, lo, j, len, m, v, xm, xv, nm, nv);
   t.a1o[b] = quantize_block_avx512(m, len, xm, nm, fs, zs, t.q1o + lo);
   t.a2o[b] = quantize_block_avx512(v, len, xv, nv, fu, zu, t.q2o + lo);
 }
