@@ -12,7 +12,7 @@
 // The arithmetic is the f32 arithmetic of passes/optimizer.cpp's adamw_torch ops in the
 // same order, so with exact state the result equals adamw_torch bit for bit. A block
 // whose absmax is 0 stores the code of 0.0 (dequantizes to 0 whatever the code).
-// x / absmax is the correctly rounded quotient: on the AVX2 path a multiply by the
+// x / absmax is the correctly rounded quotient: on the vector paths a multiply by the
 // rounded reciprocal and one FMA correction (Markstein's theorem, exact when nothing
 // underflows: used only for absmax in [2^-60, 2^60] and maps whose nonzero thresholds
 // are >= 2^-40 in magnitude), elsewhere a division, so denormal absmax values cannot
@@ -243,11 +243,13 @@ int isa_level() {
 
 #if defined(__x86_64__)
 /// a / b rounded to nearest for 8 lanes, given y = RN(1/b): q = a*y, r = a - b*q (exact
-/// by FMA), q + r*y (Markstein 1990, "Computation of elementary functions on the IBM
-/// RISC System/6000 processor", Theorem 1). Equals the division when no intermediate
-/// underflows: |a/b| >= 2^-60 with b in [2^-60, 2^60] (checked against _mm256_div_ps
-/// over every mantissa of b, tests/runtime/adamw8bit_test.cpp). Zero quotients may lose
-/// their sign; infinite or NaN a gives NaN (callers exclude or repair those lanes).
+/// by FMA), q + r*y (P. Markstein, "Computation of elementary functions on the IBM
+/// RISC System/6000 processor", IBM J. Res. Dev. 34(1), 1990). Equals the division when
+/// y is finite and normal and the residual does not underflow (|a| >= 2^-102); callers
+/// keep b in [2^-60, 2^60]. Checked against the f32 division for every other mantissa of
+/// b and quotients in [2^-40, 1] (Optim8bit.ReciprocalDivisionEqualsF32Division). Zero
+/// quotients may lose their sign; infinite or NaN a gives NaN (callers exclude or repair
+/// those lanes).
 __attribute__((target("avx2,fma"))) inline __m256 div_rn8(__m256 a, __m256 b, __m256 y) {
   const __m256 q = _mm256_mul_ps(a, y);
   return _mm256_fmadd_ps(_mm256_fnmadd_ps(q, b, a), y, q);
