@@ -15,6 +15,7 @@ namespace kiln::ir {
 namespace {
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_allocations{0};
 
 /// glibc's malloc gives blocks over its mmap threshold (128 KiB at first, raised
 /// dynamically) their own mmap and trims the heap top past its trim threshold, so a
@@ -43,6 +44,7 @@ bool tune_host_allocator() {
 int64_t MemoryStats::current_bytes() { return g_current.load(); }
 int64_t MemoryStats::peak_bytes() { return g_peak.load(); }
 void MemoryStats::reset_peak() { g_peak.store(g_current.load()); }
+int64_t MemoryStats::allocations() { return g_allocations.load(); }
 
 Storage::Storage(size_t nbytes, bool zero) : nbytes_(nbytes) {
   static const bool tuned = tune_host_allocator();
@@ -51,13 +53,18 @@ Storage::Storage(size_t nbytes, bool zero) : nbytes_(nbytes) {
   if (alloc == 0) alloc = 64;
   data_ = std::aligned_alloc(64, alloc);
   if (zero) std::memset(data_, 0, alloc);
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   int64_t cur = g_current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
   int64_t peak = g_peak.load();
   while (cur > peak && !g_peak.compare_exchange_weak(peak, cur)) {
   }
 }
 
+Storage::Storage(void* data, size_t nbytes, std::shared_ptr<Storage> owner, int held_refs)
+    : data_(data), nbytes_(nbytes), owner_(std::move(owner)), held_refs_(held_refs) {}
+
 Storage::~Storage() {
+  if (owner_) return;  // a view: the owner's block is freed with the owner
   g_current.fetch_sub(static_cast<int64_t>(nbytes_));
   std::free(data_);
 }
@@ -89,6 +96,15 @@ Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> dims) {
   t.dtype_ = dtype;
   t.dims_ = std::move(dims);
   t.storage_ = std::make_shared<Storage>(static_cast<size_t>(numel_of(t.dims_)) * dtype_size(dtype), false);
+  return t;
+}
+
+Tensor Tensor::over(std::shared_ptr<Storage> storage, DType dtype, std::vector<int64_t> dims) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  if (!storage || storage->nbytes() < static_cast<size_t>(numel_of(t.dims_)) * dtype_size(dtype)) std::abort();
+  t.storage_ = std::move(storage);
   return t;
 }
 

@@ -19,6 +19,9 @@ struct MemoryStats {
   static int64_t peak_bytes();
   /// Resets the peak to the current value.
   static void reset_peak();
+  /// Storage blocks allocated since the process started (a count, not bytes; views of an
+  /// arena block are not allocations).
+  static int64_t allocations();
 };
 
 /// Contiguous byte buffer, 64-byte aligned, zero-initialised unless `zero` is false (for
@@ -26,16 +29,25 @@ struct MemoryStats {
 class Storage {
  public:
   explicit Storage(size_t nbytes, bool zero = true);
+  /// A view of `nbytes` at `data` inside `owner`'s block (a pre-planned arena slot): not
+  /// allocated, not counted, not freed; keeps `owner` alive. `held_refs`: references to
+  /// this Storage held by its owner's bookkeeping, not by tensors (Tensor::storage_unique
+  /// discounts them).
+  Storage(void* data, size_t nbytes, std::shared_ptr<Storage> owner, int held_refs = 0);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() { return data_; }
   const void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
+  /// References held by bookkeeping (see the view constructor); 0 for owned blocks.
+  int held_refs() const { return held_refs_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
+  std::shared_ptr<Storage> owner_;  ///< set for views: the block they lie in
+  int held_refs_ = 0;
 };
 
 /// Dense row-major tensor. Copying a Tensor shares its storage (like torch.Tensor);
@@ -52,6 +64,9 @@ class Tensor {
   /// 1-D i64 tensor with the given values.
   static Tensor from_i64(const std::vector<int64_t>& v);
   static Tensor from_f32(const std::vector<float>& v, std::vector<int64_t> dims);
+  /// A tensor over existing storage (an arena slot): no allocation. storage->nbytes()
+  /// must cover numel * dtype size (aborts otherwise: the caller checks).
+  static Tensor over(std::shared_ptr<Storage> storage, DType dtype, std::vector<int64_t> dims);
 
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& dims() const { return dims_; }
@@ -67,7 +82,7 @@ class Tensor {
   template <typename T> const T* data() const { return static_cast<const T*>(raw()); }
 
   /// True when no other Tensor shares this one's storage (an in-place write is invisible to others).
-  bool storage_unique() const { return storage_ && storage_.use_count() == 1; }
+  bool storage_unique() const { return storage_ && storage_.use_count() == 1 + storage_->held_refs(); }
   /// Deep copy with fresh storage.
   Tensor clone() const;
   /// Same storage, new dims (numel must match). Aborts on mismatch (caller checks).

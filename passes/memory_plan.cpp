@@ -565,6 +565,11 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
   std::vector<int> placed;
   for (int bi : order) {
     BufferPlan& b = plan.buffers[bi];
+    if (opts.heap_values && !b.values.empty() && opts.heap_values->count(plan.values[b.values.front()].value)) {
+      b.in_arena = false;
+      b.offset = -1;
+      continue;
+    }
     std::vector<const BufferPlan*> overlap;
     for (int pi : placed) {
       const BufferPlan& p = plan.buffers[pi];
@@ -582,7 +587,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     placed.push_back(bi);
   }
   for (auto& vp : plan.values)
-    if (vp.buffer >= 0) vp.offset = plan.buffers[vp.buffer].offset;
+    if (vp.buffer >= 0) vp.offset = plan.buffers[vp.buffer].offset;  // -1 for heap buffers
 
   // ---- accounting
   for (auto& vp : plan.values)

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ir/graph.h"
@@ -49,6 +50,11 @@ struct PlanOptions {
   bool streamed_microbatches = true;
   /// Arena offsets and buffer sizes are rounded up to this (bytes; Storage aligns to 64).
   int64_t alignment = 64;
+  /// Values the executor keeps on the heap (runtime/arena.h: graph outputs, carried
+  /// loop values): a buffer whose first value is one of them gets no arena offset
+  /// (offset -1, BufferPlan::in_arena false); its bytes still count in the peak.
+  /// Null: every buffer is placed.
+  const std::unordered_set<const ir::Value*>* heap_values = nullptr;
 
   /// The options that predict what the eager interpreter's MemoryStats will measure.
   static PlanOptions eager() {
@@ -78,6 +84,7 @@ struct BufferPlan {
   int64_t offset = 0;  ///< bytes from the arena start
   int first = 0, last = 0;  ///< live from node `first` to node `last`, inclusive
   std::vector<int> values;  ///< indices into MemoryPlan::values, in definition order
+  bool in_arena = true;     ///< false: kept on the heap (PlanOptions::heap_values), offset -1
 };
 
 /// Bytes per category.

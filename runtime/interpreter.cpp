@@ -71,9 +71,18 @@ Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<con
     if (!ti.shape.is_static())
       return Status::error("node '" + n.name + "' (" + n.op + "): output shape " + ti.shape.to_string() +
                            " is not static in eager mode");
-    if (i == 0 && inplace && inplace->dtype() == ti.dtype && inplace->dims() == ti.shape.to_vector())
+    if (i == 0 && inplace && inplace->dtype() == ti.dtype && inplace->dims() == ti.shape.to_vector()) {
       kctx.outputs.push_back(*inplace);  // shares the dying input's storage: no allocation
-    else if (def->kernel_writes_all_outputs)
+      continue;
+    }
+    if (opts.arena) {  // the output's planned place in the step arena
+      Tensor t = opts.arena->output(n.outputs[i], ti.dtype, ti.shape.to_vector(), !def->kernel_writes_all_outputs);
+      if (t.defined()) {
+        kctx.outputs.push_back(std::move(t));
+        continue;
+      }
+    }
+    if (def->kernel_writes_all_outputs)
       kctx.outputs.push_back(Tensor::uninitialized(ti.dtype, ti.shape.to_vector()));
     else
       kctx.outputs.emplace_back(ti.dtype, ti.shape.to_vector());
@@ -154,7 +163,7 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
 
 /// Runs a FusedKernel node through its generated kernel: outputs allocated, then the
 /// kernel's parallel dimension split across the OpenMP threads.
-Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env) {
+Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena) {
   std::vector<void*> bufs;
   for (Value* v : n.inputs) {
     auto it = env.find(v);
@@ -164,7 +173,8 @@ Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env)
   std::vector<Tensor> outs;
   for (Value* o : n.outputs) {
     // A generated kernel writes every element of each output: no zero fill.
-    outs.push_back(Tensor::uninitialized(o->dtype, o->shape.to_vector()));
+    Tensor t = arena ? arena->output(o, o->dtype, o->shape.to_vector(), false) : Tensor();
+    outs.push_back(t.defined() ? std::move(t) : Tensor::uninitialized(o->dtype, o->shape.to_vector()));
     bufs.push_back(outs.back().raw());
   }
   void* const* args = bufs.data();
@@ -181,6 +191,29 @@ Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env)
   }
   for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(outs[k]);
   return Status::ok();
+}
+
+/// Step arena rule (runtime/arena.h): an output of `n` that lies in the arena block but
+/// not at its own planned place (a kernel that returned one of its inputs, a view of an
+/// input that does not die here) would outlive that place's planned owner: it moves to
+/// its home when it has one, else to the heap.
+void relocate_misplaced(const Node& n, Env& env, const StepArena& arena) {
+  for (Value* o : n.outputs) {
+    if (!o) continue;
+    auto it = env.find(o);
+    if (it == env.end() || !it->second.defined()) continue;
+    const void* p = it->second.raw();
+    if (!arena.contains(p) || arena.at_planned_place(o, p)) continue;
+    const Tensor& src = it->second;
+    Tensor moved = arena.output(o, src.dtype(), src.dims(), false);
+    if (moved.defined() && moved.raw() != p) {
+      if (src.nbytes()) std::memcpy(moved.raw(), p, src.nbytes());
+    } else {
+      moved = src.clone();
+    }
+    arena.count_relocation();
+    it->second = std::move(moved);
+  }
 }
 
 Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts) {
@@ -218,7 +251,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts));
     } else if (const codegen::CpuKernel* ck =
                    opts.program && n.op == "FusedKernel" ? opts.program->find(&n) : nullptr) {
-      KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env));
+      KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env, opts.arena));
       generated = true;
     } else {
       std::vector<const Tensor*> ins;
@@ -263,6 +296,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
       }
     }
+    if (opts.arena) relocate_misplaced(n, env, *opts.arena);
     if (timed)
       opts.profile->add(profile_key(n, generated, opts.profile->group()),
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -298,15 +332,21 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
     if (Value* v = g.find_value(k)) pinned.insert(v);
   for (Value* v : g.initializers) pinned.insert(v);
   KILN_RETURN_IF_ERROR(run_nodes(g, env, pinned, opts));
+  // Results outlive the step: unless the caller takes them as arena views
+  // (RunOptions::results_in_arena), none may point into the arena, which the next step
+  // overwrites.
+  auto out_of_arena = [&](const Tensor& t) {
+    return opts.arena && !opts.results_in_arena && t.defined() && opts.arena->contains(t.raw()) ? t.clone() : t;
+  };
   std::map<std::string, Tensor> result;
   for (Value* o : g.outputs) {
     auto it = env.find(o);
     if (it == env.end()) return Status::error("graph output '" + o->name + "' was not computed");
-    result[o->name] = it->second;
+    result[o->name] = out_of_arena(it->second);
   }
   for (auto& k : opts.keep) {
     Value* v = g.find_value(k);
-    if (v && env.count(v)) result[k] = env[v];
+    if (v && env.count(v)) result[k] = out_of_arena(env[v]);
   }
   return result;
 }

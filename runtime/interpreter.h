@@ -13,6 +13,7 @@
 #include "ir/op_table.h"
 #include "ir/status.h"
 #include "ir/tensor.h"
+#include "runtime/arena.h"
 #include "runtime/profile.h"
 
 namespace kiln::runtime {
@@ -44,6 +45,16 @@ struct RunOptions {
   /// are timed one by one; a FusedKernel run eagerly is one key, its body ops are not).
   /// Null: off.
   OpProfile* profile = nullptr;
+  /// Compiled backend: the step arena of this graph (runtime/arena.h; planned by the
+  /// driver for this same graph): planned values are written at their planned offsets
+  /// instead of being allocated. Null: one allocation per result. Nested bodies of
+  /// AccumulationLoop nodes use it too; FusedKernel bodies run eagerly do not.
+  const StepArena* arena = nullptr;
+  /// With an arena: run_graph may return results that lie in the arena (no copy); they
+  /// stay valid until the next run on the same arena, so the caller copies what it keeps
+  /// (the trainer copies the new state into its own buffers). False: such results are
+  /// cloned to the heap before run_graph returns.
+  bool results_in_arena = false;
 };
 
 /// Runs `g` on `feeds` (graph input name -> tensor). Returns every graph output

@@ -1,6 +1,8 @@
 // The trainer loop: data -> train_step -> state, logging, eval, checkpoints (see trainer.h).
 #include "runtime/trainer.h"
 
+#include <cstring>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -263,6 +265,8 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   ro.seed = cfg_.seed;
   ro.step = static_cast<uint64_t>(global_step_);
   ro.program = g_.train_program;
+  ro.arena = g_.train_arena;
+  ro.results_in_arena = true;  // the new state is copied out below
   ro.profile = opts_.profile;
   if (stream)
     // One gather per microbatch: its tensors are handed out one input at a time and
@@ -287,6 +291,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
       return fit_to_input(part, one);
     };
   auto outs = run_graph(g, feeds, ro);
+  feeds.clear();  // the old state is held by state_ alone again
   if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
   StepResult r;
   if (outs->count("found_inf") && state_.count("loss_scale")) {  // --fp16 loss scaling
@@ -302,6 +307,18 @@ Expected<StepResult> Trainer::step(const Batch* given) {
       return Status::error("train_step: state '" + name + "' changed from " + describe(state_[name]) + " to " +
                            describe(it->second));
     next[name] = it->second;
+    // A state output in the step arena (RunOptions::results_in_arena) is overwritten by
+    // the next step: it is copied into the old state's buffer, which nothing else holds
+    // now (no allocation), or else into a fresh one.
+    if (g_.train_arena && g_.train_arena->contains(it->second.raw())) {
+      Tensor& old = state_[name];
+      if (old.storage_unique() && !g_.train_arena->contains(old.raw())) {
+        if (old.nbytes()) std::memcpy(old.raw(), it->second.raw(), old.nbytes());
+        next[name] = old;
+      } else {
+        next[name] = it->second.clone();
+      }
+    }
   }
   state_ = std::move(next);
   r.loss = scalar_of(*outs, "loss");
@@ -334,6 +351,8 @@ Expected<std::map<std::string, double>> Trainer::evaluate() {
     ro.seed = cfg_.seed;
     ro.step = static_cast<uint64_t>(global_step_);
     ro.program = g_.eval_program;
+    ro.arena = eg == g_.eval ? g_.eval_arena : nullptr;  // planned for g_.eval's own values
+    ro.results_in_arena = true;  // read below, before the next batch runs
     auto outs = run_graph(*eg, feeds, ro);
     if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
     loss_sum += scalar_of(*outs, "loss");

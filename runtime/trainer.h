@@ -24,6 +24,7 @@ struct CpuProgram;
 #include "ir/graph.h"
 #include "ir/status.h"
 #include "ir/tensor.h"
+#include "runtime/arena.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/metrics.h"
@@ -43,6 +44,9 @@ struct TrainGraphs {
   /// --backend compiled: generated kernels of train_step's / eval's FusedKernel nodes (null: eager).
   const codegen::CpuProgram* train_program = nullptr;
   const codegen::CpuProgram* eval_program = nullptr;
+  /// --backend compiled: step arenas of train_step / eval (runtime/arena.h; null: allocate per result).
+  const StepArena* train_arena = nullptr;
+  const StepArena* eval_arena = nullptr;
 };
 
 /// Console and behaviour switches of a run (not part of the HF config).

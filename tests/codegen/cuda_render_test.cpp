@@ -67,6 +67,8 @@ std::string prog_name(const Prog& p) {
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
 }
+/// gtest prints parameters with this (stable ctest names and readable failures).
+void PrintTo(const Prog& p, std::ostream* os) { *os << prog_name(p); }
 
 constexpr int64_t kBatch = 4;
 

@@ -55,6 +55,8 @@ struct OpCase {
 };
 
 std::string case_name(const OpCase& c) { return c.op + "_" + ir::dtype_name(c.dtype); }
+/// gtest prints parameters with this (stable ctest names and readable failures).
+void PrintTo(const OpCase& c, std::ostream* os) { *os << case_name(c); }
 
 std::vector<OpCase> cases() {
   std::vector<OpCase> v;

@@ -34,6 +34,8 @@ std::string case_name(const Case& c) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
 }
+/// gtest prints parameters with this (stable ctest names and readable failures).
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
 runtime::TrainConfig config_of(const Case& c, const std::string& backend, int64_t rows) {
   runtime::TrainConfig cfg;

@@ -78,15 +78,18 @@ inline ir::Tensor squeeze0(const ir::Tensor& t) {
 /// i reads batch i of `xs`/`ys` ([steps, B, ...] arrays); float data is cast to f64 for
 /// a float64 program. A failed step is a test failure and ends the list early.
 /// `final_state` (optional) receives the state after the last step. The program's
-/// generated kernels (--backend compiled) are used when it has them.
+/// generated kernels (--backend compiled) are used when it has them, and its step arena
+/// unless `use_arena` is false.
 inline std::vector<double> trajectory_losses(const driver::TrainingProgram& prog, const ir::Tensor& xs,
                                              const ir::Tensor& ys, int64_t steps, bool f64 = false,
-                                             std::map<std::string, ir::Tensor>* final_state = nullptr) {
+                                             std::map<std::string, ir::Tensor>* final_state = nullptr,
+                                             bool use_arena = true) {
   std::vector<double> losses;
   auto state = initial_state(*prog.train_step);
   runtime::RunOptions ro;
   ro.training = true;
   ro.program = prog.train_kernels.get();
+  ro.arena = use_arena ? prog.train_arena.get() : nullptr;  // the compiled executor's step arena
   for (int64_t i = 0; i < steps; ++i) {
     auto feeds = state;
     ir::Tensor xi = squeeze0(slice_rows(xs, i, 1));

@@ -37,6 +37,8 @@ struct P {
   std::string model;
   bool bf16;
 };
+/// gtest prints parameters with this (stable ctest names and readable failures).
+void PrintTo(const P& p, std::ostream* os) { *os << p.model << (p.bf16 ? "_bf16" : "_fp32"); }
 
 class FusionKeepsFunction : public ::testing::TestWithParam<P> {};
 

@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unordered_set>
+
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -137,6 +139,45 @@ TEST(MemoryPlan, SmallGraphPeakMatchesHandCount) {
   // No state: everything made by a node is a temporary, x is data.
   EXPECT_EQ(planned->at_peak[static_cast<int>(MemoryCategory::temporaries)], 3072);
   EXPECT_EQ(planned->at_peak[static_cast<int>(MemoryCategory::data_and_buffers)], 1024);
+}
+
+// PlanOptions::heap_values (the step arena's values kept on the heap): a buffer whose
+// first value is listed takes no arena space and gets offset -1; its bytes still count.
+TEST(MemoryPlan, HeapValuesTakeNoArenaSpace) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_input("x", DType::f32, Shape::of({1000}));
+  passes::Builder B(*g, "chain");
+  Value* a = B.op("Exp", {x});
+  Value* b = B.op("Relu", {a});
+  Value* c = B.op("Neg", {b});
+  ASSERT_TRUE(B.status()) << B.status().message();
+  g->outputs = {c};
+  PlanOptions o;
+  o.in_place = false;
+  auto all = passes::plan_memory(*g, o);
+  ASSERT_TRUE(all) << all.message();
+  // a dies at Relu, b at Neg: a|b, b|c overlap pairwise; c may reuse a's bytes.
+  EXPECT_EQ(all->arena_bytes, 2 * 4032);
+  std::unordered_set<const ir::Value*> heap = {c};
+  o.heap_values = &heap;
+  auto some = passes::plan_memory(*g, o);
+  ASSERT_TRUE(some) << some.message();
+  EXPECT_EQ(some->peak_bytes, all->peak_bytes);
+  int off_arena = 0;
+  for (const auto& buf : some->buffers)
+    if (!buf.in_arena) {
+      ++off_arena;
+      EXPECT_EQ(buf.offset, -1);
+      EXPECT_EQ(some->values[buf.values.front()].value, c);
+    }
+  EXPECT_EQ(off_arena, 1);
+  for (const auto& vp : some->values)
+    if (vp.value == c) EXPECT_EQ(vp.offset, -1);
+  EXPECT_EQ(some->arena_bytes, 2 * 4032);  // a and b still overlap
+  heap = {b};
+  auto mid = passes::plan_memory(*g, o);
+  ASSERT_TRUE(mid) << mid.message();
+  EXPECT_EQ(mid->arena_bytes, 4032);  // a and c never overlap: one slot
 }
 
 TEST(MemoryPlan, PointwiseChainRunsInOneBuffer) {

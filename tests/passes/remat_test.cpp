@@ -154,6 +154,8 @@ struct Case {
   const char* model;
   const char* policy;
 };
+/// gtest prints parameters with this (stable ctest names and readable failures).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << "_" << c.policy; }
 std::vector<Case> all_cases() {
   std::vector<Case> v;
   for (auto* m : kModels)

@@ -342,6 +342,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
     int64_t resident = 0;  // the step's own resident bytes: constants and state
     int64_t peak = 0;      // measured step peak
     std::vector<double> times;
+    int64_t allocations = 0;  // tensor storage allocations (ir::MemoryStats) in the timed steps
     double compile_s = 0;
     runtime::OpProfile profile;  // --profile: the timed steps only
   };
@@ -392,7 +393,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
     runtime::TrainerOptions to;
     to.write_files = false;
     runs[r].tr.emplace(unwrap(runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to)));
-    runs[r].plan = eager_plan(*prog.train_step);
+    runs[r].plan = driver::executor_plan(prog);
   }
   for (auto& r : runs)
     if (auto* k = r.prog.train_kernels.get(); k && k->module) {
@@ -404,7 +405,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
   for (int i = 0; i < warmup; ++i)
     for (auto& r : runs) unwrap(r.tr->step());
   for (auto& r : runs) {
-    r.resident = initializer_bytes(*r.prog.train_step);
+    r.resident = initializer_bytes(*r.prog.train_step) + driver::step_arena_bytes(r.prog);
     for (auto& [n, t] : r.tr->state()) r.resident += static_cast<int64_t>(t.nbytes());
     if (profile) {
       r.profile.set_group(profile_by == "node" ? runtime::ProfileGroup::node : runtime::ProfileGroup::op);
@@ -417,7 +418,9 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
     for (auto& r : runs) {
       ir::MemoryStats::reset_peak();
       const int64_t before = ir::MemoryStats::current_bytes();
+      const int64_t allocs = ir::MemoryStats::allocations();
       r.times.push_back(unwrap(r.tr->step()).seconds);
+      r.allocations += ir::MemoryStats::allocations() - allocs;
       r.peak = std::max(r.peak, ir::MemoryStats::peak_bytes() - before + r.resident);
     }
   auto median = [](std::vector<double> t) {
@@ -436,6 +439,20 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
               << fmt("%.1f", step_s > 0 ? 100.0 * ops_s / step_s : 0.0) << "%)\n"
               << r.profile.table(row_limit);
   };
+  // Tensor storage allocated per timed step, and the compiled executor's step arena
+  // (runtime/arena.h): its planned values take no allocation.
+  auto print_allocations = [&] {
+    std::cout << "tensor allocations per step:";
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      std::cout << (i ? "," : "") << " " << r.backend << " "
+                << fmt("%.1f", steps > 0 ? static_cast<double>(r.allocations) / steps : 0.0);
+      if (auto* a = r.prog.train_arena.get())
+        std::cout << " (step arena " << passes::human_bytes(a->block_bytes()) << ", " << a->num_homes()
+                  << " planned outputs)";
+    }
+    std::cout << "\n";
+  };
   // Precision column (issue 4): what the step computes in (--bf16 / --fp16, else fp32).
   const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
   if (runs.size() == 1) {
@@ -449,6 +466,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
               << (r.plan ? planned_vs_measured(r.plan->peak_bytes, r.peak)
                          : "measured " + passes::human_bytes(r.peak) + " (" + std::to_string(r.peak) + " B), no plan")
               << "\n";
+    print_allocations();
     print_profile(r);
     return 0;
   }
@@ -469,6 +487,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
               << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16) << pad(fmt("%.2f", r.compile_s), 10)
               << "\n";
   }
+  print_allocations();
   for (auto& r : runs) print_profile(r);
   return 0;
 }

@@ -1,7 +1,10 @@
 // The pipeline driver: import -> passes -> graphs for the runtime.
 #include "tools/driver/driver.h"
 
+#include <functional>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 #include <sstream>
 
 #include "frontend/onnx_import.h"
@@ -169,6 +172,51 @@ static Expected<std::shared_ptr<codegen::CpuProgram>> compile_program(const Grap
   return prog;
 }
 
+Expected<passes::MemoryPlan> plan_step_arena_layout(const Graph& g) {
+  // Values that outlive an iteration stay on the heap: the carried values and scan
+  // slices of accumulation loops (body inputs and outputs, loop outputs). Graph outputs
+  // are planned in the arena (where the activations were when the optimizer runs); the
+  // caller copies them out (RunOptions::results_in_arena).
+  std::unordered_set<const ir::Value*> heap;
+  std::function<void(const Graph&)> visit = [&](const Graph& gr) {
+    for (const auto& n : gr.nodes())
+      if (n->op == "AccumulationLoop") {
+        heap.insert(n->outputs.begin(), n->outputs.end());
+        for (const auto& r : n->regions) {
+          heap.insert(r->inputs.begin(), r->inputs.end());
+          heap.insert(r->outputs.begin(), r->outputs.end());
+          visit(*r);
+        }
+      }
+  };
+  visit(g);
+  passes::PlanOptions po;  // the interpreter's own in-place and view rules, nothing more
+  po.in_place = false;
+  po.eager_semantics = false;
+  po.honor_inplace_attr = true;
+  po.heap_values = &heap;
+  KILN_ASSIGN_OR_RETURN(passes::MemoryPlan plan, passes::plan_memory(g, po));
+  plan.options.heap_values = nullptr;  // `heap` dies here
+  return plan;
+}
+
+Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
+  KILN_ASSIGN_OR_RETURN(passes::MemoryPlan plan, plan_step_arena_layout(g));
+  std::unordered_map<const ir::Value*, runtime::ArenaSlot> slots;
+  for (const passes::ValuePlan& vp : plan.values) {
+    if (vp.persistent || vp.buffer < 0 || vp.offset < 0 || !vp.value) continue;
+    const passes::BufferPlan& b = plan.buffers[static_cast<size_t>(vp.buffer)];
+    runtime::ArenaSlot s;
+    s.offset = vp.offset;
+    s.bytes = b.size;
+    // The first value of its buffer, produced by a node: the others get there by the
+    // interpreter's in-place and view rules.
+    s.home = vp.def >= 0 && !vp.reuses && !b.values.empty() && plan.values[b.values.front()].value == vp.value;
+    slots.emplace(vp.value, s);
+  }
+  return std::make_shared<runtime::StepArena>(std::move(slots), plan.arena_bytes);
+}
+
 /// Batch-size bindings: user --shape first, then the first symbolic dim of each model input.
 static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, int64_t batch) {
   frontend::ImportOptions opts;
@@ -253,6 +301,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   }
   if (compiled) {
     KILN_ASSIGN_OR_RETURN(prog.train_kernels, compile_program(*train, cfg, "train"));
+    KILN_ASSIGN_OR_RETURN(prog.train_arena, plan_step_arena(*train));
   }
   prog.train_step = std::move(train);
 
@@ -268,6 +317,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   log_text("graph", "eval program after all passes:\n" + ir::graph_to_string(*eval));
   if (compiled) {
     KILN_ASSIGN_OR_RETURN(prog.eval_kernels, compile_program(*eval, cfg, "eval"));
+    KILN_ASSIGN_OR_RETURN(prog.eval_arena, plan_step_arena(*eval));
   }
   prog.eval = std::move(eval);
   return prog;

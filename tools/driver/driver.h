@@ -10,7 +10,9 @@
 #include "codegen/cpu/program.h"
 #include "ir/graph.h"
 #include "ir/status.h"
+#include "passes/memory_plan.h"
 #include "passes/pass.h"
+#include "runtime/arena.h"
 #include "runtime/train_config.h"
 
 namespace kiln::driver {
@@ -58,7 +60,20 @@ struct TrainingProgram {
   /// --backend compiled: the fusion pass ran on train_step and eval, and these hold their
   /// generated kernels (codegen/cpu/program.h); null for --backend eager.
   std::shared_ptr<codegen::CpuProgram> train_kernels, eval_kernels;
+  /// --backend compiled: the step arenas of train_step and eval (plan_step_arena); null for eager.
+  std::shared_ptr<runtime::StepArena> train_arena, eval_arena;
 };
+
+/// The step arena of `g` for the compiled executor (runtime/arena.h): passes::plan_memory
+/// with the interpreter's own rules (kiln_inplace and Reshape views honoured, no other
+/// in-place reuse, an unread output dead at its node; plan_step_arena_layout); homes for
+/// the first value of each arena buffer, when a node produces it.
+/// Errors: those of plan_memory (a value without a static shape).
+Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const ir::Graph& g);
+
+/// The memory plan plan_step_arena lays `g`'s step arena out from (its heap values: the
+/// body inputs, body outputs and outputs of AccumulationLoop nodes).
+Expected<passes::MemoryPlan> plan_step_arena_layout(const ir::Graph& g);
 
 /// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule).
 /// `dbg` carries --print-ir-after / --dump-ir-dir / --verify-each / --time-passes.

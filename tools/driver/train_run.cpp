@@ -45,7 +45,7 @@ runtime::DataOptions data_options(const TrainConfig& cfg) {
 
 runtime::TrainGraphs graphs_of(const TrainingProgram& p) {
   return {p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output,
-          p.train_kernels.get(), p.eval_kernels.get()};
+          p.train_kernels.get(), p.eval_kernels.get(), p.train_arena.get(), p.eval_arena.get()};
 }
 
 Expected<std::vector<runtime::DataInputSpec>> program_specs(const ir::Graph& g, const std::vector<std::string>& names) {
@@ -62,6 +62,18 @@ int64_t initializer_bytes(const ir::Graph& g) {
     if (v->data) b += static_cast<int64_t>(v->data->nbytes());
   return b;
 }
+
+std::optional<passes::MemoryPlan> executor_plan(const TrainingProgram& p) {
+  if (!p.train_arena) return eager_plan(*p.train_step);
+  auto plan = plan_step_arena_layout(*p.train_step);
+  if (!plan) {
+    std::cerr << "kiln: note: no memory plan: " << plan.message() << "\n";
+    return std::nullopt;
+  }
+  return std::move(*plan);
+}
+
+int64_t step_arena_bytes(const TrainingProgram& p) { return p.train_arena ? p.train_arena->block_bytes() : 0; }
 
 std::optional<passes::MemoryPlan> eager_plan(const ir::Graph& g) {
   auto p = passes::plan_memory(g, passes::PlanOptions::eager());
@@ -137,8 +149,10 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   // Measured peak of the steps: MemoryStats peak over the run minus what was resident
   // before it (datasets, graphs), plus the train_step's own constants. The trainer's
   // state copies, batches and step values are allocated inside the run.
-  auto plan = eager_plan(*prog.train_step);
-  const int64_t mem_base = ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step);
+  auto plan = executor_plan(prog);
+  // The step arena's block was allocated with the program and is step memory.
+  const int64_t mem_base =
+      ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step) - step_arena_bytes(prog);
   ir::MemoryStats::reset_peak();
   KILN_ASSIGN_OR_RETURN(auto res, runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr));
   const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;

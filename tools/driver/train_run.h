@@ -39,6 +39,15 @@ int64_t initializer_bytes(const ir::Graph& g);
 /// measures); nullopt, with a note on stderr, when the graph cannot be planned.
 std::optional<passes::MemoryPlan> eager_plan(const ir::Graph& g);
 
+/// The plan of what `p`'s executor runs: with a step arena (--backend compiled), the
+/// arena's own plan (step_arena_plan_options); else eager_plan. nullopt (with a note on
+/// stderr) when the graph cannot be planned.
+std::optional<passes::MemoryPlan> executor_plan(const TrainingProgram& p);
+
+/// Bytes resident for every step besides the graphs' constants and the trainer's state:
+/// the train step arena's block (0 without one).
+int64_t step_arena_bytes(const TrainingProgram& p);
+
 /// "planned X (N B), measured Y (M B) (diff Z%)".
 std::string planned_vs_measured(int64_t planned, int64_t measured);
 
