@@ -40,6 +40,26 @@ double scalar_of(const std::map<std::string, Tensor>& outs, const std::string& n
 
 bool same_layout(const Tensor& a, const Tensor& b) { return a.dtype() == b.dtype() && a.dims() == b.dims(); }
 
+/// One memcpy of the state copy-back.
+struct CopyTask {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+
+/// Runs `tasks` split into 1 MiB pieces across the OpenMP threads (a copy of the whole
+/// optimizer state is bound by memory bandwidth, which one core does not saturate).
+void copy_chunks(const std::vector<CopyTask>& tasks) {
+  constexpr size_t kPiece = 1 << 20;
+  std::vector<CopyTask> pieces;
+  for (const CopyTask& t : tasks)
+    for (size_t b = 0; b < t.bytes; b += kPiece)
+      pieces.push_back({static_cast<char*>(t.dst) + b, static_cast<const char*>(t.src) + b, std::min(kPiece, t.bytes - b)});
+  const int64_t n = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(static) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+}
+
 std::string describe(const Tensor& t) { return std::string(ir::dtype_name(t.dtype())) + " " + ir::dims_to_string(t.dims()); }
 
 /// Argmax accuracy of logits (..., C) against integer labels (...), skipping `ignore`.
@@ -300,6 +320,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
     r.loss_scale_next = scalar_of(*outs, "loss_scale.next");
   }
   std::map<std::string, Tensor> next;
+  std::vector<CopyTask> copies;  // state outputs in the step arena -> the old state's buffers
   for (auto& [name, out_name] : state_output_) {
     auto it = outs->find(out_name);
     if (it == outs->end()) return Status::error("train_step: state output '" + out_name + "' missing");
@@ -313,13 +334,14 @@ Expected<StepResult> Trainer::step(const Batch* given) {
     if (g_.train_arena && g_.train_arena->contains(it->second.raw())) {
       Tensor& old = state_[name];
       if (old.storage_unique() && !g_.train_arena->contains(old.raw())) {
-        if (old.nbytes()) std::memcpy(old.raw(), it->second.raw(), old.nbytes());
+        copies.push_back({old.raw(), it->second.raw(), old.nbytes()});
         next[name] = old;
       } else {
         next[name] = it->second.clone();
       }
     }
   }
+  copy_chunks(copies);
   state_ = std::move(next);
   r.loss = scalar_of(*outs, "loss");
   r.grad_norm = scalar_of(*outs, "grad_norm");
