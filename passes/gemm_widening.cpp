@@ -1,6 +1,11 @@
 // gemm_widening: bf16 matrix products as f32 products of widened operands, for CPUs
 // without native bf16 dot products (no AVX512_BF16 / AMX), where oneDNN emulates bf16
-// GEMMs several times slower than its f32 ones (docs/performance.md: 8.5x on AVX2).
+// GEMMs several times slower than its f32 ones (docs/performance.md: 8.5x on AVX2); and
+// f16 products the same way on every CPU (option widen_f16_gemm): oneDNN 2.6 has no CPU
+// f16 matmul, so kiln's eager f16 MatMul/Gemm is a plain f64 loop (about 50x slower
+// than f32 for the tiny GPT's step) with an f64 M x N scratch tensor. f16 values and
+// their products are exact in f32 too (11-bit significands), and PyTorch accumulates
+// f16 GEMMs in f32 as well.
 //
 // A MatMul or Gemm with bf16 operands and a bf16 result becomes
 //     Cast(A, f32), Cast(B, f32) [, Cast(C, f32)] -> MatMul/Gemm in f32 -> Cast(result, bf16)
@@ -13,8 +18,8 @@
 // the narrowing Cast and keeps its output value (names seen outside stay the same).
 //
 // Runs in the compiled pipeline before fusion when the driver sets the option
-// `widen_bf16_gemm` = 1 (the host CPU lacks native bf16 dot products); recurses into
-// loop bodies (AccumulationLoop).
+// `widen_bf16_gemm` = 1 (the host CPU lacks native bf16 dot products) or
+// `widen_f16_gemm` = 1 (--fp16); recurses into loop bodies (AccumulationLoop).
 #include "ir/dtype.h"
 #include "passes/passes.h"
 
@@ -24,22 +29,24 @@ using namespace kiln::ir;
 
 namespace {
 
-bool widenable(const Node& n) {
+/// A MatMul or Gemm whose operands and result all have dtype `low` (bf16 or f16).
+bool widenable(const Node& n, DType low) {
   if ((n.op != "MatMul" && n.op != "Gemm") || n.num_outputs() != 1 || !n.outputs[0]) return false;
-  if (n.outputs[0]->dtype != DType::bf16 || n.attrs.has("kiln_widened")) return false;
+  if (n.outputs[0]->dtype != low || n.attrs.has("kiln_widened")) return false;
   for (const Value* in : n.inputs)
-    if (in && in->dtype != DType::bf16) return false;
+    if (in && in->dtype != low) return false;
   return true;
 }
 
-int widen_graph(Graph& g) {
+/// Widens every `low` product of `g` and its loop bodies; returns how many.
+int widen_graph(Graph& g, DType low) {
   int count = 0;
   for (auto& n : g.nodes())
     if (n->op != "FusedKernel")
-      for (auto& r : n->regions) count += widen_graph(*r);
+      for (auto& r : n->regions) count += widen_graph(*r, low);
   std::vector<Node*> targets;
   for (auto& n : g.nodes())
-    if (widenable(*n)) targets.push_back(n.get());
+    if (widenable(*n, low)) targets.push_back(n.get());
   for (Node* n : targets) {
     size_t pos = static_cast<size_t>(g.index_of(n));
     std::vector<Value*> ins;
@@ -66,7 +73,7 @@ int widen_graph(Graph& g) {
       ins.push_back(c->outputs[0]);
     }
     Attributes ma = n->attrs;
-    ma.set("kiln_widened", std::string("bf16"));
+    ma.set("kiln_widened", std::string(dtype_name(low)));
     Node* m = g.insert_node(pos, n->op, n->name + "/f32", ins, {n->outputs[0]->name + ".f32"}, ma);
     m->outputs[0]->dtype = DType::f32;
     m->outputs[0]->shape = n->outputs[0]->shape;
@@ -75,7 +82,7 @@ int widen_graph(Graph& g) {
     n->name += "/narrow";
     n->inputs = {m->outputs[0]};
     Attributes ca;
-    ca.set("to", static_cast<int64_t>(dtype_to_onnx(DType::bf16)));
+    ca.set("to", static_cast<int64_t>(dtype_to_onnx(low)));
     n->attrs = ca;
     ++count;
   }
@@ -86,8 +93,10 @@ class GemmWidening : public Pass {
  public:
   std::string name() const override { return "gemm_widening"; }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    if (ctx.opt_i("widen_bf16_gemm", 0) == 0) return false;
-    return widen_graph(g) > 0;
+    int n = 0;
+    if (ctx.opt_i("widen_bf16_gemm", 0) != 0) n += widen_graph(g, DType::bf16);
+    if (ctx.opt_i("widen_f16_gemm", 0) != 0) n += widen_graph(g, DType::f16);
+    return n > 0;
   }
 };
 

@@ -41,7 +41,8 @@ std::unique_ptr<Pass> make_grad_scaler_update_pass();
 std::unique_ptr<Pass> make_remat_pass();
 /// passes/fusion.cpp: groups pointwise nodes into FusedKernel nodes (compiled backend).
 std::unique_ptr<Pass> make_fusion_pass();
-/// bf16 MatMul/Gemm as f32 products of widened operands (option widen_bf16_gemm; gemm_widening.cpp).
+/// bf16 / f16 MatMul/Gemm as f32 products of widened operands (options widen_bf16_gemm,
+/// widen_f16_gemm; gemm_widening.cpp).
 std::unique_ptr<Pass> make_gemm_widening_pass();
 /// Compiled pipeline, before fusion: LayerNormalizationGrad as a row op plus column sums (decompose.cpp).
 std::unique_ptr<Pass> make_decompose_pass();

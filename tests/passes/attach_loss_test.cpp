@@ -135,7 +135,9 @@ TEST(AttachLoss, FreezeAndTrainableSelectParameters) {
     EXPECT_EQ(got, want) << opt << "=" << re;
     // Frozen parameters stay initializers (constants of the program).
     for (const char* n : {"W", "b"})
-      if (std::find(want.begin(), want.end(), n) == want.end()) EXPECT_TRUE(g->find_value(n)->is_initializer()) << n;
+      if (std::find(want.begin(), want.end(), n) == want.end()) {
+        EXPECT_TRUE(g->find_value(n)->is_initializer()) << n;
+      }
   }
 }
 

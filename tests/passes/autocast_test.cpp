@@ -92,17 +92,23 @@ TEST(Autocast, TinyGptForwardPolicyInvariants) {
     if (p == PrecisionPolicy::low_precision) {
       ++low;
       for (Value* in : n->inputs)
-        if (in && is_float(in->dtype)) EXPECT_EQ(in->dtype, DType::bf16) << n->name;
+        if (in && is_float(in->dtype)) {
+          EXPECT_EQ(in->dtype, DType::bf16) << n->name;
+        }
       EXPECT_EQ(n->outputs[0]->dtype, DType::bf16) << n->name;
     } else if (p == PrecisionPolicy::fp32) {
       for (Value* in : n->inputs)
-        if (in && is_float(in->dtype)) EXPECT_EQ(in->dtype, DType::f32) << n->name;
+        if (in && is_float(in->dtype)) {
+          EXPECT_EQ(in->dtype, DType::f32) << n->name;
+        }
     }
   }
   EXPECT_EQ(low, 2 * 6 + 1);  // per block: qkv, QK^T, AV, attn proj, fc, mlp proj; plus lm_head
   // Parameters stay f32 inputs; their bf16 copies are named "<param>.bf16".
   for (auto& sb : g->state)
-    if (sb.kind == "parameter") EXPECT_EQ(sb.input->dtype, DType::f32) << sb.input->name;
+    if (sb.kind == "parameter") {
+      EXPECT_EQ(sb.input->dtype, DType::f32) << sb.input->name;
+    }
   EXPECT_TRUE(g->find_value("transformer.h.0.attn.c_attn.weight.bf16"));
   EXPECT_EQ(g->find_value("loss")->dtype, DType::f32);
 }
@@ -122,13 +128,17 @@ TEST(Autocast, Bf16TrainingStepKeepsMastersGradsAndOptimizerInF32) {
     if (policy(*n) == PrecisionPolicy::low_precision) {
       ++low;
       for (Value* in : n->inputs)
-        if (in && is_float(in->dtype)) EXPECT_EQ(in->dtype, DType::bf16) << n->name;
+        if (in && is_float(in->dtype)) {
+          EXPECT_EQ(in->dtype, DType::bf16) << n->name;
+        }
     }
   EXPECT_GT(low, 9);  // forward and backward MatMuls
   for (auto& sb : t.state) {
     if (sb.input->dtype == DType::i64) continue;
     EXPECT_EQ(sb.input->dtype, DType::f32) << sb.input->name;
-    if (sb.output) EXPECT_EQ(sb.output->dtype, DType::f32) << sb.output->name;
+    if (sb.output) {
+      EXPECT_EQ(sb.output->dtype, DType::f32) << sb.output->name;
+    }
   }
   for (auto& p : prog->parameters) {
     Value* gr = prog->grads->find_value(p + ".grad");

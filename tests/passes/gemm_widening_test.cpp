@@ -18,10 +18,10 @@ using ir::DType;
 
 namespace {
 
-ir::Tensor random_bf16(std::vector<int64_t> dims, uint64_t seed) {
+ir::Tensor random_bf16(std::vector<int64_t> dims, uint64_t seed, DType dt = DType::bf16) {
   std::mt19937_64 g(seed);
   std::uniform_real_distribution<double> u(-1, 1);
-  ir::Tensor t(DType::bf16, std::move(dims));
+  ir::Tensor t(dt, std::move(dims));
   for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, u(g));
   return t;
 }
@@ -86,6 +86,61 @@ TEST(GemmWidening, Bf16MatMulAndGemmBecomeF32ProductsWithTheSameResult) {
   const ir::Tensor& za = after->at("z");
   for (int64_t i = 0; i < zb.numel(); ++i)
     EXPECT_NEAR(za.get_f64(i), zb.get_f64(i), std::ldexp(1.0, -8) * std::max(1.0, std::fabs(zb.get_f64(i))));
+}
+
+// --fp16: f16 products widened the same way (option widen_f16_gemm; the eager f16
+// product is an f64 loop). f16 values and products are exact in f32, so the widened
+// product rounded to f16 is within one f16 ulp (2^-10 relative) of the float64 product
+// of the same f16 inputs, and of the unwidened graph's result; bf16 nodes are left
+// alone by this option.
+TEST(GemmWidening, F16ProductsWidenWithTheirOwnOption) {
+  runtime::register_eager_kernels();
+  ir::Graph g;
+  ir::Value* a = g.add_input("a", DType::f16, ir::Shape::of({3, 7, 32}));
+  ir::Value* w = g.add_input("w", DType::f16, ir::Shape::of({32, 12}));
+  ir::Value* b = g.add_input("b", DType::bf16, ir::Shape::of({4, 8}));
+  ir::Value* y = g.add_node("MatMul", "mm", {a, w}, {"y"})->outputs[0];
+  ir::Value* z = g.add_node("MatMul", "mm_bf16", {b, g.add_input("c", DType::bf16, ir::Shape::of({8, 4}))}, {"z"})->outputs[0];
+  g.outputs = {y, z};
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  std::map<std::string, ir::Tensor> feeds = {{"a", random_bf16({3, 7, 32}, 4, DType::f16)},
+                                             {"w", random_bf16({32, 12}, 5, DType::f16)},
+                                             {"b", random_bf16({4, 8}, 6)},
+                                             {"c", random_bf16({8, 4}, 7)}};
+  auto before = runtime::run_graph(g, feeds);
+  ASSERT_TRUE(before) << before.message();
+  auto widened = g.clone();
+  passes::PassContext ctx;
+  ctx.verify_each = true;
+  ctx.options["widen_f16_gemm"] = "1";
+  ASSERT_TRUE(passes::run_pipeline(*widened, {"gemm_widening"}, ctx).is_ok());
+  int f16_products = 0, untouched = 0;
+  for (auto& n : widened->nodes())
+    if (n->op == "MatMul") {
+      if (n->attrs.get_string("kiln_widened", "") == "f16") {
+        EXPECT_EQ(n->outputs[0]->dtype, DType::f32);
+        ++f16_products;
+      } else {
+        EXPECT_EQ(n->outputs[0]->dtype, DType::bf16) << "a bf16 product was widened by widen_f16_gemm";
+        ++untouched;
+      }
+    }
+  EXPECT_EQ(f16_products, 1);
+  EXPECT_EQ(untouched, 1);
+  EXPECT_EQ(widened->outputs[0]->dtype, DType::f16);
+  auto after = runtime::run_graph(*widened, feeds);
+  ASSERT_TRUE(after) << after.message();
+  const ir::Tensor &A = feeds["a"], &W = feeds["w"];
+  const ir::Tensor& ya = after->at("y");
+  const ir::Tensor& yb = before->at("y");
+  for (int64_t r = 0; r < 21; ++r)
+    for (int64_t c = 0; c < 12; ++c) {
+      double ref = 0;
+      for (int64_t k = 0; k < 32; ++k) ref += A.get_f64(r * 32 + k) * W.get_f64(k * 12 + c);
+      const double tol = std::ldexp(1.0, -10) * std::max(1.0, std::fabs(ref));
+      EXPECT_NEAR(ya.get_f64(r * 12 + c), ref, tol) << r << "," << c;
+      EXPECT_NEAR(ya.get_f64(r * 12 + c), yb.get_f64(r * 12 + c), tol) << r << "," << c;
+    }
 }
 
 }  // namespace

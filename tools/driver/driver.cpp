@@ -292,6 +292,9 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   // On CPUs without native bf16 dot products, bf16 GEMMs run as f32 GEMMs of the widened
   // operands (passes/gemm_widening.cpp): same function, several times faster there.
   if (compiled && cfg.bf16 && !host_has_native_bf16()) train_opts["widen_bf16_gemm"] = "1";
+  // oneDNN 2.6 has no CPU f16 matmul (the eager f16 product is a plain f64 loop): f16
+  // GEMMs always run as f32 GEMMs of the widened operands.
+  if (compiled && cfg.fp16) train_opts["widen_f16_gemm"] = "1";
   if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, compiled_pipeline(), dbg, train_opts));
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
   log_text("graph", "training step after all passes:\n" + ir::graph_to_string(*train));
@@ -310,6 +313,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   auto eval_opts = opts;
   eval_opts["mode"] = "eval";
   if (train_opts.count("widen_bf16_gemm")) eval_opts["widen_bf16_gemm"] = "1";
+  if (train_opts.count("widen_f16_gemm")) eval_opts["widen_f16_gemm"] = "1";
   std::vector<std::string> eval_pipe = fwd;
   eval_pipe.push_back("canonicalize");
   if (compiled) eval_pipe.insert(eval_pipe.end(), compiled_pipeline().begin(), compiled_pipeline().end());
