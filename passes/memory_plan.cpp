@@ -20,7 +20,7 @@
 //  4. Accounting. Live bytes per node and per category give the peak, the category
 //     split at the peak and each category's own maximum. Bytes are numel * dtype size,
 //     as MemoryStats counts them; the arena size also includes alignment padding.
-//     With eager_semantics, the tensor scratch an eager kernel allocates while its node
+//     With eager_semantics (or count_kernel_scratch), the tensor scratch an eager kernel allocates while its node
 //     runs (eager_kernel_scratch_bytes) adds to that node's temporaries.
 //
 // AccumulationLoop (gradient accumulation): the schedule is flattened, a loop's body
@@ -602,7 +602,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     diff[a][static_cast<int>(vp.category)] += vp.bytes;
     diff[e + 1][static_cast<int>(vp.category)] -= vp.bytes;
   }
-  if (opts.eager_semantics)
+  if (opts.eager_semantics || opts.count_kernel_scratch)
     for (int t = 0; t < N; ++t) {
       const int64_t s = eager_kernel_scratch_bytes(*tl[t].node);
       if (s <= 0) continue;

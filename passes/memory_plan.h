@@ -50,6 +50,9 @@ struct PlanOptions {
   bool streamed_microbatches = true;
   /// Arena offsets and buffer sizes are rounded up to this (bytes; Storage aligns to 64).
   int64_t alignment = 64;
+  /// Count the tensor scratch of eager kernels (eager_kernel_scratch_bytes) at their node
+  /// even without eager_semantics: the step arena's executor runs those kernels too.
+  bool count_kernel_scratch = false;
   /// Values the executor keeps on the heap (runtime/arena.h: graph outputs, carried
   /// loop values): a buffer whose first value is one of them gets no arena offset
   /// (offset -1, BufferPlan::in_arena false); its bytes still count in the peak.
@@ -118,7 +121,7 @@ struct MemoryPlan {
   int64_t arena_bytes = 0;         ///< arena size from the offsets (alignment and fragmentation included)
   int in_place_reuses = 0;         ///< outputs that took over an input's buffer
   int64_t saved_activation_bytes = 0;  ///< total bytes of every saved activation
-  /// Eager semantics only: the largest tensor scratch an eager kernel allocates besides
+  /// Eager semantics or count_kernel_scratch only: the largest tensor scratch an eager kernel allocates besides
   /// its outputs while its node runs (counted in the peak as temporaries at that node;
   /// see eager_kernel_scratch_bytes). 0 without eager_semantics.
   int64_t kernel_scratch_bytes = 0;

@@ -194,6 +194,7 @@ Expected<passes::MemoryPlan> plan_step_arena_layout(const Graph& g) {
   po.in_place = false;
   po.eager_semantics = false;
   po.honor_inplace_attr = true;
+  po.count_kernel_scratch = true;  // f64 products' scratch: on the heap, counted in the plan
   po.heap_values = &heap;
   KILN_ASSIGN_OR_RETURN(passes::MemoryPlan plan, passes::plan_memory(g, po));
   plan.options.heap_values = nullptr;  // `heap` dies here
