@@ -21,44 +21,7 @@ namespace {
 
 const std::string kSrc = KILN_SOURCE_DIR;
 
-struct ArenaCase {
-  std::string model;
-  std::string precision = "fp32";
-  std::string optim = "adamw_torch";
-  std::string remat = "none";
-  int64_t accum = 1;
-};
-
-std::string arena_case_name(const ArenaCase& c);
-
-/// gtest prints parameters with this (stable test names and failure messages).
-void PrintTo(const ArenaCase& c, std::ostream* os) { *os << arena_case_name(c); }
-
-std::string arena_case_name(const ArenaCase& c) {
-  std::string n = c.model + "_" + c.precision + "_" + c.optim + "_remat_" + c.remat + "_accum" + std::to_string(c.accum);
-  for (char& ch : n)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
-}
-
-runtime::TrainConfig compiled_config(const ArenaCase& c, int64_t rows, int64_t steps) {
-  runtime::TrainConfig cfg;
-  cfg.model = example_path(c.model, "model.onnx");
-  cfg.per_device_train_batch_size = rows / c.accum;
-  cfg.per_device_eval_batch_size = rows / c.accum;
-  cfg.gradient_accumulation_steps = c.accum;
-  cfg.loss = "cross_entropy";
-  cfg.optim = c.optim;
-  cfg.learning_rate = c.optim == "sgd" ? 0.05 : 1e-3;
-  cfg.weight_decay = 0.01;
-  cfg.max_grad_norm = 1.0;
-  cfg.bf16 = c.precision == "bf16";
-  cfg.fp16 = c.precision == "fp16";
-  cfg.remat_policy = c.remat;
-  cfg.backend = "compiled";
-  cfg.max_steps = steps;
-  return cfg;
-}
+using ArenaCase = ExampleCase;
 
 /// Bitwise equality of two state maps; reports the first differing tensor.
 void expect_bitwise_equal(const std::map<std::string, ir::Tensor>& a, const std::map<std::string, ir::Tensor>& b) {
@@ -79,8 +42,8 @@ TEST_P(StepArenaRuns, BitIdenticalToAllocatingExecutorAndNoPerStepAllocation) {
   auto xs = runtime::io::load_npy(example_path(c.model, "fixtures/traj_inputs.npy"));
   auto ys = runtime::io::load_npy(example_path(c.model, "fixtures/traj_labels.npy"));
   ASSERT_TRUE(xs && ys);
-  const int64_t steps = 3, rows = xs->dim(1);
-  auto prog = driver::build_training_program(compiled_config(c, rows, steps), nullptr, false, false, steps);
+  const int64_t steps = c.steps, rows = xs->dim(1);
+  auto prog = driver::build_training_program(example_case_config(c, "compiled", rows), nullptr, false, false, steps);
   ASSERT_TRUE(prog) << prog.message();
   ASSERT_NE(prog->train_arena, nullptr);
   const runtime::StepArena& arena = *prog->train_arena;
@@ -103,7 +66,7 @@ TEST_P(StepArenaRuns, BitIdenticalToAllocatingExecutorAndNoPerStepAllocation) {
   // off); the trainer test below counts what a real step allocates.
   const int64_t outputs = static_cast<int64_t>(prog->train_step->outputs.size());
   const int64_t placed = arena.placed() - placed0;
-  std::cout << arena_case_name(c) << ": " << arena.num_homes() << " planned outputs, block " << arena.block_bytes()
+  std::cout << example_case_name(c) << ": " << arena.num_homes() << " planned outputs, block " << arena.block_bytes()
             << " B; tensor allocations per step with the arena " << allocs_arena / steps << ", without "
             << allocs_heap / steps << "; outputs placed per step " << placed / steps << ", relocated "
             << arena.relocated() << "\n";
@@ -121,7 +84,7 @@ std::vector<ArenaCase> arena_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, StepArenaRuns, ::testing::ValuesIn(arena_cases()),
-                         [](const ::testing::TestParamInfo<ArenaCase>& i) { return arena_case_name(i.param); });
+                         [](const ::testing::TestParamInfo<ArenaCase>& i) { return example_case_name(i.param); });
 
 // The Trainer path: results taken from the arena (RunOptions::results_in_arena) and the
 // new state copied into the trainer's own buffers; eval batches on the eval arena.

@@ -18,43 +18,10 @@ using namespace kiln::testing;
 
 namespace {
 
-struct Case {
-  std::string model;
-  std::string precision = "fp32";  // fp32 | bf16 | fp16
-  std::string optim = "adamw_torch";
-  std::string remat = "none";
-  int64_t accum = 1;
-  int64_t steps = 3;
-};
-
-std::string case_name(const Case& c) {
-  std::string n = c.model + "_" + c.precision + "_" + c.optim + "_remat_" + c.remat + "_accum" +
-                  std::to_string(c.accum);
-  for (char& ch : n)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
-}
-/// gtest prints parameters with this (stable ctest names and readable failures).
-void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
+using Case = ExampleCase;
 
 runtime::TrainConfig config_of(const Case& c, const std::string& backend, int64_t rows) {
-  runtime::TrainConfig cfg;
-  cfg.model = example_path(c.model, "model.onnx");
-  cfg.per_device_train_batch_size = rows / c.accum;
-  cfg.per_device_eval_batch_size = rows / c.accum;
-  cfg.gradient_accumulation_steps = c.accum;
-  cfg.loss = "cross_entropy";
-  cfg.optim = c.optim;
-  cfg.learning_rate = c.optim == "sgd" ? 0.05 : 1e-3;
-  cfg.weight_decay = 0.01;
-  cfg.max_grad_norm = 1.0;
-  cfg.bf16 = c.precision == "bf16";
-  cfg.fp16 = c.precision == "fp16";
-  cfg.remat_policy = c.remat;
-  if (c.remat == "budget") cfg.memory_budget = "14MB";
-  cfg.backend = backend;
-  cfg.max_steps = c.steps;
-  return cfg;
+  return example_case_config(c, backend, rows);
 }
 
 class CompiledVsEager : public ::testing::TestWithParam<Case> {};
@@ -143,6 +110,6 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, CompiledVsEager, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
+                         [](const ::testing::TestParamInfo<Case>& i) { return example_case_name(i.param); });
 
 }  // namespace

@@ -74,6 +74,52 @@ inline ir::Tensor squeeze0(const ir::Tensor& t) {
   return t.reshaped(d);
 }
 
+/// One whole-program training case of an example model (the compiled-vs-eager and step
+/// arena matrices): precision fp32 | bf16 | fp16, optimizer, remat policy, accumulation.
+struct ExampleCase {
+  std::string model;
+  std::string precision = "fp32";
+  std::string optim = "adamw_torch";
+  std::string remat = "none";
+  int64_t accum = 1;
+  int64_t steps = 3;
+};
+
+/// "tiny_gpt_bf16_adamw_8bit_remat_blocks_accum2" (a gtest name: alphanumerics and '_').
+inline std::string example_case_name(const ExampleCase& c) {
+  std::string n = c.model + "_" + c.precision + "_" + c.optim + "_remat_" + c.remat + "_accum" +
+                  std::to_string(c.accum);
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+/// gtest prints parameters with this (stable ctest names and readable failures).
+inline void PrintTo(const ExampleCase& c, std::ostream* os) { *os << example_case_name(c); }
+
+/// The TrainConfig of `c` for `backend` with `rows` rows per optimizer step (split into
+/// c.accum microbatches): cross entropy, lr 1e-3 (sgd 0.05), weight decay 0.01, clipping
+/// at 1.0, remat budget 14MB, c.steps steps.
+inline runtime::TrainConfig example_case_config(const ExampleCase& c, const std::string& backend, int64_t rows) {
+  runtime::TrainConfig cfg;
+  cfg.model = example_path(c.model, "model.onnx");
+  cfg.per_device_train_batch_size = rows / c.accum;
+  cfg.per_device_eval_batch_size = rows / c.accum;
+  cfg.gradient_accumulation_steps = c.accum;
+  cfg.loss = "cross_entropy";
+  cfg.optim = c.optim;
+  cfg.learning_rate = c.optim == "sgd" ? 0.05 : 1e-3;
+  cfg.weight_decay = 0.01;
+  cfg.max_grad_norm = 1.0;
+  cfg.bf16 = c.precision == "bf16";
+  cfg.fp16 = c.precision == "fp16";
+  cfg.remat_policy = c.remat;
+  if (c.remat == "budget") cfg.memory_budget = "14MB";
+  cfg.backend = backend;
+  cfg.max_steps = c.steps;
+  return cfg;
+}
+
 /// Losses of `steps` training steps of `prog`'s train_step from its initial state; step
 /// i reads batch i of `xs`/`ys` ([steps, B, ...] arrays); float data is cast to f64 for
 /// a float64 program. A failed step is a test failure and ends the list early.

@@ -98,7 +98,9 @@ TEST(Fp16, ProgramRunsMatMulInF16WithF32Masters) {
   EXPECT_GE(f16_gemms, 3);
   int scaler_state = 0;
   for (auto& sb : g.state) {
-    if (sb.kind == "parameter" || sb.kind == "optimizer_state") EXPECT_EQ(sb.input->dtype, ir::DType::f32);
+    if (sb.kind == "parameter" || sb.kind == "optimizer_state") {
+      EXPECT_EQ(sb.input->dtype, ir::DType::f32);
+    }
     if (sb.kind == "grad_scaler") ++scaler_state;
   }
   EXPECT_EQ(scaler_state, 2);
