@@ -176,7 +176,8 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     out << "peak memory: planned " << passes::human_bytes(plan->peak_bytes) << " (" << plan->peak_bytes
         << " B); no training step ran, nothing measured\n";
   else if (plan)
-    out << "peak memory: " << planned_vs_measured(plan->peak_bytes, mem_measured) << "\n";
+    out << "peak memory: " << planned_vs_measured(plan->peak_bytes, mem_measured)
+        << (eval_ds ? " (planned: the training step; measured: training and evaluation steps)" : "") << "\n";
   return Status::ok();
 }
 
