@@ -151,7 +151,9 @@ std::string Kernel::to_string() const {
     os << "  param " << i << " %" << p.name << " " << ir::dtype_name(p.dtype) << " strides [" << join(p.strides)
        << "]";
     if (p.offset) os << " offset " << p.offset;
-    os << (p.is_output ? " out" : " in") << "\n";
+    os << (p.is_output ? " out" : " in");
+    if (p.in_place_of >= 0) os << " in_place_of p" << p.in_place_of;
+    os << "\n";
   }
   for (size_t i = 0; i < exprs.size(); ++i) {
     const KExpr& e = exprs[i];
@@ -200,6 +202,13 @@ Status Kernel::verify() const {
     if (p.offset < 0) return fail(pn + " has a negative offset");
     for (int64_t s : p.strides)
       if (s < 0) return fail(pn + " has a negative stride");
+    if (p.in_place_of >= 0) {
+      if (!p.is_output || p.in_place_of >= static_cast<int>(params.size()) || params[p.in_place_of].is_output)
+        return fail(pn + " is in place of a param that is not an input");
+      const KernelParam& q = params[p.in_place_of];
+      if (q.dtype != p.dtype || q.strides != p.strides || q.offset != p.offset)
+        return fail(pn + " is in place of param " + std::to_string(p.in_place_of) + " with other dtype or strides");
+    }
   }
   for (size_t i = 0; i < exprs.size(); ++i) {
     const KExpr& e = exprs[i];

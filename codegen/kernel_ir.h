@@ -33,6 +33,11 @@ struct KernelParam {
   std::vector<int64_t> strides;
   int64_t offset = 0;            ///< element offset of domain index (0, ..., 0)
   bool is_output = false;
+  /// Outputs only: written in place of input param `in_place_of` (same dtype, strides and
+  /// offset; -1: its own buffer). Emitters address both through the input's pointer, so
+  /// the compiler sees one buffer (no alias checks); the executor hands the kernel that
+  /// input's buffer, or a copy of it (kiln_inplace on the FusedKernel).
+  int in_place_of = -1;
 };
 
 /// How a store (or a `reduce` expression) combines the values of the domain points

@@ -244,6 +244,13 @@ Expected<Kernel> lower_fused(const Node& fused) {
     k.add_store(k.add_param(o->name, o->dtype, broadcast_strides(o->shape.to_vector(), k.domain), /*is_output=*/true),
                 it->second);
   }
+  // kiln_inplace = i (passes/fused_inplace.cpp): output 0 is written where input i is read.
+  if (const int64_t ip = fused.attrs.get_int("kiln_inplace", -1); ip >= 0) {
+    const size_t out0 = body.inputs.size();
+    if (ip >= static_cast<int64_t>(body.inputs.size()) || out0 >= k.params.size())
+      return fail("kiln_inplace = " + std::to_string(ip) + " names no input");
+    k.params[out0].in_place_of = static_cast<int>(ip);
+  }
   KILN_RETURN_IF_ERROR(k.verify().with_context("fused node '" + fused.name + "'"));
   return k;
 }

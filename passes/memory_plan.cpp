@@ -554,38 +554,59 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     }
   }
 
-  // ---- offsets: greedy by size, best fit
-  std::vector<int> order(plan.buffers.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+  // ---- offsets: best fit in a given order; greedy by size (largest first) unless
+  // placing buffers by their start (then size) gives a smaller arena (the two orders
+  // TFLite's arena planner and XLA's heap simulator offer; neither wins always: chains
+  // of in-place buffers live long and fragment size order).
+  for (auto& b : plan.buffers)
+    if (opts.heap_values && !b.values.empty() && opts.heap_values->count(plan.values[b.values.front()].value)) {
+      b.in_arena = false;
+      b.offset = -1;
+    }
+  auto place = [&](const std::vector<int>& order, std::vector<int64_t>& offset) {
+    offset.assign(plan.buffers.size(), -1);
+    int64_t top = 0;
+    std::vector<int> placed;
+    for (int bi : order) {
+      const BufferPlan& b = plan.buffers[bi];
+      if (!b.in_arena) continue;
+      std::vector<std::pair<int64_t, int64_t>> overlap;  // (offset, size) of placed buffers live with b
+      for (int pi : placed) {
+        const BufferPlan& q = plan.buffers[pi];
+        if (q.first <= b.last && b.first <= q.last) overlap.push_back({offset[pi], q.size});
+      }
+      std::sort(overlap.begin(), overlap.end());
+      int64_t cursor = 0, best = -1, best_gap = -1;
+      for (auto [off, size] : overlap) {
+        const int64_t gap = off - cursor;
+        if (gap >= b.size && (best < 0 || gap < best_gap)) best = cursor, best_gap = gap;
+        cursor = std::max(cursor, off + size);
+      }
+      offset[bi] = best >= 0 ? best : cursor;
+      top = std::max(top, offset[bi] + b.size);
+      placed.push_back(bi);
+    }
+    return top;
+  };
+  std::vector<int> by_size(plan.buffers.size());
+  for (size_t k = 0; k < by_size.size(); ++k) by_size[k] = static_cast<int>(k);
+  std::vector<int> by_start = by_size;
+  std::stable_sort(by_size.begin(), by_size.end(), [&](int a, int b) {
     const BufferPlan &x = plan.buffers[a], &y = plan.buffers[b];
     if (x.size != y.size) return x.size > y.size;
     return x.first < y.first;
   });
-  std::vector<int> placed;
-  for (int bi : order) {
-    BufferPlan& b = plan.buffers[bi];
-    if (opts.heap_values && !b.values.empty() && opts.heap_values->count(plan.values[b.values.front()].value)) {
-      b.in_arena = false;
-      b.offset = -1;
-      continue;
-    }
-    std::vector<const BufferPlan*> overlap;
-    for (int pi : placed) {
-      const BufferPlan& p = plan.buffers[pi];
-      if (p.first <= b.last && b.first <= p.last) overlap.push_back(&p);
-    }
-    std::sort(overlap.begin(), overlap.end(), [](const BufferPlan* x, const BufferPlan* y) { return x->offset < y->offset; });
-    int64_t cursor = 0, best = -1, best_gap = -1;
-    for (const BufferPlan* p : overlap) {
-      int64_t gap = p->offset - cursor;
-      if (gap >= b.size && (best < 0 || gap < best_gap)) best = cursor, best_gap = gap;
-      cursor = std::max(cursor, p->offset + p->size);
-    }
-    b.offset = best >= 0 ? best : cursor;
-    plan.arena_bytes = std::max(plan.arena_bytes, b.offset + b.size);
-    placed.push_back(bi);
-  }
+  std::stable_sort(by_start.begin(), by_start.end(), [&](int a, int b) {
+    const BufferPlan &x = plan.buffers[a], &y = plan.buffers[b];
+    if (x.first != y.first) return x.first < y.first;
+    return x.size > y.size;
+  });
+  std::vector<int64_t> off_size, off_start;
+  const int64_t top_size = place(by_size, off_size), top_start = place(by_start, off_start);
+  const std::vector<int64_t>& chosen = top_start < top_size ? off_start : off_size;
+  plan.arena_bytes = std::min(top_size, top_start);
+  for (size_t k = 0; k < plan.buffers.size(); ++k)
+    if (plan.buffers[k].in_arena) plan.buffers[k].offset = chosen[k];
   for (auto& vp : plan.values)
     if (vp.buffer >= 0) vp.offset = plan.buffers[vp.buffer].offset;  // -1 for heap buffers
 

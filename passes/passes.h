@@ -44,6 +44,8 @@ std::unique_ptr<Pass> make_fusion_pass();
 /// bf16 / f16 MatMul/Gemm as f32 products of widened operands (options widen_bf16_gemm,
 /// widen_f16_gemm; gemm_widening.cpp).
 std::unique_ptr<Pass> make_gemm_widening_pass();
+/// Pointwise FusedKernels write their output into a dying input (kiln_inplace; fused_inplace.cpp).
+std::unique_ptr<Pass> make_fused_inplace_pass();
 /// Compiled pipeline, before fusion: LayerNormalizationGrad as a row op plus column sums (decompose.cpp).
 std::unique_ptr<Pass> make_decompose_pass();
 /// Transposes feeding MatMul/Gemm operands read as strided operands (passes/absorb_transpose.cpp).

@@ -163,15 +163,36 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
 
 /// Runs a FusedKernel node through its generated kernel: outputs allocated, then the
 /// kernel's parallel dimension split across the OpenMP threads.
-Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena) {
+Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
+                          Tensor* dying_inplace) {
   std::vector<void*> bufs;
   for (Value* v : n.inputs) {
     auto it = env.find(v);
     if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
     bufs.push_back(const_cast<void*>(it->second.raw()));
   }
+  // kiln_inplace = k (passes/fused_inplace.cpp): the kernel was generated to write output
+  // 0 through input k's pointer, so input k's slot must hold output 0's buffer: the
+  // input's own when it dies here (`dying_inplace`), else a copy of it.
+  const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
   std::vector<Tensor> outs;
-  for (Value* o : n.outputs) {
+  for (size_t j = 0; j < n.outputs.size(); ++j) {
+    Value* o = n.outputs[j];
+    if (j == 0 && ip >= 0 && ip < n.num_inputs()) {
+      const Tensor& in = env.find(n.inputs[ip])->second;
+      if (in.dtype() != o->dtype || in.dims() != o->shape.to_vector())
+        return Status::error("node '" + n.name + "': kiln_inplace input does not match output 0");
+      if (dying_inplace) {
+        outs.push_back(*dying_inplace);
+      } else {
+        Tensor t = arena ? arena->output(o, o->dtype, o->shape.to_vector(), false) : Tensor();
+        outs.push_back(t.defined() ? std::move(t) : Tensor::uninitialized(o->dtype, o->shape.to_vector()));
+        if (in.nbytes()) std::memcpy(outs.back().raw(), in.raw(), in.nbytes());
+      }
+      bufs[static_cast<size_t>(ip)] = outs.back().raw();
+      bufs.push_back(outs.back().raw());
+      continue;
+    }
     // A generated kernel writes every element of each output: no zero fill.
     Tensor t = arena ? arena->output(o, o->dtype, o->shape.to_vector(), false) : Tensor();
     outs.push_back(t.defined() ? std::move(t) : Tensor::uninitialized(o->dtype, o->shape.to_vector()));
@@ -239,6 +260,17 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
     const bool timed = opts.profile && n.op != "AccumulationLoop";
     const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     bool generated = false;
+    // Input k's tensor when this node may take its storage: its last use, not pinned,
+    // nothing else shares the storage, and the node reads it only once.
+    auto dying_input = [&](int64_t k) -> Tensor* {
+      if (k < 0 || k >= n.num_inputs() || !n.inputs[k]) return nullptr;
+      const Value* v = n.inputs[k];
+      auto it = env.find(v);
+      if (it == env.end() || last_use[v] != i || pinned.count(v) || !it->second.storage_unique()) return nullptr;
+      for (int j = 0; j < n.num_inputs(); ++j)
+        if (j != k && n.inputs[j] == v) return nullptr;
+      return &it->second;
+    };
     if (n.op == "AccumulationLoop") {
       // Carried inputs used only here move into the loop.
       bool steal = true;
@@ -251,7 +283,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts));
     } else if (const codegen::CpuKernel* ck =
                    opts.program && n.op == "FusedKernel" ? opts.program->find(&n) : nullptr) {
-      KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env, opts.arena));
+      KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env, opts.arena, dying_input(n.attrs.get_int("kiln_inplace", -1))));
       generated = true;
     } else {
       std::vector<const Tensor*> ins;
@@ -267,17 +299,6 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       // kiln_inplace = k: output 0 may reuse input k's buffer when this is its last
       // use and nothing else shares it (set by passes for pointwise updates such as
       // the gradient accumulators; DESIGN.md invariant 2: visible in the IR).
-      // Input k's tensor when this node may take its storage: its last use, not pinned,
-      // nothing else shares the storage, and the node reads it only once.
-      auto dying_input = [&](int64_t k) -> Tensor* {
-        if (k < 0 || k >= n.num_inputs() || !n.inputs[k]) return nullptr;
-        const Value* v = n.inputs[k];
-        auto it = env.find(v);
-        if (it == env.end() || last_use[v] != i || pinned.count(v) || !it->second.storage_unique()) return nullptr;
-        for (int j = 0; j < n.num_inputs(); ++j)
-          if (j != k && n.inputs[j] == v) return nullptr;
-        return &it->second;
-      };
       const Tensor* inplace = dying_input(n.attrs.get_int("kiln_inplace", -1));
       // Reshape-family ops (ir::is_view_op) whose input dies here: the output is the
       // same storage with new dims, no copy (the planner models the same rule).

@@ -216,6 +216,10 @@ class KernelEmitter {
       llvm::Value* slot = B_.CreateConstInBoundsGEP1_64(ptr, buffers, p);
       base_.push_back(B_.CreateLoad(ptr, slot, "p" + std::to_string(p)));
     }
+    // An output written in place of an input goes through the input's pointer: one
+    // buffer for LLVM, so the loop vectorizes without runtime alias checks.
+    for (size_t p = 0; p < k_.params.size(); ++p)
+      if (k_.params[p].in_place_of >= 0) base_[p] = base_[static_cast<size_t>(k_.params[p].in_place_of)];
     CpuKernel ck;
     ck.name = k_.name;
     level_ = k_.expr_levels();

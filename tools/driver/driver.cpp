@@ -237,7 +237,9 @@ const std::vector<std::string>& compiled_pipeline() {
   // feeding MatMul/Gemm operands read as strided operands, no copy (absorb_transpose);
   // backward ops with row and column results split into a row op and column sums
   // (decompose), which fusion then generates with the pointwise groups.
-  static const std::vector<std::string> p = {"gemm_widening", "absorb_transpose", "decompose", "fusion"};
+  // Pointwise kernels then write into an input that dies at them (fused_inplace).
+  static const std::vector<std::string> p = {"gemm_widening", "absorb_transpose", "decompose", "fusion",
+                                             "fused_inplace"};
   return p;
 }
 

@@ -1,0 +1,96 @@
+// fused_inplace: a pointwise FusedKernel writes its output into an input that dies at it
+// (kiln_inplace = k on the node), so a chain of generated kernels runs in one buffer and
+// the step arena needs one buffer less per link (docs/architecture.md, decision 26). The
+// memory planner already honours kiln_inplace (PlanOptions::honor_inplace_attr); the
+// lowering marks the kernel's output parameter in_place_of k, so the generated code
+// addresses both through one pointer (no alias checks, the loop still vectorizes), and
+// the executor hands the kernel input k's buffer when it dies there, else a copy of it.
+//
+// Input k qualifies when (1) it has the output's dtype and static shape, (2) it is made
+// by a node of the same graph (not a graph or loop-body input, not a constant, not a
+// graph output), (3) this node is its last reader (region captures count) and reads it
+// once, and (4) inside the body every reader of it is a pointwise op whose outputs have
+// its shape and no view (Transpose, Expand, Slice, Reshape family) reads it: then the
+// kernel reads element i of it exactly where it writes element i of the output. The
+// first qualifying input is taken. Runs after fusion in the compiled pipeline, into
+// AccumulationLoop bodies.
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ir/op_table.h"
+#include "passes/passes.h"
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+namespace {
+
+/// Every reader of body input `in` is an elementwise pointwise op over its shape.
+bool read_pointwise_only(const Graph& body, const Value* in) {
+  for (auto& m : body.nodes()) {
+    bool reads = false;
+    for (const Value* v : m->inputs) reads = reads || v == in;
+    if (!reads) continue;
+    if (is_view_op(m->op) || is_strided_view_op(m->op)) return false;
+    const OpDef* d = OpTable::get().find(m->op);
+    if (!d || d->fusion != FusionClass::pointwise || !m->regions.empty()) return false;
+    for (const Value* o : m->outputs)
+      if (o && o->shape.to_vector() != in->shape.to_vector()) return false;
+  }
+  return true;
+}
+
+int mark_graph(Graph& g) {
+  int count = 0;
+  for (auto& n : g.nodes())
+    if (n->op != "FusedKernel")
+      for (auto& r : n->regions) count += mark_graph(*r);
+  const auto& nodes = g.nodes();
+  std::unordered_map<const Value*, size_t> last_use;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (const Value* v : nodes[i]->inputs)
+      if (v) last_use[v] = i;
+    for (auto& r : nodes[i]->regions) {
+      std::unordered_set<const Value*> caps;
+      collect_captures(*r, caps);
+      for (const Value* v : caps) last_use[v] = i;
+    }
+  }
+  std::unordered_set<const Value*> outside(g.outputs.begin(), g.outputs.end());
+  outside.insert(g.inputs.begin(), g.inputs.end());
+  outside.insert(g.initializers.begin(), g.initializers.end());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    Node& n = *nodes[i];
+    if (n.op != "FusedKernel" || n.attrs.get_string("kind", "") != "pointwise" || n.regions.size() != 1 ||
+        n.num_outputs() != 1 || !n.outputs[0] || n.attrs.has("kiln_inplace"))
+      continue;
+    const Value* o = n.outputs[0];
+    const Graph& body = *n.regions[0];
+    if (!o->shape.is_static() || body.inputs.size() != n.inputs.size()) continue;
+    for (int k = 0; k < n.num_inputs(); ++k) {
+      const Value* v = n.inputs[k];
+      if (!v || v->dtype != o->dtype || !v->shape.is_static() || v->shape.to_vector() != o->shape.to_vector()) continue;
+      if (outside.count(v) || v->is_initializer() || last_use[v] != i) continue;
+      bool twice = false;
+      for (int j = 0; j < n.num_inputs(); ++j) twice = twice || (j != k && n.inputs[j] == v);
+      if (twice || !read_pointwise_only(body, body.inputs[k])) continue;
+      n.attrs.set("kiln_inplace", static_cast<int64_t>(k));
+      ++count;
+      break;
+    }
+  }
+  return count;
+}
+
+class FusedInplace : public Pass {
+ public:
+  std::string name() const override { return "fused_inplace"; }
+  Expected<bool> run(Graph& g, PassContext&) override { return mark_graph(g) > 0; }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_fused_inplace_pass() { return std::make_unique<FusedInplace>(); }
+
+}  // namespace kiln::passes
