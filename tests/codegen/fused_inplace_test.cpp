@@ -17,19 +17,14 @@
 #include "ir/verifier.h"
 #include "passes/pass.h"
 #include "runtime/interpreter.h"
+#include "random_tensors.h"
 
 using namespace kiln;
 using ir::DType;
 
 namespace {
 
-ir::Tensor random_f32(std::vector<int64_t> dims, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> u(-2, 2);
-  ir::Tensor t(DType::f32, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, u(g));
-  return t;
-}
+using kiln::testing::random_f32;
 
 /// kiln_inplace of the FusedKernel that produces `out` (-1: none, -2: not fused).
 int64_t inplace_of_producer(const ir::Graph& g, const std::string& out) {

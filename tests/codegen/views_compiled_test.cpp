@@ -14,19 +14,14 @@
 #include "ir/verifier.h"
 #include "passes/pass.h"
 #include "runtime/interpreter.h"
+#include "random_tensors.h"
 
 using namespace kiln;
 using ir::DType;
 
 namespace {
 
-ir::Tensor random_f32(std::vector<int64_t> dims, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> u(-2, 2);
-  ir::Tensor t(DType::f32, std::move(dims));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, u(g));
-  return t;
-}
+using kiln::testing::random_f32;
 
 /// Runs `g` eagerly and after fusion with generated kernels; expects equal bytes for
 /// every output and `views` view nodes inside FusedKernel bodies, none outside.
