@@ -362,6 +362,21 @@ void collect_captures(const Graph& r, std::unordered_set<const Value*>& out) {
     if (o && !defined.count(o)) out.insert(o);
 }
 
+std::unordered_map<const Value*, size_t> last_reads(const Graph& g) {
+  std::unordered_map<const Value*, size_t> last;
+  const auto& nodes = g.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (const Value* v : nodes[i]->inputs)
+      if (v) last[v] = i;
+    for (auto& r : nodes[i]->regions) {
+      std::unordered_set<const Value*> caps;
+      collect_captures(*r, caps);
+      for (const Value* v : caps) last[v] = i;
+    }
+  }
+  return last;
+}
+
 size_t grad_scope_pos(const std::string& name) {
   size_t p = 0;
   while ((p = name.find("/grad", p)) != std::string::npos) {

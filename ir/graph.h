@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <variant>
 #include <vector>
@@ -185,6 +186,11 @@ class Graph {
 /// bodies read outer scope), nested regions included; added to `out`. The interpreter's
 /// liveness, the memory planner and topo_sort treat them as inputs of the region's node.
 void collect_captures(const Graph& region, std::unordered_set<const Value*>& out);
+
+/// Index of the last node of `g` that reads each value (a region's captures count as
+/// reads of its node): the interpreter frees a value right after it, and passes that
+/// reuse a dying input's buffer ask whether a node is that last reader.
+std::unordered_map<const Value*, size_t> last_reads(const Graph& g);
 
 /// Graph inputs of `g` that only top-level AccumulationLoop nodes read, as scan inputs
 /// (not carried, not read by another node, not graph outputs): the data a runtime may

@@ -47,16 +47,7 @@ int mark_graph(Graph& g) {
     if (n->op != "FusedKernel")
       for (auto& r : n->regions) count += mark_graph(*r);
   const auto& nodes = g.nodes();
-  std::unordered_map<const Value*, size_t> last_use;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    for (const Value* v : nodes[i]->inputs)
-      if (v) last_use[v] = i;
-    for (auto& r : nodes[i]->regions) {
-      std::unordered_set<const Value*> caps;
-      collect_captures(*r, caps);
-      for (const Value* v : caps) last_use[v] = i;
-    }
-  }
+  std::unordered_map<const Value*, size_t> last_use = last_reads(g);
   std::unordered_set<const Value*> outside(g.outputs.begin(), g.outputs.end());
   outside.insert(g.inputs.begin(), g.inputs.end());
   outside.insert(g.initializers.begin(), g.initializers.end());

@@ -32,6 +32,14 @@ Status check_feed(const Value& input, const Tensor& t) {
 }
 
 namespace {
+/// A fresh output tensor for value `v`: its planned place in the step arena when it has
+/// one, else a new allocation (zero-filled when `zero`).
+Tensor new_output(const StepArena* arena, const Value* v, DType dtype, const std::vector<int64_t>& dims, bool zero) {
+  if (arena)
+    if (Tensor t = arena->output(v, dtype, dims, zero); t.defined()) return t;
+  return zero ? Tensor(dtype, dims) : Tensor::uninitialized(dtype, dims);
+}
+
 /// run_node, optionally writing output 0 into `inplace` (a dying input's buffer of
 /// the same dtype and dims; see the kiln_inplace attribute).
 Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
@@ -75,17 +83,8 @@ Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<con
       kctx.outputs.push_back(*inplace);  // shares the dying input's storage: no allocation
       continue;
     }
-    if (opts.arena) {  // the output's planned place in the step arena
-      Tensor t = opts.arena->output(n.outputs[i], ti.dtype, ti.shape.to_vector(), !def->kernel_writes_all_outputs);
-      if (t.defined()) {
-        kctx.outputs.push_back(std::move(t));
-        continue;
-      }
-    }
-    if (def->kernel_writes_all_outputs)
-      kctx.outputs.push_back(Tensor::uninitialized(ti.dtype, ti.shape.to_vector()));
-    else
-      kctx.outputs.emplace_back(ti.dtype, ti.shape.to_vector());
+    kctx.outputs.push_back(
+        new_output(opts.arena, n.outputs[i], ti.dtype, ti.shape.to_vector(), !def->kernel_writes_all_outputs));
   }
   KILN_RETURN_IF_ERROR(def->kernel(kctx));
   return std::move(kctx.outputs);
@@ -185,8 +184,7 @@ Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env,
       if (dying_inplace) {
         outs.push_back(*dying_inplace);
       } else {
-        Tensor t = arena ? arena->output(o, o->dtype, o->shape.to_vector(), false) : Tensor();
-        outs.push_back(t.defined() ? std::move(t) : Tensor::uninitialized(o->dtype, o->shape.to_vector()));
+        outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
         if (in.nbytes()) std::memcpy(outs.back().raw(), in.raw(), in.nbytes());
       }
       bufs[static_cast<size_t>(ip)] = outs.back().raw();
@@ -194,8 +192,7 @@ Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env,
       continue;
     }
     // A generated kernel writes every element of each output: no zero fill.
-    Tensor t = arena ? arena->output(o, o->dtype, o->shape.to_vector(), false) : Tensor();
-    outs.push_back(t.defined() ? std::move(t) : Tensor::uninitialized(o->dtype, o->shape.to_vector()));
+    outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
     bufs.push_back(outs.back().raw());
   }
   void* const* args = bufs.data();
@@ -225,13 +222,10 @@ void relocate_misplaced(const Node& n, Env& env, const StepArena& arena) {
     if (it == env.end() || !it->second.defined()) continue;
     const void* p = it->second.raw();
     if (!arena.contains(p) || arena.at_planned_place(o, p)) continue;
+    // Its home (never `p`: that is its planned place) or the heap.
     const Tensor& src = it->second;
-    Tensor moved = arena.output(o, src.dtype(), src.dims(), false);
-    if (moved.defined() && moved.raw() != p) {
-      if (src.nbytes()) std::memcpy(moved.raw(), p, src.nbytes());
-    } else {
-      moved = src.clone();
-    }
+    Tensor moved = new_output(&arena, o, src.dtype(), src.dims(), false);
+    if (src.nbytes()) std::memcpy(moved.raw(), p, src.nbytes());
     arena.count_relocation();
     it->second = std::move(moved);
   }
@@ -240,17 +234,8 @@ void relocate_misplaced(const Node& n, Env& env, const StepArena& arena) {
 Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts) {
   // Last use of each value (reads by nested regions count at their node), so its
   // buffer is released right after.
-  std::unordered_map<const Value*, size_t> last_use;
+  std::unordered_map<const Value*, size_t> last_use = last_reads(g);
   const auto& nodes = g.nodes();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    for (Value* in : nodes[i]->inputs)
-      if (in) last_use[in] = i;
-    for (auto& r : nodes[i]->regions) {
-      ValueSet caps;
-      collect_captures(*r, caps);
-      for (const Value* v : caps) last_use[v] = i;
-    }
-  }
   auto release = [&](const Value* v, size_t i) {
     if (v && last_use[v] == i && !pinned.count(v)) env.erase(v);
   };

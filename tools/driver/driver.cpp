@@ -212,7 +212,7 @@ Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
     s.bytes = b.size;
     // The first value of its buffer, produced by a node: the others get there by the
     // interpreter's in-place and view rules.
-    s.home = vp.def >= 0 && !vp.reuses && !b.values.empty() && plan.values[b.values.front()].value == vp.value;
+    s.home = vp.def >= 0 && plan.values[b.values.front()].value == vp.value;
     slots.emplace(vp.value, s);
   }
   return std::make_shared<runtime::StepArena>(std::move(slots), plan.arena_bytes);
