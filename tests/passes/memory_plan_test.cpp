@@ -141,17 +141,26 @@ TEST(MemoryPlan, SmallGraphPeakMatchesHandCount) {
   EXPECT_EQ(planned->at_peak[static_cast<int>(MemoryCategory::data_and_buffers)], 1024);
 }
 
+/// x (f32[1000] input) -> ops[0] -> ops[1] -> ...: a chain of single-input pointwise
+/// nodes named "chain/..."; the last is the graph output. Returns the node outputs in
+/// order (empty if a node could not be built).
+std::vector<Value*> pointwise_chain(Graph& g, const std::vector<std::string>& ops) {
+  Value* v = g.add_input("x", DType::f32, Shape::of({1000}));
+  passes::Builder B(g, "chain");
+  std::vector<Value*> out;
+  for (const std::string& op : ops) out.push_back(v = B.op(op, {v}));
+  if (!B.status()) return {};
+  g.outputs = {v};
+  return out;
+}
+
 // PlanOptions::heap_values (the step arena's values kept on the heap): a buffer whose
 // first value is listed takes no arena space and gets offset -1; its bytes still count.
 TEST(MemoryPlan, HeapValuesTakeNoArenaSpace) {
   auto g = std::make_unique<Graph>();
-  Value* x = g->add_input("x", DType::f32, Shape::of({1000}));
-  passes::Builder B(*g, "chain");
-  Value* a = B.op("Exp", {x});
-  Value* b = B.op("Relu", {a});
-  Value* c = B.op("Neg", {b});
-  ASSERT_TRUE(B.status()) << B.status().message();
-  g->outputs = {c};
+  std::vector<Value*> v = pointwise_chain(*g, {"Exp", "Relu", "Neg"});
+  ASSERT_EQ(v.size(), 3u);
+  Value *b = v[1], *c = v[2];
   PlanOptions o;
   o.in_place = false;
   auto all = passes::plan_memory(*g, o);
@@ -182,14 +191,7 @@ TEST(MemoryPlan, HeapValuesTakeNoArenaSpace) {
 
 TEST(MemoryPlan, PointwiseChainRunsInOneBuffer) {
   auto g = std::make_unique<Graph>();
-  Value* x = g->add_input("x", DType::f32, Shape::of({1000}));
-  passes::Builder B(*g, "chain");
-  Value* a = B.op("Exp", {x});
-  Value* b = B.op("Relu", {a});
-  Value* c = B.op("Neg", {b});
-  Value* d = B.op("Sigmoid", {c});
-  ASSERT_TRUE(B.status()) << B.status().message();
-  g->outputs = {d};
+  ASSERT_EQ(pointwise_chain(*g, {"Exp", "Relu", "Neg", "Sigmoid"}).size(), 4u);
   auto p = passes::plan_memory(*g);
   ASSERT_TRUE(p) << p.message();
   EXPECT_EQ(p->in_place_reuses, 3);
