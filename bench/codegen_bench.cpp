@@ -13,6 +13,7 @@
 //                       of gpt_4l256 (build/examples/, tools/prepare_bench_models.sh; batch 8).
 //
 //   OMP_NUM_THREADS=2 build/bin/kiln_microbench --benchmark_filter=Codegen
+//   (KILN_BENCH_DUMP_IR=DIR writes each kernel's optimized LLVM IR to DIR/NAME.ll)
 //
 // Generated kernels run over the whole domain with the split of run_fused_compiled
 // (runtime/interpreter.cpp): min(extent, threads, work / 32768) chunks of the parallel dim,
@@ -30,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -241,6 +243,9 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
     return;
   }
   const codegen::CpuKernel& ck = (*mod)->kernels()[0];
+  if (const char* dir = std::getenv("KILN_BENCH_DUMP_IR")) {  // optimized LLVM IR, for reading
+    std::ofstream(std::string(dir) + "/" + k.name + ".ll") << (*mod)->llvm_ir();
+  }
   std::vector<std::unique_ptr<Buf>> bufs;
   std::vector<void*> ptrs;
   int64_t bytes = 0;

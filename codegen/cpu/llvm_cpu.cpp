@@ -415,51 +415,55 @@ class KernelEmitter {
   /// parts, degree-7 polynomial, 2^n built in two halves so that subnormal results stay
   /// finite); within 1 ulp of the correctly rounded value over [-104, 89]
   /// (F32ExpIsWithinTwoUlpOfLongDouble); +inf above 88.7228, 0 below -103.97, NaN kept.
+  /// n = round(x log2 e) by adding 1.5 * 2^23 (its integer bits are then n, no
+  /// float -> int conversion); x clamped to [-104, 89] first, where the halves already
+  /// give +inf (x > 88.7228: 2^128 times y > 0.9998) and 0 (below -103.97: y 2^-150 rounds
+  /// to 0), so no range selects follow; a NaN passes the clamps and is put back at the end.
   llvm::Value* expf_poly(llvm::Value* x) {
     llvm::Type* f32 = B_.getFloatTy();
     llvm::Type* i32 = B_.getInt32Ty();
     auto c = [&](double v) { return llvm::ConstantFP::get(f32, v); };
-    llvm::Value* isnan = B_.CreateFCmpUNO(x, x);
-    llvm::Value* xc = B_.CreateSelect(isnan, c(0), x);
-    xc = B_.CreateSelect(B_.CreateFCmpOLT(xc, c(-104.0)), c(-104.0), xc);
+    llvm::Value* xc = B_.CreateSelect(B_.CreateFCmpOLT(x, c(-104.0)), c(-104.0), x);
     xc = B_.CreateSelect(B_.CreateFCmpOGT(xc, c(89.0)), c(89.0), xc);
-    llvm::Value* n = intrinsic(llvm::Intrinsic::floor, {B_.CreateFAdd(B_.CreateFMul(xc, c(1.44269504088896341)), c(0.5))});
-    llvm::Value* r = B_.CreateFSub(B_.CreateFSub(xc, B_.CreateFMul(n, c(0.693359375))), B_.CreateFMul(n, c(-2.12194440e-4)));
+    const double magic = 12582912.0;  // 1.5 * 2^23: t's low mantissa bits hold n (|n| <= 151)
+    llvm::Value* t = muladd(xc, c(1.44269504088896341), c(magic));
+    llvm::Value* n = B_.CreateFSub(t, c(magic));
+    llvm::Value* r = muladd(n, c(-0.693359375), xc);
+    r = muladd(n, c(2.12194440e-4), r);
     llvm::Value* p = c(1.9875691500e-4);
     for (double k : {1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1})
       p = muladd(p, r, c(k));
-    llvm::Value* y = B_.CreateFAdd(B_.CreateFAdd(B_.CreateFMul(p, B_.CreateFMul(r, r)), r), c(1.0));
-    llvm::Value* ni = B_.CreateFPToSI(n, i32);
+    llvm::Value* y = B_.CreateFAdd(muladd(p, B_.CreateFMul(r, r), r), c(1.0));
+    llvm::Value* ni = B_.CreateSub(B_.CreateBitCast(t, i32), llvm::ConstantInt::get(i32, 0x4B400000));
     llvm::Value* n1 = B_.CreateAShr(ni, 1);
     llvm::Value* n2 = B_.CreateSub(ni, n1);
     auto pow2 = [&](llvm::Value* e) {
       return B_.CreateBitCast(B_.CreateShl(B_.CreateAdd(e, llvm::ConstantInt::get(i32, 127)), 23), f32);
     };
     llvm::Value* res = B_.CreateFMul(B_.CreateFMul(y, pow2(n1)), pow2(n2));
-    res = B_.CreateSelect(B_.CreateFCmpOGT(x, c(88.72283935546875)), llvm::ConstantFP::getInfinity(f32), res);
-    res = B_.CreateSelect(B_.CreateFCmpOLT(x, c(-103.972076416)), c(0.0), res);
-    return B_.CreateSelect(isnan, x, res);
+    return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, res);
   }
 
   /// exp of an f64 register value as straight-line code the loop vectorizer widens (libm's
   /// exp keeps a loop scalar): range reduction by ln 2 in two parts (Cephes' constants),
   /// degree-13 Taylor polynomial on |r| <= ln2/2 (truncation error below 5e-18), 2^n
-  /// from the exponent bits in two halves (subnormal results stay finite; the integer n
-  /// via the 1.5 * 2^52 rounding constant, so no f64 -> i64 conversion is needed).
-  /// Relative error about 1 ulp of f64 (double_exp_test checks 2e-16 against long double);
-  /// +inf above 709.782712893384, 0 below -745.1332191019412, NaN kept.
+  /// from the exponent bits in two halves (subnormal results stay finite). As expf_poly:
+  /// n = round(x log2 e) by adding 1.5 * 2^52 (its low bits are then n), x clamped to
+  /// [-746, 709.79] first, where the halves already give +inf (x > 709.7827: 2^1024 times
+  /// y >= 1) and 0 (below -745.133); NaN put back at the end. Relative error about 1 ulp
+  /// of f64 (F64ExpIsWithinTwoUlpOfLongDouble).
   llvm::Value* exp_poly_f64(llvm::Value* x) {
     llvm::Type* f64 = B_.getDoubleTy();
     llvm::Type* i64 = B_.getInt64Ty();
     auto c = [&](double v) { return llvm::ConstantFP::get(f64, v); };
     auto ci = [&](int64_t v) { return llvm::ConstantInt::get(i64, static_cast<uint64_t>(v)); };
-    llvm::Value* isnan = B_.CreateFCmpUNO(x, x);
-    llvm::Value* xc = B_.CreateSelect(isnan, c(0), x);
-    xc = B_.CreateSelect(B_.CreateFCmpOLT(xc, c(-746.0)), c(-746.0), xc);
-    xc = B_.CreateSelect(B_.CreateFCmpOGT(xc, c(710.0)), c(710.0), xc);
-    llvm::Value* n = intrinsic(llvm::Intrinsic::floor, {B_.CreateFAdd(B_.CreateFMul(xc, c(1.4426950408889634074)), c(0.5))});
-    llvm::Value* r = B_.CreateFSub(B_.CreateFSub(xc, B_.CreateFMul(n, c(6.93145751953125E-1))),
-                                   B_.CreateFMul(n, c(1.42860682030941723212E-6)));
+    llvm::Value* xc = B_.CreateSelect(B_.CreateFCmpOLT(x, c(-746.0)), c(-746.0), x);
+    xc = B_.CreateSelect(B_.CreateFCmpOGT(xc, c(709.79)), c(709.79), xc);
+    const double magic = 6755399441055744.0;  // 1.5 * 2^52: t's low mantissa bits hold n
+    llvm::Value* t = muladd(xc, c(1.4426950408889634074), c(magic));
+    llvm::Value* n = B_.CreateFSub(t, c(magic));
+    llvm::Value* r = muladd(n, c(-6.93145751953125E-1), xc);
+    r = muladd(n, c(-1.42860682030941723212E-6), r);
     // Horner from 1/13! down to 1/1!, then 1 + r * p.
     double inv_fact[14];
     inv_fact[0] = 1;
@@ -467,15 +471,12 @@ class KernelEmitter {
     llvm::Value* p = c(inv_fact[13]);
     for (int k = 12; k >= 1; --k) p = muladd(p, r, c(inv_fact[k]));
     llvm::Value* y = muladd(p, r, c(1.0));
-    const double magic = 6755399441055744.0;  // 1.5 * 2^52: n + magic holds n in its low mantissa bits
-    llvm::Value* ni = B_.CreateSub(B_.CreateBitCast(B_.CreateFAdd(n, c(magic)), i64), ci(0x4338000000000000LL));
+    llvm::Value* ni = B_.CreateSub(B_.CreateBitCast(t, i64), ci(0x4338000000000000LL));
     llvm::Value* n1 = B_.CreateAShr(ni, 1);
     llvm::Value* n2 = B_.CreateSub(ni, n1);
     auto pow2 = [&](llvm::Value* e) { return B_.CreateBitCast(B_.CreateShl(B_.CreateAdd(e, ci(1023)), 52), f64); };
     llvm::Value* res = B_.CreateFMul(B_.CreateFMul(y, pow2(n1)), pow2(n2));
-    res = B_.CreateSelect(B_.CreateFCmpOGT(x, c(709.782712893384)), llvm::ConstantFP::getInfinity(f64), res);
-    res = B_.CreateSelect(B_.CreateFCmpOLT(x, c(-745.1332191019412)), c(0.0), res);
-    return B_.CreateSelect(isnan, x, res);
+    return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, res);
   }
 
   llvm::Value* float_op(ScalarOp op, DType t, llvm::Value* x, llvm::Value* y) {
