@@ -7,7 +7,9 @@
 //   Codegen/RowSum      sum over the last dim of (4096, 4096) f32 -> 4096.
 //   Codegen/ColSum      bias-gradient column sum (8192, 256) f32 -> 256.
 //   Codegen/Gelu        GPT-2's exact GELU (erf) over 8 x 256 x 1024 f32 elements.
-//   Codegen/Softmax     GPT-2's causal attention softmax row kernel over (8, 8, 256, 256).
+//   Codegen/Softmax     GPT-2's causal attention softmax row kernel over (8, 8, 256, 256)
+//                       (half the scores masked to -inf, as in training); SoftmaxTiny: the
+//                       tiny GPT's (8, 4, 64, 64).
 //   Codegen/Build*      driver::build_training_program with backend "compiled" (import, all
 //                       passes, fusion, lowering, LLVM O3 + JIT) of the tiny GPT (batch 8) and
 //                       of gpt_4l256 (build/examples/, tools/prepare_bench_models.sh; batch 8).
@@ -254,7 +256,15 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
     bufs.push_back(std::make_unique<Buf>(n, p.is_output ? 0.f : 0.5f));
     ptrs.push_back(bufs.back()->p);
     const int64_t width = static_cast<int64_t>(ir::dtype_size(p.dtype));
-    if (p.dtype == DType::boolean) std::memset(bufs.back()->p, 0, static_cast<size_t>(n));  // false
+    if (p.dtype == DType::boolean) {
+      auto* m = reinterpret_cast<uint8_t*>(bufs.back()->p);
+      std::memset(m, 0, static_cast<size_t>(n));  // false
+      if (p.name == "mask" && k.domain.size() >= 2) {  // causal: key j > query i is masked (true)
+        const int64_t seq = k.domain.back();
+        for (int64_t i = 0; i < seq; ++i)
+          for (int64_t j = i + 1; j < seq; ++j) m[i * seq + j] = 1;
+      }
+    }
     bytes += n * width;
   }
   const double copy_bw = copy_bandwidth();
@@ -291,6 +301,7 @@ void BM_CodegenRowSum(benchmark::State& s) { run_kernel(s, row_sum_kernel(4096, 
 void BM_CodegenColSum(benchmark::State& s) { run_kernel(s, col_sum_kernel(8192, 256)); }
 void BM_CodegenGelu(benchmark::State& s) { run_kernel(s, gelu_kernel(8 * 256 * 1024)); }
 void BM_CodegenSoftmax(benchmark::State& s) { run_kernel(s, attention_softmax_kernel(8, 8, 256)); }
+void BM_CodegenSoftmaxTiny(benchmark::State& s) { run_kernel(s, attention_softmax_kernel(8, 4, 64)); }
 void BM_CodegenCrossEntropyGrad(benchmark::State& s) { run_kernel(s, cross_entropy_grad_kernel(512, 256)); }
 
 // ----------------------------------------------------------------------------- build time
@@ -351,6 +362,7 @@ BENCHMARK(BM_CodegenRowSum)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenColSum)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenGelu)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenSoftmax)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenSoftmaxTiny)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_CodegenCrossEntropyGrad)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenBuildTinyGpt)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(3);
 BENCHMARK(BM_CodegenBuildGpt4l256)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(2);

@@ -416,14 +416,18 @@ class KernelEmitter {
   /// finite); within 1 ulp of the correctly rounded value over [-104, 89]
   /// (F32ExpIsWithinTwoUlpOfLongDouble); +inf above 88.7228, 0 below -103.97, NaN kept.
   /// n = round(x log2 e) by adding 1.5 * 2^23 (its integer bits are then n, no
-  /// float -> int conversion); x clamped to [-104, 89] first, where the halves already
-  /// give +inf (x > 88.7228: 2^128 times y > 0.9998) and 0 (below -103.97: y 2^-150 rounds
-  /// to 0), so no range selects follow; a NaN passes the clamps and is put back at the end.
+  /// float -> int conversion); x clamped to 89 first, where the halves already give +inf
+  /// (x > 88.7228: 2^128 times y > 0.9998); below -103.97 the result is 0 by a select;
+  /// a NaN passes the clamps and is put back at the end.
   llvm::Value* expf_poly(llvm::Value* x) {
     llvm::Type* f32 = B_.getFloatTy();
     llvm::Type* i32 = B_.getInt32Ty();
     auto c = [&](double v) { return llvm::ConstantFP::get(f32, v); };
-    llvm::Value* xc = B_.CreateSelect(B_.CreateFCmpOLT(x, c(-104.0)), c(-104.0), x);
+    // Lanes whose result is 0 compute exp(0) instead: the scaling below would underflow
+    // there, and on x86 every underflowing multiply takes a microcode assist (a masked
+    // softmax, half -inf, ran 4x slower); only true subnormal results still pay it.
+    llvm::Value* zero = B_.CreateFCmpOLT(x, c(-103.972076416));
+    llvm::Value* xc = B_.CreateSelect(zero, c(0.0), x);
     xc = B_.CreateSelect(B_.CreateFCmpOGT(xc, c(89.0)), c(89.0), xc);
     const double magic = 12582912.0;  // 1.5 * 2^23: t's low mantissa bits hold n (|n| <= 151)
     llvm::Value* t = muladd(xc, c(1.44269504088896341), c(magic));
@@ -433,14 +437,17 @@ class KernelEmitter {
     llvm::Value* p = c(1.9875691500e-4);
     for (double k : {1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1})
       p = muladd(p, r, c(k));
-    llvm::Value* y = B_.CreateFAdd(muladd(p, B_.CreateFMul(r, r), r), c(1.0));
+    // p r^2 + r + 1 in three roundings as Cephes (and glibc's expf results, in the
+    // tested cases): one FMA for p r^2 + r rounds differently in some last bits, and Adam's
+    // first, sign-like steps amplify those (CompiledVsEager tiny_gpt accum2 moved to 1.7e-5).
+    llvm::Value* y = B_.CreateFAdd(B_.CreateFAdd(B_.CreateFMul(p, B_.CreateFMul(r, r)), r), c(1.0));
     llvm::Value* ni = B_.CreateSub(B_.CreateBitCast(t, i32), llvm::ConstantInt::get(i32, 0x4B400000));
     llvm::Value* n1 = B_.CreateAShr(ni, 1);
     llvm::Value* n2 = B_.CreateSub(ni, n1);
     auto pow2 = [&](llvm::Value* e) {
       return B_.CreateBitCast(B_.CreateShl(B_.CreateAdd(e, llvm::ConstantInt::get(i32, 127)), 23), f32);
     };
-    llvm::Value* res = B_.CreateFMul(B_.CreateFMul(y, pow2(n1)), pow2(n2));
+    llvm::Value* res = B_.CreateSelect(zero, c(0.0), B_.CreateFMul(B_.CreateFMul(y, pow2(n1)), pow2(n2)));
     return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, res);
   }
 
@@ -449,15 +456,16 @@ class KernelEmitter {
   /// degree-13 Taylor polynomial on |r| <= ln2/2 (truncation error below 5e-18), 2^n
   /// from the exponent bits in two halves (subnormal results stay finite). As expf_poly:
   /// n = round(x log2 e) by adding 1.5 * 2^52 (its low bits are then n), x clamped to
-  /// [-746, 709.79] first, where the halves already give +inf (x > 709.7827: 2^1024 times
-  /// y >= 1) and 0 (below -745.133); NaN put back at the end. Relative error about 1 ulp
+  /// 709.79 first, where the halves already give +inf (x > 709.7827: 2^1024 times y >= 1);
+  /// 0 below -745.133 by a select; NaN put back at the end. Relative error about 1 ulp
   /// of f64 (F64ExpIsWithinTwoUlpOfLongDouble).
   llvm::Value* exp_poly_f64(llvm::Value* x) {
     llvm::Type* f64 = B_.getDoubleTy();
     llvm::Type* i64 = B_.getInt64Ty();
     auto c = [&](double v) { return llvm::ConstantFP::get(f64, v); };
     auto ci = [&](int64_t v) { return llvm::ConstantInt::get(i64, static_cast<uint64_t>(v)); };
-    llvm::Value* xc = B_.CreateSelect(B_.CreateFCmpOLT(x, c(-746.0)), c(-746.0), x);
+    llvm::Value* zero = B_.CreateFCmpOLT(x, c(-745.1332191019412));  // as in expf_poly: no underflow
+    llvm::Value* xc = B_.CreateSelect(zero, c(0.0), x);
     xc = B_.CreateSelect(B_.CreateFCmpOGT(xc, c(709.79)), c(709.79), xc);
     const double magic = 6755399441055744.0;  // 1.5 * 2^52: t's low mantissa bits hold n
     llvm::Value* t = muladd(xc, c(1.4426950408889634074), c(magic));
@@ -475,7 +483,7 @@ class KernelEmitter {
     llvm::Value* n1 = B_.CreateAShr(ni, 1);
     llvm::Value* n2 = B_.CreateSub(ni, n1);
     auto pow2 = [&](llvm::Value* e) { return B_.CreateBitCast(B_.CreateShl(B_.CreateAdd(e, ci(1023)), 52), f64); };
-    llvm::Value* res = B_.CreateFMul(B_.CreateFMul(y, pow2(n1)), pow2(n2));
+    llvm::Value* res = B_.CreateSelect(zero, c(0.0), B_.CreateFMul(B_.CreateFMul(y, pow2(n1)), pow2(n2)));
     return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, res);
   }
 
