@@ -49,6 +49,8 @@ std::string slurp(const fs::path& p) {
 /// Runs `cmd` in `cwd` with environment prefix `env` ("" or "NAME=VALUE ...").
 ShellRun sh(const std::string& cmd, const std::string& cwd, const std::string& env = "") {
   const std::string base = (fs::temp_directory_path() / ("kiln_aot_" + std::to_string(::getpid()))).string();
+  kiln::testing::remove_after_tests(base + ".out");
+  kiln::testing::remove_after_tests(base + ".err");
   std::string full = "cd '" + cwd + "' && " + env + " " + cmd + " > '" + base + ".out' 2> '" + base + ".err'";
   int st = std::system(full.c_str());
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, slurp(base + ".out"), slurp(base + ".err")};

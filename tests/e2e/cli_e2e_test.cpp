@@ -31,6 +31,7 @@ struct Run {
 /// Runs kiln from the source directory (configs use repository-relative data paths).
 Run kiln_cmd(const std::string& args) {
   std::string log = (fs::temp_directory_path() / ("kiln_e2e_" + std::to_string(::getpid()) + ".log")).string();
+  kiln::testing::remove_after_tests(log);
   std::string cmd = "cd '" + kSrc + "' && '" + kBin + "' " + args + " > '" + log + "' 2>&1";
   int st = std::system(cmd.c_str());
   std::ifstream f(log);

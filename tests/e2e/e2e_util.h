@@ -5,8 +5,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -29,12 +31,48 @@ inline nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(f);
 }
 
-/// A fresh (removed, then created) folder under the temp dir, unique to this process.
+/// Removes the temp files and folders handed to remove_after_tests when the test program
+/// ends with every test passed; after a failure they stay, and their paths are printed.
+class TempCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    namespace fs = std::filesystem;
+    const bool passed = ::testing::UnitTest::GetInstance()->Passed();
+    for (const std::string& p : paths_) {
+      if (!fs::exists(p)) continue;
+      if (passed) {
+        std::error_code ec;
+        fs::remove_all(p, ec);
+      } else {
+        std::cout << "[ INFO ] kept for inspection: " << p << "\n";
+      }
+    }
+  }
+  void add(const std::string& p) {
+    if (std::find(paths_.begin(), paths_.end(), p) == paths_.end()) paths_.push_back(p);
+  }
+  /// The one instance, registered with GoogleTest on first use (before RUN_ALL_TESTS's
+  /// teardown, which owns and deletes it).
+  static TempCleanup& get() {
+    static TempCleanup* env = static_cast<TempCleanup*>(::testing::AddGlobalTestEnvironment(new TempCleanup));
+    return *env;
+  }
+
+ private:
+  std::vector<std::string> paths_;
+};
+
+/// Marks a temp path (file or folder) for removal when the test program passes.
+inline void remove_after_tests(const std::string& path) { TempCleanup::get().add(path); }
+
+/// A fresh (removed, then created) folder under the temp dir, unique to this process;
+/// removed at the end of a passing test program.
 inline std::string fresh_tmpdir(const std::string& name) {
   namespace fs = std::filesystem;
   fs::path p = fs::temp_directory_path() / ("kiln_e2e_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
+  remove_after_tests(p.string());
   return p.string();
 }
 

@@ -213,6 +213,7 @@ int kiln(const std::string& args, std::string* out) {
   std::string cmd = "cd '" + kSrc + "' && '" + kBin + "' " + args + " > '" + log + "' 2>&1";
   int st = std::system(cmd.c_str());
   *out = read_file(log);
+  fs::remove(log);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
