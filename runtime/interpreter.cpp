@@ -40,10 +40,20 @@ Tensor new_output(const StepArena* arena, const Value* v, DType dtype, const std
   return zero ? Tensor(dtype, dims) : Tensor::uninitialized(dtype, dims);
 }
 
+/// Output types of a node known before it runs: every output present with a static shape
+/// in the graph, and the node's inputs of static type (so the op's inference on the actual
+/// inputs, which run_graph checked against the graph, gives the same).
+struct StaticOutputs {
+  std::vector<DType> dtype;
+  std::vector<std::vector<int64_t>> dims;
+};
+
 /// run_node, optionally writing output 0 into `inplace` (a dying input's buffer of
-/// the same dtype and dims; see the kiln_inplace attribute).
+/// the same dtype and dims; see the kiln_inplace attribute). `def`: the node's op-table
+/// entry when the caller has it; `known`: its output types when known (inference skipped).
 Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
-                                            const RunOptions& opts, uint64_t op_id, const Tensor* inplace);
+                                            const RunOptions& opts, uint64_t op_id, const Tensor* inplace,
+                                            const OpDef* def = nullptr, const StaticOutputs* known = nullptr);
 }  // namespace
 
 Expected<std::vector<Tensor>> run_node(const Node& n, const std::vector<const Tensor*>& inputs, const RunOptions& opts,
@@ -53,10 +63,24 @@ Expected<std::vector<Tensor>> run_node(const Node& n, const std::vector<const Te
 
 namespace {
 Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
-                                            const RunOptions& opts, uint64_t op_id, const Tensor* inplace) {
-  const OpDef* def = OpTable::get().find(n.op);
+                                            const RunOptions& opts, uint64_t op_id, const Tensor* inplace,
+                                            const OpDef* def, const StaticOutputs* known) {
+  if (!def) def = OpTable::get().find(n.op);
   if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
   if (!def->kernel) return Status::error("node '" + n.name + "': op '" + n.op + "' has no eager kernel");
+  if (known) {
+    KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id};
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      if (i == 0 && inplace && inplace->dtype() == known->dtype[i] && inplace->dims() == known->dims[i]) {
+        kctx.outputs.push_back(*inplace);
+        continue;
+      }
+      kctx.outputs.push_back(
+          new_output(opts.arena, n.outputs[i], known->dtype[i], known->dims[i], !def->kernel_writes_all_outputs));
+    }
+    KILN_RETURN_IF_ERROR(def->kernel(kctx));
+    return std::move(kctx.outputs);
+  }
   InferContext ictx{n, {}, {}, {}};
   for (const Tensor* t : inputs) {
     TypeInfo ti;
@@ -95,6 +119,75 @@ namespace {
 
 using Env = std::unordered_map<const Value*, Tensor>;
 using ValueSet = std::unordered_set<const Value*>;
+
+}  // namespace
+
+/// What run_nodes needs of one graph besides the values: see ScheduleCache.
+struct GraphFacts {
+  struct NodeFacts {
+    const OpDef* def = nullptr;                  ///< op-table entry (null: unknown op)
+    const codegen::CpuKernel* kernel = nullptr;  ///< generated kernel (RunOptions::program)
+    bool loop = false;                           ///< an AccumulationLoop
+    bool has_static = false;                     ///< `outs` holds the output types
+    StaticOutputs outs;
+    std::vector<const Value*> captures;          ///< values its regions read from outside
+  };
+  std::unordered_map<const Value*, size_t> last_use;  ///< ir::last_reads
+  std::vector<NodeFacts> nodes;
+  const codegen::CpuProgram* program = nullptr;
+  const Node* first = nullptr;  ///< identity check: the graph's first node and count
+  size_t count = 0;
+
+  GraphFacts(const Graph& g, const codegen::CpuProgram* prog) : program(prog) {
+    const auto& ns = g.nodes();
+    count = ns.size();
+    first = ns.empty() ? nullptr : ns[0].get();
+    last_use = last_reads(g);
+    nodes.resize(ns.size());
+    for (size_t i = 0; i < ns.size(); ++i) {
+      const Node& n = *ns[i];
+      NodeFacts& f = nodes[i];
+      f.def = OpTable::get().find(n.op);
+      f.loop = n.op == "AccumulationLoop";
+      f.kernel = prog && n.op == "FusedKernel" ? prog->find(&n) : nullptr;
+      ValueSet caps;
+      for (auto& r : n.regions) collect_captures(*r, caps);
+      f.captures.assign(caps.begin(), caps.end());
+      bool ok = !n.outputs.empty();
+      for (const Value* in : n.inputs) ok = ok && (!in || in->shape.is_static());
+      for (const Value* o : n.outputs) ok = ok && o && o->shape.is_static();
+      if (ok) {
+        f.has_static = true;
+        for (const Value* o : n.outputs) {
+          f.outs.dtype.push_back(o->dtype);
+          f.outs.dims.push_back(o->shape.to_vector());
+        }
+      }
+    }
+  }
+  /// Whether these facts were computed for `g` as it is now (same program, node count and
+  /// first node; run_graph's graphs do not change between runs, see ScheduleCache).
+  bool matches(const Graph& g, const codegen::CpuProgram* prog) const {
+    const auto& ns = g.nodes();
+    return prog == program && ns.size() == count && (ns.empty() ? nullptr : ns[0].get()) == first;
+  }
+};
+
+struct ScheduleCache::Impl {
+  std::unordered_map<const Graph*, std::unique_ptr<GraphFacts>> graphs;
+  const GraphFacts& get(const Graph& g, const codegen::CpuProgram* prog) {
+    auto& slot = graphs[&g];
+    if (!slot || !slot->matches(g, prog)) slot = std::make_unique<GraphFacts>(g, prog);
+    return *slot;
+  }
+};
+
+ScheduleCache::ScheduleCache() : impl_(std::make_unique<Impl>()) {}
+ScheduleCache::~ScheduleCache() = default;
+ScheduleCache::ScheduleCache(ScheduleCache&&) noexcept = default;
+ScheduleCache& ScheduleCache::operator=(ScheduleCache&&) noexcept = default;
+
+namespace {
 
 Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts);
 
@@ -233,11 +326,18 @@ void relocate_misplaced(const Node& n, Env& env, const StepArena& arena) {
 
 Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts) {
   // Last use of each value (reads by nested regions count at their node), so its
-  // buffer is released right after.
-  std::unordered_map<const Value*, size_t> last_use = last_reads(g);
+  // buffer is released right after; kernels and output types of the nodes.
+  std::unique_ptr<GraphFacts> own;
+  const GraphFacts& facts =
+      opts.schedule ? opts.schedule->impl().get(g, opts.program) : *(own = std::make_unique<GraphFacts>(g, opts.program));
+  const std::unordered_map<const Value*, size_t>& last_use = facts.last_use;
+  auto last_at = [&](const Value* v, size_t i) {
+    auto it = last_use.find(v);
+    return it != last_use.end() && it->second == i;
+  };
   const auto& nodes = g.nodes();
   auto release = [&](const Value* v, size_t i) {
-    if (v && last_use[v] == i && !pinned.count(v)) env.erase(v);
+    if (v && last_at(v, i) && !pinned.count(v)) env.erase(v);
   };
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];
@@ -251,23 +351,23 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       if (k < 0 || k >= n.num_inputs() || !n.inputs[k]) return nullptr;
       const Value* v = n.inputs[k];
       auto it = env.find(v);
-      if (it == env.end() || last_use[v] != i || pinned.count(v) || !it->second.storage_unique()) return nullptr;
+      if (it == env.end() || !last_at(v, i) || pinned.count(v) || !it->second.storage_unique()) return nullptr;
       for (int j = 0; j < n.num_inputs(); ++j)
         if (j != k && n.inputs[j] == v) return nullptr;
       return &it->second;
     };
-    if (n.op == "AccumulationLoop") {
+    const GraphFacts::NodeFacts& nf = facts.nodes[i];
+    if (nf.loop) {
       // Carried inputs used only here move into the loop.
       bool steal = true;
       for (size_t c = 0; c < static_cast<size_t>(n.attrs.get_int("num_carried", 0)) && c < n.inputs.size(); ++c) {
         const Value* v = n.inputs[c];
-        if (!v || last_use[v] != i || pinned.count(v)) steal = false;
+        if (!v || !last_at(v, i) || pinned.count(v)) steal = false;
         for (size_t c2 = 0; c2 < c; ++c2)
           if (n.inputs[c2] == v) steal = false;
       }
       KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts));
-    } else if (const codegen::CpuKernel* ck =
-                   opts.program && n.op == "FusedKernel" ? opts.program->find(&n) : nullptr) {
+    } else if (const codegen::CpuKernel* ck = nf.kernel) {
       KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env, opts.arena, dying_input(n.attrs.get_int("kiln_inplace", -1))));
       generated = true;
     } else {
@@ -297,7 +397,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         }
       }
       if (!viewed) {
-        auto outs = run_node_impl(n, ins, opts, i, inplace);
+        auto outs = run_node_impl(n, ins, opts, i, inplace, nf.def, nf.has_static ? &nf.outs : nullptr);
         if (!outs) return outs.status();
         for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
       }
@@ -307,11 +407,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       opts.profile->add(profile_key(n, generated, opts.profile->group()),
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (Value* v : n.inputs) release(v, i);
-    for (auto& r : n.regions) {
-      ValueSet caps;
-      collect_captures(*r, caps);
-      for (const Value* v : caps) release(v, i);
-    }
+    for (const Value* v : nf.captures) release(v, i);
   }
   return Status::ok();
 }

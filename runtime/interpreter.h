@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,25 @@ using ir::Tensor;
 
 /// Fills the eager-kernel field of every op-table entry (idempotent).
 void register_eager_kernels();
+
+/// Per-graph facts the executor otherwise recomputes on every run: each node's op-table
+/// entry, generated kernel and static output types, the values released after it (last
+/// reads, captures of its regions). A caller that runs the same graphs many times (the
+/// trainer, once per step) keeps one and passes it in RunOptions::schedule. The graphs
+/// run with a cache must not change while it lives (their Node objects are checked by
+/// address and count); not thread-safe.
+class ScheduleCache {
+ public:
+  ScheduleCache();
+  ~ScheduleCache();
+  ScheduleCache(ScheduleCache&&) noexcept;
+  ScheduleCache& operator=(ScheduleCache&&) noexcept;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 
 /// Options of one eager run.
 struct RunOptions {
@@ -55,6 +75,9 @@ struct RunOptions {
   /// (the trainer copies the new state into its own buffers). False: such results are
   /// cloned to the heap before run_graph returns.
   bool results_in_arena = false;
+  /// Per-graph executor facts reused across runs (see ScheduleCache); null: computed for
+  /// this run only. Results are the same either way.
+  ScheduleCache* schedule = nullptr;
 };
 
 /// Runs `g` on `feeds` (graph input name -> tensor). Returns every graph output

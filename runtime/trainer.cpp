@@ -100,6 +100,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
   t.train_ = train_data;
   t.eval_ = eval_data;
   t.opts_ = opts;
+  t.schedule_ = std::make_shared<ScheduleCache>();
   const ir::Graph& g = *graphs.train_step;
 
   // State, from the graph's bindings.
@@ -288,6 +289,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   ro.arena = g_.train_arena;
   ro.results_in_arena = true;  // the new state is copied out below
   ro.profile = opts_.profile;
+  ro.schedule = schedule_.get();
   if (stream)
     // One gather per microbatch: its tensors are handed out one input at a time and
     // leave this cache as they go, so nothing of microbatch t outlives its iteration.
@@ -375,6 +377,7 @@ Expected<std::map<std::string, double>> Trainer::evaluate() {
     ro.program = g_.eval_program;
     ro.arena = eg == g_.eval ? g_.eval_arena : nullptr;  // planned for g_.eval's own values
     ro.results_in_arena = true;  // read below, before the next batch runs
+    ro.schedule = schedule_.get();
     auto outs = run_graph(*eg, feeds, ro);
     if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
     loss_sum += scalar_of(*outs, "loss");

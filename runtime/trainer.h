@@ -33,6 +33,8 @@ struct CpuProgram;
 
 namespace kiln::runtime {
 
+class ScheduleCache;
+
 /// The graphs the trainer runs (filled by the CLI from driver::TrainingProgram, so
 /// the runtime does not depend on tools/).
 struct TrainGraphs {
@@ -138,6 +140,9 @@ class Trainer {
   /// Eval graph whose parameters are initializers (not inputs): a clone whose
   /// initializer data the trainer points at the current state before each eval.
   std::shared_ptr<ir::Graph> eval_clone_;
+  /// Executor facts of the train and eval graphs, computed on their first run
+  /// (RunOptions::schedule; shared_ptr: the type is complete only in trainer.cpp).
+  std::shared_ptr<ScheduleCache> schedule_;
   TrainerState acc_;  ///< logging accumulators (persisted in checkpoints)
   bool resumed_ = false;
 };

@@ -4,7 +4,8 @@
 // program run with one allocation per result bit for bit (losses and every state
 // tensor), through run_graph and through the Trainer (which copies the new state out
 // of the arena into its own buffers), with accumulation loops, remat, bf16, fp16 loss
-// scaling, 8-bit AdamW and BatchNorm. The arena run must also allocate (nearly) no
+// scaling, 8-bit AdamW and BatchNorm; so must a run that keeps the executor's per-graph
+// facts across steps (runtime::ScheduleCache). The arena run must also allocate (nearly) no
 // tensor storage per step: counted with ir::MemoryStats::allocations().
 #include <cstring>
 #include <sstream>
@@ -72,6 +73,14 @@ TEST_P(StepArenaRuns, BitIdenticalToAllocatingExecutorAndNoPerStepAllocation) {
             << arena.relocated() << "\n";
   EXPECT_GE(placed, steps * arena.num_homes() / 2) << "most planned outputs were not placed";
   EXPECT_GE(allocs_heap - allocs_arena, placed - steps * outputs);
+  // The executor facts kept across steps (RunOptions::schedule, as the trainer runs)
+  // change nothing either.
+  runtime::ScheduleCache schedule;
+  std::map<std::string, ir::Tensor> cached;
+  auto lc = trajectory_losses(*prog, *xs, *ys, steps, false, &cached, true, &schedule);
+  ASSERT_EQ(lc.size(), la.size());
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lc[i]) << "step " << i << " with the schedule cache";
+  expect_bitwise_equal(with, cached);
 }
 
 std::vector<ArenaCase> arena_cases() {

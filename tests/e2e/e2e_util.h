@@ -167,13 +167,14 @@ inline runtime::TrainConfig example_case_config(const ExampleCase& c, const std:
 inline std::vector<double> trajectory_losses(const driver::TrainingProgram& prog, const ir::Tensor& xs,
                                              const ir::Tensor& ys, int64_t steps, bool f64 = false,
                                              std::map<std::string, ir::Tensor>* final_state = nullptr,
-                                             bool use_arena = true) {
+                                             bool use_arena = true, runtime::ScheduleCache* schedule = nullptr) {
   std::vector<double> losses;
   auto state = initial_state(*prog.train_step);
   runtime::RunOptions ro;
   ro.training = true;
   ro.program = prog.train_kernels.get();
   ro.arena = use_arena ? prog.train_arena.get() : nullptr;  // the compiled executor's step arena
+  ro.schedule = schedule;  // per-graph executor facts kept across steps (as the trainer does)
   for (int64_t i = 0; i < steps; ++i) {
     auto feeds = state;
     ir::Tensor xi = squeeze0(slice_rows(xs, i, 1));
