@@ -461,6 +461,15 @@ TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
   EXPECT_NE(nodes.out.find("profile (compiled)"), std::string::npos) << nodes.out;
   EXPECT_NE(nodes.out.find(" FusedKernel[pointwise] (generated): "), std::string::npos) << nodes.out;
   EXPECT_EQ(nodes.out.find("\nMatMul "), std::string::npos) << "op-level row in a per-node table\n" << nodes.out;
+  // The compiled program's build time by phase (issue 7: passes, fusion, LLVM, JIT link).
+  {
+    const size_t c = nodes.out.find("compile (compiled train step): ");
+    ASSERT_NE(c, std::string::npos) << nodes.out;
+    const std::string line = nodes.out.substr(c, nodes.out.find('\n', c) - c);
+    for (const char* phase : {" import ", " training passes ", " fusion passes ", " lower ", " LLVM IR ", " O3 ",
+                              " machine code + JIT link ", " arena plan "})
+      EXPECT_NE(line.find(phase), std::string::npos) << phase << " missing: " << line;
+  }
   auto bad = run_kiln("bench " + model + data() + " --profile_by kernel", dir);
   EXPECT_EQ(bad.code, 2) << bad.out << bad.err;
   EXPECT_NE(bad.err.find("--profile_by"), std::string::npos) << bad.err;

@@ -398,9 +398,13 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
   for (auto& r : runs)
     if (auto* k = r.prog.train_kernels.get(); k && k->module) {
       const auto& st = k->module->stats();
-      std::cout << "compile (" << r.backend << " train step): " << st.num_kernels << " kernels (" << st.num_unique << " distinct); lower "
-                << fmt("%.3f", k->lower_s) << " s, LLVM IR " << fmt("%.3f", st.emit_s) << " s, O3 "
-                << fmt("%.3f", st.optimize_s) << " s, machine code + JIT link " << fmt("%.3f", st.codegen_s) << " s\n";
+      const auto& bt = r.prog.train_times;
+      std::cout << "compile (" << r.backend << " train step): " << st.num_kernels << " kernels (" << st.num_unique
+                << " distinct); import " << fmt("%.3f", bt.import_s) << " s, training passes " << fmt("%.3f", bt.passes_s)
+                << " s, fusion passes " << fmt("%.3f", bt.fusion_s) << " s, lower " << fmt("%.3f", k->lower_s)
+                << " s, LLVM IR " << fmt("%.3f", st.emit_s) << " s, O3 " << fmt("%.3f", st.optimize_s)
+                << " s, machine code + JIT link " << fmt("%.3f", st.codegen_s) << " s, arena plan "
+                << fmt("%.3f", bt.arena_s) << " s\n";
     }
   for (int i = 0; i < warmup; ++i)
     for (auto& r : runs) unwrap(r.tr->step());

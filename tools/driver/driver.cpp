@@ -1,6 +1,8 @@
 // The pipeline driver: import -> passes -> graphs for the runtime.
 #include "tools/driver/driver.h"
 
+#include <chrono>
+
 #include <functional>
 #include <set>
 #include <unordered_map>
@@ -255,7 +257,12 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   KILN_ASSIGN_OR_RETURN(auto eval_dims, batch_bindings(cfg, cfg.per_device_eval_batch_size));
 
   // Training step: forward + loss + backward + optimizer.
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto t0 = Clock::now();
   KILN_ASSIGN_OR_RETURN(auto train, load_model(cfg.model, train_dims, to_f64, dbg));
+  prog.train_times.import_s = since(t0);
+  t0 = Clock::now();
   for (Value* in : train->inputs) prog.data_inputs.push_back(in->name);
   prog.logits_output = train->outputs.empty() ? "" : train->outputs[0]->name;
   auto train_opts = opts;
@@ -298,7 +305,10 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   // oneDNN 2.6 has no CPU f16 matmul (the eager f16 product is a plain f64 loop): f16
   // GEMMs always run as f32 GEMMs of the widened operands.
   if (compiled && cfg.fp16) train_opts["widen_f16_gemm"] = "1";
+  prog.train_times.passes_s = since(t0);
+  t0 = Clock::now();
   if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, compiled_pipeline(), dbg, train_opts));
+  prog.train_times.fusion_s = compiled ? since(t0) : 0.0;
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
   log_text("graph", "training step after all passes:\n" + ir::graph_to_string(*train));
   if (log_enabled("memory")) {
@@ -306,8 +316,12 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     log_text("memory", plan ? passes::format_memory_plan(*plan) : "no memory plan: " + plan.status().message());
   }
   if (compiled) {
+    t0 = Clock::now();
     KILN_ASSIGN_OR_RETURN(prog.train_kernels, compile_program(*train, cfg, "train"));
+    prog.train_times.kernels_s = since(t0);
+    t0 = Clock::now();
     KILN_ASSIGN_OR_RETURN(prog.train_arena, plan_step_arena(*train));
+    prog.train_times.arena_s = since(t0);
   }
   prog.train_step = std::move(train);
 

@@ -62,6 +62,14 @@ struct TrainingProgram {
   std::shared_ptr<codegen::CpuProgram> train_kernels, eval_kernels;
   /// --backend compiled: the step arenas of train_step and eval (plan_step_arena); null for eager.
   std::shared_ptr<runtime::StepArena> train_arena, eval_arena;
+  /// Wall seconds of the training step's build phases (the eval program's are not counted):
+  /// ONNX import and type inference; the training passes (loss, autodiff, casts, remat,
+  /// optimizer, accumulation); the compiled pipeline (gemm_widening ... fusion,
+  /// fused_inplace; 0 for eager); kernel generation (lowering, LLVM, JIT: also in
+  /// train_kernels' stats); the step arena's memory plan.
+  struct BuildTimes {
+    double import_s = 0, passes_s = 0, fusion_s = 0, kernels_s = 0, arena_s = 0;
+  } train_times;
 };
 
 /// The step arena of `g` for the compiled executor (runtime/arena.h): passes::plan_memory
