@@ -433,8 +433,8 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
   }
 
   // ---- buffers and in-place reuse (schedule order)
-  std::vector<int> acct_end(plan.values.size());
-  for (size_t k = 0; k < plan.values.size(); ++k) acct_end[k] = plan.values[k].end;
+  std::vector<int> acct_start(plan.values.size()), acct_end(plan.values.size());
+  for (size_t k = 0; k < plan.values.size(); ++k) acct_start[k] = plan.values[k].def, acct_end[k] = plan.values[k].end;
   auto holds_buffer = [&](int vi) {
     const ValuePlan& v = plan.values[vi];
     return !v.persistent && v.buffer >= 0 && plan.buffers[v.buffer].values.back() == vi;
@@ -554,6 +554,34 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     }
   }
 
+  // ---- multi-tensor groups (passes/multi_tensor.cpp): members run concurrently, so a
+  // buffer born or dying at a member is live over the whole group (positions lo..hi of
+  // the group's members), and so are the values it holds for the accounting.
+  {
+    std::map<std::pair<const Graph*, int64_t>, std::pair<int, int>> span;
+    for (int i = 0; i < N; ++i) {
+      const int64_t gid = tl[i].node->attrs.get_int("kiln_multi_tensor_group", -1);
+      if (gid < 0) continue;
+      auto [it, fresh] = span.try_emplace({tl[i].graph, gid}, i, i);
+      if (!fresh) it->second.first = std::min(it->second.first, i), it->second.second = std::max(it->second.second, i);
+    }
+    std::vector<std::pair<int, int>> groups;  // (lo, hi) of groups of two or more positions
+    for (auto& [key, lh] : span)
+      if (lh.second > lh.first) groups.push_back(lh);
+    auto widen = [&](int& first, int& last) {
+      for (auto [lo, hi] : groups) {
+        if (first >= lo && first <= hi) first = lo;
+        if (last >= lo && last <= hi) last = hi;
+      }
+    };
+    for (auto& b : plan.buffers) widen(b.first, b.last);
+    for (size_t k = 0; k < plan.values.size(); ++k) {
+      const ValuePlan& vp = plan.values[k];
+      if (vp.persistent || vp.bytes == 0 || vp.def < 0 || acct_end[k] < vp.def) continue;
+      widen(acct_start[k], acct_end[k]);
+    }
+  }
+
   // ---- offsets: best fit in a given order; greedy by size (largest first) unless
   // placing buffers by their start (then size) gives a smaller arena (the two orders
   // TFLite's arena planner and XLA's heap simulator offer; neither wins always: chains
@@ -618,7 +646,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
   for (size_t k = 0; k < plan.values.size(); ++k) {
     const ValuePlan& vp = plan.values[k];
     if (vp.bytes == 0) continue;
-    int a = vp.persistent ? 0 : vp.def, e = vp.persistent ? T - 1 : acct_end[k];
+    int a = vp.persistent ? 0 : acct_start[k], e = vp.persistent ? T - 1 : acct_end[k];
     if (e < a) continue;
     diff[a][static_cast<int>(vp.category)] += vp.bytes;
     diff[e + 1][static_cast<int>(vp.category)] -= vp.bytes;

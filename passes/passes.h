@@ -46,6 +46,10 @@ std::unique_ptr<Pass> make_fusion_pass();
 std::unique_ptr<Pass> make_gemm_widening_pass();
 /// Pointwise FusedKernels write their output into a dying input (kiln_inplace; fused_inplace.cpp).
 std::unique_ptr<Pass> make_fused_inplace_pass();
+/// Consecutive independent generated kernels computing only step results (the optimizer's
+/// updates) form one multi-tensor launch (kiln_multi_tensor_group; multi_tensor.cpp); option
+/// multi_tensor=0 turns it off.
+std::unique_ptr<Pass> make_multi_tensor_pass();
 /// Compiled pipeline, before fusion: LayerNormalizationGrad as a row op plus column sums (decompose.cpp).
 std::unique_ptr<Pass> make_decompose_pass();
 /// Transposes feeding MatMul/Gemm operands read as strided operands (passes/absorb_transpose.cpp).

@@ -128,6 +128,7 @@ struct GraphFacts {
     const OpDef* def = nullptr;                  ///< op-table entry (null: unknown op)
     const codegen::CpuKernel* kernel = nullptr;  ///< generated kernel (RunOptions::program)
     bool loop = false;                           ///< an AccumulationLoop
+    int64_t group = -1;                          ///< kiln_multi_tensor_group (passes/multi_tensor.cpp), -1: none
     bool has_static = false;                     ///< `outs` holds the output types
     StaticOutputs outs;
     std::vector<const Value*> captures;          ///< values its regions read from outside
@@ -150,6 +151,7 @@ struct GraphFacts {
       f.def = OpTable::get().find(n.op);
       f.loop = n.op == "AccumulationLoop";
       f.kernel = prog && n.op == "FusedKernel" ? prog->find(&n) : nullptr;
+      f.group = f.kernel ? n.attrs.get_int("kiln_multi_tensor_group", -1) : -1;
       ValueSet caps;
       for (auto& r : n.regions) collect_captures(*r, caps);
       f.captures.assign(caps.begin(), caps.end());
@@ -255,19 +257,29 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
 
 /// Runs a FusedKernel node through its generated kernel: outputs allocated, then the
 /// kernel's parallel dimension split across the OpenMP threads.
-Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
-                          Tensor* dying_inplace) {
+/// One generated kernel call being set up: argument pointers (inputs, then outputs) and
+/// the output tensors, written into the environment once the kernel has run.
+struct FusedLaunch {
   std::vector<void*> bufs;
+  std::vector<Tensor> outs;
+  const codegen::CpuKernel* ck = nullptr;
+  int64_t extent = 1;  ///< parallel-dim extent
+  int64_t chunks = 1;  ///< pieces of it worth a thread each (about 32K domain points at least)
+};
+
+/// Sets up node `n`'s kernel call: inputs from `env`, outputs in the arena or allocated.
+Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
+                     Tensor* dying_inplace, FusedLaunch& l) {
+  l.ck = &ck;
   for (Value* v : n.inputs) {
     auto it = env.find(v);
     if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
-    bufs.push_back(const_cast<void*>(it->second.raw()));
+    l.bufs.push_back(const_cast<void*>(it->second.raw()));
   }
   // kiln_inplace = k (passes/fused_inplace.cpp): the kernel was generated to write output
   // 0 through input k's pointer, so input k's slot must hold output 0's buffer: the
   // input's own when it dies here (`dying_inplace`), else a copy of it.
   const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
-  std::vector<Tensor> outs;
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     Value* o = n.outputs[j];
     if (j == 0 && ip >= 0 && ip < n.num_inputs()) {
@@ -275,33 +287,59 @@ Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env,
       if (in.dtype() != o->dtype || in.dims() != o->shape.to_vector())
         return Status::error("node '" + n.name + "': kiln_inplace input does not match output 0");
       if (dying_inplace) {
-        outs.push_back(*dying_inplace);
+        l.outs.push_back(*dying_inplace);
       } else {
-        outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
-        if (in.nbytes()) std::memcpy(outs.back().raw(), in.raw(), in.nbytes());
+        l.outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
+        if (in.nbytes()) std::memcpy(l.outs.back().raw(), in.raw(), in.nbytes());
       }
-      bufs[static_cast<size_t>(ip)] = outs.back().raw();
-      bufs.push_back(outs.back().raw());
+      l.bufs[static_cast<size_t>(ip)] = l.outs.back().raw();
+      l.bufs.push_back(l.outs.back().raw());
       continue;
     }
     // A generated kernel writes every element of each output: no zero fill.
-    outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
-    bufs.push_back(outs.back().raw());
+    l.outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
+    l.bufs.push_back(l.outs.back().raw());
   }
-  void* const* args = bufs.data();
-  const int64_t extent = ck.parallel_dim < 0 ? 1 : ck.parallel_extent;
-  const int64_t work = extent * std::max<int64_t>(1, ck.work_per_index);
+  l.extent = ck.parallel_dim < 0 ? 1 : ck.parallel_extent;
+  const int64_t work = l.extent * std::max<int64_t>(1, ck.work_per_index);
   const int threads = omp_get_max_threads();
   // About 32K domain points per chunk at least: smaller kernels run on one thread.
-  int64_t chunks = std::min<int64_t>({extent, static_cast<int64_t>(threads), std::max<int64_t>(1, work / 32768)});
-  if (chunks <= 1) {
-    ck.fn(args, 0, extent);
+  l.chunks = std::min<int64_t>({l.extent, static_cast<int64_t>(threads), std::max<int64_t>(1, work / 32768)});
+  return Status::ok();
+}
+
+/// Piece c of l.chunks of a prepared call.
+inline void run_piece(const FusedLaunch& l, int64_t c) {
+  l.ck->fn(l.bufs.data(), c * l.extent / l.chunks, (c + 1) * l.extent / l.chunks);
+}
+
+Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
+                          Tensor* dying_inplace) {
+  FusedLaunch l;
+  KILN_RETURN_IF_ERROR(prepare_fused(n, ck, env, arena, dying_inplace, l));
+  if (l.chunks <= 1) {
+    run_piece(l, 0);
   } else {
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) ck.fn(args, c * extent / chunks, (c + 1) * extent / chunks);
+    for (int64_t c = 0; c < l.chunks; ++c) run_piece(l, c);
   }
-  for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(outs[k]);
+  for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(l.outs[k]);
   return Status::ok();
+}
+
+/// A multi-tensor group's prepared calls (passes/multi_tensor.cpp) in one parallel
+/// region: every call's pieces in one list, handed to the threads as they free up.
+void run_fused_group(const std::vector<FusedLaunch>& ls) {
+  std::vector<std::pair<int, int64_t>> pieces;  // (call, piece)
+  for (size_t m = 0; m < ls.size(); ++m)
+    for (int64_t c = 0; c < ls[m].chunks; ++c) pieces.push_back({static_cast<int>(m), c});
+  const int64_t np = static_cast<int64_t>(pieces.size());
+  if (omp_get_max_threads() <= 1 || np <= 1) {
+    for (auto [m, c] : pieces) run_piece(ls[static_cast<size_t>(m)], c);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t p = 0; p < np; ++p) run_piece(ls[static_cast<size_t>(pieces[p].first)], pieces[p].second);
 }
 
 /// Step arena rule (runtime/arena.h): an output of `n` that lies in the arena block but
@@ -339,24 +377,54 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
   auto release = [&](const Value* v, size_t i) {
     if (v && last_at(v, i) && !pinned.count(v)) env.erase(v);
   };
+  // Input k's tensor of node `at` when that node may take its storage: its last use, not
+  // pinned, nothing else shares the storage, and the node reads it only once.
+  auto dying_input_of = [&](size_t at, int64_t k) -> Tensor* {
+    const Node& n = *nodes[at];
+    if (k < 0 || k >= n.num_inputs() || !n.inputs[k]) return nullptr;
+    const Value* v = n.inputs[k];
+    auto it = env.find(v);
+    if (it == env.end() || !last_at(v, at) || pinned.count(v) || !it->second.storage_unique()) return nullptr;
+    for (int j = 0; j < n.num_inputs(); ++j)
+      if (j != k && n.inputs[j] == v) return nullptr;
+    return &it->second;
+  };
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];
+    const GraphFacts::NodeFacts& nf = facts.nodes[i];
+    if (nf.group >= 0 && i + 1 < nodes.size() && facts.nodes[i + 1].group == nf.group) {
+      // A multi-tensor group (passes/multi_tensor.cpp): its consecutive members' kernels
+      // run in one parallel region; then each member's results land and its inputs are
+      // released (the planner kept them all live over the group).
+      size_t j = i;
+      while (j + 1 < nodes.size() && facts.nodes[j + 1].group == nf.group) ++j;
+      const auto t0 = opts.profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+      std::vector<FusedLaunch> ls(j - i + 1);
+      for (size_t k = i; k <= j; ++k)
+        KILN_RETURN_IF_ERROR(prepare_fused(*nodes[k], *facts.nodes[k].kernel, env, opts.arena,
+                                           dying_input_of(k, nodes[k]->attrs.get_int("kiln_inplace", -1)), ls[k - i]));
+      run_fused_group(ls);
+      const double share =
+          opts.profile ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / ls.size() : 0;
+      for (size_t k = i; k <= j; ++k) {
+        const Node& m = *nodes[k];
+        for (size_t o = 0; o < m.outputs.size(); ++o) env[m.outputs[o]] = std::move(ls[k - i].outs[o]);
+        if (opts.arena) relocate_misplaced(m, env, *opts.arena);
+        // Each member is charged an equal share of the group's wall time.
+        if (opts.profile) opts.profile->add(profile_key(m, true, opts.profile->group()), share);
+      }
+      for (size_t k = i; k <= j; ++k) {
+        for (Value* v : nodes[k]->inputs) release(v, k);
+        for (const Value* v : facts.nodes[k].captures) release(v, k);
+      }
+      i = j;
+      continue;
+    }
     // RunOptions::profile: this node's wall time (not an AccumulationLoop's: its body is timed).
     const bool timed = opts.profile && n.op != "AccumulationLoop";
     const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     bool generated = false;
-    // Input k's tensor when this node may take its storage: its last use, not pinned,
-    // nothing else shares the storage, and the node reads it only once.
-    auto dying_input = [&](int64_t k) -> Tensor* {
-      if (k < 0 || k >= n.num_inputs() || !n.inputs[k]) return nullptr;
-      const Value* v = n.inputs[k];
-      auto it = env.find(v);
-      if (it == env.end() || !last_at(v, i) || pinned.count(v) || !it->second.storage_unique()) return nullptr;
-      for (int j = 0; j < n.num_inputs(); ++j)
-        if (j != k && n.inputs[j] == v) return nullptr;
-      return &it->second;
-    };
-    const GraphFacts::NodeFacts& nf = facts.nodes[i];
+    auto dying_input = [&](int64_t k) { return dying_input_of(i, k); };
     if (nf.loop) {
       // Carried inputs used only here move into the loop.
       bool steal = true;

@@ -7,7 +7,6 @@
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 
@@ -36,17 +35,29 @@ memory::desc md(const std::vector<int64_t>& dims, Dt dt, const std::vector<int64
                       memory::dims(strides.empty() ? row_major(dims) : strides));
 }
 
-void key_add(std::ostringstream& os, const std::vector<int64_t>& v) {
-  os << '[';
-  for (int64_t x : v) os << x << ',';
-  os << ']';
+/// Appends `v` (its length, then its values) to a cache key as raw bytes.
+void key_add(std::string& key, const std::vector<int64_t>& v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  key.append(reinterpret_cast<const char*>(&n), sizeof n);
+  key.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
 }
 
-/// A cached primitive, or an empty entry when oneDNN has no implementation.
+/// A cached primitive, or an empty entry when oneDNN has no implementation. `args`
+/// keeps the memory objects of the primitive's arguments between calls (their
+/// descriptors are fixed by the key); each call points them at its buffers.
 struct Cached {
   bool ok = false;
   dnnl::primitive prim;
   std::string why;
+  std::mutex mu;  ///< guards args during one call
+  std::unordered_map<int, memory> args;
+};
+
+/// One argument of a primitive call: its oneDNN argument id, descriptor and buffer.
+struct Arg {
+  int id;
+  const memory::desc& desc;
+  const void* data;
 };
 
 std::mutex g_mu;
@@ -75,10 +86,21 @@ std::shared_ptr<Cached> get_or_build(const std::string& key, Build&& build) {
   return c;
 }
 
-Status run(const Cached& c, const std::unordered_map<int, memory>& args) {
+/// Executes `c` on `args`: the entry's memory objects are created on its first call and
+/// re-pointed (set_data_handle) on later ones, on this thread's stream; no allocation
+/// after the first call with a given key.
+Status run(Cached& c, std::initializer_list<Arg> args) {
   try {
-    dnnl::stream s(engine());
-    c.prim.execute(s, args);
+    static thread_local dnnl::stream s(engine());
+    std::lock_guard<std::mutex> l(c.mu);
+    for (const Arg& a : args) {
+      auto it = c.args.find(a.id);
+      if (it == c.args.end())
+        c.args.emplace(a.id, memory(a.desc, engine(), const_cast<void*>(a.data)));
+      else
+        it->second.set_data_handle(const_cast<void*>(a.data));
+    }
+    c.prim.execute(s, c.args);
     s.wait();
   } catch (const dnnl::error& e) {
     return Status::error(std::string("oneDNN execution failed: ") + e.what());
@@ -114,16 +136,16 @@ int64_t numel(const std::vector<int64_t>& d) {
 }
 
 std::string conv_key(const char* kind, const ConvGeometry& g, Dt dt, bool bias) {
-  std::ostringstream os;
-  os << kind << static_cast<int>(dt) << (bias ? "b" : "") << 'g' << g.group;
-  key_add(os, g.x_dims);
-  key_add(os, g.w_dims);
-  key_add(os, g.y_dims);
-  key_add(os, g.strides);
-  key_add(os, g.dilations);
-  key_add(os, g.pads_begin);
-  key_add(os, g.pads_end);
-  return os.str();
+  std::string key = std::string(kind) + std::to_string(static_cast<int>(dt)) + (bias ? "b" : "") + 'g' +
+                    std::to_string(g.group);
+  key_add(key, g.x_dims);
+  key_add(key, g.w_dims);
+  key_add(key, g.y_dims);
+  key_add(key, g.strides);
+  key_add(key, g.dilations);
+  key_add(key, g.pads_begin);
+  key_add(key, g.pads_end);
+  return key;
 }
 
 struct ConvMds {
@@ -169,13 +191,12 @@ Expected<Operand> dense_f32_copy(const Operand& o, const std::vector<int64_t>& s
   if (strides == row_major(o.dims)) return Operand{o.data, o.dims, {}};
   buf.resize(static_cast<size_t>(numel(o.dims)));
   const memory::desc from = md(o.dims, Dt::f32, strides), to = md(o.dims, Dt::f32, {});
-  std::ostringstream key;
-  key << "reorder_dense";
+  std::string key = "reorder_dense";
   key_add(key, o.dims);
   key_add(key, strides);
-  auto re = get_or_build(key.str(), [&] { return dnnl::primitive(dnnl::reorder(mem(from, o.data), mem(to, buf.data()))); });
+  auto re = get_or_build(key, [&] { return dnnl::primitive(dnnl::reorder(mem(from, o.data), mem(to, buf.data()))); });
   if (!re->ok) return unimplemented("reorder", *re);
-  KILN_RETURN_IF_ERROR(run(*re, {{DNNL_ARG_FROM, mem(from, o.data)}, {DNNL_ARG_TO, mem(to, buf.data())}}));
+  KILN_RETURN_IF_ERROR(run(*re, {{DNNL_ARG_FROM, from, o.data}, {DNNL_ARG_TO, to, buf.data()}}));
   return Operand{buf.data(), o.dims, {}};
 }
 
@@ -211,16 +232,15 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   }
   std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
   std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
-  std::ostringstream os;
-  os << "mm" << static_cast<int>(idt) << static_cast<int>(odt);
-  key_add(os, a.dims);
-  key_add(os, as);
-  key_add(os, b.dims);
-  key_add(os, bs);
-  key_add(os, c_dims);
+  std::string key = "mm" + std::to_string(static_cast<int>(idt)) + "_" + std::to_string(static_cast<int>(odt));
+  key_add(key, a.dims);
+  key_add(key, as);
+  key_add(key, b.dims);
+  key_add(key, bs);
+  key_add(key, c_dims);
   auto amd = md(a.dims, idt, as), bmd = md(b.dims, idt, bs), cmd = md(c_dims, odt);
   const bool strided = as != row_major(a.dims) || bs != row_major(b.dims);
-  auto prim = get_or_build(os.str(), [&] {
+  auto prim = get_or_build(key, [&] {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), engine());
     // A strided (transposed-view) operand that only oneDNN's reference code takes is
     // copied dense below instead (the reference matmul is orders of magnitude slower).
@@ -229,7 +249,7 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
     return dnnl::primitive(dnnl::matmul(pd));
   });
   if (prim->ok)
-    return run(*prim, {{DNNL_ARG_SRC, mem(amd, a.data)}, {DNNL_ARG_WEIGHTS, mem(bmd, b.data)}, {DNNL_ARG_DST, mem(cmd, c)}});
+    return run(*prim, {{DNNL_ARG_SRC, amd, a.data}, {DNNL_ARG_WEIGHTS, bmd, b.data}, {DNNL_ARG_DST, cmd, c}});
   if (strided && idt == Dt::f32) {
     // Dense copies of the strided operands (oneDNN reorders), then the dense product.
     std::vector<float> da, db;
@@ -257,10 +277,8 @@ Status conv_forward(const ConvGeometry& g, const void* x, const void* w, const v
     return dnnl::primitive(dnnl::convolution_forward(fwd_pd(m, b != nullptr, dnnl::prop_kind::forward_inference)));
   });
   if (prim->ok) {
-    std::unordered_map<int, memory> args = {
-        {DNNL_ARG_SRC, mem(m.x, x)}, {DNNL_ARG_WEIGHTS, mem(m.w, w)}, {DNNL_ARG_DST, mem(m.y, y)}};
-    if (b) args.insert({DNNL_ARG_BIAS, mem(m.b, b)});
-    return run(*prim, args);
+    if (b) return run(*prim, {{DNNL_ARG_SRC, m.x, x}, {DNNL_ARG_WEIGHTS, m.w, w}, {DNNL_ARG_BIAS, m.b, b}, {DNNL_ARG_DST, m.y, y}});
+    return run(*prim, {{DNNL_ARG_SRC, m.x, x}, {DNNL_ARG_WEIGHTS, m.w, w}, {DNNL_ARG_DST, m.y, y}});
   }
   if (dt != ir::DType::bf16) return unimplemented("convolution", *prim);
   auto fx = bf16_to_f32(x, numel(g.x_dims)), fw = bf16_to_f32(w, numel(g.w_dims));
@@ -281,7 +299,7 @@ Status conv_backward_data(const ConvGeometry& g, const void* dy, const void* w, 
     return dnnl::primitive(CB(CB::primitive_desc(desc, engine(), hint)));
   });
   if (prim->ok)
-    return run(*prim, {{DNNL_ARG_DIFF_DST, mem(m.y, dy)}, {DNNL_ARG_WEIGHTS, mem(m.w, w)}, {DNNL_ARG_DIFF_SRC, mem(m.x, dx)}});
+    return run(*prim, {{DNNL_ARG_DIFF_DST, m.y, dy}, {DNNL_ARG_WEIGHTS, m.w, w}, {DNNL_ARG_DIFF_SRC, m.x, dx}});
   if (dt != ir::DType::bf16) return unimplemented("convolution backward-data", *prim);
   auto fdy = bf16_to_f32(dy, numel(g.y_dims)), fw = bf16_to_f32(w, numel(g.w_dims));
   std::vector<float> fdx(static_cast<size_t>(numel(g.x_dims)));
@@ -300,7 +318,7 @@ Status conv_backward_weights(const ConvGeometry& g, const void* dy, const void* 
     return dnnl::primitive(CB(CB::primitive_desc(desc, engine(), hint)));
   });
   if (prim->ok)
-    return run(*prim, {{DNNL_ARG_DIFF_DST, mem(m.y, dy)}, {DNNL_ARG_SRC, mem(m.x, x)}, {DNNL_ARG_DIFF_WEIGHTS, mem(m.w, dw)}});
+    return run(*prim, {{DNNL_ARG_DIFF_DST, m.y, dy}, {DNNL_ARG_SRC, m.x, x}, {DNNL_ARG_DIFF_WEIGHTS, m.w, dw}});
   if (dt != ir::DType::bf16) return unimplemented("convolution backward-weights", *prim);
   auto fdy = bf16_to_f32(dy, numel(g.y_dims)), fx = bf16_to_f32(x, numel(g.x_dims));
   std::vector<float> fdw(static_cast<size_t>(numel(g.w_dims)));

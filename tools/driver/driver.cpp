@@ -239,9 +239,10 @@ const std::vector<std::string>& compiled_pipeline() {
   // feeding MatMul/Gemm operands read as strided operands, no copy (absorb_transpose);
   // backward ops with row and column results split into a row op and column sums
   // (decompose), which fusion then generates with the pointwise groups.
-  // Pointwise kernels then write into an input that dies at them (fused_inplace).
+  // Pointwise kernels then write into an input that dies at them (fused_inplace); the
+  // optimizer's per-parameter update kernels become one multi-tensor launch (multi_tensor).
   static const std::vector<std::string> p = {"gemm_widening", "absorb_transpose", "decompose", "fusion",
-                                             "fused_inplace"};
+                                             "fused_inplace", "multi_tensor"};
   return p;
 }
 

@@ -1,0 +1,110 @@
+// Multi-tensor optimizer launches (passes/multi_tensor.cpp, issue 7): the compiled
+// pipeline groups the generated per-parameter update kernels (kiln_multi_tensor_group),
+// the executor runs a group's kernels in one parallel region, and the step arena keeps
+// every buffer a member touches live over the whole group. Checked here: which kernels
+// form a group (every fp32 AdamW/SGD update, nothing else); that no member's output
+// shares arena bytes with anything another member reads or writes (the members run at
+// the same time); and that a grouped run equals the same program run one kernel after
+// the other, bit for bit (losses and every state tensor).
+#include <cstring>
+#include <set>
+
+#include "e2e_util.h"
+#include "passes/memory_plan.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+/// Members of each group of `g`, in node order.
+std::map<int64_t, std::vector<const ir::Node*>> groups_of(const ir::Graph& g) {
+  std::map<int64_t, std::vector<const ir::Node*>> m;
+  for (auto& n : g.nodes())
+    if (int64_t id = n->attrs.get_int("kiln_multi_tensor_group", -1); id >= 0) m[id].push_back(n.get());
+  return m;
+}
+
+class MultiTensor : public ::testing::TestWithParam<ExampleCase> {};
+
+TEST_P(MultiTensor, UpdatesFormOneGroupWithDisjointBuffersAndRunAsInSequence) {
+  const ExampleCase& c = GetParam();
+  auto xs = runtime::io::load_npy(example_path(c.model, "fixtures/traj_inputs.npy"));
+  auto ys = runtime::io::load_npy(example_path(c.model, "fixtures/traj_labels.npy"));
+  ASSERT_TRUE(xs && ys);
+  const int64_t rows = xs->dim(1);
+  auto prog = driver::build_training_program(example_case_config(c, "compiled", rows), nullptr, false, false, c.steps);
+  ASSERT_TRUE(prog) << prog.message();
+  ir::Graph& g = *prog->train_step;
+
+  // One group: the update kernels of the parameters the optimizer updates in generated
+  // code (all of them for adamw_torch and sgd; with adamw_8bit the small ones kept in
+  // fp32), each writing only new state, nothing else.
+  auto groups = groups_of(g);
+  ASSERT_EQ(groups.size(), 1u) << "expected one multi-tensor group";
+  const auto& members = groups.begin()->second;
+  int64_t params = 0;
+  for (auto& sb : g.state) params += sb.kind == "parameter";
+  if (c.optim != "adamw_8bit") {
+    EXPECT_EQ(static_cast<int64_t>(members.size()), params);
+  } else {
+    EXPECT_GE(members.size(), 2u);
+    EXPECT_LT(static_cast<int64_t>(members.size()), params);
+  }
+  std::set<const ir::Value*> outs(g.outputs.begin(), g.outputs.end());
+  for (const ir::Node* m : members) {
+    EXPECT_EQ(m->op, "FusedKernel");
+    EXPECT_EQ(m->attrs.get_int("kiln_multi_tensor_size", 0), static_cast<int64_t>(members.size()));
+    for (const ir::Value* o : m->outputs) EXPECT_TRUE(outs.count(o)) << m->name << " writes a non-result";
+  }
+
+  // Arena bytes: an output of one member never overlaps a value another member reads or writes.
+  auto plan = driver::plan_step_arena_layout(g);
+  ASSERT_TRUE(plan) << plan.message();
+  std::map<const ir::Value*, std::pair<int64_t, int64_t>> range;  // value -> [offset, offset + bytes)
+  for (const auto& vp : plan->values)
+    if (vp.offset >= 0 && vp.bytes > 0) range[vp.value] = {vp.offset, vp.offset + vp.bytes};
+  int64_t checked = 0;
+  for (const ir::Node* a : members)
+    for (const ir::Value* o : a->outputs) {
+      auto ra = range.find(o);
+      if (ra == range.end()) continue;
+      for (const ir::Node* b : members) {
+        if (b == a) continue;
+        std::vector<const ir::Value*> touched(b->inputs.begin(), b->inputs.end());
+        touched.insert(touched.end(), b->outputs.begin(), b->outputs.end());
+        for (const ir::Value* v : touched) {
+          auto rb = range.find(v);
+          if (rb == range.end()) continue;
+          ++checked;
+          EXPECT_TRUE(ra->second.second <= rb->second.first || rb->second.second <= ra->second.first)
+              << o->name << " (" << a->name << ") overlaps " << v->name << " (" << b->name << ")";
+        }
+      }
+    }
+  EXPECT_GT(checked, 0) << "no member value lies in the arena";
+
+  // Grouped against one kernel at a time: the same program with the group attributes
+  // removed runs its kernels in sequence (same arena layout, which is valid for both).
+  std::map<std::string, ir::Tensor> grouped, sequential;
+  auto la = trajectory_losses(*prog, *xs, *ys, c.steps, false, &grouped);
+  for (auto& n : g.nodes()) {
+    n->attrs.erase("kiln_multi_tensor_group");
+    n->attrs.erase("kiln_multi_tensor_size");
+  }
+  ASSERT_TRUE(groups_of(g).empty());
+  auto lb = trajectory_losses(*prog, *xs, *ys, c.steps, false, &sequential);
+  ASSERT_EQ(la.size(), static_cast<size_t>(c.steps));
+  ASSERT_EQ(lb.size(), la.size());
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i;
+  ASSERT_EQ(grouped.size(), sequential.size());
+  for (auto& [name, t] : grouped)
+    EXPECT_EQ(std::memcmp(t.raw(), sequential.at(name).raw(), t.nbytes()), 0) << name << " differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, MultiTensor,
+                         ::testing::Values(ExampleCase{"tiny_gpt"}, ExampleCase{"tiny_gpt", "bf16", "adamw_8bit", "none", 2},
+                                           ExampleCase{"resnet18", "fp32", "sgd"}, ExampleCase{"mlp_digits"}),
+                         [](const ::testing::TestParamInfo<ExampleCase>& i) { return example_case_name(i.param); });
+
+}  // namespace
