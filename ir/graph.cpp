@@ -1,5 +1,7 @@
 #include "ir/graph.h"
 
+#include <atomic>
+
 #include <algorithm>
 #include <functional>
 #include <set>
@@ -141,7 +143,13 @@ Node* Graph::insert_node(size_t pos, const std::string& op, const std::string& n
   Node* p = n.get();
   pos = std::min(pos, nodes_.size());
   nodes_.insert(nodes_.begin() + static_cast<long>(pos), std::move(n));
+  touch();
   return p;
+}
+
+uint64_t Graph::next_structure_id() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
 }
 
 Node* Graph::add_node(const std::string& op, const std::string& name, std::vector<Value*> ins,
@@ -163,6 +171,7 @@ void Graph::remove_node(Node* n) {
     by_name_.erase(o->name);
   }
   nodes_.erase(nodes_.begin() + i);
+  touch();
 }
 
 void Graph::replace_all_uses(Value* from, Value* to) {
@@ -241,6 +250,7 @@ int Graph::dead_code_elimination() {
     }
   }
   nodes_ = std::move(kept);
+  touch();
   return removed;
 }
 
@@ -286,6 +296,7 @@ std::unique_ptr<Graph> Graph::clone() const {
 }
 
 Status Graph::topo_sort() {
+  touch();
   std::unordered_map<const Value*, Node*> prod;
   for (auto& n : nodes_)
     for (Value* o : n->outputs) prod[o] = n.get();

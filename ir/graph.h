@@ -161,7 +161,14 @@ class Graph {
   int dead_code_elimination();
 
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
-  std::vector<std::unique_ptr<Node>>& mutable_nodes() { return nodes_; }
+  std::vector<std::unique_ptr<Node>>& mutable_nodes() {
+    touch();
+    return nodes_;
+  }
+  /// Identity of the node list: a number no other graph state (this graph's earlier node
+  /// lists, any other graph's) has had, renewed whenever nodes are added, removed or
+  /// reordered (and on mutable_nodes()). Executor caches key on it (runtime::ScheduleCache).
+  uint64_t structure_id() const { return structure_id_; }
   /// Position of `n` in nodes(), or -1.
   int index_of(const Node* n) const;
   /// Finds a value by name (inputs, initializers, node outputs), or nullptr.
@@ -178,6 +185,9 @@ class Graph {
 
  private:
   std::vector<std::unique_ptr<Node>> nodes_;
+  static uint64_t next_structure_id();
+  void touch() { structure_id_ = next_structure_id(); }
+  uint64_t structure_id_ = next_structure_id();
   std::vector<std::unique_ptr<Value>> values_;
   std::map<std::string, Value*> by_name_;
 };

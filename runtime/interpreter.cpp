@@ -46,6 +46,20 @@ Tensor new_output(const StepArena* arena, const Value* v, DType dtype, const std
 struct StaticOutputs {
   std::vector<DType> dtype;
   std::vector<std::vector<int64_t>> dims;
+  std::vector<DType> in_dtype;                 ///< the inputs' graph types (absent: undefined)
+  std::vector<std::vector<int64_t>> in_dims;
+  /// Whether the actual inputs have the graph's types (else the op infers from them).
+  bool matches(const std::vector<const Tensor*>& ins) const {
+    if (ins.size() != in_dtype.size()) return false;
+    for (size_t k = 0; k < ins.size(); ++k) {
+      if (!ins[k]) {
+        if (in_dtype[k] != DType::undefined) return false;
+        continue;
+      }
+      if (ins[k]->dtype() != in_dtype[k] || ins[k]->dims() != in_dims[k]) return false;
+    }
+    return true;
+  }
 };
 
 /// run_node, optionally writing output 0 into `inplace` (a dying input's buffer of
@@ -68,7 +82,7 @@ Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<con
   if (!def) def = OpTable::get().find(n.op);
   if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
   if (!def->kernel) return Status::error("node '" + n.name + "': op '" + n.op + "' has no eager kernel");
-  if (known) {
+  if (known && known->matches(inputs)) {
     KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id};
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       if (i == 0 && inplace && inplace->dtype() == known->dtype[i] && inplace->dims() == known->dims[i]) {
@@ -136,13 +150,11 @@ struct GraphFacts {
   std::unordered_map<const Value*, size_t> last_use;  ///< ir::last_reads
   std::vector<NodeFacts> nodes;
   const codegen::CpuProgram* program = nullptr;
-  const Node* first = nullptr;  ///< identity check: the graph's first node and count
-  size_t count = 0;
+  uint64_t structure = 0;  ///< Graph::structure_id() when computed
 
   GraphFacts(const Graph& g, const codegen::CpuProgram* prog) : program(prog) {
     const auto& ns = g.nodes();
-    count = ns.size();
-    first = ns.empty() ? nullptr : ns[0].get();
+    structure = g.structure_id();
     last_use = last_reads(g);
     nodes.resize(ns.size());
     for (size_t i = 0; i < ns.size(); ++i) {
@@ -155,23 +167,29 @@ struct GraphFacts {
       ValueSet caps;
       for (auto& r : n.regions) collect_captures(*r, caps);
       f.captures.assign(caps.begin(), caps.end());
+      // Only types type inference has filled in (a graph built without infer_graph
+      // has undefined dtypes): such nodes infer per run, as before.
       bool ok = !n.outputs.empty();
-      for (const Value* in : n.inputs) ok = ok && (!in || in->shape.is_static());
-      for (const Value* o : n.outputs) ok = ok && o && o->shape.is_static();
+      for (const Value* in : n.inputs) ok = ok && (!in || (in->dtype != DType::undefined && in->shape.is_static()));
+      for (const Value* o : n.outputs) ok = ok && o && o->dtype != DType::undefined && o->shape.is_static();
       if (ok) {
         f.has_static = true;
         for (const Value* o : n.outputs) {
           f.outs.dtype.push_back(o->dtype);
           f.outs.dims.push_back(o->shape.to_vector());
         }
+        for (const Value* in : n.inputs) {
+          f.outs.in_dtype.push_back(in ? in->dtype : DType::undefined);
+          f.outs.in_dims.push_back(in ? in->shape.to_vector() : std::vector<int64_t>{});
+        }
       }
     }
   }
-  /// Whether these facts were computed for `g` as it is now (same program, node count and
-  /// first node; run_graph's graphs do not change between runs, see ScheduleCache).
+  /// Whether these facts were computed for `g` as it is now: same program and node list
+  /// (Graph::structure_id: a node added, removed, replaced or moved, or another graph at
+  /// the same address, is seen; attributes or types edited in place are not).
   bool matches(const Graph& g, const codegen::CpuProgram* prog) const {
-    const auto& ns = g.nodes();
-    return prog == program && ns.size() == count && (ns.empty() ? nullptr : ns[0].get()) == first;
+    return prog == program && g.structure_id() == structure;
   }
 };
 

@@ -28,8 +28,9 @@ void register_eager_kernels();
 /// entry, generated kernel and static output types, the values released after it (last
 /// reads, captures of its regions). A caller that runs the same graphs many times (the
 /// trainer, once per step) keeps one and passes it in RunOptions::schedule. The graphs
-/// run with a cache must not change while it lives (their Node objects are checked by
-/// address and count); not thread-safe.
+/// run with a cache must not change in place while it lives: facts are recomputed when the
+/// node list changes (Graph::structure_id), not when a node's attributes or value types
+/// are edited. Not thread-safe.
 class ScheduleCache {
  public:
   ScheduleCache();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "ir/graph.h"
 #include "ir/op_table.h"
@@ -59,5 +60,54 @@ TEST(ScheduleCache, ReusedFactsGiveTheSameResultsAndFollowGraphChanges) {
   for (int64_t i = 0; i < 8; ++i) {
     const double y = -std::max(0.0, -1.0 + 0.5 * static_cast<double>(i));
     EXPECT_NEAR(c->at("z").get_f64(i), std::exp(y), 1e-6 * std::exp(y)) << i;  // f32 exp: 1e-6 relative
+  }
+}
+
+TEST(ScheduleCache, ReplacedNodeIsSeen) {
+  // Same node count and first node, a different second node: the facts must follow.
+  runtime::register_eager_kernels();
+  ir::Graph g;
+  ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({4}));
+  ir::Value* r = g.add_node("Relu", "relu", {x}, {"r"})->outputs[0];
+  ir::Node* neg = g.add_node("Neg", "neg", {r}, {"y"});
+  g.outputs.push_back(neg->outputs[0]);
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  runtime::ScheduleCache cache;
+  runtime::RunOptions ro;
+  ro.schedule = &cache;
+  std::map<std::string, Tensor> feeds{{"x", ramp(4, 0.5)}};
+  ASSERT_TRUE(runtime::run_graph(g, feeds, ro));
+  g.outputs.clear();
+  g.remove_node(neg);
+  g.outputs.push_back(g.add_node("Exp", "exp", {r}, {"z"})->outputs[0]);
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  auto out = runtime::run_graph(g, feeds, ro);
+  ASSERT_TRUE(out) << out.message();
+  ASSERT_TRUE(out->count("z"));
+  for (int64_t i = 0; i < 4; ++i) {
+    const double want = std::exp(0.5 + 0.5 * static_cast<double>(i));
+    EXPECT_NEAR(out->at("z").get_f64(i), want, 1e-6 * want) << i;  // f32 exp: 1e-6 relative
+  }
+}
+
+TEST(ScheduleCache, GraphWithoutInferredTypesStillInfersPerRun) {
+  // Values of a graph never passed through infer_graph have undefined dtypes: the
+  // executor must size outputs by the op's inference on the actual inputs.
+  runtime::register_eager_kernels();
+  ir::Graph g;
+  ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({6}));
+  g.outputs.push_back(g.add_node("Neg", "neg", {g.add_node("Relu", "relu", {x}, {"r"})->outputs[0]}, {"y"})->outputs[0]);
+  runtime::ScheduleCache cache;
+  runtime::RunOptions ro;
+  ro.schedule = &cache;
+  std::map<std::string, Tensor> feeds{{"x", ramp(6, -1.0)}};
+  const runtime::RunOptions plain;
+  for (const runtime::RunOptions* o : std::vector<const runtime::RunOptions*>{&plain, &ro, &ro}) {
+    auto out = runtime::run_graph(g, feeds, *o);
+    ASSERT_TRUE(out) << out.message();
+    const Tensor& y = out->at("y");
+    ASSERT_EQ(y.dtype(), DType::f32);
+    ASSERT_EQ(y.dims(), std::vector<int64_t>{6});
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(y.get_f64(i), -std::max(0.0, -1.0 + 0.5 * static_cast<double>(i))) << i;
   }
 }
