@@ -24,18 +24,6 @@ const std::string kSrc = KILN_SOURCE_DIR;
 
 using ArenaCase = ExampleCase;
 
-/// Bitwise equality of two state maps; reports the first differing tensor.
-void expect_bitwise_equal(const std::map<std::string, ir::Tensor>& a, const std::map<std::string, ir::Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (auto& [name, t] : a) {
-    ASSERT_TRUE(b.count(name)) << name;
-    const ir::Tensor& u = b.at(name);
-    ASSERT_EQ(t.dtype(), u.dtype()) << name;
-    ASSERT_EQ(t.dims(), u.dims()) << name;
-    EXPECT_EQ(std::memcmp(t.raw(), u.raw(), t.nbytes()), 0) << name << " differs";
-  }
-}
-
 class StepArenaRuns : public ::testing::TestWithParam<ArenaCase> {};
 
 TEST_P(StepArenaRuns, BitIdenticalToAllocatingExecutorAndNoPerStepAllocation) {

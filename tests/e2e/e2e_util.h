@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -86,6 +87,19 @@ inline std::map<int64_t, double> train_losses(const std::string& dir) {
     if (j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
   }
   return m;
+}
+
+/// Bitwise equality of two state maps (same names, dtypes, dims and bytes); reports the
+/// first differing tensor.
+inline void expect_bitwise_equal(const std::map<std::string, ir::Tensor>& a, const std::map<std::string, ir::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const ir::Tensor& u = b.at(name);
+    ASSERT_EQ(t.dtype(), u.dtype()) << name;
+    ASSERT_EQ(t.dims(), u.dims()) << name;
+    EXPECT_EQ(std::memcmp(t.raw(), u.raw(), t.nbytes()), 0) << name << " differs";
+  }
 }
 
 /// Initial state (parameters, buffers, optimizer state, counter) of a program's train_step.
