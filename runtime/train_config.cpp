@@ -265,6 +265,10 @@ Status apply_flag_values(TrainConfig& cfg, const std::map<std::string, std::vect
   return Status::ok();
 }
 
+void eval_off_without_eval_data(TrainConfig& cfg, const std::map<std::string, std::vector<std::string>>& given) {
+  if (given.count("eval_data") && cfg.eval_data.empty() && !given.count("eval_steps")) cfg.eval_steps = 0;
+}
+
 Status set_config_field(const ConfigField& f, const std::string& text) {
   switch (f.kind) {
     case Kind::str:

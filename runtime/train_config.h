@@ -120,6 +120,11 @@ Status set_config_field(const ConfigField& f, const std::string& text);
 /// is true, anything else takes its last value. Error: an unknown name, or the first
 /// value set_config_field refuses.
 Status apply_flag_values(TrainConfig& cfg, const std::map<std::string, std::vector<std::string>>& given);
+/// `--eval_data ""` on the command line turns evaluation off: when the flags emptied the
+/// eval data and did not set --eval_steps, an eval_steps from the config file (or the
+/// compiled binary) becomes 0. An explicit --eval_steps N without eval data stays, for the
+/// caller to refuse.
+void eval_off_without_eval_data(TrainConfig& cfg, const std::map<std::string, std::vector<std::string>>& given);
 /// Reads a JSON config file with the same keys as the flags. Unknown keys are an error.
 Status load_config_json(const std::string& path, TrainConfig& cfg);
 /// Writes the config as JSON (used in trainer_state.json).

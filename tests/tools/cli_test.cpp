@@ -238,6 +238,26 @@ TEST_F(Cli, MissingDataFile) {
   expect_one_error_line(r, 1, "nope.npy");
 }
 
+TEST_F(Cli, EvalStepsWithoutEvalData) {
+  // An eval schedule with nothing to evaluate on is an error (as in Hugging Face's
+  // Trainer), not a silently skipped evaluation.
+  expect_one_error_line(run_kiln("train " + model + data() + " --eval_steps 2 --output_dir " + dir + "/o", dir), 2,
+                        "--eval_steps 2: no --eval_data");
+  // A config file's eval schedule with the eval data emptied on the command line
+  // (`--eval_data ""`): evaluation is off and the run trains.
+  std::ofstream(dir + "/cfg.json") << R"({"eval_steps": 2, "eval_data": ["x=)" + dir + R"(/x.npy"]})";
+  auto r = run_kiln("train " + model + data() + " --config " + dir + "/cfg.json --eval_data '' --max_steps 2 " +
+                        "--per_device_train_batch_size 4 --output_dir " + dir + "/o2",
+                    dir);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("eval_loss"), std::string::npos) << r.out;
+  // ... and with --eval_steps also on the command line, the contradiction is refused.
+  expect_one_error_line(run_kiln("train " + model + data() + " --config " + dir + "/cfg.json --eval_data '' " +
+                                     "--eval_steps 3 --output_dir " + dir + "/o3",
+                                 dir),
+                        2, "--eval_steps 3: no --eval_data");
+}
+
 TEST_F(Cli, MissingModelFile) {
   expect_one_error_line(run_kiln("train " + dir + "/none.onnx" + data(), dir), 1, "none.onnx");
 }

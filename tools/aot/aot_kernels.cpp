@@ -125,7 +125,7 @@ Expected<std::shared_ptr<codegen::CpuProgram>> aot_program(const ir::Graph& g, c
   // by_node points into table: fill it once the table no longer grows.
   for (const codegen::CpuKernel& ck : prog->table) prog->by_node[ck.name] = &ck;
   if (mismatched > 0)
-    std::cerr << "kiln: note: " << mismatched << " of " << nodes.size() << " " << which
+    std::cerr << "train: note: " << mismatched << " of " << nodes.size() << " " << which
               << " kernels differ from the ones compiled into this binary (a run-time flag such as --max_steps changed "
                  "a constant); they run op by op\n";
   return std::shared_ptr<codegen::CpuProgram>(std::move(prog));

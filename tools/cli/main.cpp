@@ -113,6 +113,7 @@ struct ConfigFlags {
       if (o->count() > 0) given[name] = values.at(name);
     Status applied = runtime::apply_flag_values(cfg, given);
     if (!applied) throw Failure{2, applied.message()};
+    runtime::eval_off_without_eval_data(cfg, given);
     if (!model_pos.empty()) cfg.model = model_pos;
     if (cfg.model.empty()) throw Failure{2, "a MODEL.onnx argument is required"};
     Status v = cfg.validate();
@@ -174,6 +175,9 @@ std::string pad(const std::string& s, size_t width, bool left = false) {
 int cmd_train(const ConfigFlags& flags) {
   TrainConfig cfg = flags.build();
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)"};
+  if (cfg.eval_steps > 0 && cfg.eval_data.empty())  // run_training checks it too (the AOT binary's path)
+    throw Failure{2, "--eval_steps " + std::to_string(cfg.eval_steps) +
+                         ": no --eval_data to evaluate on (give --eval_data, or --eval_steps 0)"};
   passes::PassContext dbg = flags.pass_context();
   check(driver::run_training(cfg, &dbg, std::cout));
   return 0;

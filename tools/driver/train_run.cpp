@@ -111,6 +111,11 @@ Expected<int64_t> steps_per_epoch(const TrainConfig& cfg, const runtime::RawData
 
 Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
+  // Hugging Face's Trainer refuses an eval schedule without an eval dataset; so does kiln,
+  // instead of silently never evaluating.
+  if (cfg.eval_steps > 0 && cfg.eval_data.empty())
+    return Status::error("--eval_steps " + std::to_string(cfg.eval_steps) +
+                         ": no --eval_data to evaluate on (give --eval_data, or --eval_steps 0)");
   KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
   auto ctx = [](const Status& s, const std::string& what) { return Status::error(what + ": " + s.message()); };
   auto train_raw = runtime::load_raw_data(cfg.train_data);
