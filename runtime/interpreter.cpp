@@ -214,7 +214,10 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
 /// Runs an AccumulationLoop node (ir/ops/control.cpp): `trip_count` runs of the body
 /// on scan slices, carried values threaded through. Carried inputs whose last use is
 /// this node are moved into the loop, so an accumulator is never held twice.
-Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const RunOptions& opts) {
+/// `known_captures`: the body's captured values when the caller has them (ScheduleCache's
+/// node facts); null: collected here.
+Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const RunOptions& opts,
+                             const std::vector<const Value*>* known_captures = nullptr) {
   if (n.regions.size() != 1) return Status::error("node '" + n.name + "': AccumulationLoop has no body");
   const Graph& body = *n.regions[0];
   const int64_t trips = n.attrs.get_int("trip_count", 1);
@@ -232,8 +235,13 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
       carried[i] = it->second;
     }
   }
-  ValueSet captures;
-  collect_captures(body, captures);
+  std::vector<const Value*> collected;
+  if (!known_captures) {
+    ValueSet caps;
+    collect_captures(body, caps);
+    collected.assign(caps.begin(), caps.end());
+  }
+  const std::vector<const Value*>& captures = known_captures ? *known_captures : collected;
   ValueSet pinned(body.outputs.begin(), body.outputs.end());
   for (int64_t t = 0; t < trips; ++t) {
     Env benv;
@@ -452,7 +460,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         for (size_t c2 = 0; c2 < c; ++c2)
           if (n.inputs[c2] == v) steal = false;
       }
-      KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts));
+      KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts, &nf.captures));
     } else if (const codegen::CpuKernel* ck = nf.kernel) {
       KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env, opts.arena, dying_input(n.attrs.get_int("kiln_inplace", -1))));
       generated = true;
