@@ -23,6 +23,7 @@
 #include "passes/training_util.h"
 #include "ir/ops/optim8bit.h"
 #include "runtime/interpreter.h"
+#include "runtime/kernels/kernels.h"
 
 using namespace kiln;
 using ir::DType;
@@ -131,6 +132,45 @@ void BM_OptimAdamW8bitKernel(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * 16);  // p, g in; p out (f32); 2 codes in and out
 }
 
+/// The eager Dropout kernel (Philox4x32-10 masks) on GPT-4-layer attention probabilities
+/// (8 x 8 x 128 x 128 f32, ratio 0.1, mask output), by path: state.range(0) = 2 AVX-512,
+/// 1 AVX2, 0 portable (capped by runtime::kernels::dropout_testing; skipped where the CPU
+/// lacks it). All paths write the same bits.
+void BM_KernelDropout(benchmark::State& state) {
+  runtime::register_eager_kernels();
+  namespace hooks = runtime::kernels::dropout_testing;
+  const int prev = hooks::set_max_isa(static_cast<int>(state.range(0)));
+  if (hooks::active_isa() != state.range(0)) {
+    hooks::set_max_isa(prev);
+    state.SkipWithError("this CPU lacks the instruction set of this path");
+    return;
+  }
+  const int64_t n = 8 * 8 * 128 * 128;
+  ir::Graph g;
+  ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({n}));
+  ir::Value* r = g.add_input("ratio", DType::f32, ir::Shape::of({}));
+  ir::Node* node = g.add_node("Dropout", "dropout", {x, r}, {"y", "mask"}, ir::Attributes{});
+  std::vector<Tensor> t = {Tensor(DType::f32, {n}), Tensor::scalar_f32(0.1f)};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t i = 0; i < n; ++i) t[0].data<float>()[i] = nd(rng);
+  ir::KernelContext c{*node, {&t[0], &t[1]}, {Tensor(DType::f32, {n}), Tensor(DType::boolean, {n})}};
+  c.training = true;
+  c.seed = 1234;
+  const ir::KernelFn& kernel = ir::OpTable::get().find("Dropout")->kernel;
+  for (auto _ : state) {
+    c.step++;
+    Status st = kernel(c);
+    if (!st) {
+      state.SkipWithError(st.message().c_str());
+      break;
+    }
+  }
+  hooks::set_max_isa(prev);
+  state.SetItemsProcessed(state.iterations() * n);
+  state.SetBytesProcessed(state.iterations() * n * 9);  // x in, y out (f32), mask out (1 B)
+}
+
 void BM_OptimAdamWTorchFp32(benchmark::State& s) { run_optim(s, "adamw_torch"); }
 void BM_OptimAdamW8bitFused(benchmark::State& s) { run_optim(s, "adamw_8bit"); }
 
@@ -141,5 +181,7 @@ BENCHMARK(BM_OptimAdamWTorchFp32)->Args({2048, 2048})->Unit(benchmark::kMillisec
 BENCHMARK(BM_OptimAdamW8bitFused)->Args({2048, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
 // 262144: one GPT-4-layer MLP weight (4 MiB of state in, in L2/L3); 4M: streamed from memory.
 BENCHMARK(BM_OptimAdamW8bitKernel)->Arg(262144)->Arg(4 << 20)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+BENCHMARK(BM_KernelDropout)->Arg(2)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 BENCHMARK_MAIN();

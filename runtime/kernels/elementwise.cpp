@@ -3,6 +3,7 @@
 // round-to-nearest-even; integers in their own type. Binary ops broadcast with
 // numpy rules through for_each_strided (util.h); loops use OpenMP when large.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -11,6 +12,10 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*() and then
+// warn, where inlined, that the undefined value is used (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 #include "runtime/kernels/kernels.h"
@@ -362,6 +367,116 @@ bool cpu_has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2");
   return yes;
 }
+
+#define KILN_DROPOUT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+bool cpu_has_avx512() {
+  static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+
+/// Highest Dropout path (0 portable, 1 AVX2, 2 AVX-512); dropout_testing lowers it.
+std::atomic<int> g_dropout_max_isa{2};
+
+/// hi:lo = x * m per 32-bit lane (16 lanes): vpmuludq on the even lanes and on the odd
+/// ones (shifted down), the halves merged by two dword permutes.
+KILN_DROPOUT_AVX512 inline void mul32x16(__m512i x, __m512i m, __m512i& hi, __m512i& lo) {
+  const __m512i pe = _mm512_mul_epu32(x, m);                        // lanes 0, 2, ...: 64-bit products
+  const __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), m);  // lanes 1, 3, ...
+  // dword 2i of pe is lo(lane 2i), 2i + 1 is hi(lane 2i); the same for po and lane 2i + 1.
+  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+  const __m512i hi_idx = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  lo = _mm512_permutex2var_epi32(pe, lo_idx, po);
+  hi = _mm512_permutex2var_epi32(pe, hi_idx, po);
+}
+
+/// dropout_avx2 with 16 blocks per vector (AVX-512), the same bits: NV vectors of 16
+/// blocks (NV / 2 kDropoutGroup groups from element `base`) at once, so that the
+/// multiplies of independent rounds overlap; the Philox xors are one vpternlogd each,
+/// the 4 x 16 transpose unpacks in 128-bit lanes then moves the lanes, keep is a mask
+/// register (dropped elements +0 by a zero-masked multiply).
+template <typename T, int NV>
+KILN_DROPOUT_AVX512 inline void dropout_avx512_vectors(const T* a, T* o, uint8_t* pm, int64_t base, uint64_t seed,
+                                                       uint64_t sub, uint64_t offset, uint32_t thr, float s) {
+  const __m512i M0 = _mm512_set1_epi32(static_cast<int>(kPhiloxM0));
+  const __m512i M1 = _mm512_set1_epi32(static_cast<int>(kPhiloxM1));
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i thr_v = _mm512_set1_epi32(static_cast<int>(thr));
+  const __m512 s_v = _mm512_set1_ps(s);
+  const __m128i ones = _mm_set1_epi8(1);
+  // Blocks base/4 .. base/4 + 16 NV - 1; base/4 is a multiple of 32, so the low counter
+  // word of 16 consecutive blocks never carries into the high one.
+  __m512i c0[NV], c1[NV], c2[NV], c3[NV];
+  for (int v = 0; v < NV; ++v) {
+    const uint64_t b = static_cast<uint64_t>(base / 4) + 16u * v;
+    c0[v] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(b))), iota);
+    c1[v] = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(b >> 32)));
+    c2[v] = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset)));
+    c3[v] = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(sub)));
+  }
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const __m512i K0 = _mm512_set1_epi32(static_cast<int>(k0)), K1 = _mm512_set1_epi32(static_cast<int>(k1));
+    for (int v = 0; v < NV; ++v) {
+      __m512i h0, l0, h1, l1;
+      mul32x16(c0[v], M0, h0, l0);
+      mul32x16(c2[v], M1, h1, l1);
+      const __m512i n0 = _mm512_ternarylogic_epi32(h1, c1[v], K0, 0x96);  // h1 ^ c1 ^ K0
+      const __m512i n2 = _mm512_ternarylogic_epi32(h0, c3[v], K1, 0x96);  // h0 ^ c3 ^ K1
+      c1[v] = l1;
+      c3[v] = l0;
+      c0[v] = n0;
+      c2[v] = n2;
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  for (int v = 0; v < NV; ++v) {
+    // Word w of blocks 0..15 is in c_w; element 4 * block + w. In each 128-bit lane L,
+    // u_k holds the 4 words of block 4L + k; output vector q is lane q of u0..u3.
+    const __m512i t0 = _mm512_unpacklo_epi32(c0[v], c1[v]), t1 = _mm512_unpackhi_epi32(c0[v], c1[v]);
+    const __m512i t2 = _mm512_unpacklo_epi32(c2[v], c3[v]), t3 = _mm512_unpackhi_epi32(c2[v], c3[v]);
+    const __m512i u0 = _mm512_unpacklo_epi64(t0, t2), u1 = _mm512_unpackhi_epi64(t0, t2);
+    const __m512i u2 = _mm512_unpacklo_epi64(t1, t3), u3 = _mm512_unpackhi_epi64(t1, t3);
+    const __m512i s01lo = _mm512_shuffle_i32x4(u0, u1, 0x44), s23lo = _mm512_shuffle_i32x4(u2, u3, 0x44);
+    const __m512i s01hi = _mm512_shuffle_i32x4(u0, u1, 0xEE), s23hi = _mm512_shuffle_i32x4(u2, u3, 0xEE);
+    const __m512i e[4] = {_mm512_shuffle_i32x4(s01lo, s23lo, 0x88), _mm512_shuffle_i32x4(s01lo, s23lo, 0xDD),
+                          _mm512_shuffle_i32x4(s01hi, s23hi, 0x88), _mm512_shuffle_i32x4(s01hi, s23hi, 0xDD)};
+    for (int q = 0; q < 4; ++q) {
+      const int64_t at = base + 64 * v + 16 * q;
+      // keep = (bits >> 8) >= thr (unsigned)
+      const __mmask16 keep = _mm512_cmpge_epu32_mask(_mm512_srli_epi32(e[q], 8), thr_v);
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_storeu_ps(o + at, _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(a + at), s_v));
+      } else {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + at));
+        const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        const __m512i u = _mm512_castps_si512(_mm512_maskz_mul_ps(keep, x, s_v));
+        // round to nearest even, NaN kept quiet (ir::f32_to_bf16)
+        const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                      _mm512_set1_epi32(0x7f800000));
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        const __m512i rounded =
+            _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+        const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + at),
+                            _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+      }
+      if (pm) _mm_storeu_si128(reinterpret_cast<__m128i*>(pm + at), _mm_maskz_mov_epi8(keep, ones));
+    }
+  }
+}
+
+/// Groups [g0, g1) of kDropoutGroup elements by AVX-512, two groups at a time.
+template <typename T>
+KILN_DROPOUT_AVX512 void dropout_avx512(const T* a, T* o, uint8_t* pm, int64_t g0, int64_t g1, uint64_t seed,
+                                        uint64_t sub, uint64_t offset, uint32_t thr, float s) {
+  static_assert(4 * 16 * 2 == kDropoutGroup, "one group is two vectors of 16 Philox blocks");
+  int64_t g = g0;
+  for (; g + 2 <= g1; g += 2) dropout_avx512_vectors<T, 4>(a, o, pm, g * kDropoutGroup, seed, sub, offset, thr, s);
+  if (g < g1) dropout_avx512_vectors<T, 2>(a, o, pm, g * kDropoutGroup, seed, sub, offset, thr, s);
+}
 #endif
 
 Status dropout_kernel(KernelContext& c) {
@@ -395,14 +510,18 @@ Status dropout_kernel(KernelContext& c) {
     int64_t first_group = 0;                  // groups before it are done by the AVX2 path
 #if defined(__x86_64__)
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16_t>) {
-      if (cpu_has_avx2()) {
+      const int isa = g_dropout_max_isa.load(std::memory_order_relaxed);
+      if (isa >= 1 && cpu_has_avx2()) {
         // keep <=> (bits >> 8) * 2^-24 >= r <=> (bits >> 8) >= ceil(r * 2^24): exact in double.
         const auto thr = static_cast<uint32_t>(std::ceil(static_cast<double>(r) * 16777216.0));
         const int64_t full = n / kDropoutGroup;
         const int chunks = std::max(1, n >= kParallelThreshold ? omp_get_max_threads() : 1);
 #pragma omp parallel for schedule(static) if (chunks > 1)
         for (int k = 0; k < chunks; ++k)
-          dropout_avx2<T>(a, o, pm, full * k / chunks, full * (k + 1) / chunks, seed, sub, offset, thr, s);
+          if (isa >= 2 && cpu_has_avx512())
+            dropout_avx512<T>(a, o, pm, full * k / chunks, full * (k + 1) / chunks, seed, sub, offset, thr, s);
+          else
+            dropout_avx2<T>(a, o, pm, full * k / chunks, full * (k + 1) / chunks, seed, sub, offset, thr, s);
         first_group = full * kDropoutGroup / kGroup;
       }
     }
@@ -467,6 +586,25 @@ Status gelu_grad_kernel(KernelContext& c) {
 }
 
 }  // namespace
+
+namespace dropout_testing {
+int set_max_isa(int level) {
+#if defined(__x86_64__)
+  return g_dropout_max_isa.exchange(std::clamp(level, 0, 2));
+#else
+  (void)level;
+  return 0;
+#endif
+}
+int active_isa() {
+#if defined(__x86_64__)
+  const int cpu = cpu_has_avx512() ? 2 : cpu_has_avx2() ? 1 : 0;
+  return std::min(cpu, g_dropout_max_isa.load());
+#else
+  return 0;
+#endif
+}
+}  // namespace dropout_testing
 
 void register_elementwise_kernels(ir::OpTable& t) {
   // ---- binary arithmetic

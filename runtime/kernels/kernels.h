@@ -25,6 +25,15 @@ int active_isa();
 bool divide_by_reciprocal(const float* a, float b, float* out, int64_t n);
 }  // namespace optim8bit_testing
 
+/// Test hooks of the Dropout kernel (runtime/kernels/elementwise.cpp).
+namespace dropout_testing {
+/// Caps the path f32/bf16 Dropout takes: 0 portable C++, 1 AVX2, 2 AVX-512 (each also
+/// needs the CPU's support); all give the same bits. Returns the previous cap. Process-wide.
+int set_max_isa(int level);
+/// The path Dropout takes now (the CPU's best, capped).
+int active_isa();
+}  // namespace dropout_testing
+
 /// Sets the kernel of op `name`; aborts if the op is not in the table (a programming error).
 void set_kernel(ir::OpTable& t, const char* name, ir::KernelFn fn);
 /// set_kernel for a kernel that writes every element of every output (library steps

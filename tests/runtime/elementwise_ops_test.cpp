@@ -15,6 +15,7 @@
 
 #include "ir/op_table.h"
 #include "runtime/interpreter.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/kernels/util.h"
 #include "tests/runtime/op_test_util.h"
 
@@ -395,10 +396,22 @@ TEST(ElementwiseOps, DropoutF32AndBf16AreBitExactAgainstPhiloxReference) {
   // bit for bit, also for inf and NaN inputs (dropped ones give +0) and across the group
   // seams. Ratio 1/3 makes the scale exactly 1.5, so that many bf16 products lie exactly
   // halfway between two bf16 values (the round-to-even ties).
+  // Each path in turn (AVX-512, AVX2, portable; dropout_testing caps it): all give these bits.
+  namespace dt_hooks = kiln::runtime::kernels::dropout_testing;
+  const int best = dt_hooks::active_isa();
+  std::cout << "[ INFO ] Dropout paths checked: " << (best >= 2 ? "AVX-512, " : "") << (best >= 1 ? "AVX2, " : "")
+            << "portable" << (best < 2 ? " (this CPU lacks AVX-512: that path is not run)" : "") << "\n";
+  struct Restore {
+    int level;
+    ~Restore() { kiln::runtime::kernels::dropout_testing::set_max_isa(level); }
+  } restore{dt_hooks::set_max_isa(2)};
+  for (int isa = best; isa >= 0; --isa)
   for (DType dt : {DType::f32, DType::bf16})
   for (const float ratio : {0.3f, 1.0f / 3.0f})
   for (int64_t n : {int64_t(128 * 5 + 37), int64_t(1) << 18}) {
-    SCOPED_TRACE(std::string(dtype_name(dt)) + " ratio " + std::to_string(ratio));
+    dt_hooks::set_max_isa(isa);
+    ASSERT_EQ(dt_hooks::active_isa(), isa);
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " ratio " + std::to_string(ratio) + " path " + std::to_string(isa));
     Tensor x = rnd(dt, {n}, -3, 3, 21);
     x.set_f64(3, std::numeric_limits<double>::infinity());
     x.set_f64(200, -std::numeric_limits<double>::infinity());
