@@ -160,6 +160,16 @@ using GradFn = std::function<Status(GradContext&)>;
 using CostFn = std::function<Cost(const Node&)>;
 using KernelFn = std::function<Status(KernelContext&)>;
 
+/// An eager kernel's work as `count` independent pieces (KernelPiecesFn): `run(c)` for
+/// c in [0, count), in any order, on any thread, together equal one kernel call.
+struct KernelPieces {
+  int64_t count = 0;
+  std::function<void(int64_t)> run;
+};
+/// Checks a kernel call (the same errors as the kernel) and returns its work as pieces;
+/// the context (its inputs and outputs) must outlive the pieces' runs.
+using KernelPiecesFn = std::function<Expected<KernelPieces>(KernelContext&)>;
+
 /// Whether an op has a gradient rule.
 enum class Differentiability { differentiable, not_differentiable };
 
@@ -181,6 +191,13 @@ struct OpDef {
   /// interpreter allocates its outputs without zero-filling them (set by the runtime
   /// beside `kernel`; false: outputs start as zeros, as kernels that accumulate need).
   bool kernel_writes_all_outputs = false;
+  /// The op may join a multi-tensor launch (passes/multi_tensor.cpp: with the other
+  /// per-parameter updates of a step, in one parallel region): set with the op for
+  /// updates whose eager kernel also comes as `pieces`.
+  bool multi_tensor = false;
+  /// Piece-wise form of `kernel` (filled by the runtime beside it; empty: none). The
+  /// executor runs a multi-tensor group's pieces from one list over all threads.
+  KernelPiecesFn pieces;
   /// Element rule of a pointwise op for code generation (empty: the fusion pass never
   /// puts the op in a generated kernel; it runs as its own step).
   ScalarFn scalar;

@@ -1,6 +1,7 @@
 // multi_tensor: consecutive generated kernels that only compute the step's results (the
 // optimizer's per-parameter updates: new parameter and moments, the SGD or AdamW update
 // with clipping and the LR schedule folded in) and read nothing another of them writes
+// (and the eager 8-bit AdamW updates, whose kernel also comes in pieces: OpDef::multi_tensor)
 // become one multi-tensor launch, as PyTorch's foreach / multi_tensor_apply optimizers
 // launch one kernel over a list of tensors: every member gets kiln_multi_tensor_group = G
 // (the run's index) and kiln_multi_tensor_size = its length, printed in the IR dump. The
@@ -16,6 +17,7 @@
 // accumulation loop); a group of one kernel is left alone.
 #include <unordered_set>
 
+#include "ir/op_table.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -39,6 +41,18 @@ bool only_results(const Node& n, const std::unordered_set<const Value*>& outputs
   return n.num_outputs() > 0;
 }
 
+/// A member of a launch: a generated update kernel (step_result_kernel), or an op whose
+/// eager kernel comes in pieces (OpDef::multi_tensor: the 8-bit AdamW update) making only
+/// step results of static shapes.
+bool member_candidate(const Node& n, const std::unordered_set<const Value*>& outputs) {
+  if (step_result_kernel(n, outputs)) return true;
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def || !def->multi_tensor || !n.regions.empty() || !only_results(n, outputs)) return false;
+  for (const Value* o : n.outputs)
+    if (!o->shape.is_static()) return false;
+  return true;
+}
+
 /// Every output holds one element (the step counter, the logged learning rate).
 bool scalar_outputs(const Node& n) {
   for (const Value* o : n.outputs)
@@ -60,8 +74,8 @@ bool small_outputs(const Node& n) {
 /// a node with large outputs that reads no member result and makes more than step
 /// results) are reordered as [small nodes reading no member result] [members: generated
 /// kernels making only step results, not all scalars] [nodes reading a member result,
-/// directly or through another such node, and the other nodes making only step results,
-/// such as the eager 8-bit updates], which keeps the order topological. Returns the number of
+/// directly or through another such node, and the other nodes making only step results],
+/// which keeps the order topological. Returns the number of
 /// members, now consecutive from position i + (small nodes moved).
 size_t gather_window(Graph& g, size_t i, const std::unordered_set<const Value*>& outputs, size_t* first_member) {
   auto& nodes = g.mutable_nodes();
@@ -78,11 +92,11 @@ size_t gather_window(Graph& g, size_t i, const std::unordered_set<const Value*>&
     // may join only if no earlier member reads that input: members run at the same time.
     const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
     const bool inplace_ok = ip < 0 || ip >= n.num_inputs() || !member_reads.count(n.inputs[ip]);
-    if (!reads_tainted && inplace_ok && step_result_kernel(n, outputs) && !scalar_outputs(n)) {
+    if (!reads_tainted && inplace_ok && member_candidate(n, outputs) && !scalar_outputs(n)) {
       members.push_back(j);
       for (const Value* v : n.inputs) member_reads.insert(v);
     } else if (reads_tainted || only_results(n, outputs)) {
-      after.push_back(j);  // reads a member's result, or makes only step results (8-bit updates)
+      after.push_back(j);  // reads a member's result, or makes only step results
     } else if (small_outputs(n)) {
       movable.push_back(j);  // the LR schedule's and weight decay's scalars
       continue;
@@ -105,7 +119,7 @@ int mark_groups(Graph& g) {
   int groups = 0;
   size_t i = 0;
   while (i < g.nodes().size()) {
-    if (!step_result_kernel(*g.nodes()[i], outputs)) {
+    if (!member_candidate(*g.nodes()[i], outputs)) {
       ++i;
       continue;
     }

@@ -76,24 +76,22 @@ Expected<std::vector<Tensor>> run_node(const Node& n, const std::vector<const Te
 }
 
 namespace {
-Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
-                                            const RunOptions& opts, uint64_t op_id, const Tensor* inplace,
-                                            const OpDef* def, const StaticOutputs* known) {
-  if (!def) def = OpTable::get().find(n.op);
-  if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
-  if (!def->kernel) return Status::error("node '" + n.name + "': op '" + n.op + "' has no eager kernel");
+/// The outputs of node `n`'s kernel call into `kctx.outputs` (planned arena places or
+/// allocated; output 0 into `inplace` when it fits): types from `known` when the inputs
+/// match it, else by type inference on the actual inputs.
+Status allocate_kernel_outputs(const Node& n, const std::vector<const Tensor*>& inputs, const RunOptions& opts,
+                               const Tensor* inplace, const OpDef& def, const StaticOutputs* known,
+                               KernelContext& kctx) {
   if (known && known->matches(inputs)) {
-    KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id};
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       if (i == 0 && inplace && inplace->dtype() == known->dtype[i] && inplace->dims() == known->dims[i]) {
         kctx.outputs.push_back(*inplace);
         continue;
       }
       kctx.outputs.push_back(
-          new_output(opts.arena, n.outputs[i], known->dtype[i], known->dims[i], !def->kernel_writes_all_outputs));
+          new_output(opts.arena, n.outputs[i], known->dtype[i], known->dims[i], !def.kernel_writes_all_outputs));
     }
-    KILN_RETURN_IF_ERROR(def->kernel(kctx));
-    return std::move(kctx.outputs);
+    return Status::ok();
   }
   InferContext ictx{n, {}, {}, {}};
   for (const Tensor* t : inputs) {
@@ -106,8 +104,7 @@ Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<con
     ictx.values.push_back(t);
   }
   ictx.out.resize(n.outputs.size());
-  KILN_RETURN_IF_ERROR(def->infer(ictx));
-  KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id};
+  KILN_RETURN_IF_ERROR(def.infer(ictx));
   for (size_t i = 0; i < n.outputs.size(); ++i) {
     const TypeInfo& ti = ictx.out[i];
     if (!ti.present()) {
@@ -122,8 +119,19 @@ Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<con
       continue;
     }
     kctx.outputs.push_back(
-        new_output(opts.arena, n.outputs[i], ti.dtype, ti.shape.to_vector(), !def->kernel_writes_all_outputs));
+        new_output(opts.arena, n.outputs[i], ti.dtype, ti.shape.to_vector(), !def.kernel_writes_all_outputs));
   }
+  return Status::ok();
+}
+
+Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
+                                            const RunOptions& opts, uint64_t op_id, const Tensor* inplace,
+                                            const OpDef* def, const StaticOutputs* known) {
+  if (!def) def = OpTable::get().find(n.op);
+  if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
+  if (!def->kernel) return Status::error("node '" + n.name + "': op '" + n.op + "' has no eager kernel");
+  KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id};
+  KILN_RETURN_IF_ERROR(allocate_kernel_outputs(n, inputs, opts, inplace, *def, known, kctx));
   KILN_RETURN_IF_ERROR(def->kernel(kctx));
   return std::move(kctx.outputs);
 }
@@ -163,7 +171,9 @@ struct GraphFacts {
       f.def = OpTable::get().find(n.op);
       f.loop = n.op == "AccumulationLoop";
       f.kernel = prog && n.op == "FusedKernel" ? prog->find(&n) : nullptr;
-      f.group = f.kernel ? n.attrs.get_int("kiln_multi_tensor_group", -1) : -1;
+      // Group members run as generated kernels or as their eager kernel's pieces.
+      const bool pieced = !f.kernel && f.def && f.def->multi_tensor && f.def->pieces;
+      f.group = f.kernel || pieced ? n.attrs.get_int("kiln_multi_tensor_group", -1) : -1;
       ValueSet caps;
       for (auto& r : n.regions) collect_captures(*r, caps);
       f.captures.assign(caps.begin(), caps.end());
@@ -291,6 +301,11 @@ struct FusedLaunch {
   const codegen::CpuKernel* ck = nullptr;
   int64_t extent = 1;  ///< parallel-dim extent
   int64_t chunks = 1;  ///< pieces of it worth a thread each (about 32K domain points at least)
+  /// A multi-tensor member run by its eager kernel's pieces (OpDef::pieces; ck null):
+  /// the call's context (inputs, outputs) and its pieces (chunks of them).
+  std::vector<const Tensor*> ins;
+  std::unique_ptr<KernelContext> ctx;
+  ir::KernelPieces eager;
 };
 
 /// Sets up node `n`'s kernel call: inputs from `env`, outputs in the arena or allocated.
@@ -336,7 +351,33 @@ Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, cons
 
 /// Piece c of l.chunks of a prepared call.
 inline void run_piece(const FusedLaunch& l, int64_t c) {
+  if (!l.ck) {
+    l.eager.run(c);
+    return;
+  }
   l.ck->fn(l.bufs.data(), c * l.extent / l.chunks, (c + 1) * l.extent / l.chunks);
+}
+
+/// Sets up an eager multi-tensor member (OpDef::pieces): its inputs from `env`, outputs
+/// placed as run_node would, the kernel's checks, and its pieces.
+Status prepare_pieced(const Node& n, const OpDef& def, const StaticOutputs* known, Env& env, const RunOptions& opts,
+                      uint64_t op_id, FusedLaunch& l) {
+  for (Value* v : n.inputs) {
+    if (!v) {
+      l.ins.push_back(nullptr);
+      continue;
+    }
+    auto it = env.find(v);
+    if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
+    l.ins.push_back(&it->second);
+  }
+  l.ctx = std::make_unique<KernelContext>(KernelContext{n, l.ins, {}, opts.training, opts.seed, opts.step, op_id});
+  KILN_RETURN_IF_ERROR(allocate_kernel_outputs(n, l.ins, opts, nullptr, def, known, *l.ctx));
+  auto pieces = def.pieces(*l.ctx);
+  if (!pieces) return pieces.status();
+  l.eager = std::move(*pieces);
+  l.chunks = l.eager.count;
+  return Status::ok();
 }
 
 Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
@@ -426,18 +467,36 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       while (j + 1 < nodes.size() && facts.nodes[j + 1].group == nf.group) ++j;
       const auto t0 = opts.profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       std::vector<FusedLaunch> ls(j - i + 1);
-      for (size_t k = i; k <= j; ++k)
-        KILN_RETURN_IF_ERROR(prepare_fused(*nodes[k], *facts.nodes[k].kernel, env, opts.arena,
-                                           dying_input_of(k, nodes[k]->attrs.get_int("kiln_inplace", -1)), ls[k - i]));
+      for (size_t k = i; k <= j; ++k) {
+        const GraphFacts::NodeFacts& mf = facts.nodes[k];
+        if (mf.kernel)
+          KILN_RETURN_IF_ERROR(prepare_fused(*nodes[k], *mf.kernel, env, opts.arena,
+                                             dying_input_of(k, nodes[k]->attrs.get_int("kiln_inplace", -1)), ls[k - i]));
+        else
+          KILN_RETURN_IF_ERROR(prepare_pieced(*nodes[k], *mf.def, mf.has_static ? &mf.outs : nullptr, env, opts, k,
+                                              ls[k - i]));
+      }
       run_fused_group(ls);
-      const double share =
-          opts.profile ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / ls.size() : 0;
+      const double wall =
+          opts.profile ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0;
+      // Each member is charged a share of the group's wall time proportional to its
+      // largest output's elements (the parameter it updates).
+      std::vector<double> weight(ls.size(), 1.0);
+      double total_weight = 0;
+      for (size_t k = i; k <= j; ++k) {
+        for (const Value* o : nodes[k]->outputs)
+          if (o && o->shape.is_static()) weight[k - i] = std::max(weight[k - i], static_cast<double>(o->shape.numel()));
+        total_weight += weight[k - i];
+      }
       for (size_t k = i; k <= j; ++k) {
         const Node& m = *nodes[k];
-        for (size_t o = 0; o < m.outputs.size(); ++o) env[m.outputs[o]] = std::move(ls[k - i].outs[o]);
+        FusedLaunch& l = ls[k - i];
+        std::vector<Tensor>& outs = l.ck ? l.outs : l.ctx->outputs;
+        for (size_t o = 0; o < m.outputs.size(); ++o) env[m.outputs[o]] = std::move(outs[o]);
         if (opts.arena) relocate_misplaced(m, env, *opts.arena);
-        // Each member is charged an equal share of the group's wall time.
-        if (opts.profile) opts.profile->add(profile_key(m, true, opts.profile->group()), share);
+        if (opts.profile)
+          opts.profile->add(profile_key(m, l.ck != nullptr, opts.profile->group()),
+                            wall * weight[k - i] / total_weight);
       }
       for (size_t k = i; k <= j; ++k) {
         for (Value* v : nodes[k]->inputs) release(v, k);

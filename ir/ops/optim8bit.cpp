@@ -188,6 +188,7 @@ void register_optim8bit_ops(OpTable& t) {
                {"weight_decay", AttrKind::f, false},
                {"blocksize", AttrKind::i, false}};
     d.onnx = false;
+    d.multi_tensor = true;  // one launch with the step's other parameter updates
     d.cost = [](const Node& n) {
       const double e = numel_or0(n.input(0));
       const double blocks = numel_or0(n.input(3));

@@ -582,7 +582,13 @@ Status quantize_kernel(KernelContext& c) {
   return Status::ok();
 }
 
-Status adamw8bit_kernel(KernelContext& c) {
+/// Blocks of 256 elements per piece of a multi-tensor launch (16 KiB of parameters).
+constexpr int64_t kBlocksPerPiece = 16;
+
+/// The AdamW8bitUpdate call as pieces of kBlocksPerPiece blocks (ir::KernelPieces): the
+/// checks, constants and pointers once, then any piece on any thread (each thread keeps
+/// its own m, v scratch of one block).
+Expected<ir::KernelPieces> adamw8bit_pieces(KernelContext& c) {
   const Tensor& p = c.in(0);
   const Tensor& g = c.in(1);
   KILN_RETURN_IF_ERROR(check_qmap(c, c.in(6), "qmap_signed"));
@@ -608,34 +614,43 @@ Status adamw8bit_kernel(KernelContext& c) {
   const float* qs = c.in(6).data<float>();
   const float* qu = c.in(7).data<float>();
   const uint8_t zero_s = ir::nearest_code(qs, 0.f), zero_u = ir::nearest_code(qu, 0.f);
-  const CodeFinder& find_s = CodeFinder::get(qs);
-  const CodeFinder& find_u = CodeFinder::get(qu);
+  const CodeFinder* find_s = &CodeFinder::get(qs);
+  const CodeFinder* find_u = &CodeFinder::get(qu);
   const AdamBuffers t{p.data<float>(),          g.data<float>(),          c.in(3).data<float>(),
                       c.in(5).data<float>(),    qs,                       qu,
                       c.in(2).data<uint8_t>(),  c.in(4).data<uint8_t>(),  c.out(0).data<float>(),
                       c.out(2).data<float>(),   c.out(4).data<float>(),   c.out(1).data<uint8_t>(),
                       c.out(3).data<uint8_t>()};
   const int isa = isa_level();
-
-#pragma omp parallel if (n >= (1 << 16))
-  {
-    std::vector<float> m(static_cast<size_t>(bs)), v(static_cast<size_t>(bs));
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < nb; ++b) {
+  ir::KernelPieces pieces;
+  pieces.count = (nb + kBlocksPerPiece - 1) / kBlocksPerPiece;
+  pieces.run = [=](int64_t piece) {
+    thread_local std::vector<float> m, v;  // one block of new moments before requantization
+    if (static_cast<int64_t>(m.size()) < bs) m.resize(static_cast<size_t>(bs)), v.resize(static_cast<size_t>(bs));
+    const int64_t b_end = std::min(nb, (piece + 1) * kBlocksPerPiece);
+    for (int64_t b = piece * kBlocksPerPiece; b < b_end; ++b) {
       const int64_t lo = b * bs, len = std::min(bs, n - lo);
 #if defined(__x86_64__)
       if (isa == 2) {
-        adam8bit_block_avx512(k, t, b, lo, len, find_s, find_u, zero_s, zero_u, m.data(), v.data());
+        adam8bit_block_avx512(k, t, b, lo, len, *find_s, *find_u, zero_s, zero_u, m.data(), v.data());
         continue;
       }
       if (isa == 1) {
-        adam8bit_block_avx2(k, t, b, lo, len, find_s, find_u, zero_s, zero_u, m.data(), v.data());
+        adam8bit_block_avx2(k, t, b, lo, len, *find_s, *find_u, zero_s, zero_u, m.data(), v.data());
         continue;
       }
 #endif
-      adam8bit_block(k, t, b, lo, len, find_s, find_u, zero_s, zero_u, m.data(), v.data());
+      adam8bit_block(k, t, b, lo, len, *find_s, *find_u, zero_s, zero_u, m.data(), v.data());
     }
-  }
+  };
+  return pieces;
+}
+
+Status adamw8bit_kernel(KernelContext& c) {
+  KILN_ASSIGN_OR_RETURN(ir::KernelPieces pieces, adamw8bit_pieces(c));
+  const int64_t elements = c.in(0).numel();
+#pragma omp parallel for schedule(dynamic, 1) if (elements >= (1 << 16) && pieces.count > 1)
+  for (int64_t piece = 0; piece < pieces.count; ++piece) pieces.run(piece);
   return Status::ok();
 }
 
@@ -665,6 +680,7 @@ void register_optim8bit_kernels(ir::OpTable& t) {
   set_kernel_writing_all_outputs(t, "BlockwiseQuantize8bit", quantize_kernel);
   set_kernel_writing_all_outputs(t, "BlockwiseDequantize8bit", dequantize_kernel);
   set_kernel_writing_all_outputs(t, "AdamW8bitUpdate", adamw8bit_kernel);
+  t.find_mutable("AdamW8bitUpdate")->pieces = adamw8bit_pieces;
 }
 
 }  // namespace kiln::runtime::kernels

@@ -120,6 +120,8 @@ struct ConfigFlags {
     if (!v) throw Failure{2, v.message()};
     if (!backend_list && cfg.backend.find(',') != std::string::npos)
       throw Failure{2, "--backend: one backend per program (a list such as '" + cfg.backend + "' is for kiln bench)"};
+    if (!backend_list && cfg.optim.find(',') != std::string::npos)
+      throw Failure{2, "--optim: one optimizer per program (a list such as '" + cfg.optim + "' is for kiln bench)"};
     if (!backend_list && cfg.remat_policy.find(',') != std::string::npos)
       throw Failure{2, "--remat_policy: one policy per program (a list such as '" + cfg.remat_policy +
                            "' is for kiln bench)"};
@@ -314,9 +316,10 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
   if (row_limit < 0) throw Failure{2, "--profile_row_limit must be >= 0 (0: every row), got " + std::to_string(row_limit)};
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
-  // --backend eager,compiled and/or --remat_policy none,blocks: one program per variant
-  // (backend x policy), their steps interleaved so that the machine's load falls on each
-  // alike (ratios from one run, not absolute times).
+  // --backend eager,compiled, --remat_policy none,blocks and/or --optim
+  // adamw_torch,adamw_8bit: one program per variant (backend x policy x optimizer), their
+  // steps interleaved so that the machine's load falls on each alike (ratios from one
+  // run, not absolute times).
   auto split = [](const std::string& text) {  // validated items, each once
     std::vector<std::string> items;
     for (const std::string& item : runtime::comma_list(text))
@@ -325,17 +328,24 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
   };
   const std::vector<std::string> backend_items = split(cfg.backend);
   const std::vector<std::string> policy_items = split(cfg.remat_policy);
+  const std::vector<std::string> optim_items = split(cfg.optim);
   struct Variant {
-    std::string label, backend, policy;
+    std::string label, backend, policy, optim;
   };
   std::vector<Variant> variants;
   for (const std::string& b : backend_items)
-    for (const std::string& p : policy_items) {
-      std::string label = b;
-      if (policy_items.size() > 1) label = backend_items.size() > 1 ? b + "/" + (p.empty() ? "none" : p) : (p.empty() ? "none" : p);
-      variants.push_back({label, b, p});
-    }
-  const bool by_policy = policy_items.size() > 1;
+    for (const std::string& p : policy_items)
+      for (const std::string& o : optim_items) {
+        // The label names what varies: backend, then policy, then optimizer.
+        std::string label;
+        auto add = [&](const std::string& part) { label += (label.empty() ? "" : "/") + part; };
+        if (backend_items.size() > 1) add(b);
+        if (policy_items.size() > 1) add(p.empty() ? "none" : p);
+        if (optim_items.size() > 1) add(o);
+        if (label.empty()) label = b;
+        variants.push_back({label, b, p, o});
+      }
+  const bool by_policy = policy_items.size() > 1 || optim_items.size() > 1;
   std::vector<std::string> backends;
   for (const Variant& v : variants) backends.push_back(v.label);
   struct Run {
@@ -364,6 +374,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
     TrainConfig c = cfg;
     c.backend = variants[r].backend;
     c.remat_policy = variants[r].policy;
+    c.optim = variants[r].optim;
     if (c.effective_remat_policy() != "budget") c.memory_budget.clear();  // --memory_budget is the budget variant's
     runs[r].backend = backends[r];
     if (!dump_root.empty() && backends.size() > 1) {  // one --dump-ir-dir folder per backend
