@@ -197,6 +197,24 @@ TEST_F(Cli, BenchRematPolicyList) {
                         2, "one policy per program");
 }
 
+/// `kiln bench --optim a,b`: one program per optimizer, steps alternating, a row and a
+/// profile section each; other commands take one optimizer.
+TEST_F(Cli, BenchOptimList) {
+  const std::string base = "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 1 --bench_steps 2";
+  auto r = run_kiln(base + " --backend eager --optim sgd,adamw_torch --profile", dir);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("steps alternate between variants"), std::string::npos) << r.out;
+  for (const char* v : {"\nsgd ", "\nadamw_torch ", "profile (sgd)", "profile (adamw_torch)"})
+    EXPECT_NE(r.out.find(v), std::string::npos) << v << " missing in\n" << r.out;
+  auto both = run_kiln(base + " --backend eager,compiled --optim sgd,adamw_torch", dir);
+  ASSERT_EQ(both.code, 0) << both.err << both.out;
+  for (const char* v : {"\neager/sgd ", "\neager/adamw_torch ", "\ncompiled/sgd ", "\ncompiled/adamw_torch "})
+    EXPECT_NE(both.out.find(v), std::string::npos) << v << " missing in\n" << both.out;
+  expect_one_error_line(run_kiln(base + " --optim sgd,adam", dir), 2, "--optim: unknown value 'adam'");
+  expect_one_error_line(run_kiln("train " + model + data() + " --optim sgd,adamw_torch --output_dir " + dir + "/o", dir),
+                        2, "one optimizer per program");
+}
+
 /// Resuming with another optimizer would drop the checkpoint's optimizer state: refused,
 /// and the checkpoint stays.
 TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {
