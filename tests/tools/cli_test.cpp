@@ -288,6 +288,28 @@ TEST_F(Cli, WrongLabelDtype) {
   EXPECT_NE(r.err.find("integer"), std::string::npos);
 }
 
+TEST_F(Cli, LabelsOutsideTheClassesFailBeforeTraining) {
+  // A label the model has no class for is refused before the first step, naming the
+  // flag, the file and the row, for training and for eval data (which would otherwise
+  // stop the run at its first evaluation, after the training); ignore_index passes.
+  ir::Tensor bad(ir::DType::i64, {N});
+  for (int64_t i = 0; i < N; ++i) bad.data<int64_t>()[i] = i % C;
+  bad.data<int64_t>()[3] = -100;  // ignore_index: allowed
+  ASSERT_TRUE(runtime::io::save_npy(dir + "/y_ignored.npy", bad).is_ok());
+  bad.data<int64_t>()[7] = C;
+  ASSERT_TRUE(runtime::io::save_npy(dir + "/y_bad.npy", bad).is_ok());
+  const std::string base = "train " + model + " --max_steps 50 --per_device_train_batch_size 4 --output_dir " + dir + "/o";
+  auto r = run_kiln(base + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" + dir + "/y_bad.npy", dir);
+  expect_one_error_line(r, 1, "--eval_data: labels=" + dir + "/y_bad.npy: label " + std::to_string(C) + " at row 7");
+  EXPECT_EQ(r.out.find("step"), std::string::npos) << "trained before refusing:\n" << r.out;
+  auto t = run_kiln(base + " --train_data x=" + dir + "/x.npy --train_data labels=" + dir + "/y_bad.npy", dir);
+  expect_one_error_line(t, 1, "--train_data: labels=" + dir + "/y_bad.npy: label " + std::to_string(C));
+  auto ok = run_kiln(base + " --max_steps 2 --train_data x=" + dir + "/x.npy --train_data labels=" + dir +
+                         "/y_ignored.npy",
+                     dir);
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 TEST_F(Cli, DataShapeMismatch) {
   auto r = run_kiln("train " + model + " --train_data x=" + dir + "/x5.npy --train_data labels=" + dir +
                         "/y.npy --output_dir " + dir + "/o",

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
+#include <map>
 
 #include "ir/tensor.h"
 #include "runtime/checkpoint.h"
@@ -109,6 +111,64 @@ Expected<int64_t> steps_per_epoch(const TrainConfig& cfg, const runtime::RawData
   return spe;
 }
 
+Status check_data_values(const runtime::RawData& raw, const std::string& flag, const ir::Graph& forward,
+                         const TrainConfig& cfg, const std::string& label_input, const std::string& logits_output) {
+  // Gather tables indexed straight by a data input: input name -> the table's extent.
+  std::map<std::string, int64_t> extent;
+  for (const auto& n : forward.nodes()) {
+    if (n->op != "Gather" || n->num_inputs() < 2 || !n->inputs[0] || !n->inputs[1]) continue;
+    const ir::Value* idx = n->inputs[1];
+    if (std::find(forward.inputs.begin(), forward.inputs.end(), idx) == forward.inputs.end()) continue;
+    const ir::Shape& ts = n->inputs[0]->shape;
+    int64_t axis = n->attrs.get_int("axis", 0);
+    if (axis < 0) axis += ts.rank();
+    if (axis < 0 || axis >= ts.rank() || !ts.dims[static_cast<size_t>(axis)].is_static()) continue;
+    const int64_t e = ts.dims[static_cast<size_t>(axis)].value;
+    auto [it, fresh] = extent.try_emplace(idx->name, e);
+    if (!fresh) it->second = std::min(it->second, e);
+  }
+  // Classes of cross_entropy labels: the logits' last dim.
+  int64_t classes = -1;
+  if (cfg.loss == "cross_entropy" && !label_input.empty())
+    for (const ir::Value* o : forward.outputs)
+      if (o->name == logits_output && o->shape.rank() > 0 && o->shape.dims.back().is_static())
+        classes = o->shape.dims.back().value;
+  auto fail = [&](const std::string& what) { return Status::error(flag + ": " + what); };
+  for (const runtime::NamedArray& a : raw.arrays) {
+    if (!ir::is_integer(a.data.dtype())) continue;
+    const int64_t n = a.data.numel();
+    const int64_t per_row = a.data.rank() > 0 && a.data.dim(0) > 0 ? n / a.data.dim(0) : 1;
+    if (auto it = extent.find(a.input); it != extent.end()) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = a.data.get_i64(i);
+        if (v < -it->second || v >= it->second)
+          return fail(a.input + "=" + a.file + ": index " + std::to_string(v) + " at row " + std::to_string(i / per_row) +
+                      " is outside [0, " + std::to_string(it->second) + ") (the table the model looks it up in)");
+      }
+    }
+    if (a.input == label_input && classes > 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = a.data.get_i64(i);
+        if (v != cfg.ignore_index && (v < 0 || v >= classes))
+          return fail(a.input + "=" + a.file + ": label " + std::to_string(v) + " at row " + std::to_string(i / per_row) +
+                      " is outside [0, " + std::to_string(classes) + ") (the model's classes; " +
+                      std::to_string(cfg.ignore_index) + " is ignored)");
+      }
+    }
+  }
+  if (raw.tokens && !raw.tokens->empty()) {
+    // Every token is an input id (a Gather index) and, shifted, a label.
+    int64_t limit = classes > 0 ? classes : std::numeric_limits<int64_t>::max();
+    for (auto& [name, e] : extent) limit = std::min(limit, e);
+    const auto& t = *raw.tokens;
+    for (size_t i = 0; i < t.size(); ++i)
+      if (static_cast<int64_t>(t[i]) >= limit)
+        return fail(raw.token_file + ": token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
+                    " is outside the model's vocabulary [0, " + std::to_string(limit) + ")");
+  }
+  return Status::ok();
+}
+
 Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   // Hugging Face's Trainer refuses an eval schedule without an eval dataset; so does kiln,
@@ -140,6 +200,14 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   const int64_t total = cfg.total_steps(spe);
 
   KILN_ASSIGN_OR_RETURN(auto prog, build_training_program(cfg, dbg, false, false, total));
+  {
+    // Labels and token ids against the model, before anything trains: a bad eval file
+    // would otherwise stop the run at its first evaluation.
+    KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
+    KILN_RETURN_IF_ERROR(check_data_values(*train_raw, "--train_data", *forward, cfg, prog.label_input, prog.logits_output));
+    if (!cfg.eval_data.empty())
+      KILN_RETURN_IF_ERROR(check_data_values(eval_raw, "--eval_data", *forward, cfg, prog.label_input, prog.logits_output));
+  }
   KILN_ASSIGN_OR_RETURN(auto train_specs, program_specs(*prog.train_step, prog.data_inputs));
   auto train_ds = runtime::Dataset::bind(*train_raw, train_specs, data_options(cfg));
   if (!train_ds) return ctx(train_ds.status(), "--train_data");
