@@ -231,9 +231,9 @@ Status Trainer::restore(const std::string& dir) {
                          " steps per epoch of " + std::to_string(c.state.rows_per_step) + " rows, the current data gives " +
                          std::to_string(steps_per_epoch_) + " of " + std::to_string(rows_per_step_) +
                          " (resuming would change the data order)");
-  if (c.state.seed != cfg_.seed && opts_.out)
-    *opts_.out << "kiln: warning: checkpoint seed " << c.state.seed << " differs from --seed " << cfg_.seed
-               << "; continuing with --seed\n";
+  if (c.state.seed != cfg_.seed && opts_.out)  // a warning: stderr, as the others
+    std::cerr << "kiln: warning: checkpoint seed " << c.state.seed << " differs from --seed " << cfg_.seed
+              << "; continuing with --seed\n";
   state_ = std::move(next);
   global_step_ = c.state.global_step;
   acc_.log_loss_sum = c.state.log_loss_sum;
@@ -542,7 +542,10 @@ Expected<TrainResult> Trainer::run() {
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts) {
   KILN_ASSIGN_OR_RETURN(Trainer t, Trainer::create(cfg, graphs, &train_data, eval_data, opts));
-  if (!cfg.resume_from_checkpoint.empty()) KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));
+  if (!cfg.resume_from_checkpoint.empty()) {
+    KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));
+    ir::MemoryStats::reset_peak();  // the load held old and new state at once: not a step's memory
+  }
   return t.run();
 }
 

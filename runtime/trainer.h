@@ -148,6 +148,8 @@ class Trainer {
 };
 
 /// Convenience: Trainer::create + optional restore(cfg.resume_from_checkpoint) + run.
+/// After a restore, ir::MemoryStats' peak restarts at the current bytes, so a measured
+/// step peak does not count the checkpoint's load (old and new state held together).
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts = {});
 

@@ -276,6 +276,19 @@ TEST_F(Cli, EvalStepsWithoutEvalData) {
                         2, "--eval_steps 3: no --eval_data");
 }
 
+TEST_F(Cli, ShapeBatchMustBeTheBatchSize) {
+  // --shape batch=N fixes the batch dim: with another batch size the run is refused
+  // before anything compiles, naming both flags; the same value is accepted.
+  expect_one_error_line(run_kiln("train " + model + data() + " --per_device_train_batch_size 4 --shape batch=16 " +
+                                     "--output_dir " + dir + "/o",
+                                 dir),
+                        1, "--shape batch=16: 'batch' is the batch dim of input 'x', and the batch size is 4");
+  auto ok = run_kiln("train " + model + data() + " --per_device_train_batch_size 4 --per_device_eval_batch_size 4 " +
+                         "--shape batch=4 --max_steps 2 --output_dir " + dir + "/o2",
+                     dir);
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 TEST_F(Cli, MissingModelFile) {
   expect_one_error_line(run_kiln("train " + dir + "/none.onnx" + data(), dir), 1, "none.onnx");
 }

@@ -222,15 +222,21 @@ Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
 
 /// Batch-size bindings: user --shape first, then the first symbolic dim of each model input.
 static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, int64_t batch) {
-  frontend::ImportOptions opts;
-  opts.bind_dims = cfg.shape;
+  frontend::ImportOptions opts;  // nothing bound: the inputs' dim_params stay visible
   auto g = frontend::import_onnx(cfg.model, opts);
   if (!g) return g.status();
   std::map<std::string, int64_t> b = cfg.shape;
-  for (Value* in : (*g)->inputs)
-    if (in->shape.rank() > 0 && !in->shape.dims[0].is_static() && !in->shape.dims[0].symbol.empty() &&
-        !b.count(in->shape.dims[0].symbol))
-      b[in->shape.dims[0].symbol] = batch;
+  for (Value* in : (*g)->inputs) {
+    if (in->shape.rank() == 0) continue;
+    const std::string& sym = in->shape.dims[0].symbol;
+    // A batch dim set by --shape must be the batch.
+    if (auto it = cfg.shape.find(sym); !sym.empty() && it != cfg.shape.end() && it->second != batch)
+      return Status::error("--shape " + sym + "=" + std::to_string(it->second) + ": '" + sym +
+                           "' is the batch dim of input '" + in->name + "', and the batch size is " +
+                           std::to_string(batch) + " (--per_device_train_batch_size / --per_device_eval_batch_size): "
+                           "leave it out of --shape (kiln binds it from the batch size) or give the same value");
+    if (!in->shape.dims[0].is_static() && !sym.empty() && !b.count(sym)) b[sym] = batch;
+  }
   return b;
 }
 

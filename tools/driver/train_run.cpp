@@ -93,8 +93,8 @@ std::string planned_vs_measured(int64_t planned, int64_t measured) {
                   passes::human_bytes(measured) + " (" + std::to_string(measured) + " B)";
   if (measured > 0) {
     char b[64];
-    std::snprintf(b, sizeof b, "%+.2f", 100.0 * double(planned - measured) / double(measured));
-    s += std::string(" (diff ") + b + "%)";
+    std::snprintf(b, sizeof b, "%+.2f", planned > 0 ? 100.0 * double(measured - planned) / double(planned) : 0.0);
+    s += std::string(" (measured - planned: ") + b + "% of planned)";
   }
   return s;
 }

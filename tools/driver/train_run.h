@@ -48,7 +48,7 @@ std::optional<passes::MemoryPlan> executor_plan(const TrainingProgram& p);
 /// the train step arena's block (0 without one).
 int64_t step_arena_bytes(const TrainingProgram& p);
 
-/// "planned X (N B), measured Y (M B) (diff Z%)".
+/// "planned X (N B), measured Y (M B) (measured - planned: Z% of planned)".
 std::string planned_vs_measured(int64_t planned, int64_t measured);
 
 /// Optimizer steps per epoch of `cfg` on `train_raw`, checking the data against the
