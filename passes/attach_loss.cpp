@@ -75,6 +75,19 @@ class AttachLoss : public Pass {
       return Status::error("--freeze/--trainable: invalid regular expression: " + std::string(e.what()));
     }
     std::vector<Value*> inits = g.initializers, keep;
+    if (!freeze.empty()) {
+      // A pattern that freezes nothing is most likely a typo: say so rather than train all.
+      std::string example;
+      bool any = false;
+      for (Value* v : inits)
+        if (is_parameter_candidate(*v) && !bn_stats.count(v)) {
+          any = any || std::regex_search(v->name, freeze_re);
+          if (example.empty()) example = v->name;
+        }
+      if (!any && !example.empty())
+        return Status::error("--freeze '" + freeze + "' matches no parameter (names look like '" + example +
+                             "'; kiln inspect MODEL lists them)");
+    }
     for (Value* v : inits) {
       bool param = is_parameter_candidate(*v) && !bn_stats.count(v);
       if (param && !trainable.empty() && !std::regex_search(v->name, train_re)) param = false;

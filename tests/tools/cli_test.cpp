@@ -289,6 +289,12 @@ TEST_F(Cli, ShapeBatchMustBeTheBatchSize) {
   EXPECT_EQ(ok.code, 0) << ok.err;
 }
 
+TEST_F(Cli, FreezeMatchingNothingIsRefused) {
+  // A --freeze pattern that matches no parameter (a typo) would silently train them all.
+  expect_one_error_line(run_kiln("train " + model + data() + " --freeze '^nomatch' --output_dir " + dir + "/o", dir), 1,
+                        "--freeze '^nomatch' matches no parameter");
+}
+
 TEST_F(Cli, MissingModelFile) {
   expect_one_error_line(run_kiln("train " + dir + "/none.onnx" + data(), dir), 1, "none.onnx");
 }
