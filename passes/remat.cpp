@@ -235,8 +235,13 @@ class Rematerializer {
 // ---------------------------------------------------------------- segmentations
 
 /// Block key of a node from its export name scope ("/h.0/attn/MatMul" -> "/h.0"), or "".
-std::string scope_block(const std::string& name) {
+/// The casts the autocast pass adds are named "autocast/<value>" after the value they
+/// convert: they belong to that value's scope ("autocast//h.0/attn/MatMul_output_0.f32"
+/// -> "/h.0"), so mixed precision does not split every block in two.
+std::string scope_block(std::string name) {
   static const std::regex seg_re("^([^/]*\\.)?[0-9]+$");
+  static const std::string kAutocast = "autocast/";
+  if (name.compare(0, kAutocast.size(), kAutocast) == 0) name = name.substr(kAutocast.size());
   std::vector<std::string> segs;
   std::stringstream ss(name);
   std::string seg;
