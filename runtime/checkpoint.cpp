@@ -120,7 +120,14 @@ Expected<Checkpoint> load_checkpoint(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return Status::error("checkpoint '" + dir + "': not a directory");
   Checkpoint c;
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"})
-    if (!fs::exists(fs::path(dir) / f, ec)) return Status::error("checkpoint '" + dir + "': missing " + f);
+    if (!fs::exists(fs::path(dir) / f, ec)) {
+      // An output folder instead of one of its checkpoints is the likely mix-up.
+      const bool holds_checkpoints = !list_checkpoints(dir).empty();
+      return Status::error("checkpoint '" + dir + "': missing " + f +
+                           (holds_checkpoints ? " (it holds checkpoint-N folders: give one of them, or 'latest' with "
+                                                "--output_dir " + dir + ")"
+                                              : ""));
+    }
   KILN_ASSIGN_OR_RETURN(c.model, io::load_safetensors((fs::path(dir) / "model.safetensors").string()));
   KILN_ASSIGN_OR_RETURN(c.optimizer, io::load_safetensors((fs::path(dir) / "optimizer.safetensors").string()));
   std::string sp = (fs::path(dir) / "trainer_state.json").string();

@@ -94,7 +94,9 @@ Status TrainConfig::validate() const {
   if (warmup_steps < 0) return bad("warmup_steps", "must be >= 0, got " + num_str(warmup_steps));
   if (block_size < 0) return bad("block_size", "must be >= 0, got " + num_str(block_size));
   if (max_steps == 0 || max_steps < -1) return bad("max_steps", "must be -1 (use epochs) or > 0, got " + num_str(max_steps));
-  if (max_steps <= 0 && !(num_train_epochs > 0 && std::isfinite(num_train_epochs)))
+  // Checked even when --max_steps overrides it (HF: max_steps wins): a NaN or negative
+  // epoch count is a mistake either way.
+  if (!(num_train_epochs > 0 && std::isfinite(num_train_epochs)))
     return bad("num_train_epochs", "must be > 0, got " + num_str(num_train_epochs));
   KILN_RETURN_IF_ERROR(non_negative("learning_rate", learning_rate));
   KILN_RETURN_IF_ERROR(non_negative("weight_decay", weight_decay));
@@ -182,7 +184,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"shape", Kind::shape_map, &c.shape, "dim_param bindings, e.g. batch=8,seq=64 (repeatable)"},
       {"train_data", Kind::str_list, &c.train_data, "NAME=FILE.npy (repeatable) or one nanoGPT uint16 FILE.bin"},
       {"eval_data", Kind::str_list, &c.eval_data, "NAME=FILE.npy (repeatable) or one FILE.bin"},
-      {"block_size", Kind::i64, &c.block_size, "token window length for .bin data (default: the model's input length)"},
+      {"block_size", Kind::i64, &c.block_size, "token window length for .bin data (0, the default: the model's input length)"},
       {"loss", Kind::str, &c.loss, "cross_entropy | mse | bce_with_logits | l1 | model"},
       {"label_input", Kind::str, &c.label_input, "graph input fed with the labels (default: labels)"},
       {"ignore_index", Kind::i64, &c.ignore_index, "label ignored by cross_entropy"},
@@ -204,7 +206,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"output_dir", Kind::str, &c.output_dir, "where metrics, checkpoints and model.onnx go"},
       {"per_device_train_batch_size", Kind::i64, &c.per_device_train_batch_size, "rows per micro-batch"},
       {"per_device_eval_batch_size", Kind::i64, &c.per_device_eval_batch_size, "rows per eval batch"},
-      {"num_train_epochs", Kind::f64, &c.num_train_epochs, "epochs (fractional allowed)"},
+      {"num_train_epochs", Kind::f64, &c.num_train_epochs, "epochs (fractional allowed; --max_steps > 0 overrides it)"},
       {"max_steps", Kind::i64, &c.max_steps, "total optimizer steps (> 0 overrides num_train_epochs)"},
       {"seed", Kind::u64, &c.seed, "seed of data shuffling and dropout"},
       {"logging_steps", Kind::i64, &c.logging_steps, "log every N steps"},

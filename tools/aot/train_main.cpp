@@ -70,7 +70,8 @@ int real_main(int argc, char** argv) {
   for (auto& f : runtime::config_fields(cfg)) {
     if (options.at(f.name)->count() == 0) continue;
     if (!changeable().count(f.name))
-      return fail(2, "--" + f.name + " is fixed when the binary is compiled (it changes shapes or passes); run kiln "
+      return fail(2, "--" + f.name + " is fixed when the binary is compiled (shapes, passes or the generated kernels' constants "
+                     "depend on it); run kiln "
                      "compile again with the new value");
     given[f.name] = values.at(f.name);
   }

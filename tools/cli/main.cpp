@@ -104,7 +104,7 @@ struct ConfigFlags {
     TrainConfig cfg;
     cfg.backend = "compiled";  // the command line's default (TrainConfig's own is eager, the reference)
     if (!config_file.empty()) {
-      if (!fs::exists(config_file)) throw Failure{1, "--config: " + config_file + ": no such file"};
+      if (!fs::exists(config_file)) throw Failure{2, "--config: " + config_file + ": no such file"};
       Status s = runtime::load_config_json(config_file, cfg);
       if (!s) throw Failure{2, s.message()};
     }

@@ -193,7 +193,9 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     cfg.resume_from_checkpoint = all.back().second;
   }
   if (!cfg.resume_from_checkpoint.empty() && !fs::is_directory(cfg.resume_from_checkpoint))
-    return Status::error("--resume_from_checkpoint: " + cfg.resume_from_checkpoint + ": no such directory");
+    return Status::error("--resume_from_checkpoint: " + cfg.resume_from_checkpoint +
+                         (fs::exists(cfg.resume_from_checkpoint) ? ": a file, not a checkpoint-N directory"
+                                                                 : ": no such directory"));
 
   // Check the data against the model before compiling, and count steps.
   KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch(cfg, *train_raw));
