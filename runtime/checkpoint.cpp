@@ -123,10 +123,11 @@ Expected<Checkpoint> load_checkpoint(const std::string& dir) {
     if (!fs::exists(fs::path(dir) / f, ec)) {
       // An output folder instead of one of its checkpoints is the likely mix-up.
       const bool holds_checkpoints = !list_checkpoints(dir).empty();
-      return Status::error("checkpoint '" + dir + "': missing " + f +
-                           (holds_checkpoints ? " (it holds checkpoint-N folders: give one of them, or 'latest' with "
-                                                "--output_dir " + dir + ")"
-                                              : ""));
+      return Status::error("checkpoint '" + dir + "': not a checkpoint folder (no " + f + ")" +
+                           (holds_checkpoints ? "; it holds checkpoint-N folders: give one of them, or 'latest' with "
+                                                "--output_dir " + dir
+                                              : "; checkpoints are the checkpoint-N folders that --save_steps writes "
+                                                "in --output_dir ('latest' picks the newest)"));
     }
   KILN_ASSIGN_OR_RETURN(c.model, io::load_safetensors((fs::path(dir) / "model.safetensors").string()));
   KILN_ASSIGN_OR_RETURN(c.optimizer, io::load_safetensors((fs::path(dir) / "optimizer.safetensors").string()));

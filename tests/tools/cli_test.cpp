@@ -282,11 +282,17 @@ TEST_F(Cli, ShapeBatchMustBeTheBatchSize) {
   expect_one_error_line(run_kiln("train " + model + data() + " --per_device_train_batch_size 4 --shape batch=16 " +
                                      "--output_dir " + dir + "/o",
                                  dir),
-                        1, "--shape batch=16: 'batch' is the batch dim of input 'x', and the batch size is 4");
-  auto ok = run_kiln("train " + model + data() + " --per_device_train_batch_size 4 --per_device_eval_batch_size 4 " +
-                         "--shape batch=4 --max_steps 2 --output_dir " + dir + "/o2",
+                        1, "--shape batch=16: 'batch' is the batch dim of input 'x', and --per_device_train_batch_size is 4");
+  // The same value works (the eval batch size, default 8, matters only with eval data).
+  auto ok = run_kiln("train " + model + data() + " --per_device_train_batch_size 4 --shape batch=4 --max_steps 2 " +
+                         "--output_dir " + dir + "/o2",
                      dir);
   EXPECT_EQ(ok.code, 0) << ok.err;
+  expect_one_error_line(run_kiln("train " + model + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" +
+                                     dir + "/y.npy --per_device_train_batch_size 4 --shape batch=4 --output_dir " + dir +
+                                     "/o3",
+                                 dir),
+                        1, "and --per_device_eval_batch_size is 8");
 }
 
 TEST_F(Cli, FreezeMatchingNothingIsRefused) {

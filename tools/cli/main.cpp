@@ -192,6 +192,9 @@ int cmd_compile(const ConfigFlags& flags, const std::string& out_dir) {
   TrainConfig cfg = flags.build();
   if (out_dir.empty()) throw Failure{2, "compile: -o DIR is required"};
   if (cfg.backend != "compiled") throw Failure{2, "compile: --backend " + cfg.backend + " cannot be compiled ahead of time (only compiled)"};
+  if (cfg.eval_steps > 0 && cfg.eval_data.empty())  // the binary would refuse every run without --eval_data
+    throw Failure{2, "--eval_steps " + std::to_string(cfg.eval_steps) +
+                         ": no --eval_data to evaluate on (give --eval_data, or --eval_steps 0)"};
   passes::PassContext dbg = flags.pass_context();
   check(driver::compile_training_binary(cfg, dbg, out_dir, std::cout), "compile");
   return 0;
@@ -391,6 +394,9 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
       auto specs = unwrap(driver::program_specs(*prog.train_step, prog.data_inputs));
       if (!cfg.train_data.empty()) {
         auto raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
+        // As kiln train: labels and token ids against the model before any step.
+        auto forward = unwrap(driver::load_model(c.model, c.shape));
+        check(driver::check_data_values(raw, "--train_data", *forward, c, prog.label_input, prog.logits_output));
         ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
       } else {
         int64_t classes = 2;

@@ -221,7 +221,11 @@ Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
 }
 
 /// Batch-size bindings: user --shape first, then the first symbolic dim of each model input.
-static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, int64_t batch) {
+/// dim_param bindings of a program whose data batch is `batch` rows: --shape's, plus each
+/// input's symbolic dim 0 bound to `batch`. `flag` names the batch-size flag; with
+/// `enforce`, a --shape value for a batch dim other than `batch` is an error.
+static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, int64_t batch,
+                                                               const char* flag, bool enforce) {
   frontend::ImportOptions opts;  // nothing bound: the inputs' dim_params stay visible
   auto g = frontend::import_onnx(cfg.model, opts);
   if (!g) return g.status();
@@ -230,11 +234,11 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
     if (in->shape.rank() == 0) continue;
     const std::string& sym = in->shape.dims[0].symbol;
     // A batch dim set by --shape must be the batch.
-    if (auto it = cfg.shape.find(sym); !sym.empty() && it != cfg.shape.end() && it->second != batch)
+    if (auto it = cfg.shape.find(sym); enforce && !sym.empty() && it != cfg.shape.end() && it->second != batch)
       return Status::error("--shape " + sym + "=" + std::to_string(it->second) + ": '" + sym +
-                           "' is the batch dim of input '" + in->name + "', and the batch size is " +
-                           std::to_string(batch) + " (--per_device_train_batch_size / --per_device_eval_batch_size): "
-                           "leave it out of --shape (kiln binds it from the batch size) or give the same value");
+                           "' is the batch dim of input '" + in->name + "', and " + flag + " is " +
+                           std::to_string(batch) + ": leave it out of --shape (kiln binds it from the batch size) " +
+                           "or give the same value");
     if (!in->shape.dims[0].is_static() && !sym.empty() && !b.count(sym)) b[sym] = batch;
   }
   return b;
@@ -260,8 +264,11 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
                          "' is for kiln bench)");
   TrainingProgram prog;
   auto opts = pass_options(cfg, total_steps);
-  KILN_ASSIGN_OR_RETURN(auto train_dims, batch_bindings(cfg, cfg.per_device_train_batch_size));
-  KILN_ASSIGN_OR_RETURN(auto eval_dims, batch_bindings(cfg, cfg.per_device_eval_batch_size));
+  KILN_ASSIGN_OR_RETURN(auto train_dims,
+                        batch_bindings(cfg, cfg.per_device_train_batch_size, "--per_device_train_batch_size", true));
+  // The eval batch size matters only with eval data.
+  KILN_ASSIGN_OR_RETURN(auto eval_dims, batch_bindings(cfg, cfg.per_device_eval_batch_size,
+                                                       "--per_device_eval_batch_size", !cfg.eval_data.empty()));
 
   // Training step: forward + loss + backward + optimizer.
   using Clock = std::chrono::steady_clock;

@@ -143,7 +143,8 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
         const int64_t v = a.data.get_i64(i);
         if (v < -it->second || v >= it->second)
           return fail(a.input + "=" + a.file + ": index " + std::to_string(v) + " at row " + std::to_string(i / per_row) +
-                      " is outside [0, " + std::to_string(it->second) + ") (the table the model looks it up in)");
+                      " is outside [-" + std::to_string(it->second) + ", " + std::to_string(it->second) +
+                      ") (the table the model looks it up in; ONNX Gather counts negative indices from the end)");
       }
     }
     if (a.input == label_input && classes > 0) {
