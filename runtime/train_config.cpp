@@ -278,8 +278,9 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
     case Kind::str:
       *static_cast<std::string*>(f.ptr) = text;
       return Status::ok();
-    case Kind::str_list:  // an empty item adds nothing: `--eval_data ""` leaves the list empty
-      if (!text.empty()) static_cast<std::vector<std::string>*>(f.ptr)->push_back(text);
+    case Kind::str_list:  // an empty item empties the list: `--eval_data ""` means none
+      if (text.empty()) static_cast<std::vector<std::string>*>(f.ptr)->clear();
+      else static_cast<std::vector<std::string>*>(f.ptr)->push_back(text);
       return Status::ok();
     case Kind::i64: {
       int64_t v;
@@ -362,12 +363,12 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
       case Kind::str_list: {
         auto* l = static_cast<std::vector<std::string>*>(f->ptr);
         l->clear();
-        if (v.is_string()) {
-          l->push_back(v.get<std::string>());
+        if (v.is_string()) {  // "" means none, as on the command line
+          if (!v.get<std::string>().empty()) l->push_back(v.get<std::string>());
         } else if (v.is_array()) {
           for (auto& e : v) {
             if (!e.is_string()) return type_err("a string or a list of strings");
-            l->push_back(e.get<std::string>());
+            if (!e.get<std::string>().empty()) l->push_back(e.get<std::string>());
           }
         } else {
           return type_err("a string or a list of strings");

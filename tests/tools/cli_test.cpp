@@ -269,6 +269,12 @@ TEST_F(Cli, EvalStepsWithoutEvalData) {
                     dir);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.find("eval_loss"), std::string::npos) << r.out;
+  // An empty item empties the list whatever came before it on the command line.
+  auto r2 = run_kiln("train " + model + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" + dir +
+                         "/y.npy --eval_data '' --max_steps 2 --per_device_train_batch_size 4 --output_dir " + dir + "/o4",
+                     dir);
+  EXPECT_EQ(r2.code, 0) << r2.err;
+  EXPECT_EQ(r2.out.find("eval_loss"), std::string::npos) << r2.out;
   // ... and with --eval_steps also on the command line, the contradiction is refused.
   expect_one_error_line(run_kiln("train " + model + data() + " --config " + dir + "/cfg.json --eval_data '' " +
                                      "--eval_steps 3 --output_dir " + dir + "/o3",
