@@ -45,7 +45,7 @@ Expected<Tensor> convert_for_input(const NamedArray& a, const DataInputSpec& in,
   DType got = a.data.dtype();
   if (is_label && o.loss == "cross_entropy") {
     if (!ir::is_integer(got))
-      return Status::error(where + ": cross_entropy labels must be integer class ids (i64 or i32), got " +
+      return Status::error(where + ": cross_entropy labels must be integer class ids (int64, int32, int8 or uint8), got " +
                            ir::dtype_name(got));
     DType want = ir::is_integer(in.dtype) ? in.dtype : DType::i64;
     return got == want ? a.data : a.data.cast(want);
