@@ -26,14 +26,6 @@ using namespace kiln::ir;
 
 namespace {
 
-/// A generated pointwise kernel whose outputs are all graph outputs.
-bool step_result_kernel(const Node& n, const std::unordered_set<const Value*>& outputs) {
-  if (n.op != "FusedKernel" || n.attrs.get_string("kind", "") != "pointwise" || n.num_outputs() == 0) return false;
-  for (const Value* o : n.outputs)
-    if (!o || !outputs.count(o) || !o->shape.is_static()) return false;
-  return true;
-}
-
 /// Every output of `n` is a graph output (a step result).
 bool only_results(const Node& n, const std::unordered_set<const Value*>& outputs) {
   for (const Value* o : n.outputs)
@@ -41,13 +33,16 @@ bool only_results(const Node& n, const std::unordered_set<const Value*>& outputs
   return n.num_outputs() > 0;
 }
 
-/// A member of a launch: a generated update kernel (step_result_kernel), or an op whose
-/// eager kernel comes in pieces (OpDef::multi_tensor: the 8-bit AdamW update) making only
-/// step results of static shapes.
+/// A member of a launch: a generated pointwise kernel, or an op whose eager kernel also
+/// comes in pieces (OpDef::multi_tensor: the 8-bit AdamW update), making only step
+/// results of static shapes.
 bool member_candidate(const Node& n, const std::unordered_set<const Value*>& outputs) {
-  if (step_result_kernel(n, outputs)) return true;
-  const OpDef* def = OpTable::get().find(n.op);
-  if (!def || !def->multi_tensor || !n.regions.empty() || !only_results(n, outputs)) return false;
+  const bool generated = n.op == "FusedKernel" && n.attrs.get_string("kind", "") == "pointwise";
+  if (!generated) {
+    const OpDef* def = OpTable::get().find(n.op);
+    if (!def || !def->multi_tensor || !n.regions.empty()) return false;
+  }
+  if (!only_results(n, outputs)) return false;
   for (const Value* o : n.outputs)
     if (!o->shape.is_static()) return false;
   return true;

@@ -293,6 +293,21 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
 
 /// Runs a FusedKernel node through its generated kernel: outputs allocated, then the
 /// kernel's parallel dimension split across the OpenMP threads.
+/// The tensors of node `n`'s inputs from `env` (null for an absent optional input).
+/// Error: an input without a value.
+Status input_tensors(const Node& n, Env& env, std::vector<const Tensor*>& ins) {
+  for (Value* v : n.inputs) {
+    if (!v) {
+      ins.push_back(nullptr);
+      continue;
+    }
+    auto it = env.find(v);
+    if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
+    ins.push_back(&it->second);
+  }
+  return Status::ok();
+}
+
 /// One generated kernel call being set up: argument pointers (inputs, then outputs) and
 /// the output tensors, written into the environment once the kernel has run.
 struct FusedLaunch {
@@ -362,15 +377,7 @@ inline void run_piece(const FusedLaunch& l, int64_t c) {
 /// placed as run_node would, the kernel's checks, and its pieces.
 Status prepare_pieced(const Node& n, const OpDef& def, const StaticOutputs* known, Env& env, const RunOptions& opts,
                       uint64_t op_id, FusedLaunch& l) {
-  for (Value* v : n.inputs) {
-    if (!v) {
-      l.ins.push_back(nullptr);
-      continue;
-    }
-    auto it = env.find(v);
-    if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
-    l.ins.push_back(&it->second);
-  }
+  KILN_RETURN_IF_ERROR(input_tensors(n, env, l.ins));
   l.ctx = std::make_unique<KernelContext>(KernelContext{n, l.ins, {}, opts.training, opts.seed, opts.step, op_id});
   KILN_RETURN_IF_ERROR(allocate_kernel_outputs(n, l.ins, opts, nullptr, def, known, *l.ctx));
   auto pieces = def.pieces(*l.ctx);
@@ -477,16 +484,20 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
                                               ls[k - i]));
       }
       run_fused_group(ls);
-      const double wall =
-          opts.profile ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0;
-      // Each member is charged a share of the group's wall time proportional to its
-      // largest output's elements (the parameter it updates).
-      std::vector<double> weight(ls.size(), 1.0);
-      double total_weight = 0;
-      for (size_t k = i; k <= j; ++k) {
-        for (const Value* o : nodes[k]->outputs)
-          if (o && o->shape.is_static()) weight[k - i] = std::max(weight[k - i], static_cast<double>(o->shape.numel()));
-        total_weight += weight[k - i];
+      if (opts.profile) {
+        // Each member is charged a share of the group's wall time proportional to its
+        // largest output's elements (the parameter it updates).
+        const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::vector<double> weight(ls.size(), 1.0);
+        double total_weight = 0;
+        for (size_t k = i; k <= j; ++k) {
+          for (const Value* o : nodes[k]->outputs)
+            if (o && o->shape.is_static()) weight[k - i] = std::max(weight[k - i], static_cast<double>(o->shape.numel()));
+          total_weight += weight[k - i];
+        }
+        for (size_t k = i; k <= j; ++k)
+          opts.profile->add(profile_key(*nodes[k], ls[k - i].ck != nullptr, opts.profile->group()),
+                            wall * weight[k - i] / total_weight);
       }
       for (size_t k = i; k <= j; ++k) {
         const Node& m = *nodes[k];
@@ -494,9 +505,6 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         std::vector<Tensor>& outs = l.ck ? l.outs : l.ctx->outputs;
         for (size_t o = 0; o < m.outputs.size(); ++o) env[m.outputs[o]] = std::move(outs[o]);
         if (opts.arena) relocate_misplaced(m, env, *opts.arena);
-        if (opts.profile)
-          opts.profile->add(profile_key(m, l.ck != nullptr, opts.profile->group()),
-                            wall * weight[k - i] / total_weight);
       }
       for (size_t k = i; k <= j; ++k) {
         for (Value* v : nodes[k]->inputs) release(v, k);
@@ -525,15 +533,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       generated = true;
     } else {
       std::vector<const Tensor*> ins;
-      for (Value* v : n.inputs) {
-        if (!v) {
-          ins.push_back(nullptr);
-          continue;
-        }
-        auto it = env.find(v);
-        if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
-        ins.push_back(&it->second);
-      }
+      KILN_RETURN_IF_ERROR(input_tensors(n, env, ins));
       // kiln_inplace = k: output 0 may reuse input k's buffer when this is its last
       // use and nothing else shares it (set by passes for pointwise updates such as
       // the gradient accumulators; DESIGN.md invariant 2: visible in the IR).

@@ -269,6 +269,13 @@ Status apply_flag_values(TrainConfig& cfg, const std::map<std::string, std::vect
   return Status::ok();
 }
 
+Status check_eval_schedule(const TrainConfig& cfg) {
+  if (cfg.eval_steps > 0 && cfg.eval_data.empty())
+    return Status::error("--eval_steps " + std::to_string(cfg.eval_steps) +
+                         ": no --eval_data to evaluate on (give --eval_data, or --eval_steps 0)");
+  return Status::ok();
+}
+
 void eval_off_without_eval_data(TrainConfig& cfg, const std::map<std::string, std::vector<std::string>>& given) {
   if (given.count("eval_data") && cfg.eval_data.empty() && !given.count("eval_steps")) cfg.eval_steps = 0;
 }

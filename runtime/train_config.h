@@ -125,6 +125,11 @@ Status apply_flag_values(TrainConfig& cfg, const std::map<std::string, std::vect
 /// compiled binary) becomes 0. An explicit --eval_steps N without eval data stays, for the
 /// caller to refuse.
 void eval_off_without_eval_data(TrainConfig& cfg, const std::map<std::string, std::vector<std::string>>& given);
+/// An eval schedule needs eval data: --eval_steps N > 0 with no --eval_data is an error
+/// (Hugging Face's Trainer refuses an eval strategy without an eval dataset) rather than
+/// a run that never evaluates. For the commands that train (not bench, which does not
+/// evaluate). Error: "--eval_steps N: no --eval_data to evaluate on (...)".
+Status check_eval_schedule(const TrainConfig& cfg);
 /// Reads a JSON config file with the same keys as the flags. Unknown keys are an error.
 Status load_config_json(const std::string& path, TrainConfig& cfg);
 /// Writes the config as JSON (used in trainer_state.json).

@@ -28,8 +28,7 @@ class CompiledVsEager : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CompiledVsEager, LossesAndStateAgree) {
   const Case& c = GetParam();
-  auto xs = runtime::io::load_npy(example_path(c.model, "fixtures/traj_inputs.npy"));
-  auto ys = runtime::io::load_npy(example_path(c.model, "fixtures/traj_labels.npy"));
+  auto [xs, ys] = load_trajectory(c.model);
   ASSERT_TRUE(xs && ys);
   const int64_t rows = xs->dim(1);
   auto eager = driver::build_training_program(config_of(c, "eager", rows), nullptr, false, false, c.steps);

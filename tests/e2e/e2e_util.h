@@ -152,6 +152,16 @@ inline void PrintTo(const ExampleCase& c, std::ostream* os) { *os << example_cas
 /// The TrainConfig of `c` for `backend` with `rows` rows per optimizer step (split into
 /// c.accum microbatches): cross entropy, lr 1e-3 (sgd 0.05), weight decay 0.01, clipping
 /// at 1.0, remat budget 14MB, c.steps steps.
+/// An example's trajectory fixtures (tools/make_fixtures.py): fixtures/traj_inputs.npy
+/// ([steps, rows, ...]) and fixtures/traj_labels.npy, as loaded (check both before use).
+struct TrajectoryFixture {
+  Expected<ir::Tensor> xs, ys;
+};
+inline TrajectoryFixture load_trajectory(const std::string& model) {
+  return {runtime::io::load_npy(example_path(model, "fixtures/traj_inputs.npy")),
+          runtime::io::load_npy(example_path(model, "fixtures/traj_labels.npy"))};
+}
+
 inline runtime::TrainConfig example_case_config(const ExampleCase& c, const std::string& backend, int64_t rows) {
   runtime::TrainConfig cfg;
   cfg.model = example_path(c.model, "model.onnx");

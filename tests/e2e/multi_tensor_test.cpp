@@ -29,8 +29,7 @@ class MultiTensor : public ::testing::TestWithParam<ExampleCase> {};
 
 TEST_P(MultiTensor, UpdatesFormOneGroupWithDisjointBuffersAndRunAsInSequence) {
   const ExampleCase& c = GetParam();
-  auto xs = runtime::io::load_npy(example_path(c.model, "fixtures/traj_inputs.npy"));
-  auto ys = runtime::io::load_npy(example_path(c.model, "fixtures/traj_labels.npy"));
+  auto [xs, ys] = load_trajectory(c.model);
   ASSERT_TRUE(xs && ys);
   const int64_t rows = xs->dim(1);
   auto prog = driver::build_training_program(example_case_config(c, "compiled", rows), nullptr, false, false, c.steps);

@@ -81,9 +81,7 @@ int real_main(int argc, char** argv) {
   Status v = cfg.validate();
   if (!v) return fail(2, v.message());
   if (cfg.train_data.empty()) return fail(2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)");
-  if (cfg.eval_steps > 0 && cfg.eval_data.empty())
-    return fail(2, "--eval_steps " + std::to_string(cfg.eval_steps) +
-                       ": no --eval_data to evaluate on (give --eval_data, or --eval_steps 0)");
+  if (Status e = runtime::check_eval_schedule(cfg); !e) return fail(2, e.message());
   s = aot::check_cpu();
   if (!s) return fail(1, s.message());
 

@@ -177,9 +177,7 @@ std::string pad(const std::string& s, size_t width, bool left = false) {
 int cmd_train(const ConfigFlags& flags) {
   TrainConfig cfg = flags.build();
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)"};
-  if (cfg.eval_steps > 0 && cfg.eval_data.empty())  // run_training checks it too (the AOT binary's path)
-    throw Failure{2, "--eval_steps " + std::to_string(cfg.eval_steps) +
-                         ": no --eval_data to evaluate on (give --eval_data, or --eval_steps 0)"};
+  if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
   passes::PassContext dbg = flags.pass_context();
   check(driver::run_training(cfg, &dbg, std::cout));
   return 0;
@@ -192,9 +190,8 @@ int cmd_compile(const ConfigFlags& flags, const std::string& out_dir) {
   TrainConfig cfg = flags.build();
   if (out_dir.empty()) throw Failure{2, "compile: -o DIR is required"};
   if (cfg.backend != "compiled") throw Failure{2, "compile: --backend " + cfg.backend + " cannot be compiled ahead of time (only compiled)"};
-  if (cfg.eval_steps > 0 && cfg.eval_data.empty())  // the binary would refuse every run without --eval_data
-    throw Failure{2, "--eval_steps " + std::to_string(cfg.eval_steps) +
-                         ": no --eval_data to evaluate on (give --eval_data, or --eval_steps 0)"};
+  // The binary would refuse every run without --eval_data.
+  if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
   passes::PassContext dbg = flags.pass_context();
   check(driver::compile_training_binary(cfg, dbg, out_dir, std::cout), "compile");
   return 0;
@@ -396,7 +393,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
         auto raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
         // As kiln train: labels and token ids against the model before any step.
         auto forward = unwrap(driver::load_model(c.model, c.shape));
-        check(driver::check_data_values(raw, "--train_data", *forward, c, prog.label_input, prog.logits_output));
+        check(driver::check_data_values(raw, "--train_data", *forward, c));
         ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
       } else {
         int64_t classes = 2;

@@ -99,9 +99,11 @@ std::string planned_vs_measured(int64_t planned, int64_t measured) {
   return s;
 }
 
-Expected<int64_t> steps_per_epoch(const TrainConfig& cfg, const runtime::RawData& train_raw) {
-  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
-  auto pre = runtime::Dataset::bind(train_raw, forward_specs(*forward, cfg), data_options(cfg));
+namespace {
+/// steps_per_epoch with the model already imported (`forward`).
+Expected<int64_t> steps_per_epoch_of(const TrainConfig& cfg, const runtime::RawData& train_raw,
+                                     const ir::Graph& forward) {
+  auto pre = runtime::Dataset::bind(train_raw, forward_specs(forward, cfg), data_options(cfg));
   if (!pre) return Status::error("--train_data: " + pre.status().message());
   const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   const int64_t spe = pre->steps_per_epoch(rows_per_step);
@@ -110,9 +112,16 @@ Expected<int64_t> steps_per_epoch(const TrainConfig& cfg, const runtime::RawData
                          std::to_string(rows_per_step) + " (per_device_train_batch_size x gradient_accumulation_steps)");
   return spe;
 }
+}  // namespace
+
+Expected<int64_t> steps_per_epoch(const TrainConfig& cfg, const runtime::RawData& train_raw) {
+  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
+  return steps_per_epoch_of(cfg, train_raw, *forward);
+}
 
 Status check_data_values(const runtime::RawData& raw, const std::string& flag, const ir::Graph& forward,
-                         const TrainConfig& cfg, const std::string& label_input, const std::string& logits_output) {
+                         const TrainConfig& cfg) {
+  const std::string label_input = data_options(cfg).label_input;
   // Gather tables indexed straight by a data input: input name -> the table's extent.
   std::map<std::string, int64_t> extent;
   for (const auto& n : forward.nodes()) {
@@ -129,10 +138,10 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
   }
   // Classes of cross_entropy labels: the logits' last dim.
   int64_t classes = -1;
-  if (cfg.loss == "cross_entropy" && !label_input.empty())
-    for (const ir::Value* o : forward.outputs)
-      if (o->name == logits_output && o->shape.rank() > 0 && o->shape.dims.back().is_static())
-        classes = o->shape.dims.back().value;
+  if (cfg.loss == "cross_entropy" && !label_input.empty() && !forward.outputs.empty()) {
+    const ir::Shape& ls = forward.outputs[0]->shape;  // the logits the loss reads
+    if (ls.rank() > 0 && ls.dims.back().is_static()) classes = ls.dims.back().value;
+  }
   auto fail = [&](const std::string& what) { return Status::error(flag + ": " + what); };
   for (const runtime::NamedArray& a : raw.arrays) {
     if (!ir::is_integer(a.data.dtype())) continue;
@@ -172,11 +181,7 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
 
 Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
-  // Hugging Face's Trainer refuses an eval schedule without an eval dataset; so does kiln,
-  // instead of silently never evaluating.
-  if (cfg.eval_steps > 0 && cfg.eval_data.empty())
-    return Status::error("--eval_steps " + std::to_string(cfg.eval_steps) +
-                         ": no --eval_data to evaluate on (give --eval_data, or --eval_steps 0)");
+  KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
   KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
   auto ctx = [](const Status& s, const std::string& what) { return Status::error(what + ": " + s.message()); };
   auto train_raw = runtime::load_raw_data(cfg.train_data);
@@ -198,19 +203,17 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
                          (fs::exists(cfg.resume_from_checkpoint) ? ": a file, not a checkpoint-N directory"
                                                                  : ": no such directory"));
 
-  // Check the data against the model before compiling, and count steps.
-  KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch(cfg, *train_raw));
+  // Check the data against the model before compiling (shapes and dtypes; labels and
+  // token ids, which a bad eval file would otherwise show only at the first evaluation,
+  // after training), and count steps.
+  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
+  KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch_of(cfg, *train_raw, *forward));
+  KILN_RETURN_IF_ERROR(check_data_values(*train_raw, "--train_data", *forward, cfg));
+  if (!cfg.eval_data.empty()) KILN_RETURN_IF_ERROR(check_data_values(eval_raw, "--eval_data", *forward, cfg));
+  forward.reset();
   const int64_t total = cfg.total_steps(spe);
 
   KILN_ASSIGN_OR_RETURN(auto prog, build_training_program(cfg, dbg, false, false, total));
-  {
-    // Labels and token ids against the model, before anything trains: a bad eval file
-    // would otherwise stop the run at its first evaluation.
-    KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
-    KILN_RETURN_IF_ERROR(check_data_values(*train_raw, "--train_data", *forward, cfg, prog.label_input, prog.logits_output));
-    if (!cfg.eval_data.empty())
-      KILN_RETURN_IF_ERROR(check_data_values(eval_raw, "--eval_data", *forward, cfg, prog.label_input, prog.logits_output));
-  }
   KILN_ASSIGN_OR_RETURN(auto train_specs, program_specs(*prog.train_step, prog.data_inputs));
   auto train_ds = runtime::Dataset::bind(*train_raw, train_specs, data_options(cfg));
   if (!train_ds) return ctx(train_ds.status(), "--train_data");

@@ -58,13 +58,13 @@ Expected<int64_t> steps_per_epoch(const runtime::TrainConfig& cfg, const runtime
 
 /// Checks data values against the model (`forward`: the imported model) before training:
 /// integer arrays fed straight into a Gather (embedding lookups) and the tokens of a
-/// token file lie inside the looked-up table, and cross_entropy labels (`label_input`)
-/// in [0, classes) (classes: the last dim of `logits_output`) or equal ignore_index.
+/// token file lie inside the looked-up table, and cross_entropy labels (the label input)
+/// in [0, classes) (classes: the last dim of the model's first output, the logits the
+/// loss reads) or equal ignore_index.
 /// Error: one line "FLAG: NAME=FILE: label V at row R is outside [0, C) ..." (or index /
 /// token) for the first value that is not.
 Status check_data_values(const runtime::RawData& raw, const std::string& flag, const ir::Graph& forward,
-                         const runtime::TrainConfig& cfg, const std::string& label_input,
-                         const std::string& logits_output);
+                         const runtime::TrainConfig& cfg);
 
 /// Trains with `cfg` (train_data required; resume_from_checkpoint "latest"/"true"
 /// resolved to the newest checkpoint in output_dir), then writes output_dir/model.onnx
