@@ -273,6 +273,8 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
   const int64_t work = extent * std::max<int64_t>(1, ck.work_per_index);
   const int threads = omp_get_max_threads();
   const int64_t chunks = std::min<int64_t>({extent, static_cast<int64_t>(threads), std::max<int64_t>(1, work / 32768)});
+  std::vector<double> scratch(static_cast<size_t>((ck.scratch_bytes + 7) / 8));
+  if (ck.scratch_bytes > 0) ptrs.push_back(scratch.data());
   void* const* args = ptrs.data();
   double seconds = 0;
   for (auto _ : state) {
@@ -283,6 +285,7 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
 #pragma omp parallel for schedule(static)
       for (int64_t c = 0; c < chunks; ++c) ck.fn(args, c * extent / chunks, (c + 1) * extent / chunks);
     }
+    if (ck.split_parts > 0) ck.fn(args, ck.split_parts, ck.split_parts + 1);  // as run_fused_compiled
     seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     benchmark::ClobberMemory();
   }

@@ -2,6 +2,8 @@
 // (the point-by-point oracle that the CPU and CUDA emitter tests compare against).
 #include "codegen/kernel_ir.h"
 
+#include "ir/ops/nn.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -70,6 +72,29 @@ int Kernel::row_passes() const {
   for (const KStore& s : stores)
     if (s.reduce != ReduceKind::none || varies_along_reduced(s)) passes = std::max(passes, level[s.expr] + 1);
   return passes;
+}
+
+int64_t Kernel::column_split_parts() const {
+  if (!has_reduction() || is_row_program() || domain.empty()) return 0;
+  for (const KStore& s : stores) {
+    const ir::DType t = params[static_cast<size_t>(s.param)].dtype;
+    if (t == ir::DType::boolean || t == ir::DType::u8 || t == ir::DType::i8) return 0;
+    if (s.reduce == ReduceKind::sum && t == ir::DType::f64) return 0;
+  }
+  const Kernel c = collapse_dims(*this);
+  int64_t rows = 1;
+  int kept = -1;
+  for (size_t d = 0; d < c.domain.size(); ++d) {
+    if (c.reduced[d]) {
+      if (kept >= 0) return 0;  // a reduced dim after a kept one
+      rows *= c.domain[d];
+    } else {
+      if (kept >= 0) return 0;  // two kept dims
+      kept = static_cast<int>(d);
+    }
+  }
+  if (kept < 0 || rows == 1) return 0;
+  return ir::column_sum_partitions(rows, c.domain[static_cast<size_t>(kept)]);
 }
 
 bool Kernel::is_row_program() const {
@@ -657,7 +682,11 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
   auto varies = [&](const KStore& s) { return k.varies_along_reduced(s); };
   const int passes = k.row_passes();
   std::vector<Val> acc(k.exprs.size());
-  std::vector<Val> store_acc(k.stores.size());
+  std::vector<Val> store_acc(k.stores.size()), part_acc(k.stores.size());
+  const int64_t parts = k.column_split_parts();
+  int64_t red_rows = 1;
+  for (size_t d = 0; d < rank; ++d)
+    if (k.reduced[d]) red_rows *= k.domain[d];
   for_each_point(kept_dom, [&](const std::vector<int64_t>& kp) {
     for (size_t s = 0; s < k.stores.size(); ++s)
       if (k.stores[s].reduce == ReduceKind::none && !varies(k.stores[s]) && level[k.stores[s].expr] == 0) {
@@ -670,6 +699,21 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
       for (size_t s = 0; s < k.stores.size(); ++s)
         if (k.stores[s].reduce != ReduceKind::none && level[k.stores[s].expr] == p - 1)
           store_acc[s] = reduce_init(k.stores[s].reduce, k.params[k.stores[s].param].dtype);
+      // A split column reduction (Kernel::column_split_parts) sums each partition of
+      // flat reduced rows on its own, then folds the partial results in order.
+      int64_t flat = 0, part = 0;
+      for (size_t s = 0; s < k.stores.size(); ++s)
+        if (parts > 0) part_acc[s] = reduce_init(k.stores[s].reduce, k.params[k.stores[s].param].dtype);
+      auto fold_partition = [&] {
+        for (size_t s = 0; s < k.stores.size(); ++s) {
+          const KStore& st = k.stores[s];
+          const DType t = k.params[st.param].dtype;
+          if (part == 0) store_acc[s] = part_acc[s];
+          else reduce_step(st.reduce, t, store_acc[s], part_acc[s]);
+          part_acc[s] = reduce_init(st.reduce, t);
+        }
+        ++part;
+      };
       std::vector<int64_t> idx = kp;
       for_each_point(red_dom, [&](const std::vector<int64_t>& sub) {
         for (size_t d = 0; d < rank; ++d)
@@ -678,15 +722,18 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
         for (size_t i = 0; i < k.exprs.size(); ++i)
           if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p)
             reduce_step(k.exprs[i].reduce, k.exprs[i].dtype, acc[i], vals[k.exprs[i].args[0]]);
+        if (parts > 0 && flat == (part + 1) * red_rows / parts) fold_partition();
+        ++flat;
         for (size_t s = 0; s < k.stores.size(); ++s) {
           const KStore& st = k.stores[s];
           if (level[st.expr] != p - 1) continue;
           if (st.reduce != ReduceKind::none)
-            reduce_step(st.reduce, k.params[st.param].dtype, store_acc[s], vals[st.expr]);
+            reduce_step(st.reduce, k.params[st.param].dtype, parts > 0 ? part_acc[s] : store_acc[s], vals[st.expr]);
           else if (varies(st))
             store_at(st, idx, vals[st.expr]);
         }
       });
+      if (parts > 0) fold_partition();
       for (size_t i = 0; i < k.exprs.size(); ++i)
         if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p) {
           reduced_vals[i] = acc[i];

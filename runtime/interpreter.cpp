@@ -324,8 +324,9 @@ struct FusedLaunch {
 };
 
 /// Sets up node `n`'s kernel call: inputs from `env`, outputs in the arena or allocated.
+/// `scratch`: where a kernel with scratch_bytes gets its scratch (null: such a kernel is refused).
 Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
-                     Tensor* dying_inplace, FusedLaunch& l) {
+                     Tensor* dying_inplace, FusedLaunch& l, std::vector<double>* scratch = nullptr) {
   l.ck = &ck;
   for (Value* v : n.inputs) {
     auto it = env.find(v);
@@ -355,6 +356,14 @@ Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, cons
     // A generated kernel writes every element of each output: no zero fill.
     l.outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
     l.bufs.push_back(l.outs.back().raw());
+  }
+  if (ck.scratch_bytes > 0) {
+    // A split column reduction's partial rows (codegen::CpuKernel::scratch_bytes): one
+    // buffer per calling thread, grown once and reused by every later call.
+    if (!scratch) return Status::error("node '" + n.name + "': a split reduction kernel cannot run in a group");
+    if (scratch->size() * sizeof(double) < static_cast<size_t>(ck.scratch_bytes))
+      scratch->resize(static_cast<size_t>((ck.scratch_bytes + 7) / 8));
+    l.bufs.push_back(scratch->data());
   }
   l.extent = ck.parallel_dim < 0 ? 1 : ck.parallel_extent;
   const int64_t work = l.extent * std::max<int64_t>(1, ck.work_per_index);
@@ -390,13 +399,15 @@ Status prepare_pieced(const Node& n, const OpDef& def, const StaticOutputs* know
 Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
                           Tensor* dying_inplace) {
   FusedLaunch l;
-  KILN_RETURN_IF_ERROR(prepare_fused(n, ck, env, arena, dying_inplace, l));
+  thread_local std::vector<double> scratch;
+  KILN_RETURN_IF_ERROR(prepare_fused(n, ck, env, arena, dying_inplace, l, &scratch));
   if (l.chunks <= 1) {
     run_piece(l, 0);
   } else {
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < l.chunks; ++c) run_piece(l, c);
   }
+  if (ck.split_parts > 0) ck.fn(l.bufs.data(), ck.split_parts, ck.split_parts + 1);  // combine the partitions
   for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(l.outs[k]);
   return Status::ok();
 }

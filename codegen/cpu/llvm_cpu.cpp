@@ -208,6 +208,7 @@ class KernelEmitter {
     begin_ = &*arg++;
     end_ = &*arg;
     buffers->setName("buffers");
+    buffers_ = buffers;
     begin_->setName("begin");
     end_->setName("end");
     entry_ = llvm::BasicBlock::Create(C_, "entry", F_);
@@ -247,7 +248,9 @@ class KernelEmitter {
         if (column) column_tiles(kept, red, idx);
         else kept_loops(kept, 0, red, idx, false);  // kept empty: one row
       };
-      if (kept.empty()) guard_once(body);
+      const int64_t parts = column ? split_parts(kept) : 0;
+      if (parts > 0) split_column(kept[0], red, idx, parts, ck);
+      else if (kept.empty()) guard_once(body);
       else if (column && kept.size() == 1) column_tiles(kept, red, idx);
       else kept_loops(kept, 0, red, idx, column);
     }
@@ -794,6 +797,24 @@ class KernelEmitter {
         ri + 1 == red.size() ? vector_width : 0);
     idx[d] = nullptr;
   }
+  /// The reduced points of flat (row-major over red) indices [lo, hi), in order: one
+  /// loop whose index is split into the reduced dims' indices.
+  void flat_reduced_loop(const std::vector<int>& red, std::vector<llvm::Value*>& idx, llvm::Value* lo,
+                         llvm::Value* hi, const std::function<void()>& body) {
+    for_range(lo, hi, [&](llvm::Value* r) {
+      for (size_t k = red.size(); k-- > 0;) {
+        const int d = red[k];
+        if (k == 0) {
+          idx[d] = r;
+        } else {
+          idx[d] = B_.CreateSRem(r, i64c(k_.domain[d]));
+          r = B_.CreateSDiv(r, i64c(k_.domain[d]));
+        }
+      }
+      body();
+    });
+    for (int d : red) idx[d] = nullptr;
+  }
   /// Row mode: one register accumulator per store over all reduced dims.
   void row_body(const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
     std::vector<llvm::Value*> acc;
@@ -1024,11 +1045,91 @@ class KernelEmitter {
     }
   }
 
+  /// Row partitions of a split column reduction (Kernel::column_split_parts), 0 for
+  /// none. Split by columns, a column reduction over few columns gives every thread a
+  /// part of each row, and both threads' hardware prefetchers then stream about the
+  /// whole matrix (Codegen/ColSum ran at 0.45-0.6 of copy bandwidth); split by rows
+  /// instead, into K partitions of contiguous flat rows (from the shape alone, never the
+  /// thread count), each thread streams its own rows. The order of float sums is
+  /// ir::column_sum_partitions', the same as the eager ReduceSum's and the reference's.
+  int64_t split_parts(const std::vector<int>& kept) {
+    if (kept.size() != 1) return 0;
+    return k_.column_split_parts();
+  }
+  /// Split column reduction (split_parts): fn(b, begin, end) with end <= K sums row
+  /// partitions [begin, end) of the outermost reduced dim into the scratch buffer
+  /// (buffers[params], CpuKernel::scratch_bytes: per store, K rows of the kept extent in
+  /// the accumulator type); fn(b, K, K + 1) then folds the K partial rows of each column in
+  /// partition order (the same reduce step) and stores the results.
+  void split_column(int inner, const std::vector<int>& red, std::vector<llvm::Value*>& idx, int64_t parts,
+                    CpuKernel& ck) {
+    auto* ptr = llvm::PointerType::getUnqual(C_);
+    const int64_t cols = k_.domain[inner];
+    int64_t rows = 1;
+    for (int d : red) rows *= k_.domain[d];
+    llvm::Value* scratch = B_.CreateLoad(
+        ptr, B_.CreateConstInBoundsGEP1_64(ptr, buffers_, static_cast<uint64_t>(k_.params.size())), "scratch");
+    std::vector<llvm::Type*> ty;
+    std::vector<llvm::Value*> base;  // per store: its K x cols partial rows
+    int64_t bytes = 0;
+    for (const KStore& s : k_.stores) {
+      ty.push_back(acc_type(s));
+      base.push_back(B_.CreateConstInBoundsGEP1_64(B_.getInt8Ty(), scratch, static_cast<uint64_t>(bytes)));
+      bytes += parts * cols * static_cast<int64_t>(ty.back()->getPrimitiveSizeInBits() / 8);
+    }
+    ck.parallel_dim = red[0];
+    ck.parallel_extent = parts;
+    ck.split_parts = parts;
+    ck.scratch_bytes = bytes;
+    llvm::BasicBlock* partial = llvm::BasicBlock::Create(C_, "split.partial", F_);
+    llvm::BasicBlock* combine = llvm::BasicBlock::Create(C_, "split.combine", F_);
+    llvm::BasicBlock* done = llvm::BasicBlock::Create(C_, "split.end");
+    B_.CreateCondBr(B_.CreateICmpSGE(begin_, i64c(parts)), combine, partial);
+    B_.SetInsertPoint(partial);
+    for_range(begin_, end_, [&](llvm::Value* p) {
+      llvm::Value* lo = B_.CreateSDiv(B_.CreateNSWMul(p, i64c(rows)), i64c(parts));
+      llvm::Value* hi = B_.CreateSDiv(B_.CreateNSWMul(B_.CreateNSWAdd(p, i64c(1)), i64c(rows)), i64c(parts));
+      llvm::Value* row0 = B_.CreateNSWMul(p, i64c(cols));
+      column_tile_loops(inner, red, idx, i64c(0), i64c(cols), {lo, hi}, [&](size_t s, llvm::Value* acc) {
+        B_.CreateStore(acc, B_.CreateInBoundsGEP(ty[s], base[s], B_.CreateNSWAdd(row0, idx[inner])));
+      });
+      idx[inner] = nullptr;
+    });
+    B_.CreateBr(done);
+    B_.SetInsertPoint(combine);
+    for_range(i64c(0), i64c(cols), [&](llvm::Value* j) {
+      idx[inner] = j;
+      for (size_t s = 0; s < k_.stores.size(); ++s) {
+        llvm::Value* acc = entry_alloca(ty[s], nullptr);
+        B_.CreateStore(B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], base[s], j)), acc);
+        for_range(i64c(1), i64c(parts), [&](llvm::Value* q) {
+          llvm::Value* x = B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], base[s], B_.CreateNSWAdd(B_.CreateNSWMul(q, i64c(cols)), j)));
+          B_.CreateStore(reduce_step(k_.stores[s], B_.CreateLoad(ty[s], acc), x, false), acc);
+        });
+        store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(ty[s], acc)));
+      }
+    });
+    idx[inner] = nullptr;
+    B_.CreateBr(done);
+    done->insertInto(F_);
+    B_.SetInsertPoint(done);
+  }
+
   /// Column mode: the innermost (kept) dim in tiles of kTile accumulators on the stack.
   void column_tiles(const std::vector<int>& kept, const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
     const int inner = kept.back();
-    llvm::Value* lo = range_lo(inner, kept[0]);
-    llvm::Value* hi = range_hi(inner, kept[0]);
+    column_tile_loops(inner, red, idx, range_lo(inner, kept[0]), range_hi(inner, kept[0]), {nullptr, nullptr},
+                      [&](size_t s, llvm::Value* acc) {
+                        store(k_.stores[s].param, idx, acc_result(k_.stores[s], acc));
+                      });
+  }
+  /// Columns [lo, hi) of the innermost dim `inner` in tiles of kTile stack accumulators,
+  /// the reduced dims outside the tile loop (only the flat reduced indices [rows.first,
+  /// rows.second) when given: a row partition of a split reduction); each
+  /// finished accumulator goes to finish(store, value) with idx[inner] at its column.
+  void column_tile_loops(int inner, const std::vector<int>& red, std::vector<llvm::Value*>& idx, llvm::Value* lo,
+                         llvm::Value* hi, std::pair<llvm::Value*, llvm::Value*> rows,
+                         const std::function<void(size_t, llvm::Value*)>& finish) {
     std::vector<llvm::Value*> acc;
     std::vector<llvm::Type*> ty;
     for (const KStore& s : k_.stores) {
@@ -1045,21 +1146,23 @@ class KernelEmitter {
         for (size_t s = 0; s < acc.size(); ++s)
           B_.CreateStore(reduce_init(k_.stores[s]), B_.CreateInBoundsGEP(ty[s], acc[s], j));
       });
-      reduced_loops(red, 0, idx, [&] {
-        for_range(i64c(0), w, [&](llvm::Value* j) {
-          idx[inner] = B_.CreateNSWAdd(t0, j);
-          std::vector<llvm::Value*> v = eval(idx);
-          for (size_t s = 0; s < acc.size(); ++s) {
-            llvm::Value* slot = B_.CreateInBoundsGEP(ty[s], acc[s], j);
-            B_.CreateStore(reduce_step(k_.stores[s], B_.CreateLoad(ty[s], slot), v[k_.stores[s].expr], false), slot);
-          }
-        });
-      });
+      auto reduce_body =
+          [&] {
+            for_range(i64c(0), w, [&](llvm::Value* j) {
+              idx[inner] = B_.CreateNSWAdd(t0, j);
+              std::vector<llvm::Value*> v = eval(idx);
+              for (size_t s = 0; s < acc.size(); ++s) {
+                llvm::Value* slot = B_.CreateInBoundsGEP(ty[s], acc[s], j);
+                B_.CreateStore(reduce_step(k_.stores[s], B_.CreateLoad(ty[s], slot), v[k_.stores[s].expr], false),
+                               slot);
+              }
+            });
+          };
+      if (rows.first) flat_reduced_loop(red, idx, rows.first, rows.second, reduce_body);
+      else reduced_loops(red, 0, idx, reduce_body);
       for_range(i64c(0), w, [&](llvm::Value* j) {
         idx[inner] = B_.CreateNSWAdd(t0, j);
-        for (size_t s = 0; s < acc.size(); ++s)
-          store(k_.stores[s].param, idx,
-                acc_result(k_.stores[s], B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], acc[s], j))));
+        for (size_t s = 0; s < acc.size(); ++s) finish(s, B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], acc[s], j)));
       });
       idx[inner] = nullptr;
     });
@@ -1075,6 +1178,7 @@ class KernelEmitter {
   llvm::BasicBlock* entry_ = nullptr;
   llvm::Value* begin_ = nullptr;
   llvm::Value* end_ = nullptr;
+  llvm::Value* buffers_ = nullptr;
   std::vector<llvm::Value*> base_;
   std::vector<int> level_;  ///< Kernel::expr_levels()
 };
@@ -1386,6 +1490,18 @@ Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels) {
   KILN_ASSIGN_OR_RETURN(auto ks, emit_module(kernels, m, tm->getTargetCPU().str(), tm->getTargetFeatureString().str()));
   (void)ks;
   return print_module(m);
+}
+
+void run_cpu_kernel(const CpuKernel& k, const std::vector<void*>& buffers) {
+  std::vector<void*> b = buffers;
+  std::vector<double> scratch(static_cast<size_t>((k.scratch_bytes + 7) / 8));
+  if (k.scratch_bytes > 0) b.push_back(scratch.data());
+  if (k.parallel_dim < 0) {
+    k.fn(b.data(), 0, 1);
+    return;
+  }
+  k.fn(b.data(), 0, k.parallel_extent);
+  if (k.split_parts > 0) k.fn(b.data(), k.split_parts, k.split_parts + 1);
 }
 
 std::string host_cpu_description() { return llvm::sys::getHostCPUName().str() + " " + host_features_string(); }

@@ -35,7 +35,20 @@ struct CpuKernel {
   int parallel_dim = -1;       ///< domain dim split across threads (-1: run as fn(b, 0, 1))
   int64_t parallel_extent = 1; ///< extent of that dim
   int64_t work_per_index = 1;  ///< domain points per parallel index (for choosing chunk sizes)
+  /// > 0: a split column reduction in this many row partitions (the parallel indices):
+  /// after fn(b, begin, end) has run for every index of [0, split_parts), the caller runs
+  /// fn(b, split_parts, split_parts + 1) once, which combines the partial results.
+  int64_t split_parts = 0;
+  /// Bytes of scratch the kernel needs (8-byte aligned), passed as buffers[params] after
+  /// the parameters' buffers; 0: none.
+  int64_t scratch_bytes = 0;
 };
+
+/// Runs `k` over its whole domain on the calling thread: every parallel index, then the
+/// combine call of a split reduction, with scratch of k.scratch_bytes appended to
+/// `buffers` (one buffer per kernel parameter). For tests, benchmarks and tools; the
+/// executor splits the indices across threads itself.
+void run_cpu_kernel(const CpuKernel& k, const std::vector<void*>& buffers);
 
 /// Times of one compile, in seconds.
 struct CpuCompileStats {

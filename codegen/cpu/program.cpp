@@ -36,7 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 
 /// Bumped whenever the payload layout or anything the key does not cover changes.
-constexpr uint32_t kCacheFormatVersion = 6;  // 2: zmm-preferring kernels on AVX-512; 4: one-polynomial erf (3 was an intermediate build); 5: exp without range selects; 6: exp of results that are 0 without underflow
+constexpr uint32_t kCacheFormatVersion = 7;  // 2: zmm-preferring kernels on AVX-512; 4: one-polynomial erf (3 was an intermediate build); 5: exp without range selects; 6: exp of results that are 0 without underflow; 7: split column reductions (CpuKernel split_parts, scratch_bytes)
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'C', 'H', '\0'};
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 32;
 
@@ -197,6 +197,8 @@ std::string encode_payload(const std::string& key, const CpuObject& obj) {
     w.i64(k.parallel_dim);
     w.i64(k.parallel_extent);
     w.i64(k.work_per_index);
+    w.i64(k.split_parts);
+    w.i64(k.scratch_bytes);
     w.str(obj.symbols[i]);
   }
   w.f64(obj.stats.emit_s);
@@ -218,7 +220,8 @@ std::string decode_payload(const std::string& p, std::string& key, CpuObject& ob
     CpuKernel k;
     int64_t dim;
     std::string sym;
-    if (!r.str(k.name) || !r.i64(dim) || !r.i64(k.parallel_extent) || !r.i64(k.work_per_index) || !r.str(sym))
+    if (!r.str(k.name) || !r.i64(dim) || !r.i64(k.parallel_extent) || !r.i64(k.work_per_index) ||
+        !r.i64(k.split_parts) || !r.i64(k.scratch_bytes) || !r.str(sym))
       return "corrupt (bad kernel table)";
     k.parallel_dim = static_cast<int>(dim);
     obj.kernels.push_back(std::move(k));

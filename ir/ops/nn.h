@@ -39,6 +39,15 @@ struct ReduceSpec {
 /// Errors: out-of-range or duplicate axes, non-constant axes.
 Expected<ReduceSpec> reduce_spec(const Attributes& a, bool axes_given, const Tensor* axes_input, int rank);
 
+/// Partitions of a float sum over leading axes (kiln's summation order, shared by the
+/// eager ReduceSum/ReduceMean, the kernel IR's reference evaluator and the CPU code
+/// generator): a sum of `rows` (flat, row-major) rows into each of `cols` trailing
+/// columns, with 2 <= K <= 16 partitions of at least 256 rows each and cols <= 2048,
+/// is summed in double per partition of contiguous rows [p*rows/K, (p+1)*rows/K) in
+/// index order, and the K partial sums are then added in partition order. Returns K,
+/// or 0 for the plain index-order sum. Depends on the shape only, never on threads.
+int64_t column_sum_partitions(int64_t rows, int64_t cols);
+
 /// One dim of an ONNX Slice-13 with its indices clamped (negative start/end count from
 /// the end; positive steps clamp to [0, dim], negative ones to [-1, dim - 1]): the first
 /// index, the step and the number of elements taken.

@@ -2,7 +2,8 @@
 //
 // Each output element (OpenMP over outputs) walks the reduced sub-space of its input
 // with an odometer over the reduced dims' strides. Floats accumulate in double and
-// are stored in their dtype (bf16 rounded to nearest even); integers in int64.
+// are stored in their dtype (bf16 rounded to nearest even); integers in int64. Float
+// sums over leading axes of f32/bf16/f16 follow ir::column_sum_partitions' order.
 // Empty reductions give 0 (sum), NaN (mean) and the lowest value (max, -inf for
 // floats), as ONNX-18 specifies. ReduceMax propagates NaN like torch.amax.
 #include <algorithm>
@@ -65,6 +66,29 @@ Status reduce_kernel(KernelContext& ctx) {
     T* y = Y.data<T>();
     const int64_t nout = Y.numel(), nred = p.red_count;
     const int rk = static_cast<int>(p.red_dims.size()), kk = static_cast<int>(p.kept_dims.size());
+    // kiln's order for a float sum over leading axes (ir::column_sum_partitions, as the
+    // generated kernels sum): partitions of contiguous rows, each in index order, the
+    // partial sums then added in partition order. f64 keeps the plain index order.
+    bool leading = kk > 0 && rk > 0;
+    for (int i = 0; i < rk && leading; ++i) leading = spec->axes[static_cast<size_t>(i)] == i;
+    const int64_t parts = K != RKind::max && is_float_v<T> && !std::is_same_v<T, double> && leading
+                              ? ir::column_sum_partitions(nred, nout)
+                              : 0;
+    if (parts > 0) {
+#pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold && nout > 1)
+      for (int64_t o = 0; o < nout; ++o) {
+        double acc = 0;
+        for (int64_t q = 0; q < parts; ++q) {
+          double part = 0;
+          for (int64_t r = q * nred / parts, end = (q + 1) * nred / parts; r < end; ++r)
+            part += static_cast<double>(load(x[r * nout + o]));
+          acc = q == 0 ? part : acc + part;
+        }
+        if constexpr (K == RKind::mean) acc /= static_cast<double>(nred);
+        y[o] = store<T>(static_cast<compute_t<T>>(acc));
+      }
+      return;
+    }
 #pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold && nout > 1)
     for (int64_t o = 0; o < nout; ++o) {
       int64_t base = 0, rem = o;

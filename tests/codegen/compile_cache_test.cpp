@@ -133,6 +133,11 @@ std::vector<std::pair<Kernel, double>> test_kernels() {
     b.out("s", b.load(b.param("x", DType::f64, {300, 1})), {0, 1}, ReduceKind::sum);
     v.push_back({b.k, 0.0});
   }
+  {  // split column sum (rows in 2 partitions, combined in order; f32 in double)
+    KB b("tall_col_sum", {600, 40}, {true, false});
+    b.out("s", b.load(b.param("x", DType::f32, {40, 1})), {0, 1}, ReduceKind::sum);
+    v.push_back({b.k, 1e-6});
+  }
   {  // structurally equal to axpy.bcast (another name, other param names): shares its function
     KB b("axpy_twin", {37, 65});
     int x = b.load(b.param("a", DType::f32, {65, 1}));
@@ -160,12 +165,16 @@ std::vector<void*> ptrs(std::vector<std::vector<uint8_t>>& bufs) {
   return v;
 }
 
-/// Runs `ck` over its parallel extent in 3 chunks, last chunk first.
+/// Runs `ck` over its parallel extent in 3 chunks, last chunk first (then a split
+/// reduction's combine call, with its scratch after the buffers).
 void run_chunked(const CpuKernel& ck, std::vector<void*> p) {
+  std::vector<double> scratch(static_cast<size_t>(ck.scratch_bytes / 8 + 1));
+  if (ck.scratch_bytes > 0) p.push_back(scratch.data());
   if (ck.parallel_dim < 0) return ck.fn(p.data(), 0, 1);
   const int64_t e = ck.parallel_extent;
   for (int i = 2; i >= 0; --i)
     if (e * i / 3 < e * (i + 1) / 3) ck.fn(p.data(), e * i / 3, e * (i + 1) / 3);
+  if (ck.split_parts > 0) ck.fn(p.data(), ck.split_parts, ck.split_parts + 1);
 }
 
 /// Compares the output buffers of `got` with `ref` (relative tolerance `tol`, NaN == NaN).
@@ -234,7 +243,7 @@ TEST(CpuObject, ObjectPathMatchesReferenceAndJit) {
     EXPECT_NE(obj->object.find(obj->symbols[i]), std::string::npos) << obj->symbols[i] << " not in the object";
     EXPECT_NE(obj->llvm_ir.find("define void @" + obj->symbols[i] + "("), std::string::npos) << obj->symbols[i];
   }
-  EXPECT_EQ(obj->object.find("kiln_k_6_axpy_twin"), std::string::npos) << "the twin got its own function";
+  EXPECT_EQ(obj->object.find("kiln_k_7_axpy_twin"), std::string::npos) << "the twin got its own function";
 
   auto mod = load_cpu_object(*obj);
   ASSERT_TRUE(mod) << mod.message();
@@ -250,6 +259,8 @@ TEST(CpuObject, ObjectPathMatchesReferenceAndJit) {
     ASSERT_NE(ck.fn, nullptr) << k.name;
     EXPECT_EQ(ck.parallel_dim, (*jit)->kernels()[i].parallel_dim);
     EXPECT_EQ(ck.parallel_extent, (*jit)->kernels()[i].parallel_extent);
+    EXPECT_EQ(ck.split_parts, (*jit)->kernels()[i].split_parts);
+    EXPECT_EQ(ck.scratch_bytes, (*jit)->kernels()[i].scratch_bytes);
     auto ref = make_buffers(k), got = ref, via_jit = ref;
     ASSERT_TRUE(evaluate_reference(k, ptrs(ref)).is_ok());
     run_chunked(ck, ptrs(got));
@@ -311,12 +322,16 @@ TEST(CpuObject, LinksIntoAnExecutableWithTheAotDataObject) {
     << "  const char* in = kiln_blob_inputs; FILE* f = fopen(\"" << dir << "/out.bin\", \"wb\");\n";
   for (size_t ki = 0; ki < ks.size(); ++ki) {
     const Kernel& k = ks[ki];
-    c << "  { void* b[" << k.params.size() << "];\n";
+    const CpuKernel& ok = obj->kernels[ki];
+    c << "  { void* b[" << k.params.size() + 1 << "];\n";
+    if (ok.scratch_bytes > 0) c << "    b[" << k.params.size() << "] = calloc(1, " << ok.scratch_bytes << ");\n";
     for (size_t p = 0; p < k.params.size(); ++p) {
       if (k.params[p].is_output) c << "    b[" << p << "] = calloc(1, " << bufs[ki][p].size() << ");\n";
       else c << "    b[" << p << "] = (void*)in; in += " << bufs[ki][p].size() << ";\n";
     }
-    c << "    ((fn_t)kiln_kernel_table[" << ki << "])(b, 0, " << obj->kernels[ki].parallel_extent << ");\n";
+    c << "    ((fn_t)kiln_kernel_table[" << ki << "])(b, 0, " << ok.parallel_extent << ");\n";
+    if (ok.split_parts > 0)
+      c << "    ((fn_t)kiln_kernel_table[" << ki << "])(b, " << ok.split_parts << ", " << ok.split_parts + 1 << ");\n";
     for (size_t p = 0; p < k.params.size(); ++p)
       if (k.params[p].is_output) c << "    fwrite(b[" << p << "], 1, " << bufs[ki][p].size() << ", f);\n";
     c << "  }\n";

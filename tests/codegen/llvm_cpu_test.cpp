@@ -83,8 +83,12 @@ void fill(DType t, void* b, int64_t n, uint32_t seed, bool specials) {
   }
 }
 
-/// Runs a compiled kernel over its parallel extent in `pieces` chunks, last chunk first.
-void run_chunked(const CpuKernel& ck, const std::vector<void*>& ptrs, int pieces) {
+/// Runs a compiled kernel over its parallel extent in `pieces` chunks, last chunk first
+/// (then a split reduction's combine call, with its scratch after the buffers).
+void run_chunked(const CpuKernel& ck, const std::vector<void*>& buffers, int pieces) {
+  std::vector<void*> ptrs = buffers;
+  std::vector<double> scratch(static_cast<size_t>(ck.scratch_bytes / 8 + 1), std::nan(""));
+  if (ck.scratch_bytes > 0) ptrs.push_back(scratch.data());
   if (ck.parallel_dim < 0) {
     ck.fn(ptrs.data(), 0, 1);
     return;
@@ -94,6 +98,7 @@ void run_chunked(const CpuKernel& ck, const std::vector<void*>& ptrs, int pieces
   for (int i = 0; i <= pieces; ++i) cut.push_back(e * i / pieces);
   for (int i = pieces - 1; i >= 0; --i)
     if (cut[i] < cut[i + 1]) ck.fn(ptrs.data(), cut[i], cut[i + 1]);
+  if (ck.split_parts > 0) ck.fn(ptrs.data(), ck.split_parts, ck.split_parts + 1);
 }
 
 /// Tolerance per output param (by param index); missing: exact.
@@ -487,6 +492,27 @@ TEST(LlvmCpu, Reductions) {
     ks.push_back(c.k);
     tols.push_back({});
   }
+  {  // split column reductions (rows cut into partitions, combined in order): a bf16
+     // input with f32 accumulators, integer sums and maxes, 16 partitions of an uneven
+     // row count, and two reduced dims outside the kept one
+    KB b("split_bf16", {2000, 37}, {true, false});
+    int x = b.load(b.param("x", DType::bf16, {37, 1}));
+    int s = b.out("sum", x, {0, 1}, ReduceKind::sum);
+    b.out("max", x, {0, 1}, ReduceKind::max);
+    ks.push_back(b.k);
+    tols.push_back({{s, 1e-2}});
+    KB c("split_int", {4100, 9}, {true, false});
+    int y = c.load(c.param("y", DType::i64, {9, 1}));
+    c.out("sum", y, {0, 1}, ReduceKind::sum);
+    c.out("max", y, {0, 1}, ReduceKind::max);
+    ks.push_back(c.k);
+    tols.push_back({});
+    KB d("split_two_reduced", {700, 3, 41}, {true, true, false});
+    int z = d.load(d.param("z", DType::f32, {41, 700 * 41, 1}));
+    d.out("sum", z, {0, 0, 1}, ReduceKind::sum);
+    ks.push_back(d.k);
+    tols.push_back({});
+  }
   {  // empty reduced dim: sum 0, max -inf
     KB b("empty", {5, 0}, {false, true});
     int x = b.load(b.param("x", DType::f32, {0, 1}));
@@ -517,7 +543,22 @@ TEST(LlvmCpu, ScheduleAndVectorization) {
   EXPECT_EQ(ks[1].work_per_index, 512);
   EXPECT_EQ(ks[2].parallel_dim, 1);
   EXPECT_EQ(ks[2].parallel_extent, 512);
+  EXPECT_EQ(ks[2].split_parts, 0);  // 64 rows: too few to split
+  EXPECT_EQ(ks[2].scratch_bytes, 0);
   EXPECT_EQ((*mod)->stats().num_kernels, 3);
+  {  // A column sum over many rows splits its rows into partitions (f64 partial rows).
+    KB t("tall_col_sum", {8192, 256}, {true, false});
+    t.out("s", t.load(t.param("x", DType::f32, {256, 1})), {0, 1}, ReduceKind::sum);
+    t.out("m", t.load(t.param("y", DType::f32, {256, 1})), {0, 1}, ReduceKind::max);
+    auto tall = compile_cpu({t.k});
+    ASSERT_TRUE(tall.has_value()) << tall.message();
+    const CpuKernel& tk = (*tall)->kernels()[0];
+    EXPECT_EQ(tk.parallel_dim, 0);
+    EXPECT_EQ(tk.split_parts, 16);
+    EXPECT_EQ(tk.parallel_extent, 16);
+    EXPECT_EQ(tk.scratch_bytes, 16 * 256 * (8 + 4));  // f64 sum, f32 max accumulators
+    EXPECT_EQ(tk.work_per_index, 8192 * 256 / 16);
+  }
   const std::string& ir = (*mod)->llvm_ir();
   // Each kernel's optimized body holds vector code (SSE at least: <4 x float>, <2 x double>).
   for (const char* name : {"vec_add", "row_sum", "col_sum"}) {

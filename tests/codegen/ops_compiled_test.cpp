@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 
@@ -220,6 +221,58 @@ TEST_P(OpsCompiled, MatchesEager) {
     EXPECT_LE(std::fabs(x - r), tol * std::max(1.0, std::fabs(r))) << "element " << i << ": compiled " << x
                                                                    << ", eager " << r;
   }
+}
+
+/// A bias-gradient column sum long enough to be split into row partitions
+/// (ir::column_sum_partitions): compiled and eager add in the same partitioned order, so
+/// the results agree bit for bit even where the order decides the f32 result. The rows
+/// nearly cancel pairwise (+a, -a + tiny, a up to 2^20), so double rounding of the
+/// running sum shows in the f32 result: at least one column must differ from the plain
+/// index-order double sum, or the order would not be tested.
+TEST(OpsCompiled, SplitColumnSumMatchesEagerBitForBit) {
+  runtime::register_eager_kernels();
+  const int64_t rows = 6000, cols = 40;
+  ir::Graph g;
+  ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({rows, cols}));
+  ir::Value* axes = g.add_initializer("axes", ir::Tensor::from_i64({0}));
+  ir::Attributes a;
+  a.set("keepdims", int64_t(0));
+  g.outputs.push_back(g.add_node("ReduceSum", "sum", {x, axes}, {"y"}, a)->outputs[0]);
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<double> big(-1.0, 1.0), tiny(0.0, 1.0);
+  ir::Tensor xt(DType::f32, {rows, cols});
+  float* xp = xt.data<float>();
+  for (int64_t r = 0; r < rows; r += 2)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = static_cast<float>(std::ldexp(big(gen), static_cast<int>(gen() % 21)));
+      xp[r * cols + c] = v;
+      xp[(r + 1) * cols + c] = -v + static_cast<float>(std::ldexp(tiny(gen), -30));
+    }
+  std::map<std::string, ir::Tensor> feeds{{"x", xt}};
+  auto ref = runtime::run_graph(g, feeds);
+  ASSERT_TRUE(ref) << ref.message();
+  auto fused = g.clone();
+  passes::PassContext ctx;
+  ASSERT_TRUE(passes::run_pipeline(*fused, {"fusion"}, ctx).is_ok());
+  auto prog = codegen::compile_graph_cpu(*fused);
+  ASSERT_TRUE(prog) << prog.message();
+  ASSERT_EQ((*prog)->kernels.size(), 1u);
+  EXPECT_EQ((*prog)->kernels[0].column_split_parts(), 16);
+  runtime::RunOptions ro;
+  ro.program = prog->get();
+  auto got = runtime::run_graph(*fused, feeds, ro);
+  ASSERT_TRUE(got) << got.message();
+  const float* yc = got->at("y").data<float>();
+  const float* ye = ref->at("y").data<float>();
+  int order_matters = 0;
+  for (int64_t c = 0; c < cols; ++c) {
+    EXPECT_EQ(std::memcmp(&yc[c], &ye[c], 4), 0) << "column " << c << ": compiled " << yc[c] << ", eager " << ye[c];
+    double seq = 0;
+    for (int64_t r = 0; r < rows; ++r) seq += xp[r * cols + c];
+    order_matters += static_cast<float>(seq) != ye[c];
+  }
+  EXPECT_GT(order_matters, 0) << "no column's f32 sum depends on the order: the test does not test it";
 }
 
 TEST(OpsCompiled, EveryGeneratedOpHasACase) {

@@ -120,6 +120,8 @@ Expected<std::shared_ptr<codegen::CpuProgram>> aot_program(const ir::Graph& g, c
     ck.parallel_dim = e.value("parallel_dim", -1);
     ck.parallel_extent = e.value("parallel_extent", int64_t(1));
     ck.work_per_index = e.value("work_per_index", int64_t(1));
+    ck.split_parts = e.value("split_parts", int64_t(0));
+    ck.scratch_bytes = e.value("scratch_bytes", int64_t(0));
     prog->table.push_back(ck);
   }
   // by_node points into table: fill it once the table no longer grows.

@@ -6,7 +6,8 @@
 //    "programs": {"train": [KERNEL...], "eval": [KERNEL...]}}
 //   KERNEL = {"node": FusedKernel node name, "fingerprint": hex of kernel_fingerprint,
 //             "fn": index into the binary's function table, "parallel_dim": int,
-//             "parallel_extent": int, "work_per_index": int}
+//             "parallel_extent": int, "work_per_index": int, "split_parts": int,
+//             "scratch_bytes": int (codegen::CpuKernel)}
 #pragma once
 #include <cstdint>
 #include <string>

@@ -207,7 +207,9 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
                          {"fn", fi->second},
                          {"parallel_dim", ck.parallel_dim},
                          {"parallel_extent", ck.parallel_extent},
-                         {"work_per_index", ck.work_per_index}});
+                         {"work_per_index", ck.work_per_index},
+                         {"split_parts", ck.split_parts},
+                         {"scratch_bytes", ck.scratch_bytes}});
     }
     programs[it.which] = entries;
   }
