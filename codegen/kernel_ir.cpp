@@ -81,20 +81,22 @@ int64_t Kernel::column_split_parts() const {
     if (t == ir::DType::boolean || t == ir::DType::u8 || t == ir::DType::i8) return 0;
     if (s.reduce == ReduceKind::sum && t == ir::DType::f64) return 0;
   }
-  const Kernel c = collapse_dims(*this);
-  int64_t rows = 1;
-  int kept = -1;
-  for (size_t d = 0; d < c.domain.size(); ++d) {
-    if (c.reduced[d]) {
-      if (kept >= 0) return 0;  // a reduced dim after a kept one
-      rows *= c.domain[d];
+  // The dims of extent > 1, whatever the strides (so that the eager ReduceSum, which
+  // sees only the shape, decides alike): reduced ones first, then kept ones.
+  int64_t rows = 1, cols = 1;
+  bool seen_kept = false;
+  for (size_t d = 0; d < domain.size(); ++d) {
+    if (domain[d] == 1) continue;
+    if (reduced[d]) {
+      if (seen_kept) return 0;  // a reduced dim after a kept one
+      rows *= domain[d];
     } else {
-      if (kept >= 0) return 0;  // two kept dims
-      kept = static_cast<int>(d);
+      seen_kept = true;
+      cols *= domain[d];
     }
   }
-  if (kept < 0 || rows == 1) return 0;
-  return ir::column_sum_partitions(rows, c.domain[static_cast<size_t>(kept)]);
+  if (!seen_kept || rows == 1) return 0;
+  return ir::column_sum_partitions(rows, cols);
 }
 
 bool Kernel::is_row_program() const {

@@ -109,8 +109,9 @@ struct Kernel {
   /// expression, whichever is larger (see evaluate_reference).
   int row_passes() const;
   /// Partitions of a split column reduction (ir::column_sum_partitions), 0 for none:
-  /// a reduction kernel (not a row program) whose reduced dims all precede its kept
-  /// dims, which collapse_dims merges into one, with every store's accumulator 4 or 8
+  /// a reduction kernel (not a row program) whose reduced dims of extent > 1 all precede
+  /// its kept dims of extent > 1 (from the shape alone, as the eager ReduceSum decides;
+  /// rows and columns are the products of each), with every store's accumulator 4 or 8
   /// bytes wide (double for f32/bf16/f16/f64 max, i32, i64) and no f64 sum. Float sums
   /// of such a kernel follow the partitioned order (evaluate_reference, the emitters).
   int64_t column_split_parts() const;

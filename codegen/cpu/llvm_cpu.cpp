@@ -248,8 +248,8 @@ class KernelEmitter {
         if (column) column_tiles(kept, red, idx);
         else kept_loops(kept, 0, red, idx, false);  // kept empty: one row
       };
-      const int64_t parts = column ? split_parts(kept) : 0;
-      if (parts > 0) split_column(kept[0], red, idx, parts, ck);
+      const int64_t parts = column ? split_parts() : 0;
+      if (parts > 0) split_column(kept, red, idx, parts, ck);
       else if (kept.empty()) guard_once(body);
       else if (column && kept.size() == 1) column_tiles(kept, red, idx);
       else kept_loops(kept, 0, red, idx, column);
@@ -1052,35 +1052,52 @@ class KernelEmitter {
   /// instead, into K partitions of contiguous flat rows (from the shape alone, never the
   /// thread count), each thread streams its own rows. The order of float sums is
   /// ir::column_sum_partitions', the same as the eager ReduceSum's and the reference's.
-  int64_t split_parts(const std::vector<int>& kept) {
-    if (kept.size() != 1) return 0;
-    return k_.column_split_parts();
-  }
+  int64_t split_parts() { return k_.column_split_parts(); }
   /// Split column reduction (split_parts): fn(b, begin, end) with end <= K sums row
   /// partitions [begin, end) of the outermost reduced dim into the scratch buffer
   /// (buffers[params], CpuKernel::scratch_bytes: per store, K rows of the kept extent in
   /// the accumulator type); fn(b, K, K + 1) then folds the K partial rows of each column in
   /// partition order (the same reduce step) and stores the results.
-  void split_column(int inner, const std::vector<int>& red, std::vector<llvm::Value*>& idx, int64_t parts,
-                    CpuKernel& ck) {
+  void split_column(const std::vector<int>& kept, const std::vector<int>& red, std::vector<llvm::Value*>& idx,
+                    int64_t parts, CpuKernel& ck) {
     auto* ptr = llvm::PointerType::getUnqual(C_);
-    const int64_t cols = k_.domain[inner];
-    int64_t rows = 1;
+    const int inner = kept.back();
+    int64_t rows = 1, cols = 1;
     for (int d : red) rows *= k_.domain[d];
+    for (int d : kept) cols *= k_.domain[d];
     llvm::Value* scratch = B_.CreateLoad(
         ptr, B_.CreateConstInBoundsGEP1_64(ptr, buffers_, static_cast<uint64_t>(k_.params.size())), "scratch");
     std::vector<llvm::Type*> ty;
-    std::vector<llvm::Value*> base;  // per store: its K x cols partial rows
+    std::vector<llvm::Value*> base;  // per store: its K x cols partial rows, 8-byte aligned
     int64_t bytes = 0;
     for (const KStore& s : k_.stores) {
       ty.push_back(acc_type(s));
       base.push_back(B_.CreateConstInBoundsGEP1_64(B_.getInt8Ty(), scratch, static_cast<uint64_t>(bytes)));
-      bytes += parts * cols * static_cast<int64_t>(ty.back()->getPrimitiveSizeInBits() / 8);
+      bytes += (parts * cols * static_cast<int64_t>(ty.back()->getPrimitiveSizeInBits() / 8) + 7) / 8 * 8;
     }
     ck.parallel_dim = red[0];
     ck.parallel_extent = parts;
     ck.split_parts = parts;
     ck.scratch_bytes = bytes;
+    // The flat (row-major) index of the kept point in idx.
+    auto flat_kept = [&] {
+      llvm::Value* f = i64c(0);
+      for (int d : kept) f = B_.CreateNSWAdd(B_.CreateNSWMul(f, i64c(k_.domain[d])), idx[d]);
+      return f;
+    };
+    // Loops over the kept dims but the innermost, then body.
+    std::function<void(size_t, const std::function<void()>&)> outer_kept = [&](size_t ki,
+                                                                                const std::function<void()>& body) {
+      if (ki + 1 >= kept.size()) {
+        body();
+        return;
+      }
+      for_range(i64c(0), i64c(k_.domain[kept[ki]]), [&](llvm::Value* i) {
+        idx[kept[ki]] = i;
+        outer_kept(ki + 1, body);
+      });
+      idx[kept[ki]] = nullptr;
+    };
     llvm::BasicBlock* partial = llvm::BasicBlock::Create(C_, "split.partial", F_);
     llvm::BasicBlock* combine = llvm::BasicBlock::Create(C_, "split.combine", F_);
     llvm::BasicBlock* done = llvm::BasicBlock::Create(C_, "split.end");
@@ -1090,26 +1107,32 @@ class KernelEmitter {
       llvm::Value* lo = B_.CreateSDiv(B_.CreateNSWMul(p, i64c(rows)), i64c(parts));
       llvm::Value* hi = B_.CreateSDiv(B_.CreateNSWMul(B_.CreateNSWAdd(p, i64c(1)), i64c(rows)), i64c(parts));
       llvm::Value* row0 = B_.CreateNSWMul(p, i64c(cols));
-      column_tile_loops(inner, red, idx, i64c(0), i64c(cols), {lo, hi}, [&](size_t s, llvm::Value* acc) {
-        B_.CreateStore(acc, B_.CreateInBoundsGEP(ty[s], base[s], B_.CreateNSWAdd(row0, idx[inner])));
+      outer_kept(0, [&] {
+        column_tile_loops(inner, red, idx, i64c(0), i64c(k_.domain[inner]), {lo, hi}, [&](size_t s, llvm::Value* acc) {
+          B_.CreateStore(acc, B_.CreateInBoundsGEP(ty[s], base[s], B_.CreateNSWAdd(row0, flat_kept())));
+        });
+        idx[inner] = nullptr;
       });
-      idx[inner] = nullptr;
     });
     B_.CreateBr(done);
     B_.SetInsertPoint(combine);
-    for_range(i64c(0), i64c(cols), [&](llvm::Value* j) {
-      idx[inner] = j;
-      for (size_t s = 0; s < k_.stores.size(); ++s) {
-        llvm::Value* acc = entry_alloca(ty[s], nullptr);
-        B_.CreateStore(B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], base[s], j)), acc);
-        for_range(i64c(1), i64c(parts), [&](llvm::Value* q) {
-          llvm::Value* x = B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], base[s], B_.CreateNSWAdd(B_.CreateNSWMul(q, i64c(cols)), j)));
-          B_.CreateStore(reduce_step(k_.stores[s], B_.CreateLoad(ty[s], acc), x, false), acc);
-        });
-        store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(ty[s], acc)));
-      }
+    outer_kept(0, [&] {
+      for_range(i64c(0), i64c(k_.domain[inner]), [&](llvm::Value* j) {
+        idx[inner] = j;
+        llvm::Value* col = flat_kept();
+        for (size_t s = 0; s < k_.stores.size(); ++s) {
+          llvm::Value* acc = entry_alloca(ty[s], nullptr);
+          B_.CreateStore(B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], base[s], col)), acc);
+          for_range(i64c(1), i64c(parts), [&](llvm::Value* q) {
+            llvm::Value* x = B_.CreateLoad(
+                ty[s], B_.CreateInBoundsGEP(ty[s], base[s], B_.CreateNSWAdd(B_.CreateNSWMul(q, i64c(cols)), col)));
+            B_.CreateStore(reduce_step(k_.stores[s], B_.CreateLoad(ty[s], acc), x, false), acc);
+          });
+          store(k_.stores[s].param, idx, acc_result(k_.stores[s], B_.CreateLoad(ty[s], acc)));
+        }
+      });
+      idx[inner] = nullptr;
     });
-    idx[inner] = nullptr;
     B_.CreateBr(done);
     done->insertInto(F_);
     B_.SetInsertPoint(done);

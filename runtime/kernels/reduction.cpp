@@ -69,8 +69,16 @@ Status reduce_kernel(KernelContext& ctx) {
     // kiln's order for a float sum over leading axes (ir::column_sum_partitions, as the
     // generated kernels sum): partitions of contiguous rows, each in index order, the
     // partial sums then added in partition order. f64 keeps the plain index order.
-    bool leading = kk > 0 && rk > 0;
-    for (int i = 0; i < rk && leading; ++i) leading = spec->axes[static_cast<size_t>(i)] == i;
+    // Leading: every reduced dim of extent > 1 before every kept one (size-1 dims do not
+    // count, as Kernel::column_split_parts decides for the generated kernel).
+    bool leading = kk > 0 && rk > 0, seen_kept = false;
+    for (int d = 0; d < X.rank() && leading; ++d) {
+      if (X.dims()[static_cast<size_t>(d)] == 1) continue;
+      const bool red = std::binary_search(spec->axes.begin(), spec->axes.end(), d);
+      if (red && seen_kept) leading = false;
+      seen_kept = seen_kept || !red;
+    }
+    leading = leading && seen_kept;
     const int64_t parts = K != RKind::max && is_float_v<T> && !std::is_same_v<T, double> && leading
                               ? ir::column_sum_partitions(nred, nout)
                               : 0;

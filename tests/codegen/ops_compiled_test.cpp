@@ -275,6 +275,64 @@ TEST(OpsCompiled, SplitColumnSumMatchesEagerBitForBit) {
   EXPECT_GT(order_matters, 0) << "no column's f32 sum depends on the order: the test does not test it";
 }
 
+/// Shapes where the eager ReduceSum and the generated kernel see the split condition
+/// differently unless both decide from the shape alone: a size-1 kept dim before the
+/// reduced one ([1, 1024, 64] over axis 1), a size-1 reduced dim after the kept one
+/// ([1024, 64, 1] over axes 0 and 2), and kept dims a broadcast input keeps from
+/// merging (Add(x [1024, 8, 8], b [8, 1]) summed over axis 0). The data makes the order
+/// visible: in every column +1e17 at flat row 0, -1e17 at row 256, 1 elsewhere (index
+/// order gives 767, four partitions 512). Compiled must equal eager bit for bit.
+TEST(OpsCompiled, SplitColumnSumOrderDecidedFromTheShape) {
+  runtime::register_eager_kernels();
+  struct Case {
+    std::vector<int64_t> x_dims;
+    std::vector<int64_t> axes;
+    bool add_bias;
+  };
+  for (const Case& c : {Case{{1, 1024, 64}, {1}, false}, Case{{1024, 64, 1}, {0, 2}, false},
+                        Case{{1024, 8, 8}, {0}, true}}) {
+    std::string dims;
+    for (int64_t d : c.x_dims) dims += " " + std::to_string(d);
+    SCOPED_TRACE("x dims" + dims);
+    ir::Graph g;
+    ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of(c.x_dims));
+    std::map<std::string, ir::Tensor> feeds;
+    ir::Tensor xt(DType::f32, c.x_dims);
+    const int64_t cols = 64, n = xt.numel();
+    for (int64_t i = 0; i < n; ++i) xt.data<float>()[i] = i < cols ? 1e17f : (i / cols == 256 ? -1e17f : 1.f);
+    feeds["x"] = xt;
+    ir::Value* in = x;
+    if (c.add_bias) {
+      ir::Value* b = g.add_input("b", DType::f32, ir::Shape::of({8, 1}));
+      feeds["b"] = ir::Tensor(DType::f32, {8, 1});  // zeros
+      in = g.add_node("Add", "add", {x, b}, {"xb"})->outputs[0];
+    }
+    ir::Value* axes = g.add_initializer("axes", ir::Tensor::from_i64(c.axes));
+    ir::Attributes a;
+    a.set("keepdims", int64_t(0));
+    g.outputs.push_back(g.add_node("ReduceSum", "sum", {in, axes}, {"y"}, a)->outputs[0]);
+    ASSERT_TRUE(ir::infer_graph(g).is_ok());
+    auto ref = runtime::run_graph(g, feeds);
+    ASSERT_TRUE(ref) << ref.message();
+    auto fused = g.clone();
+    passes::PassContext ctx;
+    ASSERT_TRUE(passes::run_pipeline(*fused, {"fusion"}, ctx).is_ok());
+    auto prog = codegen::compile_graph_cpu(*fused);
+    ASSERT_TRUE(prog) << prog.message();
+    runtime::RunOptions ro;
+    ro.program = prog->get();
+    auto got = runtime::run_graph(*fused, feeds, ro);
+    ASSERT_TRUE(got) << got.message();
+    const ir::Tensor& yc = got->at("y");
+    const ir::Tensor& ye = ref->at("y");
+    ASSERT_EQ(yc.numel(), cols);
+    for (int64_t i = 0; i < cols; ++i) {
+      EXPECT_EQ(ye.get_f64(i), 512.0) << "eager does not sum in four partitions, column " << i;
+      EXPECT_EQ(yc.get_f64(i), ye.get_f64(i)) << "column " << i;
+    }
+  }
+}
+
 TEST(OpsCompiled, EveryGeneratedOpHasACase) {
   std::set<std::string> covered;
   for (const OpCase& c : cases()) covered.insert(c.op);
