@@ -285,7 +285,7 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
 #pragma omp parallel for schedule(static)
       for (int64_t c = 0; c < chunks; ++c) ck.fn(args, c * extent / chunks, (c + 1) * extent / chunks);
     }
-    if (ck.split_parts > 0) ck.fn(args, ck.split_parts, ck.split_parts + 1);  // as run_fused_compiled
+    codegen::combine_cpu_partitions(ck, args);  // as run_fused_compiled
     seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     benchmark::ClobberMemory();
   }

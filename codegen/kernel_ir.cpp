@@ -76,11 +76,6 @@ int Kernel::row_passes() const {
 
 int64_t Kernel::column_split_parts() const {
   if (!has_reduction() || is_row_program() || domain.empty()) return 0;
-  for (const KStore& s : stores) {
-    const ir::DType t = params[static_cast<size_t>(s.param)].dtype;
-    if (t == ir::DType::boolean || t == ir::DType::u8 || t == ir::DType::i8) return 0;
-    if (s.reduce == ReduceKind::sum && t == ir::DType::f64) return 0;
-  }
   // The dims of extent > 1, whatever the strides (so that the eager ReduceSum, which
   // sees only the shape, decides alike): reduced ones first, then kept ones.
   int64_t rows = 1, cols = 1;

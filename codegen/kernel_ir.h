@@ -111,9 +111,9 @@ struct Kernel {
   /// Partitions of a split column reduction (ir::column_sum_partitions), 0 for none:
   /// a reduction kernel (not a row program) whose reduced dims of extent > 1 all precede
   /// its kept dims of extent > 1 (from the shape alone, as the eager ReduceSum decides;
-  /// rows and columns are the products of each), with every store's accumulator 4 or 8
-  /// bytes wide (double for f32/bf16/f16/f64 max, i32, i64) and no f64 sum. Float sums
-  /// of such a kernel follow the partitioned order (evaluate_reference, the emitters).
+  /// rows and columns are the products of each). Float sums of such a kernel follow the
+  /// partitioned order (evaluate_reference, the emitters); max and integer sums do not
+  /// depend on the order.
   int64_t column_split_parts() const;
   /// Text form, e.g.
   ///   kernel fused_3 domain [512, 64] reduced [-, -]

@@ -407,7 +407,7 @@ Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env,
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < l.chunks; ++c) run_piece(l, c);
   }
-  if (ck.split_parts > 0) ck.fn(l.bufs.data(), ck.split_parts, ck.split_parts + 1);  // combine the partitions
+  codegen::combine_cpu_partitions(ck, l.bufs.data());
   for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(l.outs[k]);
   return Status::ok();
 }

@@ -18,9 +18,10 @@
 //    are inline polynomial code (expf_poly, erff_poly, tanhf_poly: within 1-3 ulp of
 //    the correctly rounded value, not bit-equal to libm) so that loops with them
 //    vectorize (softmax rows, sigmoid, GELU); so is f64 exp (exp_poly_f64, about 1 ulp).
-//  * Float sums accumulate in double in index order, like the eager ReduceSum, so
-//    generated and eager sums are bit-identical; max and integer sums in the register
-//    type; starting from 0 (sum) or -inf/lowest (max), stored once.
+//  * Float sums accumulate in double in the eager ReduceSum's order (index order, or for
+//    sums over leading axes the partitions of ir::column_sum_partitions: split_column),
+//    so generated and eager sums are bit-identical; max and integer sums in the
+//    register type; starting from 0 (sum) or -inf/lowest (max), stored once.
 //
 // Row programs (reduce expressions, kernel_ir.h) run row by row: per kept point, pass
 // p = 1..P is one loop over the reduced dims (row_program_body). Their float max
@@ -35,7 +36,8 @@
 // each output element accumulates in a register over all reduced dims; if the innermost
 // dim is kept ("column" mode) it is processed in tiles of kTile elements with a stack
 // array of accumulators, reduced dims outside and the tile loop inside (unit stride;
-// no reassoc there: each output sums in index order, bit-equal to the reference).
+// no reassoc there: each output sums in the reference's order, bit-equal to it); a
+// column reduction over leading axes runs its row partitions on the threads instead.
 #include "codegen/cpu/llvm_cpu.h"
 
 #include <algorithm>
@@ -248,7 +250,7 @@ class KernelEmitter {
         if (column) column_tiles(kept, red, idx);
         else kept_loops(kept, 0, red, idx, false);  // kept empty: one row
       };
-      const int64_t parts = column ? split_parts() : 0;
+      const int64_t parts = column ? k_.column_split_parts() : 0;
       if (parts > 0) split_column(kept, red, idx, parts, ck);
       else if (kept.empty()) guard_once(body);
       else if (column && kept.size() == 1) column_tiles(kept, red, idx);
@@ -1045,19 +1047,16 @@ class KernelEmitter {
     }
   }
 
-  /// Row partitions of a split column reduction (Kernel::column_split_parts), 0 for
-  /// none. Split by columns, a column reduction over few columns gives every thread a
-  /// part of each row, and both threads' hardware prefetchers then stream about the
-  /// whole matrix (Codegen/ColSum ran at 0.45-0.6 of copy bandwidth); split by rows
-  /// instead, into K partitions of contiguous flat rows (from the shape alone, never the
-  /// thread count), each thread streams its own rows. The order of float sums is
-  /// ir::column_sum_partitions', the same as the eager ReduceSum's and the reference's.
-  int64_t split_parts() { return k_.column_split_parts(); }
-  /// Split column reduction (split_parts): fn(b, begin, end) with end <= K sums row
-  /// partitions [begin, end) of the outermost reduced dim into the scratch buffer
-  /// (buffers[params], CpuKernel::scratch_bytes: per store, K rows of the kept extent in
-  /// the accumulator type); fn(b, K, K + 1) then folds the K partial rows of each column in
-  /// partition order (the same reduce step) and stores the results.
+  /// Split column reduction (Kernel::column_split_parts = K > 0). Split by columns, a
+  /// column reduction over few columns gives every thread a part of each row, and both
+  /// threads' hardware prefetchers then stream about the whole matrix (Codegen/ColSum
+  /// ran at 0.45-0.6 of copy bandwidth). Here fn(b, begin, end) with end <= K sums the
+  /// row partitions [begin, end) of the flat reduced index (ir::column_sum_partitions:
+  /// contiguous rows, from the shape alone) into the scratch buffer (buffers[params],
+  /// CpuKernel::scratch_bytes: per store, K rows of the flat kept extent in the
+  /// accumulator type; kept dims that did not merge loop around the column tiles);
+  /// fn(b, K, K + 1) then folds each column's K partial results in partition order (the
+  /// same reduce step) and stores them: the eager ReduceSum's and the reference's order.
   void split_column(const std::vector<int>& kept, const std::vector<int>& red, std::vector<llvm::Value*>& idx,
                     int64_t parts, CpuKernel& ck) {
     auto* ptr = llvm::PointerType::getUnqual(C_);
@@ -1073,7 +1072,8 @@ class KernelEmitter {
     for (const KStore& s : k_.stores) {
       ty.push_back(acc_type(s));
       base.push_back(B_.CreateConstInBoundsGEP1_64(B_.getInt8Ty(), scratch, static_cast<uint64_t>(bytes)));
-      bytes += (parts * cols * static_cast<int64_t>(ty.back()->getPrimitiveSizeInBits() / 8) + 7) / 8 * 8;
+      const int64_t width = (static_cast<int64_t>(ty.back()->getPrimitiveSizeInBits()) + 7) / 8;  // i1: 1 byte
+      bytes += (parts * cols * width + 7) / 8 * 8;
     }
     ck.parallel_dim = red[0];
     ck.parallel_extent = parts;
@@ -1513,18 +1513,6 @@ Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels) {
   KILN_ASSIGN_OR_RETURN(auto ks, emit_module(kernels, m, tm->getTargetCPU().str(), tm->getTargetFeatureString().str()));
   (void)ks;
   return print_module(m);
-}
-
-void run_cpu_kernel(const CpuKernel& k, const std::vector<void*>& buffers) {
-  std::vector<void*> b = buffers;
-  std::vector<double> scratch(static_cast<size_t>((k.scratch_bytes + 7) / 8));
-  if (k.scratch_bytes > 0) b.push_back(scratch.data());
-  if (k.parallel_dim < 0) {
-    k.fn(b.data(), 0, 1);
-    return;
-  }
-  k.fn(b.data(), 0, k.parallel_extent);
-  if (k.split_parts > 0) k.fn(b.data(), k.split_parts, k.split_parts + 1);
 }
 
 std::string host_cpu_description() { return llvm::sys::getHostCPUName().str() + " " + host_features_string(); }

@@ -44,11 +44,12 @@ struct CpuKernel {
   int64_t scratch_bytes = 0;
 };
 
-/// Runs `k` over its whole domain on the calling thread: every parallel index, then the
-/// combine call of a split reduction, with scratch of k.scratch_bytes appended to
-/// `buffers` (one buffer per kernel parameter). For tests, benchmarks and tools; the
-/// executor splits the indices across threads itself.
-void run_cpu_kernel(const CpuKernel& k, const std::vector<void*>& buffers);
+/// The last call of a split reduction (CpuKernel::split_parts > 0): combines the
+/// partitions' partial results, once fn(buffers, begin, end) has run for every parallel
+/// index; nothing for other kernels. `buffers` as for fn (scratch included).
+inline void combine_cpu_partitions(const CpuKernel& k, void* const* buffers) {
+  if (k.split_parts > 0) k.fn(buffers, k.split_parts, k.split_parts + 1);
+}
 
 /// Times of one compile, in seconds.
 struct CpuCompileStats {

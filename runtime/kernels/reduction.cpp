@@ -3,7 +3,7 @@
 // Each output element (OpenMP over outputs) walks the reduced sub-space of its input
 // with an odometer over the reduced dims' strides. Floats accumulate in double and
 // are stored in their dtype (bf16 rounded to nearest even); integers in int64. Float
-// sums over leading axes of f32/bf16/f16 follow ir::column_sum_partitions' order.
+// sums over leading axes follow ir::column_sum_partitions' order.
 // Empty reductions give 0 (sum), NaN (mean) and the lowest value (max, -inf for
 // floats), as ONNX-18 specifies. ReduceMax propagates NaN like torch.amax.
 #include <algorithm>
@@ -68,7 +68,7 @@ Status reduce_kernel(KernelContext& ctx) {
     const int rk = static_cast<int>(p.red_dims.size()), kk = static_cast<int>(p.kept_dims.size());
     // kiln's order for a float sum over leading axes (ir::column_sum_partitions, as the
     // generated kernels sum): partitions of contiguous rows, each in index order, the
-    // partial sums then added in partition order. f64 keeps the plain index order.
+    // partial sums then added in partition order.
     // Leading: every reduced dim of extent > 1 before every kept one (size-1 dims do not
     // count, as Kernel::column_split_parts decides for the generated kernel).
     bool leading = kk > 0 && rk > 0, seen_kept = false;
@@ -79,7 +79,7 @@ Status reduce_kernel(KernelContext& ctx) {
       seen_kept = seen_kept || !red;
     }
     leading = leading && seen_kept;
-    const int64_t parts = K != RKind::max && is_float_v<T> && !std::is_same_v<T, double> && leading
+    const int64_t parts = K != RKind::max && is_float_v<T> && leading
                               ? ir::column_sum_partitions(nred, nout)
                               : 0;
     if (parts > 0) {

@@ -174,7 +174,7 @@ void run_chunked(const CpuKernel& ck, std::vector<void*> p) {
   const int64_t e = ck.parallel_extent;
   for (int i = 2; i >= 0; --i)
     if (e * i / 3 < e * (i + 1) / 3) ck.fn(p.data(), e * i / 3, e * (i + 1) / 3);
-  if (ck.split_parts > 0) ck.fn(p.data(), ck.split_parts, ck.split_parts + 1);
+  combine_cpu_partitions(ck, p.data());
 }
 
 /// Compares the output buffers of `got` with `ref` (relative tolerance `tol`, NaN == NaN).

@@ -98,7 +98,7 @@ void run_chunked(const CpuKernel& ck, const std::vector<void*>& buffers, int pie
   for (int i = 0; i <= pieces; ++i) cut.push_back(e * i / pieces);
   for (int i = pieces - 1; i >= 0; --i)
     if (cut[i] < cut[i + 1]) ck.fn(ptrs.data(), cut[i], cut[i + 1]);
-  if (ck.split_parts > 0) ck.fn(ptrs.data(), ck.split_parts, ck.split_parts + 1);
+  combine_cpu_partitions(ck, ptrs.data());
 }
 
 /// Tolerance per output param (by param index); missing: exact.

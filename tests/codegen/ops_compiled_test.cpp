@@ -25,6 +25,7 @@
 #include "ir/verifier.h"
 #include "passes/pass.h"
 #include "runtime/interpreter.h"
+#include "compiled_run.h"
 
 using namespace kiln;
 using ir::DType;
@@ -195,13 +196,10 @@ TEST_P(OpsCompiled, MatchesEager) {
   ctx.verify_each = true;
   auto st = passes::run_pipeline(*fused, {"fusion"}, ctx);
   ASSERT_TRUE(st.is_ok()) << st.message();
-  auto prog = codegen::compile_graph_cpu(*fused);
-  ASSERT_TRUE(prog) << prog.message();
-  ASSERT_EQ((*prog)->kernels.size(), 1u) << "expected one generated kernel";
-  runtime::RunOptions ro;
-  ro.program = prog->get();
-  auto got = runtime::run_graph(*fused, feeds, ro);
+  std::shared_ptr<codegen::CpuProgram> prog;
+  auto got = kiln::testing::run_compiled(*fused, feeds, &prog);
   ASSERT_TRUE(got) << got.message();
+  ASSERT_EQ(prog->kernels.size(), 1u) << "expected one generated kernel";
 
   const ir::Tensor& a = got->at("y");
   const ir::Tensor& b = ref->at("y");
@@ -255,14 +253,11 @@ TEST(OpsCompiled, SplitColumnSumMatchesEagerBitForBit) {
   auto fused = g.clone();
   passes::PassContext ctx;
   ASSERT_TRUE(passes::run_pipeline(*fused, {"fusion"}, ctx).is_ok());
-  auto prog = codegen::compile_graph_cpu(*fused);
-  ASSERT_TRUE(prog) << prog.message();
-  ASSERT_EQ((*prog)->kernels.size(), 1u);
-  EXPECT_EQ((*prog)->kernels[0].column_split_parts(), 16);
-  runtime::RunOptions ro;
-  ro.program = prog->get();
-  auto got = runtime::run_graph(*fused, feeds, ro);
+  std::shared_ptr<codegen::CpuProgram> prog;
+  auto got = kiln::testing::run_compiled(*fused, feeds, &prog);
   ASSERT_TRUE(got) << got.message();
+  ASSERT_EQ(prog->kernels.size(), 1u);
+  EXPECT_EQ(prog->kernels[0].column_split_parts(), 16);
   const float* yc = got->at("y").data<float>();
   const float* ye = ref->at("y").data<float>();
   int order_matters = 0;
@@ -281,25 +276,27 @@ TEST(OpsCompiled, SplitColumnSumMatchesEagerBitForBit) {
 /// ([1024, 64, 1] over axes 0 and 2), and kept dims a broadcast input keeps from
 /// merging (Add(x [1024, 8, 8], b [8, 1]) summed over axis 0). The data makes the order
 /// visible: in every column +1e17 at flat row 0, -1e17 at row 256, 1 elsewhere (index
-/// order gives 767, four partitions 512). Compiled must equal eager bit for bit.
+/// order gives 767, four partitions 512, in f32 and in f64, which follows the same
+/// order). Compiled must equal eager bit for bit.
 TEST(OpsCompiled, SplitColumnSumOrderDecidedFromTheShape) {
   runtime::register_eager_kernels();
   struct Case {
     std::vector<int64_t> x_dims;
     std::vector<int64_t> axes;
     bool add_bias;
+    DType dt = DType::f32;
   };
   for (const Case& c : {Case{{1, 1024, 64}, {1}, false}, Case{{1024, 64, 1}, {0, 2}, false},
-                        Case{{1024, 8, 8}, {0}, true}}) {
+                        Case{{1024, 8, 8}, {0}, true}, Case{{1024, 64}, {0}, false, DType::f64}}) {
     std::string dims;
     for (int64_t d : c.x_dims) dims += " " + std::to_string(d);
-    SCOPED_TRACE("x dims" + dims);
+    SCOPED_TRACE("x dims" + dims + (c.dt == DType::f64 ? " f64" : " f32"));
     ir::Graph g;
-    ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of(c.x_dims));
+    ir::Value* x = g.add_input("x", c.dt, ir::Shape::of(c.x_dims));
     std::map<std::string, ir::Tensor> feeds;
-    ir::Tensor xt(DType::f32, c.x_dims);
+    ir::Tensor xt(c.dt, c.x_dims);
     const int64_t cols = 64, n = xt.numel();
-    for (int64_t i = 0; i < n; ++i) xt.data<float>()[i] = i < cols ? 1e17f : (i / cols == 256 ? -1e17f : 1.f);
+    for (int64_t i = 0; i < n; ++i) xt.set_f64(i, i < cols ? 1e17 : (i / cols == 256 ? -1e17 : 1.0));
     feeds["x"] = xt;
     ir::Value* in = x;
     if (c.add_bias) {
@@ -317,11 +314,7 @@ TEST(OpsCompiled, SplitColumnSumOrderDecidedFromTheShape) {
     auto fused = g.clone();
     passes::PassContext ctx;
     ASSERT_TRUE(passes::run_pipeline(*fused, {"fusion"}, ctx).is_ok());
-    auto prog = codegen::compile_graph_cpu(*fused);
-    ASSERT_TRUE(prog) << prog.message();
-    runtime::RunOptions ro;
-    ro.program = prog->get();
-    auto got = runtime::run_graph(*fused, feeds, ro);
+    auto got = kiln::testing::run_compiled(*fused, feeds);
     ASSERT_TRUE(got) << got.message();
     const ir::Tensor& yc = got->at("y");
     const ir::Tensor& ye = ref->at("y");

@@ -14,6 +14,7 @@
 #include "ir/verifier.h"
 #include "passes/pass.h"
 #include "runtime/interpreter.h"
+#include "compiled_run.h"
 #include "random_tensors.h"
 
 using namespace kiln;
@@ -22,6 +23,7 @@ using ir::DType;
 namespace {
 
 using kiln::testing::random_f32;
+using kiln::testing::run_compiled;
 
 /// Runs `g` eagerly and after fusion with generated kernels; expects equal bytes for
 /// every output and `views` view nodes inside FusedKernel bodies, none outside.
@@ -43,11 +45,7 @@ void expect_views_fused(ir::Graph& g, const std::map<std::string, ir::Tensor>& f
       for (auto& m : n->regions[0]->nodes()) inside += m->op == "Expand" || m->op == "Slice" || m->op == "Reshape";
   }
   EXPECT_EQ(inside, views);
-  auto prog = codegen::compile_graph_cpu(*fused);
-  ASSERT_TRUE(prog) << prog.message();
-  runtime::RunOptions ro;
-  ro.program = prog->get();
-  auto got = runtime::run_graph(*fused, feeds, ro);
+  auto got = run_compiled(*fused, feeds);
   ASSERT_TRUE(got) << got.message();
   for (auto& [name, t] : *ref) {
     ASSERT_TRUE(got->count(name)) << name;
@@ -155,12 +153,8 @@ TEST(ViewsCompiled, NegativeStepSliceStaysEager) {
   int eager_slices = 0;
   for (auto& n : fused->nodes()) eager_slices += n->op == "Slice";
   EXPECT_EQ(eager_slices, 1);
-  auto prog = codegen::compile_graph_cpu(*fused);
-  ASSERT_TRUE(prog) << prog.message();
-  runtime::RunOptions ro;
-  ro.program = prog->get();
   ir::Tensor xv = random_f32({8}, 6);
-  auto got = runtime::run_graph(*fused, {{"x", xv}}, ro);
+  auto got = run_compiled(*fused, {{"x", xv}});
   ASSERT_TRUE(got) << got.message();
   const ir::Tensor& y = got->at("y");
   ASSERT_EQ(y.numel(), 3);
