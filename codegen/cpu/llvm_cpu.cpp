@@ -144,7 +144,7 @@ long double tanh_over_x_of_square(long double z) {
 /// Within 3 ulp of the correctly rounded value over [0, kErfOne] in a float32 model of
 /// the steps; most of it is t's own rounding near t = -1 (small x).
 constexpr double kErfOne = 3.92;
-/// Horner chains erf's polynomial is evaluated in (grouped_horner_f32: 4 chains of 5, 5,
+/// Horner chains erf's polynomial is evaluated in (grouped_horner: 4 chains of 5, 5,
 /// 5 and 3 terms joined in t^5). Measured over the 2.1 M points of
 /// LlvmCpu.F32ErfAndTanhAreWithinFourUlpOfLongDouble: max 3 ulp for 1, 3, 4 and 6 chains,
 /// 4 ulp for 2. The grouping also moves erf's last bits, and CompiledVsEager's tiny_gpt
@@ -379,7 +379,7 @@ class KernelEmitter {
   /// An f32 literal (v rounded to float).
   llvm::Constant* f32c(double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); }
 
-  /// sum_i m_i t^i (f32) as `groups` interleaved Horner chains over consecutive blocks of
+  /// sum_i m_i t^i (t: f32 or f64; coefficients rounded to t's type) as `groups` interleaved Horner chains over consecutive blocks of
   /// s = ceil(n / groups) coefficients, joined by Horner's rule in t^s (a second-order
   /// Horner scheme, Knuth TAOCP vol. 2, 4.6.4). The same multiply-adds as plain Horner
   /// plus the few multiplies for t^s, but a dependency chain of about s + groups steps
@@ -387,13 +387,14 @@ class KernelEmitter {
   /// which left GELU's loop waiting on latency rather than on its ports. (Estrin's scheme
   /// shortens the chain further but needs a register copy per pair and spilled the
   /// constants.)
-  llvm::Value* grouped_horner_f32(llvm::Value* t, const std::vector<double>& m, size_t groups) {
+  llvm::Value* grouped_horner(llvm::Value* t, const std::vector<double>& m, size_t groups) {
+    auto c = [&](double v) { return llvm::ConstantFP::get(t->getType(), v); };
     const size_t n = m.size(), step = (n + groups - 1) / groups;
     std::vector<llvm::Value*> g;
     for (size_t lo = 0; lo < n; lo += step) {
       const size_t hi = std::min(n, lo + step);
-      llvm::Value* r = f32c(m[hi - 1]);
-      for (size_t i = hi - 1; i-- > lo;) r = muladd(r, t, f32c(m[i]));
+      llvm::Value* r = c(m[hi - 1]);
+      for (size_t i = hi - 1; i-- > lo;) r = muladd(r, t, c(m[i]));
       g.push_back(r);
     }
     if (g.size() == 1) return g[0];
@@ -428,7 +429,7 @@ class KernelEmitter {
     llvm::Value* ac = B_.CreateSelect(in_range, ax, f32c(kErfOne));
     const double z1 = kErfOne * kErfOne;
     llvm::Value* t = muladd(B_.CreateFMul(ac, ac), f32c(2 / z1), f32c(-1));  // one rounding near t = -1
-    llvm::Value* g = grouped_horner_f32(t, erf_poly(), kErfGroups);
+    llvm::Value* g = grouped_horner(t, erf_poly(), kErfGroups);
     llvm::Value* r = B_.CreateSelect(in_range, B_.CreateFMul(ac, g), f32c(1));
     r = intrinsic(llvm::Intrinsic::copysign, {r, x});
     return B_.CreateSelect(B_.CreateFCmpUNO(x, x), x, r);
@@ -513,7 +514,9 @@ class KernelEmitter {
     llvm::Value* n = B_.CreateFSub(t, c(magic));
     llvm::Value* r = muladd(n, c(-6.93145751953125E-1), xc);
     r = muladd(n, c(-1.42860682030941723212E-6), r);
-    // Horner from 1/13! down to 1/1!, then 1 + r * p.
+    // Horner from 1/13! down to 1/1!, then 1 + r * p (one chain: split into two or three
+    // Horner chains, the 16-lane f64 loop of the cross-entropy gradient, two registers per
+    // value, spilled constants and got slower in llvm-mca).
     double inv_fact[14];
     inv_fact[0] = 1;
     for (int k = 1; k < 14; ++k) inv_fact[k] = inv_fact[k - 1] / k;
