@@ -40,6 +40,9 @@ Expected<std::string> read_model_bytes(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return Status::error(path + ": file not found");
   if (fs::is_directory(path, ec)) return Status::error(path + ": is a directory, not an ONNX model file");
+  // A device or FIFO would be read without end (/dev/zero) or block forever.
+  if (!fs::is_regular_file(path, ec))
+    return Status::error(path + ": not a regular file (a device, FIFO or socket), not an ONNX model file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::error(path + ": cannot open file");
   std::stringstream ss;

@@ -140,7 +140,11 @@ Status export_onnx(const ir::Graph& g, const std::string& path) {
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return fail("cannot rename '" + tmp + "': " + ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    std::filesystem::remove(tmp, ec);  // no .tmp left behind
+    return fail("cannot rename '" + tmp + "': " + why);
+  }
   return Status::ok();
 }
 

@@ -62,7 +62,7 @@ std::string one_line(const std::string& in) {
 bool is_default_domain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
 
 std::string node_label(const onnx::NodeProto& n, const std::string& name) {
-  return "node '" + name + "' (" + n.op_type() + ")";
+  return "node '" + one_line(name) + "' (" + n.op_type() + ")";
 }
 
 // Converts one attribute. `who` names the node for errors.
@@ -139,6 +139,7 @@ class Importer {
 
   Expected<std::unique_ptr<ir::Graph>> run() {
     KILN_RETURN_IF_ERROR(parse());
+    KILN_RETURN_IF_ERROR(check_window_attributes(model_.graph()));
     KILN_RETURN_IF_ERROR(check_opset());
     g_ = std::make_unique<ir::Graph>();
     g_->opset = opset_;
@@ -167,6 +168,30 @@ class Importer {
     has_external_ = false;
     for (const auto& t : model_.graph().initializer())
       if (t.data_location() == onnx::TensorProto::EXTERNAL) has_external_ = true;
+    return Status::ok();
+  }
+
+  // Convolution and pooling window attributes (kernel_shape, strides, dilations) must be
+  // positive before libonnx sees the model: its shape inference divides by the stride
+  // (a stride of 0 raised SIGFPE in onnx::convPoolShapeInference, where kiln's own check,
+  // ir/ops/nn.cpp, runs only later). Recurses into subgraph attributes.
+  Status check_window_attributes(const onnx::GraphProto& graph) {
+    static const std::set<std::string> windowed = {"Conv",    "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool",
+                                                   "AveragePool", "LpPool",    "MaxUnpool",   "MaxRoiPool",  "Col2Im",
+                                                   "DeformConv"};
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& n = graph.node(i);
+      for (const auto& a : n.attribute()) {
+        if (a.type() == onnx::AttributeProto::GRAPH) KILN_RETURN_IF_ERROR(check_window_attributes(a.g()));
+        for (const auto& sub : a.graphs()) KILN_RETURN_IF_ERROR(check_window_attributes(sub));
+        if (!is_default_domain(n.domain()) || !windowed.count(n.op_type())) continue;
+        if (a.name() != "kernel_shape" && a.name() != "strides" && a.name() != "dilations") continue;
+        for (int64_t v : a.ints())
+          if (v <= 0)
+            return fail(node_label(n, n.name().empty() ? "#" + std::to_string(i) : n.name()) + ": attribute " + a.name() +
+                        " has " + std::to_string(v) + "; kernel_shape, strides and dilations must be positive");
+      }
+    }
     return Status::ok();
   }
 

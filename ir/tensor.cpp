@@ -5,6 +5,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string>
+
+#if defined(__linux__)
+#include <sys/sysinfo.h>
+#endif
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -46,12 +51,53 @@ int64_t MemoryStats::peak_bytes() { return g_peak.load(); }
 void MemoryStats::reset_peak() { g_peak.store(g_current.load()); }
 int64_t MemoryStats::allocations() { return g_allocations.load(); }
 
+namespace {
+std::string gib(size_t n) {
+  std::ostringstream o;
+  o.precision(3);
+  o << static_cast<double>(n) / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return o.str();
+}
+/// RAM plus swap (bytes), 0 when unknown.
+size_t memory_limit() {
+#if defined(__linux__)
+  struct sysinfo si;
+  if (sysinfo(&si) == 0) return (static_cast<size_t>(si.totalram) + si.totalswap) * si.mem_unit;
+#endif
+  return 0;
+}
+}  // namespace
+
+OutOfMemory::OutOfMemory(size_t nbytes)
+    : std::runtime_error("out of memory: cannot allocate " + std::to_string(nbytes) + " bytes (" + gib(nbytes) +
+                         ") for tensor storage; this machine has " + gib(memory_limit()) +
+                         " of RAM and swap (lower the batch size; `kiln inspect --memory` shows the planned peak)"),
+      bytes_(nbytes) {}
+
+OutOfMemory::OutOfMemory(const std::vector<int64_t>& dims)
+    : std::runtime_error("out of memory: a tensor of dims " + dims_to_string(dims) +
+                         " would hold more than 2^63 bytes (check the shapes the model computes)"),
+      bytes_(SIZE_MAX) {}
+
+namespace {
+/// Bytes of a dims x dtype tensor; throws OutOfMemory where the count overflows.
+size_t checked_bytes(const std::vector<int64_t>& dims, DType dtype) {
+  int64_t n = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t d : dims)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) throw OutOfMemory(dims);
+  return static_cast<size_t>(n);
+}
+}  // namespace
+
 Storage::Storage(size_t nbytes, bool zero) : nbytes_(nbytes) {
   static const bool tuned = tune_host_allocator();
   (void)tuned;
+  static const size_t limit = memory_limit();
+  if (nbytes > SIZE_MAX / 2 || (limit > 0 && nbytes > limit)) throw OutOfMemory(nbytes);
   size_t alloc = (nbytes + 63) / 64 * 64;
   if (alloc == 0) alloc = 64;
   data_ = std::aligned_alloc(64, alloc);
+  if (!data_) throw OutOfMemory(nbytes);
   if (zero) std::memset(data_, 0, alloc);
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   int64_t cur = g_current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
@@ -88,14 +134,14 @@ std::string dims_to_string(const std::vector<int64_t>& dims) {
 }
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_(std::move(dims)) {
-  storage_ = std::make_shared<Storage>(static_cast<size_t>(numel_of(dims_)) * dtype_size(dtype_));
+  storage_ = std::make_shared<Storage>(checked_bytes(dims_, dtype_));
 }
 
 Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> dims) {
   Tensor t;
   t.dtype_ = dtype;
   t.dims_ = std::move(dims);
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(numel_of(t.dims_)) * dtype_size(dtype), false);
+  t.storage_ = std::make_shared<Storage>(checked_bytes(t.dims_, dtype), false);
   return t;
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,21 @@ struct MemoryStats {
   /// Storage blocks allocated since the process started (a count, not bytes; views of an
   /// arena block are not allocations).
   static int64_t allocations();
+};
+
+/// Thrown by Storage when a block cannot be allocated (the allocator returned null, or
+/// the request exceeds this machine's RAM plus swap, which Linux's overcommit would grant
+/// and then kill the process for). what(): one line with the byte count. The CLI and
+/// the compiled training binaries report it as an error (exit 1), not as a crash.
+class OutOfMemory : public std::runtime_error {
+ public:
+  explicit OutOfMemory(size_t nbytes);
+  /// A tensor of `dims` whose byte count does not fit in 64 bits.
+  explicit OutOfMemory(const std::vector<int64_t>& dims);
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_;
 };
 
 /// Contiguous byte buffer, 64-byte aligned, zero-initialised unless `zero` is false (for

@@ -167,6 +167,9 @@ class AttachLoss : public Pass {
                              logits->shape.to_string() + ")");
       loss = logits->shape.rank() == 0 ? logits : b.op("Reshape", {logits, b.ints({})});
     } else if (loss_kind == "cross_entropy") {
+      if (!is_float(logits->dtype))
+        return Status::error("cross_entropy needs float logits; output '" + logits->name + "' is " +
+                             std::string(dtype_name(logits->dtype)));
       if (logits->shape.rank() < 1 || !logits->shape.is_static())
         return Status::error("cross_entropy needs static logits of shape (..., classes); got " +
                              logits->shape.to_string());

@@ -25,6 +25,9 @@ namespace {
 Expected<std::string> read_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return Status::error(path + ": is a directory, not a file");
+  // A device or FIFO would be read without end (/dev/zero) or block forever.
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    return Status::error(path + ": not a regular file (a device, FIFO or socket)");
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status::error(path + ": cannot open file");
   std::ostringstream ss;
@@ -54,8 +57,9 @@ Status write_file_atomic(const std::string& path, const std::string& head, const
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
+    const std::string why = ec.message();  // before remove() reuses ec
     std::filesystem::remove(tmp, ec);
-    return Status::error(path + ": cannot rename '" + tmp + "' into place (" + ec.message() + ")");
+    return Status::error(path + ": cannot rename '" + tmp + "' into place (" + why + ")");
   }
   return Status::ok();
 }

@@ -23,6 +23,7 @@ int64_t TrainConfig::total_steps(int64_t steps_per_epoch) const {
   if (max_steps > 0) return max_steps;
   // HF: max_steps = ceil(num_train_epochs * num_update_steps_per_epoch)
   double t = std::ceil(num_train_epochs * static_cast<double>(steps_per_epoch) - 1e-9);
+  if (!(t < 9.2e18)) return INT64_MAX;  // saturates (run_training refuses counts this large)
   return t < 0 ? 0 : static_cast<int64_t>(t);
 }
 
@@ -214,6 +215,8 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"save_steps", Kind::i64, &c.save_steps, "checkpoint every N steps (0: none)"},
       {"save_total_limit", Kind::i64, &c.save_total_limit, "keep at most N checkpoints (0: all)"},
       {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint, "checkpoint directory to resume from (\"latest\": newest in output_dir)"},
+      {"overwrite_output_dir", Kind::boolean, &c.overwrite_output_dir,
+       "delete output_dir's checkpoints of another run (steps past this run's start) instead of refusing to start"},
       {"bf16", Kind::boolean, &c.bf16, "bf16 mixed precision with fp32 master weights"},
       {"fp16", Kind::boolean, &c.fp16, "fp16 mixed precision with fp32 master weights and dynamic loss scaling"},
       {"fp16_init_scale", Kind::f64, &c.fp16_init_scale, "--fp16 initial loss scale (torch GradScaler init_scale)"},
@@ -414,7 +417,11 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
 }
 
 Status load_config_json(const std::string& path, TrainConfig& cfg) {
-  if (std::filesystem::is_directory(path)) return Status::error(path + ": is a directory, not a JSON config file");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return Status::error(path + ": config file not found");
+  if (std::filesystem::is_directory(path, ec)) return Status::error(path + ": is a directory, not a JSON config file");
+  if (!std::filesystem::is_regular_file(path, ec))
+    return Status::error(path + ": not a regular file (a device, FIFO or socket), not a JSON config file");
   std::ifstream f(path);
   if (!f) return Status::error(path + ": cannot open config file");
   std::stringstream ss;

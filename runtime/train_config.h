@@ -49,6 +49,11 @@ struct TrainConfig {
   int64_t save_steps = 0;                          ///< 0: no intermediate checkpoints
   int64_t save_total_limit = 0;                    ///< 0: keep all
   std::string resume_from_checkpoint;
+  /// Hugging Face's flag. kiln refuses to start a run that saves checkpoints into an
+  /// output_dir holding checkpoint-N past the run's first step (another run's: saving
+  /// would overwrite them, and --save_total_limit, which keeps the highest steps, would
+  /// delete this run's own new checkpoints); with this flag those are deleted first.
+  bool overwrite_output_dir = false;
   bool bf16 = false;
   bool fp16 = false;                               ///< f16 autocast + dynamic loss scaling (GradScaler)
   /// kiln extensions (torch GradScaler's init_scale / growth_interval) for --fp16.

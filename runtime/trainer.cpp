@@ -539,6 +539,31 @@ Expected<TrainResult> Trainer::run() {
   return res;
 }
 
+Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step) {
+  if (cfg.save_steps <= 0) return Status::ok();  // this run writes no checkpoint
+  std::vector<std::pair<int64_t, std::string>> later;
+  for (auto& c : list_checkpoints(cfg.output_dir))
+    if (c.first > start_step) later.push_back(c);
+  if (later.empty()) return Status::ok();
+  std::string names;
+  for (size_t i = 0; i < later.size() && i < 3; ++i)
+    names += (i ? ", " : "") + std::filesystem::path(later[i].second).filename().string();
+  if (later.size() > 3) names += ", ... (" + std::to_string(later.size()) + " in all)";
+  if (!cfg.overwrite_output_dir)
+    return Status::error("--output_dir " + cfg.output_dir + " already holds " + names + ", past this run's start (step " +
+                         std::to_string(start_step) +
+                         "): saving there would overwrite them and --save_total_limit would delete this run's own "
+                         "checkpoints; continue that run with --resume_from_checkpoint latest, delete them with "
+                         "--overwrite_output_dir, or choose another --output_dir");
+  for (auto& [step, dir] : later) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    if (ec) return Status::error("--overwrite_output_dir: cannot delete '" + dir + "' (" + ec.message() + ")");
+  }
+  std::cerr << "kiln: --overwrite_output_dir: deleted " << names << " from " << cfg.output_dir << std::endl;
+  return Status::ok();
+}
+
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts) {
   KILN_ASSIGN_OR_RETURN(Trainer t, Trainer::create(cfg, graphs, &train_data, eval_data, opts));
@@ -546,6 +571,7 @@ Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, c
     KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));
     ir::MemoryStats::reset_peak();  // the load held old and new state at once: not a step's memory
   }
+  if (opts.write_files) KILN_RETURN_IF_ERROR(guard_later_checkpoints(cfg, t.global_step()));
   return t.run();
 }
 

@@ -147,7 +147,16 @@ class Trainer {
   bool resumed_ = false;
 };
 
-/// Convenience: Trainer::create + optional restore(cfg.resume_from_checkpoint) + run.
+/// Checks output_dir before a run that saves checkpoints (cfg.save_steps > 0): a
+/// checkpoint-N there with N > start_step (the restored global step; 0 for a fresh run)
+/// belongs to another run. Saving would overwrite it, and rotation (--save_total_limit
+/// keeps the highest steps) would delete this run's new checkpoints right after writing
+/// them. Error naming them, unless cfg.overwrite_output_dir, which deletes them (one
+/// line on stderr). Errors: a checkpoint that cannot be deleted.
+Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step);
+
+/// Convenience: Trainer::create + optional restore(cfg.resume_from_checkpoint) +
+/// guard_later_checkpoints (when opts.write_files) + run.
 /// After a restore, ir::MemoryStats' peak restarts at the current bytes, so a measured
 /// step peak does not count the checkpoint's load (old and new state held together).
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,

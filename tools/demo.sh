@@ -11,7 +11,7 @@ KILN=${KILN:-build/bin/kiln}
 OUT=${KILN_DEMO_OUT:-out}
 
 echo "== 1/2: MLP on sklearn digits (config: examples/mlp_digits/train_demo.json) =="
-$KILN train examples/mlp_digits/model.onnx --config examples/mlp_digits/train_demo.json --output_dir "$OUT/mlp_digits"
+$KILN train examples/mlp_digits/model.onnx --config examples/mlp_digits/train_demo.json --output_dir "$OUT/mlp_digits" --overwrite_output_dir
 
 echo "== 2/2: tiny GPT on the Jargon File, byte-level (config: examples/tiny_gpt/train_demo.json) =="
-$KILN train examples/tiny_gpt/model.onnx --config examples/tiny_gpt/train_demo.json --output_dir "$OUT/tiny_gpt"
+$KILN train examples/tiny_gpt/model.onnx --config examples/tiny_gpt/train_demo.json --output_dir "$OUT/tiny_gpt" --overwrite_output_dir

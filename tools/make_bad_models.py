@@ -263,6 +263,20 @@ def main():
     save(model([helper.make_node("MatMul", ["x", "w"], ["y"], name="/MatMul")], [x],
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], [w], opset=18),
          "bad_shape_mismatch.onnx", check=False)
+    # Window attributes of 0: libonnx's conv/pool shape inference divides by the stride
+    # (SIGFPE, before kiln's own check), so the importer checks them first.
+    img = helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 1, 8, 8])
+    pooled = helper.make_tensor_value_info("p", TensorProto.FLOAT, None)
+    save(model([helper.make_node("MaxPool", ["img"], ["p"], name="/MaxPool", kernel_shape=[2, 2], strides=[0, 0])],
+               [img], [pooled]), "bad_pool_stride0.onnx", check=False)
+    wc = numpy_helper.from_array(np.zeros((2, 1, 3, 3), dtype=np.float32), "wc")
+    save(model([helper.make_node("Conv", ["img", "wc"], ["p"], name="/Conv", strides=[1, 0])], [img], [pooled], [wc]),
+         "bad_conv_stride0.onnx", check=False)
+    # A tensor whose byte count overflows 64 bits (kiln run wrote a header-only .npy).
+    shape = numpy_helper.from_array(np.array([2**31, 2**31], dtype=np.int64), "shape")
+    huge = helper.make_tensor_value_info("huge", TensorProto.FLOAT, [2**31, 2**31])
+    save(model([helper.make_node("ConstantOfShape", ["shape"], ["huge"], name="/ConstantOfShape")], [], [huge],
+               [shape]), "bad_huge_constant.onnx", check=False)
     print("wrote fixtures to", os.path.normpath(OUT))
 
 

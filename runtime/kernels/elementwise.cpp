@@ -487,7 +487,7 @@ Status dropout_kernel(KernelContext& c) {
   if (c.has_input(1) && c.in(1).numel() > 0) ratio = c.in(1).get_f64(0);
   bool training = c.training;
   if (c.has_input(2) && c.in(2).numel() > 0) training = c.in(2).get_i64(0) != 0;
-  if (ratio < 0.0 || ratio > 1.0) return c.fail("ratio " + std::to_string(ratio) + " is outside [0, 1]");
+  if (!(ratio >= 0.0 && ratio <= 1.0)) return c.fail("ratio " + std::to_string(ratio) + " is outside [0, 1]");  // NaN too
   const int64_t n = x.numel();
   if (!training || ratio == 0.0) {
     KILN_RETURN_IF_ERROR(copy_kernel(c));

@@ -214,6 +214,53 @@ TEST(BadInput, RunInputOfWrongDtypeOrShape) {
                         "meta.json");
 }
 
+TEST(BadInput, ReviewedCrashesGiveOneLine) {
+  // Each of these crashed, hung or wrote a corrupt file before (a fresh-clone review).
+  std::string out = tmpdir("reviewed");
+  // libonnx's pooling shape inference divided by a zero stride: SIGFPE.
+  expect_one_line_error(kiln_cmd("inspect " + kBad + "bad_pool_stride0.onnx"), "strides has 0");
+  expect_one_line_error(kiln_cmd("train " + kBad + "bad_conv_stride0.onnx " + kMlpData + "--max_steps 1 --output_dir " + out),
+                        "strides has 0");
+  // A device was read without end (memory grew until the machine ran out).
+  expect_one_line_error(kiln_cmd("inspect /dev/zero"), "not a regular file");
+  expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx --train_data input=/dev/zero "
+                                 "--train_data labels=data/digits/y_train.npy --max_steps 1 --output_dir " + out),
+                        "not a regular file");
+  expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--config /dev/zero --output_dir " + out),
+                        "not a regular file");
+  // 2^31 x 2^31 floats: the byte count wrapped to 0 and `kiln run` wrote a header-only .npy.
+  expect_one_line_error(kiln_cmd("run " + kBad + "bad_huge_constant.onnx --output_dir " + out), "out of memory");
+  EXPECT_FALSE(fs::exists(out + "/huge.npy"));
+  // The step count overflowed to a negative number and training "finished" at step 0.
+  expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData +
+                                 "--num_train_epochs 1e30 --output_dir " + out),
+                        "optimizer steps");
+}
+
+TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
+  require_data();
+  // A fresh run into an output_dir holding higher-numbered checkpoints: --save_total_limit
+  // (highest steps kept) deleted each new checkpoint right after writing it.
+  std::string out = tmpdir("ckpt_guard");
+  const std::string base = "train examples/mlp_digits/model.onnx " + kMlpData +
+                           "--save_steps 2 --save_total_limit 2 --logging_steps 100 --output_dir " + out + " ";
+  auto first = kiln_cmd(base + "--max_steps 10");
+  ASSERT_EQ(first.code, 0) << first.out;
+  expect_one_line_error(kiln_cmd(base + "--max_steps 4"), "already holds checkpoint-8, checkpoint-10");
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-10"));
+  // Resuming an earlier checkpoint of it would do the same to checkpoint-10.
+  expect_one_line_error(kiln_cmd(base + "--max_steps 12 --resume_from_checkpoint " + out + "/checkpoint-8"),
+                        "already holds checkpoint-10");
+  auto latest = kiln_cmd(base + "--max_steps 12 --resume_from_checkpoint latest");
+  EXPECT_EQ(latest.code, 0) << latest.out;
+  auto fresh = kiln_cmd(base + "--max_steps 4 --overwrite_output_dir");
+  ASSERT_EQ(fresh.code, 0) << fresh.out;
+  EXPECT_NE(fresh.out.find("--overwrite_output_dir: deleted checkpoint-10, checkpoint-12"), std::string::npos) << fresh.out;
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-2"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-4"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-12"));
+}
+
 TEST(BadInput, CliArgumentsGiveOneLine) {
   const std::string mlp = "examples/mlp_digits/model.onnx";
   const std::string fx = "--train_data input=examples/mlp_digits/fixtures/batch_input.npy "

@@ -411,6 +411,16 @@ TEST(OnnxImportErrors, KilnInferenceErrorNamesNode) {
   EXPECT_HAS(m, "node '/MatMul' (MatMul)");
 }
 
+TEST(OnnxImportErrors, ZeroStrideIsRefusedBeforeLibonnxInference) {
+  // libonnx's convPoolShapeInference divides by the stride: these crashed with SIGFPE.
+  std::string p = import_error("bad_pool_stride0.onnx");
+  EXPECT_HAS(p, "node '/MaxPool' (MaxPool)");
+  EXPECT_HAS(p, "strides has 0");
+  std::string c = import_error("bad_conv_stride0.onnx");
+  EXPECT_HAS(c, "node '/Conv' (Conv)");
+  EXPECT_HAS(c, "strides has 0");
+}
+
 TEST(OnnxImportErrors, GraphAttributeIsUnsupported) {
   std::string m = import_error("bad_graph_attribute.onnx");
   EXPECT_HAS(m, "node '/Relu' (Relu)");

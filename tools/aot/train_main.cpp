@@ -6,7 +6,8 @@
 // kernel to its compiled function, then trains exactly as `kiln train` does.
 //
 // Flags that may change: data paths, max_steps, num_train_epochs, output_dir,
-// logging/eval/save steps, save_total_limit, seed, resume_from_checkpoint. Any other
+// logging/eval/save steps, save_total_limit, seed, resume_from_checkpoint,
+// overwrite_output_dir. Any other
 // training flag (shapes, precision, optimizer, passes) is fixed at compile time and is
 // refused with one line. Exit codes: 0 ok, 2 bad usage, 1 failure at run time.
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@
 #include <set>
 
 #include "frontend/model_bytes.h"
+#include "ir/tensor.h"
 #include "runtime/train_config.h"
 #include "tools/aot/aot_kernels.h"
 #include "tools/driver/train_run.h"
@@ -26,7 +28,8 @@ using namespace kiln;
 const std::set<std::string>& changeable() {
   static const std::set<std::string> s = {"train_data",    "eval_data",    "max_steps",  "num_train_epochs",
                                           "output_dir",    "logging_steps", "eval_steps", "save_steps",
-                                          "save_total_limit", "seed",      "resume_from_checkpoint"};
+                                          "save_total_limit", "seed",      "resume_from_checkpoint",
+                                          "overwrite_output_dir"};
   return s;
 }
 
@@ -99,6 +102,8 @@ int real_main(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return real_main(argc, argv);
+  } catch (const kiln::ir::OutOfMemory& e) {
+    return fail(1, e.what());
   } catch (const std::exception& e) {
     return fail(1, std::string("internal error: ") + e.what());
   } catch (...) {

@@ -104,7 +104,7 @@ struct ConfigFlags {
     TrainConfig cfg;
     cfg.backend = "compiled";  // the command line's default (TrainConfig's own is eager, the reference)
     if (!config_file.empty()) {
-      if (!fs::exists(config_file)) throw Failure{2, "--config: " + config_file + ": no such file"};
+      if (std::error_code ec; !fs::exists(config_file, ec)) throw Failure{2, "--config: " + config_file + ": no such file"};
       Status s = runtime::load_config_json(config_file, cfg);
       if (!s) throw Failure{2, s.message()};
     }
@@ -125,7 +125,8 @@ struct ConfigFlags {
     if (!backend_list && cfg.remat_policy.find(',') != std::string::npos)
       throw Failure{2, "--remat_policy: one policy per program (a list such as '" + cfg.remat_policy +
                            "' is for kiln bench)"};
-    if (!fs::exists(cfg.model)) throw Failure{1, cfg.model + ": no such file"};
+    if (std::error_code ec; !fs::exists(cfg.model, ec))
+      throw Failure{1, cfg.model + (ec ? ": " + ec.message() : std::string(": no such file"))};
     return cfg;
   }
 
@@ -528,7 +529,8 @@ std::map<std::string, int64_t> parse_shapes(const std::vector<std::string>& item
 
 int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_items) {
   auto shape = parse_shapes(shape_items);
-  if (!fs::exists(model)) throw Failure{1, model + ": no such file"};
+  if (std::error_code ec; !fs::exists(model, ec))
+    throw Failure{1, model + (ec ? ": " + ec.message() : std::string(": no such file"))};
   auto g = unwrap(driver::load_model(model, shape));
   std::cout << "model " << model << " (opset " << g->opset << ")\n";
   std::cout << "inputs:\n";
@@ -640,7 +642,8 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
     if (files.count(s.substr(0, eq))) throw Failure{2, "--input " + s.substr(0, eq) + " given twice"};
     files[s.substr(0, eq)] = s.substr(eq + 1);
   }
-  if (!fs::exists(model)) throw Failure{1, model + ": no such file"};
+  if (std::error_code ec; !fs::exists(model, ec))
+    throw Failure{1, model + (ec ? ": " + ec.message() : std::string(": no such file"))};
   check(runtime::prepare_output_dir(out_dir));
   // Bind still-symbolic leading dims from the given arrays (e.g. batch from input.npy).
   if (shape.empty()) {
@@ -794,6 +797,9 @@ int real_main(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return real_main(argc, argv);
+  } catch (const ir::OutOfMemory& e) {
+    std::cerr << "kiln: error: " << e.what() << std::endl;
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "kiln: error: internal error: " << one_line(e.what()) << std::endl;
     return 1;

@@ -63,7 +63,11 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
   }
   std::error_code ec;
   std::filesystem::rename(tmp, out_path, ec);
-  if (ec) return Status::error(out_path + ": rename failed (" + ec.message() + ")");
+  if (ec) {
+    const std::string why = ec.message();
+    std::filesystem::remove(tmp, ec);  // no model.onnx.tmp left behind
+    return Status::error(out_path + ": cannot rename '" + tmp + "' into place (" + why + ")");
+  }
   return Status::ok();
 }
 

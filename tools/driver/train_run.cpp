@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -100,6 +101,15 @@ std::string planned_vs_measured(int64_t planned, int64_t measured) {
 }
 
 namespace {
+
+/// Most optimizer steps a run may count (a huge --num_train_epochs would overflow).
+constexpr int64_t kMaxTrainSteps = 1000000000000000;  // 1e15
+
+std::string epochs_text(double e) {
+  std::ostringstream o;
+  o << e;
+  return o.str();
+}
 /// steps_per_epoch with the model already imported (`forward`).
 Expected<int64_t> steps_per_epoch_of(const TrainConfig& cfg, const runtime::RawData& train_raw,
                                      const ir::Graph& forward) {
@@ -212,6 +222,10 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   if (!cfg.eval_data.empty()) KILN_RETURN_IF_ERROR(check_data_values(eval_raw, "--eval_data", *forward, cfg));
   forward.reset();
   const int64_t total = cfg.total_steps(spe);
+  if (total > kMaxTrainSteps)
+    return Status::error("--num_train_epochs " + epochs_text(cfg.num_train_epochs) + " at " +
+                         std::to_string(spe) + " steps per epoch gives more than " + std::to_string(kMaxTrainSteps) +
+                         " optimizer steps; give fewer epochs or --max_steps");
 
   KILN_ASSIGN_OR_RETURN(auto prog, build_training_program(cfg, dbg, false, false, total));
   KILN_ASSIGN_OR_RETURN(auto train_specs, program_specs(*prog.train_step, prog.data_inputs));
