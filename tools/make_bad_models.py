@@ -277,6 +277,15 @@ def main():
     huge = helper.make_tensor_value_info("huge", TensorProto.FLOAT, [2**31, 2**31])
     save(model([helper.make_node("ConstantOfShape", ["shape"], ["huge"], name="/ConstantOfShape")], [], [huge],
                [shape]), "bad_huge_constant.onnx", check=False)
+    # A token model whose sequence length is symbolic: --block_size binds it.
+    idx = helper.make_tensor_value_info("input", TensorProto.INT64, ["batch", "seq"])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", 256])
+    rng = np.random.RandomState(5)
+    emb = numpy_helper.from_array((rng.randn(256, 16) * 0.1).astype(np.float32), "emb")
+    head = numpy_helper.from_array((rng.randn(16, 256) * 0.1).astype(np.float32), "head")
+    save(model([helper.make_node("Gather", ["emb", "input"], ["h"], name="/Gather"),
+                helper.make_node("MatMul", ["h", "head"], ["logits"], name="/MatMul")], [idx], [logits], [emb, head]),
+         "good_tokens_dynamic_seq.onnx")
     print("wrote fixtures to", os.path.normpath(OUT))
 
 

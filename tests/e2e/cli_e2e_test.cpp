@@ -237,6 +237,18 @@ TEST(BadInput, ReviewedCrashesGiveOneLine) {
                         "optimizer steps");
 }
 
+TEST(TokenData, BlockSizeBindsASymbolicSequenceDim) {
+  require_data();
+  // input (batch, seq) with seq symbolic: --block_size gave "cross_entropy needs static
+  // logits ... got [8, seq, 256]"; only --shape seq=N worked.
+  std::string out = tmpdir("dyn_seq");
+  const std::string model = "train " + kBad + "good_tokens_dynamic_seq.onnx --train_data data/text/train.bin ";
+  auto r = kiln_cmd(model + "--block_size 32 --max_steps 3 --logging_steps 1 --output_dir " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(train_losses(out).size(), 3u) << r.out;
+  expect_one_line_error(kiln_cmd(model + "--max_steps 1 --output_dir " + out), "--block_size is needed");
+}
+
 TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
   require_data();
   // A fresh run into an output_dir holding higher-numbered checkpoints: --save_total_limit
