@@ -115,6 +115,14 @@ Status TrainConfig::validate() const {
     return bad("fp16_init_scale", "must be a finite number > 0, got " + num_str(fp16_init_scale));
   if (fp16_growth_interval <= 0) return bad("fp16_growth_interval", "must be > 0, got " + num_str(fp16_growth_interval));
   if (nesterov && momentum <= 0) return bad("nesterov", "requires --momentum > 0 (PyTorch SGD rule)");
+  // Options of a mode that is off were silently ignored; like --memory_budget without
+  // the budget policy, they are errors (values other than the defaults only).
+  if (!fp16 && fp16_init_scale != TrainConfig{}.fp16_init_scale)
+    return bad("fp16_init_scale", "only applies with --fp16");
+  if (!fp16 && fp16_growth_interval != TrainConfig{}.fp16_growth_interval)
+    return bad("fp16_growth_interval", "only applies with --fp16");
+  if (momentum > 0 && optim.find("sgd") == std::string::npos)
+    return bad("momentum", "only applies to --optim sgd (got '" + optim + "')");
   if (output_dir.empty()) return bad("output_dir", "must not be empty");
   for (auto* re : {&freeze, &trainable}) {
     if (re->empty()) continue;

@@ -466,6 +466,22 @@ TEST(TrainConfig, ValidateNamesOptionAndValue) {
   c = TrainConfig{};
   c.loss = "hinge";
   EXPECT_NE(c.validate().message().find("--loss"), std::string::npos);
+  // Options of a mode that is off (were silently ignored).
+  c = TrainConfig{};
+  c.fp16_init_scale = 1024;
+  EXPECT_NE(c.validate().message().find("--fp16_init_scale: only applies with --fp16"), std::string::npos)
+      << c.validate().message();
+  c.fp16 = true;
+  EXPECT_TRUE(c.validate().is_ok()) << c.validate().message();
+  c = TrainConfig{};
+  c.fp16_growth_interval = 100;
+  EXPECT_NE(c.validate().message().find("--fp16_growth_interval: only applies with --fp16"), std::string::npos);
+  c = TrainConfig{};
+  c.momentum = 0.9;
+  EXPECT_NE(c.validate().message().find("--momentum: only applies to --optim sgd"), std::string::npos)
+      << c.validate().message();
+  c.optim = "sgd";
+  EXPECT_TRUE(c.validate().is_ok()) << c.validate().message();
 }
 
 TEST(TrainConfig, HfStepArithmetic) {
