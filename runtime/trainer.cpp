@@ -541,6 +541,23 @@ Expected<TrainResult> Trainer::run() {
 
 Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step) {
   if (cfg.save_steps <= 0) return Status::ok();  // this run writes no checkpoint
+  // checkpoint-N.tmp folders are saves that were interrupted (a complete checkpoint is
+  // renamed to checkpoint-N): nothing reads them, and rotation never saw them.
+  {
+    std::error_code ec;
+    std::vector<std::filesystem::path> stale;
+    for (auto it = std::filesystem::directory_iterator(cfg.output_dir, ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind("checkpoint-", 0) == 0 && name.size() > 15 && name.compare(name.size() - 4, 4, ".tmp") == 0 &&
+          it->is_directory(ec))
+        stale.push_back(it->path());
+    }
+    for (auto& d : stale) {
+      std::filesystem::remove_all(d, ec);
+      std::cerr << "kiln: removed " << d.string() << " (an interrupted save)" << std::endl;
+    }
+  }
   std::vector<std::pair<int64_t, std::string>> later;
   for (auto& c : list_checkpoints(cfg.output_dir))
     if (c.first > start_step) later.push_back(c);

@@ -152,7 +152,8 @@ class Trainer {
 /// belongs to another run. Saving would overwrite it, and rotation (--save_total_limit
 /// keeps the highest steps) would delete this run's new checkpoints right after writing
 /// them. Error naming them, unless cfg.overwrite_output_dir, which deletes them (one
-/// line on stderr). Errors: a checkpoint that cannot be deleted.
+/// line on stderr). Also removes checkpoint-N.tmp folders (saves that were interrupted).
+/// Errors: a checkpoint that cannot be deleted.
 Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step);
 
 /// Convenience: Trainer::create + optional restore(cfg.resume_from_checkpoint) +

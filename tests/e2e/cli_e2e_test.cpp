@@ -265,12 +265,14 @@ TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
                         "already holds checkpoint-10");
   auto latest = kiln_cmd(base + "--max_steps 12 --resume_from_checkpoint latest");
   EXPECT_EQ(latest.code, 0) << latest.out;
+  fs::create_directories(out + "/checkpoint-14.tmp");  // a save that was interrupted
   auto fresh = kiln_cmd(base + "--max_steps 4 --overwrite_output_dir");
   ASSERT_EQ(fresh.code, 0) << fresh.out;
   EXPECT_NE(fresh.out.find("--overwrite_output_dir: deleted checkpoint-10, checkpoint-12"), std::string::npos) << fresh.out;
   EXPECT_TRUE(fs::exists(out + "/checkpoint-2"));
   EXPECT_TRUE(fs::exists(out + "/checkpoint-4"));
   EXPECT_FALSE(fs::exists(out + "/checkpoint-12"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-14.tmp"));
 }
 
 TEST(BadInput, CliArgumentsGiveOneLine) {
