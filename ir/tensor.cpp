@@ -70,8 +70,11 @@ size_t memory_limit() {
 
 OutOfMemory::OutOfMemory(size_t nbytes)
     : std::runtime_error("out of memory: cannot allocate " + std::to_string(nbytes) + " bytes (" + gib(nbytes) +
-                         ") for tensor storage; this machine has " + gib(memory_limit()) +
-                         " of RAM and swap (lower the batch size; `kiln inspect --memory` shows the planned peak)"),
+                         ") for tensor storage" +
+                         (memory_limit() > 0 && nbytes > memory_limit()
+                              ? ", more than this machine's RAM and swap (" + gib(memory_limit()) + ")"
+                              : std::string(": the allocator failed (memory exhausted, or the process's limit)")) +
+                         "; lower the batch size"),
       bytes_(nbytes) {}
 
 OutOfMemory::OutOfMemory(const std::vector<int64_t>& dims)

@@ -170,9 +170,16 @@ class AttachLoss : public Pass {
       if (!is_float(logits->dtype))
         return Status::error("cross_entropy needs float logits; output '" + logits->name + "' is " +
                              std::string(dtype_name(logits->dtype)));
-      if (logits->shape.rank() < 1 || !logits->shape.is_static())
+      if (logits->shape.rank() < 1 || !logits->shape.is_static()) {
+        std::string syms;  // the unbound dims, for the hint
+        for (const auto& d : logits->shape.dims)
+          if (!d.is_static() && !d.symbol.empty()) syms += (syms.empty() ? "" : ", ") + d.symbol;
         return Status::error("cross_entropy needs static logits of shape (..., classes); got " +
-                             logits->shape.to_string());
+                             logits->shape.to_string() +
+                             (syms.empty() ? std::string()
+                                           : " (bind " + syms + " with --shape NAME=N, or a sequence length with "
+                                             "--block_size N for token data)"));
+      }
       auto dims = logits->shape.to_vector();
       int64_t classes = dims.back();
       std::vector<int64_t> label_dims(dims.begin(), dims.end() - 1);

@@ -101,6 +101,11 @@ Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
   fs::path old = final_dir;
   old += ".old";
   bool had_old = fs::exists(final_dir, ec);
+  if (had_old && !fs::is_directory(final_dir, ec)) {
+    fs::remove_all(tmp, ec);
+    return Status::error("checkpoint '" + final_dir.string() +
+                         "': a file of that name is in the way (not a checkpoint directory); move it away");
+  }
   if (had_old) {
     fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
@@ -132,6 +137,8 @@ Expected<Checkpoint> load_checkpoint(const std::string& dir) {
   KILN_ASSIGN_OR_RETURN(c.model, io::load_safetensors((fs::path(dir) / "model.safetensors").string()));
   KILN_ASSIGN_OR_RETURN(c.optimizer, io::load_safetensors((fs::path(dir) / "optimizer.safetensors").string()));
   std::string sp = (fs::path(dir) / "trainer_state.json").string();
+  if (fs::exists(sp, ec) && !fs::is_regular_file(sp, ec))
+    return Status::error(sp + ": not a regular file (a device, FIFO or socket)");
   std::ifstream f(sp);
   nlohmann::json j;
   try {
@@ -150,11 +157,56 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
     std::string name = it->path().filename().string();
     if (name.rfind("checkpoint-", 0) != 0 || !it->is_directory()) continue;
     std::string num = name.substr(11);
-    if (num.empty() || !std::all_of(num.begin(), num.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    if (num.empty() || num.size() > 18 || !std::all_of(num.begin(), num.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;  // not a step number kiln writes (18 digits fit in int64)
     r.emplace_back(std::stoll(num), it->path().string());
   }
   std::sort(r.begin(), r.end());
   return r;
+}
+
+std::vector<std::string> recover_interrupted_saves(const std::string& output_dir) {
+  std::vector<std::string> notes;
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (auto it = fs::directory_iterator(output_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("checkpoint-", 0) != 0 || !it->is_directory(ec)) continue;
+    const bool tmp = name.size() > 15 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+    const bool old = name.size() > 15 && name.compare(name.size() - 4, 4, ".old") == 0;
+    if (tmp || old) found.push_back(it->path());
+  }
+  std::sort(found.begin(), found.end());
+  for (const fs::path& p : found) {
+    const std::string s = p.string();
+    const fs::path final_dir = s.substr(0, s.size() - 4);
+    const bool is_old = s.compare(s.size() - 4, 4, ".old") == 0;
+    fs::path tmp = final_dir, old = final_dir;
+    tmp += ".tmp";
+    old += ".old";
+    if (!fs::exists(p, ec)) continue;  // handled with its pair
+    if (is_old) {
+      // save_checkpoint moves the previous checkpoint-N aside only once the new one is
+      // complete in .tmp: with checkpoint-N missing, .tmp is that complete new one.
+      if (fs::exists(final_dir, ec)) {
+        fs::remove_all(old, ec);
+        notes.push_back("removed " + old.string() + " (the replaced checkpoint of a finished save)");
+      } else if (fs::is_directory(tmp, ec)) {
+        fs::rename(tmp, final_dir, ec);
+        if (!ec) fs::remove_all(old, ec);
+        notes.push_back("completed an interrupted save: " + tmp.string() + " -> " + final_dir.string());
+      } else {
+        fs::rename(old, final_dir, ec);
+        notes.push_back("restored " + final_dir.string() + " from " + old.string() + " (an interrupted save)");
+      }
+    } else if (!fs::exists(old, ec)) {
+      // No .old: the save stopped before its files were complete (or before the one
+      // rename that would have made it checkpoint-N); nothing reads it.
+      fs::remove_all(tmp, ec);
+      notes.push_back("removed " + tmp.string() + " (an interrupted save)");
+    }
+  }
+  return notes;
 }
 
 Status rotate_checkpoints(const std::string& output_dir, int64_t limit) {

@@ -56,6 +56,13 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 /// Deletes the oldest checkpoints so that at most `limit` remain (limit 0: keep all).
 Status rotate_checkpoints(const std::string& output_dir, int64_t limit);
 
+/// Finishes or undoes what an interrupted save_checkpoint left in output_dir:
+/// checkpoint-N.old with checkpoint-N present is removed; with checkpoint-N missing,
+/// checkpoint-N.tmp (complete: the previous checkpoint is moved aside only after it is)
+/// becomes checkpoint-N, or without a .tmp the .old is restored; a .tmp without .old is
+/// an incomplete save and is removed. Returns one note per action.
+std::vector<std::string> recover_interrupted_saves(const std::string& output_dir);
+
 /// trainer_state.json <-> TrainerState.
 nlohmann::json trainer_state_to_json(const TrainerState& s);
 Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const std::string& origin);

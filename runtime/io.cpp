@@ -30,10 +30,14 @@ Expected<std::string> read_file(const std::string& path) {
     return Status::error(path + ": not a regular file (a device, FIFO or socket)");
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status::error(path + ": cannot open file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return Status::error(path + ": read error");
-  return ss.str();
+  // Sized up front: a failed allocation throws std::bad_alloc (reported as out of
+  // memory), where a growing stream buffer would stop early and look like a short file.
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return Status::error(path + ": cannot read its size (" + ec.message() + ")");
+  std::string buf(static_cast<size_t>(size), '\0');
+  f.read(buf.data(), static_cast<std::streamsize>(size));
+  if (f.bad() || f.gcount() != static_cast<std::streamsize>(size)) return Status::error(path + ": read error");
+  return buf;
 }
 
 // Writes `bytes` to path.tmp and renames it over path.

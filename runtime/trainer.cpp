@@ -539,39 +539,50 @@ Expected<TrainResult> Trainer::run() {
   return res;
 }
 
-Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step) {
-  if (cfg.save_steps <= 0) return Status::ok();  // this run writes no checkpoint
-  // checkpoint-N.tmp folders are saves that were interrupted (a complete checkpoint is
-  // renamed to checkpoint-N): nothing reads them, and rotation never saw them.
-  {
+Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64_t total_steps) {
+  // Only a run that will write a checkpoint can overwrite or rotate one away.
+  if (cfg.save_steps <= 0 || total_steps / cfg.save_steps <= start_step / cfg.save_steps) return Status::ok();
+  for (const std::string& note : recover_interrupted_saves(cfg.output_dir)) std::cerr << "kiln: " << note << std::endl;
+  {  // a file named like a checkpoint would be in the way of (or replaced by) a save
     std::error_code ec;
-    std::vector<std::filesystem::path> stale;
     for (auto it = std::filesystem::directory_iterator(cfg.output_dir, ec);
          !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
       const std::string name = it->path().filename().string();
-      if (name.rfind("checkpoint-", 0) == 0 && name.size() > 15 && name.compare(name.size() - 4, 4, ".tmp") == 0 &&
-          it->is_directory(ec))
-        stale.push_back(it->path());
+      if (name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
+          name.find_first_not_of("0123456789", 11) == std::string::npos && !it->is_directory(ec))
+        return Status::error("--output_dir " + cfg.output_dir + " holds a file named " + name +
+                             ", in the way of the checkpoints this run saves (not a checkpoint directory); move it away");
     }
-    for (auto& d : stale) {
-      std::filesystem::remove_all(d, ec);
-      std::cerr << "kiln: removed " << d.string() << " (an interrupted save)" << std::endl;
-    }
+  }
+  // Resumed from a checkpoint in another folder: every checkpoint in output_dir is
+  // another run's (rotation would delete the lowest steps first).
+  bool elsewhere = false;
+  if (!cfg.resume_from_checkpoint.empty()) {
+    auto folder = [](const std::string& p, std::error_code& ec) {  // canonical, no trailing separator
+      auto c = std::filesystem::weakly_canonical(p, ec);
+      return c.filename().empty() ? c.parent_path() : c;
+    };
+    std::error_code e1, e2;
+    const auto from = folder(cfg.resume_from_checkpoint, e1).parent_path();
+    const auto out = folder(cfg.output_dir, e2);
+    elsewhere = e1 || e2 || from != out;
   }
   std::vector<std::pair<int64_t, std::string>> later;
   for (auto& c : list_checkpoints(cfg.output_dir))
-    if (c.first > start_step) later.push_back(c);
+    if (elsewhere || c.first > start_step) later.push_back(c);
   if (later.empty()) return Status::ok();
   std::string names;
   for (size_t i = 0; i < later.size() && i < 3; ++i)
     names += (i ? ", " : "") + std::filesystem::path(later[i].second).filename().string();
   if (later.size() > 3) names += ", ... (" + std::to_string(later.size()) + " in all)";
   if (!cfg.overwrite_output_dir)
-    return Status::error("--output_dir " + cfg.output_dir + " already holds " + names + ", past this run's start (step " +
-                         std::to_string(start_step) +
-                         "): saving there would overwrite them and --save_total_limit would delete this run's own "
-                         "checkpoints; continue that run with --resume_from_checkpoint latest, delete them with "
-                         "--overwrite_output_dir, or choose another --output_dir");
+    return Status::error(
+        "--output_dir " + cfg.output_dir + " already holds " + names +
+        (elsewhere ? " of another run (this one resumes from " + cfg.resume_from_checkpoint + ")"
+                   : ", past this run's start (step " + std::to_string(start_step) + ")") +
+        ": saving there would overwrite them or --save_total_limit would delete them or this run's own checkpoints; " +
+        (elsewhere ? "" : "continue that run with --resume_from_checkpoint latest, ") +
+        "delete them with --overwrite_output_dir, or choose another --output_dir");
   for (auto& [step, dir] : later) {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
@@ -588,7 +599,7 @@ Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, c
     KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));
     ir::MemoryStats::reset_peak();  // the load held old and new state at once: not a step's memory
   }
-  if (opts.write_files) KILN_RETURN_IF_ERROR(guard_later_checkpoints(cfg, t.global_step()));
+  if (opts.write_files) KILN_RETURN_IF_ERROR(guard_later_checkpoints(cfg, t.global_step(), t.total_steps()));
   return t.run();
 }
 

@@ -147,14 +147,16 @@ class Trainer {
   bool resumed_ = false;
 };
 
-/// Checks output_dir before a run that saves checkpoints (cfg.save_steps > 0): a
-/// checkpoint-N there with N > start_step (the restored global step; 0 for a fresh run)
-/// belongs to another run. Saving would overwrite it, and rotation (--save_total_limit
-/// keeps the highest steps) would delete this run's new checkpoints right after writing
-/// them. Error naming them, unless cfg.overwrite_output_dir, which deletes them (one
-/// line on stderr). Also removes checkpoint-N.tmp folders (saves that were interrupted).
-/// Errors: a checkpoint that cannot be deleted.
-Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step);
+/// Checks output_dir before a run that will write a checkpoint (a multiple of
+/// cfg.save_steps in (start_step, total_steps]): first finishes interrupted saves
+/// (recover_interrupted_saves, one stderr line each); then a checkpoint-N there with
+/// N > start_step (the restored global step; 0 for a fresh run), or any checkpoint when
+/// the run resumes from a checkpoint in another folder, belongs to another run. Saving
+/// would overwrite it, and rotation (--save_total_limit keeps the highest steps) would
+/// delete it or this run's new checkpoints. Error naming them, unless
+/// cfg.overwrite_output_dir, which deletes them (one line on stderr). Errors: a
+/// checkpoint that cannot be deleted.
+Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64_t total_steps);
 
 /// Convenience: Trainer::create + optional restore(cfg.resume_from_checkpoint) +
 /// guard_later_checkpoints (when opts.write_files) + run.

@@ -273,6 +273,39 @@ TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
   EXPECT_TRUE(fs::exists(out + "/checkpoint-4"));
   EXPECT_FALSE(fs::exists(out + "/checkpoint-12"));
   EXPECT_FALSE(fs::exists(out + "/checkpoint-14.tmp"));
+  // A run that reaches no multiple of --save_steps writes nothing: not refused.
+  auto nosave = kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--save_steps 100 --max_steps 3 --output_dir " + out);
+  EXPECT_EQ(nosave.code, 0) << nosave.out;
+  // Resuming another folder's checkpoint: every checkpoint here is another run's
+  // (--save_total_limit deleted checkpoint-2 and -4 of this folder's run).
+  std::string other = tmpdir("ckpt_guard_other");
+  ASSERT_EQ(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 6 --save_steps 6 --output_dir " + other).code, 0);
+  expect_one_line_error(kiln_cmd(base + "--max_steps 8 --save_total_limit 1 --resume_from_checkpoint " + other + "/checkpoint-6"),
+                        "already holds checkpoint-2, checkpoint-4 of another run");
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-2"));
+  // A save interrupted between its two renames (checkpoint-4 moved to .old, the new one
+  // complete in .tmp) is finished before the next run saves, not deleted.
+  fs::rename(out + "/checkpoint-4", out + "/checkpoint-4.old");
+  fs::copy(out + "/checkpoint-2", out + "/checkpoint-4.tmp");
+  auto rec = kiln_cmd(base + "--max_steps 6 --resume_from_checkpoint " + out + "/checkpoint-2");
+  EXPECT_NE(rec.out.find("completed an interrupted save"), std::string::npos) << rec.out;
+  EXPECT_EQ(rec.code, 1) << rec.out;  // then checkpoint-4 is past step 2: refused
+  EXPECT_TRUE(fs::is_directory(out + "/checkpoint-4"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-4.old"));
+  // A file named like a checkpoint is not overwritten.
+  std::string filed = tmpdir("ckpt_guard_file");
+  std::ofstream(filed + "/checkpoint-2") << "not a checkpoint\n";
+  expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 2 --save_steps 2 "
+                                 "--output_dir " + filed),
+                        "holds a file named checkpoint-2");
+  std::ifstream kept(filed + "/checkpoint-2");
+  std::string line;
+  std::getline(kept, line);
+  EXPECT_EQ(line, "not a checkpoint");
+  // --overwrite_output_dir is per run: kiln compile refuses to bake it into DIR/train.
+  expect_one_line_error(kiln_cmd("compile examples/mlp_digits/model.onnx " + kMlpData +
+                                 "--max_steps 2 --overwrite_output_dir -o " + tmpdir("ckpt_guard_aot")),
+                        "per-run flag");
 }
 
 TEST(BadInput, CliArgumentsGiveOneLine) {

@@ -12,6 +12,7 @@
 // refused with one line. Exit codes: 0 ok, 2 bad usage, 1 failure at run time.
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <new>
 #include <set>
 
 #include "frontend/model_bytes.h"
@@ -104,6 +105,8 @@ int main(int argc, char** argv) {
     return real_main(argc, argv);
   } catch (const kiln::ir::OutOfMemory& e) {
     return fail(1, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(1, "out of memory (an allocation failed: lower the batch size, or raise the process's memory limit)");
   } catch (const std::exception& e) {
     return fail(1, std::string("internal error: ") + e.what());
   } catch (...) {

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <new>
 #include <functional>
 #include <map>
 #include <optional>
@@ -799,6 +800,10 @@ int main(int argc, char** argv) {
     return real_main(argc, argv);
   } catch (const ir::OutOfMemory& e) {
     std::cerr << "kiln: error: " << e.what() << std::endl;
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "kiln: error: out of memory (an allocation failed: lower the batch size, or raise the "
+                 "process's memory limit)" << std::endl;
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "kiln: error: internal error: " << one_line(e.what()) << std::endl;

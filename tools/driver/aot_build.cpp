@@ -98,6 +98,9 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
   if (cfg.backend != "compiled")
     return Status::error("kiln compile builds the compiled backend; --backend " + cfg.backend + " is for kiln train/bench");
   if (out_dir.empty()) return Status::error("-o DIR is required");
+  if (cfg.overwrite_output_dir)
+    return Status::error("--overwrite_output_dir deletes checkpoints: it is a per-run flag of DIR/train, not "
+                         "compiled into the binary (give it when running DIR/train)");
 
   // Optimizer steps of the run, for the LR schedule (as kiln train computes them).
   // Data given at compile time is checked against the model now (the binary keeps its

@@ -222,8 +222,8 @@ Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
 
 /// Batch-size bindings: user --shape first, then the first symbolic dim of each model input.
 /// dim_param bindings of a program whose data batch is `batch` rows: --shape's, plus each
-/// input's symbolic dim 0 bound to `batch` and, with --block_size, the symbolic dim 1 of
-/// integer (batch, seq) inputs bound to it. `flag` names the batch-size flag; with
+/// input's symbolic dim 0 bound to `batch` and, when the training data is a token file,
+/// the symbolic dim 1 of integer (batch, seq) inputs bound to --block_size. `flag` names the batch-size flag; with
 /// `enforce`, a --shape value for a batch dim other than `batch` is an error.
 static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, int64_t batch,
                                                                const char* flag, bool enforce) {
@@ -231,6 +231,10 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
   auto g = frontend::import_onnx(cfg.model, opts);
   if (!g) return g.status();
   std::map<std::string, int64_t> b = cfg.shape;
+  // A token file (one FILE.bin without NAME=, runtime/data.cpp): windows of block_size.
+  const auto& td = cfg.train_data;
+  const bool token_data = td.size() == 1 && td[0].find('=') == std::string::npos && td[0].size() > 4 &&
+                          td[0].compare(td[0].size() - 4, 4, ".bin") == 0;
   for (Value* in : (*g)->inputs) {
     if (in->shape.rank() == 0) continue;
     const std::string& sym = in->shape.dims[0].symbol;
@@ -243,7 +247,7 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
     if (!in->shape.dims[0].is_static() && !sym.empty() && !b.count(sym)) b[sym] = batch;
     // Token windows (--block_size): a symbolic sequence dim of an integer (batch, seq)
     // input is the window length, as the batch dim is the batch size.
-    if (cfg.block_size > 0 && in->shape.rank() == 2 && ir::is_integer(in->dtype)) {
+    if (cfg.block_size > 0 && token_data && in->shape.rank() == 2 && ir::is_integer(in->dtype)) {
       const std::string& seq = in->shape.dims[1].symbol;
       if (!in->shape.dims[1].is_static() && !seq.empty() && !b.count(seq)) b[seq] = cfg.block_size;
     }
