@@ -203,7 +203,10 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     eval_raw = std::move(*e);
   }
   if (cfg.resume_from_checkpoint == "true" || cfg.resume_from_checkpoint == "latest") {
-    // HF: resume_from_checkpoint=True resumes from the newest checkpoint in output_dir.
+    // HF: resume_from_checkpoint=True resumes from the newest checkpoint in output_dir
+    // (after finishing a save a crash interrupted between its renames).
+    for (const std::string& note : runtime::recover_interrupted_saves(cfg.output_dir))
+      std::cerr << "kiln: " << note << std::endl;
     auto all = runtime::list_checkpoints(cfg.output_dir);
     if (all.empty()) return Status::error("--resume_from_checkpoint: no checkpoint-N in " + cfg.output_dir);
     cfg.resume_from_checkpoint = all.back().second;
