@@ -172,8 +172,9 @@ std::vector<std::string> recover_interrupted_saves(const std::string& output_dir
   for (auto it = fs::directory_iterator(output_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.rfind("checkpoint-", 0) != 0 || !it->is_directory(ec)) continue;
-    const bool tmp = name.size() > 15 && name.compare(name.size() - 4, 4, ".tmp") == 0;
-    const bool old = name.size() > 15 && name.compare(name.size() - 4, 4, ".old") == 0;
+    if (name.size() <= 15 || name.find_first_not_of("0123456789", 11) != name.size() - 4) continue;  // N digits
+    const bool tmp = name.compare(name.size() - 4, 4, ".tmp") == 0;
+    const bool old = name.compare(name.size() - 4, 4, ".old") == 0;
     if (tmp || old) found.push_back(it->path());
   }
   std::sort(found.begin(), found.end());
