@@ -1,6 +1,11 @@
 // Trainer checkpoints: atomic directory writes, loading, rotation (see checkpoint.h).
 #include "runtime/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+#include <cstring>
+#include <cerrno>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -97,6 +102,8 @@ Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
     f.flush();
     if (!f) return Status::error("checkpoint '" + tmp.string() + "': cannot write trainer_state.json");
   }
+  io::sync_to_disk((tmp / "trainer_state.json").string());  // the safetensors files were synced when written
+  io::sync_to_disk(tmp.string());
   // Replace an existing checkpoint only once the new one is complete.
   fs::path old = final_dir;
   old += ".old";
@@ -117,6 +124,7 @@ Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
     return Status::error("checkpoint '" + final_dir.string() + "': rename from .tmp failed (" + ec.message() + ")");
   }
   if (had_old) fs::remove_all(old, ec);
+  io::sync_to_disk(final_dir.parent_path().empty() ? std::string(".") : final_dir.parent_path().string());
   return Status::ok();
 }
 
@@ -165,49 +173,39 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return r;
 }
 
-std::vector<std::string> recover_interrupted_saves(const std::string& output_dir) {
+std::vector<std::string> remove_interrupted_saves(const std::string& output_dir) {
   std::vector<std::string> notes;
   std::error_code ec;
   std::vector<fs::path> found;
   for (auto it = fs::directory_iterator(output_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind("checkpoint-", 0) != 0 || !it->is_directory(ec)) continue;
-    if (name.size() <= 15 || name.find_first_not_of("0123456789", 11) != name.size() - 4) continue;  // N digits
-    const bool tmp = name.compare(name.size() - 4, 4, ".tmp") == 0;
-    const bool old = name.compare(name.size() - 4, 4, ".old") == 0;
-    if (tmp || old) found.push_back(it->path());
+    if (name.rfind("checkpoint-", 0) != 0 || name.size() <= 15 || !it->is_directory(ec)) continue;
+    if (name.find_first_not_of("0123456789", 11) == name.size() - 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+      found.push_back(it->path());
   }
   std::sort(found.begin(), found.end());
   for (const fs::path& p : found) {
-    const std::string s = p.string();
-    const fs::path final_dir = s.substr(0, s.size() - 4);
-    const bool is_old = s.compare(s.size() - 4, 4, ".old") == 0;
-    fs::path tmp = final_dir, old = final_dir;
-    tmp += ".tmp";
-    old += ".old";
-    if (!fs::exists(p, ec)) continue;  // handled with its pair
-    if (is_old) {
-      // save_checkpoint moves the previous checkpoint-N aside only once the new one is
-      // complete in .tmp: with checkpoint-N missing, .tmp is that complete new one.
-      if (fs::exists(final_dir, ec)) {
-        fs::remove_all(old, ec);
-        notes.push_back("removed " + old.string() + " (the replaced checkpoint of a finished save)");
-      } else if (fs::is_directory(tmp, ec)) {
-        fs::rename(tmp, final_dir, ec);
-        if (!ec) fs::remove_all(old, ec);
-        notes.push_back("completed an interrupted save: " + tmp.string() + " -> " + final_dir.string());
-      } else {
-        fs::rename(old, final_dir, ec);
-        notes.push_back("restored " + final_dir.string() + " from " + old.string() + " (an interrupted save)");
-      }
-    } else if (!fs::exists(old, ec)) {
-      // No .old: the save stopped before its files were complete (or before the one
-      // rename that would have made it checkpoint-N); nothing reads it.
-      fs::remove_all(tmp, ec);
-      notes.push_back("removed " + tmp.string() + " (an interrupted save)");
-    }
+    fs::remove_all(p, ec);
+    notes.push_back("removed " + p.string() + " (a save that was interrupted)");
   }
   return notes;
+}
+
+Expected<std::unique_ptr<OutputDirLock>> OutputDirLock::acquire(const std::string& output_dir) {
+  const std::string path = (fs::path(output_dir) / ".kiln.lock").string();
+  const int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::error(path + ": cannot open the output_dir lock (" + std::strerror(errno) + ")");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return Status::error("--output_dir " + output_dir +
+                         " is in use by another kiln training run (it holds .kiln.lock); wait for it or choose another "
+                         "--output_dir");
+  }
+  return std::unique_ptr<OutputDirLock>(new OutputDirLock(fd));
+}
+
+OutputDirLock::~OutputDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 Status rotate_checkpoints(const std::string& output_dir, int64_t limit) {

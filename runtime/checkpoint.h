@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,12 +57,27 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 /// Deletes the oldest checkpoints so that at most `limit` remain (limit 0: keep all).
 Status rotate_checkpoints(const std::string& output_dir, int64_t limit);
 
-/// Finishes or undoes what an interrupted save_checkpoint left in output_dir:
-/// checkpoint-N.old with checkpoint-N present is removed; with checkpoint-N missing,
-/// checkpoint-N.tmp (complete: the previous checkpoint is moved aside only after it is)
-/// becomes checkpoint-N, or without a .tmp the .old is restored; a .tmp without .old is
-/// an incomplete save and is removed. Returns one note per action.
-std::vector<std::string> recover_interrupted_saves(const std::string& output_dir);
+/// Removes the checkpoint-N.tmp folders of output_dir: saves that were interrupted (a
+/// complete save is renamed to checkpoint-N). Call only while holding OutputDirLock, so
+/// that no other run is writing one. checkpoint-N.old folders are left alone. Returns
+/// one note per folder removed.
+std::vector<std::string> remove_interrupted_saves(const std::string& output_dir);
+
+/// An exclusive advisory lock (flock) on output_dir/.kiln.lock, held by a training run
+/// that writes into output_dir for as long as the object lives, so that a second run
+/// cannot remove or overwrite the first one's files. Errors: the lock file cannot be
+/// created, or another process holds the lock.
+class OutputDirLock {
+ public:
+  static Expected<std::unique_ptr<OutputDirLock>> acquire(const std::string& output_dir);
+  ~OutputDirLock();
+  OutputDirLock(const OutputDirLock&) = delete;
+  OutputDirLock& operator=(const OutputDirLock&) = delete;
+
+ private:
+  explicit OutputDirLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
 
 /// trainer_state.json <-> TrainerState.
 nlohmann::json trainer_state_to_json(const TrainerState& s);

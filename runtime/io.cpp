@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <unistd.h>
+#include <fcntl.h>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -40,7 +42,19 @@ Expected<std::string> read_file(const std::string& path) {
   return buf;
 }
 
-// Writes `bytes` to path.tmp and renames it over path.
+}  // namespace
+
+void sync_to_disk(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+namespace {
+
+// Writes `bytes` to path.tmp, flushes it to disk and renames it over path (then flushes
+// the folder, so that the rename itself survives a power loss).
 Status write_file_atomic(const std::string& path, const std::string& head, const void* body, size_t body_bytes,
                          const std::vector<std::pair<const void*, size_t>>& more = {}) {
   std::string tmp = path + ".tmp";
@@ -58,8 +72,13 @@ Status write_file_atomic(const std::string& path, const std::string& head, const
       return Status::error(path + ": write failed (disk full?)");
     }
   }
+  sync_to_disk(tmp);
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
+  if (!ec) {
+    const auto dir = std::filesystem::path(path).parent_path();
+    sync_to_disk(dir.empty() ? std::string(".") : dir.string());
+  }
   if (ec) {
     const std::string why = ec.message();  // before remove() reuses ec
     std::filesystem::remove(tmp, ec);

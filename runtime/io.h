@@ -28,6 +28,11 @@ Expected<ir::Tensor> load_npy(const std::string& path);
 /// dtype: error (cast to f32 first). Written to `path.tmp` and renamed over `path`.
 Status save_npy(const std::string& path, const ir::Tensor& t);
 
+/// fsync(2) of a file or folder, best effort (errors ignored): used before and after the
+/// renames that publish a file or checkpoint, so that a power loss cannot leave a
+/// renamed but empty file, or a rotation that deleted the previous good checkpoint.
+void sync_to_disk(const std::string& path);
+
 // ----------------------------------------------------------------------------- safetensors
 /// Writes a safetensors file (huggingface/safetensors format: u64 little-endian header
 /// length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}},

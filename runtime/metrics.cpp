@@ -2,6 +2,8 @@
 #include "runtime/metrics.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <sstream>
 #include <vector>
@@ -70,10 +72,25 @@ Status MetricsWriter::open(const std::string& path, bool resume, int64_t keep_up
       }
     }
   }
-  out_.open(path, std::ios::out | std::ios::trunc);
+  if (resume) {
+    // The kept lines go to a temporary file renamed over the old one: a kill while they
+    // are rewritten must not leave the history truncated.
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream t(tmp, std::ios::out | std::ios::trunc);
+      if (!t) return Status::error(tmp + ": cannot open for writing");
+      for (auto& l : kept) t << l << "\n";
+      t.flush();
+      if (!t) return Status::error(tmp + ": write failed");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) return Status::error(path + ": cannot replace it (" + ec.message() + ")");
+    out_.open(path, std::ios::out | std::ios::app);
+  } else {
+    out_.open(path, std::ios::out | std::ios::trunc);
+  }
   if (!out_) return Status::error(path + ": cannot open for writing");
-  for (auto& l : kept) out_ << l << "\n";
-  out_.flush();
   return Status::ok();
 }
 

@@ -542,7 +542,7 @@ Expected<TrainResult> Trainer::run() {
 Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64_t total_steps) {
   // Only a run that will write a checkpoint can overwrite or rotate one away.
   if (cfg.save_steps <= 0 || total_steps / cfg.save_steps <= start_step / cfg.save_steps) return Status::ok();
-  for (const std::string& note : recover_interrupted_saves(cfg.output_dir)) std::cerr << "kiln: " << note << std::endl;
+  for (const std::string& note : remove_interrupted_saves(cfg.output_dir)) std::cerr << "kiln: " << note << std::endl;
   {  // a file named like a checkpoint would be in the way of (or replaced by) a save
     std::error_code ec;
     for (auto it = std::filesystem::directory_iterator(cfg.output_dir, ec);
@@ -558,14 +558,14 @@ Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64
   // another run's (rotation would delete the lowest steps first).
   bool elsewhere = false;
   if (!cfg.resume_from_checkpoint.empty()) {
-    auto folder = [](const std::string& p, std::error_code& ec) {  // canonical, no trailing separator
-      auto c = std::filesystem::weakly_canonical(p, ec);
-      return c.filename().empty() ? c.parent_path() : c;
-    };
-    std::error_code e1, e2;
-    const auto from = folder(cfg.resume_from_checkpoint, e1).parent_path();
-    const auto out = folder(cfg.output_dir, e2);
-    elsewhere = e1 || e2 || from != out;
+    // The folder holding the checkpoint as the path names it (a symlinked checkpoint
+    // stays in its folder), compared by identity (device and inode: bind mounts, ".").
+    std::filesystem::path ck = std::filesystem::path(cfg.resume_from_checkpoint).lexically_normal();
+    if (ck.filename().empty()) ck = ck.parent_path();
+    std::filesystem::path from = ck.parent_path();
+    if (from.empty()) from = ".";
+    std::error_code ec;
+    elsewhere = !std::filesystem::equivalent(from, cfg.output_dir, ec) || ec;
   }
   std::vector<std::pair<int64_t, std::string>> later;
   for (auto& c : list_checkpoints(cfg.output_dir))

@@ -148,8 +148,9 @@ class Trainer {
 };
 
 /// Checks output_dir before a run that will write a checkpoint (a multiple of
-/// cfg.save_steps in (start_step, total_steps]): first finishes interrupted saves
-/// (recover_interrupted_saves, one stderr line each); then a checkpoint-N there with
+/// cfg.save_steps in (start_step, total_steps]): first removes interrupted saves
+/// (remove_interrupted_saves, one stderr line each; the caller holds OutputDirLock);
+/// then a checkpoint-N there with
 /// N > start_step (the restored global step; 0 for a fresh run), or any checkpoint when
 /// the run resumes from a checkpoint in another folder, belongs to another run. Saving
 /// would overwrite it, and rotation (--save_total_limit keeps the highest steps) would

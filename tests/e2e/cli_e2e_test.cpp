@@ -6,7 +6,10 @@
 //     tiny GPT eval_loss < ln(256) / 2.
 // Real data comes from tools/prepare_test_data.sh (run by tools/test.sh).
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -283,15 +286,21 @@ TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
   expect_one_line_error(kiln_cmd(base + "--max_steps 8 --save_total_limit 1 --resume_from_checkpoint " + other + "/checkpoint-6"),
                         "already holds checkpoint-2, checkpoint-4 of another run");
   EXPECT_TRUE(fs::exists(out + "/checkpoint-2"));
-  // A save interrupted between its two renames (checkpoint-4 moved to .old, the new one
-  // complete in .tmp) is finished before the next run saves, not deleted.
-  fs::rename(out + "/checkpoint-4", out + "/checkpoint-4.old");
-  fs::copy(out + "/checkpoint-2", out + "/checkpoint-4.tmp");
-  auto rec = kiln_cmd(base + "--max_steps 6 --resume_from_checkpoint " + out + "/checkpoint-2");
-  EXPECT_NE(rec.out.find("completed an interrupted save"), std::string::npos) << rec.out;
-  EXPECT_EQ(rec.code, 1) << rec.out;  // then checkpoint-4 is past step 2: refused
-  EXPECT_TRUE(fs::is_directory(out + "/checkpoint-4"));
-  EXPECT_FALSE(fs::exists(out + "/checkpoint-4.old"));
+  // A folder named checkpoint-N.old is the user's (kiln's saves never leave one now): kept.
+  fs::create_directories(out + "/checkpoint-2.old");
+  auto rerun = kiln_cmd(base + "--max_steps 6 --resume_from_checkpoint latest");
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-2.old")) << rerun.out;
+  // One training run per output_dir: a second one (here: this test holding the lock)
+  // is refused before it touches anything.
+  {
+    const int fd = ::open((out + "/.kiln.lock").c_str(), O_CREAT | O_RDWR, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    fs::create_directories(out + "/checkpoint-16.tmp");  // as if that run were saving it
+    expect_one_line_error(kiln_cmd(base + "--max_steps 20 --resume_from_checkpoint latest"), "in use by another kiln");
+    EXPECT_TRUE(fs::exists(out + "/checkpoint-16.tmp"));
+    ::close(fd);
+  }
   // A file named like a checkpoint is not overwritten.
   std::string filed = tmpdir("ckpt_guard_file");
   std::ofstream(filed + "/checkpoint-2") << "not a checkpoint\n";

@@ -193,6 +193,8 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
   KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
+  // One training run per output_dir at a time (checkpoints, metrics.jsonl, model files).
+  KILN_ASSIGN_OR_RETURN(auto dir_lock, runtime::OutputDirLock::acquire(cfg.output_dir));
   auto ctx = [](const Status& s, const std::string& what) { return Status::error(what + ": " + s.message()); };
   auto train_raw = runtime::load_raw_data(cfg.train_data);
   if (!train_raw) return ctx(train_raw.status(), "--train_data");
@@ -203,10 +205,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     eval_raw = std::move(*e);
   }
   if (cfg.resume_from_checkpoint == "true" || cfg.resume_from_checkpoint == "latest") {
-    // HF: resume_from_checkpoint=True resumes from the newest checkpoint in output_dir
-    // (after finishing a save a crash interrupted between its renames).
-    for (const std::string& note : runtime::recover_interrupted_saves(cfg.output_dir))
-      std::cerr << "kiln: " << note << std::endl;
+    // HF: resume_from_checkpoint=True resumes from the newest checkpoint in output_dir.
     auto all = runtime::list_checkpoints(cfg.output_dir);
     if (all.empty()) return Status::error("--resume_from_checkpoint: no checkpoint-N in " + cfg.output_dir);
     cfg.resume_from_checkpoint = all.back().second;
