@@ -102,6 +102,14 @@ Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
     f.flush();
     if (!f) return Status::error("checkpoint '" + tmp.string() + "': cannot write trainer_state.json");
   }
+  if (!ckpt.log_history.empty()) {
+    std::ofstream f(tmp / "metrics.jsonl", std::ios::binary);
+    f << ckpt.log_history;
+    f.flush();
+    if (!f) return Status::error("checkpoint '" + tmp.string() + "': cannot write metrics.jsonl");
+    f.close();
+    io::sync_to_disk((tmp / "metrics.jsonl").string());
+  }
   io::sync_to_disk((tmp / "trainer_state.json").string());  // the safetensors files were synced when written
   io::sync_to_disk(tmp.string());
   // Replace an existing checkpoint only once the new one is complete.
@@ -193,13 +201,19 @@ std::vector<std::string> remove_interrupted_saves(const std::string& output_dir)
 
 Expected<std::unique_ptr<OutputDirLock>> OutputDirLock::acquire(const std::string& output_dir) {
   const std::string path = (fs::path(output_dir) / ".kiln.lock").string();
-  const int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  // Read-only suffices for flock; 0666 less the umask, as the other files kiln writes
+  // (a group sharing the folder can take the lock in turn).
+  const int fd = ::open(path.c_str(), O_CREAT | O_RDONLY | O_CLOEXEC, 0666);
   if (fd < 0) return Status::error(path + ": cannot open the output_dir lock (" + std::strerror(errno) + ")");
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
     ::close(fd);
-    return Status::error("--output_dir " + output_dir +
-                         " is in use by another kiln training run (it holds .kiln.lock); wait for it or choose another "
-                         "--output_dir");
+    if (err == EWOULDBLOCK)
+      return Status::error("--output_dir " + output_dir +
+                           " is in use by another kiln training run (it holds .kiln.lock); wait for it or choose "
+                           "another --output_dir");
+    return Status::error(path + ": cannot lock the output_dir (" + std::strerror(err) +
+                         "; a file system without locks?)");
   }
   return std::unique_ptr<OutputDirLock>(new OutputDirLock(fd));
 }

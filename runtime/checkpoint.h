@@ -2,6 +2,7 @@
 //   output_dir/checkpoint-N/model.safetensors      parameters and buffers, named by ONNX initializer
 //   output_dir/checkpoint-N/optimizer.safetensors  optimizer state and counters (the "step" counter)
 //   output_dir/checkpoint-N/trainer_state.json     global_step, epoch, data position, log accumulators, config
+//   output_dir/checkpoint-N/metrics.jsonl          the log lines up to step N (HF: log_history), restored on resume
 // A checkpoint is written into checkpoint-N.tmp and renamed when complete, so a crash
 // never leaves a half-written checkpoint-N and never destroys an existing one.
 #pragma once
@@ -40,6 +41,10 @@ struct Checkpoint {
   std::map<std::string, ir::Tensor> model;      ///< parameters and buffers
   std::map<std::string, ir::Tensor> optimizer;  ///< optimizer state and counters
   TrainerState state;
+  /// metrics.jsonl of the run up to this step (written as checkpoint-N/metrics.jsonl when
+  /// not empty): a resume restores its log history from it, as Hugging Face's
+  /// trainer_state.json log_history, not from whatever output_dir's metrics.jsonl holds.
+  std::string log_history;
 };
 
 /// Creates `dir` (and parents) and checks that a file can be written in it.

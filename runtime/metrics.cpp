@@ -1,6 +1,8 @@
 // Training metrics: console lines, metrics.jsonl, progress bar (see metrics.h).
 #include "runtime/metrics.h"
 
+#include "runtime/io.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -56,11 +58,12 @@ std::string format_eval_line(const nlohmann::json& j) {
   return os.str();
 }
 
-Status MetricsWriter::open(const std::string& path, bool resume, int64_t keep_up_to_step) {
+Status MetricsWriter::open(const std::string& path, bool resume, int64_t keep_up_to_step, const std::string& history) {
   path_ = path;
   std::vector<std::string> kept;
   if (resume) {
-    std::ifstream in(path);
+    std::error_code ec;
+    std::ifstream in(!history.empty() && std::filesystem::is_regular_file(history, ec) ? history : path);
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
@@ -83,11 +86,16 @@ Status MetricsWriter::open(const std::string& path, bool resume, int64_t keep_up
       t.flush();
       if (!t) return Status::error(tmp + ": write failed");
     }
+    io::sync_to_disk(tmp);
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
     if (ec) return Status::error(path + ": cannot replace it (" + ec.message() + ")");
+    const auto dir = std::filesystem::path(path).parent_path();
+    io::sync_to_disk(dir.empty() ? std::string(".") : dir.string());
     out_.open(path, std::ios::out | std::ios::app);
   } else {
+    std::error_code ec;
+    std::filesystem::remove(path + ".tmp", ec);  // left by a run killed while it rewrote the history
     out_.open(path, std::ios::out | std::ios::trunc);
   }
   if (!out_) return Status::error(path + ": cannot open for writing");

@@ -35,8 +35,9 @@ std::string format_eval_line(const nlohmann::json& eval);
 class MetricsWriter {
  public:
   /// Opens `path`. Fresh runs truncate it; a resumed run keeps the lines with
-  /// step <= `keep_up_to_step` and appends after them.
-  Status open(const std::string& path, bool resume, int64_t keep_up_to_step);
+  /// step <= `keep_up_to_step` and appends after them. `history` (a resumed checkpoint's
+  /// metrics.jsonl, when it has one) replaces `path` as the source of the kept lines.
+  Status open(const std::string& path, bool resume, int64_t keep_up_to_step, const std::string& history = "");
   Status write(const nlohmann::json& j);
   bool is_open() const { return out_.is_open(); }
 

@@ -10,6 +10,8 @@
 #include <iostream>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "runtime/interpreter.h"
 
@@ -241,6 +243,7 @@ Status Trainer::restore(const std::string& dir) {
   acc_.log_time_sum = c.state.log_time_sum;
   acc_.total_loss_sum = c.state.total_loss_sum;
   resumed_ = true;
+  resumed_from_ = dir;
   return Status::ok();
 }
 
@@ -415,6 +418,12 @@ Status Trainer::save() {
   c.state.rows_per_step = rows_per_step_;
   c.state.seed = cfg_.seed;
   c.state.config_json = config_to_json(cfg_);
+  {  // the log history so far (MetricsWriter flushes every line)
+    std::ifstream in(std::filesystem::path(cfg_.output_dir) / "metrics.jsonl", std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    c.log_history = ss.str();
+  }
   std::string dir = (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(global_step_))).string();
   KILN_RETURN_IF_ERROR(save_checkpoint(dir, c));
   return rotate_checkpoints(cfg_.output_dir, cfg_.save_total_limit);
@@ -427,8 +436,9 @@ Expected<TrainResult> Trainer::run() {
   MetricsWriter metrics;
   if (opts_.write_files) {
     KILN_RETURN_IF_ERROR(prepare_output_dir(cfg_.output_dir));
-    KILN_RETURN_IF_ERROR(metrics.open((std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string(), resumed_,
-                                      global_step_));
+    KILN_RETURN_IF_ERROR(metrics.open(
+        (std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string(), resumed_, global_step_,
+        resumed_from_.empty() ? std::string() : (std::filesystem::path(resumed_from_) / "metrics.jsonl").string()));
   }
   if (eval_) {
     int64_t used = eval_->num_eval_batches(eval_rows_) * eval_rows_;

@@ -145,6 +145,7 @@ class Trainer {
   std::shared_ptr<ScheduleCache> schedule_;
   TrainerState acc_;  ///< logging accumulators (persisted in checkpoints)
   bool resumed_ = false;
+  std::string resumed_from_;  ///< the checkpoint folder restore() read
 };
 
 /// Checks output_dir before a run that will write a checkpoint (a multiple of

@@ -252,6 +252,25 @@ TEST(TokenData, BlockSizeBindsASymbolicSequenceDim) {
   expect_one_line_error(kiln_cmd(model + "--max_steps 1 --output_dir " + out), "--block_size is needed");
 }
 
+TEST(Resume, LogHistoryComesFromTheCheckpoint) {
+  require_data();
+  // A run that saves nothing rewrote metrics.jsonl; resuming the earlier run's
+  // checkpoint then spliced that run's log lines before its own. The checkpoint now
+  // carries the history (as HF's trainer_state.json log_history).
+  std::string out = tmpdir("log_history");
+  const std::string base = "train examples/mlp_digits/model.onnx " + kMlpData + "--save_steps 5 --logging_steps 1 "
+                           "--output_dir " + out + " ";
+  ASSERT_EQ(kiln_cmd(base + "--max_steps 10").code, 0);
+  const auto first = train_losses(out);
+  ASSERT_EQ(first.size(), 10u);
+  ASSERT_EQ(kiln_cmd(base + "--max_steps 3 --learning_rate 0.1").code, 0);  // saves nothing
+  auto r = kiln_cmd(base + "--max_steps 12 --resume_from_checkpoint latest");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto after = train_losses(out);
+  ASSERT_EQ(after.size(), 12u);
+  for (int64_t s = 1; s <= 10; ++s) EXPECT_EQ(after.at(s), first.at(s)) << "step " << s;
+}
+
 TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
   require_data();
   // A fresh run into an output_dir holding higher-numbered checkpoints: --save_total_limit

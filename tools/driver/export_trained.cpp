@@ -2,6 +2,7 @@
 #include "tools/driver/export_trained.h"
 
 #include "frontend/model_bytes.h"
+#include "runtime/io.h"
 
 #include <onnx/onnx_pb.h>
 
@@ -61,8 +62,13 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
     out.flush();
     if (!out) return Status::error(out_path + ": write failed");
   }
+  runtime::io::sync_to_disk(tmp);
   std::error_code ec;
   std::filesystem::rename(tmp, out_path, ec);
+  if (!ec) {
+    const auto dir = std::filesystem::path(out_path).parent_path();
+    runtime::io::sync_to_disk(dir.empty() ? std::string(".") : dir.string());
+  }
   if (ec) {
     const std::string why = ec.message();
     std::filesystem::remove(tmp, ec);  // no model.onnx.tmp left behind
