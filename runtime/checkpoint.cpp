@@ -102,12 +102,9 @@ Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
     f.flush();
     if (!f) return Status::error("checkpoint '" + tmp.string() + "': cannot write trainer_state.json");
   }
-  if (!ckpt.log_history.empty()) {
-    std::ofstream f(tmp / "metrics.jsonl", std::ios::binary);
-    f << ckpt.log_history;
-    f.flush();
-    if (!f) return Status::error("checkpoint '" + tmp.string() + "': cannot write metrics.jsonl");
-    f.close();
+  if (!ckpt.log_history.empty() && fs::is_regular_file(ckpt.log_history, ec)) {
+    fs::copy_file(ckpt.log_history, tmp / "metrics.jsonl", fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::error("checkpoint '" + tmp.string() + "': cannot copy metrics.jsonl (" + ec.message() + ")");
     io::sync_to_disk((tmp / "metrics.jsonl").string());
   }
   io::sync_to_disk((tmp / "trainer_state.json").string());  // the safetensors files were synced when written
@@ -153,12 +150,10 @@ Expected<Checkpoint> load_checkpoint(const std::string& dir) {
   KILN_ASSIGN_OR_RETURN(c.model, io::load_safetensors((fs::path(dir) / "model.safetensors").string()));
   KILN_ASSIGN_OR_RETURN(c.optimizer, io::load_safetensors((fs::path(dir) / "optimizer.safetensors").string()));
   std::string sp = (fs::path(dir) / "trainer_state.json").string();
-  if (fs::exists(sp, ec) && !fs::is_regular_file(sp, ec))
-    return Status::error(sp + ": not a regular file (a device, FIFO or socket)");
-  std::ifstream f(sp);
+  KILN_ASSIGN_OR_RETURN(std::string text, io::read_file(sp));
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     return Status::error(sp + ": invalid JSON");
   }
@@ -166,16 +161,22 @@ Expected<Checkpoint> load_checkpoint(const std::string& dir) {
   return c;
 }
 
+int64_t checkpoint_step(const std::string& name, const std::string& suffix) {
+  const size_t digits = name.size() - std::min(name.size(), 11 + suffix.size());
+  if (name.rfind("checkpoint-", 0) != 0 || digits == 0 || digits > 18 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string num = name.substr(11, digits);
+  if (num.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(num);  // 18 digits always fit in int64
+}
+
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir) {
   std::vector<std::pair<int64_t, std::string>> r;
   std::error_code ec;
   for (auto it = fs::directory_iterator(output_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    if (name.rfind("checkpoint-", 0) != 0 || !it->is_directory()) continue;
-    std::string num = name.substr(11);
-    if (num.empty() || num.size() > 18 || !std::all_of(num.begin(), num.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;  // not a step number kiln writes (18 digits fit in int64)
-    r.emplace_back(std::stoll(num), it->path().string());
+    const int64_t step = checkpoint_step(it->path().filename().string());
+    if (step >= 0 && it->is_directory()) r.emplace_back(step, it->path().string());
   }
   std::sort(r.begin(), r.end());
   return r;
@@ -186,9 +187,7 @@ std::vector<std::string> remove_interrupted_saves(const std::string& output_dir)
   std::error_code ec;
   std::vector<fs::path> found;
   for (auto it = fs::directory_iterator(output_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind("checkpoint-", 0) != 0 || name.size() <= 15 || !it->is_directory(ec)) continue;
-    if (name.find_first_not_of("0123456789", 11) == name.size() - 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+    if (checkpoint_step(it->path().filename().string(), ".tmp") >= 0 && it->is_directory(ec))
       found.push_back(it->path());
   }
   std::sort(found.begin(), found.end());

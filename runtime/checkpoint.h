@@ -41,9 +41,10 @@ struct Checkpoint {
   std::map<std::string, ir::Tensor> model;      ///< parameters and buffers
   std::map<std::string, ir::Tensor> optimizer;  ///< optimizer state and counters
   TrainerState state;
-  /// metrics.jsonl of the run up to this step (written as checkpoint-N/metrics.jsonl when
-  /// not empty): a resume restores its log history from it, as Hugging Face's
-  /// trainer_state.json log_history, not from whatever output_dir's metrics.jsonl holds.
+  /// Path of the run's metrics.jsonl up to this step ("" = none), copied into the
+  /// checkpoint as checkpoint-N/metrics.jsonl: a resume restores its log history from it,
+  /// as Hugging Face's trainer_state.json log_history, not from whatever output_dir's
+  /// metrics.jsonl holds then.
   std::string log_history;
 };
 
@@ -56,6 +57,9 @@ Status prepare_output_dir(const std::string& dir);
 Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt);
 /// Reads a checkpoint directory. Errors name the directory and the missing/bad file.
 Expected<Checkpoint> load_checkpoint(const std::string& dir);
+
+/// The step N of a folder or file name "checkpoint-N<suffix>" (N: 1 to 18 digits), else -1.
+int64_t checkpoint_step(const std::string& name, const std::string& suffix = "");
 
 /// checkpoint-N directories of `output_dir`, sorted by N (complete ones only, not *.tmp).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir);

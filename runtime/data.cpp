@@ -178,10 +178,14 @@ Expected<Dataset> Dataset::from_tokens(std::shared_ptr<const std::vector<uint16_
   return ds;
 }
 
+bool is_token_file(const std::vector<std::string>& specs) {
+  return specs.size() == 1 && specs[0].find('=') == std::string::npos && ends_with(specs[0], ".bin");
+}
+
 Expected<RawData> load_raw_data(const std::vector<std::string>& specs) {
   if (specs.empty()) return Status::error("no data given");
   RawData raw;
-  if (specs.size() == 1 && specs[0].find('=') == std::string::npos && ends_with(specs[0], ".bin")) {
+  if (is_token_file(specs)) {
     KILN_ASSIGN_OR_RETURN(auto toks, io::load_tokens(specs[0]));
     raw.tokens = std::make_shared<const std::vector<uint16_t>>(std::move(toks));
     raw.token_file = specs[0];

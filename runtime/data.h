@@ -71,6 +71,10 @@ struct RawData {
 /// Errors name the spec or file (bad NAME=FILE syntax, unreadable or malformed file).
 Expected<RawData> load_raw_data(const std::vector<std::string>& specs);
 
+/// Whether `specs` (--train_data / --eval_data items) name a token file: one FILE.bin
+/// without NAME=, read as windows of --block_size (load_raw_data).
+bool is_token_file(const std::vector<std::string>& specs);
+
 /// Name of the scalar graph input that gradient accumulation with token normalization
 /// reads (passes/attach_loss.cpp): the count of real labels over the whole step.
 inline constexpr const char* kNumItemsInput = "num_items_in_batch";

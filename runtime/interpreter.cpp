@@ -291,8 +291,6 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
   return Status::ok();
 }
 
-/// Runs a FusedKernel node through its generated kernel: outputs allocated, then the
-/// kernel's parallel dimension split across the OpenMP threads.
 /// The tensors of node `n`'s inputs from `env` (null for an absent optional input).
 /// Error: an input without a value.
 Status input_tensors(const Node& n, Env& env, std::vector<const Tensor*>& ins) {
@@ -396,6 +394,9 @@ Status prepare_pieced(const Node& n, const OpDef& def, const StaticOutputs* know
   return Status::ok();
 }
 
+/// Runs a FusedKernel node through its generated kernel: outputs allocated, then the
+/// kernel's parallel dimension split across the OpenMP threads (and a split column
+/// reduction's partitions combined).
 Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
                           Tensor* dying_inplace) {
   FusedLaunch l;

@@ -22,8 +22,6 @@ static_assert(std::endian::native == std::endian::little, "kiln's file formats a
 using ir::DType;
 using ir::Tensor;
 
-namespace {
-
 Expected<std::string> read_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return Status::error(path + ": is a directory, not a file");
@@ -42,8 +40,6 @@ Expected<std::string> read_file(const std::string& path) {
   return buf;
 }
 
-}  // namespace
-
 void sync_to_disk(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
@@ -51,10 +47,23 @@ void sync_to_disk(const std::string& path) {
   ::close(fd);
 }
 
+Status publish_file(const std::string& tmp, const std::string& path) {
+  sync_to_disk(tmp);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    const std::string why = ec.message();  // before remove() reuses ec
+    std::filesystem::remove(tmp, ec);
+    return Status::error(path + ": cannot rename '" + tmp + "' into place (" + why + ")");
+  }
+  const auto dir = std::filesystem::path(path).parent_path();
+  sync_to_disk(dir.empty() ? std::string(".") : dir.string());
+  return Status::ok();
+}
+
 namespace {
 
-// Writes `bytes` to path.tmp, flushes it to disk and renames it over path (then flushes
-// the folder, so that the rename itself survives a power loss).
+// Writes `bytes` to path.tmp and publishes it over path (publish_file).
 Status write_file_atomic(const std::string& path, const std::string& head, const void* body, size_t body_bytes,
                          const std::vector<std::pair<const void*, size_t>>& more = {}) {
   std::string tmp = path + ".tmp";
@@ -72,19 +81,7 @@ Status write_file_atomic(const std::string& path, const std::string& head, const
       return Status::error(path + ": write failed (disk full?)");
     }
   }
-  sync_to_disk(tmp);
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (!ec) {
-    const auto dir = std::filesystem::path(path).parent_path();
-    sync_to_disk(dir.empty() ? std::string(".") : dir.string());
-  }
-  if (ec) {
-    const std::string why = ec.message();  // before remove() reuses ec
-    std::filesystem::remove(tmp, ec);
-    return Status::error(path + ": cannot rename '" + tmp + "' into place (" + why + ")");
-  }
-  return Status::ok();
+  return publish_file(tmp, path);
 }
 
 // numel * elem_size, or -1 on a negative dim or overflow past int64.

@@ -33,6 +33,17 @@ Status save_npy(const std::string& path, const ir::Tensor& t);
 /// renamed but empty file, or a rotation that deleted the previous good checkpoint.
 void sync_to_disk(const std::string& path);
 
+/// Renames the complete file `tmp` over `path`: fsync of `tmp` before the rename and of
+/// the folder after it (a power loss cannot leave an empty renamed file or lose the
+/// rename). Error naming the reason (errno text); `tmp` is removed then.
+Status publish_file(const std::string& tmp, const std::string& path);
+
+/// The bytes of the regular file `path`, read into a buffer sized from the file (a failed
+/// allocation throws std::bad_alloc instead of looking like a short file). Errors: a
+/// directory, a device, FIFO or socket (which would be read without end or block), an
+/// unopenable or short read.
+Expected<std::string> read_file(const std::string& path);
+
 // ----------------------------------------------------------------------------- safetensors
 /// Writes a safetensors file (huggingface/safetensors format: u64 little-endian header
 /// length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}},

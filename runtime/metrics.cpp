@@ -86,12 +86,7 @@ Status MetricsWriter::open(const std::string& path, bool resume, int64_t keep_up
       t.flush();
       if (!t) return Status::error(tmp + ": write failed");
     }
-    io::sync_to_disk(tmp);
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) return Status::error(path + ": cannot replace it (" + ec.message() + ")");
-    const auto dir = std::filesystem::path(path).parent_path();
-    io::sync_to_disk(dir.empty() ? std::string(".") : dir.string());
+    KILN_RETURN_IF_ERROR(io::publish_file(tmp, path));
     out_.open(path, std::ios::out | std::ios::app);
   } else {
     std::error_code ec;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include "runtime/train_config.h"
 
+#include "runtime/io.h"
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -427,14 +429,8 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
 Status load_config_json(const std::string& path, TrainConfig& cfg) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return Status::error(path + ": config file not found");
-  if (std::filesystem::is_directory(path, ec)) return Status::error(path + ": is a directory, not a JSON config file");
-  if (!std::filesystem::is_regular_file(path, ec))
-    return Status::error(path + ": not a regular file (a device, FIFO or socket), not a JSON config file");
-  std::ifstream f(path);
-  if (!f) return Status::error(path + ": cannot open config file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return config_from_json_text(ss.str(), path, cfg);
+  KILN_ASSIGN_OR_RETURN(std::string text, io::read_file(path));
+  return config_from_json_text(text, path, cfg);
 }
 
 std::string config_to_json(const TrainConfig& cfg_in) {

@@ -10,8 +10,6 @@
 #include <iostream>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "runtime/interpreter.h"
 
@@ -418,12 +416,8 @@ Status Trainer::save() {
   c.state.rows_per_step = rows_per_step_;
   c.state.seed = cfg_.seed;
   c.state.config_json = config_to_json(cfg_);
-  {  // the log history so far (MetricsWriter flushes every line)
-    std::ifstream in(std::filesystem::path(cfg_.output_dir) / "metrics.jsonl", std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    c.log_history = ss.str();
-  }
+  // The log history so far (MetricsWriter flushes every line).
+  c.log_history = (std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string();
   std::string dir = (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(global_step_))).string();
   KILN_RETURN_IF_ERROR(save_checkpoint(dir, c));
   return rotate_checkpoints(cfg_.output_dir, cfg_.save_total_limit);
@@ -558,8 +552,7 @@ Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64
     for (auto it = std::filesystem::directory_iterator(cfg.output_dir, ec);
          !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
       const std::string name = it->path().filename().string();
-      if (name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
-          name.find_first_not_of("0123456789", 11) == std::string::npos && !it->is_directory(ec))
+      if (checkpoint_step(name) >= 0 && !it->is_directory(ec))
         return Status::error("--output_dir " + cfg.output_dir + " holds a file named " + name +
                              ", in the way of the checkpoints this run saves (not a checkpoint directory); move it away");
     }

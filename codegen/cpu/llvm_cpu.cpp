@@ -411,10 +411,7 @@ class KernelEmitter {
 
   /// sum_i m_i t^i by Horner's rule at t = x * scale + shift (x: f32 register value).
   llvm::Value* horner_f32(llvm::Value* x, const std::vector<double>& m, double scale, double shift) {
-    llvm::Value* t = B_.CreateFAdd(B_.CreateFMul(x, f32c(scale)), f32c(shift));
-    llvm::Value* r = f32c(m.back());
-    for (size_t i = m.size() - 1; i-- > 0;) r = muladd(r, t, f32c(m[i]));
-    return r;
+    return grouped_horner(B_.CreateFAdd(B_.CreateFMul(x, f32c(scale)), f32c(shift)), m, 1);
   }
 
   /// erf of an f32 register value as straight-line f32 code the loop vectorizer widens
@@ -476,9 +473,8 @@ class KernelEmitter {
     llvm::Value* n = B_.CreateFSub(t, c(magic));
     llvm::Value* r = muladd(n, c(-0.693359375), xc);
     r = muladd(n, c(2.12194440e-4), r);
-    llvm::Value* p = c(1.9875691500e-4);
-    for (double k : {1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1})
-      p = muladd(p, r, c(k));
+    llvm::Value* p = grouped_horner(
+        r, {5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3, 1.3981999507e-3, 1.9875691500e-4}, 1);
     // p r^2 + r + 1 in three roundings as Cephes (and glibc's expf results, in the
     // tested cases): one FMA for p r^2 + r rounds differently in some last bits, and Adam's
     // first, sign-like steps amplify those (CompiledVsEager tiny_gpt accum2 moved to 1.7e-5).
@@ -514,15 +510,13 @@ class KernelEmitter {
     llvm::Value* n = B_.CreateFSub(t, c(magic));
     llvm::Value* r = muladd(n, c(-6.93145751953125E-1), xc);
     r = muladd(n, c(-1.42860682030941723212E-6), r);
-    // Horner from 1/13! down to 1/1!, then 1 + r * p (one chain: split into two or three
-    // Horner chains, the 16-lane f64 loop of the cross-entropy gradient, two registers per
-    // value, spilled constants and got slower in llvm-mca).
-    double inv_fact[14];
-    inv_fact[0] = 1;
-    for (int k = 1; k < 14; ++k) inv_fact[k] = inv_fact[k - 1] / k;
-    llvm::Value* p = c(inv_fact[13]);
-    for (int k = 12; k >= 1; --k) p = muladd(p, r, c(inv_fact[k]));
-    llvm::Value* y = muladd(p, r, c(1.0));
+    // p = sum_k r^k / (k + 1)! for k = 0..12 by Horner's rule (one chain: split into two
+    // or three, the 16-lane f64 loop of the cross-entropy gradient, two registers per
+    // value, spilled constants and got slower in llvm-mca), then 1 + r * p.
+    std::vector<double> inv_fact(13);
+    double f = 1;
+    for (int k = 0; k < 13; ++k) inv_fact[k] = (f /= (k + 1));
+    llvm::Value* y = muladd(grouped_horner(r, inv_fact, 1), r, c(1.0));
     llvm::Value* ni = B_.CreateSub(B_.CreateBitCast(t, i64), ci(0x4338000000000000LL));
     llvm::Value* n1 = B_.CreateAShr(ni, 1);
     llvm::Value* n2 = B_.CreateSub(ni, n1);

@@ -448,6 +448,16 @@ TEST(LlvmCpu, BroadcastTransposeOffsetsRankZeroOddSizes) {
 TEST(LlvmCpu, Reductions) {
   std::vector<Kernel> ks;
   std::vector<Tols> tols;
+  // One input `x` reduced to its sum and its max (`sum_tol` 0: compared exactly).
+  auto sum_and_max = [&](const char* name, std::vector<int64_t> domain, std::vector<bool> reduced, DType dt,
+                         std::vector<int64_t> in, std::vector<int64_t> out, double sum_tol) {
+    KB b(name, std::move(domain), std::move(reduced));
+    int x = b.load(b.param("x", dt, std::move(in)));
+    int s = b.out("sum", x, out, ReduceKind::sum);
+    b.out("max", x, out, ReduceKind::max);
+    ks.push_back(b.k);
+    tols.push_back(sum_tol > 0 ? Tols{{s, sum_tol}} : Tols{});
+  };
   {  // row sum + row max of exp(x - 1) over (33, 1001): multiple reduction outputs
     KB b("row", {33, 1001}, {false, true});
     int x = b.load(b.param("x", DType::f32, {1001, 1}));
@@ -458,12 +468,7 @@ TEST(LlvmCpu, Reductions) {
     tols.push_back({{s, 1e-5}});
   }
   {  // column sum (bias gradient) over rows of (1001, 300): wider than one tile
-    KB b("col", {1001, 300}, {true, false});
-    int x = b.load(b.param("x", DType::f32, {300, 1}));
-    b.out("sum", x, {0, 1}, ReduceKind::sum);
-    b.out("max", x, {0, 1}, ReduceKind::max);
-    ks.push_back(b.k);
-    tols.push_back({});
+    sum_and_max("col", {1001, 300}, {true, false}, DType::f32, {300, 1}, {0, 1}, 0);
   }
   {  // middle reduction (4, 50, 30) over dim 1, and (6, 5, 40) over dims 0 and 2
     KB b("mid", {4, 50, 30}, {false, true, false});
@@ -471,42 +476,17 @@ TEST(LlvmCpu, Reductions) {
     b.out("sum", x, {30, 0, 1}, ReduceKind::sum);
     ks.push_back(b.k);
     tols.push_back({});
-    KB c("outer_inner", {6, 5, 40}, {true, false, true});
-    int y = c.load(c.param("y", DType::f32, {200, 40, 1}));
-    int s = c.out("sum", y, {0, 1, 0}, ReduceKind::sum);
-    c.out("max", y, {0, 1, 0}, ReduceKind::max);
-    ks.push_back(c.k);
-    tols.push_back({{s, 1e-5}});
+    sum_and_max("outer_inner", {6, 5, 40}, {true, false, true}, DType::f32, {200, 40, 1}, {0, 1, 0}, 1e-5);
   }
   {  // full reduction to a scalar, bf16 input with f32 accumulation, integer sum/max
-    KB b("full", {12345}, {true});
-    int x = b.load(b.param("x", DType::bf16, {1}));
-    int s = b.out("sum", x, {0}, ReduceKind::sum);
-    b.out("max", x, {0}, ReduceKind::max);
-    ks.push_back(b.k);
-    tols.push_back({{s, 1e-2}});
-    KB c("int_red", {17, 101}, {false, true});
-    int y = c.load(c.param("y", DType::i64, {101, 1}));
-    c.out("sum", y, {1, 0}, ReduceKind::sum);
-    c.out("max", y, {1, 0}, ReduceKind::max);
-    ks.push_back(c.k);
-    tols.push_back({});
+    sum_and_max("full", {12345}, {true}, DType::bf16, {1}, {0}, 1e-2);
+    sum_and_max("int_red", {17, 101}, {false, true}, DType::i64, {101, 1}, {1, 0}, 0);
   }
   {  // split column reductions (rows cut into partitions, combined in order): a bf16
      // input with f32 accumulators, integer sums and maxes, 16 partitions of an uneven
      // row count, and two reduced dims outside the kept one
-    KB b("split_bf16", {2000, 37}, {true, false});
-    int x = b.load(b.param("x", DType::bf16, {37, 1}));
-    int s = b.out("sum", x, {0, 1}, ReduceKind::sum);
-    b.out("max", x, {0, 1}, ReduceKind::max);
-    ks.push_back(b.k);
-    tols.push_back({{s, 1e-2}});
-    KB c("split_int", {4100, 9}, {true, false});
-    int y = c.load(c.param("y", DType::i64, {9, 1}));
-    c.out("sum", y, {0, 1}, ReduceKind::sum);
-    c.out("max", y, {0, 1}, ReduceKind::max);
-    ks.push_back(c.k);
-    tols.push_back({});
+    sum_and_max("split_bf16", {2000, 37}, {true, false}, DType::bf16, {37, 1}, {0, 1}, 1e-2);
+    sum_and_max("split_int", {4100, 9}, {true, false}, DType::i64, {9, 1}, {0, 1}, 0);
     KB d("split_two_reduced", {700, 3, 41}, {true, true, false});
     int z = d.load(d.param("z", DType::f32, {41, 700 * 41, 1}));
     d.out("sum", z, {0, 0, 1}, ReduceKind::sum);
@@ -514,12 +494,7 @@ TEST(LlvmCpu, Reductions) {
     tols.push_back({});
   }
   {  // empty reduced dim: sum 0, max -inf
-    KB b("empty", {5, 0}, {false, true});
-    int x = b.load(b.param("x", DType::f32, {0, 1}));
-    b.out("sum", x, {1, 0}, ReduceKind::sum);
-    b.out("max", x, {1, 0}, ReduceKind::max);
-    ks.push_back(b.k);
-    tols.push_back({});
+    sum_and_max("empty", {5, 0}, {false, true}, DType::f32, {0, 1}, {1, 0}, 0);
   }
   check(ks, tols, 3, false);
   check({ks[0], ks[1]}, {tols[0], tols[1]}, 5, true);  // NaN/inf inputs

@@ -15,6 +15,7 @@
 #include "ir/verifier.h"
 #include "passes/memory_plan.h"
 #include "passes/passes.h"
+#include "runtime/data.h"
 #include "runtime/interpreter.h"
 #include "tools/driver/logs.h"
 #ifdef KILN_AOT
@@ -231,10 +232,7 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
   auto g = frontend::import_onnx(cfg.model, opts);
   if (!g) return g.status();
   std::map<std::string, int64_t> b = cfg.shape;
-  // A token file (one FILE.bin without NAME=, runtime/data.cpp): windows of block_size.
-  const auto& td = cfg.train_data;
-  const bool token_data = td.size() == 1 && td[0].find('=') == std::string::npos && td[0].size() > 4 &&
-                          td[0].compare(td[0].size() - 4, 4, ".bin") == 0;
+  const bool token_data = runtime::is_token_file(cfg.train_data);  // windows of --block_size
   for (Value* in : (*g)->inputs) {
     if (in->shape.rank() == 0) continue;
     const std::string& sym = in->shape.dims[0].symbol;

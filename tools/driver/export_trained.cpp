@@ -62,19 +62,7 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
     out.flush();
     if (!out) return Status::error(out_path + ": write failed");
   }
-  runtime::io::sync_to_disk(tmp);
-  std::error_code ec;
-  std::filesystem::rename(tmp, out_path, ec);
-  if (!ec) {
-    const auto dir = std::filesystem::path(out_path).parent_path();
-    runtime::io::sync_to_disk(dir.empty() ? std::string(".") : dir.string());
-  }
-  if (ec) {
-    const std::string why = ec.message();
-    std::filesystem::remove(tmp, ec);  // no model.onnx.tmp left behind
-    return Status::error(out_path + ": cannot rename '" + tmp + "' into place (" + why + ")");
-  }
-  return Status::ok();
+  return runtime::io::publish_file(tmp, out_path);  // no model.onnx.tmp left behind on failure
 }
 
 }  // namespace kiln::driver
