@@ -182,7 +182,8 @@ Kernel col_sum_kernel(int64_t rows, int64_t cols) {
 /// Causal attention softmax as the fusion pass builds it for GPT-2 (one row kernel):
 /// y = Softmax(Where(mask, -inf, x * scale)) over the last dim of a (batch, heads, seq,
 /// seq) domain; mask is a bool (seq, seq) broadcast over batch and heads; exp in f32, the
-/// row sum and the normalization (times 1 / sum) in f64, as Softmax's row rule writes it.
+/// row sum in f64, the normalization (times 1 / sum) as an exact f32 x f64 product, as
+/// Softmax's row rule writes it (mul_exact_f32 in ir/ops/nn.cpp).
 Kernel attention_softmax_kernel(int64_t batch, int64_t heads, int64_t seq) {
   KB b("bench_softmax", {batch, heads, seq, seq}, {false, false, false, true});
   const std::vector<int64_t> dense = {heads * seq * seq, seq * seq, seq, 1};
@@ -190,11 +191,13 @@ Kernel attention_softmax_kernel(int64_t batch, int64_t heads, int64_t seq) {
   int mask = b.k.add_load(b.k.add_param("mask", DType::boolean, {0, 0, seq, 1}));
   int s = b.op(ScalarOp::select, {mask, b.cst(-INFINITY), b.op(ScalarOp::mul, {x, b.cst(0.125)})});
   int mx = b.k.add_reduce(ReduceKind::max, s);
-  int e = b.k.add_op(ScalarOp::cast, {b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {s, mx})})}, DType::f64);
-  int sum = b.k.add_reduce(ReduceKind::sum, e);
-  int inv = b.k.add_op(ScalarOp::div, {b.k.add_constant(1.0, DType::f64), sum}, DType::f64);
-  int y = b.k.add_op(ScalarOp::cast, {b.k.add_op(ScalarOp::mul, {e, inv}, DType::f64)}, DType::f32);
-  b.store(b.param("y", dense, true), y);
+  int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {s, mx})});
+  const DType f64 = DType::f64;
+  int sum = b.k.add_reduce(ReduceKind::sum, b.k.add_op(ScalarOp::cast, {e}, f64));
+  int inv = b.k.add_op(ScalarOp::div, {b.k.add_constant(1.0, f64), sum}, f64);
+  int hi = b.k.add_op(ScalarOp::cast, {inv}, DType::f32);
+  int lo = b.k.add_op(ScalarOp::cast, {b.k.add_op(ScalarOp::sub, {inv, b.k.add_op(ScalarOp::cast, {hi}, f64)}, f64)}, DType::f32);
+  b.store(b.param("y", dense, true), b.op(ScalarOp::fma, {e, hi, b.op(ScalarOp::mul, {e, lo})}));
   return b.k;
 }
 

@@ -120,7 +120,7 @@ std::string join(const std::vector<T>& v) {
   return os.str();
 }
 
-enum class OpClass { binary_arith, unary_arith, unary_float, compare, logic_binary, logic_not, select, cast };
+enum class OpClass { binary_arith, unary_arith, unary_float, compare, logic_binary, logic_not, select, cast, fma };
 
 OpClass op_class(ScalarOp op) {
   switch (op) {
@@ -138,6 +138,7 @@ OpClass op_class(ScalarOp op) {
       return OpClass::logic_binary;
     case ScalarOp::logical_not: return OpClass::logic_not;
     case ScalarOp::select: return OpClass::select;
+    case ScalarOp::fma: return OpClass::fma;
     default: return OpClass::cast;
   }
 }
@@ -145,7 +146,7 @@ OpClass op_class(ScalarOp op) {
 int op_arity(ScalarOp op) {
   switch (op_class(op)) {
     case OpClass::binary_arith: case OpClass::compare: case OpClass::logic_binary: return 2;
-    case OpClass::select: return 3;
+    case OpClass::select: case OpClass::fma: return 3;
     default: return 1;
   }
 }
@@ -291,6 +292,11 @@ Status Kernel::verify() const {
           case OpClass::select:
             if (arg_dt(0) != DType::boolean) return fail(on + ": condition must be bool");
             if (arg_dt(1) != e.dtype || arg_dt(2) != e.dtype) return fail(on + ": branch dtypes differ from result");
+            break;
+          case OpClass::fma:
+            if (!ir::is_float(e.dtype)) return fail(on + ": needs a float dtype, got " + ir::dtype_name(e.dtype));
+            if (arg_dt(0) != e.dtype || arg_dt(1) != e.dtype || arg_dt(2) != e.dtype)
+              return fail(on + ": operand dtypes differ from result");
             break;
           case OpClass::cast:
             break;
@@ -577,6 +583,12 @@ Val eval_op(const KExpr& e, const std::vector<Val>& vals, const std::vector<KExp
     case OpClass::logic_not: r.i = !a(0).i; break;
     case OpClass::select: r = a(0).i ? a(1) : a(2); break;
     case OpClass::cast: r = cast_val(a(0), adt(0), e.dtype); break;
+    case OpClass::fma:  // one rounding in the compute type (float for f32, bf16 and f16)
+      if (e.dtype == DType::f64) r.f = std::fma(a(0).f, a(1).f, a(2).f);
+      else
+        r.f = round_float(e.dtype, std::fma(static_cast<float>(a(0).f), static_cast<float>(a(1).f),
+                                            static_cast<float>(a(2).f)));
+      break;
   }
   return r;
 }

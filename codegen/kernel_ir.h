@@ -49,8 +49,11 @@ enum class ReduceKind { none, sum, max };
 /// Kind::reduce (one arg, `reduce` = sum or max, dtype = the arg's): the value at a
 /// domain point is the reduction of the arg over every point that agrees with it on the
 /// kept (non-reduced) dims, so it is constant along the reduced dims ("row-invariant").
-/// Float sums accumulate in double (f64: double) in index order and are rounded to the
-/// dtype once; max starts from -inf (NaN if any element is NaN). The *level* of an
+/// Float sums accumulate in the dtype's compute precision (f32 for f32, bf16 and f16;
+/// double for f64) in an order the emitter chooses (vector lanes, warp trees): a rule
+/// that needs a double sum of f32 values sums an f64 cast of them (LayerNormalization,
+/// SoftmaxGrad); the reference evaluator sums in double. Max starts from -inf (NaN if
+/// any element is NaN). The *level* of an
 /// expression is the depth of reduce expressions nested in it (loads and constants: 0);
 /// emitters compute level-L reductions in the L-th pass over the reduced dims.
 struct KExpr {

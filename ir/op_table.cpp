@@ -27,7 +27,7 @@ const char* precision_policy_name(PrecisionPolicy p) {
 const char* scalar_op_name(ScalarOp op) {
   static const char* names[] = {"add", "sub", "mul",  "div", "pow", "max", "min", "neg", "abs", "exp",
                                 "log", "sqrt", "erf", "tanh", "sin", "cos", "floor", "lt", "le", "gt",
-                                "ge",  "eq",  "and", "or",  "xor", "not", "select", "cast"};
+                                "ge",  "eq",  "and", "or",  "xor", "not", "select", "cast", "fma"};
   return names[static_cast<int>(op)];
 }
 

@@ -124,6 +124,7 @@ enum class ScalarOp {
   logical_and, logical_or, logical_xor, logical_not,
   select,                                           // select(cond, a, b)
   cast,                                             // to the Ref's dtype (float->int truncates)
+  fma,                                              // fma(a, b, c) = a * b + c, one rounding (floats)
 };
 /// Name used by the kernel-IR printer ("add", "select", ...).
 const char* scalar_op_name(ScalarOp op);

@@ -18,10 +18,13 @@
 //    are inline polynomial code (expf_poly, erff_poly, tanhf_poly: within 1-3 ulp of
 //    the correctly rounded value, not bit-equal to libm) so that loops with them
 //    vectorize (softmax rows, sigmoid, GELU); so is f64 exp (exp_poly_f64, about 1 ulp).
-//  * Float sums accumulate in double in the eager ReduceSum's order (index order, or for
-//    sums over leading axes the partitions of ir::column_sum_partitions: split_column),
-//    so generated and eager sums are bit-identical; max and integer sums in the
-//    register type; starting from 0 (sum) or -inf/lowest (max), stored once.
+//  * Float sums of reduction stores accumulate in double in the eager ReduceSum's order
+//    (index order, or for sums over leading axes the partitions of
+//    ir::column_sum_partitions: split_column), so generated and eager sums are
+//    bit-identical; max and integer sums in the register type; starting from 0 (sum) or
+//    -inf/lowest (max), stored once. Reduce expressions of row programs accumulate in
+//    their dtype's register type (f32 sums in f32 vector lanes, f64 in double): a row
+//    rule that wants a double sum of f32 values sums an f64 cast.
 //
 // Row programs (reduce expressions, kernel_ir.h) run row by row: per kept point, pass
 // p = 1..P is one loop over the reduced dims (row_program_body). Their float max
@@ -679,6 +682,7 @@ class KernelEmitter {
         case ScalarOp::logical_not: v[i] = B_.CreateNot(a(0)); break;
         case ScalarOp::select: v[i] = B_.CreateSelect(a(0), a(1), a(2)); break;
         case ScalarOp::cast: v[i] = cast(adt(0), e.dtype, a(0)); break;
+        case ScalarOp::fma: v[i] = round_to(e.dtype, intrinsic(llvm::Intrinsic::fma, {a(0), a(1), a(2)})); break;
         default: {
           llvm::Value* y = e.args.size() > 1 ? a(1) : nullptr;
           v[i] = ir::is_float(e.dtype) ? float_op(e.op, e.dtype, a(0), y) : int_op(e.op, e.dtype, a(0), y);
@@ -689,11 +693,13 @@ class KernelEmitter {
   }
 
   // ---- reductions
-  /// Accumulator type of a store: float sums accumulate in double, as the eager
-  /// ReduceSum does (same order, so the sums are bit-identical); else the register type.
-  llvm::Type* acc_type_t(ReduceKind r, DType t) {
+  /// Accumulator type of a reduction store: float sums accumulate in double, as the
+  /// eager ReduceSum does (same order, so the sums are bit-identical); else the register
+  /// type. Reduce expressions (row rules) accumulate in their register type instead:
+  /// f32 sums in f32 over vector lanes, f64 in double (kernel_ir.h, KExpr).
+  llvm::Type* acc_type_t(ReduceKind r, DType t, bool is_store = true) {
     llvm::Type* ty = reg_type(t);
-    return (r == ReduceKind::sum && ty->isFloatingPointTy()) ? B_.getDoubleTy() : ty;
+    return (is_store && r == ReduceKind::sum && ty->isFloatingPointTy()) ? B_.getDoubleTy() : ty;
   }
   llvm::Type* acc_type(const KStore& s) { return acc_type_t(s.reduce, k_.params[s.param].dtype); }
   /// An accumulator converted back to the register type of the store's output.
@@ -701,8 +707,8 @@ class KernelEmitter {
     llvm::Type* ty = reg_type(k_.params[s.param].dtype);
     return acc->getType() == ty ? acc : B_.CreateFPTrunc(acc, ty);
   }
-  llvm::Value* reduce_init_t(ReduceKind r, DType t) {
-    llvm::Type* ty = acc_type_t(r, t);
+  llvm::Value* reduce_init_t(ReduceKind r, DType t, bool is_store = true) {
+    llvm::Type* ty = acc_type_t(r, t, is_store);
     if (r == ReduceKind::sum)
       return ty->isFloatingPointTy() ? llvm::ConstantFP::get(ty, 0.0) : llvm::ConstantInt::get(ty, 0);
     if (ty->isFloatingPointTy()) return llvm::ConstantFP::getInfinity(ty, true);
@@ -893,14 +899,19 @@ class KernelEmitter {
     std::vector<std::vector<bool>> needed; ///< [pass][expr]: the pass uses the expr's value
   };
   /// Float expressions whose value a later pass needs again and whose computation holds
-  /// a transcendental op (exp, log, tanh, erf, sin, cos, pow; not sqrt or div, which
-  /// cost about what a reload does) are kept in a row scratch array: the first pass that
-  /// needs one stores it, later passes reload it instead of recomputing it. Only the
-  /// outermost such expressions are kept (Softmax keeps the f64 cast of its exp, not
-  /// also the exp). Rows longer than kScratchBytes / element size keep nothing. The
-  /// values are bit-identical to recomputation, so the reference evaluator is unchanged.
+  /// a transcendental op (exp, log, tanh, erf, sin, cos, pow; not sqrt or div alone,
+  /// which cost about what a reload does) or at least kScratchMinOps vector operations
+  /// (a load of a mask or integer counting one, for its test or conversion) are kept in
+  /// a row scratch array: the first pass that needs one stores it, later passes reload
+  /// it instead of recomputing it (the store and the reload use the load/store ports, not
+  /// the vector ALUs that bound these loops). Only the outermost such expressions are
+  /// kept (Softmax keeps its exp, not also the exp's argument, in the pass after its
+  /// max; its masked, scaled scores Where(mask, -inf, x * scale) in the max's pass).
+  /// Rows longer than kScratchBytes / element size keep nothing. The values are
+  /// bit-identical to recomputation, so the reference evaluator is unchanged.
   RowScratch row_scratch_plan(const std::vector<int>& red) {
     constexpr int64_t kScratchBytes = 128 * 1024;
+    constexpr int kScratchMinOps = 3;
     const size_t ne = k_.exprs.size();
     const int passes = k_.row_passes();
     RowScratch r;
@@ -922,15 +933,23 @@ class KernelEmitter {
     int64_t row = 1;
     for (int d : red) row *= k_.domain[d];
     std::vector<bool> costly(ne, false);
+    std::vector<int> ops(ne, 0);  // vector operations recomputing it takes (capped)
     for (size_t i = 0; i < ne; ++i) {
       const KExpr& e = k_.exprs[i];
+      if (e.kind == KExpr::Kind::load) ops[i] = ir::is_float(e.dtype) ? 0 : 1;  // a mask's test
       if (e.kind != KExpr::Kind::op) continue;
       switch (e.op) {
         case ScalarOp::exp: case ScalarOp::log: case ScalarOp::tanh: case ScalarOp::erf: case ScalarOp::sin:
         case ScalarOp::cos: case ScalarOp::pow: costly[i] = ir::is_float(e.dtype); break;
         default: break;
       }
-      for (int a : e.args) costly[i] = costly[i] || (k_.exprs[a].kind == KExpr::Kind::op && costly[a]);
+      ops[i] = 1;
+      for (int a : e.args) {
+        const KExpr& ae = k_.exprs[a];
+        costly[i] = costly[i] || (ae.kind == KExpr::Kind::op && costly[a]);
+        if (ae.kind != KExpr::Kind::reduce) ops[i] = std::min(ops[i] + ops[a], 64);
+      }
+      costly[i] = costly[i] || ops[i] >= kScratchMinOps;
     }
     // Candidates: costly float exprs first needed in pass q and needed again later.
     std::vector<int> first_need(ne, 0);
@@ -1007,9 +1026,9 @@ class KernelEmitter {
       for (size_t i = 0; i < ne; ++i) {
         const KExpr& e = k_.exprs[i];
         if (e.kind != KExpr::Kind::reduce || level_[i] != p) continue;
-        ety[i] = acc_type_t(e.reduce, e.dtype);
+        ety[i] = acc_type_t(e.reduce, e.dtype, false);
         acc[i] = entry_alloca(ety[i], nullptr);
-        B_.CreateStore(reduce_init_t(e.reduce, e.dtype), acc[i]);
+        B_.CreateStore(reduce_init_t(e.reduce, e.dtype, false), acc[i]);
         if (e.reduce == ReduceKind::max && ir::is_float(e.dtype)) {
           // Float max as maxnum (nnan, nsz: a reduction LLVM vectorizes) plus a separate
           // "saw a NaN" flag, so the result is still NaN when any element is.

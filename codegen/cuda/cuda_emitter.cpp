@@ -192,6 +192,7 @@ Expected<std::string> op_expr(const Kernel& k, int idx, const KExpr& e, const st
     case ScalarOp::logical_xor: r = truth(ad[0], a[0]) + " != " + truth(ad[1], a[1]); break;
     case ScalarOp::logical_not: r = "!" + truth(ad[0], a[0]); break;
     case ScalarOp::select: r = truth(ad[0], a[0]) + " ? " + a[1] + " : " + a[2]; break;
+    case ScalarOp::fma: r = std::string(f64 ? "fma(" : "fmaf(") + a[0] + ", " + a[1] + ", " + a[2] + ")"; break;
     case ScalarOp::cast: {
       if (rd == DType::boolean) {
         r = truth(t0, a[0]);

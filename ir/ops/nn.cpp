@@ -723,9 +723,10 @@ GradFn grad_softmax_like(const char* grad_op) {
 
 
 // ---- Row rules (code generation of the Softmax family and LayerNormalization) ----
-// The eager kernels compute in double. The rules do too, except for Softmax's
-// exponential, which is f32 (f64 for f64 input) so that it vectorizes: the differences
-// to the eager kernels stay at the f32 rounding level (ops_compiled_test.cpp).
+// The eager kernels compute in double. The rules do too, except for the Softmax family's
+// exponential, which is f32 (f64 for f64 input) so that it vectorizes, and Softmax's
+// normalization (an exact f32 x f64 product, mul_exact_f32): the differences to the
+// eager kernels stay at the f32 rounding level (ops_compiled_test.cpp).
 
 using Ref = ScalarBuilder::Ref;
 
@@ -759,6 +760,20 @@ Expected<std::vector<int>> ln_row_dims(const Node& n, int x_input) {
   return d;
 }
 
+/// e * r rounded once to f32 for an f32 e and a row-invariant f64 r, without converting
+/// e: r split into f32 hi + lo (hi + lo = r within 2^-48 relative), then fma(e, hi, e * lo)
+/// (the error of e * lo is below 2^-48 of the product). The result equals
+/// f32(f64(e) * r) except where that product lies within about 2^-47 of a rounding
+/// boundary; an f32 multiply by f32(r) instead would scale a whole row by r's rounding
+/// error, which Adam turned into 3e-5 relative weight differences against the eager
+/// kernel (CompiledVsEager tiny_gpt fp32 accum2).
+Ref mul_exact_f32(ScalarBuilder& b, Ref e, Ref r) {
+  const DType f32 = DType::f32, f64 = DType::f64;
+  Ref hi = b.apply(ScalarOp::cast, {r}, f32);
+  Ref lo = b.apply(ScalarOp::cast, {b.apply(ScalarOp::sub, {r, b.apply(ScalarOp::cast, {hi}, f64)}, f64)}, f32);
+  return b.apply(ScalarOp::fma, {e, hi, b.apply(ScalarOp::mul, {e, lo}, f32)}, f32);
+}
+
 template <bool Log>
 Status softmax_row(ScalarBuilder& b, std::vector<Ref>& outs) {
   const DType t = b.dtype(b.input(0)), ct = row_compute_type(t);
@@ -766,20 +781,22 @@ Status softmax_row(ScalarBuilder& b, std::vector<Ref>& outs) {
   Ref m = b.reduce(ScalarOp::max, x);
   Ref z = b.apply(ScalarOp::sub, {x, m}, ct);
   Ref e = b.apply(ScalarOp::exp, {z}, ct);
-  // exp in f32 (the vectorized part), the sum and the normalization in f64 as the eager
-  // kernel: a sum rounded to f32 would scale a whole row by the same rounding error.
+  // exp in f32 (the vectorized part), the sum in f64 as the eager kernel: a sum rounded
+  // to f32 would scale a whole row by its rounding error (in bf16 that moved single
+  // Adam steps of a zero-initialized bias by half their size).
   const DType wt = DType::f64;
-  Ref ew = ct == wt ? e : b.apply(ScalarOp::cast, {e}, wt);
-  Ref s = b.reduce(ScalarOp::add, ew);
+  auto wide = [&](Ref v) { return ct == wt ? v : b.apply(ScalarOp::cast, {v}, wt); };
+  Ref s = b.reduce(ScalarOp::add, wide(e));
   Ref y;
   if (Log) {
-    Ref zw = ct == wt ? z : b.apply(ScalarOp::cast, {z}, wt);
-    y = b.apply(ScalarOp::sub, {zw, b.apply(ScalarOp::log, {s}, wt)}, wt);
+    y = b.apply(ScalarOp::sub, {wide(z), b.apply(ScalarOp::log, {s}, wt)}, wt);
   } else {
-    // One division per row, then a multiply per element: within an ulp of f64 of e / s,
-    // far below the f32 rounding that follows (a vdivpd per element cost a fifth of the
-    // generated kernel).
-    y = b.apply(ScalarOp::mul, {ew, b.apply(ScalarOp::div, {b.constant(1.0, wt), s}, wt)}, wt);
+    // One division per row, then a multiply per element (a division per element cost a
+    // fifth of the generated kernel): for f32 the exact f32 x f64 product of
+    // mul_exact_f32, so that e stays f32 (the f64 product and its conversions back cost
+    // 7 of the kernel's 58 vector uops per 16 elements).
+    Ref inv = b.apply(ScalarOp::div, {b.constant(1.0, wt), s}, wt);
+    y = ct == wt ? b.apply(ScalarOp::mul, {e, inv}, wt) : mul_exact_f32(b, e, inv);
   }
   outs = {row_out(b, y, t)};
   return Status::ok();

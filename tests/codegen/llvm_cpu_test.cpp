@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
 
 #include "codegen/cpu/llvm_cpu.h"
 #include "codegen/kernel_ir.h"
@@ -183,7 +184,70 @@ Kernel all_float_ops(const std::string& name, DType t, int64_t n, Tols& tols, do
     int p = b.out(std::string("o_") + ir::scalar_op_name(op), b.op(op, {x}, t), {1});
     if (transcendental(op)) tols[p] = ttol;
   }
+  // fma is correctly rounded in the emitter (llvm.fma) and the reference (std::fma):
+  // compared exactly.
+  b.out("o_fma", b.op(ScalarOp::fma, {x, y, b.op(ScalarOp::neg, {x}, t)}, t), {1});
   return b.k;
+}
+
+TEST(LlvmCpu, FmaRoundsOnce) {
+  // a = 1 + 2^-12: a * a = 1 + 2^-11 + 2^-24 exactly, a tie in f32 that rounds to
+  // 1 + 2^-11; fma(a, a, -(1 + 2^-11)) keeps the 2^-24 that a multiply then an add lose.
+  // f64 alike with a = 1 + 2^-27 (a * a = 1 + 2^-26 + 2^-54).
+  for (DType t : {DType::f32, DType::f64}) {
+    const double eps = t == DType::f32 ? std::ldexp(1.0, -12) : std::ldexp(1.0, -27);
+    KB b(t == DType::f32 ? "fma_f32" : "fma_f64", {1});
+    const int a = b.load(b.param("a", t, {1}));
+    b.out("y", b.op(ScalarOp::fma, {a, a, b.cst(-(1 + 2 * eps), t)}, t), {1});
+    auto mod = compile_cpu({b.k});
+    ASSERT_TRUE(mod.has_value()) << mod.message();
+    float af = static_cast<float>(1 + eps), yf = -1;
+    double ad = 1 + eps, yd = -1;
+    void* ptrs[2] = {t == DType::f32 ? static_cast<void*>(&af) : &ad, t == DType::f32 ? static_cast<void*>(&yf) : &yd};
+    (*mod)->kernels()[0].fn(ptrs, 0, 1);
+    EXPECT_EQ(t == DType::f32 ? static_cast<double>(yf) : yd, eps * eps) << ir::dtype_name(t);
+  }
+}
+
+TEST(LlvmCpu, F32TimesF64ScalarBySplitAndFmaIsRoundedOnce) {
+  // Softmax's normalization (mul_exact_f32 in ir/ops/nn.cpp): e (f32) times a
+  // row-invariant r (f64) as fma(e, hi, e * lo) with hi = f32(r), lo = f32(r - hi). The
+  // result must be f32(e * r) computed in double (the product of a 24-bit and a 53-bit
+  // significand, rounded once to f64 and then to f32), except where e * r lies within
+  // about 2^-47 of an f32 rounding boundary; never more than 1 ulp away. An f32 multiply
+  // by f32(r) instead differs in about a quarter of the elements (checked below, so that
+  // the test can tell the two apart).
+  const int64_t n = 1 << 17;
+  KB b("mul_exact", {n});
+  const int e = b.load(b.param("e", DType::f32, {1}));
+  const int r = b.load(b.param("r", DType::f64, {1}));
+  const int hi = b.op(ScalarOp::cast, {r}, DType::f32);
+  const int lo = b.op(ScalarOp::cast, {b.op(ScalarOp::sub, {r, b.op(ScalarOp::cast, {hi}, DType::f64)}, DType::f64)},
+                      DType::f32);
+  b.out("y", b.op(ScalarOp::fma, {e, hi, b.op(ScalarOp::mul, {e, lo}, DType::f32)}, DType::f32), {1});
+  b.out("y_naive", b.op(ScalarOp::mul, {e, hi}, DType::f32), {1});
+  auto mod = compile_cpu({b.k});
+  ASSERT_TRUE(mod.has_value()) << mod.message();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<float> ev(n), y(n), yn(n);
+  std::vector<double> rv(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ev[static_cast<size_t>(i)] = static_cast<float>(std::exp(-20 * u(rng)));  // softmax numerators
+    rv[static_cast<size_t>(i)] = 1 / (1 + 200 * u(rng));                       // 1 / row sums
+  }
+  void* ptrs[4] = {ev.data(), rv.data(), y.data(), yn.data()};
+  (*mod)->kernels()[0].fn(ptrs, 0, n);
+  int64_t differ = 0, naive_differ = 0;
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    const float want = static_cast<float>(static_cast<double>(ev[i]) * rv[i]);
+    differ += y[i] != want;
+    naive_differ += yn[i] != want;
+    EXPECT_LE(std::fabs(static_cast<double>(y[i]) - want), std::fabs(std::nextafter(want, 2.f * want + 1) - want))
+        << ev[i] << " * " << rv[i];
+  }
+  EXPECT_LE(differ, 2) << "of " << n;
+  EXPECT_GT(naive_differ, n / 10) << "the naive product should differ visibly";
 }
 
 TEST(LlvmCpu, EveryFloatOpF32F64Bf16F16) {

@@ -98,6 +98,7 @@ inline Case f32_binary(int64_t n) {
   // A constant and a chain (x * 0.5 + y) / 3 in separately rounded steps.
   const int h = b.op(ScalarOp::mul, {x, b.cst(0.5, DType::f32)}, DType::f32);
   b.out("chain", b.op(ScalarOp::div, {b.op(ScalarOp::add, {h, y}, DType::f32), b.cst(3, DType::f32)}, DType::f32));
+  b.out("fma", b.op(ScalarOp::fma, {x, y, b.op(ScalarOp::neg, {h}, DType::f32)}, DType::f32));  // fmaf: one rounding
   b.c.rel = 1e-5;  // powf: CUDA vs glibc differ by a few ulp; the rest is exact (--fmad=false)
   b.c.abs = 1e-30;
   b.c.big = n > 100000;
