@@ -952,12 +952,14 @@ class KernelEmitter {
       costly[i] = costly[i] || ops[i] >= kScratchMinOps;
     }
     // Candidates: costly float exprs first needed in pass q and needed again later.
+    // Row-invariant values (one per row, e.g. a per-row coefficient) are not kept.
     std::vector<int> first_need(ne, 0);
     std::vector<bool> cand(ne, false);
+    const std::vector<bool> invariant = k_.row_invariant();
     for (size_t i = 0; i < ne; ++i) {
       for (int p = 1; p <= passes && !first_need[i]; ++p)
         if (r.needed[p][i]) first_need[i] = p;
-      if (!costly[i] || !ir::is_float(k_.exprs[i].dtype) || !first_need[i]) continue;
+      if (!costly[i] || invariant[i] || !ir::is_float(k_.exprs[i].dtype) || !first_need[i]) continue;
       for (int p = first_need[i] + 1; p <= passes; ++p) cand[i] = cand[i] || r.needed[p][i];
     }
     // Keep a candidate when some later pass needs it other than through a kept
