@@ -57,6 +57,22 @@ class AttachLoss : public Pass {
     const bool train = mode == "train";
     const std::string loss_kind = ctx.opt("loss", "cross_entropy");
     if (g.outputs.empty()) return Status::error("model has no outputs");
+    const std::string label_name = ctx.opt("label_input", "labels");
+    // The names kiln adds must not be the model's own values: the label input is reused
+    // only where the model already takes it as a graph input (it is fed the labels), and
+    // "num_items_in_batch" is the token count that the trainer feeds by that name.
+    if (loss_kind != "model") {
+      Value* v = g.find_value(label_name);
+      if (v && (v->is_initializer() || v->producer))
+        return Status::error("the model already has a value named '" + label_name + "' (" +
+                             (v->producer ? "computed by node '" + v->producer->name + "'"
+                                          : std::string("a parameter or constant")) +
+                             "); the labels would replace it: rename it in the model, or name the label input "
+                             "otherwise with --label_input");
+    }
+    if (g.find_value("num_items_in_batch"))
+      return Status::error("the model has a value named 'num_items_in_batch', the input through which kiln feeds "
+                           "the token count of gradient accumulation; rename it in the model");
 
     // --- BatchNormalization running statistics ---
     std::set<Value*> bn_stats;
@@ -160,7 +176,6 @@ class AttachLoss : public Pass {
     if (accum > 1 && norm == "tokens" && loss_kind != "cross_entropy")
       return Status::error("--accumulation_normalization tokens needs --loss cross_entropy (got " + loss_kind + ")");
     const bool tokens_norm = accum > 1 && norm == "tokens";
-    const std::string label_name = ctx.opt("label_input", "labels");
     if (loss_kind == "model") {
       if (logits->shape.numel() != 1)
         return Status::error("--loss model: output '" + logits->name + "' is not a scalar (shape " +

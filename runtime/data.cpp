@@ -63,6 +63,9 @@ Status check_trailing_dims(const NamedArray& a, const DataInputSpec& in) {
   const auto& fd = a.data.dims();
   const auto& gd = in.shape.dims;
   auto fail = [&]() {
+    if (gd.empty())  // e.g. mse labels shaped like a scalar model output
+      return Status::error(a.file + " (input '" + in.name + "'): the graph input is a scalar (shape []), so it " +
+                           "cannot take rows of data; got " + ir::dims_to_string(fd));
     return Status::error(a.file + " (input '" + in.name + "'): expected shape " + shape_str(in.shape) +
                          " (first dim = rows), got " + ir::dims_to_string(fd));
   };

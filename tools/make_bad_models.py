@@ -286,6 +286,18 @@ def main():
     save(model([helper.make_node("Gather", ["emb", "input"], ["h"], name="/Gather"),
                 helper.make_node("MatMul", ["h", "head"], ["logits"], name="/MatMul")], [idx], [logits], [emb, head]),
          "good_tokens_dynamic_seq.onnx")
+    # A bias named 'labels' (the default label input): the labels were fed into it and
+    # replaced the trained values. Also an input named like kiln's token-count input.
+    x64 = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 64])
+    out10 = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])
+    w10 = numpy_helper.from_array((rng.randn(64, 10) * 0.1).astype(np.float32), "W")
+    b10 = numpy_helper.from_array(np.zeros(10, dtype=np.float32), "labels")
+    save(model([helper.make_node("MatMul", ["input", "W"], ["h"], name="/MatMul"),
+                helper.make_node("Add", ["h", "labels"], ["logits"], name="/Add")], [x64], [out10], [w10, b10]),
+         "bad_labels_initializer.onnx")
+    nib = helper.make_tensor_value_info("num_items_in_batch", TensorProto.FLOAT, ["batch", 64])
+    save(model([helper.make_node("MatMul", ["num_items_in_batch", "W"], ["logits"], name="/MatMul")], [nib], [out10],
+               [w10]), "bad_num_items_input.onnx")
     print("wrote fixtures to", os.path.normpath(OUT))
 
 

@@ -932,7 +932,7 @@ class KernelEmitter {
     }
     int64_t row = 1;
     for (int d : red) row *= k_.domain[d];
-    std::vector<bool> costly(ne, false);
+    std::vector<bool> heavy(ne, false), costly(ne, false);  // holds a transcendental; heavy or 3+ ops
     std::vector<int> ops(ne, 0);  // vector operations recomputing it takes (capped)
     for (size_t i = 0; i < ne; ++i) {
       const KExpr& e = k_.exprs[i];
@@ -940,16 +940,16 @@ class KernelEmitter {
       if (e.kind != KExpr::Kind::op) continue;
       switch (e.op) {
         case ScalarOp::exp: case ScalarOp::log: case ScalarOp::tanh: case ScalarOp::erf: case ScalarOp::sin:
-        case ScalarOp::cos: case ScalarOp::pow: costly[i] = ir::is_float(e.dtype); break;
+        case ScalarOp::cos: case ScalarOp::pow: heavy[i] = ir::is_float(e.dtype); break;
         default: break;
       }
       ops[i] = 1;
       for (int a : e.args) {
         const KExpr& ae = k_.exprs[a];
-        costly[i] = costly[i] || (ae.kind == KExpr::Kind::op && costly[a]);
+        heavy[i] = heavy[i] || (ae.kind == KExpr::Kind::op && heavy[a]);
         if (ae.kind != KExpr::Kind::reduce) ops[i] = std::min(ops[i] + ops[a], 64);
       }
-      costly[i] = costly[i] || ops[i] >= kScratchMinOps;
+      costly[i] = heavy[i] || ops[i] >= kScratchMinOps;
     }
     // Candidates: costly float exprs first needed in pass q and needed again later.
     // Row-invariant values (one per row, e.g. a per-row coefficient) are not kept.
@@ -963,8 +963,10 @@ class KernelEmitter {
       for (int p = first_need[i] + 1; p <= passes; ++p) cand[i] = cand[i] || r.needed[p][i];
     }
     // Keep a candidate when some later pass needs it other than through a kept
-    // candidate consumer computed before that pass.
-    int64_t bytes = 0;
+    // candidate consumer computed before that pass; the budget goes to the values that
+    // hold a transcendental first (a long masked softmax row keeps its exp rather than
+    // its masked scores when only one array fits).
+    std::vector<bool> keep_it(ne, false);
     for (size_t i = 0; i < ne; ++i) {
       if (!cand[i]) continue;
       bool keep = false;
@@ -981,12 +983,17 @@ class KernelEmitter {
         }
         keep = direct;
       }
-      if (!keep) continue;
-      const int64_t b = row * static_cast<int64_t>(k_.exprs[i].dtype == DType::f64 ? 8 : 4);
-      if (bytes + b > kScratchBytes) continue;
-      bytes += b;
-      r.first[i] = first_need[i];
+      keep_it[i] = keep;
     }
+    int64_t bytes = 0;
+    for (bool want_heavy : {true, false})
+      for (size_t i = 0; i < ne; ++i) {
+        if (!keep_it[i] || heavy[i] != want_heavy) continue;
+        const int64_t b = row * static_cast<int64_t>(k_.exprs[i].dtype == DType::f64 ? 8 : 4);
+        if (bytes + b > kScratchBytes) continue;
+        bytes += b;
+        r.first[i] = first_need[i];
+      }
     if (bytes > 0) r.row = row;
     return r;
   }

@@ -728,5 +728,40 @@ TEST(LlvmCpuRow, RowScratchReloadsMatchReference) {
   EXPECT_EQ(ir->substr(k2).find("alloca float, i64 40000"), std::string::npos);
 }
 
+TEST(LlvmCpuRow, LongMaskedRowsKeepTheExpFirst) {
+  // The causal attention softmax (bench/codegen_bench.cpp): the masked, scaled scores
+  // Where(mask, -inf, x * 0.125) (3 vector ops) and their exp are both worth a row
+  // scratch array. Rows of 256 keep both; rows of 20000 f32 have room for one (80 KB
+  // each, 128 KB in all), which must be the exp's: the exp is then computed in one pass
+  // only, as for short rows, and the scores are recomputed from x and the mask.
+  auto kernel = [](const std::string& name, int64_t seq) {
+    const DType f = DType::f32;
+    KB b(name, {2, seq}, {false, true});
+    int x = b.load(b.param("x", f, {seq, 1}));
+    int mask = b.load(b.param("mask", DType::boolean, {0, 1}));
+    int s = b.op(ScalarOp::select, {mask, b.cst(-INFINITY, f), b.op(ScalarOp::mul, {x, b.cst(0.125, f)}, f)}, f);
+    int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {s, b.k.add_reduce(ReduceKind::max, s)}, f)}, f);
+    int inv = b.op(ScalarOp::div, {b.cst(1, f), b.k.add_reduce(ReduceKind::sum, e)}, f);
+    b.out("y", b.op(ScalarOp::mul, {e, inv}, f), {seq, 1});
+    return b.k;
+  };
+  auto ir = emit_llvm_ir({kernel("masked_short", 256), kernel("masked_long", 20000)});
+  ASSERT_TRUE(ir.has_value()) << ir.message();
+  const size_t k2 = ir->find("define void @masked_long(");
+  ASSERT_NE(k2, std::string::npos);
+  const std::string shorter = ir->substr(0, k2), longer = ir->substr(k2);
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(shorter, "alloca float, i64 256"), 2u) << shorter;
+  EXPECT_EQ(count(longer, "alloca float, i64 20000"), 1u) << longer;
+  // expf_poly's rounding constant 1.5 * 2^23 appears once per place the exp is computed.
+  const std::string magic = "0x4168000000000000";
+  ASSERT_GT(count(shorter, magic), 0u);
+  EXPECT_EQ(count(longer, magic), count(shorter, magic)) << "the long rows recompute the exp";
+}
+
 }  // namespace
 }  // namespace kiln::codegen

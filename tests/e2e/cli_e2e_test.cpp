@@ -240,6 +240,26 @@ TEST(BadInput, ReviewedCrashesGiveOneLine) {
                         "optimizer steps");
 }
 
+TEST(BadInput, ModelValuesNamedLikeKilnsInputsAreRefused) {
+  require_data();
+  // A bias named 'labels' was fed the label data (the trained bias came out as labels);
+  // --label_input naming an intermediate value, or a model input named
+  // num_items_in_batch, gave contradictory errors or failed at step 1.
+  std::string out = tmpdir("label_names");
+  const std::string train = "train " + kBad + "bad_labels_initializer.onnx " + kMlpData + "--max_steps 2 --output_dir " + out;
+  expect_one_line_error(kiln_cmd(train), "already has a value named 'labels' (a parameter or constant)");
+  expect_one_line_error(kiln_cmd("train " + kBad + "bad_labels_initializer.onnx --train_data input=data/digits/x_train.npy "
+                                 "--train_data h=data/digits/y_train.npy --label_input h --max_steps 2 --output_dir " + out),
+                        "already has a value named 'h' (computed by node '/MatMul')");
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors"));
+  expect_one_line_error(kiln_cmd("train " + kBad + "bad_num_items_input.onnx --train_data num_items_in_batch=data/digits/x_train.npy "
+                                 "--train_data labels=data/digits/y_train.npy --max_steps 2 --output_dir " + out),
+                        "value named 'num_items_in_batch'");
+  // kiln grad runs the eager gradient graph: --backend compiled only compiled code it never ran.
+  expect_one_line_error(kiln_cmd("grad examples/mlp_digits/model.onnx " + kMlpData + "--backend compiled --out " + out + "/g.safetensors"),
+                        "eager reference interpreter");
+}
+
 TEST(TokenData, BlockSizeBindsASymbolicSequenceDim) {
   require_data();
   // input (batch, seq) with seq symbolic: --block_size gave "cross_entropy needs static

@@ -210,6 +210,12 @@ struct GradSetup {
 
 GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required"};
+  // The gradients come from the eager interpreter running the gradient graph (the
+  // reference); building the compiled program as well would only cost its LLVM time.
+  if (flags.options.count("backend") && flags.options.at("backend")->count() > 0 && cfg.backend != "eager")
+    throw Failure{2, "--backend " + cfg.backend + ": kiln grad and gradcheck compute gradients with the eager "
+                     "reference interpreter; omit --backend (or give --backend eager)"};
+  cfg.backend = "eager";
   runtime::RawData raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
   passes::PassContext dbg = flags.pass_context();
   GradSetup s{unwrap(driver::build_training_program(cfg, &dbg, true, f64, cfg.max_steps > 0 ? cfg.max_steps : 1)), {}};
