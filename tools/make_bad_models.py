@@ -298,6 +298,11 @@ def main():
     nib = helper.make_tensor_value_info("num_items_in_batch", TensorProto.FLOAT, ["batch", 64])
     save(model([helper.make_node("MatMul", ["num_items_in_batch", "W"], ["logits"], name="/MatMul")], [nib], [out10],
                [w10]), "bad_num_items_input.onnx")
+    # A scalar output: mse labels take its shape [], which no rows of data can fill.
+    scal = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [])
+    save(model([helper.make_node("MatMul", ["input", "W"], ["h"], name="/MatMul"),
+                helper.make_node("ReduceSum", ["h"], ["logits"], name="/ReduceSum", keepdims=0)], [x64], [scal], [w10]),
+         "bad_scalar_output.onnx")
     print("wrote fixtures to", os.path.normpath(OUT))
 
 

@@ -255,6 +255,9 @@ TEST(BadInput, ModelValuesNamedLikeKilnsInputsAreRefused) {
   expect_one_line_error(kiln_cmd("train " + kBad + "bad_num_items_input.onnx --train_data num_items_in_batch=data/digits/x_train.npy "
                                  "--train_data labels=data/digits/y_train.npy --max_steps 2 --output_dir " + out),
                         "value named 'num_items_in_batch'");
+  // mse labels shaped like a scalar output: "expected shape [] (first dim = rows)".
+  expect_one_line_error(kiln_cmd("train " + kBad + "bad_scalar_output.onnx " + kMlpData + "--loss mse --max_steps 1 --output_dir " + out),
+                        "the graph input is a scalar");
   // kiln grad runs the eager gradient graph: --backend compiled only compiled code it never ran.
   expect_one_line_error(kiln_cmd("grad examples/mlp_digits/model.onnx " + kMlpData + "--backend compiled --out " + out + "/g.safetensors"),
                         "eager reference interpreter");
