@@ -182,6 +182,12 @@ Expected<Kernel> lower_fused(const Node& fused) {
   for (auto& n : body.nodes()) {
     if (reduction && n.get() == &last) break;
     if (ir::is_strided_view_op(n->op)) {
+      // A view of a one-element body constant is that constant at every point (the zero
+      // gradient Expand(0, shape) of a parameter that does not reach the loss).
+      const Value* src = n->num_inputs() > 0 ? n->inputs[0] : nullptr;
+      if (!env.count(n->outputs[0]) && src && env.count(src) && src->data && src->data->numel() == 1 &&
+          n->outputs[0]->dtype == src->dtype)
+        env[n->outputs[0]] = env.at(src);
       if (!env.count(n->outputs[0]))
         return fail(n->op + " '" + n->name + "' reads a value computed in the kernel");
       k.fused_nodes.push_back(n->name);

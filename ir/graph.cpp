@@ -11,7 +11,14 @@
 namespace kiln::ir {
 
 bool is_parameter_candidate(const Value& v) {
-  return v.is_initializer() && is_float(v.dtype) && !v.name.empty() && v.name[0] != '/' && v.shape.numel() > 1;
+  if (!v.is_initializer() || !is_float(v.dtype) || v.name.empty() || v.name[0] == '/') return false;
+  if (v.shape.numel() > 1) return true;
+  // One element: a module's parameter by its state_dict key (the bias of Linear(h, 1)),
+  // not a scalar constant of the graph.
+  auto ends_with = [&](const std::string& suffix) {
+    return v.name.size() > suffix.size() && v.name.compare(v.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return v.shape.numel() == 1 && (ends_with(".weight") || ends_with(".bias"));
 }
 
 Shape Shape::of(const std::vector<int64_t>& v) {

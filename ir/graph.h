@@ -215,9 +215,12 @@ size_t grad_scope_pos(const std::string& node_name);
 inline bool in_grad_scope(const std::string& node_name) { return grad_scope_pos(node_name) != std::string::npos; }
 
 /// kiln's rule for a trainable-parameter candidate (used by attach_loss, constant
-/// folding and `kiln inspect`): a floating-point initializer of more than one element
-/// whose name does not start with '/' (PyTorch names exported Constant outputs "/...").
-/// BatchNormalization running statistics are excluded separately by attach_loss.
+/// folding and `kiln inspect`): a floating-point initializer whose name does not start
+/// with '/' (PyTorch names exported Constant outputs "/...") and that has more than one
+/// element, or one element and a name ending in ".weight" or ".bias" (a module
+/// parameter by its state_dict key, e.g. the bias of Linear(h, 1); other one-element
+/// initializers are the graph's scalar constants). BatchNormalization running
+/// statistics are excluded separately by attach_loss.
 bool is_parameter_candidate(const Value& v);
 
 }  // namespace kiln::ir

@@ -98,3 +98,24 @@ TEST(DType, Bfloat16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
   for (float v : {0.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f}) EXPECT_EQ(f16_to_f32(f32_to_f16(v)), v) << v;
 }
+
+TEST(Parameters, OneElementModuleParametersAreCandidates) {
+  // The rule of ir::is_parameter_candidate (docs/architecture.md, decision 10). The bias
+  // of Linear(h, 1) ("head.bias", one element) was taken for a constant: never trained,
+  // missing from model.safetensors.
+  Graph g;
+  const Value* w = g.add_initializer("head.weight", Tensor(DType::f32, {16, 1}));
+  const Value* b = g.add_initializer("head.bias", Tensor(DType::f32, {1}));
+  const Value* temp = g.add_initializer("temperature.weight", Tensor(DType::f32, {}));
+  const Value* c = g.add_initializer("c_float", Tensor(DType::f32, {}));
+  const Value* exported = g.add_initializer("/attn/Constant_output_0", Tensor(DType::f32, {1}));
+  const Value* gen = g.add_initializer("onnx::Mul_12", Tensor(DType::f32, {1}));
+  const Value* ints = g.add_initializer("idx.bias", Tensor(DType::i64, {1}));
+  EXPECT_TRUE(is_parameter_candidate(*w));
+  EXPECT_TRUE(is_parameter_candidate(*b));
+  EXPECT_TRUE(is_parameter_candidate(*temp));
+  EXPECT_FALSE(is_parameter_candidate(*c));
+  EXPECT_FALSE(is_parameter_candidate(*exported));
+  EXPECT_FALSE(is_parameter_candidate(*gen));
+  EXPECT_FALSE(is_parameter_candidate(*ints));
+}

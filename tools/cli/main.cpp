@@ -551,7 +551,7 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_
     count += v->data->numel();
     bytes += static_cast<int64_t>(v->data->nbytes());
   }
-  std::cout << "parameters: " << count << " in " << tensors << " tensors (" << bytes << " bytes; float initializers with more than one element, including BatchNorm statistics)\n";
+  std::cout << "parameters: " << count << " in " << tensors << " tensors (" << bytes << " bytes; float initializers with more than one element or named *.weight / *.bias, including BatchNorm statistics)\n";
   std::map<std::string, int> hist;
   double flops = 0;
   bool flops_known = true;

@@ -101,6 +101,9 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
   if (cfg.overwrite_output_dir)
     return Status::error("--overwrite_output_dir deletes checkpoints: it is a per-run flag of DIR/train, not "
                          "compiled into the binary (give it when running DIR/train)");
+  if (!cfg.resume_from_checkpoint.empty())  // was accepted and then ignored: the binary trained from step 0
+    return Status::error("--resume_from_checkpoint is a per-run flag of DIR/train, not compiled into the binary "
+                         "(give it when running DIR/train)");
 
   // Optimizer steps of the run, for the LR schedule (as kiln train computes them).
   // Data given at compile time is checked against the model now (the binary keeps its
