@@ -263,6 +263,22 @@ TEST(BadInput, ModelValuesNamedLikeKilnsInputsAreRefused) {
                         "eager reference interpreter");
 }
 
+TEST(BadInput, SecondReviewFindings) {
+  require_data();
+  std::string out = tmpdir("second_review");
+  // Parameters that do not reach the loss (here the Constant outputs of good_constants,
+  // two of its three outputs unused by the loss) get a zero gradient Expand(0, shape),
+  // which the compiled backend failed to lower ("reads a value computed in the kernel").
+  auto r = kiln_cmd("bench " + kBad + "good_constants.onnx --per_device_train_batch_size 2 --bench_steps 2 "
+                    "--backend eager,compiled");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("error"), std::string::npos) << r.out;
+  // kiln compile baked --resume_from_checkpoint in and the binary then ignored it.
+  expect_one_line_error(kiln_cmd("compile examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 2 -o " + out +
+                                 "/bin --resume_from_checkpoint " + out + "/checkpoint-1"),
+                        "--resume_from_checkpoint is a per-run flag");
+}
+
 TEST(TokenData, BlockSizeBindsASymbolicSequenceDim) {
   require_data();
   // input (batch, seq) with seq symbolic: --block_size gave "cross_entropy needs static
