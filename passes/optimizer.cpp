@@ -140,7 +140,10 @@ class Optimizer : public Pass {
       Value* p = params[i]->input;
       b.set_prefix("optimizer/" + p->name);
       Value* gr = grads[i];
-      bool decay_this = wd != 0 && p->shape.rank() >= 2;
+      // A parameter that nothing computes with (it does not reach the loss: its gradient
+      // is autodiff's zero Expand) is not decayed either: PyTorch's optimizers skip a
+      // parameter whose .grad is None. Its zero gradient leaves Adam's and SGD's steps 0.
+      bool decay_this = wd != 0 && p->shape.rank() >= 2 && !g.uses(p).empty();
       Value* p_new;
       if (eightbit && dt == DType::f32 && p->shape.numel() >= kMin8bitSize) {
         // One fused node: dequantize -> AdamW -> requantize (ir/ops/optim8bit.cpp).

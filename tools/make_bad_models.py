@@ -303,6 +303,12 @@ def main():
     save(model([helper.make_node("MatMul", ["input", "W"], ["h"], name="/MatMul"),
                 helper.make_node("ReduceSum", ["h"], ["logits"], name="/ReduceSum", keepdims=0)], [x64], [scal], [w10]),
          "bad_scalar_output.onnx")
+    # A second head the loss does not reach (its weight gets no gradient, and no decay).
+    aux = numpy_helper.from_array((rng.randn(64, 3) * 0.1).astype(np.float32), "aux.weight")
+    save(model([helper.make_node("MatMul", ["input", "W"], ["logits"], name="/MatMul"),
+                helper.make_node("MatMul", ["input", "aux.weight"], ["aux"], name="/MatMul_1")], [x64],
+               [out10, helper.make_tensor_value_info("aux", TensorProto.FLOAT, ["batch", 3])], [w10, aux]),
+         "good_unused_head.onnx")
     print("wrote fixtures to", os.path.normpath(OUT))
 
 

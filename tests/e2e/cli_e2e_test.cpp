@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "e2e_util.h"
+#include "frontend/onnx_import.h"
 
 namespace fs = std::filesystem;
 
@@ -273,6 +274,24 @@ TEST(BadInput, SecondReviewFindings) {
                     "--backend eager,compiled");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("error"), std::string::npos) << r.out;
+  // ... and such a parameter is not decayed either (PyTorch skips a parameter whose
+  // .grad is None; kiln decayed it: aux.weight's norm fell from 0.57 to 0.44 at
+  // --weight_decay 0.5), with either backend.
+  auto model = kiln::frontend::import_onnx(kSrc + "/" + kBad + "good_unused_head.onnx");
+  ASSERT_TRUE(model) << model.message();
+  const kiln::ir::Tensor aux0 = *(*model)->find_value("aux.weight")->data;
+  for (const char* backend : {"eager", "compiled"}) {
+    const std::string dir = out + "/unused_" + backend;
+    auto t = kiln_cmd("train " + kBad + "good_unused_head.onnx " + kMlpData + "--weight_decay 0.5 --learning_rate 0.1 "
+                      "--max_steps 3 --backend " + backend + " --output_dir " + dir);
+    ASSERT_EQ(t.code, 0) << t.out;
+    auto st = kiln::runtime::io::load_safetensors(dir + "/model.safetensors");
+    ASSERT_TRUE(st) << st.message();
+    ASSERT_TRUE(st->count("aux.weight") && st->count("W")) << backend;
+    const kiln::ir::Tensor& aux = st->at("aux.weight");
+    ASSERT_EQ(aux.numel(), aux0.numel());
+    for (int64_t i = 0; i < aux.numel(); ++i) ASSERT_EQ(aux.get_f64(i), aux0.get_f64(i)) << backend << " aux.weight[" << i << "]";
+  }
   // kiln compile baked --resume_from_checkpoint in and the binary then ignored it.
   expect_one_line_error(kiln_cmd("compile examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 2 -o " + out +
                                  "/bin --resume_from_checkpoint " + out + "/checkpoint-1"),
