@@ -292,6 +292,12 @@ TEST(BadInput, SecondReviewFindings) {
     ASSERT_EQ(aux.numel(), aux0.numel());
     for (int64_t i = 0; i < aux.numel(); ++i) ASSERT_EQ(aux.get_f64(i), aux0.get_f64(i)) << backend << " aux.weight[" << i << "]";
   }
+  // The --freeze error sends the user to `kiln inspect MODEL` for the parameter names,
+  // which it did not print.
+  auto insp = kiln_cmd("inspect examples/mlp_digits/model.onnx");
+  ASSERT_EQ(insp.code, 0) << insp.out;
+  for (const char* name : {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"})
+    EXPECT_NE(insp.out.find(std::string("\n  ") + name + "  f32 ["), std::string::npos) << name << " not in:\n" << insp.out;
   // kiln compile baked --resume_from_checkpoint in and the binary then ignored it.
   expect_one_line_error(kiln_cmd("compile examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 2 -o " + out +
                                  "/bin --resume_from_checkpoint " + out + "/checkpoint-1"),

@@ -552,6 +552,9 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_
     bytes += static_cast<int64_t>(v->data->nbytes());
   }
   std::cout << "parameters: " << count << " in " << tensors << " tensors (" << bytes << " bytes; float initializers with more than one element or named *.weight / *.bias, including BatchNorm statistics)\n";
+  for (ir::Value* v : g->initializers)  // the names --freeze and --trainable match
+    if (ir::is_parameter_candidate(*v))
+      std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
   std::map<std::string, int> hist;
   double flops = 0;
   bool flops_known = true;
