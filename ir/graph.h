@@ -214,6 +214,11 @@ size_t grad_scope_pos(const std::string& node_name);
 /// True for a backward node's name (grad_scope_pos != npos).
 inline bool in_grad_scope(const std::string& node_name) { return grad_scope_pos(node_name) != std::string::npos; }
 
+/// Name of the scalar graph input that gradient accumulation with token normalization
+/// adds (passes/attach_loss.cpp) and the trainer feeds: the count of real labels over
+/// the whole optimizer step (Hugging Face's num_items_in_batch).
+inline constexpr const char* kNumItemsInput = "num_items_in_batch";
+
 /// kiln's rule for a trainable-parameter candidate (used by attach_loss, constant
 /// folding and `kiln inspect`): a floating-point initializer whose name does not start
 /// with '/' (PyTorch names exported Constant outputs "/...") and that has more than one

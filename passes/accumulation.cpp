@@ -67,7 +67,7 @@ class Accumulation : public Pass {
     std::vector<Value*> scan;
     for (Value* in : g.inputs) {
       if (state_inputs.count(in)) continue;
-      if (in->name == "num_items_in_batch") continue;  // fed with the step (see 5.)
+      if (in->name == kNumItemsInput) continue;  // fed with the step (see 5.)
       if (in->shape.rank() < 1 || !in->shape.dims[0].is_static())
         return Status::error("gradient accumulation: data input '" + in->name + "' has no static leading (batch) dim (" +
                              in->shape.to_string() + ")");

@@ -70,9 +70,10 @@ class AttachLoss : public Pass {
                              "); the labels would replace it: rename it in the model, or name the label input "
                              "otherwise with --label_input");
     }
-    if (g.find_value("num_items_in_batch"))
-      return Status::error("the model has a value named 'num_items_in_batch', the input through which kiln feeds "
-                           "the token count of gradient accumulation; rename it in the model");
+    if (g.find_value(kNumItemsInput))
+      return Status::error(std::string("the model has a value named '") + kNumItemsInput +
+                           "', the input through which kiln feeds the token count of gradient accumulation; "
+                           "rename it in the model");
 
     // --- BatchNormalization running statistics ---
     std::set<Value*> bn_stats;
@@ -213,7 +214,7 @@ class AttachLoss : public Pass {
       // microbatch's real labels divided by the count over the whole step
       // (input num_items_in_batch, counted by whoever feeds the step).
       Value* num_items = nullptr;
-      if (tokens_norm) num_items = g.add_input("num_items_in_batch", x->dtype, Shape());
+      if (tokens_norm) num_items = g.add_input(kNumItemsInput, x->dtype, Shape());
       auto sce_attrs =
           make_attrs({{"reduction", std::string(num_items ? "sum" : "mean")}, {"ignore_index", ignore}});
       if (eps <= 0) {

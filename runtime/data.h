@@ -75,9 +75,8 @@ Expected<RawData> load_raw_data(const std::vector<std::string>& specs);
 /// without NAME=, read as windows of --block_size (load_raw_data).
 bool is_token_file(const std::vector<std::string>& specs);
 
-/// Name of the scalar graph input that gradient accumulation with token normalization
-/// reads (passes/attach_loss.cpp): the count of real labels over the whole step.
-inline constexpr const char* kNumItemsInput = "num_items_in_batch";
+/// The scalar graph input of the step's label count (ir::kNumItemsInput).
+inline constexpr const char* kNumItemsInput = ir::kNumItemsInput;
 
 /// Hugging Face's num_items_in_batch for one microbatch: the labels != ignore_index
 /// (every element for float labels).
