@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/interpreter.h"
 
 namespace kiln::runtime {
@@ -31,6 +33,48 @@ Expected<std::vector<DataInputSpec>> data_input_specs(const ir::Graph& g, const 
 }
 
 namespace {
+
+/// A config field's value as a flag would spell it: strings and lists as written (an empty
+/// one as "none"), numbers and booleans as JSON prints them.
+std::string flag_value(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>().empty() ? "none" : v.get<std::string>();
+  if (v.is_array()) {
+    std::string r;
+    for (auto& e : v) r += (r.empty() ? "" : ",") + (e.is_string() ? e.get<std::string>() : e.dump());
+    return r.empty() ? "none" : r;
+  }
+  return v.dump();
+}
+
+/// The flags among `names` whose values differ between the run that wrote a checkpoint
+/// (`saved_json`, config_to_json of that run; empty or unparsable: none known) and
+/// `cfg`, as "--name saved (this run: current)" pieces.
+std::vector<std::string> changed_flags(const std::string& saved_json, const TrainConfig& cfg,
+                                       std::initializer_list<const char*> names) {
+  std::vector<std::string> out;
+  nlohmann::json saved, now;
+  try {
+    saved = nlohmann::json::parse(saved_json);
+    now = nlohmann::json::parse(config_to_json(cfg));
+  } catch (const std::exception&) {
+    return out;
+  }
+  for (const char* n : names)
+    if (saved.contains(n) && now.contains(n) && saved[n] != now[n])
+      out.push_back(std::string("--") + n + " " + flag_value(saved[n]) + " (this run: " + flag_value(now[n]) + ")");
+  return out;
+}
+
+/// The flags that decide which tensors a training program holds as state: a checkpoint
+/// whose state does not match this program names those that changed.
+constexpr std::initializer_list<const char*> kStateFlags = {"model", "freeze", "trainable", "optim", "momentum",
+                                                            "fp16", "bf16"};
+
+std::string join_flags(const std::vector<std::string>& f) {
+  std::string r;
+  for (auto& s : f) r += (r.empty() ? "" : ", ") + s;
+  return r;
+}
 
 double scalar_of(const std::map<std::string, Tensor>& outs, const std::string& name) {
   auto it = outs.find(name);
@@ -204,6 +248,11 @@ Expected<std::map<std::string, Tensor>> Trainer::feeds_for(const ir::Graph& g, c
 
 Status Trainer::restore(const std::string& dir) {
   KILN_ASSIGN_OR_RETURN(Checkpoint c, load_checkpoint(dir));
+  // Which state-shaping flags differ from the checkpoint's run: named in the errors below
+  // instead of a guess.
+  const std::vector<std::string> state_changes = changed_flags(c.state.config_json, cfg_, kStateFlags);
+  const std::string cause =
+      state_changes.empty() ? "" : "; the checkpoint was written with " + join_flags(state_changes);
   std::map<std::string, Tensor> next = state_;
   for (auto& [name, cur] : state_) {
     const std::string& kind = state_kind_[name];
@@ -212,7 +261,9 @@ Status Trainer::restore(const std::string& dir) {
     if (it == src.end())
       return Status::error("checkpoint '" + dir + "': missing tensor '" + name + "' (" + kind + ") in " +
                            ((kind == "parameter" || kind == "buffer") ? "model" : "optimizer") + ".safetensors" +
-                           (kind == "optimizer_state" ? " (was the checkpoint written with another --optim?)" : ""));
+                           (!cause.empty() ? cause
+                            : kind == "optimizer_state" ? " (was the checkpoint written with another --optim?)"
+                                                        : ""));
     if (!same_layout(it->second, cur))
       return Status::error("checkpoint '" + dir + "': tensor '" + name + "' is " + describe(it->second) +
                            ", the program expects " + describe(cur));
@@ -224,8 +275,9 @@ Status Trainer::restore(const std::string& dir) {
     for (auto& [name, t] : *src)
       if (!state_.count(name))
         return Status::error("checkpoint '" + dir + "': tensor '" + name +
-                             "' is not state of this training program (was the checkpoint written with another "
-                             "--optim or model?); resuming would drop it");
+                             "' is not state of this training program" +
+                             (!cause.empty() ? cause : " (was the checkpoint written with another --optim or model?)") +
+                             "; resuming would drop it");
   if (c.state.steps_per_epoch != steps_per_epoch_ || c.state.rows_per_step != rows_per_step_)
     return Status::error("checkpoint '" + dir + "': made with " + std::to_string(c.state.steps_per_epoch) +
                          " steps per epoch of " + std::to_string(c.state.rows_per_step) + " rows, the current data gives " +
@@ -234,6 +286,17 @@ Status Trainer::restore(const std::string& dir) {
   if (c.state.seed != cfg_.seed && opts_.out)  // a warning: stderr, as the others
     std::cerr << "kiln: warning: checkpoint seed " << c.state.seed << " differs from --seed " << cfg_.seed
               << "; continuing with --seed\n";
+  // Hyperparameters may change on resume (the new values apply from the next step; Hugging
+  // Face's Trainer would instead keep the scheduler's saved base learning rate), but
+  // never silently.
+  const std::vector<std::string> hyper =
+      changed_flags(c.state.config_json, cfg_,
+                    {"learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "nesterov",
+                     "max_grad_norm", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "loss",
+                     "label_smoothing", "ignore_index", "accumulation_normalization"});
+  if (!hyper.empty() && opts_.out)
+    std::cerr << "kiln: warning: the checkpoint's run had " << join_flags(hyper)
+              << "; continuing with this run's values\n";
   state_ = std::move(next);
   global_step_ = c.state.global_step;
   acc_.log_loss_sum = c.state.log_loss_sum;

@@ -178,6 +178,29 @@ void expect_one_line_error(const Run& r, const std::string& needle) {
   EXPECT_NE(r.out.find(needle), std::string::npos) << "'" << needle << "' not in: " << r.out;
 }
 
+// A checkpoint whose state does not fit the program names the flags that changed (it
+// blamed --optim for a dropped --freeze or an added --fp16); changed hyperparameters are
+// accepted with a warning that names them (they were accepted silently).
+TEST(Resume, ChangedFlagsAreNamed) {
+  require_data();
+  const std::string a = tmpdir("resume_flags_a"), b = tmpdir("resume_flags_b");
+  const std::string base = "train examples/mlp_digits/model.onnx " + kMlpData +
+                           "--per_device_train_batch_size 32 --seed 7 --backend eager ";
+  auto r = kiln_cmd(base + "--max_steps 2 --save_steps 2 --freeze 'fc1.*' --output_dir " + a);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string resume = "--max_steps 4 --resume_from_checkpoint " + a + "/checkpoint-2 --output_dir " + b + " ";
+  expect_one_line_error(kiln_cmd(base + resume), "written with --freeze fc1.* (this run: none)");
+  expect_one_line_error(kiln_cmd(base + resume + "--freeze 'fc1.*' --fp16"), "written with --fp16 false (this run: true)");
+  auto sgd = kiln_cmd(base + resume + "--freeze 'fc1.*' --optim sgd");
+  expect_one_line_error(sgd, "written with --optim adamw_torch (this run: sgd)");
+  EXPECT_EQ(sgd.out.find("--freeze"), std::string::npos) << "an unchanged flag named: " << sgd.out;
+  auto lr = kiln_cmd(base + resume + "--freeze 'fc1.*' --learning_rate 0.01");
+  EXPECT_EQ(lr.code, 0) << lr.out;
+  EXPECT_NE(lr.out.find("kiln: warning: the checkpoint's run had --learning_rate 5e-05 (this run: 0.01)"),
+            std::string::npos)
+      << lr.out;
+}
+
 const std::string kBad = "tests/data/bad_models/";
 
 }  // namespace
