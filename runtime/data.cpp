@@ -57,8 +57,9 @@ Expected<Tensor> convert_for_input(const NamedArray& a, const DataInputSpec& in,
   return Status::error(where + ": expected dtype " + ir::dtype_name(in.dtype) + ", got " + ir::dtype_name(got));
 }
 
-/// Checks the dims after the first against the graph input (which may carry one more
-/// leading accumulation dim).
+/// Checks the rank and the dims after the first against the graph input (gradient
+/// accumulation multiplies the first dim, so ranks are equal; a 1-D file for a 2-D
+/// input was taken for an extra accumulation dim and failed at step 1).
 Status check_trailing_dims(const NamedArray& a, const DataInputSpec& in) {
   const auto& fd = a.data.dims();
   const auto& gd = in.shape.dims;
@@ -69,13 +70,9 @@ Status check_trailing_dims(const NamedArray& a, const DataInputSpec& in) {
     return Status::error(a.file + " (input '" + in.name + "'): expected shape " + shape_str(in.shape) +
                          " (first dim = rows), got " + ir::dims_to_string(fd));
   };
-  if (fd.empty()) return fail();
-  size_t off;
-  if (gd.size() == fd.size()) off = 0;
-  else if (gd.size() == fd.size() + 1) off = 1;
-  else return fail();
+  if (fd.empty() || gd.size() != fd.size()) return fail();
   for (size_t i = 1; i < fd.size(); ++i) {
-    const ir::Dim& d = gd[i + off];
+    const ir::Dim& d = gd[i];
     if (d.is_static() && d.value != fd[i]) return fail();
   }
   return Status::ok();
@@ -383,19 +380,10 @@ Expected<Tensor> fit_to_input(const Tensor& t, const DataInputSpec& in) {
     return Status::error("input '" + in.name + "': the graph expects shape " + in.shape.to_string() + ", the batch is " +
                          ir::dims_to_string(t.dims()));
   };
-  Tensor r = t;
-  if (static_cast<int>(gd.size()) == t.rank() + 1) {
-    if (!gd[0].is_static() || gd[0].value <= 0 || t.dim(0) % gd[0].value != 0) return fail();
-    std::vector<int64_t> dims = t.dims();
-    dims.insert(dims.begin(), gd[0].value);
-    dims[1] /= gd[0].value;
-    r = t.reshaped(dims);
-  } else if (static_cast<int>(gd.size()) != t.rank()) {
-    return fail();
-  }
-  for (int i = 0; i < r.rank(); ++i)
-    if (gd[i].is_static() && gd[i].value != r.dim(i)) return fail();
-  return r;
+  if (static_cast<int>(gd.size()) != t.rank()) return fail();
+  for (int i = 0; i < t.rank(); ++i)
+    if (gd[i].is_static() && gd[i].value != t.dim(i)) return fail();
+  return t;
 }
 
 }  // namespace kiln::runtime

@@ -165,9 +165,8 @@ class Dataset {
   mutable std::vector<int64_t> cached_perm_;
 };
 
-/// Reshapes a (rows, ...) batch tensor to the graph input's layout: unchanged when the
-/// ranks match, (A, rows/A, ...) when the input has one more leading dim A (the
-/// gradient-accumulation layout). Error naming the input when static dims differ.
+/// Checks a (rows, ...) batch tensor against the graph input: the same rank and the same
+/// static dims (returned unchanged). Error naming the input and both shapes otherwise.
 Expected<ir::Tensor> fit_to_input(const ir::Tensor& t, const DataInputSpec& in);
 
 /// splitmix64 finalizer: mixes seed words into one 64-bit RNG seed.

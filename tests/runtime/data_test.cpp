@@ -115,6 +115,13 @@ TEST(Data, DtypeAndShapeErrors) {
   ASSERT_FALSE(d2);
   EXPECT_NE(d2.message().find("x5.npy"), std::string::npos);
   EXPECT_NE(d2.message().find("[4, 5]"), std::string::npos) << d2.message();
+  // A 1-D file for a 2-D input (it passed this check, its one dim taken for an
+  // accumulation dim, and failed at step 1 without the file's name).
+  auto d1d = Dataset::from_arrays({{"x", "x1d.npy", rows_f32(4, 3).reshaped({12})}, {"labels", "y.npy", labels_i64(12)}},
+                                  specs_xy(), {});
+  ASSERT_FALSE(d1d);
+  EXPECT_NE(d1d.message().find("x1d.npy"), std::string::npos) << d1d.message();
+  EXPECT_NE(d1d.message().find("got [12]"), std::string::npos) << d1d.message();
   // Different row counts.
   auto d3 = Dataset::from_arrays({{"x", "x.npy", rows_f32(4, 3)}, {"labels", "y5.npy", labels_i64(5)}}, specs_xy(), {});
   ASSERT_FALSE(d3);
@@ -177,12 +184,16 @@ TEST(Data, TokenWindowsShiftLabelsByOne) {
   EXPECT_FALSE(Dataset::from_tokens(small, "tiny.bin", specs, {}));
 }
 
-TEST(Data, FitToInputAccumulationLayout) {
-  DataInputSpec spec{"x", DType::f32, ir::Shape({ir::Dim(int64_t{2}), ir::Dim(int64_t{4}), ir::Dim(int64_t{3})})};
+// A batch must have the graph input's rank and static dims (gradient accumulation
+// multiplies the first dim; there is no extra leading accumulation dim).
+TEST(Data, FitToInputChecksRankAndDims) {
+  DataInputSpec spec{"x", DType::f32, ir::Shape({ir::Dim(int64_t{8}), ir::Dim(int64_t{3})})};
   auto r = fit_to_input(rows_f32(8, 3), spec);
   ASSERT_TRUE(r) << r.message();
-  EXPECT_EQ(r->dims(), (std::vector<int64_t>{2, 4, 3}));
-  auto bad = fit_to_input(rows_f32(6, 3), spec);
+  EXPECT_EQ(r->dims(), (std::vector<int64_t>{8, 3}));
+  DataInputSpec spec3{"x", DType::f32, ir::Shape({ir::Dim(int64_t{2}), ir::Dim(int64_t{4}), ir::Dim(int64_t{3})})};
+  auto bad = fit_to_input(rows_f32(8, 3), spec3);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.message().find("input 'x'"), std::string::npos);
+  EXPECT_FALSE(fit_to_input(rows_f32(6, 3), spec));
 }
