@@ -433,6 +433,66 @@ Status load_config_json(const std::string& path, TrainConfig& cfg) {
   return config_from_json_text(text, path, cfg);
 }
 
+namespace {
+
+/// Levenshtein distance (insertions, deletions, substitutions: cost 1 each).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known) {
+  // Hugging Face TrainingArguments that kiln does not take, and what it does instead.
+  static const std::map<std::string, std::string> hf = {
+      {"eval_strategy", "kiln evaluates at the end and every --eval_steps N steps when --eval_data is given"},
+      {"evaluation_strategy", "kiln evaluates at the end and every --eval_steps N steps when --eval_data is given"},
+      {"save_strategy", "kiln saves a checkpoint every --save_steps N steps"},
+      {"logging_strategy", "kiln logs every --logging_steps N steps"},
+      {"load_best_model_at_end", "kiln keeps no best checkpoint; each checkpoint's metrics.jsonl holds its eval lines"},
+      {"metric_for_best_model", "kiln keeps no best checkpoint; each checkpoint's metrics.jsonl holds its eval lines"},
+      {"greater_is_better", "kiln keeps no best checkpoint; each checkpoint's metrics.jsonl holds its eval lines"},
+      {"report_to", "kiln logs to stdout and to OUTPUT_DIR/metrics.jsonl only"},
+      {"logging_dir", "kiln logs to stdout and to OUTPUT_DIR/metrics.jsonl only"},
+      {"dataloader_num_workers", "kiln reads its data files in-process"},
+      {"dataloader_pin_memory", "kiln reads its data files in-process"},
+      {"push_to_hub", "kiln saves to --output_dir only"},
+  };
+  // Common short forms of flags kiln has.
+  static const std::map<std::string, std::string> alias = {
+      {"lr", "learning_rate"},          {"batch_size", "per_device_train_batch_size"},
+      {"epochs", "num_train_epochs"},   {"train_batch_size", "per_device_train_batch_size"},
+      {"wd", "weight_decay"},           {"eval_batch_size", "per_device_eval_batch_size"},
+      {"steps", "max_steps"},           {"grad_accum", "gradient_accumulation_steps"},
+  };
+  for (const std::string& a : args) {
+    if (a.size() < 3 || a.compare(0, 2, "--") != 0) continue;
+    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    if (name.empty() || known.count(name)) continue;
+    std::string msg = "unknown flag --" + name;
+    if (auto h = hf.find(name); h != hf.end()) return msg + " (a Hugging Face flag kiln does not take: " + h->second + ")";
+    if (auto al = alias.find(name); al != alias.end() && known.count(al->second))
+      return msg + " (did you mean --" + al->second + "?)";
+    std::string best;
+    size_t best_d = std::max<size_t>(2, name.size() / 4) + 1;
+    for (const std::string& k : known)
+      if (size_t d = edit_distance(name, k); d < best_d) best_d = d, best = k;
+    return msg + (best.empty() ? " (--help lists the flags)" : " (did you mean --" + best + "?)");
+  }
+  return "";
+}
+
 std::string config_to_json(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;
   nlohmann::json j = nlohmann::json::object();

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,13 @@ void eval_off_without_eval_data(TrainConfig& cfg, const std::map<std::string, st
 /// a run that never evaluates. For the commands that train (not bench, which does not
 /// evaluate). Error: "--eval_steps N: no --eval_data to evaluate on (...)".
 Status check_eval_schedule(const TrainConfig& cfg);
+/// For a command line the flag parser refused with "arguments were not expected": one
+/// line naming the first "--name" or "--name=value" in `args` whose name is not in `known`
+/// (long names without the dashes), with what kiln does instead when it is a Hugging
+/// Face TrainingArguments flag kiln lacks (--eval_strategy, --save_strategy,
+/// --load_best_model_at_end, --report_to, ...), else the closest known name (edit
+/// distance, or a common short form such as --lr). Empty when every --name is known.
+std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known);
 /// Reads a JSON config file with the same keys as the flags. Unknown keys are an error.
 Status load_config_json(const std::string& path, TrainConfig& cfg);
 /// Writes the config as JSON (used in trainer_state.json).

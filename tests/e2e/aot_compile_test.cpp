@@ -141,6 +141,11 @@ TEST(AotCompile, FixedFlagRefusedWithOneLine) {
   EXPECT_NE(r.err.find("--bf16 is fixed when the binary is compiled"), std::string::npos) << r.err;
   ShellRun u = sh("'" + dir + "/out/train' --no_such_flag 1", kSrc);
   EXPECT_EQ(u.code, 2) << u.err;
+  EXPECT_NE(u.err.find("unknown flag --no_such_flag"), std::string::npos) << u.err;
+  ShellRun hf = sh("'" + dir + "/out/train' --save_strategy steps", kSrc);
+  EXPECT_EQ(hf.code, 2) << hf.err;
+  EXPECT_NE(hf.err.find("unknown flag --save_strategy (a Hugging Face flag kiln does not take"), std::string::npos)
+      << hf.err;
 }
 
 TEST(AotCompile, ArtifactsAreProducedAndParse) {

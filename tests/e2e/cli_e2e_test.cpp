@@ -441,4 +441,13 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
                         "given twice");
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --print-ir-after nosuchpass --output_dir " + out),
                         "nosuchpass");
+  // Flags kiln lacks are named (CLI11 said "The following arguments were not expected:
+  // steps --eval_strategy"): Hugging Face ones with what kiln does instead, others with
+  // the closest flag.
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --eval_strategy steps"),
+                        "unknown flag --eval_strategy (a Hugging Face flag kiln does not take: kiln evaluates");
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--save_strategy=epoch"), "unknown flag --save_strategy");
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--lr 1e-3"), "unknown flag --lr (did you mean --learning_rate?)");
+  expect_one_line_error(kiln_cmd("bench " + mlp + " --bench_step 3"), "unknown flag --bench_step (did you mean --bench_steps?)");
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--frobnicate"), "unknown flag --frobnicate (--help lists");
 }

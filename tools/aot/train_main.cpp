@@ -67,6 +67,11 @@ int real_main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::ExtrasError& e) {
+    std::set<std::string> known;
+    for (auto& f : runtime::config_fields(cfg)) known.insert(f.name);
+    const std::string m = runtime::unknown_flag_message(std::vector<std::string>(argv + 1, argv + argc), known);
+    return fail(2, m.empty() ? std::string(e.what()) : m);
   } catch (const CLI::ParseError& e) {
     return fail(2, e.what());
   }

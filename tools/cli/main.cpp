@@ -775,6 +775,15 @@ int real_main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::ExtrasError& e) {
+    // Name the unknown flag (CLI11 lists the leftover tokens, values first).
+    std::set<std::string> known;
+    for (CLI::App* sc : app.get_subcommands({}))
+      if (argc >= 2 && sc->get_name() == argv[1])
+        for (const CLI::Option* o : sc->get_options())
+          for (const std::string& n : o->get_lnames()) known.insert(n);
+    const std::string m = runtime::unknown_flag_message(std::vector<std::string>(argv + 1, argv + argc), known);
+    return report({2, m.empty() ? std::string(e.what()) : m});
   } catch (const CLI::ParseError& e) {
     return report({2, e.what()});
   }
