@@ -48,6 +48,17 @@ namespace {
 using ir::KernelContext;
 using ir::Tensor;
 
+#if defined(__x86_64__)
+/// The all-lanes mask 0xffff, hidden from the optimizer: with a constant full mask GCC
+/// ignores a gather's source operand and leaves the destination register's old value in
+/// place (see lookup16).
+KILN_AVX512 inline __mmask16 opaque_all_lanes() {
+  __mmask16 m = 0xffff;
+  asm("" : "+Yk"(m));
+  return m;
+}
+#endif
+
 /// Checks that a quantization map is sorted ascending (the binary search needs it).
 Status check_qmap(KernelContext& c, const Tensor& q, const char* what) {
   if (q.numel() != ir::kQuantMapSize) return c.fail(std::string(what) + " must have 256 entries");
@@ -154,7 +165,8 @@ class CodeFinder {
     const __m512i bits = _mm512_castps_si512(x);
     const __m512i key =
         _mm512_xor_si512(bits, _mm512_or_si512(_mm512_srai_epi32(bits, 31), _mm512_set1_epi32(INT32_MIN)));
-    const __m512i e = _mm512_i32gather_epi32(_mm512_srli_epi32(key, 32 - kBits), packed_.data(), 4);
+    const __m512i e = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), opaque_all_lanes(),
+                                                  _mm512_srli_epi32(key, 32 - kBits), packed_.data(), 4);  // see lookup16
     const __m512i start = _mm512_srli_epi32(e, 17);
     const __mmask16 past = _mm512_cmpge_epi32_mask(_mm512_and_si512(key, _mm512_set1_epi32(0xffff)),
                                                    _mm512_and_si512(e, _mm512_set1_epi32(0x1ffff)));
@@ -482,9 +494,16 @@ KILN_AVX512 float quantize_block_avx512(const float* x, int64_t n, float mx, boo
   return mx;
 }
 
-/// map[code[0..16)] as 16 floats (one gather from the 1 KiB map).
+/// map[code[0..16)] as 16 floats (one gather from the 1 KiB map). A gather merges into its
+/// destination register, so it waits for that register's last writer; GCC's gather
+/// intrinsics (also the masked ones with a zero source and a full mask, which it folds)
+/// leave the register to the allocator, which picked ones that the previous iteration's
+/// square root or division wrote: a false loop-carried dependency through the divider.
+/// A zero source with a mask GCC cannot see is all ones (opaque_all_lanes) makes it
+/// write a zero (or copy one) to the destination first, which breaks the dependency.
 KILN_AVX512 inline __m512 lookup16(const float* map, const uint8_t* code) {
-  return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code))), map, 4);
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), opaque_all_lanes(),
+                                  _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code))), map, 4);
 }
 
 /// out[i] = div_rn16(a[i], b, RN(1 / b)) for n elements (n a multiple of 16); test hook.
@@ -506,8 +525,11 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
   const bool clip = k.clip, decay = k.decay;
   const bool recip_bc2 = k.sqrt_bc2 >= 0x1p-60f && k.sqrt_bc2 <= 1.f;
   const __m512 rbc2 = _mm512_set1_ps(1.f / k.sqrt_bc2);
-  __m512 mx_m = _mm512_setzero_ps(), mx_v = _mm512_setzero_ps();
-  __mmask16 nan_m = 0, nan_v = 0;
+  // max |m'| and |v'| as unsigned integers: for non-negative floats the integer order is
+  // the float order, and a NaN's bits exceed +inf's, so one VPMAXUD per moment finds both
+  // the absmax and whether a NaN occurred (MAXPS and a NaN compare took four vector uops).
+  __m512i mx_m = _mm512_setzero_si512(), mx_v = _mm512_setzero_si512();
+  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
   const float* __restrict pp = t.p + lo;
   const float* __restrict gp = t.g + lo;
   const uint8_t* __restrict q1 = t.q1 + lo;
@@ -538,13 +560,14 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
     _mm512_storeu_ps(po + j, _mm512_sub_ps(p, _mm512_mul_ps(ss, _mm512_div_ps(mn, denom))));
     _mm512_storeu_ps(m + j, mn);
     _mm512_storeu_ps(v + j, vn);
-    mx_m = _mm512_max_ps(_mm512_abs_ps(mn), mx_m);  // MAXPS returns the second operand for a NaN
-    mx_v = _mm512_max_ps(_mm512_abs_ps(vn), mx_v);
-    nan_m |= _mm512_cmp_ps_mask(mn, mn, _CMP_UNORD_Q);
-    nan_v |= _mm512_cmp_ps_mask(vn, vn, _CMP_UNORD_Q);
+    mx_m = _mm512_max_epu32(mx_m, _mm512_and_si512(_mm512_castps_si512(mn), abs_bits));
+    mx_v = _mm512_max_epu32(mx_v, _mm512_and_si512(_mm512_castps_si512(vn), abs_bits));
   }
-  float xm = _mm512_reduce_max_ps(mx_m), xv = _mm512_reduce_max_ps(mx_v);
-  bool nm = nan_m != 0, nv = nan_v != 0;
+  const uint32_t bm = _mm512_reduce_max_epu32(mx_m), bv = _mm512_reduce_max_epu32(mx_v);
+  bool nm = bm > 0x7f800000u, nv = bv > 0x7f800000u;  // a NaN: the block takes quantize_block
+  float xm = 0.f, xv = 0.f;
+  if (!nm) std::memcpy(&xm, &bm, 4);
+  if (!nv) std::memcpy(&xv, &bv, 4);
   adam8bit_tail(k, t, b, lo, j, len, m, v, xm, xv, nm, nv);
   t.a1o[b] = quantize_block_avx512(m, len, xm, nm, fs, zs, t.q1o + lo);
   t.a2o[b] = quantize_block_avx512(v, len, xv, nv, fu, zu, t.q2o + lo);
