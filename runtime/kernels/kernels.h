@@ -23,6 +23,10 @@ int active_isa();
 /// out[i] = a[i] / b as the active vector path divides (a multiply by RN(1/b) and one FMA
 /// correction), n a multiple of 16. False (nothing written) on the portable path.
 bool divide_by_reciprocal(const float* a, float b, float* out, int64_t n);
+/// Block-wise quantization of x (every element >= +0, not NaN) by the AVX-512 path the
+/// 8-bit update takes for the second moment (CodeFinder::codes16_nonneg): codes[0..n),
+/// absmax[one per 256-element block]. False (nothing written) below the AVX-512 path.
+bool quantize_nonneg(const float* x, int64_t n, const float* qmap, uint8_t* codes, float* absmax);
 }  // namespace optim8bit_testing
 
 /// Test hooks of the Dropout kernel (runtime/kernels/elementwise.cpp).

@@ -108,7 +108,11 @@ class CodeFinder {
         const int next = start_[b] + 1;  // the code a threshold inside the bucket leads to
         const uint32_t t_key = next < ir::kQuantMapSize ? key_of(t_[next]) : 0;
         const bool inside = next < ir::kQuantMapSize && (t_key >> (32 - kBits)) == b;
-        packed_[b] = (uint32_t(start_[b]) << 17) | (inside ? (t_key & 0xffffu) : 0x10000u);
+        // (start << 16) + 0x10000 - threshold's low key bits (0: none), minus the bucket's
+        // own key bits b << 16 (mod 2^32): entry + key = (start << 16) + (0x10000 - thr)
+        // + low, which reaches (start + 1) << 16 exactly when low >= thr.
+        const uint32_t step = inside ? 0x10000u - (t_key & 0xffffu) : 0u;
+        packed_[b] = (uint32_t(start_[b]) << 16) + step - (b << 16);
       }
     }
   }
@@ -137,17 +141,14 @@ class CodeFinder {
     const __m256i key =
         _mm256_xor_si256(bits, _mm256_or_si256(_mm256_srai_epi32(bits, 31), _mm256_set1_epi32(INT32_MIN)));
     if (!packed_.empty()) {
-      // code = start + (low key bits >= threshold's) = start + 1 + (threshold > low ? -1 : 0)
+      // code = (entry + key) >> 16 (see packed_).
       // Eight scalar loads, not vpgatherdd: faster on the AMD cores measured (docs/performance.md).
       alignas(32) uint32_t bucket[8];
       _mm256_store_si256(reinterpret_cast<__m256i*>(bucket), _mm256_srli_epi32(key, 32 - kBits));
       const uint32_t* pk = packed_.data();
       const __m256i e = _mm256_setr_epi32(pk[bucket[0]], pk[bucket[1]], pk[bucket[2]], pk[bucket[3]], pk[bucket[4]],
                                           pk[bucket[5]], pk[bucket[6]], pk[bucket[7]]);
-      const __m256i thr = _mm256_and_si256(e, _mm256_set1_epi32(0x1ffff));
-      const __m256i low = _mm256_and_si256(key, _mm256_set1_epi32(0xffff));
-      return _mm256_add_epi32(_mm256_srli_epi32(e, 17),
-                              _mm256_add_epi32(_mm256_set1_epi32(1), _mm256_cmpgt_epi32(thr, low)));
+      return _mm256_srli_epi32(_mm256_add_epi32(e, key), 16);
     }
     // Byte gather: 4 bytes from start_ + bucket (start_ has 3 bytes of padding), low byte kept.
     __m256i i = _mm256_and_si256(
@@ -160,17 +161,24 @@ class CodeFinder {
     return i;
   }
   /// codes8 for 16 lanes (AVX-512), equal to operator(); needs has_packed(): one gathered
-  /// packed entry per lane, start + (low key bits >= the bucket's threshold's).
+  /// packed entry per lane, code = (entry + key) >> 16.
   KILN_AVX512 __m512i codes16(__m512 x) const {
     const __m512i bits = _mm512_castps_si512(x);
     const __m512i key =
         _mm512_xor_si512(bits, _mm512_or_si512(_mm512_srai_epi32(bits, 31), _mm512_set1_epi32(INT32_MIN)));
     const __m512i e = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), opaque_all_lanes(),
                                                   _mm512_srli_epi32(key, 32 - kBits), packed_.data(), 4);  // see lookup16
-    const __m512i start = _mm512_srli_epi32(e, 17);
-    const __mmask16 past = _mm512_cmpge_epi32_mask(_mm512_and_si512(key, _mm512_set1_epi32(0xffff)),
-                                                   _mm512_and_si512(e, _mm512_set1_epi32(0x1ffff)));
-    return _mm512_mask_add_epi32(start, past, start, _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(e, key), 16);
+  }
+  /// codes16 for x >= +0 (sign bit clear, not NaN), in the low byte of each lane only:
+  /// there the key is bits + 2^31, so the bucket is bits >> 16 from the table's upper half,
+  /// and entry + bits differs from entry + key in bit 31 alone, which the shift moves to
+  /// bit 15, above the code's byte (three integer operations fewer than codes16).
+  KILN_AVX512 __m512i codes16_nonneg(__m512 x) const {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i e = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), opaque_all_lanes(),
+                                                  _mm512_srli_epi32(bits, 32 - kBits), packed_.data() + kBuckets / 2, 4);
+    return _mm512_srli_epi32(_mm512_add_epi32(e, bits), 16);
   }
 #endif
   /// Whether the one-compare packed table exists (every bucket of [-1, 1] holds at most
@@ -208,8 +216,9 @@ class CodeFinder {
   uint8_t start_[kBuckets + 3] = {};  // + 3: the last bucket's 4-byte gather stays inside
   int max_steps_ = 0;
   bool recip_ok_ = true;
-  /// Per bucket, when max_steps_ <= 1: start code << 17 | the low 16 key bits of the
-  /// threshold inside the bucket (0x10000: none).
+  /// Per bucket b, when max_steps_ <= 1: (start code << 16) + (0x10000 - the low 16 key
+  /// bits of the threshold inside the bucket, or 0 when none) - (b << 16), mod 2^32, so
+  /// that a key in the bucket has code (entry + key) >> 16 (one add and one shift).
   std::vector<uint32_t> packed_;
 };
 
@@ -475,14 +484,20 @@ KILN_AVX512 inline __m512 div_rn16(__m512 a, __m512 b, __m512 y) {
 }
 
 /// quantize_block_avx2 with 16 lanes (gathered packed entries), bit-identical to it.
+/// nonneg: the caller knows every x of the vector part is >= +0 (CodeFinder::codes16_nonneg).
 KILN_AVX512 float quantize_block_avx512(const float* x, int64_t n, float mx, bool any_nan, const CodeFinder& code,
-                                        uint8_t zero_code, uint8_t* codes) {
+                                        uint8_t zero_code, uint8_t* codes, bool nonneg = false) {
   if (any_nan || !(mx > 0.f && std::isfinite(mx)) || !code.has_packed())
     return quantize_block_avx2(x, n, mx, any_nan, code, zero_code, codes);
   const __m512 d = _mm512_set1_ps(mx);
   int64_t i = 0;
   if (code.recip_ok() && mx >= 0x1p-60f && mx <= 0x1p60f) {  // div_rn8's exact range
     const __m512 y = _mm512_set1_ps(1.f / mx);
+    if (nonneg) {
+      for (; i + 16 <= n; i += 16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
+                         _mm512_cvtepi32_epi8(code.codes16_nonneg(div_rn16(_mm512_loadu_ps(x + i), d, y))));
+    }
     for (; i + 16 <= n; i += 16)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
                        _mm512_cvtepi32_epi8(code.codes16(div_rn16(_mm512_loadu_ps(x + i), d, y))));
@@ -528,6 +543,8 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
   // max |m'| and |v'| as unsigned integers: for non-negative floats the integer order is
   // the float order, and a NaN's bits exceed +inf's, so one VPMAXUD per moment finds both
   // the absmax and whether a NaN occurred (MAXPS and a NaN compare took four vector uops).
+  // v' is taken with its sign bit: a negative v' (only from a map with negative entries)
+  // also sends the block to quantize_block, so the others may use codes16_nonneg.
   __m512i mx_m = _mm512_setzero_si512(), mx_v = _mm512_setzero_si512();
   const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
   const float* __restrict pp = t.p + lo;
@@ -561,16 +578,16 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
     _mm512_storeu_ps(m + j, mn);
     _mm512_storeu_ps(v + j, vn);
     mx_m = _mm512_max_epu32(mx_m, _mm512_and_si512(_mm512_castps_si512(mn), abs_bits));
-    mx_v = _mm512_max_epu32(mx_v, _mm512_and_si512(_mm512_castps_si512(vn), abs_bits));
+    mx_v = _mm512_max_epu32(mx_v, _mm512_castps_si512(vn));
   }
   const uint32_t bm = _mm512_reduce_max_epu32(mx_m), bv = _mm512_reduce_max_epu32(mx_v);
-  bool nm = bm > 0x7f800000u, nv = bv > 0x7f800000u;  // a NaN: the block takes quantize_block
+  bool nm = bm > 0x7f800000u, nv = bv > 0x7f800000u;  // NaN (v': or < +0): quantize_block
   float xm = 0.f, xv = 0.f;
   if (!nm) std::memcpy(&xm, &bm, 4);
   if (!nv) std::memcpy(&xv, &bv, 4);
   adam8bit_tail(k, t, b, lo, j, len, m, v, xm, xv, nm, nv);
   t.a1o[b] = quantize_block_avx512(m, len, xm, nm, fs, zs, t.q1o + lo);
-  t.a2o[b] = quantize_block_avx512(v, len, xv, nv, fu, zu, t.q2o + lo);
+  t.a2o[b] = quantize_block_avx512(v, len, xv, nv, fu, zu, t.q2o + lo, /*nonneg=*/true);
 }
 #endif
 
@@ -692,6 +709,24 @@ bool divide_by_reciprocal(const float* a, float b, float* out, int64_t n) {
   if (isa == 1) divide_by_reciprocal_avx2(a, b, out, n);
   return isa >= 1;
 #else
+  return false;
+#endif
+}
+
+bool quantize_nonneg(const float* x, int64_t n, const float* qmap, uint8_t* codes, float* absmax) {
+#if defined(__x86_64__)
+  if (isa_level() < 2) return false;
+  const CodeFinder& finder = CodeFinder::get(qmap);
+  const uint8_t zero = ir::nearest_code(qmap, 0.f);
+  for (int64_t lo = 0, b = 0; lo < n; lo += ir::kBlockSize8bit, ++b) {
+    const int64_t len = std::min<int64_t>(ir::kBlockSize8bit, n - lo);
+    bool nan = false;
+    const float mx = block_absmax_avx2(x + lo, len, &nan);
+    absmax[b] = quantize_block_avx512(x + lo, len, mx, nan, finder, zero, codes + lo, /*nonneg=*/true);
+  }
+  return true;
+#else
+  (void)x, (void)n, (void)qmap, (void)codes, (void)absmax;
   return false;
 #endif
 }

@@ -507,6 +507,28 @@ static void check_codes_equal_binary_search() {
                       << " kernel code " << int(r.codes.data<uint8_t>()[i]) << " reference " << int(want);
     }
     EXPECT_EQ(diffs, 0);
+    // The second moment's path (non-negative values only, unsigned and clustered maps).
+    if (is_signed && which != 2) continue;
+    std::vector<float> nonneg;
+    for (float v : blocks)
+      if (!std::signbit(v)) {
+        if (nonneg.size() % 256 == 0) nonneg.push_back(1.0f);
+        nonneg.push_back(v);
+      }
+    std::vector<uint8_t> codes(nonneg.size());
+    std::vector<float> absmax((nonneg.size() + 255) / 256);
+    if (!runtime::kernels::optim8bit_testing::quantize_nonneg(nonneg.data(), static_cast<int64_t>(nonneg.size()), q,
+                                                              codes.data(), absmax.data()))
+      continue;  // below the AVX-512 path (for_each_isa says which paths run)
+    int64_t nn_diffs = 0;
+    for (size_t i = 0; i < nonneg.size(); ++i) {
+      ASSERT_EQ(absmax[i / 256], 1.0f);
+      const uint8_t want = ir::nearest_code(q, nonneg[i]);
+      if (codes[i] != want && ++nn_diffs < 5)
+        ADD_FAILURE() << "non-negative path x=" << nonneg[i] << " kernel code " << int(codes[i]) << " reference "
+                      << int(want);
+    }
+    EXPECT_EQ(nn_diffs, 0);
   }
 }
 
