@@ -509,6 +509,13 @@ KILN_AVX512 float quantize_block_avx512(const float* x, int64_t n, float mx, boo
   return mx;
 }
 
+/// Whether quantize_block_avx512 takes its reciprocal fast path for a block with this
+/// absmax (the loop the 8-bit update may run for both moments at once).
+inline bool quantize_fast_path(const CodeFinder& code, float mx, bool any_nan) {
+  return !any_nan && mx > 0.f && std::isfinite(mx) && code.has_packed() && code.recip_ok() && mx >= 0x1p-60f &&
+         mx <= 0x1p60f;
+}
+
 /// map[code[0..16)] as 16 floats (one gather from the 1 KiB map). A gather merges into its
 /// destination register, so it waits for that register's last writer; GCC's gather
 /// intrinsics (also the masked ones with a zero source and a full mask, which it folds)
@@ -586,6 +593,21 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
   if (!nm) std::memcpy(&xm, &bm, 4);
   if (!nv) std::memcpy(&xv, &bv, 4);
   adam8bit_tail(k, t, b, lo, j, len, m, v, xm, xv, nm, nv);
+  if (len % 16 == 0 && quantize_fast_path(fs, xm, nm) && quantize_fast_path(fu, xv, nv)) {
+    // Both moments in one loop (quantize_block_avx512's fast path, interleaved).
+    const __m512 dm = _mm512_set1_ps(xm), ym = _mm512_set1_ps(1.f / xm);
+    const __m512 dv = _mm512_set1_ps(xv), yv = _mm512_set1_ps(1.f / xv);
+    uint8_t* __restrict c1 = t.q1o + lo;
+    uint8_t* __restrict c2 = t.q2o + lo;
+    for (int64_t i = 0; i < len; i += 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(c1 + i),
+                       _mm512_cvtepi32_epi8(fs.codes16(div_rn16(_mm512_loadu_ps(m + i), dm, ym))));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(c2 + i),
+                       _mm512_cvtepi32_epi8(fu.codes16_nonneg(div_rn16(_mm512_loadu_ps(v + i), dv, yv))));
+    }
+    t.a1o[b] = xm, t.a2o[b] = xv;
+    return;
+  }
   t.a1o[b] = quantize_block_avx512(m, len, xm, nm, fs, zs, t.q1o + lo);
   t.a2o[b] = quantize_block_avx512(v, len, xv, nv, fu, zu, t.q2o + lo, /*nonneg=*/true);
 }
