@@ -61,27 +61,50 @@ nlohmann::json trainer_state_to_json(const TrainerState& s) {
 
 Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const std::string& origin) {
   TrainerState s;
-  try {
-    s.global_step = j.at("global_step").get<int64_t>();
-    s.epoch = j.at("epoch").get<double>();
-    s.total_steps = j.value("total_steps", int64_t{0});
-    const auto& d = j.at("data");
-    s.seed = d.at("seed").get<uint64_t>();
-    s.steps_per_epoch = d.at("steps_per_epoch").get<int64_t>();
-    s.rows_per_step = d.at("rows_per_step").get<int64_t>();
-    if (j.contains("log_accumulators")) {
-      const auto& a = j["log_accumulators"];
-      s.log_loss_sum = a.value("loss_sum", 0.0);
-      s.log_loss_count = a.value("loss_count", int64_t{0});
-      s.log_time_sum = a.value("time_sum", 0.0);
-      s.total_loss_sum = a.value("total_loss_sum", 0.0);
-    }
-    if (j.contains("config")) s.config_json = j["config"].dump();
-  } catch (const std::exception& e) {
-    std::string w = e.what();
-    return Status::error(origin + ": malformed trainer state (" + w.substr(0, w.find('\n')) + ")");
+  auto bad = [&](const std::string& key, const std::string& want) {
+    return Status::error(origin + ": malformed trainer state: '" + key + "' must be " + want);
+  };
+  if (!j.is_object()) return Status::error(origin + ": malformed trainer state: not a JSON object");
+  // A count: a JSON integer in [0, 2^62] (no fraction, no float spelling such as 1e30).
+  auto count = [&](const nlohmann::json& obj, const std::string& path, const char* key, bool required,
+                   int64_t& out) -> Status {
+    if (!obj.contains(key)) return required ? bad(path + key, "present") : Status::ok();
+    const auto& v = obj[key];
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > (uint64_t{1} << 62)) ||
+        (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+      return bad(path + key, "a non-negative integer, got " + v.dump());
+    out = v.get<int64_t>();
+    return Status::ok();
+  };
+  auto number = [&](const nlohmann::json& obj, const std::string& path, const char* key, double& out) -> Status {
+    if (!obj.contains(key)) return Status::ok();
+    if (!obj[key].is_number()) return bad(path + key, "a number, got " + obj[key].dump());
+    out = obj[key].get<double>();
+    return Status::ok();
+  };
+  KILN_RETURN_IF_ERROR(count(j, "", "global_step", true, s.global_step));
+  if (!j.contains("epoch") || !j["epoch"].is_number()) return bad("epoch", "a number");
+  s.epoch = j["epoch"].get<double>();
+  KILN_RETURN_IF_ERROR(count(j, "", "total_steps", false, s.total_steps));
+  if (!j.contains("data") || !j["data"].is_object()) return bad("data", "an object");
+  const auto& d = j["data"];
+  if (!d.contains("seed") || !d["seed"].is_number_unsigned()) return bad("data.seed", "a non-negative integer");
+  s.seed = d["seed"].get<uint64_t>();
+  KILN_RETURN_IF_ERROR(count(d, "data.", "steps_per_epoch", true, s.steps_per_epoch));
+  KILN_RETURN_IF_ERROR(count(d, "data.", "rows_per_step", true, s.rows_per_step));
+  if (j.contains("log_accumulators")) {
+    const auto& a = j["log_accumulators"];
+    if (!a.is_object()) return bad("log_accumulators", "an object");
+    KILN_RETURN_IF_ERROR(number(a, "log_accumulators.", "loss_sum", s.log_loss_sum));
+    KILN_RETURN_IF_ERROR(count(a, "log_accumulators.", "loss_count", false, s.log_loss_count));
+    KILN_RETURN_IF_ERROR(number(a, "log_accumulators.", "time_sum", s.log_time_sum));
+    KILN_RETURN_IF_ERROR(number(a, "log_accumulators.", "total_loss_sum", s.total_loss_sum));
   }
-  if (s.global_step < 0) return Status::error(origin + ": negative global_step");
+  // The run's flags (config_to_json): a resume compares them with its own.
+  if (j.contains("config")) {
+    if (!j["config"].is_object()) return bad("config", "an object of flag values");
+    s.config_json = j["config"].dump();
+  }
   return s;
 }
 

@@ -365,7 +365,12 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
     const ConfigField* f = nullptr;
     for (auto& x : fields)
       if (x.name == it.key()) f = &x;
-    if (!f) return Status::error(origin + ": unknown key '" + it.key() + "'");
+    if (!f) {
+      std::set<std::string> names;
+      for (auto& x : fields) names.insert(x.name);
+      const std::string hint = unknown_flag_hint(it.key(), names);
+      return Status::error(origin + ": unknown key '" + it.key() + "'" + (hint.empty() ? "" : " (" + hint + ")"));
+    }
     const auto& v = it.value();
     auto type_err = [&](const char* want) {
       return Status::error(origin + ": key '" + it.key() + "': expected " + want + ", got " + v.dump());
@@ -453,7 +458,7 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known) {
+std::string unknown_flag_hint(const std::string& name, const std::set<std::string>& suggest) {
   // Hugging Face TrainingArguments that kiln does not take, and what it does instead.
   static const std::map<std::string, std::string> hf = {
       {"eval_strategy", "kiln evaluates at the end and every --eval_steps N steps when --eval_data is given"},
@@ -468,29 +473,74 @@ std::string unknown_flag_message(const std::vector<std::string>& args, const std
       {"dataloader_num_workers", "kiln reads its data files in-process"},
       {"dataloader_pin_memory", "kiln reads its data files in-process"},
       {"push_to_hub", "kiln saves to --output_dir only"},
+      {"fp32", "kiln trains in fp32 unless --bf16 or --fp16 is given"},
+      {"tf32", "kiln trains in fp32 unless --bf16 or --fp16 is given"},
   };
-  // Common short forms of flags kiln has.
+  // Other spellings of flags kiln has (Hugging Face's own, and common short forms).
   static const std::map<std::string, std::string> alias = {
-      {"lr", "learning_rate"},          {"batch_size", "per_device_train_batch_size"},
-      {"epochs", "num_train_epochs"},   {"train_batch_size", "per_device_train_batch_size"},
-      {"wd", "weight_decay"},           {"eval_batch_size", "per_device_eval_batch_size"},
-      {"steps", "max_steps"},           {"grad_accum", "gradient_accumulation_steps"},
+      {"lr", "learning_rate"},
+      {"batch_size", "per_device_train_batch_size"},
+      {"bs", "per_device_train_batch_size"},
+      {"train_batch_size", "per_device_train_batch_size"},
+      {"eval_batch_size", "per_device_eval_batch_size"},
+      {"epochs", "num_train_epochs"},
+      {"num_epochs", "num_train_epochs"},
+      {"wd", "weight_decay"},
+      {"steps", "max_steps"},
+      {"grad_accum", "gradient_accumulation_steps"},
+      {"label_smoothing_factor", "label_smoothing"},
+      {"warmup", "warmup_steps"},
+      {"optimizer", "optim"},
+      {"scheduler", "lr_scheduler_type"},
   };
+  if (auto h = hf.find(name); h != hf.end()) return "a Hugging Face flag kiln does not take: " + h->second;
+  if (auto al = alias.find(name); al != alias.end() && suggest.count(al->second)) return "did you mean --" + al->second + "?";
+  // A near miss: one edit for short names, two for longer ones (fp32 -> fp16 or half ->
+  // help would mislead).
+  std::string best;
+  size_t best_d = (name.size() <= 6 ? 1 : 2) + 1;
+  for (const std::string& k : suggest)
+    if (size_t d = edit_distance(name, k); d < best_d) best_d = d, best = k;
+  return best.empty() ? "" : "did you mean --" + best + "?";
+}
+
+std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known,
+                                 const std::set<std::string>* suggest) {
   for (const std::string& a : args) {
-    if (a.size() < 3 || a.compare(0, 2, "--") != 0) continue;
-    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    // "--name", "--name=value", or "-name" (argparse-style single dash, not a number).
+    size_t dashes = a.compare(0, 2, "--") == 0 ? 2 : (a.size() > 2 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) ? 1 : 0);
+    if (dashes == 0 || a.size() <= dashes) continue;
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
     if (name.empty() || known.count(name)) continue;
-    std::string msg = "unknown flag --" + name;
-    if (auto h = hf.find(name); h != hf.end()) return msg + " (a Hugging Face flag kiln does not take: " + h->second + ")";
-    if (auto al = alias.find(name); al != alias.end() && known.count(al->second))
-      return msg + " (did you mean --" + al->second + "?)";
-    std::string best;
-    size_t best_d = std::max<size_t>(2, name.size() / 4) + 1;
-    for (const std::string& k : known)
-      if (size_t d = edit_distance(name, k); d < best_d) best_d = d, best = k;
-    return msg + (best.empty() ? " (--help lists the flags)" : " (did you mean --" + best + "?)");
+    const std::string hint = unknown_flag_hint(name, suggest ? *suggest : known);
+    return "unknown flag " + a.substr(0, dashes) + name + " (" + (hint.empty() ? "--help lists the flags" : hint) + ")";
   }
   return "";
+}
+
+Status normalize_flag_values(std::vector<std::string>& args, const std::set<std::string>& value_flags,
+                             const std::set<std::string>& switches) {
+  static const std::set<std::string> bool_words = {"True", "False", "true", "false", "TRUE", "FALSE",
+                                                   "1",    "0",     "yes",  "no"};
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool is_long = a.size() > 2 && a.compare(0, 2, "--") == 0 && a.find('=') == std::string::npos;
+    const std::string name = is_long ? a.substr(2) : "";
+    if (is_long && switches.count(name) && i + 1 < args.size() && bool_words.count(args[i + 1])) {
+      out.push_back(a + "=" + args[++i]);  // Hugging Face's "--bf16 True"
+      continue;
+    }
+    if (is_long && value_flags.count(name) &&
+        (i + 1 == args.size() || (args[i + 1].size() > 2 && args[i + 1].compare(0, 2, "--") == 0)))
+      return Status::error(a + " needs a value" +
+                           (i + 1 == args.size() ? std::string(" (it is the last argument)")
+                                                 : " (the next argument is the flag " + args[i + 1] + ")"));
+    out.push_back(a);
+  }
+  args = std::move(out);
+  return Status::ok();
 }
 
 std::string config_to_json(const TrainConfig& cfg_in) {

@@ -136,13 +136,25 @@ void eval_off_without_eval_data(TrainConfig& cfg, const std::map<std::string, st
 /// a run that never evaluates. For the commands that train (not bench, which does not
 /// evaluate). Error: "--eval_steps N: no --eval_data to evaluate on (...)".
 Status check_eval_schedule(const TrainConfig& cfg);
+/// What to tell a user about a flag name kiln does not know: what kiln does instead when
+/// it is a Hugging Face TrainingArguments flag kiln lacks (--eval_strategy,
+/// --save_strategy, --load_best_model_at_end, --report_to, ...), else "did you mean
+/// --X?" for another spelling (--lr, --bs, --label_smoothing_factor) or a near miss in
+/// `suggest` (one edit for names up to 6 characters, two for longer ones); "" when none.
+std::string unknown_flag_hint(const std::string& name, const std::set<std::string>& suggest);
 /// For a command line the flag parser refused with "arguments were not expected": one
-/// line naming the first "--name" or "--name=value" in `args` whose name is not in `known`
-/// (long names without the dashes), with what kiln does instead when it is a Hugging
-/// Face TrainingArguments flag kiln lacks (--eval_strategy, --save_strategy,
-/// --load_best_model_at_end, --report_to, ...), else the closest known name (edit
-/// distance, or a common short form such as --lr). Empty when every --name is known.
-std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known);
+/// line naming the first "--name", "--name=value" or argparse-style "-name" in `args`
+/// whose name is not in `known` (long and short names without dashes), with
+/// unknown_flag_hint over `suggest` (default: `known`). Empty when every flag is known.
+std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known,
+                                 const std::set<std::string>* suggest = nullptr);
+/// Reads a command line as Hugging Face's argparse does before the flag parser sees it:
+/// a switch (in `switches`) followed by True/False/true/false/1/0/yes/no takes that value
+/// ("--bf16 True" becomes "--bf16=True"). Error: a value-taking flag (in `value_flags`)
+/// given last or followed by another "--flag", which the parser would take for its value
+/// ("--output_dir --bf16" trained in fp32 into a folder named "--bf16").
+Status normalize_flag_values(std::vector<std::string>& args, const std::set<std::string>& value_flags,
+                             const std::set<std::string>& switches);
 /// Reads a JSON config file with the same keys as the flags. Unknown keys are an error.
 Status load_config_json(const std::string& path, TrainConfig& cfg);
 /// Writes the config as JSON (used in trainer_state.json).

@@ -66,9 +66,20 @@ std::vector<std::string> changed_flags(const std::string& saved_json, const Trai
 }
 
 /// The flags that decide which tensors a training program holds as state: a checkpoint
-/// whose state does not match this program names those that changed.
-constexpr std::initializer_list<const char*> kStateFlags = {"model", "freeze", "trainable", "optim", "momentum",
-                                                            "fp16", "bf16"};
+/// whose state does not match this program names those that changed (the model is
+/// compared by its tensors, not by its path: a moved or copied file is the same model).
+constexpr std::initializer_list<const char*> kStateFlags = {"freeze", "trainable", "optim", "momentum", "fp16",
+                                                            "bf16"};
+/// The flags that decide the data order (rows per step, the rows themselves).
+constexpr std::initializer_list<const char*> kDataFlags = {"per_device_train_batch_size",
+                                                           "gradient_accumulation_steps", "train_data", "block_size"};
+/// Flags whose change a resume accepts, with a warning (the new values apply from the
+/// next step; Hugging Face's Trainer would keep the saved optimizer's and scheduler's).
+constexpr std::initializer_list<const char*> kResumeWarnFlags = {
+    "seed",          "learning_rate",     "weight_decay",    "adam_beta1",   "adam_beta2",
+    "adam_epsilon",  "nesterov",          "max_grad_norm",   "lr_scheduler_type", "warmup_ratio",
+    "warmup_steps",  "max_steps",         "num_train_epochs", "loss",        "label_smoothing",
+    "ignore_index",  "accumulation_normalization", "per_device_train_batch_size", "gradient_accumulation_steps"};
 
 std::string join_flags(const std::vector<std::string>& f) {
   std::string r;
@@ -251,6 +262,7 @@ Status Trainer::restore(const std::string& dir) {
   // Which state-shaping flags differ from the checkpoint's run: named in the errors below
   // instead of a guess.
   const std::vector<std::string> state_changes = changed_flags(c.state.config_json, cfg_, kStateFlags);
+  resume_warning_.clear();
   const std::string cause =
       state_changes.empty() ? "" : "; the checkpoint was written with " + join_flags(state_changes);
   std::map<std::string, Tensor> next = state_;
@@ -278,25 +290,25 @@ Status Trainer::restore(const std::string& dir) {
                              "' is not state of this training program" +
                              (!cause.empty() ? cause : " (was the checkpoint written with another --optim or model?)") +
                              "; resuming would drop it");
-  if (c.state.steps_per_epoch != steps_per_epoch_ || c.state.rows_per_step != rows_per_step_)
+  if (c.state.steps_per_epoch != steps_per_epoch_ || c.state.rows_per_step != rows_per_step_) {
+    const std::vector<std::string> data_changes = changed_flags(c.state.config_json, cfg_, kDataFlags);
     return Status::error("checkpoint '" + dir + "': made with " + std::to_string(c.state.steps_per_epoch) +
                          " steps per epoch of " + std::to_string(c.state.rows_per_step) + " rows, the current data gives " +
                          std::to_string(steps_per_epoch_) + " of " + std::to_string(rows_per_step_) +
-                         " (resuming would change the data order)");
-  if (c.state.seed != cfg_.seed && opts_.out)  // a warning: stderr, as the others
-    std::cerr << "kiln: warning: checkpoint seed " << c.state.seed << " differs from --seed " << cfg_.seed
-              << "; continuing with --seed\n";
-  // Hyperparameters may change on resume (the new values apply from the next step; Hugging
-  // Face's Trainer would instead keep the scheduler's saved base learning rate), but
-  // never silently.
-  const std::vector<std::string> hyper =
-      changed_flags(c.state.config_json, cfg_,
-                    {"learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "nesterov",
-                     "max_grad_norm", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "loss",
-                     "label_smoothing", "ignore_index", "accumulation_normalization"});
-  if (!hyper.empty() && opts_.out)
-    std::cerr << "kiln: warning: the checkpoint's run had " << join_flags(hyper)
-              << "; continuing with this run's values\n";
+                         " (resuming would change the data order" +
+                         (data_changes.empty() ? "" : "; the checkpoint was written with " + join_flags(data_changes)) +
+                         ")");
+  }
+  // Changes a resume accepts (state-shaping flags whose state still matches, such as
+  // --bf16 or SGD's --momentum value; hyperparameters; the seed), never silently: one
+  // warning line, printed by take_resume_warning() once the run is sure to start.
+  std::vector<std::string> changes = state_changes;
+  for (std::string& f : changed_flags(c.state.config_json, cfg_, kResumeWarnFlags)) changes.push_back(std::move(f));
+  if (c.state.config_json.empty() && c.state.seed != cfg_.seed)  // no saved config: the data seed alone
+    changes.push_back("--seed " + std::to_string(c.state.seed) + " (this run: " + std::to_string(cfg_.seed) + ")");
+  if (!changes.empty())
+    resume_warning_ = "kiln: warning: resuming from a run with " + join_flags(changes) +
+                      "; this run's values apply from the next step";
   state_ = std::move(next);
   global_step_ = c.state.global_step;
   acc_.log_loss_sum = c.state.log_loss_sum;
@@ -658,14 +670,33 @@ Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64
   return Status::ok();
 }
 
+Status guard_output_outside_checkpoint(const TrainConfig& cfg) {
+  if (cfg.resume_from_checkpoint.empty()) return Status::ok();
+  std::error_code ec;
+  const std::filesystem::path ck = std::filesystem::weakly_canonical(cfg.resume_from_checkpoint, ec);
+  if (ec) return Status::ok();  // restore() reports an unreadable checkpoint
+  const std::filesystem::path out = std::filesystem::weakly_canonical(cfg.output_dir, ec);
+  if (ec) return Status::ok();
+  // out equals ck or lies below it: ck's components are a prefix of out's.
+  auto o = out.begin();
+  for (auto c = ck.begin(); c != ck.end(); ++c, ++o)
+    if (o == out.end() || *o != *c) return Status::ok();
+  return Status::error("--output_dir " + cfg.output_dir + " is " + (o == out.end() ? "" : "inside ") +
+                       "the checkpoint this run resumes from (" + cfg.resume_from_checkpoint +
+                       "): saving there would overwrite it; give the run's folder (the checkpoint's parent) or "
+                       "another --output_dir");
+}
+
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts) {
+  if (opts.write_files) KILN_RETURN_IF_ERROR(guard_output_outside_checkpoint(cfg));
   KILN_ASSIGN_OR_RETURN(Trainer t, Trainer::create(cfg, graphs, &train_data, eval_data, opts));
   if (!cfg.resume_from_checkpoint.empty()) {
     KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));
     ir::MemoryStats::reset_peak();  // the load held old and new state at once: not a step's memory
   }
   if (opts.write_files) KILN_RETURN_IF_ERROR(guard_later_checkpoints(cfg, t.global_step(), t.total_steps()));
+  if (const std::string w = t.take_resume_warning(); !w.empty() && opts.out) std::cerr << w << "\n";
   return t.run();
 }
 

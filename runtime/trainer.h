@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln::codegen {
@@ -101,8 +102,13 @@ class Trainer {
 
   /// Profiles the following train steps into `p` (null: stop profiling).
   void set_profile(OpProfile* p) { opts_.profile = p; }
-  /// Restores state and position from a checkpoint directory (errors name the tensor at fault).
+  /// Restores state and position from a checkpoint directory. Errors name the tensor at
+  /// fault and the flags whose change caused it (another --optim, --freeze, --fp16; a
+  /// batch size that changes the data order). Accepted changes (hyperparameters, the
+  /// seed, --bf16) leave one warning line for take_resume_warning().
   Status restore(const std::string& checkpoint_dir);
+  /// The warning line of the last restore() ("" when nothing changed), then cleared.
+  std::string take_resume_warning() { return std::exchange(resume_warning_, std::string()); }
   /// One optimizer step on the next batch (or on `batch` when given); advances global_step.
   Expected<StepResult> step(const Batch* batch = nullptr);
   /// Evaluates on the eval data: {"eval_loss", "eval_accuracy" (class-id labels)}.
@@ -146,7 +152,12 @@ class Trainer {
   TrainerState acc_;  ///< logging accumulators (persisted in checkpoints)
   bool resumed_ = false;
   std::string resumed_from_;  ///< the checkpoint folder restore() read
+  std::string resume_warning_;  ///< see take_resume_warning()
 };
+
+/// Refuses an --output_dir that is, or lies inside, the checkpoint being resumed from
+/// (saving there overwrote the checkpoint's own files with later steps). Error naming both.
+Status guard_output_outside_checkpoint(const TrainConfig& cfg);
 
 /// Checks output_dir before a run that will write a checkpoint (a multiple of
 /// cfg.save_steps in (start_step, total_steps]): first removes interrupted saves

@@ -179,8 +179,10 @@ void expect_one_line_error(const Run& r, const std::string& needle) {
 }
 
 // A checkpoint whose state does not fit the program names the flags that changed (it
-// blamed --optim for a dropped --freeze or an added --fp16); changed hyperparameters are
-// accepted with a warning that names them (they were accepted silently).
+// blamed --optim for a dropped --freeze or an added --fp16); accepted changes (a
+// hyperparameter, the seed, --bf16, whose state is the same) give one warning line naming
+// them (they were silent, or two lines); an --output_dir inside the checkpoint is refused
+// (saving there overwrote the checkpoint's files with later steps).
 TEST(Resume, ChangedFlagsAreNamed) {
   require_data();
   const std::string a = tmpdir("resume_flags_a"), b = tmpdir("resume_flags_b");
@@ -188,17 +190,37 @@ TEST(Resume, ChangedFlagsAreNamed) {
                            "--per_device_train_batch_size 32 --seed 7 --backend eager ";
   auto r = kiln_cmd(base + "--max_steps 2 --save_steps 2 --freeze 'fc1.*' --output_dir " + a);
   ASSERT_EQ(r.code, 0) << r.out;
-  const std::string resume = "--max_steps 4 --resume_from_checkpoint " + a + "/checkpoint-2 --output_dir " + b + " ";
+  const std::string ck = a + "/checkpoint-2";
+  const std::string resume = "--max_steps 4 --resume_from_checkpoint " + ck + " --output_dir " + b + " ";
   expect_one_line_error(kiln_cmd(base + resume), "written with --freeze fc1.* (this run: none)");
   expect_one_line_error(kiln_cmd(base + resume + "--freeze 'fc1.*' --fp16"), "written with --fp16 false (this run: true)");
   auto sgd = kiln_cmd(base + resume + "--freeze 'fc1.*' --optim sgd");
   expect_one_line_error(sgd, "written with --optim adamw_torch (this run: sgd)");
   EXPECT_EQ(sgd.out.find("--freeze"), std::string::npos) << "an unchanged flag named: " << sgd.out;
-  auto lr = kiln_cmd(base + resume + "--freeze 'fc1.*' --learning_rate 0.01");
+  expect_one_line_error(kiln_cmd(base + resume + "--freeze 'fc1.*' --per_device_train_batch_size 16"),
+                        "written with --per_device_train_batch_size 32 (this run: 16)");
+  auto lr = kiln_cmd(base + resume + "--freeze 'fc1.*' --learning_rate 0.01 --seed 8 --bf16");
   EXPECT_EQ(lr.code, 0) << lr.out;
-  EXPECT_NE(lr.out.find("kiln: warning: the checkpoint's run had --learning_rate 5e-05 (this run: 0.01)"),
-            std::string::npos)
-      << lr.out;
+  const size_t w = lr.out.find("kiln: warning: resuming from a run with ");
+  ASSERT_NE(w, std::string::npos) << lr.out;
+  const std::string line = lr.out.substr(w, lr.out.find('\n', w) - w);
+  for (const char* f : {"--bf16 false (this run: true)", "--seed 7 (this run: 8)", "--learning_rate 5e-05 (this run: 0.01)"})
+    EXPECT_NE(line.find(f), std::string::npos) << f << " not in: " << line;
+  EXPECT_EQ(lr.out.find("kiln: warning", w + 1), std::string::npos) << "one warning line: " << lr.out;
+  // --output_dir = the checkpoint: refused, and the checkpoint stays as it was.
+  auto read = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string weights = read(ck + "/model.safetensors");
+  expect_one_line_error(kiln_cmd(base + "--freeze 'fc1.*' --max_steps 6 --save_steps 2 --resume_from_checkpoint " + ck +
+                                 " --output_dir " + ck),
+                        "is the checkpoint this run resumes from");
+  expect_one_line_error(kiln_cmd(base + "--freeze 'fc1.*' --max_steps 6 --resume_from_checkpoint " + ck +
+                                 " --output_dir " + ck + "/sub"),
+                        "is inside the checkpoint this run resumes from");
+  EXPECT_EQ(read(ck + "/model.safetensors"), weights);
+  EXPECT_FALSE(fs::exists(ck + "/model.onnx"));
 }
 
 const std::string kBad = "tests/data/bad_models/";
@@ -450,4 +472,16 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--lr 1e-3"), "unknown flag --lr (did you mean --learning_rate?)");
   expect_one_line_error(kiln_cmd("bench " + mlp + " --bench_step 3"), "unknown flag --bench_step (did you mean --bench_steps?)");
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--frobnicate"), "unknown flag --frobnicate (--help lists");
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--fp32"), "kiln trains in fp32 unless --bf16 or --fp16");
+  // A flag without its value took the next flag for it (trained into a folder "--bf16").
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --output_dir --bf16"),
+                        "--output_dir needs a value (the next argument is the flag --bf16)");
+  EXPECT_FALSE(fs::exists(kSrc + "/--bf16"));
+  expect_one_line_error(kiln_cmd("run " + mlp + " --input input=examples/mlp_digits/input.npy --output_dir --shape batch=4"),
+                        "--output_dir needs a value");
+  expect_one_line_error(kiln_cmd("--max_steps 3 train " + mlp), "the subcommand comes first");
+  // Hugging Face's "--bf16 True" spelling of a switch.
+  auto hf = kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --bf16 True --overwrite_output_dir false --output_dir " +
+                     tmpdir("bf16_true"));
+  EXPECT_EQ(hf.code, 0) << hf.out;
 }

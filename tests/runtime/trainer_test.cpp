@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -554,4 +555,81 @@ TEST(Trainer, EvalGraphWithParameterInitializersSeesTrainedWeights) {
   EXPECT_EQ(r1->eval_metrics.at("eval_loss"), r2->eval_metrics.at("eval_loss"));
   // The caller's graph keeps its initial weights.
   EXPECT_EQ(as_f64(*eW->data), as_f64(initial_w()));
+}
+
+// A hand-edited trainer_state.json: each bad field is named (1e30 was "negative
+// global_step", 10.7 was truncated to 10, a string gave nlohmann's type error, and a
+// config that is not an object silently turned the resume's flag comparison off).
+TEST(Checkpoint, MalformedTrainerStateNamesTheField) {
+  const nlohmann::json good = nlohmann::json::parse(
+      R"({"global_step": 10, "epoch": 0.5, "total_steps": 20,
+          "data": {"seed": 42, "steps_per_epoch": 20, "rows_per_step": 8},
+          "log_accumulators": {"loss_sum": 1.5, "loss_count": 3, "time_sum": 0.1, "total_loss_sum": 9.0},
+          "config": {"learning_rate": 0.001}})");
+  auto ok = trainer_state_from_json(good, "t.json");
+  ASSERT_TRUE(ok) << ok.message();
+  EXPECT_EQ(ok->global_step, 10);
+  EXPECT_EQ(ok->seed, 42u);
+  EXPECT_EQ(ok->log_loss_count, 3);
+  struct Case {
+    const char* pointer;
+    nlohmann::json value;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"/global_step", 1e30, "'global_step' must be a non-negative integer, got 1e+30"},
+      {"/global_step", 10.7, "'global_step' must be a non-negative integer, got 10.7"},
+      {"/global_step", -1, "'global_step' must be a non-negative integer, got -1"},
+      {"/global_step", "ten", "'global_step' must be a non-negative integer"},
+      {"/data/seed", "x", "'data.seed' must be a non-negative integer"},
+      {"/data/rows_per_step", 8.5, "'data.rows_per_step' must be a non-negative integer"},
+      {"/log_accumulators/loss_sum", "1", "'log_accumulators.loss_sum' must be a number"},
+      {"/config", "hello", "'config' must be an object"},
+      {"/data", 3, "'data' must be an object"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = good;
+    j[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    auto r = trainer_state_from_json(j, "t.json");
+    ASSERT_FALSE(r) << c.pointer;
+    EXPECT_NE(r.message().find(c.message), std::string::npos) << c.pointer << ": " << r.message();
+    EXPECT_EQ(r.message().rfind("t.json: malformed trainer state", 0), 0u) << r.message();
+  }
+}
+
+// Flag values as Hugging Face's argparse reads them, and the hints for unknown names
+// (a value-taking flag without its value took the next flag: "--output_dir --bf16"
+// trained in fp32 into "./--bf16"; "--bf16 True" was refused; --fp32 suggested --fp16).
+TEST(TrainConfig, FlagValuesAndUnknownFlagHints) {
+  const std::set<std::string> values = {"output_dir", "learning_rate", "seed"}, switches = {"bf16"};
+  std::vector<std::string> a = {"--bf16", "True", "--output_dir", "out", "--learning_rate", "-1e-3"};
+  ASSERT_TRUE(normalize_flag_values(a, values, switches).is_ok());
+  EXPECT_EQ(a, (std::vector<std::string>{"--bf16=True", "--output_dir", "out", "--learning_rate", "-1e-3"}));
+  std::vector<std::string> b = {"--output_dir", "--bf16"};
+  Status sb = normalize_flag_values(b, values, switches);
+  ASSERT_FALSE(sb.is_ok());
+  EXPECT_NE(sb.message().find("--output_dir needs a value (the next argument is the flag --bf16)"), std::string::npos)
+      << sb.message();
+  std::vector<std::string> c = {"--seed"};
+  EXPECT_FALSE(normalize_flag_values(c, values, switches).is_ok());
+  std::vector<std::string> d = {"--bf16", "maybe"};  // not a boolean word: left to the parser
+  ASSERT_TRUE(normalize_flag_values(d, values, switches).is_ok());
+  EXPECT_EQ(d.size(), 2u);
+
+  const std::set<std::string> known = {"fp16", "learning_rate", "per_device_train_batch_size", "label_smoothing",
+                                       "eps"};
+  EXPECT_NE(unknown_flag_hint("eval_strategy", known).find("a Hugging Face flag kiln does not take"),
+            std::string::npos);
+  EXPECT_NE(unknown_flag_hint("fp32", known).find("kiln trains in fp32 unless --bf16 or --fp16"), std::string::npos);
+  EXPECT_EQ(unknown_flag_hint("lr", known), "did you mean --learning_rate?");
+  EXPECT_EQ(unknown_flag_hint("bs", known), "did you mean --per_device_train_batch_size?");
+  EXPECT_EQ(unknown_flag_hint("label_smoothing_factor", known), "did you mean --label_smoothing?");
+  EXPECT_EQ(unknown_flag_hint("learning_rte", known), "did you mean --learning_rate?");
+  EXPECT_EQ(unknown_flag_hint("fp61", known), "");  // two edits from fp16: too far for a short name
+  EXPECT_EQ(unknown_flag_hint("frobnicate", known), "");
+  // Aliases only point at flags the command takes.
+  EXPECT_EQ(unknown_flag_hint("lr", {"eps"}), "");
+  EXPECT_EQ(unknown_flag_message({"--max_steps", "3", "-lr", "1e-3"}, {"max_steps", "learning_rate"}),
+            "unknown flag -lr (did you mean --learning_rate?)");
+  EXPECT_EQ(unknown_flag_message({"--max_steps", "-3"}, {"max_steps"}), "");  // a negative number is a value
 }

@@ -234,7 +234,8 @@ TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {
   EXPECT_TRUE(fs::exists(out + "/checkpoint-2/optimizer.safetensors"));
   // The other direction: the program needs optimizer state the checkpoint lacks.
   refused("sgd", "adamw_torch", dir + "/run_sgd",
-          "(optimizer_state) in optimizer.safetensors (was the checkpoint written with another --optim?)");
+          "(optimizer_state) in optimizer.safetensors; the checkpoint was written with --optim sgd (this run: "
+          "adamw_torch)");
 }
 
 TEST_F(Cli, ConfigFileUnknownKeyAndFlagOverride) {

@@ -63,14 +63,23 @@ int real_main(int argc, char** argv) {
     if (!ok) o->group("");  // hidden from --help
     options[f.name] = o;
   }
+  std::set<std::string> known, changeable_names, value_flags, switches;
+  for (auto& f : runtime::config_fields(cfg)) {
+    known.insert(f.name);
+    if (changeable().count(f.name)) changeable_names.insert(f.name);
+    (f.kind == runtime::ConfigField::Kind::boolean ? switches : value_flags).insert(f.name);
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (Status st = runtime::normalize_flag_values(args, value_flags, switches); !st) return fail(2, st.message());
+  std::vector<char*> cargv{argv[0]};
+  for (std::string& a : args) cargv.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ExtrasError& e) {
-    std::set<std::string> known;
-    for (auto& f : runtime::config_fields(cfg)) known.insert(f.name);
-    const std::string m = runtime::unknown_flag_message(std::vector<std::string>(argv + 1, argv + argc), known);
+    // Suggest only flags this binary takes per run (the others are fixed at compile time).
+    const std::string m = runtime::unknown_flag_message(args, known, &changeable_names);
     return fail(2, m.empty() ? std::string(e.what()) : m);
   } catch (const CLI::ParseError& e) {
     return fail(2, e.what());

@@ -759,30 +759,45 @@ int real_main(int argc, char** argv) {
   run->add_option("--output_dir", run_out, "where the outputs go");
   run->add_option("--shape", run_shape, "dim bindings NAME=INT[,NAME=INT]")->allow_extra_args(false);
 
+  std::string names;
+  for (auto* sc : app.get_subcommands({})) names += (names.empty() ? "" : "|") + sc->get_name();
+  CLI::App* sub = nullptr;
   if (argc >= 2 && argv[1][0] != '-') {
-    bool known = false;
     for (auto* sc : app.get_subcommands({}))
-      if (sc->get_name() == argv[1]) known = true;
-    if (!known) {
-      std::string names;
-      for (auto* sc : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sc->get_name();
-      return report({2, std::string("unknown subcommand '") + argv[1] + "' (expected one of: " + names + ")"});
-    }
+      if (sc->get_name() == argv[1]) sub = sc;
+    if (!sub) return report({2, std::string("unknown subcommand '") + argv[1] + "' (expected one of: " + names + ")"});
+  } else if (argc >= 2 && std::string(argv[1]) != "-h" && std::string(argv[1]) != "--help") {
+    return report({2, std::string("the subcommand comes first: kiln {") + names + "} ... (got " + argv[1] + ")"});
   }
+  // The subcommand's flag names: long and short, value-taking and switches.
+  std::set<std::string> known, value_flags, switches;
+  if (sub)
+    for (const CLI::Option* o : sub->get_options()) {
+      for (const std::string& n : o->get_lnames()) {
+        known.insert(n);
+        (o->get_expected_max() == 0 ? switches : value_flags).insert(n);
+      }
+      for (const std::string& n : o->get_snames()) known.insert(n);
+    }
+  // "--bf16 True" as Hugging Face reads it; a value-taking flag without its value.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (sub) {
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (Status st = runtime::normalize_flag_values(rest, value_flags, switches); !st) return report({2, st.message()});
+    args.resize(1);
+    args.insert(args.end(), rest.begin(), rest.end());
+  }
+  std::vector<char*> cargv{argv[0]};
+  for (std::string& a : args) cargv.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ExtrasError& e) {
     // Name the unknown flag (CLI11 lists the leftover tokens, values first).
-    std::set<std::string> known;
-    for (CLI::App* sc : app.get_subcommands({}))
-      if (argc >= 2 && sc->get_name() == argv[1])
-        for (const CLI::Option* o : sc->get_options())
-          for (const std::string& n : o->get_lnames()) known.insert(n);
-    const std::string m = runtime::unknown_flag_message(std::vector<std::string>(argv + 1, argv + argc), known);
+    const std::string m = runtime::unknown_flag_message(args, known);
     return report({2, m.empty() ? std::string(e.what()) : m});
   } catch (const CLI::ParseError& e) {
     return report({2, e.what()});
