@@ -67,8 +67,14 @@ Status check_trailing_dims(const NamedArray& a, const DataInputSpec& in) {
     if (gd.empty())  // e.g. mse labels shaped like a scalar model output
       return Status::error(a.file + " (input '" + in.name + "'): the graph input is a scalar (shape []), so it " +
                            "cannot take rows of data; got " + ir::dims_to_string(fd));
-    return Status::error(a.file + " (input '" + in.name + "'): expected shape " + shape_str(in.shape) +
-                         " (first dim = rows), got " + ir::dims_to_string(fd));
+    // The first dim is the file's rows (any number; the graph's batch size is not meant).
+    std::string want = "[rows";
+    for (size_t i = 1; i < in.shape.dims.size(); ++i) {
+      const ir::Dim& d = in.shape.dims[i];
+      want += ", " + (d.is_static() ? std::to_string(d.value) : d.symbol.empty() ? std::string("?") : d.symbol);
+    }
+    return Status::error(a.file + " (input '" + in.name + "'): expected shape " + want + "], got " +
+                         ir::dims_to_string(fd));
   };
   if (fd.empty() || gd.size() != fd.size()) return fail();
   for (size_t i = 1; i < fd.size(); ++i) {
@@ -223,6 +229,13 @@ int64_t Dataset::num_rows() const {
 
 int64_t Dataset::steps_per_epoch(int64_t rows_per_step) const {
   return rows_per_step <= 0 ? 0 : num_rows() / rows_per_step;
+}
+
+std::string Dataset::files() const {
+  if (tokens_) return token_file_;
+  std::string r;
+  for (auto& a : arrays_) r += (r.empty() ? "" : ", ") + a.file;
+  return r;
 }
 
 std::vector<std::string> Dataset::input_names() const {

@@ -143,6 +143,8 @@ class Dataset {
   Expected<Batch> eval_batch(int64_t index, int64_t rows) const;
   /// Names of the inputs this dataset feeds.
   std::vector<std::string> input_names() const;
+  /// The files it was read from, comma-separated (for messages).
+  std::string files() const;
 
   /// The permutation of `n` rows for (seed, epoch): public for tests and documentation.
   static std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);

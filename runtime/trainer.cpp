@@ -201,15 +201,15 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
   t.rows_per_step_ = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   t.steps_per_epoch_ = train_data->steps_per_epoch(t.rows_per_step_);
   if (t.steps_per_epoch_ <= 0)
-    return Status::error("training data has " + std::to_string(train_data->num_rows()) +
+    return Status::error("--train_data " + train_data->files() + ": " + std::to_string(train_data->num_rows()) +
                          " rows, fewer than one step of " + std::to_string(t.rows_per_step_) +
-                         " (per_device_train_batch_size x gradient_accumulation_steps)");
+                         " (--per_device_train_batch_size x --gradient_accumulation_steps)");
   t.total_steps_ = cfg.total_steps(t.steps_per_epoch_);
   t.eval_rows_ = cfg.per_device_eval_batch_size;
   if (eval_data && eval_data->num_eval_batches(t.eval_rows_) <= 0)
-    return Status::error("eval data has " + std::to_string(eval_data->num_rows()) +
+    return Status::error("--eval_data " + eval_data->files() + ": " + std::to_string(eval_data->num_rows()) +
                          " rows, fewer than one eval batch of " + std::to_string(t.eval_rows_) +
-                         " (per_device_eval_batch_size)");
+                         " (--per_device_eval_batch_size)");
   t.acc_.seed = cfg.seed;
   return t;
 }

@@ -480,6 +480,10 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
   expect_one_line_error(kiln_cmd("run " + mlp + " --input input=examples/mlp_digits/input.npy --output_dir --shape batch=4"),
                         "--output_dir needs a value");
   expect_one_line_error(kiln_cmd("--max_steps 3 train " + mlp), "the subcommand comes first");
+  // kiln bench ignored flags that resume, save or evaluate.
+  expect_one_line_error(kiln_cmd("bench " + mlp + " --resume_from_checkpoint /nonexistent"),
+                        "--resume_from_checkpoint: kiln bench times training steps from the model's initial weights");
+  expect_one_line_error(kiln_cmd("bench " + mlp + " --output_dir " + out), "--output_dir: kiln bench");
   // Hugging Face's "--bf16 True" spelling of a switch.
   auto hf = kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --bf16 True --overwrite_output_dir false --output_dir " +
                      tmpdir("bf16_true"));

@@ -115,6 +115,8 @@ TEST(Data, DtypeAndShapeErrors) {
   ASSERT_FALSE(d2);
   EXPECT_NE(d2.message().find("x5.npy"), std::string::npos);
   EXPECT_NE(d2.message().find("[4, 5]"), std::string::npos) << d2.message();
+  // The first dim is the file's rows, not the graph's batch size (it read "[8, 3]").
+  EXPECT_NE(d2.message().find("expected shape [rows, 3]"), std::string::npos) << d2.message();
   // A 1-D file for a 2-D input (it passed this check, its one dim taken for an
   // accumulation dim, and failed at step 1 without the file's name).
   auto d1d = Dataset::from_arrays({{"x", "x1d.npy", rows_f32(4, 3).reshaped({12})}, {"labels", "y.npy", labels_i64(12)}},

@@ -194,6 +194,13 @@ int cmd_compile(const ConfigFlags& flags, const std::string& out_dir) {
   if (cfg.backend != "compiled") throw Failure{2, "compile: --backend " + cfg.backend + " cannot be compiled ahead of time (only compiled)"};
   // The binary would refuse every run without --eval_data.
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
+  // Per-run flags of DIR/train (usage errors: exit 2, as the others here).
+  if (cfg.overwrite_output_dir)
+    throw Failure{2, "--overwrite_output_dir deletes checkpoints: it is a per-run flag of DIR/train, not compiled "
+                     "into the binary (give it when running DIR/train)"};
+  if (!cfg.resume_from_checkpoint.empty())
+    throw Failure{2, "--resume_from_checkpoint is a per-run flag of DIR/train, not compiled into the binary (give "
+                     "it when running DIR/train)"};
   passes::PassContext dbg = flags.pass_context();
   check(driver::compile_training_binary(cfg, dbg, out_dir, std::cout), "compile");
   return 0;
@@ -322,6 +329,15 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
               int row_limit) {
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
+  // kiln bench times steps from the model's initial weights and writes nothing: a flag
+  // that would resume or save is refused rather than silently ignored.
+  for (const char* f : {"resume_from_checkpoint", "output_dir", "save_steps", "save_total_limit",
+                        "overwrite_output_dir", "eval_data", "eval_steps"}) {
+    auto it = flags.values.find(f);
+    if (it != flags.values.end() && !it->second.empty())
+      throw Failure{2, std::string("--") + f + ": kiln bench times training steps from the model's initial weights "
+                       "and writes and evaluates nothing (use kiln train)"};
+  }
   if (row_limit < 0) throw Failure{2, "--profile_row_limit must be >= 0 (0: every row), got " + std::to_string(row_limit)};
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   // --backend eager,compiled, --remat_policy none,blocks and/or --optim
