@@ -1,5 +1,6 @@
 // Trainer checkpoints: atomic directory writes, loading, rotation (see checkpoint.h).
 #include "runtime/checkpoint.h"
+#include "runtime/train_config.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -102,8 +103,29 @@ Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const st
   }
   // The run's flags (config_to_json): a resume compares them with its own.
   if (j.contains("config")) {
-    if (!j["config"].is_object()) return bad("config", "an object of flag values");
-    s.config_json = j["config"].dump();
+    const auto& cfg = j["config"];
+    if (!cfg.is_object()) return bad("config", "an object of flag values");
+    // Each known flag's value of the type config_to_json writes (a string "7" for --seed
+    // would be compared with the number 7 and warned about as a change).
+    using Kind = ConfigField::Kind;
+    TrainConfig probe;
+    for (const ConfigField& f : config_fields(probe)) {
+      if (!cfg.contains(f.name)) continue;
+      const auto& v = cfg[f.name];
+      bool list_ok = v.is_array();
+      if (list_ok)
+        for (const auto& e : v) list_ok = list_ok && e.is_string();
+      const std::pair<bool, const char*> check =
+          f.kind == Kind::str        ? std::make_pair(v.is_string(), "a string")
+          : f.kind == Kind::str_list ? std::make_pair(list_ok, "a list of strings")
+          : f.kind == Kind::i64      ? std::make_pair(v.is_number_integer(), "an integer")
+          : f.kind == Kind::u64      ? std::make_pair(v.is_number_unsigned(), "a non-negative integer")
+          : f.kind == Kind::f64      ? std::make_pair(v.is_number(), "a number")
+          : f.kind == Kind::boolean  ? std::make_pair(v.is_boolean(), "true or false")
+                                     : std::make_pair(v.is_object(), "an object");
+      if (!check.first) return bad("config." + f.name, std::string(check.second) + ", got " + v.dump());
+    }
+    s.config_json = cfg.dump();
   }
   return s;
 }

@@ -324,8 +324,9 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
       std::string t;
       for (char ch : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
       bool* b = static_cast<bool*>(f.ptr);
-      if (t == "" || t == "true" || t == "1" || t == "yes") *b = true;
-      else if (t == "false" || t == "0" || t == "no") *b = false;
+      // Hugging Face's string_to_bool: yes/true/t/y/1 and no/false/f/n/0, any case.
+      if (t == "" || t == "true" || t == "1" || t == "yes" || t == "t" || t == "y") *b = true;
+      else if (t == "false" || t == "0" || t == "no" || t == "f" || t == "n") *b = false;
       else return bad(f.name, "expected true or false, got '" + text + "'");
       return Status::ok();
     }
@@ -368,7 +369,7 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
     if (!f) {
       std::set<std::string> names;
       for (auto& x : fields) names.insert(x.name);
-      const std::string hint = unknown_flag_hint(it.key(), names);
+      const std::string hint = unknown_flag_hint(it.key(), names, /*as_key=*/true);
       return Status::error(origin + ": unknown key '" + it.key() + "'" + (hint.empty() ? "" : " (" + hint + ")"));
     }
     const auto& v = it.value();
@@ -400,12 +401,14 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
         }
         break;
       }
-      case Kind::i64:
-        if (!v.is_number_integer()) return type_err("an integer");
+      case Kind::i64:  // (2^63 and above wrapped to negative values)
+        if (!v.is_number_integer() ||
+            (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+          return type_err("an integer below 2^63");
         *static_cast<int64_t*>(f->ptr) = v.get<int64_t>();
         break;
       case Kind::u64:
-        if (!v.is_number_integer() || v.get<int64_t>() < 0) return type_err("a non-negative integer");
+        if (!v.is_number_unsigned()) return type_err("a non-negative integer");
         *static_cast<uint64_t*>(f->ptr) = v.get<uint64_t>();
         break;
       case Kind::f64:
@@ -458,7 +461,12 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-std::string unknown_flag_hint(const std::string& name, const std::set<std::string>& suggest) {
+std::string unknown_flag_hint(const std::string& name_in, const std::set<std::string>& suggest, bool as_key) {
+  const std::string pre = as_key ? "'" : "--", post = as_key ? "'" : "";
+  // HfArgumentParser also takes dashes for underscores (--per-device-train-batch-size).
+  std::string name = name_in;
+  std::replace(name.begin(), name.end(), '-', '_');
+  if (name != name_in && suggest.count(name)) return "did you mean " + pre + name + post + "?";
   // Hugging Face TrainingArguments that kiln does not take, and what it does instead.
   static const std::map<std::string, std::string> hf = {
       {"eval_strategy", "kiln evaluates at the end and every --eval_steps N steps when --eval_data is given"},
@@ -475,6 +483,39 @@ std::string unknown_flag_hint(const std::string& name, const std::set<std::strin
       {"push_to_hub", "kiln saves to --output_dir only"},
       {"fp32", "kiln trains in fp32 unless --bf16 or --fp16 is given"},
       {"tf32", "kiln trains in fp32 unless --bf16 or --fp16 is given"},
+      {"do_train", "kiln train trains; it evaluates when --eval_data is given"},
+      {"do_eval", "kiln train evaluates when --eval_data is given"},
+      {"do_predict", "kiln run computes a model's outputs"},
+      {"eval_accumulation_steps", "kiln evaluates one batch of --per_device_eval_batch_size rows at a time"},
+      {"data_seed", "--seed decides the data order as well"},
+      {"logging_first_step", "kiln logs every --logging_steps N steps"},
+      {"save_safetensors", "kiln always saves safetensors"},
+      {"save_only_model", "kiln's checkpoints always hold the optimizer state"},
+      {"use_cpu", "kiln runs on the CPU"},
+      {"no_cuda", "kiln runs on the CPU"},
+      {"fp16_full_eval", "evaluation runs in the training precision"},
+      {"bf16_full_eval", "evaluation runs in the training precision"},
+      {"fp16_opt_level", "--fp16 is mixed precision with loss scaling"},
+      {"half_precision_backend", "--bf16 and --fp16 are kiln's own"},
+      {"torch_compile", "kiln compiles by default (--backend compiled)"},
+      {"run_name", "kiln names a run by its --output_dir"},
+      {"disable_tqdm", "kiln prints one log line every --logging_steps steps"},
+      {"log_level", "kiln prints one log line every --logging_steps steps"},
+      {"remove_unused_columns", "kiln feeds the graph inputs named by --train_data NAME=FILE"},
+      {"label_names", "--label_input names the label input"},
+      {"dataloader_drop_last", "kiln drops the last partial batch of an epoch"},
+      {"ignore_data_skip", "a resume continues the data order where the checkpoint left it"},
+      {"local_rank", "kiln trains on one device"},
+      {"deepspeed", "kiln trains on one device"},
+      {"fsdp", "kiln trains on one device"},
+      {"hub_model_id", "kiln saves to --output_dir only"},
+      {"auto_find_batch_size", "kiln inspect MODEL --memory plans the memory of a batch size"},
+      {"optim_args", "the optimizer's settings are flags (--adam_beta1, --momentum, ...)"},
+      {"lr_scheduler_kwargs", "the schedule's settings are flags (--warmup_steps, --warmup_ratio)"},
+      {"gradient_checkpointing_kwargs", "--remat_policy and --memory_budget choose what is recomputed"},
+      {"eval_delay", "kiln evaluates every --eval_steps N steps"},
+      {"eval_on_start", "kiln evaluates every --eval_steps N steps and at the end"},
+      {"neftune_noise_alpha", "not supported"},
   };
   // Other spellings of flags kiln has (Hugging Face's own, and common short forms).
   static const std::map<std::string, std::string> alias = {
@@ -492,27 +533,46 @@ std::string unknown_flag_hint(const std::string& name, const std::set<std::strin
       {"warmup", "warmup_steps"},
       {"optimizer", "optim"},
       {"scheduler", "lr_scheduler_type"},
+      {"per_gpu_train_batch_size", "per_device_train_batch_size"},
+      {"per_gpu_eval_batch_size", "per_device_eval_batch_size"},
   };
-  if (auto h = hf.find(name); h != hf.end()) return "a Hugging Face flag kiln does not take: " + h->second;
-  if (auto al = alias.find(name); al != alias.end() && suggest.count(al->second)) return "did you mean --" + al->second + "?";
-  // A near miss: one edit for short names, two for longer ones (fp32 -> fp16 or half ->
-  // help would mislead).
-  std::string best;
-  size_t best_d = (name.size() <= 6 ? 1 : 2) + 1;
-  for (const std::string& k : suggest)
-    if (size_t d = edit_distance(name, k); d < best_d) best_d = d, best = k;
-  return best.empty() ? "" : "did you mean --" + best + "?";
+  const std::string kind = as_key ? "key" : "flag";
+  if (auto h = hf.find(name); h != hf.end()) return "a Hugging Face " + kind + " kiln does not take: " + h->second;
+  if (auto al = alias.find(name); al != alias.end() && suggest.count(al->second))
+    return "did you mean " + pre + al->second + post + "?";
+  // Near misses: one edit for short names, two for longer ones (fp32 -> fp16 or half ->
+  // help would mislead); names of two or fewer characters are never suggested; when
+  // several are equally near, all of them (f16: bf16 or fp16), up to three.
+  std::vector<std::string> best;
+  const size_t max_d = name.size() <= 6 ? 1 : 2;
+  size_t best_d = max_d;
+  for (const std::string& k : suggest) {
+    if (k.size() <= 2) continue;
+    const size_t d = edit_distance(name, k);
+    if (d > max_d) continue;
+    if (best.empty() || d < best_d) best_d = d, best.clear();
+    if (d == best_d) best.push_back(k);
+  }
+  if (best.empty() || best.size() > 3) return "";
+  std::string r = "did you mean ";
+  for (size_t i = 0; i < best.size(); ++i) r += (i ? " or " : "") + pre + best[i] + post;
+  return r + "?";
 }
 
 std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known,
-                                 const std::set<std::string>* suggest) {
-  for (const std::string& a : args) {
+                                 const std::set<std::string>* suggest, const std::set<std::string>* value_flags) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
     // "--name", "--name=value", or "-name" (argparse-style single dash, not a number).
-    size_t dashes = a.compare(0, 2, "--") == 0 ? 2 : (a.size() > 2 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) ? 1 : 0);
+    size_t dashes = a.compare(0, 2, "--") == 0 ? 2 : (a.size() >= 2 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) ? 1 : 0);
     if (dashes == 0 || a.size() <= dashes) continue;
     const size_t eq = a.find('=');
     const std::string name = a.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
-    if (name.empty() || known.count(name)) continue;
+    if (name.empty()) continue;
+    if (known.count(name)) {
+      if (value_flags && eq == std::string::npos && value_flags->count(name)) ++i;  // its value, whatever it looks like
+      continue;
+    }
     const std::string hint = unknown_flag_hint(name, suggest ? *suggest : known);
     return "unknown flag " + a.substr(0, dashes) + name + " (" + (hint.empty() ? "--help lists the flags" : hint) + ")";
   }
@@ -520,20 +580,35 @@ std::string unknown_flag_message(const std::vector<std::string>& args, const std
 }
 
 Status normalize_flag_values(std::vector<std::string>& args, const std::set<std::string>& value_flags,
-                             const std::set<std::string>& switches) {
-  static const std::set<std::string> bool_words = {"True", "False", "true", "false", "TRUE", "FALSE",
-                                                   "1",    "0",     "yes",  "no"};
+                             const std::set<std::string>& switches, const std::set<std::string>& short_names) {
+  auto lower = [](std::string t) {
+    for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return t;
+  };
+  // Hugging Face's string_to_bool words.
+  static const std::set<std::string> bool_words = {"yes", "true", "t", "y", "1", "no", "false", "f", "n", "0"};
+  // The flag a token names without a value ("--name", or "-x" for a short option); "".
+  auto flag_name = [&](const std::string& a) -> std::string {
+    if (a.find('=') != std::string::npos) return "";
+    if (a.size() > 2 && a.compare(0, 2, "--") == 0) return a.substr(2);
+    if (a.size() >= 2 && a[0] == '-' && a[1] != '-' && short_names.count(a.substr(1))) return a.substr(1);
+    return "";
+  };
+  // Whether the next token is a flag rather than a value: any "--name", or a single-dash
+  // option this command has ("-h", "-o"); "-foo" or "-1e-3" stay values.
+  auto is_flag = [&](const std::string& a) {
+    return (a.size() > 2 && a.compare(0, 2, "--") == 0) ||
+           (a.size() >= 2 && a[0] == '-' && a[1] != '-' && short_names.count(a.substr(1, a.find('=') - 1)));
+  };
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    const bool is_long = a.size() > 2 && a.compare(0, 2, "--") == 0 && a.find('=') == std::string::npos;
-    const std::string name = is_long ? a.substr(2) : "";
-    if (is_long && switches.count(name) && i + 1 < args.size() && bool_words.count(args[i + 1])) {
+    const std::string name = flag_name(a);
+    if (!name.empty() && switches.count(name) && i + 1 < args.size() && bool_words.count(lower(args[i + 1]))) {
       out.push_back(a + "=" + args[++i]);  // Hugging Face's "--bf16 True"
       continue;
     }
-    if (is_long && value_flags.count(name) &&
-        (i + 1 == args.size() || (args[i + 1].size() > 2 && args[i + 1].compare(0, 2, "--") == 0)))
+    if (!name.empty() && value_flags.count(name) && (i + 1 == args.size() || is_flag(args[i + 1])))
       return Status::error(a + " needs a value" +
                            (i + 1 == args.size() ? std::string(" (it is the last argument)")
                                                  : " (the next argument is the flag " + args[i + 1] + ")"));

@@ -139,22 +139,29 @@ Status check_eval_schedule(const TrainConfig& cfg);
 /// What to tell a user about a flag name kiln does not know: what kiln does instead when
 /// it is a Hugging Face TrainingArguments flag kiln lacks (--eval_strategy,
 /// --save_strategy, --load_best_model_at_end, --report_to, ...), else "did you mean
-/// --X?" for another spelling (--lr, --bs, --label_smoothing_factor) or a near miss in
-/// `suggest` (one edit for names up to 6 characters, two for longer ones); "" when none.
-std::string unknown_flag_hint(const std::string& name, const std::set<std::string>& suggest);
+/// --X?" for another spelling (--lr, --bs, --label_smoothing_factor, dashes for
+/// underscores) or the near misses in `suggest` (one edit for names up to 6 characters,
+/// two for longer ones; all that are equally near, up to three); "" when none. as_key:
+/// spelled as a config-file key ('learning_rate') rather than a flag.
+std::string unknown_flag_hint(const std::string& name, const std::set<std::string>& suggest, bool as_key = false);
 /// For a command line the flag parser refused with "arguments were not expected": one
 /// line naming the first "--name", "--name=value" or argparse-style "-name" in `args`
 /// whose name is not in `known` (long and short names without dashes), with
-/// unknown_flag_hint over `suggest` (default: `known`). Empty when every flag is known.
+/// unknown_flag_hint over `suggest` (default: `known`); the token after a known flag in
+/// `value_flags` is its value and skipped. Empty when every flag is known.
 std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known,
-                                 const std::set<std::string>* suggest = nullptr);
+                                 const std::set<std::string>* suggest = nullptr,
+                                 const std::set<std::string>* value_flags = nullptr);
 /// Reads a command line as Hugging Face's argparse does before the flag parser sees it:
-/// a switch (in `switches`) followed by True/False/true/false/1/0/yes/no takes that value
-/// ("--bf16 True" becomes "--bf16=True"). Error: a value-taking flag (in `value_flags`)
-/// given last or followed by another "--flag", which the parser would take for its value
-/// ("--output_dir --bf16" trained in fp32 into a folder named "--bf16").
+/// a switch (in `switches`) followed by a string_to_bool word (yes/true/t/y/1,
+/// no/false/f/n/0, any case) takes that value ("--bf16 True" becomes "--bf16=True").
+/// Error: a value-taking flag (in `value_flags`, long or short names) given last or
+/// followed by another flag ("--name", or a single-dash option in `short_names` such as
+/// -h), which the parser would take for its value ("--output_dir --bf16" trained in fp32
+/// into a folder named "--bf16"). "-foo" or "-1e-3" after a flag stay its value.
 Status normalize_flag_values(std::vector<std::string>& args, const std::set<std::string>& value_flags,
-                             const std::set<std::string>& switches);
+                             const std::set<std::string>& switches,
+                             const std::set<std::string>& short_names = {"h"});
 /// Reads a JSON config file with the same keys as the flags. Unknown keys are an error.
 Status load_config_json(const std::string& path, TrainConfig& cfg);
 /// Writes the config as JSON (used in trainer_state.json).

@@ -79,7 +79,8 @@ constexpr std::initializer_list<const char*> kResumeWarnFlags = {
     "seed",          "learning_rate",     "weight_decay",    "adam_beta1",   "adam_beta2",
     "adam_epsilon",  "nesterov",          "max_grad_norm",   "lr_scheduler_type", "warmup_ratio",
     "warmup_steps",  "max_steps",         "num_train_epochs", "loss",        "label_smoothing",
-    "ignore_index",  "accumulation_normalization", "per_device_train_batch_size", "gradient_accumulation_steps"};
+    "ignore_index",  "accumulation_normalization", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "fp16_init_scale", "fp16_growth_interval", "disable_dropout"};
 
 std::string join_flags(const std::vector<std::string>& f) {
   std::string r;
@@ -636,18 +637,26 @@ Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64
   // another run's (rotation would delete the lowest steps first).
   bool elsewhere = false;
   if (!cfg.resume_from_checkpoint.empty()) {
-    // The folder holding the checkpoint as the path names it (a symlinked checkpoint
-    // stays in its folder), compared by identity (device and inode: bind mounts, ".").
+    // The folder holding the checkpoint, as the path names it (a symlinked checkpoint
+    // stays in its folder) or as it resolves ("." inside the checkpoint, a symlink to a
+    // checkpoint of this folder), compared by identity (device and inode: bind mounts).
     std::filesystem::path ck = std::filesystem::path(cfg.resume_from_checkpoint).lexically_normal();
     if (ck.filename().empty()) ck = ck.parent_path();
     std::filesystem::path from = ck.parent_path();
     if (from.empty()) from = ".";
-    std::error_code ec;
-    elsewhere = !std::filesystem::equivalent(from, cfg.output_dir, ec) || ec;
+    std::error_code ec, ec2;
+    const std::filesystem::path resolved = std::filesystem::weakly_canonical(cfg.resume_from_checkpoint, ec2);
+    const bool by_name = std::filesystem::equivalent(from, cfg.output_dir, ec) && !ec;
+    const bool by_target = !ec2 && std::filesystem::equivalent(resolved.parent_path(), cfg.output_dir, ec2) && !ec2;
+    elsewhere = !by_name && !by_target;
   }
   std::vector<std::pair<int64_t, std::string>> later;
-  for (auto& c : list_checkpoints(cfg.output_dir))
+  for (auto& c : list_checkpoints(cfg.output_dir)) {
+    std::error_code ec;  // the checkpoint being resumed is never another run's, nor deleted
+    if (!cfg.resume_from_checkpoint.empty() && std::filesystem::equivalent(c.second, cfg.resume_from_checkpoint, ec))
+      continue;
     if (elsewhere || c.first > start_step) later.push_back(c);
+  }
   if (later.empty()) return Status::ok();
   std::string names;
   for (size_t i = 0; i < later.size() && i < 3; ++i)

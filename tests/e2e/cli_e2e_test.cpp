@@ -221,6 +221,41 @@ TEST(Resume, ChangedFlagsAreNamed) {
                         "is inside the checkpoint this run resumes from");
   EXPECT_EQ(read(ck + "/model.safetensors"), weights);
   EXPECT_FALSE(fs::exists(ck + "/model.onnx"));
+  EXPECT_FALSE(fs::exists(ck + "/.kiln.lock")) << "the refusal came after the output folder was locked";
+  EXPECT_FALSE(fs::exists(ck + "/sub"));
+}
+
+// Resuming from "." inside the checkpoint into its run folder was refused as another
+// run's checkpoint, and --overwrite_output_dir then deleted the checkpoint being resumed;
+// the same through a symlink to the checkpoint.
+TEST(Resume, CheckpointNamedByDotOrSymlinkIsThisRuns) {
+  require_data();
+  const std::string run = tmpdir("resume_dot");
+  const std::string base = "train " + kSrc + "/examples/mlp_digits/model.onnx --train_data input=" + kSrc +
+                           "/data/digits/x_train.npy --train_data labels=" + kSrc +
+                           "/data/digits/y_train.npy --per_device_train_batch_size 32 --seed 7 --backend eager ";
+  ASSERT_EQ(kiln_cmd(base + "--max_steps 2 --save_steps 2 --output_dir " + run).code, 0);
+  auto dot = kiln_cmd("--help >/dev/null; cd '" + run + "/checkpoint-2' && '" + kBin + "' " + base +
+                      "--max_steps 4 --save_steps 2 --resume_from_checkpoint . --output_dir ..");
+  EXPECT_EQ(dot.code, 0) << dot.out;
+  EXPECT_TRUE(fs::exists(run + "/checkpoint-4"));
+  const std::string link = tmpdir("resume_dot_link") + "/ck";
+  fs::create_directory_symlink(run + "/checkpoint-2", link);
+  auto sym = kiln_cmd(base + "--max_steps 6 --save_steps 2 --resume_from_checkpoint " + link + " --output_dir " + run +
+                      " --overwrite_output_dir");
+  EXPECT_EQ(sym.code, 0) << sym.out;
+  EXPECT_TRUE(fs::exists(run + "/checkpoint-2/trainer_state.json")) << "the checkpoint being resumed was deleted";
+  EXPECT_TRUE(fs::exists(run + "/checkpoint-6"));
+}
+
+// kiln bench's synthetic batches took (8, 1, 8, 8) images for a leading accumulation dim
+// (8 x 1 = 8 rows) and failed once the data check stopped reshaping them.
+TEST(Bench, SyntheticBatchesOfSingleChannelImages) {
+  for (const char* extra : {"", "--gradient_accumulation_steps 2 "}) {
+    auto r = kiln_cmd(std::string("bench examples/cnn_bn/model.onnx --per_device_train_batch_size 8 ") + extra +
+                      "--bench_steps 1 --warmup_steps_bench 0");
+    EXPECT_EQ(r.code, 0) << extra << r.out;
+  }
 }
 
 const std::string kBad = "tests/data/bad_models/";
@@ -480,12 +515,21 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
   expect_one_line_error(kiln_cmd("run " + mlp + " --input input=examples/mlp_digits/input.npy --output_dir --shape batch=4"),
                         "--output_dir needs a value");
   expect_one_line_error(kiln_cmd("--max_steps 3 train " + mlp), "the subcommand comes first");
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --output_dir -h"),
+                        "--output_dir needs a value (the next argument is the flag -h)");
+  expect_one_line_error(kiln_cmd("compile " + mlp + " " + fx + "--max_steps 1 -o --bf16"),
+                        "-o needs a value (the next argument is the flag --bf16)");
+  EXPECT_FALSE(fs::exists(kSrc + "/-h"));
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--freeze -lr --bogus 1"), "unknown flag --bogus");
   // kiln bench ignored flags that resume, save or evaluate.
   expect_one_line_error(kiln_cmd("bench " + mlp + " --resume_from_checkpoint /nonexistent"),
                         "--resume_from_checkpoint: kiln bench times training steps from the model's initial weights");
   expect_one_line_error(kiln_cmd("bench " + mlp + " --output_dir " + out), "--output_dir: kiln bench");
   // Hugging Face's "--bf16 True" spelling of a switch.
-  auto hf = kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --bf16 True --overwrite_output_dir false --output_dir " +
+  auto hf = kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --bf16 True --overwrite_output_dir n --output_dir " +
                      tmpdir("bf16_true"));
   EXPECT_EQ(hf.code, 0) << hf.out;
+  // Flags that turn bench's refused features off are harmless.
+  auto off = kiln_cmd("bench " + mlp + " --save_steps 0 --overwrite_output_dir=false --bench_steps 1 --warmup_steps_bench 0");
+  EXPECT_EQ(off.code, 0) << off.out;
 }

@@ -586,6 +586,13 @@ TEST(Checkpoint, MalformedTrainerStateNamesTheField) {
       {"/log_accumulators/loss_sum", "1", "'log_accumulators.loss_sum' must be a number"},
       {"/config", "hello", "'config' must be an object"},
       {"/data", 3, "'data' must be an object"},
+      // The run's flags are type-checked too (a string "7" for the seed was warned about
+      // as a change from 7).
+      {"/config/learning_rate", "x", "'config.learning_rate' must be a number"},
+      {"/config/seed", "7", "'config.seed' must be a non-negative integer"},
+      {"/config/bf16", "yes", "'config.bf16' must be true or false"},
+      {"/config/freeze", nullptr, "'config.freeze' must be a string, got null"},
+      {"/config/train_data", "x.npy", "'config.train_data' must be a list of strings"},
   };
   for (const Case& c : cases) {
     nlohmann::json j = good;
@@ -615,6 +622,19 @@ TEST(TrainConfig, FlagValuesAndUnknownFlagHints) {
   std::vector<std::string> d = {"--bf16", "maybe"};  // not a boolean word: left to the parser
   ASSERT_TRUE(normalize_flag_values(d, values, switches).is_ok());
   EXPECT_EQ(d.size(), 2u);
+  std::vector<std::string> y = {"--bf16", "Yes", "--bf16", "n"};  // HF's string_to_bool words, any case
+  ASSERT_TRUE(normalize_flag_values(y, values, switches).is_ok());
+  EXPECT_EQ(y, (std::vector<std::string>{"--bf16=Yes", "--bf16=n"}));
+  // A single-dash option of the command after a value flag is a flag ("--output_dir -h"
+  // trained into a folder named -h; "-o --bf16" linked into one named --bf16); other
+  // single-dash words are values (a --freeze regex "-foo", a number).
+  const std::set<std::string> with_o = {"output_dir", "o"}, shorts = {"h", "o"};
+  std::vector<std::string> e = {"--output_dir", "-h"};
+  EXPECT_FALSE(normalize_flag_values(e, with_o, switches, shorts).is_ok());
+  std::vector<std::string> f = {"-o", "--bf16"};
+  EXPECT_FALSE(normalize_flag_values(f, with_o, switches, shorts).is_ok());
+  std::vector<std::string> g = {"--output_dir", "-foo", "-o", "-1"};
+  EXPECT_TRUE(normalize_flag_values(g, with_o, switches, shorts).is_ok());
 
   const std::set<std::string> known = {"fp16", "learning_rate", "per_device_train_batch_size", "label_smoothing",
                                        "eps"};
@@ -632,4 +652,14 @@ TEST(TrainConfig, FlagValuesAndUnknownFlagHints) {
   EXPECT_EQ(unknown_flag_message({"--max_steps", "3", "-lr", "1e-3"}, {"max_steps", "learning_rate"}),
             "unknown flag -lr (did you mean --learning_rate?)");
   EXPECT_EQ(unknown_flag_message({"--max_steps", "-3"}, {"max_steps"}), "");  // a negative number is a value
+  // Equally near names are all given (--f16 suggested --bf16 alone); two-letter names never.
+  EXPECT_EQ(unknown_flag_hint("f16", {"bf16", "fp16", "h"}), "did you mean --bf16 or --fp16?");
+  EXPECT_EQ(unknown_flag_hint("x", {"h", "o"}), "");
+  EXPECT_EQ(unknown_flag_hint("per-device-train-batch-size", known), "did you mean --per_device_train_batch_size?");
+  EXPECT_EQ(unknown_flag_hint("lr", known, /*as_key=*/true), "did you mean 'learning_rate'?");
+  EXPECT_NE(unknown_flag_hint("do_eval", known).find("kiln train evaluates when --eval_data is given"), std::string::npos);
+  // The value of a known flag is skipped ("--freeze -lr --bogus 1" named -lr).
+  const std::set<std::string> vf = {"freeze"};
+  EXPECT_EQ(unknown_flag_message({"--freeze", "-lr", "--bogus", "1"}, {"freeze", "learning_rate"}, nullptr, &vf),
+            "unknown flag --bogus (--help lists the flags)");
 }

@@ -79,7 +79,7 @@ int real_main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ExtrasError& e) {
     // Suggest only flags this binary takes per run (the others are fixed at compile time).
-    const std::string m = runtime::unknown_flag_message(args, known, &changeable_names);
+    const std::string m = runtime::unknown_flag_message(args, known, &changeable_names, &value_flags);
     return fail(2, m.empty() ? std::string(e.what()) : m);
   } catch (const CLI::ParseError& e) {
     return fail(2, e.what());

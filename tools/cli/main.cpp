@@ -305,11 +305,9 @@ runtime::Batch synthetic_batch(const std::vector<runtime::DataInputSpec>& specs,
   std::normal_distribution<double> nd;
   runtime::Batch b;
   for (auto& s : specs) {
-    // (rows, trailing dims); a leading accumulation dim (A, B, ...) is one more dim to skip.
-    const bool accum = s.shape.rank() >= 2 && s.shape.dims[0].is_static() && s.shape.dims[1].is_static() &&
-                       s.shape.dims[0].value * s.shape.dims[1].value == rows && s.shape.dims[0].value > 1;
+    // (rows, the input's trailing dims): gradient accumulation multiplies the first dim.
     std::vector<int64_t> dims = {rows};
-    for (int i = accum ? 2 : 1; i < s.shape.rank(); ++i) {
+    for (int i = 1; i < s.shape.rank(); ++i) {
       const ir::Dim& d = s.shape.dims[i];
       if (!d.is_static()) throw Failure{1, "bench: input '" + s.name + "' has a non-static dim " + s.shape.to_string() + "; bind it with --shape or give --train_data"};
       dims.push_back(d.value);
@@ -330,11 +328,20 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
   // kiln bench times steps from the model's initial weights and writes nothing: a flag
-  // that would resume or save is refused rather than silently ignored.
-  for (const char* f : {"resume_from_checkpoint", "output_dir", "save_steps", "save_total_limit",
-                        "overwrite_output_dir", "eval_data", "eval_steps"}) {
+  // on the command line that would resume, save or evaluate is refused rather than
+  // silently ignored (the same keys of a --config file, shared with kiln train, are
+  // ignored; values that turn them off, such as --save_steps 0, are accepted).
+  const std::pair<const char*, bool> active[] = {
+      {"resume_from_checkpoint", !cfg.resume_from_checkpoint.empty()},
+      {"output_dir", true},
+      {"save_steps", cfg.save_steps > 0},
+      {"save_total_limit", cfg.save_total_limit > 0},
+      {"overwrite_output_dir", cfg.overwrite_output_dir},
+      {"eval_data", !cfg.eval_data.empty()},
+      {"eval_steps", cfg.eval_steps > 0}};
+  for (const auto& [f, on] : active) {
     auto it = flags.values.find(f);
-    if (it != flags.values.end() && !it->second.empty())
+    if (on && it != flags.values.end() && !it->second.empty())
       throw Failure{2, std::string("--") + f + ": kiln bench times training steps from the model's initial weights "
                        "and writes and evaluates nothing (use kiln train)"};
   }
@@ -786,20 +793,25 @@ int real_main(int argc, char** argv) {
     return report({2, std::string("the subcommand comes first: kiln {") + names + "} ... (got " + argv[1] + ")"});
   }
   // The subcommand's flag names: long and short, value-taking and switches.
-  std::set<std::string> known, value_flags, switches;
+  std::set<std::string> known, long_names, short_names = {"h"}, value_flags, switches;
   if (sub)
     for (const CLI::Option* o : sub->get_options()) {
+      const bool takes_value = o->get_expected_max() != 0;
       for (const std::string& n : o->get_lnames()) {
-        known.insert(n);
-        (o->get_expected_max() == 0 ? switches : value_flags).insert(n);
+        known.insert(n), long_names.insert(n);
+        (takes_value ? value_flags : switches).insert(n);
       }
-      for (const std::string& n : o->get_snames()) known.insert(n);
+      for (const std::string& n : o->get_snames()) {
+        known.insert(n), short_names.insert(n);
+        if (takes_value) value_flags.insert(n);
+      }
     }
   // "--bf16 True" as Hugging Face reads it; a value-taking flag without its value.
   std::vector<std::string> args(argv + 1, argv + argc);
   if (sub) {
     std::vector<std::string> rest(args.begin() + 1, args.end());
-    if (Status st = runtime::normalize_flag_values(rest, value_flags, switches); !st) return report({2, st.message()});
+    if (Status st = runtime::normalize_flag_values(rest, value_flags, switches, short_names); !st)
+      return report({2, st.message()});
     args.resize(1);
     args.insert(args.end(), rest.begin(), rest.end());
   }
@@ -813,7 +825,7 @@ int real_main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ExtrasError& e) {
     // Name the unknown flag (CLI11 lists the leftover tokens, values first).
-    const std::string m = runtime::unknown_flag_message(args, known);
+    const std::string m = runtime::unknown_flag_message(args, known, &long_names, &value_flags);
     return report({2, m.empty() ? std::string(e.what()) : m});
   } catch (const CLI::ParseError& e) {
     return report({2, e.what()});

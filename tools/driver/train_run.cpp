@@ -118,8 +118,9 @@ Expected<int64_t> steps_per_epoch_of(const TrainConfig& cfg, const runtime::RawD
   const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   const int64_t spe = pre->steps_per_epoch(rows_per_step);
   if (spe <= 0)
-    return Status::error("--train_data has " + std::to_string(pre->num_rows()) + " rows, fewer than one step of " +
-                         std::to_string(rows_per_step) + " (per_device_train_batch_size x gradient_accumulation_steps)");
+    return Status::error("--train_data " + pre->files() + ": " + std::to_string(pre->num_rows()) +
+                         " rows, fewer than one step of " + std::to_string(rows_per_step) +
+                         " (--per_device_train_batch_size x --gradient_accumulation_steps)");
   return spe;
 }
 }  // namespace
@@ -192,6 +193,8 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
 Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
+  // Before anything is created in output_dir (its lock file, its folders).
+  KILN_RETURN_IF_ERROR(runtime::guard_output_outside_checkpoint(cfg));
   KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
   // One training run per output_dir at a time (checkpoints, metrics.jsonl, model files).
   KILN_ASSIGN_OR_RETURN(auto dir_lock, runtime::OutputDirLock::acquire(cfg.output_dir));
@@ -225,9 +228,12 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   forward.reset();
   const int64_t total = cfg.total_steps(spe);
   if (total > kMaxTrainSteps)
-    return Status::error("--num_train_epochs " + epochs_text(cfg.num_train_epochs) + " at " +
-                         std::to_string(spe) + " steps per epoch gives more than " + std::to_string(kMaxTrainSteps) +
-                         " optimizer steps; give fewer epochs or --max_steps");
+    return Status::error(cfg.max_steps > 0 ? "--max_steps " + std::to_string(cfg.max_steps) + " is more than " +
+                                                 std::to_string(kMaxTrainSteps) + " optimizer steps"
+                                           : "--num_train_epochs " + epochs_text(cfg.num_train_epochs) + " at " +
+                                                 std::to_string(spe) + " steps per epoch gives more than " +
+                                                 std::to_string(kMaxTrainSteps) +
+                                                 " optimizer steps; give fewer epochs or --max_steps");
 
   KILN_ASSIGN_OR_RETURN(auto prog, build_training_program(cfg, dbg, false, false, total));
   KILN_ASSIGN_OR_RETURN(auto train_specs, program_specs(*prog.train_step, prog.data_inputs));
