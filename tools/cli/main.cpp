@@ -191,16 +191,10 @@ int cmd_train(const ConfigFlags& flags) {
 int cmd_compile(const ConfigFlags& flags, const std::string& out_dir) {
   TrainConfig cfg = flags.build();
   if (out_dir.empty()) throw Failure{2, "compile: -o DIR is required"};
-  if (cfg.backend != "compiled") throw Failure{2, "compile: --backend " + cfg.backend + " cannot be compiled ahead of time (only compiled)"};
+  // Usage errors (exit 2): another backend, DIR/train's per-run flags.
+  if (Status s = driver::check_compile_flags(cfg); !s) throw Failure{2, s.message()};
   // The binary would refuse every run without --eval_data.
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
-  // Per-run flags of DIR/train (usage errors: exit 2, as the others here).
-  if (cfg.overwrite_output_dir)
-    throw Failure{2, "--overwrite_output_dir deletes checkpoints: it is a per-run flag of DIR/train, not compiled "
-                     "into the binary (give it when running DIR/train)"};
-  if (!cfg.resume_from_checkpoint.empty())
-    throw Failure{2, "--resume_from_checkpoint is a per-run flag of DIR/train, not compiled into the binary (give "
-                     "it when running DIR/train)"};
   passes::PassContext dbg = flags.pass_context();
   check(driver::compile_training_binary(cfg, dbg, out_dir, std::cout), "compile");
   return 0;

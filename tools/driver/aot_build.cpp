@@ -90,20 +90,27 @@ int count_fused_ops(const ir::Graph& g) {
 
 }  // namespace
 
-Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& dbg, const std::string& out_dir,
-                               std::ostream& out) {
-  using clock = std::chrono::steady_clock;
-  const auto t_all = clock::now();
-  TrainConfig cfg = cfg_in;
+Status check_compile_flags(const TrainConfig& cfg) {
   if (cfg.backend != "compiled")
-    return Status::error("kiln compile builds the compiled backend; --backend " + cfg.backend + " is for kiln train/bench");
-  if (out_dir.empty()) return Status::error("-o DIR is required");
+    return Status::error("--backend " + cfg.backend +
+                         " cannot be compiled ahead of time (kiln compile builds the compiled backend; " + cfg.backend +
+                         " is for kiln train and bench)");
   if (cfg.overwrite_output_dir)
     return Status::error("--overwrite_output_dir deletes checkpoints: it is a per-run flag of DIR/train, not "
                          "compiled into the binary (give it when running DIR/train)");
   if (!cfg.resume_from_checkpoint.empty())  // was accepted and then ignored: the binary trained from step 0
     return Status::error("--resume_from_checkpoint is a per-run flag of DIR/train, not compiled into the binary "
                          "(give it when running DIR/train)");
+  return Status::ok();
+}
+
+Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& dbg, const std::string& out_dir,
+                               std::ostream& out) {
+  using clock = std::chrono::steady_clock;
+  const auto t_all = clock::now();
+  TrainConfig cfg = cfg_in;
+  KILN_RETURN_IF_ERROR(check_compile_flags(cfg));
+  if (out_dir.empty()) return Status::error("-o DIR is required");
 
   // Optimizer steps of the run, for the LR schedule (as kiln train computes them).
   // Data given at compile time is checked against the model now (the binary keeps its

@@ -21,6 +21,10 @@
 
 namespace kiln::driver {
 
+/// The flags kiln compile refuses: a backend other than compiled, and the per-run flags
+/// of DIR/train (--overwrite_output_dir, --resume_from_checkpoint). Error naming the flag.
+Status check_compile_flags(const runtime::TrainConfig& cfg);
+
 /// Compiles `cfg` (backend compiled) into `out_dir` as described above and prints a
 /// short summary on `out`. The LR schedule needs the number of optimizer steps: from
 /// --max_steps, else from --train_data's rows. Errors (one line): no step count, a
