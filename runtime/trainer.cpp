@@ -705,7 +705,9 @@ Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, c
     ir::MemoryStats::reset_peak();  // the load held old and new state at once: not a step's memory
   }
   if (opts.write_files) KILN_RETURN_IF_ERROR(guard_later_checkpoints(cfg, t.global_step(), t.total_steps()));
-  if (const std::string w = t.take_resume_warning(); !w.empty() && opts.out) std::cerr << w << "\n";
+  // (Not when nothing is left to train: no value applies then.)
+  if (const std::string w = t.take_resume_warning(); !w.empty() && opts.out && t.global_step() < t.total_steps())
+    std::cerr << w << "\n";
   return t.run();
 }
 

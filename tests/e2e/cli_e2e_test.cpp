@@ -142,6 +142,7 @@ TEST(Resume, CheckpointPastMaxStepsTrainsNothingAndSaysSo) {
   EXPECT_EQ(b.code, 0) << b.out;
   EXPECT_NE(b.out.find("nothing to train"), std::string::npos) << b.out;
   EXPECT_NE(b.out.find("no training step ran"), std::string::npos) << b.out;
+  EXPECT_EQ(b.out.find("kiln: warning: resuming"), std::string::npos) << "no value applies when nothing trains: " << b.out;
   EXPECT_EQ(b.out.find("measured - planned"), std::string::npos) << "planned vs measured of no step\n" << b.out;
 }
 
