@@ -698,7 +698,6 @@ Status guard_output_outside_checkpoint(const TrainConfig& cfg) {
 
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts) {
-  if (opts.write_files) KILN_RETURN_IF_ERROR(guard_output_outside_checkpoint(cfg));
   KILN_ASSIGN_OR_RETURN(Trainer t, Trainer::create(cfg, graphs, &train_data, eval_data, opts));
   if (!cfg.resume_from_checkpoint.empty()) {
     KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));

@@ -157,6 +157,8 @@ class Trainer {
 
 /// Refuses an --output_dir that is, or lies inside, the checkpoint being resumed from
 /// (saving there overwrote the checkpoint's own files with later steps). Error naming both.
+/// A caller that writes files calls it before it creates or locks output_dir (train()
+/// does not repeat it).
 Status guard_output_outside_checkpoint(const TrainConfig& cfg);
 
 /// Checks output_dir before a run that will write a checkpoint (a multiple of
@@ -172,7 +174,8 @@ Status guard_output_outside_checkpoint(const TrainConfig& cfg);
 Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64_t total_steps);
 
 /// Convenience: Trainer::create + optional restore(cfg.resume_from_checkpoint) +
-/// guard_later_checkpoints (when opts.write_files) + run.
+/// guard_later_checkpoints (when opts.write_files; the caller has prepared and locked
+/// output_dir after guard_output_outside_checkpoint) + the resume warning + run.
 /// After a restore, ir::MemoryStats' peak restarts at the current bytes, so a measured
 /// step peak does not count the checkpoint's load (old and new state held together).
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,

@@ -483,6 +483,23 @@ KILN_AVX512 inline __m512 div_rn16(__m512 a, __m512 b, __m512 y) {
   return _mm512_fmadd_ps(_mm512_fnmadd_ps(q, b, a), y, q);
 }
 
+/// Whether quantize_block_avx512 takes its reciprocal fast path for a block with this
+/// absmax: all finite with a positive absmax, the packed table, and absmax in div_rn8's
+/// exact range (also the loop the 8-bit update runs for both moments at once).
+inline bool quantize_fast_path(const CodeFinder& code, float mx, bool any_nan) {
+  return !any_nan && mx > 0.f && std::isfinite(mx) && code.has_packed() && code.recip_ok() && mx >= 0x1p-60f &&
+         mx <= 0x1p60f;
+}
+
+/// The fast path's codes of x[0..16) / d (y = RN(1 / d)) to out[0..16); kNonneg: every x
+/// is >= +0 (CodeFinder::codes16_nonneg).
+template <bool kNonneg>
+KILN_AVX512 inline void requantize16(const CodeFinder& code, const float* x, __m512 d, __m512 y, uint8_t* out) {
+  const __m512 q = div_rn16(_mm512_loadu_ps(x), d, y);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                   _mm512_cvtepi32_epi8(kNonneg ? code.codes16_nonneg(q) : code.codes16(q)));
+}
+
 /// quantize_block_avx2 with 16 lanes (gathered packed entries), bit-identical to it.
 /// nonneg: the caller knows every x of the vector part is >= +0 (CodeFinder::codes16_nonneg).
 KILN_AVX512 float quantize_block_avx512(const float* x, int64_t n, float mx, bool any_nan, const CodeFinder& code,
@@ -491,29 +508,16 @@ KILN_AVX512 float quantize_block_avx512(const float* x, int64_t n, float mx, boo
     return quantize_block_avx2(x, n, mx, any_nan, code, zero_code, codes);
   const __m512 d = _mm512_set1_ps(mx);
   int64_t i = 0;
-  if (code.recip_ok() && mx >= 0x1p-60f && mx <= 0x1p60f) {  // div_rn8's exact range
+  if (quantize_fast_path(code, mx, any_nan)) {
     const __m512 y = _mm512_set1_ps(1.f / mx);
-    if (nonneg) {
-      for (; i + 16 <= n; i += 16)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
-                         _mm512_cvtepi32_epi8(code.codes16_nonneg(div_rn16(_mm512_loadu_ps(x + i), d, y))));
-    }
     for (; i + 16 <= n; i += 16)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
-                       _mm512_cvtepi32_epi8(code.codes16(div_rn16(_mm512_loadu_ps(x + i), d, y))));
+      nonneg ? requantize16<true>(code, x + i, d, y, codes + i) : requantize16<false>(code, x + i, d, y, codes + i);
   }
   for (; i + 16 <= n; i += 16)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
                      _mm512_cvtepi32_epi8(code.codes16(_mm512_div_ps(_mm512_loadu_ps(x + i), d))));
   for (; i < n; ++i) codes[i] = code(x[i] / mx);
   return mx;
-}
-
-/// Whether quantize_block_avx512 takes its reciprocal fast path for a block with this
-/// absmax (the loop the 8-bit update may run for both moments at once).
-inline bool quantize_fast_path(const CodeFinder& code, float mx, bool any_nan) {
-  return !any_nan && mx > 0.f && std::isfinite(mx) && code.has_packed() && code.recip_ok() && mx >= 0x1p-60f &&
-         mx <= 0x1p60f;
 }
 
 /// map[code[0..16)] as 16 floats (one gather from the 1 KiB map). A gather merges into its
@@ -597,13 +601,9 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
     // Both moments in one loop (quantize_block_avx512's fast path, interleaved).
     const __m512 dm = _mm512_set1_ps(xm), ym = _mm512_set1_ps(1.f / xm);
     const __m512 dv = _mm512_set1_ps(xv), yv = _mm512_set1_ps(1.f / xv);
-    uint8_t* __restrict c1 = t.q1o + lo;
-    uint8_t* __restrict c2 = t.q2o + lo;
     for (int64_t i = 0; i < len; i += 16) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(c1 + i),
-                       _mm512_cvtepi32_epi8(fs.codes16(div_rn16(_mm512_loadu_ps(m + i), dm, ym))));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(c2 + i),
-                       _mm512_cvtepi32_epi8(fu.codes16_nonneg(div_rn16(_mm512_loadu_ps(v + i), dv, yv))));
+      requantize16<false>(fs, m + i, dm, ym, t.q1o + lo + i);
+      requantize16<true>(fu, v + i, dv, yv, t.q2o + lo + i);
     }
     t.a1o[b] = xm, t.a2o[b] = xv;
     return;
@@ -614,12 +614,14 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
 #endif
 
 /// Quantizes one block (quantize_block), by AVX-512 or AVX2 where the CPU has it.
-inline float quantize_block_fast(const float* x, int64_t n, const CodeFinder& code, uint8_t zero_code, uint8_t* codes) {
+/// nonneg: as quantize_block_avx512's (the AVX-512 path only).
+inline float quantize_block_fast(const float* x, int64_t n, const CodeFinder& code, uint8_t zero_code, uint8_t* codes,
+                                 bool nonneg = false) {
 #if defined(__x86_64__)
   if (const int isa = isa_level(); isa >= 1) {
     bool nan = false;
     const float mx = block_absmax_avx2(x, n, &nan);
-    return isa == 2 ? quantize_block_avx512(x, n, mx, nan, code, zero_code, codes)
+    return isa == 2 ? quantize_block_avx512(x, n, mx, nan, code, zero_code, codes, nonneg)
                     : quantize_block_avx2(x, n, mx, nan, code, zero_code, codes);
   }
 #endif
@@ -736,21 +738,13 @@ bool divide_by_reciprocal(const float* a, float b, float* out, int64_t n) {
 }
 
 bool quantize_nonneg(const float* x, int64_t n, const float* qmap, uint8_t* codes, float* absmax) {
-#if defined(__x86_64__)
   if (isa_level() < 2) return false;
   const CodeFinder& finder = CodeFinder::get(qmap);
   const uint8_t zero = ir::nearest_code(qmap, 0.f);
-  for (int64_t lo = 0, b = 0; lo < n; lo += ir::kBlockSize8bit, ++b) {
-    const int64_t len = std::min<int64_t>(ir::kBlockSize8bit, n - lo);
-    bool nan = false;
-    const float mx = block_absmax_avx2(x + lo, len, &nan);
-    absmax[b] = quantize_block_avx512(x + lo, len, mx, nan, finder, zero, codes + lo, /*nonneg=*/true);
-  }
+  for (int64_t lo = 0, b = 0; lo < n; lo += ir::kBlockSize8bit, ++b)
+    absmax[b] = quantize_block_fast(x + lo, std::min<int64_t>(ir::kBlockSize8bit, n - lo), finder, zero, codes + lo,
+                                    /*nonneg=*/true);
   return true;
-#else
-  (void)x, (void)n, (void)qmap, (void)codes, (void)absmax;
-  return false;
-#endif
 }
 
 }  // namespace optim8bit_testing
