@@ -56,14 +56,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// 64-byte aligned f32 buffer, first-touched by the omp threads in static chunks.
+/// 64-byte aligned buffer of `elems` elements of `dtype`, first-touched by the omp threads
+/// in static chunks: f32/f64 v + 1e-3 (i % 1000), i64 i % 256 (class ids), others zero.
 struct Buf {
-  float* p = nullptr;
+  void* p = nullptr;
   int64_t n = 0;
-  explicit Buf(int64_t elems, float v = 1.f) : n(elems) {
-    p = static_cast<float*>(std::aligned_alloc(64, ((elems * 4 + 63) / 64) * 64));
+  Buf(int64_t elems, DType dtype, float v) : n(elems) {
+    const int64_t width = static_cast<int64_t>(ir::dtype_size(dtype));
+    p = std::aligned_alloc(64, ((elems * width + 63) / 64) * 64);
+    auto* f32 = static_cast<float*>(p);
+    auto* f64 = static_cast<double*>(p);
+    auto* i64 = static_cast<int64_t*>(p);
+    if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::i64) {
+      std::memset(p, 0, static_cast<size_t>(elems * width));  // bools false, other dtypes zero
+      return;
+    }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < elems; ++i) p[i] = v + 1e-3f * static_cast<float>(i % 1000);
+    for (int64_t i = 0; i < elems; ++i) {
+      const double x = v + 1e-3 * static_cast<double>(i % 1000);
+      switch (dtype) {
+        case DType::f32: f32[i] = static_cast<float>(x); break;
+        case DType::f64: f64[i] = x; break;
+        default: i64[i] = i % 256; break;
+      }
+    }
   }
   ~Buf() { std::free(p); }
   Buf(const Buf&) = delete;
@@ -88,7 +104,7 @@ constexpr int64_t kCopyElems = 16 * 1024 * 1024;  // 64 MiB of f32
 /// Parallel copy bandwidth in bytes/s (read + write), best of 8, measured once.
 double copy_bandwidth() {
   static double bw = [] {
-    Buf a(kCopyElems), b(kCopyElems);
+    Buf a(kCopyElems, DType::f32, 1.f), b(kCopyElems, DType::f32, 1.f);
     double best = 0;
     for (int r = 0; r < 8; ++r) {
       const auto t0 = Clock::now();
@@ -104,7 +120,7 @@ double copy_bandwidth() {
 
 void BM_CodegenCopy(benchmark::State& state) {
   const int chunks = state.range(0) == 0 ? 1 : omp_get_max_threads();
-  Buf a(kCopyElems), b(kCopyElems);
+  Buf a(kCopyElems, DType::f32, 1.f), b(kCopyElems, DType::f32, 1.f);
   for (auto _ : state) {
     split_copy(reinterpret_cast<char*>(b.p), reinterpret_cast<const char*>(a.p), kCopyElems * 4, chunks);
     benchmark::DoNotOptimize(b.p);
@@ -232,7 +248,7 @@ Kernel cross_entropy_grad_kernel(int64_t rows, int64_t cols) {
   return b.k;
 }
 
-/// Number of f32 elements param `p` of `k` spans.
+/// Number of elements (of the param's dtype) param `p` of `k` spans.
 int64_t param_elems(const Kernel& k, const KernelParam& p) {
   int64_t n = p.offset + 1;
   for (size_t d = 0; d < k.domain.size(); ++d) n += (k.domain[d] - 1) * p.strides[d];
@@ -256,12 +272,11 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
   int64_t bytes = 0;
   for (auto& p : k.params) {
     const int64_t n = param_elems(k, p);
-    bufs.push_back(std::make_unique<Buf>(n, p.is_output ? 0.f : 0.5f));
+    bufs.push_back(std::make_unique<Buf>(n, p.dtype, p.is_output ? 0.f : 0.5f));
     ptrs.push_back(bufs.back()->p);
     const int64_t width = static_cast<int64_t>(ir::dtype_size(p.dtype));
     if (p.dtype == DType::boolean) {
-      auto* m = reinterpret_cast<uint8_t*>(bufs.back()->p);
-      std::memset(m, 0, static_cast<size_t>(n));  // false
+      auto* m = static_cast<uint8_t*>(bufs.back()->p);
       if (p.name == "mask" && k.domain.size() >= 2) {  // causal: key j > query i is masked (true)
         const int64_t seq = k.domain.back();
         for (int64_t i = 0; i < seq; ++i)
