@@ -7,9 +7,13 @@
 //   Codegen/RowSum      sum over the last dim of (4096, 4096) f32 -> 4096.
 //   Codegen/ColSum      bias-gradient column sum (8192, 256) f32 -> 256.
 //   Codegen/Gelu        GPT-2's exact GELU (erf) over 8 x 256 x 1024 f32 elements.
+//   Codegen/Exp{F32,F64} y = exp(x - 1) alone over 2 M f32 elements, in f32 and through f64
+//                       (the row kernels' exp: a reference for Softmax and CrossEntropyGrad).
 //   Codegen/Softmax     GPT-2's causal attention softmax row kernel over (8, 8, 256, 256)
 //                       (half the scores masked to -inf, as in training); SoftmaxTiny: the
 //                       tiny GPT's (8, 4, 64, 64).
+//   Codegen/CrossEntropyGrad  the tiny GPT's cross-entropy gradient row kernel (512, 256),
+//                       softmax in f64 (passes/decompose.cpp).
 //   Codegen/Build*      driver::build_training_program with backend "compiled" (import, all
 //                       passes, fusion, lowering, LLVM O3 + JIT) of the tiny GPT (batch 8) and
 //                       of gpt_4l256 (build/examples/, tools/prepare_bench_models.sh; batch 8).
@@ -227,6 +231,23 @@ Kernel gelu_kernel(int64_t n) {
   return b.k;
 }
 
+/// The exp the row kernels use, alone (a reference for them: no reduction, one pass):
+/// y = exp(x) over n f32 elements, in f32 (expf_poly) or, `f64`, as Cast(Exp(Cast(x, f64)),
+/// f32) (exp_poly_f64, the cross-entropy rule's exp).
+Kernel exp_kernel(int64_t n, bool f64) {
+  KB b(f64 ? "bench_exp_f64" : "bench_exp_f32", {n});
+  int x = b.load(b.param("x", {1}));
+  if (!f64) {
+    b.store(b.param("y", {1}, true), b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, b.cst(1.0)})}));
+    return b.k;
+  }
+  int xd = b.k.add_op(ScalarOp::cast, {x}, DType::f64);
+  int e = b.k.add_op(ScalarOp::exp, {b.k.add_op(ScalarOp::sub, {xd, b.k.add_constant(1.0, DType::f64)}, DType::f64)},
+                     DType::f64);
+  b.store(b.param("y", {1}, true), b.k.add_op(ScalarOp::cast, {e}, DType::f32));
+  return b.k;
+}
+
 /// The cross-entropy gradient row kernel as passes/decompose.cpp and the fusion pass
 /// build it for the tiny GPT (rows = batch * seq, cols = vocab): p = Softmax(Cast(x, f64))
 /// with exp in f64, dx = Cast(p * coef - Where(class == label, coef, 0), f32).
@@ -321,6 +342,8 @@ void BM_CodegenPointwiseAdamW(benchmark::State& s) { run_kernel(s, adamw_kernel(
 void BM_CodegenRowSum(benchmark::State& s) { run_kernel(s, row_sum_kernel(4096, 4096)); }
 void BM_CodegenColSum(benchmark::State& s) { run_kernel(s, col_sum_kernel(8192, 256)); }
 void BM_CodegenGelu(benchmark::State& s) { run_kernel(s, gelu_kernel(8 * 256 * 1024)); }
+void BM_CodegenExpF32(benchmark::State& s) { run_kernel(s, exp_kernel(8 * 256 * 1024, false)); }
+void BM_CodegenExpF64(benchmark::State& s) { run_kernel(s, exp_kernel(8 * 256 * 1024, true)); }
 void BM_CodegenSoftmax(benchmark::State& s) { run_kernel(s, attention_softmax_kernel(8, 8, 256)); }
 void BM_CodegenSoftmaxTiny(benchmark::State& s) { run_kernel(s, attention_softmax_kernel(8, 4, 64)); }
 void BM_CodegenCrossEntropyGrad(benchmark::State& s) { run_kernel(s, cross_entropy_grad_kernel(512, 256)); }
@@ -382,6 +405,8 @@ BENCHMARK(BM_CodegenPointwiseAdamW)->Unit(benchmark::kMillisecond)->UseRealTime(
 BENCHMARK(BM_CodegenRowSum)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenColSum)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenGelu)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenExpF32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CodegenExpF64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenSoftmax)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CodegenSoftmaxTiny)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_CodegenCrossEntropyGrad)->Unit(benchmark::kMillisecond)->UseRealTime();
