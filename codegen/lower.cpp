@@ -257,6 +257,16 @@ Expected<Kernel> lower_fused(const Node& fused) {
       return fail("kiln_inplace = " + std::to_string(ip) + " names no input");
     k.params[out0].in_place_of = static_cast<int>(ip);
   }
+  // kiln_donate (passes/fused_inplace.cpp): output j is written where input d[j] is read.
+  if (const std::vector<int64_t> d = fused.attrs.get_ints("kiln_donate"); !d.empty()) {
+    const size_t out0 = body.inputs.size();
+    for (size_t j = 0; j < d.size(); ++j) {
+      if (d[j] < 0) continue;
+      if (d[j] >= static_cast<int64_t>(body.inputs.size()) || out0 + j >= k.params.size())
+        return fail("kiln_donate: output " + std::to_string(j) + " names no input");
+      k.params[out0 + j].in_place_of = static_cast<int>(d[j]);
+    }
+  }
   KILN_RETURN_IF_ERROR(k.verify().with_context("fused node '" + fused.name + "'"));
   return k;
 }

@@ -14,6 +14,19 @@
 // kernel reads element i of it exactly where it writes element i of the output. The
 // first qualifying input is taken. Runs after fusion in the compiled pipeline, into
 // AccumulationLoop bodies.
+//
+// State donation (kiln_donate): a pointwise FusedKernel of the top-level graph that
+// makes a state's next value (StateBinding output: the optimizer's updated parameter and
+// moments, a BatchNorm running statistic) writes it into the state's input buffer, as
+// PyTorch's optimizers update parameters in place and as XLA's input/output aliasing
+// ("buffer donation") does. kiln_donate is one int per output: the input index whose
+// buffer output j takes, or -1. Input k qualifies for output j when it is the StateBinding
+// input of output j, has its dtype and static shape, is read once by this node, by no
+// node after it (region captures count), is not itself a graph output, and the body
+// reads it pointwise only (as above); output 0 of a kiln_inplace node is not donated. The
+// step then holds one copy of the state instead of two (old inputs and new outputs), and
+// nothing is copied back after it. The executor donates only when its caller owns the
+// state buffers (RunOptions::donate_state, set by the Trainer); otherwise it writes a copy.
 #include <unordered_map>
 #include <unordered_set>
 
@@ -74,10 +87,57 @@ int mark_graph(Graph& g) {
   return count;
 }
 
+/// Marks kiln_donate on the top-level graph's state-updating pointwise kernels (see the
+/// file comment); returns how many outputs were donated.
+int mark_donations(Graph& g) {
+  std::unordered_map<const Value*, const Value*> input_of_next;  // state output -> its input
+  for (const StateBinding& sb : g.state)
+    if (sb.input && sb.output) input_of_next[sb.output] = sb.input;
+  if (input_of_next.empty()) return 0;
+  std::unordered_map<const Value*, size_t> last_use = last_reads(g);
+  std::unordered_set<const Value*> graph_outputs(g.outputs.begin(), g.outputs.end());
+  int count = 0;
+  const auto& nodes = g.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    Node& n = *nodes[i];
+    if (n.op != "FusedKernel" || n.attrs.get_string("kind", "") != "pointwise" || n.regions.size() != 1 ||
+        n.attrs.has("kiln_donate"))
+      continue;
+    const Graph& body = *n.regions[0];
+    if (body.inputs.size() != n.inputs.size()) continue;
+    std::vector<int64_t> donate(n.outputs.size(), -1);
+    std::unordered_set<int> taken;
+    bool any = false;
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      const Value* o = n.outputs[j];
+      if (!o || (j == 0 && n.attrs.has("kiln_inplace"))) continue;
+      auto it = input_of_next.find(o);
+      if (it == input_of_next.end()) continue;
+      const Value* v = it->second;
+      int k = -1, reads = 0;
+      for (int q = 0; q < n.num_inputs(); ++q)
+        if (n.inputs[q] == v) k = q, ++reads;
+      if (reads != 1 || taken.count(k) || v->dtype != o->dtype || !v->shape.is_static() || !o->shape.is_static() ||
+          v->shape.to_vector() != o->shape.to_vector() || graph_outputs.count(v) || last_use[v] != i ||
+          !read_pointwise_only(body, body.inputs[k]))
+        continue;
+      donate[j] = k;
+      taken.insert(k);
+      any = true;
+      ++count;
+    }
+    if (any) n.attrs.set("kiln_donate", donate);
+  }
+  return count;
+}
+
 class FusedInplace : public Pass {
  public:
   std::string name() const override { return "fused_inplace"; }
-  Expected<bool> run(Graph& g, PassContext&) override { return mark_graph(g) > 0; }
+  Expected<bool> run(Graph& g, PassContext&) override {
+    const int inplace = mark_graph(g);
+    return inplace + mark_donations(g) > 0;
+  }
 };
 
 }  // namespace

@@ -519,6 +519,26 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       const int from = dying_input(ip);
       if (from >= 0 && n.inputs[ip]->shape.to_vector() == n.outputs[0]->shape.to_vector()) inplace_from = from;
     }
+    // kiln_donate: output j is written into the resident buffer of the state input d[j]
+    // (its last reader is this node): no buffer, no bytes of its own.
+    std::vector<bool> donated(static_cast<size_t>(n.num_outputs()), false);
+    if (opts.donate_state) {
+      const std::vector<int64_t> d = n.attrs.get_ints("kiln_donate");
+      for (size_t j = 0; j < d.size() && j < donated.size(); ++j) {
+        if (d[j] < 0 || d[j] >= n.num_inputs() || !n.inputs[d[j]] || !n.outputs[j]) continue;
+        const Value* v = n.inputs[d[j]];
+        auto it = idx.find(v);
+        if (it == idx.end() || !plan.values[it->second].persistent || owner.at(v) != &g || last_use[v] != i ||
+            pinned[&g].count(v))
+          continue;
+        ValuePlan& ov = plan.values[idx.at(n.outputs[j])];
+        plan.donated_bytes += ov.bytes;
+        ++plan.donated_outputs;
+        ov.bytes = 0;
+        ov.reuses = v;
+        donated[j] = true;
+      }
+    }
     // Reshape-family views (ir::is_view_op): the output shares its input's buffer when
     // the input dies here, as runtime/interpreter.cpp does (no copy, no new buffer).
     if (inplace_from < 0 && is_view_op(n.op) && n.num_outputs() == 1) {
@@ -531,7 +551,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       if (!o) continue;
       int oi = idx.at(o);
       ValuePlan& ov = plan.values[oi];
-      if (ov.bytes == 0) continue;
+      if (ov.bytes == 0 || donated[static_cast<size_t>(k)]) continue;
       int reuse = -1;
       if (k == 0 && inplace_from >= 0) reuse = inplace_from;
       else if (pointwise)
@@ -753,6 +773,9 @@ std::string format_memory_plan(const MemoryPlan& p) {
   os << "arena: " << human_bytes(p.arena_bytes) << " (" << p.arena_bytes << " B, " << p.buffers.size() << " buffers, "
      << p.in_place_reuses << " in-place reuses); resident inputs and constants: " << human_bytes(p.persistent_bytes)
      << " (" << p.persistent_bytes << " B)\n";
+  if (p.donated_outputs > 0)
+    os << "donated state: " << p.donated_outputs << " updated state tensors written into their inputs' buffers ("
+       << human_bytes(p.donated_bytes) << " not allocated; kiln_donate)\n";
   return os.str();
 }
 

@@ -43,6 +43,10 @@ struct PlanOptions {
   /// (output 0 takes input k's buffer when input k dies at that node, is not pinned,
   /// its storage is unique and dtype and dims match), in both modes.
   bool honor_inplace_attr = true;
+  /// Honour `kiln_donate` (passes/fused_inplace.cpp) as the Trainer runs a step
+  /// (RunOptions::donate_state): a donated state output lives in its state input's
+  /// resident buffer and takes no bytes of its own.
+  bool donate_state = true;
   /// Graph inputs read only as scan inputs of an AccumulationLoop are streamed one
   /// microbatch at a time (RunOptions::microbatch, as the trainer runs them): they take
   /// no memory of their own; each iteration's slice is a body input. False: all N·b
@@ -120,6 +124,9 @@ struct MemoryPlan {
   int64_t persistent_bytes = 0;    ///< graph inputs + initializers
   int64_t arena_bytes = 0;         ///< arena size from the offsets (alignment and fragmentation included)
   int in_place_reuses = 0;         ///< outputs that took over an input's buffer
+  /// State outputs written into their state input's buffer (kiln_donate): no bytes of their own.
+  int donated_outputs = 0;
+  int64_t donated_bytes = 0;       ///< their bytes (what a step without donation holds in addition)
   int64_t saved_activation_bytes = 0;  ///< total bytes of every saved activation
   /// Eager semantics or count_kernel_scratch only: the largest tensor scratch an eager kernel allocates besides
   /// its outputs while its node runs (counted in the peak as temporaries at that node;

@@ -85,8 +85,11 @@ size_t gather_window(Graph& g, size_t i, const std::unordered_set<const Value*>&
     if (!n.regions.empty() && n.op != "FusedKernel") break;  // a loop: barrier
     // A kernel writing into its input k (kiln_inplace, fused_inplace.cpp: its last reader)
     // may join only if no earlier member reads that input: members run at the same time.
+    // The same for the state inputs it writes into (kiln_donate).
     const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
-    const bool inplace_ok = ip < 0 || ip >= n.num_inputs() || !member_reads.count(n.inputs[ip]);
+    bool inplace_ok = ip < 0 || ip >= n.num_inputs() || !member_reads.count(n.inputs[ip]);
+    for (int64_t k : n.attrs.get_ints("kiln_donate"))
+      if (k >= 0 && k < n.num_inputs() && member_reads.count(n.inputs[k])) inplace_ok = false;
     if (!reads_tainted && inplace_ok && member_candidate(n, outputs) && !scalar_outputs(n)) {
       members.push_back(j);
       for (const Value* v : n.inputs) member_reads.insert(v);

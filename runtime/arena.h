@@ -15,7 +15,9 @@
 //    (they outlive the step or an iteration); a graph output that lies in the block is
 //    copied out before run_graph returns;
 //  - an output that lies in the block anywhere but at its planned place (a kernel that
-//    returned one of its inputs) is moved to its home or copied to the heap.
+//    returned one of its inputs) is moved to its home or copied to the heap;
+//  - a donated state output (kiln_donate, RunOptions::donate_state) is written into its
+//    state input's resident buffer: it has no home and takes no block bytes.
 #pragma once
 #include <atomic>
 #include <cstdint>

@@ -323,8 +323,10 @@ struct FusedLaunch {
 
 /// Sets up node `n`'s kernel call: inputs from `env`, outputs in the arena or allocated.
 /// `scratch`: where a kernel with scratch_bytes gets its scratch (null: such a kernel is refused).
+/// `donate`: outputs marked kiln_donate take their state input's buffer (the caller owns
+/// it: RunOptions::donate_state); else each gets a copy of that input to update.
 Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
-                     Tensor* dying_inplace, FusedLaunch& l, std::vector<double>* scratch = nullptr) {
+                     Tensor* dying_inplace, bool donate, FusedLaunch& l, std::vector<double>* scratch = nullptr) {
   l.ck = &ck;
   for (Value* v : n.inputs) {
     auto it = env.find(v);
@@ -335,8 +337,27 @@ Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, cons
   // 0 through input k's pointer, so input k's slot must hold output 0's buffer: the
   // input's own when it dies here (`dying_inplace`), else a copy of it.
   const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
+  // kiln_donate (passes/fused_inplace.cpp): output j is generated to write through input
+  // d[j]'s pointer; that slot holds the state input's own buffer when it is donated, else
+  // a copy of it.
+  const std::vector<int64_t> d = n.attrs.get_ints("kiln_donate");
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     Value* o = n.outputs[j];
+    if (j < d.size() && d[j] >= 0) {
+      if (d[j] >= n.num_inputs() || !n.inputs[d[j]]) return Status::error("node '" + n.name + "': kiln_donate names no input");
+      const Tensor& in = env.find(n.inputs[d[j]])->second;
+      if (in.dtype() != o->dtype || in.dims() != o->shape.to_vector())
+        return Status::error("node '" + n.name + "': kiln_donate input does not match output " + std::to_string(j));
+      if (donate) {
+        l.outs.push_back(in);
+      } else {
+        l.outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
+        if (in.nbytes()) std::memcpy(l.outs.back().raw(), in.raw(), in.nbytes());
+      }
+      l.bufs[static_cast<size_t>(d[j])] = l.outs.back().raw();
+      l.bufs.push_back(l.outs.back().raw());
+      continue;
+    }
     if (j == 0 && ip >= 0 && ip < n.num_inputs()) {
       const Tensor& in = env.find(n.inputs[ip])->second;
       if (in.dtype() != o->dtype || in.dims() != o->shape.to_vector())
@@ -398,10 +419,10 @@ Status prepare_pieced(const Node& n, const OpDef& def, const StaticOutputs* know
 /// kernel's parallel dimension split across the OpenMP threads (and a split column
 /// reduction's partitions combined).
 Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
-                          Tensor* dying_inplace) {
+                          Tensor* dying_inplace, bool donate) {
   FusedLaunch l;
   thread_local std::vector<double> scratch;
-  KILN_RETURN_IF_ERROR(prepare_fused(n, ck, env, arena, dying_inplace, l, &scratch));
+  KILN_RETURN_IF_ERROR(prepare_fused(n, ck, env, arena, dying_inplace, donate, l, &scratch));
   if (l.chunks <= 1) {
     run_piece(l, 0);
   } else {
@@ -490,7 +511,8 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         const GraphFacts::NodeFacts& mf = facts.nodes[k];
         if (mf.kernel)
           KILN_RETURN_IF_ERROR(prepare_fused(*nodes[k], *mf.kernel, env, opts.arena,
-                                             dying_input_of(k, nodes[k]->attrs.get_int("kiln_inplace", -1)), ls[k - i]));
+                                             dying_input_of(k, nodes[k]->attrs.get_int("kiln_inplace", -1)), opts.donate_state,
+                                             ls[k - i]));
         else
           KILN_RETURN_IF_ERROR(prepare_pieced(*nodes[k], *mf.def, mf.has_static ? &mf.outs : nullptr, env, opts, k,
                                               ls[k - i]));
@@ -541,7 +563,8 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       }
       KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts, &nf.captures));
     } else if (const codegen::CpuKernel* ck = nf.kernel) {
-      KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env, opts.arena, dying_input(n.attrs.get_int("kiln_inplace", -1))));
+      KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env, opts.arena, dying_input(n.attrs.get_int("kiln_inplace", -1)),
+                                              opts.donate_state));
       generated = true;
     } else {
       std::vector<const Tensor*> ins;

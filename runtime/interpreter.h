@@ -76,6 +76,11 @@ struct RunOptions {
   /// (the trainer copies the new state into its own buffers). False: such results are
   /// cloned to the heap before run_graph returns.
   bool results_in_arena = false;
+  /// The caller owns the buffers of the graph's state inputs (StateBinding inputs) and
+  /// gives them up: kernels marked kiln_donate (passes/fused_inplace.cpp) write the new
+  /// state into them, and the returned state outputs share those buffers (the Trainer,
+  /// which clones its state once). False: such kernels write into a copy.
+  bool donate_state = false;
   /// Per-graph executor facts reused across runs (see ScheduleCache); null: computed for
   /// this run only. Results are the same either way.
   ScheduleCache* schedule = nullptr;

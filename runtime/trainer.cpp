@@ -365,6 +365,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   ro.program = g_.train_program;
   ro.arena = g_.train_arena;
   ro.results_in_arena = true;  // the new state is copied out below
+  ro.donate_state = true;      // state_ was cloned for this trainer: kiln_donate updates it in place
   ro.profile = opts_.profile;
   ro.schedule = schedule_.get();
   if (stream)
@@ -389,13 +390,16 @@ Expected<StepResult> Trainer::step(const Batch* given) {
       if (one.shape.rank() > 0 && one.shape.dims[0].is_static()) one.shape.dims[0] = ir::Dim(one.shape.dims[0].value / n);
       return fit_to_input(part, one);
     };
+  // The loss scale this step used: read before the step, whose update kernel may write
+  // the next scale into the same buffer (RunOptions::donate_state).
+  const double loss_scale_used = state_.count("loss_scale") ? state_.at("loss_scale").get_f64(0) : 0.0;
   auto outs = run_graph(g, feeds, ro);
   feeds.clear();  // the old state is held by state_ alone again
   if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
   StepResult r;
   if (outs->count("found_inf") && state_.count("loss_scale")) {  // --fp16 loss scaling
     r.skipped = outs->at("found_inf").get_f64(0) != 0;
-    r.loss_scale = state_.at("loss_scale").get_f64(0);
+    r.loss_scale = loss_scale_used;
     r.loss_scale_next = scalar_of(*outs, "loss_scale.next");
   }
   std::map<std::string, Tensor> next;

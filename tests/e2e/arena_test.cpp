@@ -68,6 +68,23 @@ TEST_P(StepArenaRuns, BitIdenticalToAllocatingExecutorAndNoPerStepAllocation) {
   ASSERT_EQ(lc.size(), la.size());
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lc[i]) << "step " << i << " with the schedule cache";
   expect_bitwise_equal(with, cached);
+  // State donation (kiln_donate, as the Trainer runs: RunOptions::donate_state): the
+  // update kernels write the new state into the old state's buffers, which must give
+  // the same bits as writing it into copies (no element read after its own write), and
+  // every donated output must come back in its input's buffer.
+  int64_t marked = 0;
+  for (auto& n : prog->train_step->nodes())
+    for (int64_t k : n->attrs.get_ints("kiln_donate")) marked += k >= 0;
+  // (SGD without momentum has no optimizer state, and its update writes the new
+  // parameter into the dying gradient instead: kiln_inplace.)
+  if (c.optim != "sgd") EXPECT_GT(marked, 0) << "no state update was marked kiln_donate";
+  int64_t donated = 0;
+  std::map<std::string, ir::Tensor> in_place;
+  auto ld = trajectory_losses(*prog, *xs, *ys, steps, false, &in_place, true, &schedule, &donated);
+  ASSERT_EQ(ld.size(), la.size());
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], ld[i]) << "step " << i << " with donated state";
+  expect_bitwise_equal(with, in_place);
+  EXPECT_EQ(donated, marked * steps) << "donated outputs that did not come back in their input's buffer";
 }
 
 std::vector<ArenaCase> arena_cases() {

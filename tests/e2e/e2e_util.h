@@ -191,10 +191,15 @@ inline runtime::TrainConfig example_case_config(const ExampleCase& c, const std:
 inline std::vector<double> trajectory_losses(const driver::TrainingProgram& prog, const ir::Tensor& xs,
                                              const ir::Tensor& ys, int64_t steps, bool f64 = false,
                                              std::map<std::string, ir::Tensor>* final_state = nullptr,
-                                             bool use_arena = true, runtime::ScheduleCache* schedule = nullptr) {
+                                             bool use_arena = true, runtime::ScheduleCache* schedule = nullptr,
+                                             int64_t* donated = nullptr) {
   std::vector<double> losses;
   auto state = initial_state(*prog.train_step);
   runtime::RunOptions ro;
+  // `donated` non-null: run as the Trainer does (RunOptions::donate_state, the state
+  // owned here) and count the state outputs that came back in their input's buffer.
+  ro.donate_state = donated != nullptr;
+  if (donated) *donated = 0;
   ro.training = true;
   ro.program = prog.train_kernels.get();
   ro.arena = use_arena ? prog.train_arena.get() : nullptr;  // the compiled executor's step arena
@@ -213,7 +218,10 @@ inline std::vector<double> trajectory_losses(const driver::TrainingProgram& prog
       break;
     }
     losses.push_back((*out)["loss"].get_f64(0));
-    for (auto& sb : prog.train_step->state) state[sb.input->name] = (*out)[sb.output->name];
+    for (auto& sb : prog.train_step->state) {
+      if (donated && (*out)[sb.output->name].raw() == state[sb.input->name].raw()) ++*donated;
+      state[sb.input->name] = (*out)[sb.output->name];
+    }
   }
   if (final_state) *final_state = state;
   return losses;
