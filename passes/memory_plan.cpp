@@ -600,6 +600,15 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       if (vp.persistent || vp.bytes == 0 || vp.def < 0 || acct_end[k] < vp.def) continue;
       widen(acct_start[k], acct_end[k]);
     }
+    // A buffer's values follow one another (in-place chains, moves): after widening, a
+    // value is counted only until its successor in the buffer is, or the group would
+    // count the one buffer twice (SGD's kiln_inplace updates: each new parameter takes
+    // its dying gradient's buffer; resnet18 planned 2.13 MiB against 1.77 measured).
+    for (const auto& b : plan.buffers)
+      for (size_t q = 0; q + 1 < b.values.size(); ++q) {
+        const int a = b.values[q], c = b.values[q + 1];
+        if (acct_start[c] <= acct_end[a]) acct_end[a] = std::max(acct_start[a] - 1, acct_start[c] - 1);
+      }
   }
 
   // ---- offsets: best fit in a given order; greedy by size (largest first) unless

@@ -100,10 +100,18 @@ TEST_P(CompiledVsEager, LossesAndStateAgree) {
 // kernels (kiln_donate): without that, its multi-tensor update held the old and the new
 // state and every gradient at once (mlp_digits 479.8 KiB against eager's 438.7,
 // resnet18 4.84 MiB against 4.30).
+// resnet18 with SGD (no optimizer state: each new parameter takes its dying gradient's
+// buffer, kiln_inplace) planned 2.13 MiB against 1.77 measured and eager's 1.77: the
+// planner counted each such buffer twice over the multi-tensor group.
 TEST(CompiledPeak, NoHigherThanEagerOnTheBenchmarkExamples) {
+  std::vector<Case> cs;
   for (const char* model : {"mlp_digits", "tiny_gpt", "resnet18"})
-    for (const char* prec : {"fp32", "bf16"}) {
-      const Case c{model, prec};
+    for (const char* prec : {"fp32", "bf16"}) cs.push_back({model, prec});
+  cs.push_back({"resnet18", "fp32", "sgd"});
+  for (const Case& c : cs) {
+    {
+      const char* model = c.model.c_str();
+      const char* prec = c.precision.c_str();
       auto [xs, ys] = load_trajectory(c.model);
       ASSERT_TRUE(xs && ys);
       const int64_t rows = xs->dim(1);
@@ -114,14 +122,16 @@ TEST(CompiledPeak, NoHigherThanEagerOnTheBenchmarkExamples) {
       auto pe = driver::executor_plan(*eager);
       auto pc = driver::executor_plan(*compiled);
       ASSERT_TRUE(pe && pc) << model;
-      std::cout << model << " " << prec << ": planned peak eager " << pe->peak_bytes << " B, compiled "
+      std::cout << model << " " << prec << " " << c.optim << ": planned peak eager " << pe->peak_bytes << " B, compiled "
                 << pc->peak_bytes << " B (" << pc->donated_outputs << " state outputs donated, "
                 << pc->donated_bytes << " B)\n";
       EXPECT_LE(pc->peak_bytes, pe->peak_bytes) << model << " " << prec;
       int64_t state = 0;
       for (auto& sb : compiled->train_step->state) state += sb.kind == "parameter";
-      EXPECT_GE(pc->donated_outputs, state) << model << " " << prec << ": not every parameter update is donated";
+      if (c.optim != "sgd")
+        EXPECT_GE(pc->donated_outputs, state) << model << " " << prec << ": not every parameter update is donated";
     }
+  }
 }
 
 std::vector<Case> cases() {
