@@ -788,4 +788,31 @@ std::string format_memory_plan(const MemoryPlan& p) {
   return os.str();
 }
 
+std::string format_buffer_offsets(const MemoryPlan& p) {
+  std::ostringstream os;
+  std::vector<size_t> order(p.buffers.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const BufferPlan &x = p.buffers[a], &y = p.buffers[b];
+    if ((x.offset < 0) != (y.offset < 0)) return y.offset < 0;
+    return x.offset < y.offset;
+  });
+  os << "arena buffers (" << p.buffers.size() << "; offset B, size B, live at schedule positions, values in turn):\n";
+  for (size_t k : order) {
+    const BufferPlan& b = p.buffers[k];
+    char head[96];
+    if (b.offset >= 0) std::snprintf(head, sizeof head, "  %12lld %12lld  [%d, %d]  ", static_cast<long long>(b.offset),
+                                     static_cast<long long>(b.size), b.first, b.last);
+    else std::snprintf(head, sizeof head, "  %12s %12lld  [%d, %d]  ", "heap", static_cast<long long>(b.size), b.first, b.last);
+    os << head;
+    for (size_t q = 0; q < b.values.size(); ++q)
+      os << (q ? " -> " : "") << (p.values[static_cast<size_t>(b.values[q])].value ? p.values[static_cast<size_t>(b.values[q])].value->name : "?");
+    os << "\n";
+  }
+  for (const ValuePlan& vp : p.values)
+    if (vp.value && vp.reuses && vp.bytes == 0 && vp.buffer < 0 && vp.def >= 0)
+      os << "  " << std::string(12, ' ') << " donated  " << vp.value->name << " -> the buffer of " << vp.reuses->name << "\n";
+  return os.str();
+}
+
 }  // namespace kiln::passes

@@ -166,6 +166,14 @@ Expected<MemoryPlan> plan_memory(const ir::Graph& g, const PlanOptions& opts = {
 /// "1.50 MiB" style (B, KiB, MiB, GiB; binary units).
 std::string human_bytes(int64_t bytes);
 
+/// The arena layout of `p`, one line per buffer in offset order: byte offset, size
+/// (bytes, aligned), the schedule positions it is live over, and the values that
+/// occupy it in turn (in-place chains and moves); heap buffers (offset -1) last, donated
+/// state outputs (kiln_donate) listed after them. For reading a plan's decisions
+/// (DESIGN.md invariant 2: buffer offsets are visible); kiln compile writes it into
+/// DIR/memory_plan.txt.
+std::string format_buffer_offsets(const MemoryPlan& p);
+
 /// Report: one row per category (bytes at the peak and max over the step, human units and
 /// exact bytes, and the bytes at the peak per parameter element), the total,
 /// saved-activation bytes, an "optimizer state per parameter" line (overall, 8-bit and

@@ -1,3 +1,4 @@
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -29,6 +30,17 @@ Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, Pass
     std::error_code ec;
     std::filesystem::create_directories(ctx.dump_ir_dir, ec);
     if (ec) return Status::error("--dump-ir-dir '" + ctx.dump_ir_dir + "': " + ec.message());
+    // An earlier run's dumps (NN-pass.txt, another pipeline) would mix with this run's.
+    for (auto it = std::filesystem::directory_iterator(ctx.dump_ir_dir, ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      const std::string f = it->path().filename().string();
+      if (f.size() > 7 && std::isdigit(static_cast<unsigned char>(f[0])) &&
+          std::isdigit(static_cast<unsigned char>(f[1])) && f[2] == '-' && f.compare(f.size() - 4, 4, ".txt") == 0 &&
+          it->is_regular_file(ec)) {
+        std::error_code rm;
+        std::filesystem::remove(it->path(), rm);
+      }
+    }
     std::ofstream(ctx.dump_ir_dir + "/00-input.txt") << ir::graph_to_string(g);
   }
   int idx = 0;

@@ -441,9 +441,6 @@ Status load_config_json(const std::string& path, TrainConfig& cfg) {
   return config_from_json_text(text, path, cfg);
 }
 
-namespace {
-
-/// Levenshtein distance (insertions, deletions, substitutions: cost 1 each).
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -458,6 +455,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return row[b.size()];
 }
+
+namespace {
 
 }  // namespace
 

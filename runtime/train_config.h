@@ -169,4 +169,8 @@ std::string config_to_json(const TrainConfig& cfg);
 /// Parses JSON text (an object with flag names as keys) into `cfg`; `origin` names the source in errors.
 Status config_from_json_text(const std::string& text, const std::string& origin, TrainConfig& cfg);
 
+/// Levenshtein distance between `a` and `b` (insertions, deletions, substitutions: cost 1
+/// each), for "did you mean" hints of flags, config keys and pass names.
+size_t edit_distance(const std::string& a, const std::string& b);
+
 }  // namespace kiln::runtime

@@ -59,8 +59,34 @@ std::vector<std::string> changed_flags(const std::string& saved_json, const Trai
   } catch (const std::exception&) {
     return out;
   }
+  // The same data file spelled once relative, once absolute (the checkpoint does not
+  // know the directory it was started from): the absolute path ends with the relative one.
+  auto same_file = [](const std::string& a, const std::string& b) {
+    auto split = [](const std::string& v) {
+      const size_t eq = v.find('=');
+      return eq == std::string::npos ? std::make_pair(std::string(), v) : std::make_pair(v.substr(0, eq), v.substr(eq + 1));
+    };
+    auto [na, pa] = split(a);
+    auto [nb, pb] = split(b);
+    if (na != nb) return false;
+    const std::string ra = std::filesystem::path(pa).lexically_normal().string();
+    const std::string rb = std::filesystem::path(pb).lexically_normal().string();
+    auto ends = [](const std::string& abs, const std::string& rel) {
+      return !rel.empty() && rel[0] != '/' && abs.size() > rel.size() && abs[0] == '/' &&
+             abs.compare(abs.size() - rel.size(), rel.size(), rel) == 0 && abs[abs.size() - rel.size() - 1] == '/';
+    };
+    return ra == rb || ends(ra, rb) || ends(rb, ra);
+  };
+  auto same = [&](const nlohmann::json& a, const nlohmann::json& b, const std::string& n) {
+    if (a == b) return true;
+    if ((n != "train_data" && n != "eval_data") || !a.is_array() || !b.is_array() || a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!a[i].is_string() || !b[i].is_string() || !same_file(a[i].get<std::string>(), b[i].get<std::string>()))
+        return false;
+    return true;
+  };
   for (const char* n : names)
-    if (saved.contains(n) && now.contains(n) && saved[n] != now[n])
+    if (saved.contains(n) && now.contains(n) && !same(saved[n], now[n], n))
       out.push_back(std::string("--") + n + " " + flag_value(saved[n]) + " (this run: " + flag_value(now[n]) + ")");
   return out;
 }
@@ -528,6 +554,13 @@ Expected<TrainResult> Trainer::run() {
   out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << rows_per_step_
       << " rows, " << total_steps_ << " steps" << (resumed_ ? ", resuming at step " + std::to_string(global_step_) : "")
       << "\n";
+  // HF's Trainer ends an epoch with a smaller batch (dataloader_drop_last=False); a
+  // program compiled for one static batch shape runs whole steps only.
+  if (const int64_t left = train_->num_rows() - steps_per_epoch_ * rows_per_step_;
+      left > 0 && steps_per_epoch_ > 0 && !train_->is_tokens())
+    out << "note: each epoch trains on " << steps_per_epoch_ * rows_per_step_ << " of the " << train_->num_rows()
+        << " rows (whole steps of " << rows_per_step_ << " rows: the program is compiled for one static batch shape); "
+        << "the " << left << " rows left over differ from epoch to epoch (the order is reshuffled)\n";
   if (resumed_ && global_step_ >= total_steps_)
     out << "note: the checkpoint is at step " << global_step_ << ", at or past the " << total_steps_
         << " steps of this run (--max_steps, or --num_train_epochs): nothing to train; raise --max_steps to continue\n";

@@ -534,3 +534,65 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
   auto off = kiln_cmd("bench " + mlp + " --save_steps 0 --overwrite_output_dir=false --bench_steps 1 --warmup_steps_bench 0");
   EXPECT_EQ(off.code, 0) << off.out;
 }
+
+// Third fresh-clone review (2026-12-01): a model exported with a fixed batch dim failed
+// only at the first step (and kiln compile built a binary that could never train);
+// gradcheck --bf16 reported a 2e3 "gradient error", --fp16 an internal pass error; plain
+// inspect ignored the pass-debugging flags; a misspelt pass name got no suggestion; a
+// kiln flag given twice was "At Most 1 required but received 2"; --dump-ir-dir kept an
+// earlier run's files; the dropped last partial batch of an epoch went unmentioned.
+TEST(BadInput, ThirdReviewFixes) {
+  require_data();
+  const std::string mlp = "examples/mlp_digits/model.onnx";
+  const std::string fx = "--train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+                         "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy ";
+  // A fixed batch dim of 2 (the model's initializers as exported, input [2, 64]).
+  const std::string dir = tmpdir("static_batch");
+  const std::string fixed = dir + "/mlp_static.onnx";
+  const std::string py = "/usr/bin/python3 -c \"import onnx; m = onnx.load('" + kSrc + "/" + mlp +
+                         "'); d = m.graph.input[0].type.tensor_type.shape.dim[0]; d.Clear(); d.dim_value = 2; "
+                         "onnx.save(m, '" + fixed + "')\"";
+  ASSERT_EQ(std::system(py.c_str()), 0) << "python3-onnx is needed to make the fixed-batch model";
+  expect_one_line_error(kiln_cmd("bench " + fixed + " --bench_steps 1"),
+                        "--per_device_train_batch_size 8: the model's input 'input' has a fixed batch dim of 2");
+  expect_one_line_error(kiln_cmd("compile " + fixed + " --max_steps 2 -o " + dir + "/bin"),
+                        "pass --per_device_train_batch_size 2");
+  EXPECT_EQ(kiln_cmd("bench " + fixed + " --bench_steps 1 --warmup_steps_bench 0 --per_device_train_batch_size 2").code, 0);
+
+  expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--bf16"), "--bf16: kiln gradcheck checks the float64");
+  expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--fp16"), "--fp16: kiln gradcheck");
+  expect_one_line_error(kiln_cmd("inspect " + mlp + " --print-ir-after fusion"),
+                        "--print-ir-after: kiln inspect runs the passes only with --memory or --precision");
+  expect_one_line_error(kiln_cmd("inspect " + mlp + " --memory --print-ir-after fuson"),
+                        "--print-ir-after fuson: no such pass (did you mean fusion?)");
+  // Last one wins, as for the training flags.
+  auto twice = kiln_cmd("bench " + mlp + " --bench_steps 3 --bench_steps 1 --warmup_steps_bench 0");
+  EXPECT_EQ(twice.code, 0) << twice.out;
+  EXPECT_NE(twice.out.find("bench: 1 steps"), std::string::npos) << twice.out;
+
+  // --dump-ir-dir: a second run with another pipeline leaves only its own files.
+  const std::string dd = tmpdir("dump_stale");
+  ASSERT_EQ(kiln_cmd("inspect " + mlp + " --memory --bf16 --dump-ir-dir " + dd).code, 0);
+  ASSERT_TRUE(fs::exists(dd + "/04-autocast.txt"));
+  std::ofstream(dd + "/notes.txt") << "mine";
+  ASSERT_EQ(kiln_cmd("inspect " + mlp + " --memory --dump-ir-dir " + dd).code, 0);
+  EXPECT_FALSE(fs::exists(dd + "/04-autocast.txt")) << "an earlier run's dump is still there";
+  EXPECT_TRUE(fs::exists(dd + "/notes.txt")) << "a file that is not a dump was removed";
+
+  // 1438 rows in steps of 8: 6 rows of each epoch are left out, and the run says so.
+  auto tr = kiln_cmd("train " + mlp + " --train_data input=data/digits/x_train.npy --train_data "
+                     "labels=data/digits/y_train.npy --max_steps 1 --output_dir " + tmpdir("partial_note"));
+  EXPECT_EQ(tr.code, 0) << tr.out;
+  EXPECT_NE(tr.out.find("note: each epoch trains on 1432 of the 1438 rows"), std::string::npos) << tr.out;
+
+  // A resume refused for a new batch size named --train_data as changed too when the same
+  // files were given once relative, once absolute.
+  const std::string run = tmpdir("resume_abs");
+  ASSERT_EQ(kiln_cmd("train " + mlp + " " + fx + "--max_steps 2 --save_steps 2 --per_device_train_batch_size 4 "
+                     "--output_dir " + run).code, 0);
+  auto abs = kiln_cmd("train " + mlp + " --train_data input=" + kSrc + "/examples/mlp_digits/fixtures/batch_input.npy "
+                      "--train_data labels=" + kSrc + "/examples/mlp_digits/fixtures/batch_labels.npy --max_steps 4 "
+                      "--per_device_train_batch_size 2 --resume_from_checkpoint latest --output_dir " + run);
+  expect_one_line_error(abs, "written with --per_device_train_batch_size 4 (this run: 2)");
+  EXPECT_EQ(abs.out.find("--train_data"), std::string::npos) << abs.out;
+}

@@ -133,6 +133,19 @@ struct ConfigFlags {
 
   passes::PassContext pass_context() const {
     passes::PassContext ctx;
+    if (!print_ir_after.empty() && print_ir_after != "all") {
+      const std::vector<std::string> names = passes::pass_names();
+      if (std::find(names.begin(), names.end(), print_ir_after) == names.end()) {
+        std::string near, all;
+        size_t best = 3;  // at most two edits
+        for (const std::string& n : names) {
+          all += (all.empty() ? "" : ", ") + n;
+          if (const size_t d = runtime::edit_distance(print_ir_after, n); d < best) best = d, near = n;
+        }
+        throw Failure{2, "--print-ir-after " + print_ir_after + ": no such pass" +
+                             (near.empty() ? std::string() : " (did you mean " + near + "?)") + "; passes: all, " + all};
+      }
+    }
     // Passes of the compiled pipeline only: asking for them with --backend eager prints nothing.
     const auto& cp = driver::compiled_pipeline();
     const bool compiled_pass = std::find(cp.begin(), cp.end(), print_ir_after) != cp.end();
@@ -280,6 +293,13 @@ int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol, double ep
   if (!(eps > 0) || !std::isfinite(eps)) throw Failure{2, "--eps must be a finite number > 0, got " + fmt("%g", eps)};
   if (!(tol > 0)) throw Failure{2, "--tolerance must be > 0, got " + fmt("%g", tol)};
   TrainConfig cfg = flags.build();
+  // The check runs the whole model in float64: a mixed-precision program has no float64
+  // form (bf16 gradients against f64 differences read as a gradient bug; --fp16's loss
+  // scaling expects an f32 loss).
+  if (cfg.bf16 || cfg.fp16)
+    throw Failure{2, std::string(cfg.bf16 ? "--bf16" : "--fp16") +
+                         ": kiln gradcheck checks the float64 gradients of the fp32 program; omit it (kiln grad "
+                         "gives the " + (cfg.bf16 ? "bf16" : "fp16") + " program's gradients)"};
   GradSetup setup = grad_setup(flags, cfg, /*f64=*/true);
   auto r = unwrap(driver::gradcheck_graph(*setup.prog.grads, setup.feeds, per_param, cfg.seed, eps));
   std::cout << "gradcheck: " << r.elements_checked << " elements of " << setup.prog.parameters.size()
@@ -811,6 +831,11 @@ int real_main(int argc, char** argv) {
   }
   std::vector<char*> cargv{argv[0]};
   for (std::string& a : args) cargv.push_back(a.data());
+  // A single-value option given twice takes the last value, as the training flags do
+  // (HF's argument parser); CLI11's default refused it ("At Most 1 required but received 2").
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    for (CLI::Option* opt : sub->get_options())
+      if (opt->get_items_expected_max() == 1) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   try {
     app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::CallForHelp& e) {
@@ -840,7 +865,20 @@ int real_main(int argc, char** argv) {
       throw Failure{2, "inspect: give one of --memory and --precision"};
     if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model);
     if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_flags, inspect_model);
-    if (*inspect) return cmd_inspect(inspect_model, inspect_shape);
+    if (*inspect) {
+      // Plain inspect reads the ONNX graph only: no pass runs, so nothing would be printed.
+      const ConfigFlags& f = inspect_flags;
+      const char* pass_flag = !f.print_ir_after.empty() ? "--print-ir-after"
+                              : !f.dump_ir_dir.empty()  ? "--dump-ir-dir"
+                              : f.time_passes           ? "--time-passes"
+                              : f.verify_each           ? "--verify-each"
+                              : f.stop_after >= 0       ? "--stop-after"
+                                                        : nullptr;
+      if (pass_flag)
+        return report({2, std::string(pass_flag) + ": kiln inspect runs the passes only with --memory or --precision "
+                                                   "(the training program); add one of them"});
+      return cmd_inspect(inspect_model, inspect_shape);
+    }
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);
   } catch (const Failure& f) {
     return report(f);

@@ -240,7 +240,14 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
   // Memory plan.
   auto plan = passes::plan_memory(*prog.train_step, passes::PlanOptions::eager());
   if (!plan) return Status::error("memory plan: " + plan.status().message());
-  KILN_RETURN_IF_ERROR(write_file(dir / "memory_plan.txt", passes::format_memory_plan(*plan)));
+  std::string plan_text = passes::format_memory_plan(*plan);
+  if (prog.train_arena) {  // the compiled executor's step arena: where each buffer lies
+    auto layout = plan_step_arena_layout(*prog.train_step);
+    if (!layout) return Status::error("step arena plan: " + layout.status().message());
+    plan_text += "\nstep arena of the compiled executor (" + std::to_string(layout->arena_bytes) + " B)\n" +
+                 passes::format_buffer_offsets(*layout);
+  }
+  KILN_RETURN_IF_ERROR(write_file(dir / "memory_plan.txt", plan_text));
 
   // Link with the system linker (through the C++ compiler driver, for libstdc++ and crt).
   KILN_ASSIGN_OR_RETURN(auto inputs, link_inputs());

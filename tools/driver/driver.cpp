@@ -242,6 +242,15 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
                            "' is the batch dim of input '" + in->name + "', and " + flag + " is " +
                            std::to_string(batch) + ": leave it out of --shape (kiln binds it from the batch size) " +
                            "or give the same value");
+    // A batch dim fixed at export (torch.onnx.export without dynamic_axes) takes only
+    // batches of that size: say so now, not at the first step (or in a compiled binary).
+    if (enforce && in->shape.dims[0].is_static() && in->shape.dims[0].value != batch &&
+        (in->shape.rank() >= 2 || ir::is_float(in->dtype)))
+      return Status::error(std::string(flag) + " " + std::to_string(batch) + ": the model's input '" + in->name +
+                           "' has a fixed batch dim of " + std::to_string(in->shape.dims[0].value) + " (shape " +
+                           in->shape.to_string() + "; exported without dynamic_axes): pass " + flag + " " +
+                           std::to_string(in->shape.dims[0].value) + ", or export with dynamic_axes={'" + in->name +
+                           "': {0: 'batch'}}");
     if (!in->shape.dims[0].is_static() && !sym.empty() && !b.count(sym)) b[sym] = batch;
     // Token windows (--block_size): a symbolic sequence dim of an integer (batch, seq)
     // input is the window length, as the batch dim is the batch size.
