@@ -342,6 +342,9 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
         if (eq == std::string::npos || eq == 0 || !parse_i64(item.substr(eq + 1), v))
           return bad(f.name, "expected NAME=INT[,NAME=INT...], got '" + text + "'");
         if (v <= 0) return bad(f.name, "dim '" + item.substr(0, eq) + "' must be > 0, got " + std::to_string(v));
+        // Element counts and byte sizes are int64: a dim beyond 2^31 overflows them.
+        if (v > (int64_t{1} << 31))
+          return bad(f.name, "dim '" + item.substr(0, eq) + "' must be at most 2^31 (2147483648), got " + std::to_string(v));
         (*m)[item.substr(0, eq)] = v;
         any = true;
       }

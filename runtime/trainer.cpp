@@ -334,7 +334,7 @@ Status Trainer::restore(const std::string& dir) {
   if (c.state.config_json.empty() && c.state.seed != cfg_.seed)  // no saved config: the data seed alone
     changes.push_back("--seed " + std::to_string(c.state.seed) + " (this run: " + std::to_string(cfg_.seed) + ")");
   if (!changes.empty())
-    resume_warning_ = "kiln: warning: resuming from a run with " + join_flags(changes) +
+    resume_warning_ = message_prefix() + ": warning: resuming from a run with " + join_flags(changes) +
                       "; this run's values apply from the next step";
   state_ = std::move(next);
   global_step_ = c.state.global_step;
@@ -596,7 +596,7 @@ Expected<TrainResult> Trainer::run() {
     if (!std::isfinite(r.loss) && !warned_nonfinite) {
       // PyTorch and the HF Trainer keep going on a non-finite loss; say so once, loudly.
       bar.clear();
-      std::cerr << "kiln: warning: loss is " << (std::isnan(r.loss) ? std::string("nan") : std::to_string(r.loss))
+      std::cerr << message_prefix() << ": warning: loss is " << (std::isnan(r.loss) ? std::string("nan") : std::to_string(r.loss))
                 << " at step " << global_step_
                 << " (check the data for NaN/inf, batches whose labels are all ignore_index, and the learning rate); "
                    "training continues\n";
@@ -656,10 +656,19 @@ Expected<TrainResult> Trainer::run() {
   return res;
 }
 
+namespace {
+std::string& prefix_storage() {
+  static std::string p = "kiln";
+  return p;
+}
+}  // namespace
+void set_message_prefix(const std::string& name) { prefix_storage() = name; }
+const std::string& message_prefix() { return prefix_storage(); }
+
 Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64_t total_steps) {
   // Only a run that will write a checkpoint can overwrite or rotate one away.
   if (cfg.save_steps <= 0 || total_steps / cfg.save_steps <= start_step / cfg.save_steps) return Status::ok();
-  for (const std::string& note : remove_interrupted_saves(cfg.output_dir)) std::cerr << "kiln: " << note << std::endl;
+  for (const std::string& note : remove_interrupted_saves(cfg.output_dir)) std::cerr << message_prefix() << ": " << note << std::endl;
   {  // a file named like a checkpoint would be in the way of (or replaced by) a save
     std::error_code ec;
     for (auto it = std::filesystem::directory_iterator(cfg.output_dir, ec);
@@ -712,7 +721,7 @@ Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64
     std::filesystem::remove_all(dir, ec);
     if (ec) return Status::error("--overwrite_output_dir: cannot delete '" + dir + "' (" + ec.message() + ")");
   }
-  std::cerr << "kiln: --overwrite_output_dir: deleted " << names << " from " << cfg.output_dir << std::endl;
+  std::cerr << message_prefix() << ": --overwrite_output_dir: deleted " << names << " from " << cfg.output_dir << std::endl;
   return Status::ok();
 }
 

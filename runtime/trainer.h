@@ -173,6 +173,11 @@ Status guard_output_outside_checkpoint(const TrainConfig& cfg);
 /// checkpoint that cannot be deleted.
 Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64_t total_steps);
 
+/// The program name the Trainer's warnings and notes on stderr start with ("kiln: warning:
+/// ..."); a compiled training binary sets "train", as its errors say "train: error:".
+void set_message_prefix(const std::string& name);
+const std::string& message_prefix();
+
 /// Convenience: Trainer::create + optional restore(cfg.resume_from_checkpoint) +
 /// guard_later_checkpoints (when opts.write_files; the caller has prepared and locked
 /// output_dir after guard_output_outside_checkpoint) + the resume warning + run.

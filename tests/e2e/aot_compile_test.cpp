@@ -131,6 +131,15 @@ TEST(AotCompile, RunTimeMaxStepsMatchesKilnTrain) {
   ShellRun r = sh("'" + dir + "/out/train' --max_steps 4 --output_dir " + dir + "/run4", kSrc);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   expect_close_losses(train_losses(dir + "/run4"), train_losses(dir + "/ref4"), 4);
+  // The binary's warnings carry its name, as its errors do ("train: error:"); they said
+  // "kiln: warning:".
+  ShellRun a = sh("'" + dir + "/out/train' --max_steps 2 --save_steps 2 --output_dir " + dir + "/resume", kSrc);
+  ASSERT_EQ(a.code, 0) << a.out << a.err;
+  ShellRun b = sh("'" + dir + "/out/train' --max_steps 3 --save_steps 2 --seed 7 --resume_from_checkpoint latest "
+                  "--output_dir " + dir + "/resume", kSrc);
+  ASSERT_EQ(b.code, 0) << b.out << b.err;
+  EXPECT_NE(b.err.find("train: warning: resuming from a run with --max_steps 2 (this run: 3)"), std::string::npos) << b.err;
+  EXPECT_EQ(b.err.find("kiln:"), std::string::npos) << b.err;
 }
 
 TEST(AotCompile, FixedFlagRefusedWithOneLine) {

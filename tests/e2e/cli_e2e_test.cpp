@@ -488,6 +488,9 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
   expect_one_line_error(kiln_cmd("frobnicate"), "unknown subcommand 'frobnicate'");
   expect_one_line_error(kiln_cmd("inspect " + mlp + " --shape batch=0"), "must be > 0");
   expect_one_line_error(kiln_cmd("inspect " + mlp + " --shape foo=3"), "no input dim named 'foo'");
+  // Overflowed element counts ("shapes [4611686018427387904, 64, 64] and [0, 64, 64]").
+  expect_one_line_error(kiln_cmd("inspect examples/tiny_gpt/model.onnx --shape batch=4611686018427387904"),
+                        "must be at most 2^31");
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--config examples"), "is a directory");
   expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--eps 0"), "--eps");
   expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--elements_per_parameter 0"),

@@ -115,6 +115,7 @@ int real_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::runtime::set_message_prefix("train");  // the Trainer's warnings, as this binary's errors
   try {
     return real_main(argc, argv);
   } catch (const kiln::ir::OutOfMemory& e) {
