@@ -280,7 +280,16 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     const Node* p = v ? v->producer : nullptr;
     if (!p) return -1;
     auto k = node_pos.find(p);
-    return k == node_pos.end() ? -1 : static_cast<int>(phase[k->second]);
+    if (k == node_pos.end()) return -1;
+    // An output of a fused group is in the phase of the body node that makes it: the
+    // kernel's own phase is its latest node's (a gradient cast fused with the clipping
+    // norm's square sum is a backward value, not an optimizer temporary).
+    if (p->op == "FusedKernel" && p->regions.size() == 1 && v->producer_output >= 0 &&
+        static_cast<size_t>(v->producer_output) < p->regions[0]->outputs.size()) {
+      const Value* bo = p->regions[0]->outputs[static_cast<size_t>(v->producer_output)];
+      if (bo && bo->producer) return static_cast<int>(phase_of(*bo->producer));
+    }
+    return static_cast<int>(phase[k->second]);
   };
   // Low-precision weight copies: a forward node whose only non-constant input is a parameter,
   // producing an equally sized tensor of a narrower dtype.
