@@ -33,10 +33,11 @@ Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, Pass
     // An earlier run's dumps (NN-pass.txt, another pipeline) would mix with this run's.
     for (auto it = std::filesystem::directory_iterator(ctx.dump_ir_dir, ec);
          !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      // Only the names kiln writes: NN-<registered pass>.txt and 00-input.txt.
       const std::string f = it->path().filename().string();
       if (f.size() > 7 && std::isdigit(static_cast<unsigned char>(f[0])) &&
           std::isdigit(static_cast<unsigned char>(f[1])) && f[2] == '-' && f.compare(f.size() - 4, 4, ".txt") == 0 &&
-          it->is_regular_file(ec)) {
+          (f == "00-input.txt" || make_pass(f.substr(3, f.size() - 7))) && it->is_regular_file(ec)) {
         std::error_code rm;
         std::filesystem::remove(it->path(), rm);
       }

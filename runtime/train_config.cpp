@@ -91,6 +91,17 @@ Status TrainConfig::validate() const {
   KILN_RETURN_IF_ERROR(positive("per_device_eval_batch_size", per_device_eval_batch_size));
   KILN_RETURN_IF_ERROR(positive("gradient_accumulation_steps", gradient_accumulation_steps));
   KILN_RETURN_IF_ERROR(positive("logging_steps", logging_steps));
+  // Rows per step feed int64 element counts and byte sizes: beyond 2^31 they overflow
+  // ("shapes [4611686018427387904, 64, 64] and [0, 64, 64] do not broadcast").
+  constexpr int64_t kMaxRows = int64_t{1} << 31;
+  for (auto [n, v] : {std::pair<const char*, int64_t>{"per_device_train_batch_size", per_device_train_batch_size},
+                      {"per_device_eval_batch_size", per_device_eval_batch_size},
+                      {"gradient_accumulation_steps", gradient_accumulation_steps}})
+    if (v > kMaxRows) return bad(n, "must be at most 2^31 (2147483648), got " + num_str(v));
+  if (per_device_train_batch_size * gradient_accumulation_steps > kMaxRows)
+    return bad("gradient_accumulation_steps", "times --per_device_train_batch_size must be at most 2^31 rows per step, got " +
+                                                  num_str(gradient_accumulation_steps) + " x " +
+                                                  num_str(per_device_train_batch_size));
   if (eval_steps < 0) return bad("eval_steps", "must be >= 0, got " + num_str(eval_steps));
   if (save_steps < 0) return bad("save_steps", "must be >= 0, got " + num_str(save_steps));
   if (save_total_limit < 0) return bad("save_total_limit", "must be >= 0, got " + num_str(save_total_limit));

@@ -59,8 +59,7 @@ std::vector<std::string> changed_flags(const std::string& saved_json, const Trai
   } catch (const std::exception&) {
     return out;
   }
-  // The same data file spelled once relative, once absolute (the checkpoint does not
-  // know the directory it was started from): the absolute path ends with the relative one.
+  // The same data file spelled once relative, once absolute.
   auto same_file = [](const std::string& a, const std::string& b) {
     auto split = [](const std::string& v) {
       const size_t eq = v.find('=');
@@ -69,13 +68,13 @@ std::vector<std::string> changed_flags(const std::string& saved_json, const Trai
     auto [na, pa] = split(a);
     auto [nb, pb] = split(b);
     if (na != nb) return false;
-    const std::string ra = std::filesystem::path(pa).lexically_normal().string();
-    const std::string rb = std::filesystem::path(pb).lexically_normal().string();
-    auto ends = [](const std::string& abs, const std::string& rel) {
-      return !rel.empty() && rel[0] != '/' && abs.size() > rel.size() && abs[0] == '/' &&
-             abs.compare(abs.size() - rel.size(), rel.size(), rel) == 0 && abs[abs.size() - rel.size() - 1] == '/';
-    };
-    return ra == rb || ends(ra, rb) || ends(rb, ra);
+    if (pa == pb) return true;
+    // A relative path is taken from the current directory (the checkpoint does not say
+    // which directory its run started in): the same file is then the same absolute path.
+    std::error_code e1, e2;
+    const auto ca = std::filesystem::weakly_canonical(std::filesystem::absolute(pa, e1), e1);
+    const auto cb = std::filesystem::weakly_canonical(std::filesystem::absolute(pb, e2), e2);
+    return !e1 && !e2 && ca == cb;
   };
   auto same = [&](const nlohmann::json& a, const nlohmann::json& b, const std::string& n) {
     if (a == b) return true;

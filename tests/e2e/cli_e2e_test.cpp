@@ -598,4 +598,34 @@ TEST(BadInput, ThirdReviewFixes) {
                       "--per_device_train_batch_size 2 --resume_from_checkpoint latest --output_dir " + run);
   expect_one_line_error(abs, "written with --per_device_train_batch_size 4 (this run: 2)");
   EXPECT_EQ(abs.out.find("--train_data"), std::string::npos) << abs.out;
+  // ... but another file whose path ends the same way is another file (a suffix match,
+  // the first version of the fix, hid it).
+  const std::string other = tmpdir("other_data") + "/examples/mlp_digits/fixtures";
+  fs::create_directories(other);
+  fs::copy_file(kSrc + "/examples/mlp_digits/fixtures/batch_input.npy", other + "/batch_input.npy");
+  auto moved = kiln_cmd("train " + mlp + " --train_data input=" + other + "/batch_input.npy --train_data "
+                        "labels=examples/mlp_digits/fixtures/batch_labels.npy --max_steps 4 "
+                        "--per_device_train_batch_size 2 --resume_from_checkpoint latest --output_dir " + run);
+  EXPECT_NE(moved.out.find("--train_data input=examples/mlp_digits/fixtures/batch_input.npy"), std::string::npos)
+      << moved.out;
+
+  // Second review of these fixes: a rank-1 integer input with a fixed batch dim (an
+  // embedding model exported without dynamic_axes) slipped through the check.
+  const std::string emb = dir + "/emb_fixed16.onnx";
+  const std::string mk =
+      "/usr/bin/python3 -c \"import numpy as np, onnx, onnx.numpy_helper; from onnx import helper as h, TensorProto as T; "
+      "g = h.make_graph([h.make_node('Gather', ['emb', 'ids'], ['e']), h.make_node('MatMul', ['e', 'w'], ['logits'])], "
+      "'emb', [h.make_tensor_value_info('ids', T.INT64, [16])], [h.make_tensor_value_info('logits', T.FLOAT, [16, 10])], "
+      "[onnx.numpy_helper.from_array(np.ones((10, 8), np.float32), 'emb'), "
+      "onnx.numpy_helper.from_array(np.ones((8, 10), np.float32), 'w')]); "
+      "onnx.save(h.make_model(g, opset_imports=[h.make_opsetid('', 17)]), '" + emb + "')\"";
+  ASSERT_EQ(std::system(mk.c_str()), 0);
+  expect_one_line_error(kiln_cmd("inspect " + emb + " --memory"), "the model's input 'ids' has a fixed batch dim of 16");
+  // ... the batch-size flags overflowed past 2^31 as --shape did.
+  expect_one_line_error(kiln_cmd("bench " + mlp + " --per_device_train_batch_size 4611686018427387904"),
+                        "must be at most 2^31");
+  // ... --dump-ir-dir removed any NN-*.txt file, not only kiln's.
+  std::ofstream(dd + "/01-my-notes.txt") << "mine";
+  ASSERT_EQ(kiln_cmd("inspect " + mlp + " --memory --dump-ir-dir " + dd).code, 0);
+  EXPECT_TRUE(fs::exists(dd + "/01-my-notes.txt")) << "a user's file was removed";
 }

@@ -244,8 +244,7 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
                            "or give the same value");
     // A batch dim fixed at export (torch.onnx.export without dynamic_axes) takes only
     // batches of that size: say so now, not at the first step (or in a compiled binary).
-    if (enforce && in->shape.dims[0].is_static() && in->shape.dims[0].value != batch &&
-        (in->shape.rank() >= 2 || ir::is_float(in->dtype)))
+    if (enforce && in->shape.dims[0].is_static() && in->shape.dims[0].value != batch)
       return Status::error(std::string(flag) + " " + std::to_string(batch) + ": the model's input '" + in->name +
                            "' has a fixed batch dim of " + std::to_string(in->shape.dims[0].value) + " (shape " +
                            in->shape.to_string() + "; exported without dynamic_axes): pass " + flag + " " +
