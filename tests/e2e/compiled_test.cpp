@@ -9,6 +9,7 @@
 // The eager reference is an independent implementation: hand-written kernels per op,
 // against generated code from the scalar rules.
 #include <cmath>
+#include <optional>
 
 #include "codegen/cpu/program.h"
 #include "e2e_util.h"
@@ -25,6 +26,17 @@ runtime::TrainConfig config_of(const Case& c, const std::string& backend, int64_
   return example_case_config(c, backend, rows);
 }
 
+/// The training step of `c` for `rows` fixture rows, built for the eager and the compiled backend.
+void build_both(const Case& c, int64_t rows, std::optional<driver::TrainingProgram>& eager,
+                std::optional<driver::TrainingProgram>& compiled) {
+  auto e = driver::build_training_program(config_of(c, "eager", rows), nullptr, false, false, c.steps);
+  ASSERT_TRUE(e) << e.message();
+  auto k = driver::build_training_program(config_of(c, "compiled", rows), nullptr, false, false, c.steps);
+  ASSERT_TRUE(k) << k.message();
+  eager.emplace(std::move(*e));
+  compiled.emplace(std::move(*k));
+}
+
 class CompiledVsEager : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CompiledVsEager, LossesAndStateAgree) {
@@ -32,10 +44,9 @@ TEST_P(CompiledVsEager, LossesAndStateAgree) {
   auto [xs, ys] = load_trajectory(c.model);
   ASSERT_TRUE(xs && ys);
   const int64_t rows = xs->dim(1);
-  auto eager = driver::build_training_program(config_of(c, "eager", rows), nullptr, false, false, c.steps);
-  ASSERT_TRUE(eager) << eager.message();
-  auto compiled = driver::build_training_program(config_of(c, "compiled", rows), nullptr, false, false, c.steps);
-  ASSERT_TRUE(compiled) << compiled.message();
+  std::optional<driver::TrainingProgram> eager, compiled;
+  build_both(c, rows, eager, compiled);
+  if (HasFatalFailure()) return;
   ASSERT_NE(compiled->train_kernels, nullptr);
   EXPECT_GT(compiled->train_kernels->kernels.size(), 0u) << "no generated kernel";
   EXPECT_EQ(eager->train_kernels, nullptr);
@@ -114,11 +125,9 @@ TEST(CompiledPeak, NoHigherThanEagerOnTheBenchmarkExamples) {
       const char* prec = c.precision.c_str();
       auto [xs, ys] = load_trajectory(c.model);
       ASSERT_TRUE(xs && ys);
-      const int64_t rows = xs->dim(1);
-      auto eager = driver::build_training_program(config_of(c, "eager", rows), nullptr, false, false, c.steps);
-      ASSERT_TRUE(eager) << eager.message();
-      auto compiled = driver::build_training_program(config_of(c, "compiled", rows), nullptr, false, false, c.steps);
-      ASSERT_TRUE(compiled) << compiled.message();
+      std::optional<driver::TrainingProgram> eager, compiled;
+      build_both(c, xs->dim(1), eager, compiled);
+      if (HasFatalFailure()) return;
       auto pe = driver::executor_plan(*eager);
       auto pc = driver::executor_plan(*compiled);
       ASSERT_TRUE(pe && pc) << model;
