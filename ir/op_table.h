@@ -196,6 +196,12 @@ struct OpDef {
   /// per-parameter updates of a step, in one parallel region): set with the op for
   /// updates whose eager kernel also comes as `pieces`.
   bool multi_tensor = false;
+  /// Outputs whose eager kernel may write into an input's buffer: entry j is the input
+  /// index output j may share (-1: none). Only for kernels that read every element of
+  /// that input before writing the same element of the output, and no other element
+  /// after it (set with the op: every kernel of it must honour it;
+  /// passes/fused_inplace.cpp donates state inputs through it, kiln_donate).
+  std::vector<int> in_place_outputs;
   /// Piece-wise form of `kernel` (filled by the runtime beside it; empty: none). The
   /// executor runs a multi-tensor group's pieces from one list over all threads.
   KernelPiecesFn pieces;

@@ -15,7 +15,8 @@
 // first qualifying input is taken. Runs after fusion in the compiled pipeline, into
 // AccumulationLoop bodies.
 //
-// State donation (kiln_donate): a pointwise FusedKernel of the top-level graph that
+// State donation (kiln_donate): a pointwise FusedKernel (or an eager op whose kernel
+// declares it, OpDef::in_place_outputs: the 8-bit AdamW update) of the top-level graph that
 // makes a state's next value (StateBinding output: the optimizer's updated parameter and
 // moments, a BatchNorm running statistic) writes it into the state's input buffer, as
 // PyTorch's optimizers update parameters in place and as XLA's input/output aliasing
@@ -100,11 +101,13 @@ int mark_donations(Graph& g) {
   const auto& nodes = g.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
     Node& n = *nodes[i];
-    if (n.op != "FusedKernel" || n.attrs.get_string("kind", "") != "pointwise" || n.regions.size() != 1 ||
-        n.attrs.has("kiln_donate"))
-      continue;
-    const Graph& body = *n.regions[0];
-    if (body.inputs.size() != n.inputs.size()) continue;
+    if (n.attrs.has("kiln_donate")) continue;
+    // A generated pointwise kernel (its body says which inputs it reads elementwise), or
+    // an eager op whose kernel declares which outputs may share an input's buffer.
+    const bool fused = n.op == "FusedKernel" && n.attrs.get_string("kind", "") == "pointwise" && n.regions.size() == 1 &&
+                       n.regions[0]->inputs.size() == n.inputs.size();
+    const OpDef* def = fused ? nullptr : OpTable::get().find(n.op);
+    if (!fused && (!def || def->in_place_outputs.empty())) continue;
     std::vector<int64_t> donate(n.outputs.size(), -1);
     std::unordered_set<int> taken;
     bool any = false;
@@ -118,8 +121,10 @@ int mark_donations(Graph& g) {
       for (int q = 0; q < n.num_inputs(); ++q)
         if (n.inputs[q] == v) k = q, ++reads;
       if (reads != 1 || taken.count(k) || v->dtype != o->dtype || !v->shape.is_static() || !o->shape.is_static() ||
-          v->shape.to_vector() != o->shape.to_vector() || graph_outputs.count(v) || last_use[v] != i ||
-          !read_pointwise_only(body, body.inputs[k]))
+          v->shape.to_vector() != o->shape.to_vector() || graph_outputs.count(v) || last_use[v] != i)
+        continue;
+      if (fused ? !read_pointwise_only(*n.regions[0], n.regions[0]->inputs[k])
+                : j >= def->in_place_outputs.size() || def->in_place_outputs[j] != k)
         continue;
       donate[j] = k;
       taken.insert(k);

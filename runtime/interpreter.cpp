@@ -82,10 +82,22 @@ namespace {
 Status allocate_kernel_outputs(const Node& n, const std::vector<const Tensor*>& inputs, const RunOptions& opts,
                                const Tensor* inplace, const OpDef& def, const StaticOutputs* known,
                                KernelContext& kctx) {
+  // kiln_donate on an eager op (OpDef::in_place_outputs): output i is written into its
+  // state input's buffer when the caller owns the state (RunOptions::donate_state).
+  const std::vector<int64_t> d = opts.donate_state ? n.attrs.get_ints("kiln_donate") : std::vector<int64_t>{};
+  auto donated = [&](size_t i, DType dt, const std::vector<int64_t>& dims) -> const Tensor* {
+    if (i >= d.size() || d[i] < 0 || d[i] >= static_cast<int64_t>(inputs.size())) return nullptr;
+    const Tensor* in = inputs[static_cast<size_t>(d[i])];
+    return in && in->dtype() == dt && in->dims() == dims ? in : nullptr;
+  };
   if (known && known->matches(inputs)) {
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       if (i == 0 && inplace && inplace->dtype() == known->dtype[i] && inplace->dims() == known->dims[i]) {
         kctx.outputs.push_back(*inplace);
+        continue;
+      }
+      if (const Tensor* in = donated(i, known->dtype[i], known->dims[i])) {
+        kctx.outputs.push_back(*in);
         continue;
       }
       kctx.outputs.push_back(
@@ -116,6 +128,10 @@ Status allocate_kernel_outputs(const Node& n, const std::vector<const Tensor*>& 
                            " is not static in eager mode");
     if (i == 0 && inplace && inplace->dtype() == ti.dtype && inplace->dims() == ti.shape.to_vector()) {
       kctx.outputs.push_back(*inplace);  // shares the dying input's storage: no allocation
+      continue;
+    }
+    if (const Tensor* in = donated(i, ti.dtype, ti.shape.to_vector())) {
+      kctx.outputs.push_back(*in);
       continue;
     }
     kctx.outputs.push_back(

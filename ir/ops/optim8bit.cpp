@@ -189,6 +189,9 @@ void register_optim8bit_ops(OpTable& t) {
                {"blocksize", AttrKind::i, false}};
     d.onnx = false;
     d.multi_tensor = true;  // one launch with the step's other parameter updates
+    // param', the codes and the absmax may be written into param, the codes and the absmax
+    // (kiln_donate): each block reads them before it writes them (runtime/kernels/optim8bit.cpp).
+    d.in_place_outputs = {0, 2, 3, 4, 5};
     d.cost = [](const Node& n) {
       const double e = numel_or0(n.input(0));
       const double blocks = numel_or0(n.input(3));

@@ -438,13 +438,13 @@ __attribute__((target("avx2,fma"))) void adam8bit_block_avx2(const AdamConsts& k
   __m256 mx_m = _mm256_setzero_ps(), mx_v = _mm256_setzero_ps(), nan_m = _mm256_setzero_ps(),
          nan_v = _mm256_setzero_ps();
   // Locals, so the stores below cannot make the compiler reload the pointers.
-  const float* __restrict pp = t.p + lo;
+  const float* pp = t.p + lo;  // may alias po (kiln_donate): each element read before written
   const float* __restrict gp = t.g + lo;
-  const uint8_t* __restrict q1 = t.q1 + lo;
-  const uint8_t* __restrict q2 = t.q2 + lo;
+  const uint8_t* q1 = t.q1 + lo;  // may alias t.q1o (kiln_donate): written only after this loop
+  const uint8_t* q2 = t.q2 + lo;
   const float* qs = t.qs;
   const float* qu = t.qu;
-  float* __restrict po = t.po + lo;
+  float* po = t.po + lo;
   int64_t j = 0;
   for (; j + 8 <= len; j += 8) {
     const __m256 mo = _mm256_mul_ps(lookup8(qs, q1 + j), am8);
@@ -558,13 +558,13 @@ KILN_AVX512 void adam8bit_block_avx512(const AdamConsts& k, const AdamBuffers& t
   // also sends the block to quantize_block, so the others may use codes16_nonneg.
   __m512i mx_m = _mm512_setzero_si512(), mx_v = _mm512_setzero_si512();
   const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
-  const float* __restrict pp = t.p + lo;
+  const float* pp = t.p + lo;  // may alias po (kiln_donate): each element read before written
   const float* __restrict gp = t.g + lo;
-  const uint8_t* __restrict q1 = t.q1 + lo;
-  const uint8_t* __restrict q2 = t.q2 + lo;
+  const uint8_t* q1 = t.q1 + lo;  // may alias t.q1o (kiln_donate): written only after this loop
+  const uint8_t* q2 = t.q2 + lo;
   const float* qs = t.qs;
   const float* qu = t.qu;
-  float* __restrict po = t.po + lo;
+  float* po = t.po + lo;
   int64_t j = 0;
   for (; j + 16 <= len; j += 16) {
     const __m512 mo = _mm512_mul_ps(lookup16(qs, q1 + j), am16);
@@ -755,6 +755,10 @@ void register_optim8bit_kernels(ir::OpTable& t) {
   set_kernel_writing_all_outputs(t, "BlockwiseDequantize8bit", dequantize_kernel);
   set_kernel_writing_all_outputs(t, "AdamW8bitUpdate", adamw8bit_kernel);
   t.find_mutable("AdamW8bitUpdate")->pieces = adamw8bit_pieces;
+  // OpDef::in_place_outputs of AdamW8bitUpdate (ir/ops/optim8bit.cpp) holds for these
+  // kernels: per block, the parameter element by element (read, then written), both
+  // moments' codes and absmax read in the update loop and written only by the
+  // requantization after it.
 }
 
 }  // namespace kiln::runtime::kernels

@@ -119,6 +119,10 @@ TEST(CompiledPeak, NoHigherThanEagerOnTheBenchmarkExamples) {
   for (const char* model : {"mlp_digits", "tiny_gpt", "resnet18"})
     for (const char* prec : {"fp32", "bf16"}) cs.push_back({model, prec});
   cs.push_back({"resnet18", "fp32", "sgd"});
+  // 8-bit AdamW: its eager update kernels donate too (OpDef::in_place_outputs); without
+  // that the compiled peak was above eager's (resnet18 2.82 against 2.46 MiB).
+  cs.push_back({"mlp_digits", "fp32", "adamw_8bit"});
+  cs.push_back({"resnet18", "fp32", "adamw_8bit"});
   for (const Case& c : cs) {
     {
       const char* model = c.model.c_str();
