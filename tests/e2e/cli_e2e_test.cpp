@@ -621,6 +621,13 @@ TEST(BadInput, ThirdReviewFixes) {
       "onnx.save(h.make_model(g, opset_imports=[h.make_opsetid('', 17)]), '" + emb + "')\"";
   ASSERT_EQ(std::system(mk.c_str()), 0);
   expect_one_line_error(kiln_cmd("inspect " + emb + " --memory"), "the model's input 'ids' has a fixed batch dim of 16");
+  // ... and a valid pass that this pipeline does not run printed nothing, silently.
+  auto unrun = kiln_cmd("inspect " + mlp + " --memory --print-ir-after autocast");
+  EXPECT_EQ(unrun.code, 0) << unrun.out;
+  EXPECT_NE(unrun.out.find("kiln: note: --print-ir-after autocast: that pass did not run"), std::string::npos)
+      << unrun.out;
+  EXPECT_EQ(kiln_cmd("inspect " + mlp + " --memory --bf16 --print-ir-after autocast").out.find("did not run"),
+            std::string::npos);
   // ... the batch-size flags overflowed past 2^31 as --shape did.
   expect_one_line_error(kiln_cmd("bench " + mlp + " --per_device_train_batch_size 4611686018427387904"),
                         "must be at most 2^31");

@@ -165,6 +165,15 @@ struct ConfigFlags {
   }
 };
 
+/// --print-ir-after PASS printed nothing because PASS is not in this program's pipeline
+/// (autocast without --bf16/--fp16, remat without a policy, ...): say so on stderr.
+void note_unrun_pass(const passes::PassContext& dbg) {
+  if (dbg.print_ir_after.empty() || dbg.print_ir_after == "all" || dbg.pass_seconds.count(dbg.print_ir_after)) return;
+  std::cerr << "kiln: note: --print-ir-after " << dbg.print_ir_after
+            << ": that pass did not run for these flags, so nothing was printed (--print-ir-after all lists the "
+               "passes that ran)\n";
+}
+
 template <typename T>
 T unwrap(Expected<T> e, const std::string& ctx = "") {
   if (!e) throw Failure{1, ctx.empty() ? e.message() : ctx + ": " + e.message()};
@@ -195,6 +204,7 @@ int cmd_train(const ConfigFlags& flags) {
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
   passes::PassContext dbg = flags.pass_context();
   check(driver::run_training(cfg, &dbg, std::cout));
+  note_unrun_pass(dbg);
   return 0;
 }
 
@@ -210,6 +220,7 @@ int cmd_compile(const ConfigFlags& flags, const std::string& out_dir) {
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
   passes::PassContext dbg = flags.pass_context();
   check(driver::compile_training_binary(cfg, dbg, out_dir, std::cout), "compile");
+  note_unrun_pass(dbg);
   return 0;
 }
 
@@ -233,6 +244,7 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   runtime::RawData raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
   passes::PassContext dbg = flags.pass_context();
   GradSetup s{unwrap(driver::build_training_program(cfg, &dbg, true, f64, cfg.max_steps > 0 ? cfg.max_steps : 1)), {}};
+  note_unrun_pass(dbg);
   if (!s.prog.grads) throw Failure{1, "the driver built no gradient graph"};
   const ir::Graph& g = *s.prog.grads;
   auto specs = unwrap(driver::program_specs(g, s.prog.data_inputs));
@@ -458,6 +470,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
     runs[r].tr.emplace(unwrap(runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to)));
     runs[r].plan = driver::executor_plan(prog);
   }
+  note_unrun_pass(dbg);
   for (auto& r : runs)
     if (auto* k = r.prog.train_kernels.get(); k && k->module) {
       const auto& st = k->module->stats();
@@ -625,6 +638,7 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
   if (!cfg.fp16) cfg.bf16 = true;
   passes::PassContext dbg = flags.pass_context();
   auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
+  note_unrun_pass(dbg);
   std::cout << "precision plan (--" << (cfg.fp16 ? "fp16" : "bf16") << (assumed ? " assumed: neither --bf16 nor --fp16 given" : "") << ", batch " << cfg.per_device_train_batch_size
             << ") of " << model << ": node, compute / accumulate / store, rule\n";
   std::function<void(const ir::Graph&, int)> print = [&](const ir::Graph& g, int indent) {
@@ -659,6 +673,7 @@ int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
   TrainConfig cfg = flags.build();
   passes::PassContext dbg = flags.pass_context();
   auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
+  note_unrun_pass(dbg);
   const ir::Graph& g = *prog.train_step;
   auto eager = unwrap(passes::plan_memory(g, passes::PlanOptions::eager()), "memory plan");
   auto compiled = unwrap(passes::plan_memory(g), "memory plan");
