@@ -606,6 +606,23 @@ double optimizer_bytes_per_element(const PassContext& ctx) {
   return 8.0;
 }
 
+/// Recomputes in the backward pass the forward nodes of the segments `seg` marks (one
+/// entry per forward node, -1: kept as is): blocks, sqrt and the budget's choices.
+Status recompute_segments(Graph& g, const Sections& s, const std::vector<int>& seg, RematStats& st) {
+  auto keep = segment_keep(s, seg);
+  std::unordered_map<const Node*, int> segof;
+  for (size_t i = 0; i < s.forward.size(); ++i) segof[s.forward[i]] = seg[i];
+  Rematerializer r(g, s, keep, [&](const Node& n) { return segof.count(&n) && segof.at(&n) >= 0; });
+  return r.run(st);
+}
+
+/// min-cut's plan: saves min_cut_keep's values, recomputes the cheap ops between them.
+Status recompute_min_cut(Graph& g, const Sections& s, RematStats& st) {
+  auto keep = min_cut_keep(s);
+  Rematerializer r(g, s, keep, [](const Node& n) { return cheap_op(n); });
+  return r.run(st);
+}
+
 class Remat : public Pass {
  public:
   std::string name() const override { return "remat"; }
@@ -616,24 +633,14 @@ class Remat : public Pass {
     if (s.bwd_start >= static_cast<int>(g.nodes().size()))
       return Status::error("remat: no backward nodes (run autodiff first)");
     RematStats st;
-    if (policy == "blocks" || policy == "sqrt") {
-      std::vector<int> seg;
-      if (policy == "blocks") {
-        BlockDetection d = detect_blocks(s);
-        log_decision(ctx, d.note);
-        seg = std::move(d.seg);
-      } else {
-        seg = sqrt_segments(s);
-      }
-      auto keep = segment_keep(s, seg);
-      std::unordered_map<const Node*, int> segof;
-      for (size_t i = 0; i < s.forward.size(); ++i) segof[s.forward[i]] = seg[i];
-      Rematerializer r(g, s, keep, [&](const Node& n) { return segof.count(&n) && segof.at(&n) >= 0; });
-      KILN_RETURN_IF_ERROR(r.run(st));
+    if (policy == "blocks") {
+      BlockDetection d = detect_blocks(s);
+      log_decision(ctx, d.note);
+      KILN_RETURN_IF_ERROR(recompute_segments(g, s, d.seg, st));
+    } else if (policy == "sqrt") {
+      KILN_RETURN_IF_ERROR(recompute_segments(g, s, sqrt_segments(s), st));
     } else if (policy == "min-cut") {
-      auto keep = min_cut_keep(s);
-      Rematerializer r(g, s, keep, [](const Node& n) { return cheap_op(n); });
-      KILN_RETURN_IF_ERROR(r.run(st));
+      KILN_RETURN_IF_ERROR(recompute_min_cut(g, s, st));
     } else if (policy == "budget") {
       KILN_RETURN_IF_ERROR(run_budget(g, ctx, s, st));
     } else {
@@ -707,11 +714,7 @@ Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematSta
     Sections ss = split_sections(target);
     std::vector<int> sg(ss.forward.size(), -1);
     for (size_t i = 0; i < ss.forward.size(); ++i) sg[i] = seg[i] >= 0 && on[seg[i]] ? seg[i] : -1;
-    auto keep = segment_keep(ss, sg);
-    std::unordered_map<const Node*, int> segof;
-    for (size_t i = 0; i < ss.forward.size(); ++i) segof[ss.forward[i]] = sg[i];
-    Rematerializer r(target, ss, keep, [&](const Node& n) { return segof.count(&n) && segof.at(&n) >= 0; });
-    KILN_RETURN_IF_ERROR(r.run(ts));
+    KILN_RETURN_IF_ERROR(recompute_segments(target, ss, sg, ts));
     return planned_fit(target, ctx, opt_bytes);
   };
 
@@ -737,17 +740,7 @@ Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematSta
     if (all.peak > budget) {
       auto apply = [&](const std::string& policy, Graph& target, RematStats& rs) -> Status {
         Sections ss = split_sections(target);
-        if (policy == "sqrt") {
-          std::vector<int> sg = sqrt_segments(ss);
-          auto keep = segment_keep(ss, sg);
-          std::unordered_map<const Node*, int> segof;
-          for (size_t i = 0; i < ss.forward.size(); ++i) segof[ss.forward[i]] = sg[i];
-          Rematerializer r(target, ss, keep, [&](const Node& n) { return segof.count(&n) && segof.at(&n) >= 0; });
-          return r.run(rs);
-        }
-        auto keep = min_cut_keep(ss);
-        Rematerializer r(target, ss, keep, [](const Node& n) { return cheap_op(n); });
-        return r.run(rs);
+        return policy == "sqrt" ? recompute_segments(target, ss, sqrt_segments(ss), rs) : recompute_min_cut(target, ss, rs);
       };
       std::string best_policy = "every block", fit_policy;
       Fit smallest_fit = all;

@@ -84,7 +84,8 @@ Status allocate_kernel_outputs(const Node& n, const std::vector<const Tensor*>& 
                                KernelContext& kctx) {
   // kiln_donate on an eager op (OpDef::in_place_outputs): output i is written into its
   // state input's buffer when the caller owns the state (RunOptions::donate_state).
-  const std::vector<int64_t> d = opts.donate_state ? n.attrs.get_ints("kiln_donate") : std::vector<int64_t>{};
+  const std::vector<int64_t> d = opts.donate_state && !def.in_place_outputs.empty() ? n.attrs.get_ints("kiln_donate")
+                                                                                     : std::vector<int64_t>{};
   auto donated = [&](size_t i, DType dt, const std::vector<int64_t>& dims) -> const Tensor* {
     if (i >= d.size() || d[i] < 0 || d[i] >= static_cast<int64_t>(inputs.size())) return nullptr;
     const Tensor* in = inputs[static_cast<size_t>(d[i])];

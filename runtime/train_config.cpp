@@ -36,6 +36,11 @@ int64_t TrainConfig::warmup(int64_t total) const {
 
 namespace {
 
+/// Largest dim a flag may give (--shape, batch sizes): element counts and byte sizes are
+/// int64, and beyond 2^31 per dim they overflow ("shapes [4611686018427387904, 64, 64] and
+/// [0, 64, 64] do not broadcast").
+constexpr int64_t kMaxDim = int64_t{1} << 31;
+
 Status bad(const std::string& name, const std::string& why) { return Status::error("--" + name + ": " + why); }
 
 template <typename T>
@@ -91,9 +96,8 @@ Status TrainConfig::validate() const {
   KILN_RETURN_IF_ERROR(positive("per_device_eval_batch_size", per_device_eval_batch_size));
   KILN_RETURN_IF_ERROR(positive("gradient_accumulation_steps", gradient_accumulation_steps));
   KILN_RETURN_IF_ERROR(positive("logging_steps", logging_steps));
-  // Rows per step feed int64 element counts and byte sizes: beyond 2^31 they overflow
-  // ("shapes [4611686018427387904, 64, 64] and [0, 64, 64] do not broadcast").
-  constexpr int64_t kMaxRows = int64_t{1} << 31;
+  // Rows per step are a dim of the step's tensors (kMaxDim).
+  constexpr int64_t kMaxRows = kMaxDim;
   for (auto [n, v] : {std::pair<const char*, int64_t>{"per_device_train_batch_size", per_device_train_batch_size},
                       {"per_device_eval_batch_size", per_device_eval_batch_size},
                       {"gradient_accumulation_steps", gradient_accumulation_steps}})
@@ -353,8 +357,7 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
         if (eq == std::string::npos || eq == 0 || !parse_i64(item.substr(eq + 1), v))
           return bad(f.name, "expected NAME=INT[,NAME=INT...], got '" + text + "'");
         if (v <= 0) return bad(f.name, "dim '" + item.substr(0, eq) + "' must be > 0, got " + std::to_string(v));
-        // Element counts and byte sizes are int64: a dim beyond 2^31 overflows them.
-        if (v > (int64_t{1} << 31))
+        if (v > kMaxDim)
           return bad(f.name, "dim '" + item.substr(0, eq) + "' must be at most 2^31 (2147483648), got " + std::to_string(v));
         (*m)[item.substr(0, eq)] = v;
         any = true;
@@ -455,6 +458,9 @@ Status load_config_json(const std::string& path, TrainConfig& cfg) {
   return config_from_json_text(text, path, cfg);
 }
 
+namespace {
+
+/// Levenshtein distance (insertions, deletions, substitutions: cost 1 each).
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -469,8 +475,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return row[b.size()];
 }
-
-namespace {
 
 }  // namespace
 
@@ -553,23 +557,29 @@ std::string unknown_flag_hint(const std::string& name_in, const std::set<std::st
   if (auto h = hf.find(name); h != hf.end()) return "a Hugging Face " + kind + " kiln does not take: " + h->second;
   if (auto al = alias.find(name); al != alias.end() && suggest.count(al->second))
     return "did you mean " + pre + al->second + post + "?";
-  // Near misses: one edit for short names, two for longer ones (fp32 -> fp16 or half ->
-  // help would mislead); names of two or fewer characters are never suggested; when
-  // several are equally near, all of them (f16: bf16 or fp16), up to three.
+  const std::vector<std::string> best = near_names(name, suggest);
+  if (best.empty()) return "";
+  std::string r = "did you mean ";
+  for (size_t i = 0; i < best.size(); ++i) r += (i ? " or " : "") + pre + best[i] + post;
+  return r + "?";
+}
+
+std::vector<std::string> near_names(const std::string& name, const std::set<std::string>& candidates) {
+  // One edit for short names, two for longer ones (fp32 -> fp16 or half -> help would
+  // mislead); names of two or fewer characters are never suggested; when several are
+  // equally near, all of them (f16: bf16 or fp16), up to three.
   std::vector<std::string> best;
   const size_t max_d = name.size() <= 6 ? 1 : 2;
   size_t best_d = max_d;
-  for (const std::string& k : suggest) {
+  for (const std::string& k : candidates) {
     if (k.size() <= 2) continue;
     const size_t d = edit_distance(name, k);
     if (d > max_d) continue;
     if (best.empty() || d < best_d) best_d = d, best.clear();
     if (d == best_d) best.push_back(k);
   }
-  if (best.empty() || best.size() > 3) return "";
-  std::string r = "did you mean ";
-  for (size_t i = 0; i < best.size(); ++i) r += (i ? " or " : "") + pre + best[i] + post;
-  return r + "?";
+  if (best.size() > 3) best.clear();
+  return best;
 }
 
 std::string unknown_flag_message(const std::vector<std::string>& args, const std::set<std::string>& known,

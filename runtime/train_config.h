@@ -169,8 +169,10 @@ std::string config_to_json(const TrainConfig& cfg);
 /// Parses JSON text (an object with flag names as keys) into `cfg`; `origin` names the source in errors.
 Status config_from_json_text(const std::string& text, const std::string& origin, TrainConfig& cfg);
 
-/// Levenshtein distance between `a` and `b` (insertions, deletions, substitutions: cost 1
-/// each), for "did you mean" hints of flags, config keys and pass names.
-size_t edit_distance(const std::string& a, const std::string& b);
+/// The names in `candidates` near `name` for a "did you mean" hint: within one edit for
+/// names up to 6 characters, two for longer ones, the nearest only (all that are equally
+/// near, at most three; more than three: none); candidates of two or fewer characters are
+/// never offered.
+std::vector<std::string> near_names(const std::string& name, const std::set<std::string>& candidates);
 
 }  // namespace kiln::runtime

@@ -137,11 +137,9 @@ struct ConfigFlags {
       const std::vector<std::string> names = passes::pass_names();
       if (std::find(names.begin(), names.end(), print_ir_after) == names.end()) {
         std::string near, all;
-        size_t best = 3;  // at most two edits
-        for (const std::string& n : names) {
-          all += (all.empty() ? "" : ", ") + n;
-          if (const size_t d = runtime::edit_distance(print_ir_after, n); d < best) best = d, near = n;
-        }
+        for (const std::string& n : runtime::near_names(print_ir_after, {names.begin(), names.end()}))
+          near += (near.empty() ? "" : " or ") + n;
+        for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
         throw Failure{2, "--print-ir-after " + print_ir_after + ": no such pass" +
                              (near.empty() ? std::string() : " (did you mean " + near + "?)") + "; passes: all, " + all};
       }
