@@ -125,12 +125,13 @@ enum class OpClass { binary_arith, unary_arith, unary_float, compare, logic_bina
 OpClass op_class(ScalarOp op) {
   switch (op) {
     case ScalarOp::add: case ScalarOp::sub: case ScalarOp::mul: case ScalarOp::div:
-    case ScalarOp::pow: case ScalarOp::max: case ScalarOp::min:
+    case ScalarOp::pow: case ScalarOp::max: case ScalarOp::min: case ScalarOp::fmod:
       return OpClass::binary_arith;
     case ScalarOp::neg: case ScalarOp::abs:
       return OpClass::unary_arith;
     case ScalarOp::exp: case ScalarOp::log: case ScalarOp::sqrt: case ScalarOp::erf:
     case ScalarOp::tanh: case ScalarOp::sin: case ScalarOp::cos: case ScalarOp::floor:
+    case ScalarOp::ceil: case ScalarOp::round:
       return OpClass::unary_float;
     case ScalarOp::lt: case ScalarOp::le: case ScalarOp::gt: case ScalarOp::ge: case ScalarOp::eq:
       return OpClass::compare;
@@ -484,6 +485,9 @@ double float_op(ScalarOp op, C x, C y) {
     case ScalarOp::sin: return std::sin(x);
     case ScalarOp::cos: return std::cos(x);
     case ScalarOp::floor: return std::floor(x);
+    case ScalarOp::ceil: return std::ceil(x);
+    case ScalarOp::round: return std::nearbyint(x);  // the default rounding mode: half to even
+    case ScalarOp::fmod: return std::fmod(x, y);
     default: return 0;
   }
 }
@@ -503,6 +507,9 @@ int64_t int_op(ScalarOp op, int64_t x, int64_t y, DType t) {
     case ScalarOp::min: return std::min(x, y);
     case ScalarOp::neg: return wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x)));
     case ScalarOp::abs: return x < 0 ? wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x))) : x;
+    case ScalarOp::fmod:
+      if (y == 0 || (!u && y == -1)) return 0;
+      return wrap_int(t, x % y);
     default: return 0;
   }
 }

@@ -33,6 +33,8 @@
 #include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
+#include "frontend/initializers.h"
+#include "frontend/onnx_lower.h"
 #include "frontend/tensor_proto.h"
 #include "frontend/tensor_proto_internal.h"
 #include "ir/op_table.h"
@@ -43,8 +45,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kMinOpset = 13;
-constexpr int64_t kMaxOpset = 18;
 constexpr int64_t kMaxLibonnxOpset = 17;  // newest opset libonnx 1.12 knows
 
 // libonnx messages span several lines ("... ==> Context: ..."); keep one line.
@@ -147,6 +147,7 @@ class Importer {
     KILN_RETURN_IF_ERROR(import_inputs());
     KILN_RETURN_IF_ERROR(import_nodes());
     KILN_RETURN_IF_ERROR(import_outputs());
+    KILN_RETURN_IF_ERROR(resolve_initializers(model_, *g_, origins_, opts_.untie_initializers));
     KILN_RETURN_IF_ERROR(run_libonnx());
     KILN_RETURN_IF_ERROR(infer());
     return std::move(g_);
@@ -202,10 +203,10 @@ class Importer {
     if (opset_ < 0)
       return fail("model has no opset_import for the default ONNX domain (truncated file, or not an ONNX file)");
     if (opset_ > kMaxOpset)
-      return fail("opset " + std::to_string(opset_) + " of the default ONNX domain is not supported (kiln accepts " +
-                  std::to_string(kMinOpset) + ".." + std::to_string(kMaxOpset) + " and upgrades older opsets to " +
-                  std::to_string(kMinOpset) + "; re-export the model with opset_version <= " +
-                  std::to_string(kMaxOpset) + ")");
+      return fail("opset " + std::to_string(opset_) + " of the default ONNX domain is newer than kiln knows (its newest "
+                  "is opset " + std::to_string(kMaxOpset) + ", of ONNX 1.23; it accepts " + std::to_string(kMinOpset) +
+                  ".." + std::to_string(kMaxOpset) + " and upgrades older opsets to " + std::to_string(kMinOpset) +
+                  "); re-export the model with opset_version <= " + std::to_string(kMaxOpset));
     if (opset_ < kMinOpset) return upgrade_opset();
     return Status::ok();
   }
@@ -301,9 +302,17 @@ class Importer {
     return Status::ok();
   }
 
+  /// The ONNX schema versions kiln implements for `op` (op table or lowering); null when
+  /// the op is unknown.
+  static const std::vector<int>* onnx_versions(const std::string& op) {
+    if (auto it = onnx_lowerings().find(op); it != onnx_lowerings().end()) return &it->second.onnx_since;
+    const ir::OpDef* def = ir::OpTable::get().find(op);
+    if (!def || !def->onnx) return nullptr;
+    return &def->onnx_since;
+  }
+
   Status import_nodes() {
     const auto& graph = model_.graph();
-    const auto& table = ir::OpTable::get();
     for (int i = 0; i < graph.node_size(); ++i) {
       const auto& n = graph.node(i);
       std::string name = n.name().empty() ? n.op_type() + "_" + std::to_string(i) : n.name();
@@ -319,14 +328,25 @@ class Importer {
         KILN_RETURN_IF_ERROR(define(n.output(0), v, "value"));
         continue;
       }
-      const ir::OpDef* def = table.find(n.op_type());
-      if (!def || !def->onnx)
+      const std::vector<int>* versions = onnx_versions(n.op_type());
+      if (!versions)
         return fail("unsupported op '" + n.op_type() + "' (node '" + name + "', opset " + std::to_string(opset_) +
                     ")");
+      if (versions->empty() || versions->front() > opset_)
+        return fail(label + ": op " + n.op_type() + " is not in opset " + std::to_string(opset_) +
+                    (versions->empty() ? std::string()
+                                       : " (ONNX added it in opset " + std::to_string(versions->front()) + ")"));
       std::vector<ir::Value*> ins;
-      for (const auto& in : n.input()) {
+      std::vector<int> seq_inputs;  // input positions holding sequences
+      for (int k = 0; k < n.input_size(); ++k) {
+        const std::string& in = n.input(k);
         if (in.empty()) {
           ins.push_back(nullptr);
+          continue;
+        }
+        if (sequences_.count(in)) {
+          ins.push_back(nullptr);
+          seq_inputs.push_back(k);
           continue;
         }
         auto it = values_.find(in);
@@ -335,7 +355,6 @@ class Importer {
                       " (not a graph input, initializer or output of an earlier node)");
         ins.push_back(it->second);
       }
-      while (!ins.empty() && ins.back() == nullptr) ins.pop_back();
       ir::Attributes attrs;
       for (const auto& a : n.attribute()) {
         if (!a.ref_attr_name().empty())
@@ -344,25 +363,124 @@ class Importer {
         if (!v) return fail(v.message());
         attrs.set(a.name(), std::move(*v));
       }
-      // Trailing omitted outputs are dropped; omitted outputs in the middle get a generated name.
       int nout = n.output_size();
       while (nout > 0 && n.output(nout - 1).empty()) --nout;
+      for (int k = 0; k < nout; ++k) {
+        const std::string& o = n.output(k);
+        if (!o.empty() && (values_.count(o) || sequences_.count(o)))
+          return fail(label + ": output '" + o + "' is already defined (values must be assigned once)");
+      }
+      if (auto lw = onnx_lowerings().find(n.op_type()); lw != onnx_lowerings().end()) {
+        NodeLowering ctx(*this, n, name, label, ins, attrs, nout);
+        KILN_RETURN_IF_ERROR(lw->second.lower(ctx));
+        KILN_RETURN_IF_ERROR(ctx.check_outputs());
+        continue;
+      }
+      if (!seq_inputs.empty())
+        return fail(label + ": input '" + n.input(seq_inputs[0]) +
+                    "' is a sequence; kiln holds sequences only through SplitToSequence, SequenceAt, "
+                    "ConcatFromSequence, SequenceConstruct, SequenceInsert, SequenceErase and SequenceLength");
+      while (!ins.empty() && ins.back() == nullptr) ins.pop_back();
+      // Trailing omitted outputs are dropped; omitted outputs in the middle get a generated name.
       std::vector<std::string> out_names;
       for (int k = 0; k < nout; ++k) {
         const std::string& o = n.output(k);
-        if (!o.empty() && values_.count(o))
-          return fail(label + ": output '" + o + "' is already defined (values must be assigned once)");
         out_names.push_back(o.empty() ? name + "/unused_output_" + std::to_string(k) : o);
       }
       ir::Node* node = g_->add_node(n.op_type(), name, std::move(ins), out_names, std::move(attrs));
+      origins_[node] = &n;
+      (void)ir::infer_node(*node);  // shapes for later lowerings; errors are reported by infer()
       for (int k = 0; k < nout; ++k)
         if (!n.output(k).empty()) values_[n.output(k)] = node->outputs[k];
     }
     return Status::ok();
   }
 
+  /// The LowerContext of one ONNX node (onnx_lower.h): emits IR nodes into the graph,
+  /// binds the node's outputs to values or sequences.
+  class NodeLowering : public LowerContext {
+   public:
+    NodeLowering(Importer& imp, const onnx::NodeProto& n, std::string name, std::string label,
+                 std::vector<ir::Value*> ins, ir::Attributes attrs, int nout)
+        : imp_(imp), n_(n), name_(std::move(name)), label_(std::move(label)), ins_(std::move(ins)),
+          attrs_(std::move(attrs)), nout_(nout) {}
+    const std::string& op() const override { return n_.op_type(); }
+    const std::string& name() const override { return name_; }
+    const ir::Attributes& attrs() const override { return attrs_; }
+    int64_t opset() const override { return imp_.opset_; }
+    ir::Value* input(int i) const override { return i < static_cast<int>(ins_.size()) ? ins_[i] : nullptr; }
+    int num_inputs() const override { return static_cast<int>(ins_.size()); }
+    const std::vector<ir::Value*>* sequence_input(int i) const override {
+      if (i >= n_.input_size()) return nullptr;
+      auto it = imp_.sequences_.find(n_.input(i));
+      return it == imp_.sequences_.end() ? nullptr : &it->second;
+    }
+    int num_outputs() const override { return nout_; }
+    bool has_output(int k) const override { return k < nout_ && !n_.output(k).empty(); }
+    std::vector<ir::Value*> emit(const std::string& op, std::vector<ir::Value*> inputs, int num_outputs,
+                                 ir::Attributes attrs, std::vector<std::string> out_names) override {
+      std::vector<std::string> names;
+      for (int k = 0; k < num_outputs; ++k) {
+        std::string nm = k < static_cast<int>(out_names.size()) ? out_names[k] : "";
+        names.push_back(nm.empty() ? imp_.g_->unique_name(name_ + "/" + op) : nm);
+      }
+      const std::string node_name = name_ + "/" + op + "_" + std::to_string(emitted_++);
+      ir::Node* node = imp_.g_->add_node(op, node_name, std::move(inputs), names, std::move(attrs));
+      imp_.origins_[node] = &n_;
+      (void)ir::infer_node(*node);
+      for (int k = 0; k < num_outputs; ++k)
+        for (int j = 0; j < nout_; ++j)
+          if (!n_.output(j).empty() && names[k] == n_.output(j)) bind(j, node->outputs[k]);
+      return node->outputs;
+    }
+    ir::Value* constant(ir::Tensor t) override {
+      return imp_.g_->add_initializer(imp_.g_->unique_name(name_ + "/const"), std::move(t));
+    }
+    ir::Value* scalar(double v, ir::DType dt) override {
+      ir::Tensor t(dt, {});
+      t.set_f64(0, v);
+      return constant(std::move(t));
+    }
+    std::string output_name(int k) const override { return has_output(k) ? n_.output(k) : ""; }
+    Status define_output(int k, ir::Value* v) override {
+      if (!has_output(k)) return Status::ok();
+      emit("Identity", {v}, 1, {}, {n_.output(k)});
+      return Status::ok();
+    }
+    Status define_sequence(int k, std::vector<ir::Value*> items) override {
+      if (!has_output(k)) return Status::ok();
+      imp_.sequences_[n_.output(k)] = std::move(items);
+      done_.insert(k);
+      return Status::ok();
+    }
+    Status fail(const std::string& msg) const override { return imp_.fail(label_ + ": " + msg); }
+    /// Every used output was bound.
+    Status check_outputs() const {
+      for (int k = 0; k < nout_; ++k)
+        if (has_output(k) && !done_.count(k))
+          return fail("internal error: the lowering did not produce output '" + n_.output(k) + "'");
+      return Status::ok();
+    }
+
+   private:
+    void bind(int j, ir::Value* v) {
+      imp_.values_[n_.output(j)] = v;
+      done_.insert(j);
+    }
+    Importer& imp_;
+    const onnx::NodeProto& n_;
+    std::string name_, label_;
+    std::vector<ir::Value*> ins_;
+    ir::Attributes attrs_;
+    int nout_;
+    int emitted_ = 0;
+    std::set<int> done_;
+  };
+
   Status import_outputs() {
     for (const auto& vi : model_.graph().output()) {
+      if (sequences_.count(vi.name()))
+        return fail("graph output '" + vi.name() + "' is a sequence; kiln's graph outputs are tensors");
       auto it = values_.find(vi.name());
       if (it == values_.end())
         return fail("graph output '" + vi.name() + "' is not produced by any node, input or initializer");
@@ -412,6 +530,10 @@ class Importer {
   int64_t opset_ = -1;
   std::unique_ptr<ir::Graph> g_;
   std::unordered_map<std::string, ir::Value*> values_;
+  /// The ONNX node of each IR node (initializers.h reads the nodes' metadata).
+  NodeOrigins origins_;
+  /// Sequences of tensors (SplitToSequence, SequenceConstruct, ...) by ONNX value name.
+  std::unordered_map<std::string, std::vector<ir::Value*>> sequences_;
 };
 
 std::string trim(const std::string& s) {

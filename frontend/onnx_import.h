@@ -1,11 +1,13 @@
 // ONNX -> IR import and IR -> ONNX export (libonnx + protobuf).
 //
-// Import accepts opsets up to 18 of the default domain; models with an opset below 13
-// are first upgraded to opset 13 with libonnx's version converter (an op it cannot
-// convert is an import error naming the file and the opset). For opsets libonnx 1.12 knows
-// (<= 17) the model is also run through onnx::checker::check_model and
-// onnx::shape_inference::InferShapes; opset 18 (PyTorch 2.x default) relies on kiln's
-// own op-table inference (ir::infer_graph) alone. Tensor conversion: tensor_proto.h.
+// Import accepts opsets 13..kMaxOpset of the default domain (the newest ONNX release's);
+// models with an opset below 13 are first upgraded to opset 13 with libonnx's version
+// converter (an op it cannot convert is an import error naming the file and the opset).
+// Each node's op must be an ONNX op of kiln's op table or a lowered op (onnx_lower.h)
+// whose ONNX schema versions (OpDef::onnx_since) cover the model's opset. For opsets
+// libonnx 1.12 knows (<= 17) the model is also run through onnx::checker::check_model
+// and onnx::shape_inference::InferShapes; newer opsets rely on kiln's own op-table
+// inference (ir::infer_graph) alone. Tensor conversion: tensor_proto.h.
 #pragma once
 #include <map>
 #include <memory>
@@ -15,6 +17,12 @@
 #include "ir/status.h"
 
 namespace kiln::frontend {
+
+/// The opsets of the default ONNX domain kiln imports: older models are upgraded to
+/// kMinOpset; kMaxOpset is the newest opset of the newest ONNX release kiln follows
+/// (ONNX 1.23: opset 28).
+inline constexpr int64_t kMinOpset = 13;
+inline constexpr int64_t kMaxOpset = 28;
 
 /// Options of an import.
 struct ImportOptions {
@@ -32,6 +40,10 @@ struct ImportOptions {
   /// fed as graph inputs must be compile-time constants; such inputs are no longer graph
   /// inputs of the imported graph. Names that are not graph inputs are ignored.
   std::map<std::string, ir::Tensor> constant_inputs;
+  /// Keep initializers apart that the importer would re-express as views of one
+  /// parameter (ties restored from an exporter's copies, transposes, slices, broadcasts
+  /// or Identity aliases; frontend/initializers.h): each copy trains on its own.
+  bool untie_initializers = false;
 };
 
 /// Imports an ONNX model file. Errors (one line, naming the file and the node/op/initializer at fault):

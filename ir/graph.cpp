@@ -10,8 +10,19 @@
 
 namespace kiln::ir {
 
+const char* init_role_name(InitRole r) {
+  switch (r) {
+    case InitRole::parameter: return "parameter";
+    case InitRole::buffer: return "buffer";
+    case InitRole::constant: return "constant";
+    default: return "unknown";
+  }
+}
+
 bool is_parameter_candidate(const Value& v) {
-  if (!v.is_initializer() || !is_float(v.dtype) || v.name.empty() || v.name[0] == '/') return false;
+  if (!v.is_initializer() || !is_float(v.dtype) || v.name.empty()) return false;
+  if (v.role != InitRole::unknown) return v.role == InitRole::parameter;
+  if (v.name[0] == '/') return false;
   if (v.shape.numel() > 1) return true;
   // One element: a module's parameter by its state_dict key (the bias of Linear(h, 1)),
   // not a scalar constant of the graph.
@@ -19,6 +30,23 @@ bool is_parameter_candidate(const Value& v) {
     return v.name.size() > suffix.size() && v.name.compare(v.name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   return v.shape.numel() == 1 && (ends_with(".weight") || ends_with(".bias"));
+}
+
+std::unordered_set<const Value*> batchnorm_statistics(const Graph& g) {
+  std::unordered_set<const Value*> s;
+  for (auto& n : g.nodes())
+    if (n->op == "BatchNormalization")
+      for (int i = 3; i <= 4; ++i)
+        if (n->input(i) && n->input(i)->is_initializer()) s.insert(n->input(i));
+  return s;
+}
+
+std::vector<const Value*> trainable_initializers(const Graph& g) {
+  const auto stats = batchnorm_statistics(g);
+  std::vector<const Value*> out;
+  for (const Value* v : g.initializers)
+    if (is_parameter_candidate(*v) && !stats.count(v)) out.push_back(v);
+  return out;
 }
 
 Shape Shape::of(const std::vector<int64_t>& v) {
@@ -265,12 +293,19 @@ std::unique_ptr<Graph> Graph::clone() const {
   auto g = std::make_unique<Graph>();
   g->name = name;
   g->opset = opset;
+  g->import_notes = import_notes;
   std::unordered_map<const Value*, Value*> map;
   auto mapv = [&](Value* v) -> Value* { return v ? map.at(v) : nullptr; };
-  for (Value* v : inputs) map[v] = g->add_input(v->name, v->dtype, v->shape);
+  for (Value* v : inputs) {
+    map[v] = g->add_input(v->name, v->dtype, v->shape);
+    map[v]->role = v->role;
+    map[v]->role_source = v->role_source;
+  }
   for (Value* v : initializers) {
     Value* nv = g->new_value(v->name, v->dtype, v->shape);
     nv->data = v->data;
+    nv->role = v->role;
+    nv->role_source = v->role_source;
     g->initializers.push_back(nv);
     map[v] = nv;
   }

@@ -52,6 +52,15 @@ struct Shape {
 class Node;
 class Graph;
 
+/// What an initializer is to training, as far as the model file says.
+enum class InitRole {
+  unknown,    ///< the file does not say: kiln's name rule decides (is_parameter_candidate)
+  parameter,  ///< trainable (a PyTorch nn.Parameter)
+  buffer,     ///< saved state that is not trained (BatchNorm statistics, rotary inv_freq)
+  constant,   ///< a constant of the graph (computed or folded by the exporter)
+};
+const char* init_role_name(InitRole r);
+
 /// An SSA value: the result of one node output, a graph input or an initializer.
 class Value {
  public:
@@ -63,6 +72,10 @@ class Value {
   /// Set for initializers (parameters, folded constants).
   std::shared_ptr<Tensor> data;
   bool is_initializer() const { return data != nullptr; }
+  /// Initializers (and the inputs attach_loss makes of them): the role the importer read
+  /// from the model (frontend/initializers.h) and where it came from, for `kiln inspect`.
+  InitRole role = InitRole::unknown;
+  std::string role_source;
 };
 
 /// Attribute value: int, float, string, tensor, or lists of int/float/string.
@@ -134,6 +147,9 @@ class Graph {
   std::vector<StateBinding> state;
   /// Optional opset version of the default ONNX domain the graph came from.
   int64_t opset = 17;
+  /// One-line notes of the importer for the user (restored ties and parameters, roles of
+  /// initializers read from the exporter's metadata); printed once by the driver.
+  std::vector<std::string> import_notes;
 
   Graph() = default;
   Graph(const Graph&) = delete;
@@ -220,12 +236,22 @@ inline bool in_grad_scope(const std::string& node_name) { return grad_scope_pos(
 inline constexpr const char* kNumItemsInput = "num_items_in_batch";
 
 /// kiln's rule for a trainable-parameter candidate (used by attach_loss, constant
-/// folding and `kiln inspect`): a floating-point initializer whose name does not start
-/// with '/' (PyTorch names exported Constant outputs "/...") and that has more than one
-/// element, or one element and a name ending in ".weight" or ".bias" (a module
+/// folding and `kiln inspect`): a floating-point initializer whose role the model states
+/// (Value::role, e.g. the torch.export exporter's graph signature) is `parameter`; when
+/// the role is unknown (TorchScript exports, other producers), one whose name does not
+/// start with '/' (PyTorch names exported Constant outputs "/...") and that has more
+/// than one element, or one element and a name ending in ".weight" or ".bias" (a module
 /// parameter by its state_dict key, e.g. the bias of Linear(h, 1); other one-element
 /// initializers are the graph's scalar constants). BatchNormalization running
 /// statistics are excluded separately by attach_loss.
 bool is_parameter_candidate(const Value& v);
+
+/// BatchNormalization running statistics (inputs 3 and 4 that are initializers): saved
+/// state attach_loss updates as buffers and never trains.
+std::unordered_set<const Value*> batchnorm_statistics(const Graph& g);
+
+/// The initializers attach_loss makes trainable parameters (before --freeze / --trainable):
+/// parameter candidates that are not BatchNormalization statistics, in initializer order.
+std::vector<const Value*> trainable_initializers(const Graph& g);
 
 }  // namespace kiln::ir

@@ -27,7 +27,8 @@ const char* precision_policy_name(PrecisionPolicy p) {
 const char* scalar_op_name(ScalarOp op) {
   static const char* names[] = {"add", "sub", "mul",  "div", "pow", "max", "min", "neg", "abs", "exp",
                                 "log", "sqrt", "erf", "tanh", "sin", "cos", "floor", "lt", "le", "gt",
-                                "ge",  "eq",  "and", "or",  "xor", "not", "select", "cast", "fma"};
+                                "ge",  "eq",  "and", "or",  "xor", "not", "select", "cast", "fma",
+                                "ceil", "round", "fmod"};
   return names[static_cast<int>(op)];
 }
 
@@ -50,6 +51,7 @@ OpTable& OpTable::get() {
     register_training_ops(*t);
     register_optim8bit_ops(*t);
     register_control_ops(*t);
+    register_indexing_ops(*t);
     register_scalar_rules(*t);
     return t;
   }();
@@ -88,16 +90,51 @@ OpDef make_op(const std::string& name, const std::string& doc, int min_in, int m
   return d;
 }
 
+void set_onnx_since(OpTable& t, const char* name, std::vector<int> versions) {
+  OpDef* d = t.find_mutable(name);
+  if (!d) {
+    std::cerr << "kiln: set_onnx_since: no op '" << name << "'\n";
+    std::abort();
+  }
+  d->onnx_since = std::move(versions);
+}
+
 void add_differentiable(OpTable& t, OpDef d, GradFn g) {
   d.diff = Differentiability::differentiable;
   d.grad = std::move(g);
   t.add(std::move(d));
 }
 
+Value* shape_of(GradContext& g, Value* v) {
+  if (v->shape.is_static()) return g.const_i64(v->shape.to_vector());
+  return g.emit1("Shape", {v});
+}
+
+Value* zeros_like(GradContext& g, Value* v) {
+  Attributes a;
+  a.set("value", Tensor(v->dtype, {1}));
+  return g.emit1("ConstantOfShape", {shape_of(g, v)}, a);
+}
+
 Status infer_node(Node& n) {
   const OpDef* def = OpTable::get().find(n.op);
   if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
   if (!def->infer) return Status::error("op '" + n.op + "' has no type inference");
+  // The arity first: inference functions index the inputs the op requires.
+  if (n.num_inputs() < def->min_inputs || n.num_inputs() > def->max_inputs)
+    return Status::error("node '" + n.name + "' (" + n.op + "): has " + std::to_string(n.num_inputs()) +
+                         " inputs, the op takes " +
+                         (def->max_inputs >= (1 << 20) ? "at least " + std::to_string(def->min_inputs)
+                          : def->max_inputs == def->min_inputs
+                              ? std::to_string(def->min_inputs)
+                              : std::to_string(def->min_inputs) + " to " + std::to_string(def->max_inputs)));
+  if (n.num_outputs() > def->max_outputs || n.num_outputs() < def->min_outputs)
+    return Status::error("node '" + n.name + "' (" + n.op + "): has " + std::to_string(n.num_outputs()) +
+                         " outputs, the op has " + std::to_string(def->min_outputs) +
+                         (def->max_outputs == def->min_outputs ? "" : " to " + std::to_string(def->max_outputs)));
+  for (int i = 0; i < def->min_inputs; ++i)
+    if (!n.input(i))
+      return Status::error("node '" + n.name + "' (" + n.op + "): required input " + std::to_string(i) + " is missing");
   InferContext ctx{n, {}, {}, {}};
   for (Value* v : n.inputs) {
     TypeInfo ti;

@@ -113,6 +113,12 @@ class GradContext {
   virtual Value* unbroadcast(Value* g, const Value* target) = 0;
 };
 
+/// The shape of `v` as a 1-D i64 value for a gradient rule: a constant when static,
+/// else a Shape node.
+Value* shape_of(GradContext& g, Value* v);
+/// Zeros shaped and typed like `v` for a gradient rule (ConstantOfShape of shape_of(v)).
+Value* zeros_like(GradContext& g, Value* v);
+
 /// Scalar primitives that pointwise code generation is built from (target-neutral:
 /// codegen/ renders them as LLVM IR or CUDA C++). Float ops on bf16/f16 compute in f32
 /// and round the result to the storage dtype, exactly as the eager kernels do.
@@ -125,6 +131,9 @@ enum class ScalarOp {
   select,                                           // select(cond, a, b)
   cast,                                             // to the Ref's dtype (float->int truncates)
   fma,                                              // fma(a, b, c) = a * b + c, one rounding (floats)
+  ceil, round,                                      // ceil(x); round half to even (floats)
+  fmod,                                             // fmod(a, b): remainder with a's sign (C fmod;
+                                                    // integers truncate, a % 0 = 0)
 };
 /// Name used by the kernel-IR printer ("add", "select", ...).
 const char* scalar_op_name(ScalarOp op);
@@ -223,6 +232,13 @@ struct OpDef {
   /// error when the node's attributes are invalid.
   std::function<Expected<std::vector<int>>(const Node& n)> row_dims;
   bool onnx = true;               ///< an ONNX op (imported/exported by name) vs a kiln-internal op
+  /// ONNX ops: the since-versions of the op's ONNX schema that kiln implements, from the
+  /// one in force at opset 13 (the oldest opset kiln imports without upgrading) to the
+  /// newest at kiln's newest opset (frontend::kMaxOpset), ascending. A node of a model at
+  /// opset N has the largest version <= N; the importer refuses an op whose list is
+  /// empty or starts above N. tests/ir/op_table_test.cpp compares every list with ONNX's
+  /// schema history (tests/data/onnx_schema_versions.json).
+  std::vector<int> onnx_since;
 };
 
 /// Reshape-family ops whose output is its input's elements in the same order with new
@@ -252,6 +268,8 @@ class OpTable {
 /// class (not differentiable until add_differentiable marks it).
 OpDef make_op(const std::string& name, const std::string& doc, int min_in, int max_in, InferFn infer,
               PrecisionPolicy prec, FusionClass fusion = FusionClass::pointwise);
+/// Sets OpDef::onnx_since of op `name` (aborts when the op is missing: a programming error).
+void set_onnx_since(OpTable& t, const char* name, std::vector<int> versions);
 /// Adds `d` to the table as differentiable, with gradient rule `g`.
 void add_differentiable(OpTable& t, OpDef d, GradFn g);
 
@@ -279,6 +297,7 @@ void register_loss_ops(OpTable& t);
 void register_training_ops(OpTable& t);
 void register_optim8bit_ops(OpTable& t);  ///< ir/ops/optim8bit.cpp (8-bit AdamW state)
 void register_control_ops(OpTable& t);
+void register_indexing_ops(OpTable& t);   ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
 /// Fills OpDef::scalar of the pointwise ops (ir/ops/elementwise.cpp), after every op is registered.
 void register_scalar_rules(OpTable& t);
 

@@ -76,11 +76,7 @@ class AttachLoss : public Pass {
                            "rename it in the model");
 
     // --- BatchNormalization running statistics ---
-    std::set<Value*> bn_stats;
-    for (auto& n : g.nodes())
-      if (n->op == "BatchNormalization")
-        for (int i = 3; i <= 4; ++i)
-          if (n->input(i) && n->input(i)->is_initializer()) bn_stats.insert(n->input(i));
+    const std::unordered_set<const Value*> bn_stats = batchnorm_statistics(g);
 
     // --- parameters ---
     std::regex freeze_re, train_re;

@@ -14,9 +14,10 @@
 //            random op (Dropout, Random*, Bernoulli, Multinomial), and none of its outputs
 //            is bound as training state;
 //          - every present input is an initializer, and none of them may be a trainable
-//            parameter (a float initializer of more than one element whose name does not
-//            start with '/': attach_loss's definition), since folding e.g. Transpose(W)
-//            would turn a parameter into a constant; or n is Shape/Size and its input's
+//            parameter (ir::is_parameter_candidate: a declared parameter, or by kiln's
+//            name rule when the model declares no roles), since folding e.g. Transpose(W)
+//            would turn a parameter into a constant; buffers and constants fold (a rotary
+//            inv_freq buffer into its cos/sin tables); or n is Shape/Size and its input's
 //            shape is fully static (the data is not needed);
 //          - every output has a known dtype and a static shape of at most
 //            kMaxFoldElements elements (large constants stay computed at run time);
@@ -25,7 +26,8 @@
 //          whose outputs are preallocated from the inferred types. The kernels are filled
 //          in by the runtime at start-up; an op without a kernel, or whose kernel fails,
 //          is left unfolded (never an error: the run time will evaluate it);
-//       4. the node is removed and each output becomes an initializer of the same name.
+//       4. the node is removed and each output becomes an initializer of the same name,
+//          with role constant (Value::role).
 //   then dead nodes are removed, initializers left unused by folding are dropped
 //   (other unused initializers are kept), and ir::infer_graph re-infers every node.
 #include <algorithm>
@@ -181,6 +183,8 @@ class FoldConstants : public Pass {
     g.remove_node(n);  // frees the output names for the initializers
     for (size_t i = 0; i < old_outs.size(); ++i) {
       ir::Value* c = g.add_initializer(names[i], std::move(results[i]));
+      c->role = ir::InitRole::constant;  // computed from constants: never trained
+      c->role_source = "folded at import (fold_constants)";
       created_.insert(c);
       g.replace_all_uses(old_outs[i], c);
     }

@@ -253,6 +253,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"cache_dir", Kind::str, &c.cache_dir, "compile cache folder (default $KILN_CACHE_DIR, else ~/.cache/kiln)"},
       {"no_cache", Kind::boolean, &c.no_cache, "compile generated kernels without the compile cache"},
       {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
+      {"untie_initializers", Kind::boolean, &c.untie_initializers, "train initializers apart that the exporter stored as copies, transposes, slices, broadcasts or Identity aliases of a parameter (by default they are one tied parameter, as in PyTorch)"},
       {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing, "recompute each repeated layer in backward (= --remat_policy blocks)"},
       {"remat_policy", Kind::str, &c.remat_policy, "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes; bench takes a list: none,blocks"},
       {"memory_budget", Kind::str, &c.memory_budget, "planned peak budget for --remat_policy budget: bytes, 800MB, 24GiB"},

@@ -73,6 +73,10 @@ struct TrainConfig {
   /// kiln extension: drop every Dropout node from the training program (what setting
   /// the model's dropout probability to 0 does in PyTorch), for deterministic checks.
   bool disable_dropout = false;
+  /// kiln: keep initializers apart that the importer re-expresses as views of one
+  /// parameter (ties restored from an exporter's copies, transposes, slices, broadcasts
+  /// and Identity aliases; frontend/initializers.h): each trains on its own.
+  bool untie_initializers = false;
   /// Hugging Face's flag: rematerialize each repeated layer (remat policy "blocks").
   bool gradient_checkpointing = false;
   /// kiln: none | blocks | sqrt | min-cut | budget (passes/remat.cpp); "" = blocks when

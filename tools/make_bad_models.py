@@ -242,7 +242,7 @@ def main():
          "bad_missing_initializer.onnx", check=False)
     relu = [helper.make_node("Relu", ["x"], ["y"], name="/Relu")]
     save(model(relu, [x], [y], opset=12), "bad_opset12.onnx", check=False)
-    save(model(relu, [x], [y], opset=19), "bad_opset19.onnx", check=False)
+    save(model(relu, [x], [y], opset=29), "bad_opset29.onnx", check=False)
     external_model("/tmp/kiln_weights.bin", "bad_external_absolute.onnx", write_bin=False)
     external_model("../secret/weights.bin", "bad_external_dotdot.onnx", write_bin=False)
     external_model("missing_weights.bin", "bad_external_missing.onnx", write_bin=False)

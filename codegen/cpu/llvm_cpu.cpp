@@ -553,6 +553,9 @@ class KernelEmitter {
       case ScalarOp::sin: r = intrinsic(llvm::Intrinsic::sin, {x}); break;
       case ScalarOp::cos: r = intrinsic(llvm::Intrinsic::cos, {x}); break;
       case ScalarOp::floor: r = intrinsic(llvm::Intrinsic::floor, {x}); break;
+      case ScalarOp::ceil: r = intrinsic(llvm::Intrinsic::ceil, {x}); break;
+      case ScalarOp::round: r = intrinsic(llvm::Intrinsic::roundeven, {x}); break;
+      case ScalarOp::fmod: r = B_.CreateFRem(x, y); break;  // LLVM's frem is C fmod
       case ScalarOp::erf: r = x->getType()->isFloatTy() ? erff_poly(x) : libm("erff", "erf", x); break;
       case ScalarOp::tanh: r = x->getType()->isFloatTy() ? tanhf_poly(x) : libm("tanhf", "tanh", x); break;
       default: r = x; break;
@@ -595,6 +598,12 @@ class KernelEmitter {
       case ScalarOp::min:
         return B_.CreateSelect(u ? B_.CreateICmpULT(y, x) : B_.CreateICmpSLT(y, x), y, x);
       case ScalarOp::neg: return B_.CreateSub(zero, x);
+      case ScalarOp::fmod: {  // truncated remainder; x % 0 = 0 and x % -1 = 0 (no trap)
+        llvm::Value* yz = B_.CreateICmpEQ(y, zero);
+        llvm::Value* bad = u ? yz : B_.CreateOr(yz, B_.CreateICmpEQ(y, llvm::ConstantInt::getSigned(ty, -1)));
+        llvm::Value* safe = B_.CreateSelect(bad, llvm::ConstantInt::get(ty, 1), y);
+        return B_.CreateSelect(bad, zero, u ? B_.CreateURem(x, safe) : B_.CreateSRem(x, safe));
+      }
       case ScalarOp::abs:
         if (u) return x;
         return B_.CreateSelect(B_.CreateICmpSLT(x, zero), B_.CreateSub(zero, x), x);

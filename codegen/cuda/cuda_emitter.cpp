@@ -182,6 +182,12 @@ Expected<std::string> op_expr(const Kernel& k, int idx, const KExpr& e, const st
     case ScalarOp::sin: r = unary_math("sin"); break;
     case ScalarOp::cos: r = unary_math("cos"); break;
     case ScalarOp::floor: r = unary_math("floor"); break;
+    case ScalarOp::ceil: r = unary_math("ceil"); break;
+    case ScalarOp::round: r = unary_math("rint"); break;  // round half to even
+    case ScalarOp::fmod:
+      r = flt ? std::string(f32 ? "fmodf(" : "fmod(") + a[0] + ", " + a[1] + ")"
+              : "(" + T + ")kiln_imod(" + a[0] + ", " + a[1] + ")";
+      break;
     case ScalarOp::lt: r = a[0] + " < " + a[1]; break;
     case ScalarOp::le: r = a[0] + " <= " + a[1]; break;
     case ScalarOp::gt: r = a[0] + " > " + a[1]; break;
@@ -836,6 +842,9 @@ static __device__ __forceinline__ long long kiln_idiv(long long x, long long y) 
   if (y == 0) return 0;
   if (y == -1) return (long long)(0ULL - (unsigned long long)x);
   return x / y;
+}
+static __device__ __forceinline__ long long kiln_imod(long long x, long long y) {
+  return (y == 0 || y == -1) ? 0 : x % y;
 }
 static __device__ __forceinline__ long long kiln_ipow(long long base, long long e) {
   if (e < 0) return base == 1 ? 1 : base == -1 ? ((e % 2) ? -1 : 1) : 0;

@@ -266,6 +266,57 @@ void register_elementwise_ops(OpTable& t) {
              return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Sin", {g.input(0)})})});
            }));
 
+  // ---- rounding, sign and classification (not differentiable: their derivative is 0
+  // almost everywhere, which is what PyTorch's floor/ceil/round/sign backward returns)
+  t.add(make_op("Floor", spec + "Floor-13, largest integer <= x", 1, 1, infer_float_unary, P::follow_inputs));
+  t.add(make_op("Ceil", spec + "Ceil-13, smallest integer >= x", 1, 1, infer_float_unary, P::follow_inputs));
+  t.add(make_op("Round", spec + "Round-22, nearest integer, halves to even", 1, 1, infer_float_unary,
+                P::follow_inputs));
+  t.add(make_op("Sign", spec + "Sign-13, -1 / 0 / 1 by the sign of x (NaN stays NaN)", 1, 1, infer_same,
+                P::follow_inputs));
+  t.add(make_op("IsNaN", spec + "IsNaN-20, bool y = (x is NaN)", 1, 1,
+                [](InferContext& c) -> Status {
+                  KILN_RETURN_IF_ERROR(infer_float_unary(c));
+                  c.out[0].dtype = DType::boolean;
+                  return Status::ok();
+                },
+                P::not_float));
+  {
+    OpDef d = make_op("IsInf",
+                      spec + "IsInf-20, bool y = (x is +inf and detect_positive) or (x is -inf and detect_negative)",
+                      1, 1,
+                      [](InferContext& c) -> Status {
+                        KILN_RETURN_IF_ERROR(infer_float_unary(c));
+                        c.out[0].dtype = DType::boolean;
+                        return Status::ok();
+                      },
+                      P::not_float);
+    d.attrs = {{"detect_negative", AttrKind::i}, {"detect_positive", AttrKind::i}};
+    t.add(d);
+  }
+  {
+    OpDef d = make_op("Mod",
+                      spec + "Mod-28, fmod=0: a - floor(a/b)*b (sign of b; integers, and floats since opset 28), "
+                             "fmod=1: a - trunc(a/b)*b (C fmod, sign of a); integer x mod 0 is 0",
+                      2, 2, infer_binary, P::fp32);
+    d.attrs = {{"fmod", AttrKind::i}};
+    // PyTorch's remainder/fmod backward: da = dy, db = -dy * floor(a/b) (fmod: trunc(a/b)).
+    add_differentiable(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      if (!dy || !is_float(dy->dtype)) return Status::ok();
+      if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
+      if (g.needs_grad(1)) {
+        Value* a = g.input(0);
+        Value* b = g.input(1);
+        // q = (a - mod(a, b)) / b is floor(a/b) (fmod=0) or trunc(a/b) (fmod=1), exactly
+        // the quotient the forward op used.
+        Value* q = g.emit1("Div", {g.emit1("Sub", {a, g.output(0)}), b});
+        g.set_grad_input(1, g.unbroadcast(g.emit1("Neg", {g.emit1("Mul", {dy, q})}), b));
+      }
+      return Status::ok();
+    });
+  }
+
   // ---- Clip
   {
     OpDef d = make_op("Clip",
@@ -386,7 +437,9 @@ void register_elementwise_ops(OpTable& t) {
                      return Status::ok();
                    },
                    P::not_float);
-    d.attrs = {{"to", AttrKind::i, true}, {"saturate", AttrKind::i}};
+    // saturate (Cast-19) and round_mode (Cast-24) concern float8/float4 targets only,
+    // which kiln has no dtype for (dtype_from_onnx refuses them by name).
+    d.attrs = {{"to", AttrKind::i, true}, {"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       Value* x = g.input(0);
@@ -395,21 +448,23 @@ void register_elementwise_ops(OpTable& t) {
       return Status::ok();
     });
   }
-  add_differentiable(t,
-           make_op("CastLike", spec + "CastLike-15, casts input to the dtype of target_type (second input)", 2, 2,
-                [](InferContext& c) -> Status {
-                  if (!c.has_input(0) || !c.has_input(1)) return c.fail("missing input");
-                  c.out[0] = {c.in[1].dtype, c.in[0].shape};
-                  return Status::ok();
-                },
-                P::not_float),
-           [](GradContext& g) -> Status {
-             Value* dy = g.grad_output(0);
-             Value* x = g.input(0);
-             if (!dy || !g.needs_grad(0) || !is_float(x->dtype) || !is_float(dy->dtype)) return Status::ok();
-             g.set_grad_input(0, emit_cast(g, dy, x->dtype));
-             return Status::ok();
-           });
+  {
+    OpDef d = make_op("CastLike", spec + "CastLike-15, casts input to the dtype of target_type (second input)", 2, 2,
+                      [](InferContext& c) -> Status {
+                        if (!c.has_input(0) || !c.has_input(1)) return c.fail("missing input");
+                        c.out[0] = {c.in[1].dtype, c.in[0].shape};
+                        return Status::ok();
+                      },
+                      P::not_float);
+    d.attrs = {{"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};  // CastLike-19/-24: float8 targets only
+    add_differentiable(t, d, [](GradContext& g) -> Status {
+      Value* dy = g.grad_output(0);
+      Value* x = g.input(0);
+      if (!dy || !g.needs_grad(0) || !is_float(x->dtype) || !is_float(dy->dtype)) return Status::ok();
+      g.set_grad_input(0, emit_cast(g, dy, x->dtype));
+      return Status::ok();
+    });
+  }
   add_differentiable(t, make_op("Identity", spec + "Identity-16, y = x", 1, 1, infer_same, P::follow_inputs, FusionClass::view),
            unary_grad([](GradContext&, Value* dy) { return dy; }));
 
@@ -468,6 +523,53 @@ void register_elementwise_ops(OpTable& t) {
                            "' (Dropout): gradient needs the mask output or a kiln_rng_id attribute");
     });
   }
+
+  // ONNX schema versions implemented (OpDef::onnx_since; tests/ir/op_table_test.cpp
+  // compares them with ONNX's own history).
+  set_onnx_since(t, "Abs", {13});
+  set_onnx_since(t, "Add", {13, 14});
+  set_onnx_since(t, "And", {7});
+  set_onnx_since(t, "Cast", {13, 19, 21, 23, 24, 25, 28});
+  set_onnx_since(t, "CastLike", {15, 19, 21, 23, 24, 25});
+  set_onnx_since(t, "Ceil", {13});
+  set_onnx_since(t, "Clip", {13});
+  set_onnx_since(t, "Cos", {7, 22});
+  set_onnx_since(t, "Div", {13, 14});
+  set_onnx_since(t, "Dropout", {13, 22});
+  set_onnx_since(t, "Equal", {13, 19});
+  set_onnx_since(t, "Erf", {13});
+  set_onnx_since(t, "Exp", {13});
+  set_onnx_since(t, "Floor", {13});
+  set_onnx_since(t, "Gelu", {20});
+  set_onnx_since(t, "Greater", {13});
+  set_onnx_since(t, "GreaterOrEqual", {12, 16});
+  set_onnx_since(t, "Identity", {13, 14, 16, 19, 21, 23, 24, 25});
+  set_onnx_since(t, "IsInf", {10, 20});
+  set_onnx_since(t, "IsNaN", {13, 20});
+  set_onnx_since(t, "LeakyRelu", {6, 16});
+  set_onnx_since(t, "Less", {13});
+  set_onnx_since(t, "LessOrEqual", {12, 16});
+  set_onnx_since(t, "Log", {13});
+  set_onnx_since(t, "Max", {13});
+  set_onnx_since(t, "Min", {13});
+  set_onnx_since(t, "Mod", {13, 28});
+  set_onnx_since(t, "Mul", {13, 14});
+  set_onnx_since(t, "Neg", {13});
+  set_onnx_since(t, "Not", {1});
+  set_onnx_since(t, "Or", {7});
+  set_onnx_since(t, "Pow", {13, 15});
+  set_onnx_since(t, "Reciprocal", {13});
+  set_onnx_since(t, "Relu", {13, 14});
+  set_onnx_since(t, "Round", {11, 22});
+  set_onnx_since(t, "Sigmoid", {13});
+  set_onnx_since(t, "Sign", {13});
+  set_onnx_since(t, "Sin", {7, 22});
+  set_onnx_since(t, "Softplus", {1, 22});
+  set_onnx_since(t, "Sqrt", {13});
+  set_onnx_since(t, "Sub", {13, 14});
+  set_onnx_since(t, "Tanh", {13});
+  set_onnx_since(t, "Where", {9, 16});
+  set_onnx_since(t, "Xor", {7});
 }
 
 // ---------------------------------------------------------------- scalar rules
@@ -643,6 +745,63 @@ void register_scalar_rules(OpTable& t) {
   set("Where", [](SB& b, std::vector<Ref>& out) -> Status {
     Ref x = b.input(1);
     out = {b.apply(SO::select, {b.input(0), x, b.input(2)}, b.dtype(x))};
+    return Status::ok();
+  });
+  set("Floor", direct(SO::floor, 1, true));
+  set("Ceil", direct(SO::ceil, 1, true));
+  set("Round", direct(SO::round, 1, true));
+  set("Sign", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0);
+    DType dt = b.dtype(x);
+    if (dt == DType::boolean) return Status::error("not a bool op");
+    Ref zero = b.constant(0, dt);
+    Ref s = b.apply(SO::select, {b.apply(SO::eq, {x, zero}, DType::boolean), zero, x}, dt);  // 0 and NaN stay
+    s = b.apply(SO::select, {b.apply(SO::lt, {x, zero}, DType::boolean), b.constant(-1, dt), s}, dt);
+    out = {b.apply(SO::select, {b.apply(SO::gt, {x, zero}, DType::boolean), b.constant(1, dt), s}, dt)};
+    return Status::ok();
+  });
+  set("IsNaN", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0);
+    if (!is_float(b.dtype(x))) return Status::error("float only");
+    out = {b.apply(SO::logical_not, {b.apply(SO::eq, {x, x}, DType::boolean)}, DType::boolean)};
+    return Status::ok();
+  });
+  set("IsInf", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0);
+    DType dt = b.dtype(x);
+    if (!is_float(dt)) return Status::error("float only");
+    const Attributes& a = b.node().attrs;
+    const bool pos = a.get_int("detect_positive", 1) != 0, neg = a.get_int("detect_negative", 1) != 0;
+    Ref r = b.constant(0, DType::boolean);
+    if (pos) r = b.apply(SO::eq, {x, b.constant(std::numeric_limits<double>::infinity(), dt)}, DType::boolean);
+    if (neg) {
+      Ref n = b.apply(SO::eq, {x, b.constant(-std::numeric_limits<double>::infinity(), dt)}, DType::boolean);
+      r = pos ? b.apply(SO::logical_or, {r, n}, DType::boolean) : n;
+    }
+    out = {r};
+    return Status::ok();
+  });
+  set("Mod", [](SB& b, std::vector<Ref>& out) -> Status {
+    Ref x = b.input(0), y = b.input(1);
+    DType dt = b.dtype(x);
+    if (dt == DType::boolean) return Status::error("not a bool op");
+    Ref xc = widen(b, x), yc = widen(b, y);
+    DType c = b.dtype(xc);
+    Ref r = b.apply(SO::fmod, {xc, yc}, c);
+    if (b.node().attrs.get_int("fmod", 0) == 0) {
+      // Floor mod: a nonzero remainder whose sign differs from b's moves by b; a zero
+      // remainder of a float takes b's sign (Mod-28).
+      Ref zero = b.constant(0, c);
+      Ref rneg = b.apply(SO::lt, {r, zero}, DType::boolean), yneg = b.apply(SO::lt, {yc, zero}, DType::boolean);
+      Ref nz = b.apply(SO::logical_not, {b.apply(SO::eq, {r, zero}, DType::boolean)}, DType::boolean);
+      Ref fix = b.apply(SO::logical_and, {nz, b.apply(SO::logical_xor, {rneg, yneg}, DType::boolean)}, DType::boolean);
+      r = b.apply(SO::select, {fix, b.apply(SO::add, {r, yc}, c), r}, c);
+      if (is_float(c)) {
+        Ref signed_zero = b.apply(SO::select, {yneg, b.constant(-0.0, c), zero}, c);
+        r = b.apply(SO::select, {b.apply(SO::eq, {r, zero}, DType::boolean), signed_zero, r}, c);
+      }
+    }
+    out = {narrow(b, r, dt)};
     return Status::ok();
   });
   set("Equal", direct(SO::eq, 2, false, true));

@@ -214,6 +214,11 @@ void register_loss_ops(OpTable& t) {
   rows.row = sce_rows_row;
   rows.row_dims = [](const Node&) -> Expected<std::vector<int>> { return std::vector<int>{1}; };
   t.add(std::move(rows));
+
+  // ONNX schema versions implemented (OpDef::onnx_since; tests/ir/op_table_test.cpp
+  // compares them with ONNX's own history).
+  set_onnx_since(t, "NegativeLogLikelihoodLoss", {13, 22});
+  set_onnx_since(t, "SoftmaxCrossEntropyLoss", {13});
 }
 
 }  // namespace kiln::ir

@@ -1016,6 +1016,19 @@ void register_nn_ops(OpTable& t) {
   smg.row = softmax_grad_row<false>;
   lsmg.row = softmax_grad_row<true>;
   for (OpDef* d : {&sm, &lsm, &smg, &lsmg}) d->row_dims = softmax_row_dims;
+
+  // ONNX schema versions implemented (OpDef::onnx_since; tests/ir/op_table_test.cpp
+  // compares them with ONNX's own history).
+  set_onnx_since(t, "AveragePool", {11, 19, 22});
+  set_onnx_since(t, "BatchNormalization", {9, 14, 15});
+  set_onnx_since(t, "Conv", {11, 22});
+  set_onnx_since(t, "Gemm", {13});
+  set_onnx_since(t, "GlobalAveragePool", {1, 22});
+  set_onnx_since(t, "LayerNormalization", {17});
+  set_onnx_since(t, "LogSoftmax", {13});
+  set_onnx_since(t, "MatMul", {13});
+  set_onnx_since(t, "MaxPool", {12, 22});
+  set_onnx_since(t, "Softmax", {13});
 }
 
 }  // namespace kiln::ir

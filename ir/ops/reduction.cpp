@@ -115,11 +115,6 @@ Value* keep_rank(GradContext& c, Value* g, const ReduceSpec& s) {
   return c.emit1("Unsqueeze", {g, c.const_i64(std::vector<int64_t>(s.axes.begin(), s.axes.end()))});
 }
 
-Value* shape_of(GradContext& c, Value* x) {
-  if (x->shape.is_static()) return c.const_i64(x->shape.to_vector());
-  return c.emit1("Shape", {x});
-}
-
 GradFn grad_sum_or_mean(bool mean) {
   return [mean](GradContext& c) -> Status {
     Value* dY = c.grad_output(0);
@@ -203,6 +198,13 @@ void register_reduction_ops(OpTable& t) {
   a.precision = PrecisionPolicy::not_float;
   a.fusion = FusionClass::reduction;
   t.add(std::move(a));
+
+  // ONNX schema versions implemented (OpDef::onnx_since; tests/ir/op_table_test.cpp
+  // compares them with ONNX's own history).
+  set_onnx_since(t, "ArgMax", {13});
+  set_onnx_since(t, "ReduceMax", {13, 18, 20});
+  set_onnx_since(t, "ReduceMean", {13, 18});
+  set_onnx_since(t, "ReduceSum", {13});
 }
 
 }  // namespace kiln::ir

@@ -427,19 +427,6 @@ Status infer_pad(InferContext& c) {
 
 // ------------------------------------------------------------------ gradient helpers
 
-/// The shape of `v` as a 1-D i64 value: a constant when static, else Shape(v).
-Value* shape_of(GradContext& g, Value* v) {
-  if (v->shape.is_static()) return g.const_i64(v->shape.to_vector());
-  return g.emit1("Shape", {v});
-}
-
-/// Zeros shaped like `v` (ConstantOfShape).
-Value* zeros_like(GradContext& g, Value* v) {
-  Attributes a;
-  a.set("value", Tensor(v->dtype, {1}));
-  return g.emit1("ConstantOfShape", {shape_of(g, v)}, a);
-}
-
 GradFn reshape_back() {
   return [](GradContext& g) -> Status {
     Value* dy = g.grad_output(0);
@@ -800,10 +787,16 @@ void register_shape_ops(OpTable& t) {
     t.add(d);
   }
   {
-    OpDef d = make_op("Range", kSpec + "Range-11, [start, limit) by delta; n = max(ceil((limit-start)/delta), 0)", 3, 3,
+    OpDef d = make_op("Range",
+                   kSpec + "Range-27, [start, limit) by delta; n = max(ceil((limit-start)/delta), 0); "
+                           "out[i] = start + i * delta, for bf16/f16 computed in f32 (stash_type 1, the default)",
+                   3, 3,
                    [](InferContext& c) -> Status {
                      DType dt = c.in[0].dtype;
                      if (c.in[1].dtype != dt || c.in[2].dtype != dt) return c.fail("inputs have different dtypes");
+                     if ((dt == DType::bf16 || dt == DType::f16) && c.attrs().get_int("stash_type", 1) != 1)
+                       return c.fail("stash_type " + std::to_string(c.attrs().get_int("stash_type", 1)) +
+                                     " is not supported (kiln computes bf16/f16 ranges in float: stash_type 1)");
                      const Tensor *s = c.value(0), *l = c.value(1), *d = c.value(2);
                      if (s && l && d && s->numel() == 1 && l->numel() == 1 && d->numel() == 1) {
                        int64_t n;
@@ -823,6 +816,7 @@ void register_shape_ops(OpTable& t) {
                      return Status::ok();
                    },
                    P::not_float, F::opaque);
+    d.attrs = {{"stash_type", AttrKind::i}};
     t.add(d);
   }
   {
@@ -902,6 +896,25 @@ void register_shape_ops(OpTable& t) {
       return Status::ok();
     });
   }
+
+  // ONNX schema versions implemented (OpDef::onnx_since; tests/ir/op_table_test.cpp
+  // compares them with ONNX's own history).
+  set_onnx_since(t, "Concat", {13});
+  set_onnx_since(t, "Constant", {13, 19, 21, 23, 24, 25});
+  set_onnx_since(t, "ConstantOfShape", {9, 20, 21, 23, 24, 25});
+  set_onnx_since(t, "Expand", {13});
+  set_onnx_since(t, "Flatten", {13, 21, 23, 24, 25});
+  set_onnx_since(t, "Gather", {13});
+  set_onnx_since(t, "Pad", {13, 18, 19, 21, 23, 24, 25});
+  set_onnx_since(t, "Range", {11, 27});
+  set_onnx_since(t, "Reshape", {13, 14, 19, 21, 23, 24, 25});
+  set_onnx_since(t, "Shape", {13, 15, 19, 21, 23, 24, 25});
+  set_onnx_since(t, "Slice", {13});
+  set_onnx_since(t, "Split", {13, 18});
+  set_onnx_since(t, "Squeeze", {13, 21, 23, 24, 25});
+  set_onnx_since(t, "Transpose", {13, 21, 23, 24, 25});
+  set_onnx_since(t, "Trilu", {14});
+  set_onnx_since(t, "Unsqueeze", {13, 21, 23, 24, 25});
 }
 
 }  // namespace kiln::ir

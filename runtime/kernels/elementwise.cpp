@@ -666,6 +666,58 @@ void register_elementwise_kernels(ir::OpTable& t) {
     })(c);
   });
   set_kernel(t, "GeluGrad", gelu_grad_kernel);
+  set_kernel(t, "Floor", unary_kernel<false>([](auto x) { return std::floor(x); }));
+  set_kernel(t, "Ceil", unary_kernel<false>([](auto x) { return std::ceil(x); }));
+  set_kernel(t, "Round", unary_kernel<false>([](auto x) { return std::nearbyint(x); }));  // halves to even
+  set_kernel(t, "Sign", unary_kernel<true>([](auto x) {
+               using C = decltype(x);
+               return x > C(0) ? C(1) : x < C(0) ? C(-1) : x;  // 0 and NaN stay
+             }));
+  set_kernel(t, "IsNaN", [](KernelContext& c) -> Status {
+    return dispatch_float(c, c.in(0).dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* a = c.in(0).data<T>();
+      bool_t* o = c.out(0).data<bool_t>();
+      for (int64_t i = 0; i < c.in(0).numel(); ++i) o[i] = bool_t{uint8_t(std::isnan(load(a[i])) ? 1 : 0)};
+    });
+  });
+  set_kernel(t, "IsInf", [](KernelContext& c) -> Status {
+    const bool pos = c.attrs().get_int("detect_positive", 1) != 0, neg = c.attrs().get_int("detect_negative", 1) != 0;
+    return dispatch_float(c, c.in(0).dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* a = c.in(0).data<T>();
+      bool_t* o = c.out(0).data<bool_t>();
+      for (int64_t i = 0; i < c.in(0).numel(); ++i) {
+        auto v = load(a[i]);
+        o[i] = bool_t{uint8_t((std::isinf(v) && ((v > 0 && pos) || (v < 0 && neg))) ? 1 : 0)};
+      }
+    });
+  });
+  set_kernel(t, "Mod", [](KernelContext& c) -> Status {
+    const bool trunc = c.attrs().get_int("fmod", 0) != 0;
+    return dispatch_numeric(c, c.in(0).dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_t<T>;
+      binary_loop<T, T, T>(c.in(0), c.in(1), c.out(0), [&](C x, C y) {
+        C r;
+        if constexpr (std::is_integral_v<C>) {
+          if (y == 0) return store<T>(C(0));  // undefined in ONNX; 0 as integer Div does
+          if constexpr (std::is_signed_v<C>) {
+            if (y == C(-1)) return store<T>(C(0));
+          }
+          r = static_cast<C>(x % y);
+          if (!trunc && r != 0 && ((r < 0) != (y < 0))) r = static_cast<C>(r + y);
+        } else {
+          r = std::fmod(x, y);
+          if (!trunc) {  // Mod-28: the sign of b, a zero takes b's sign
+            if (r != 0 && ((r < 0) != (y < 0))) r += y;
+            else if (r == 0) r = std::copysign(C(0), y);
+          }
+        }
+        return store<T>(r);
+      });
+    });
+  });
   set_kernel(t, "Clip", clip_kernel);
   set_kernel(t, "Max", minmax_kernel<true>);
   set_kernel(t, "Min", minmax_kernel<false>);

@@ -158,10 +158,10 @@ void check(const std::vector<Kernel>& kernels, const std::vector<Tols>& tols = {
 }
 
 const std::vector<ScalarOp> kBinary = {ScalarOp::add, ScalarOp::sub, ScalarOp::mul, ScalarOp::div,
-                                       ScalarOp::pow, ScalarOp::max, ScalarOp::min};
+                                       ScalarOp::pow, ScalarOp::max, ScalarOp::min, ScalarOp::fmod};
 const std::vector<ScalarOp> kUnaryFloat = {ScalarOp::neg, ScalarOp::abs, ScalarOp::exp,  ScalarOp::log,
                                            ScalarOp::sqrt, ScalarOp::erf, ScalarOp::tanh, ScalarOp::sin,
-                                           ScalarOp::cos, ScalarOp::floor};
+                                           ScalarOp::cos, ScalarOp::floor, ScalarOp::ceil, ScalarOp::round};
 
 bool transcendental(ScalarOp op) {
   switch (op) {

@@ -14,7 +14,9 @@
 // Test data conventions handled here:
 //  - kiln compiles for static shapes, so int64 graph inputs of rank <= 1 (ReduceSum's
 //    axes, Reshape's shape, Slice's starts, ...) are passed to the importer as
-//    ImportOptions::constant_inputs (the model is re-imported per test_data_set);
+//    ImportOptions::constant_inputs, and the symbolic dims (dim_param) of the other
+//    inputs are bound to the fed tensors' dims (the model is re-imported per
+//    test_data_set);
 //  - ONNX stores bfloat16 test tensors as UINT16 tensors holding the bf16 bit patterns
 //    (numpy has no bfloat16): when the graph declares a bf16 input/output and the .pb is
 //    UINT16, the bits are reinterpreted as bf16.
@@ -32,6 +34,7 @@
 #include <onnx/version_converter/convert.h>
 
 #include "frontend/onnx_import.h"
+#include "frontend/onnx_lower.h"
 #include "frontend/tensor_proto.h"
 #include "ir/op_table.h"
 #include "runtime/interpreter.h"
@@ -83,7 +86,7 @@ std::string unsupported_reason(const onnx::ModelProto& m) {
   int64_t opset = -1;
   for (auto& imp : m.opset_import())
     if (is_default_domain(imp.domain())) opset = imp.version();
-  if (opset > 18) return "opset " + std::to_string(opset);
+  if (opset > frontend::kMaxOpset) return "opset " + std::to_string(opset);
   for (auto* list : {&m.graph().input(), &m.graph().output()})  // before conversion, which may drop types
     for (auto& vi : *list)
       if (std::string t = unsupported_type(vi.type()); !t.empty()) return "dtype " + t;
@@ -101,8 +104,7 @@ std::string unsupported_reason(const onnx::ModelProto& m) {
   }
   for (auto& n : cur->graph().node()) {
     if (!is_default_domain(n.domain())) return n.domain() + "::" + n.op_type();
-    const ir::OpDef* d = ir::OpTable::get().find(n.op_type());
-    if (!d || !d->onnx) return n.op_type();
+    if (!frontend::importable_op(n.op_type())) return n.op_type();
   }
   return "";
 }
@@ -168,6 +170,10 @@ std::string run_one(const fs::path& dir, const onnx::ModelProto& m) {
       // Shape-like inputs are compile-time constants for kiln (static shapes).
       if (t->dtype() == ir::DType::i64 && t->rank() <= 1) opts.constant_inputs[ins[k]->name()] = *t;
       else feeds[ins[k]->name()] = *t;
+      // Symbolic dims are bound from the data (kiln compiles for static shapes).
+      const auto& dims = ins[k]->type().tensor_type().shape().dim();
+      for (int d = 0; d < dims.size() && d < t->rank(); ++d)
+        if (!dims[d].dim_param().empty()) opts.bind_dims[dims[d].dim_param()] = t->dims()[static_cast<size_t>(d)];
     }
     auto g = frontend::import_onnx((dir / "model.onnx").string(), opts);
     if (!g) return "import: " + g.message();

@@ -227,9 +227,10 @@ TEST(OnnxImportErrors, OpsetOutOfRange) {
   EXPECT_EQ(g12->opset, 13);
   ASSERT_EQ(g12->nodes().size(), 1u);
   EXPECT_EQ(g12->nodes()[0]->op, "Relu");
-  std::string m19 = import_error("bad_opset19.onnx");
-  EXPECT_HAS(m19, "opset 19");
-  EXPECT_HAS(m19, "13..18");
+  std::string m29 = import_error("bad_opset29.onnx");
+  EXPECT_HAS(m29, "opset 29");
+  EXPECT_HAS(m29, "newest is opset 28");
+  EXPECT_HAS(m29, "13..28");
 }
 
 TEST(OnnxImportErrors, ExternalDataOutsideModelFolder) {

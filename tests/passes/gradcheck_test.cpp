@@ -122,6 +122,28 @@ std::vector<Case> cases() {
                make_attrs({{"reduction", std::string("sum")}}), 1, {0}});
   c.push_back({"NegativeLogLikelihoodLoss", "NegativeLogLikelihoodLoss", {R({4, 5}), I({1, 3, 4, 0})},
                make_attrs({{"reduction", std::string("mean")}}), 1, {0}});
+  // Indexing ops (ir/ops/indexing.cpp): repeated indices check the scatter-add adjoints.
+  c.push_back({"CumSum", "CumSum", {R({3, 4}), I({1})}, {}, 1, {0}});
+  c.push_back({"CumSum_exclusive_reverse", "CumSum", {R({3, 4}), I({-2})},
+               make_attrs({{"exclusive", int64_t(1)}, {"reverse", int64_t(1)}}), 1, {0}});
+  c.push_back({"GatherElements", "GatherElements", {R({3, 4}), I({0, 2, 1, 2, 1, 1, 0, -1}).reshaped({2, 4})},
+               make_attrs({{"axis", int64_t(0)}}), 1, {0}});
+  c.push_back({"GatherND", "GatherND", {R({3, 4, 2}), I({0, 1, 2, 3, 0, 1}).reshaped({3, 2})}, {}, 1, {0}});
+  c.push_back({"GatherND_batch_dims", "GatherND", {R({2, 3, 4}), I({1, 0, 2, 1}).reshaped({2, 2, 1})},
+               make_attrs({{"batch_dims", int64_t(1)}}), 1, {0}});
+  c.push_back({"ScatterElements", "ScatterElements",
+               {R({3, 4}), I({0, 2, 1, 2, 1, 0, 2, 0}).reshaped({2, 4}), R({2, 4}, 2)},
+               make_attrs({{"axis", int64_t(0)}}), 1, {0, 2}});
+  c.push_back({"ScatterElements_add", "ScatterElements",
+               {R({3, 4}), I({0, 2, 1, 2, 0, 2, 1, 2}).reshaped({2, 4}), R({2, 4}, 2)},
+               make_attrs({{"axis", int64_t(0)}, {"reduction", std::string("add")}}), 1, {0, 2}});
+  c.push_back({"ScatterND", "ScatterND", {R({4, 3}), I({1, 3}).reshaped({2, 1}), R({2, 3}, 2)}, {}, 1, {0, 2}});
+  c.push_back({"ScatterND_add", "ScatterND", {R({4, 3}), I({1, 1}).reshaped({2, 1}), R({2, 3}, 2)},
+               make_attrs({{"reduction", std::string("add")}}), 1, {0, 2}});
+  // fmod / floor mod: d/da = 1, d/db = -trunc(a/b) or -floor(a/b) (random points lie far
+  // from the jumps at integer a/b).
+  c.push_back({"Mod_fmod", "Mod", {R({3, 4}), P({3, 4}, 2)}, make_attrs({{"fmod", int64_t(1)}}), 1, {0, 1}});
+  c.push_back({"Mod_floor", "Mod", {R({3, 4}), P({4}, 2)}, {}, 1, {0, 1}});
   return c;
 }
 

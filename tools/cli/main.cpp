@@ -592,17 +592,38 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_
   for (ir::Value* v : g->inputs) std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
   std::cout << "outputs:\n";
   for (ir::Value* v : g->outputs) std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
-  int64_t count = 0, bytes = 0, tensors = 0;
-  for (ir::Value* v : g->initializers) {
-    if (!ir::is_parameter_candidate(*v)) continue;
-    ++tensors;
+  // Trainable parameters (the names --freeze and --trainable match), then the other
+  // float tensors of more than one element: buffers and constants, each with its role
+  // and where the role came from (frontend/initializers.h).
+  const auto params = ir::trainable_initializers(*g);
+  const auto bn_stats = ir::batchnorm_statistics(*g);
+  auto source = [&](const ir::Value* v) -> std::string {
+    if (!v->role_source.empty()) return v->role_source;
+    if (bn_stats.count(v)) return "BatchNormalization running statistics";
+    return "name rule (the model states no roles)";
+  };
+  int64_t count = 0, bytes = 0;
+  for (const ir::Value* v : params) {
     count += v->data->numel();
     bytes += static_cast<int64_t>(v->data->nbytes());
   }
-  std::cout << "parameters: " << count << " in " << tensors << " tensors (" << bytes << " bytes; float initializers with more than one element or named *.weight / *.bias, including BatchNorm statistics)\n";
-  for (ir::Value* v : g->initializers)  // the names --freeze and --trainable match
-    if (ir::is_parameter_candidate(*v))
-      std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
+  std::cout << "trainable parameters: " << count << " in " << params.size() << " tensors (" << bytes << " bytes)\n";
+  for (const ir::Value* v : params)
+    std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "  ("
+              << source(v) << ")\n";
+  std::vector<const ir::Value*> others;
+  for (const ir::Value* v : g->initializers)
+    if (ir::is_float(v->dtype) && v->data->numel() > 1 &&
+        std::find(params.begin(), params.end(), v) == params.end())
+      others.push_back(v);
+  if (!others.empty()) {
+    std::cout << "buffers and constants (float, more than one element): " << others.size() << "\n";
+    for (const ir::Value* v : others) {
+      const char* role = bn_stats.count(v) ? "buffer" : v->role == ir::InitRole::unknown ? "constant" : ir::init_role_name(v->role);
+      std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "  " << role
+                << " (" << source(v) << ")\n";
+    }
+  }
   std::map<std::string, int> hist;
   double flops = 0;
   bool flops_known = true;

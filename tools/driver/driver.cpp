@@ -2,6 +2,7 @@
 #include "tools/driver/driver.h"
 
 #include <chrono>
+#include <iostream>
 
 #include <functional>
 #include <set>
@@ -17,6 +18,7 @@
 #include "passes/passes.h"
 #include "runtime/data.h"
 #include "runtime/interpreter.h"
+#include "runtime/trainer.h"
 #include "tools/driver/logs.h"
 #ifdef KILN_AOT
 #include "tools/aot/aot_kernels.h"
@@ -71,8 +73,18 @@ static std::set<std::string> input_symbols(const Graph& g) {
   return s;
 }
 
+/// Prints each import note once per process (a run loads its model for several programs).
+static void print_import_notes(const Graph& g) {
+  static std::set<std::string> printed;
+  for (const std::string& n : g.import_notes)
+    if (printed.insert(n).second) {
+      const bool warning = n.rfind("warning: ", 0) == 0;
+      std::cerr << runtime::message_prefix() << ": " << (warning ? "" : "note: ") << n << "\n";
+    }
+}
+
 Expected<std::unique_ptr<Graph>> load_model(const std::string& path, const std::map<std::string, int64_t>& shape,
-                                            bool to_f64, passes::PassContext* dbg) {
+                                            bool to_f64, passes::PassContext* dbg, bool untie_initializers) {
   runtime::register_eager_kernels();  // constant folding evaluates through the op table's kernels
   {
     // A --shape name that no input uses is a typo, not something to ignore silently.
@@ -89,8 +101,10 @@ Expected<std::unique_ptr<Graph>> load_model(const std::string& path, const std::
   }
   frontend::ImportOptions opts;
   opts.bind_dims = shape;
+  opts.untie_initializers = untie_initializers;
   auto g = frontend::import_onnx(path, opts);
   if (!g) return g.status();
+  print_import_notes(**g);
   KILN_RETURN_IF_ERROR(bind_dims(**g, shape).with_context(path));
   std::vector<std::string> pipeline = {"fold_constants", "canonicalize"};
   if (to_f64) pipeline.push_back("to_float64");
@@ -100,8 +114,8 @@ Expected<std::unique_ptr<Graph>> load_model(const std::string& path, const std::
 
 Expected<std::unique_ptr<Graph>> load_inference_model(const std::string& path,
                                                       const std::map<std::string, int64_t>& shape,
-                                                      passes::PassContext* dbg) {
-  KILN_ASSIGN_OR_RETURN(auto g, load_model(path, shape, false, dbg));
+                                                      passes::PassContext* dbg, bool untie_initializers) {
+  KILN_ASSIGN_OR_RETURN(auto g, load_model(path, shape, false, dbg, untie_initializers));
   KILN_RETURN_IF_ERROR(run_passes(*g, {"eval_mode", "canonicalize"}, dbg, {}).with_context(path));
   return g;
 }
@@ -291,7 +305,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   auto t0 = Clock::now();
-  KILN_ASSIGN_OR_RETURN(auto train, load_model(cfg.model, train_dims, to_f64, dbg));
+  KILN_ASSIGN_OR_RETURN(auto train, load_model(cfg.model, train_dims, to_f64, dbg, cfg.untie_initializers));
   prog.train_times.import_s = since(t0);
   t0 = Clock::now();
   for (Value* in : train->inputs) prog.data_inputs.push_back(in->name);
@@ -357,7 +371,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   prog.train_step = std::move(train);
 
   // Evaluation: forward + loss in inference mode, parameters as inputs.
-  KILN_ASSIGN_OR_RETURN(auto eval, load_model(cfg.model, eval_dims, to_f64, nullptr));
+  KILN_ASSIGN_OR_RETURN(auto eval, load_model(cfg.model, eval_dims, to_f64, nullptr, cfg.untie_initializers));
   auto eval_opts = opts;
   eval_opts["mode"] = "eval";
   if (train_opts.count("widen_bf16_gemm")) eval_opts["widen_bf16_gemm"] = "1";

@@ -30,14 +30,19 @@ const std::vector<std::string>& compiled_pipeline();
 /// Imports an ONNX model, binds dim_params (`shape`), folds shape computations
 /// and canonicalizes. With `to_f64`, every float initializer and input becomes f64
 /// (for float64 reference checks). Errors name the file and node at fault.
+/// `untie_initializers`: frontend::ImportOptions::untie_initializers (--untie_initializers).
+/// The importer's notes (ir::Graph::import_notes: restored ties and parameters) are
+/// printed to stderr, each once per process.
 Expected<std::unique_ptr<ir::Graph>> load_model(const std::string& path, const std::map<std::string, int64_t>& shape,
-                                                bool to_f64 = false, passes::PassContext* dbg = nullptr);
+                                                bool to_f64 = false, passes::PassContext* dbg = nullptr,
+                                                bool untie_initializers = false);
 
 /// load_model followed by the eval_mode pass (BatchNormalization on running statistics,
 /// Dropout off), as model.eval() in PyTorch: what `kiln run` executes.
 Expected<std::unique_ptr<ir::Graph>> load_inference_model(const std::string& path,
                                                           const std::map<std::string, int64_t>& shape,
-                                                          passes::PassContext* dbg = nullptr);
+                                                          passes::PassContext* dbg = nullptr,
+                                                          bool untie_initializers = false);
 
 /// A training program built by the passes.
 ///

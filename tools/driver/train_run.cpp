@@ -126,7 +126,7 @@ Expected<int64_t> steps_per_epoch_of(const TrainConfig& cfg, const runtime::RawD
 }  // namespace
 
 Expected<int64_t> steps_per_epoch(const TrainConfig& cfg, const runtime::RawData& train_raw) {
-  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
+  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape, false, nullptr, cfg.untie_initializers));
   return steps_per_epoch_of(cfg, train_raw, *forward);
 }
 
@@ -221,7 +221,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   // Check the data against the model before compiling (shapes and dtypes; labels and
   // token ids, which a bad eval file would otherwise show only at the first evaluation,
   // after training), and count steps.
-  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape));
+  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape, false, nullptr, cfg.untie_initializers));
   KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch_of(cfg, *train_raw, *forward));
   KILN_RETURN_IF_ERROR(check_data_values(*train_raw, "--train_data", *forward, cfg));
   if (!cfg.eval_data.empty()) KILN_RETURN_IF_ERROR(check_data_values(eval_raw, "--eval_data", *forward, cfg));
