@@ -75,7 +75,8 @@ InferFn infer_reduce(bool float_only) {
   return [float_only](InferContext& c) -> Status {
     if (!c.has_input(0)) return c.fail("missing input data");
     DType t = c.in[0].dtype;
-    if (float_only ? !is_float(t) : !(is_float(t) || is_integer(t)))
+    const bool bool_max = t == DType::boolean && c.node.op == "ReduceMax";  // ReduceMax-20: any()
+    if (!bool_max && (float_only ? !is_float(t) : !(is_float(t) || is_integer(t))))
       return c.fail(std::string("dtype ") + dtype_name(t) + " is not supported");
     if (c.has_input(1) && c.attrs().has("axes")) return c.fail("axes given both as attribute and input");
     auto s = spec_of(c);
@@ -187,7 +188,7 @@ void register_reduction_ops(OpTable& t) {
   t.find_mutable("ReduceSum")->reduce_combine = ScalarOp::add;
   t.add(reduce_def("ReduceMean", "Mean over axes (ONNX ReduceMean-13 axes attribute / -18 axes input)", false,
                    PrecisionPolicy::fp32, grad_sum_or_mean(true)));
-  t.add(reduce_def("ReduceMax", "Max over axes (ONNX ReduceMax-13 axes attribute / -18 axes input)", false,
+  t.add(reduce_def("ReduceMax", "Max over axes (ONNX ReduceMax-13 axes attribute / -18 axes input / -20 bool: any)", false,
                    PrecisionPolicy::follow_inputs, grad_max));
   OpDef a;
   a.name = "ArgMax";

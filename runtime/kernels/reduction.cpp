@@ -59,6 +59,32 @@ Status reduce_kernel(KernelContext& ctx) {
   }
   ReducePlan p = plan(X.dims(), spec->axes);
   if (ir::numel_of(p.kept_dims) != Y.numel()) return ctx.fail("output size mismatch");
+  if constexpr (K == RKind::max) {
+    if (X.dtype() == ir::DType::boolean) {  // ReduceMax-20 on bool: any(), false over an empty set
+      const auto* x = X.data<bool_t>();
+      auto* y = Y.data<bool_t>();
+      for (int64_t o = 0; o < Y.numel(); ++o) {
+        int64_t base = 0, rem = o;
+        for (int d = static_cast<int>(p.kept_dims.size()) - 1; d >= 0; --d) {
+          base += (rem % p.kept_dims[d]) * p.kept_strides[d];
+          rem /= p.kept_dims[d];
+        }
+        bool any = false;
+        std::vector<int64_t> idx(p.red_dims.size(), 0);
+        for (int64_t r = 0; r < p.red_count && !any; ++r) {
+          int64_t off = base;
+          for (size_t d = 0; d < idx.size(); ++d) off += idx[d] * p.red_strides[d];
+          any = x[off].v != 0;
+          for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {
+            if (++idx[d] < p.red_dims[d]) break;
+            idx[d] = 0;
+          }
+        }
+        y[o] = bool_t{uint8_t(any ? 1 : 0)};
+      }
+      return Status::ok();
+    }
+  }
   return dispatch_numeric(ctx, X.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using Acc = std::conditional_t<is_float_v<T>, double, int64_t>;

@@ -21,6 +21,8 @@
 #include <random>
 #include <sstream>
 
+#include "frontend/onnx_import.h"
+#include "frontend/onnx_lower.h"
 #include "ir/op_table.h"
 #include "ir/tensor.h"
 #include "passes/pass.h"
@@ -645,6 +647,39 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_
   return 0;
 }
 
+/// `kiln ops [--names]`: every ONNX op of the default domain kiln imports (opsets
+/// frontend::kMinOpset..kMaxOpset), with the since-versions of its ONNX schema kiln
+/// implements and how: an op of kiln's table (gradient rule or not, fusion class) or one
+/// lowered at import into ops of the table (frontend/onnx_lower.h).
+int cmd_ops(bool names_only) {
+  auto pad = [](std::string s, size_t w) {
+    if (s.size() < w) s.resize(w, ' ');
+    return s + " ";
+  };
+  auto versions = [](const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+  };
+  std::map<std::string, std::string> rows;
+  for (const auto& [name, def] : ir::OpTable::get().all())
+    if (def.onnx)
+      rows[name] = pad(versions(def.onnx_since), 22) +
+                   (def.diff == ir::Differentiability::differentiable ? "gradient rule, " : "no gradient, ") +
+                   ir::fusion_class_name(def.fusion) + (def.scalar || def.row ? " (generated code)" : "");
+  for (const auto& [name, lw] : frontend::onnx_lowerings())
+    rows[name] = pad(versions(lw.onnx_since), 22) + "lowered at import into ops of the table";
+  if (names_only) {
+    for (const auto& [name, row] : rows) std::cout << name << "\n";
+    return 0;
+  }
+  std::cout << rows.size() << " ONNX ops (default domain, opsets " << frontend::kMinOpset << ".." << frontend::kMaxOpset
+            << "; older models are upgraded to opset " << frontend::kMinOpset << ")\n";
+  std::cout << pad("op", 24) << pad("ONNX versions", 22) << "how\n";
+  for (const auto& [name, row] : rows) std::cout << pad(name, 24) << row << "\n";
+  return 0;
+}
+
 /// `kiln inspect MODEL --precision [train flags]`: the precision plan of the whole
 /// training step that `kiln train` would run with those flags (`--bf16` unless `--fp16`
 /// is given), before anything runs: per node (loop bodies indented) its compute,
@@ -822,6 +857,9 @@ int real_main(int argc, char** argv) {
                     "print the precision plan (--bf16, or --fp16) of every node of the training step for the given training flags");
   inspect->add_flag("--memory", inspect_memory,
                     "print the static memory plan of one training step for the given training flags (not run)");
+  auto* ops = app.add_subcommand("ops", "the ONNX ops kiln imports, with the ONNX versions it implements");
+  bool ops_names = false;
+  ops->add_flag("--names", ops_names, "print only the op names, one per line");
   auto* run = app.add_subcommand("run", "forward pass (eager); writes OUTPUT_DIR/<output>.npy");
   std::string run_model, run_out;
   std::vector<std::string> run_inputs, run_shape;
@@ -914,6 +952,7 @@ int real_main(int argc, char** argv) {
       return cmd_inspect(inspect_model, inspect_shape);
     }
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);
+    if (*ops) return cmd_ops(ops_names);
   } catch (const Failure& f) {
     return report(f);
   }
