@@ -21,12 +21,19 @@
 //   written) and its sum in f64 (see decompose_sce): cross_entropy = nll(log_softmax) as
 //   PyTorch defines it, fused the way Inductor fuses it.
 //
+//   ReduceMean(X) -> Y  becomes  Cast(Div(ReduceSum(Cast(X, f64)), n), Y's dtype): the
+//   eager kernel's double sum in its order, divided by the count in double, rounded once
+//   (bit-identical); the cast fuses into the reduction kernel, the division and the
+//   narrowing cast into its readers (an RMSNorm's rsqrt: one reduction kernel and one
+//   pointwise kernel instead of an eager ReduceMean).
+//
 // The new nodes take the place of the original node in the schedule (same position, in
 // order dX, dScale, dB), named "<node>/input", "<node>/dscale/...", "<node>/dbias/...".
 // Recurses into loop bodies (AccumulationLoop).
 #include <algorithm>
 
 #include "ir/dtype.h"
+#include "ir/ops/nn.h"
 #include "passes/passes.h"
 #include "passes/training_util.h"
 
@@ -279,6 +286,42 @@ Status decompose_sce(Graph& g, Graph& root, Node* n) {
   return Status::ok();
 }
 
+/// Eligible ReduceMean: a float input, static shapes, constant axes (attribute or input),
+/// not the no-op form.
+bool decomposable_reduce_mean(const Node& n) {
+  if (n.op != "ReduceMean" || !n.regions.empty() || n.num_outputs() != 1 || n.num_inputs() < 1) return false;
+  const Value* x = n.input(0);
+  const Value* ax = n.input(1);
+  if (!x || !is_float(x->dtype) || !x->shape.is_static() || !n.outputs[0]->shape.is_static()) return false;
+  if (ax && !ax->data) return false;
+  auto spec = reduce_spec(n.attrs, ax != nullptr, ax ? ax->data.get() : nullptr, x->shape.rank());
+  return spec && !spec->noop && x->shape.numel() > 0;
+}
+
+Status decompose_reduce_mean(Graph& g, Graph& root, Node* n) {
+  const std::string name = n->name;
+  Value* x = n->inputs[0];
+  Value* old = n->outputs[0];
+  const Value* ax = n->input(1);
+  auto spec = reduce_spec(n->attrs, ax != nullptr, ax ? ax->data.get() : nullptr, x->shape.rank());
+  if (!spec) return spec.status();
+  int64_t count = 1;
+  for (int a : spec->axes) count *= x->shape.dims[a].value;
+  const std::string out_name = old->name;
+  g.remove_node(n);
+  Builder b(g, name);
+  b.set_constant_graph(&root);
+  Value* x64 = x->dtype == DType::f64 ? x : b.op("Cast", {x}, cast_to(DType::f64));
+  Value* s = b.op("ReduceSum", {x64, b.ints(std::vector<int64_t>(spec->axes.begin(), spec->axes.end()))},
+                  make_attrs({{"keepdims", int64_t(spec->keepdims ? 1 : 0)}}));
+  Value* m = b.op("Div", {s, b.scalar(static_cast<double>(count), DType::f64)});
+  Value* out = old->dtype == DType::f64 ? m : b.op("Cast", {m}, cast_to(old->dtype), out_name);
+  KILN_RETURN_IF_ERROR(b.status());
+  if (!out) return Status::error("decompose: node '" + name + "' could not be rewritten");
+  g.replace_all_uses(old, out);
+  return Status::ok();
+}
+
 /// Decomposes the eligible nodes of `g` and of its loop bodies; constants go to `root`.
 int decompose_graph(Graph& g, Graph& root, Status& st) {
   int count = 0;
@@ -287,13 +330,16 @@ int decompose_graph(Graph& g, Graph& root, Status& st) {
       for (auto& r : n->regions) count += decompose_graph(*r, root, st);
   std::vector<Node*> targets;
   for (auto& n : g.nodes())
-    if (decomposable_ln_grad(*n) || decomposable_sce_grad(*n) || decomposable_sce(g, *n)) targets.push_back(n.get());
+    if (decomposable_ln_grad(*n) || decomposable_sce_grad(*n) || decomposable_sce(g, *n) ||
+        decomposable_reduce_mean(*n))
+      targets.push_back(n.get());
   for (Node* n : targets) {
     if (!st.is_ok()) return count;
     const auto pos = static_cast<std::ptrdiff_t>(g.index_of(n));
     const auto appended_from = static_cast<std::ptrdiff_t>(g.nodes().size()) - 1;  // n is removed
     st = n->op == "LayerNormalizationGrad"        ? decompose_ln_grad(g, root, n)
          : n->op == "SoftmaxCrossEntropyLossGrad" ? decompose_sce_grad(g, root, n)
+         : n->op == "ReduceMean"                  ? decompose_reduce_mean(g, root, n)
                                                   : decompose_sce(g, root, n);
     if (!st.is_ok()) return count;
     // The appended nodes (everything after the original last node) go to its position.

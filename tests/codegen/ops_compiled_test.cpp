@@ -79,6 +79,14 @@ std::vector<OpCase> cases() {
       v.push_back(g);
     }
     v.push_back({"GeluGrad", dt, {dt, dt}, {full, full}, {}, -3, 3, true});
+    for (const char* op : {"Floor", "Ceil", "Round", "Sign"}) v.push_back({op, dt, {dt}, {full}, {}, -3, 3});
+    for (const char* op : {"IsNaN", "IsInf"}) v.push_back({op, DType::boolean, {dt}, {full}, {}, -3, 3});
+    {
+      OpCase m{"Mod", dt, {dt, dt}, {full, mid}, {}, -3, 3};
+      v.push_back(m);  // floor mod (Mod-28 for floats)
+      m.attrs.set("fmod", int64_t(1));
+      v.push_back(m);
+    }
     {
       OpCase c{"Clip", dt, {dt}, {full}, {}, -2, 2};
       c.attrs.set("min", -0.5);
