@@ -47,8 +47,12 @@ std::vector<bool> Kernel::row_invariant() const {
     if (e.kind == KExpr::Kind::load) {
       if (e.param < 0 || e.param >= static_cast<int>(params.size())) continue;
       const KernelParam& p = params[e.param];
-      for (size_t d = 0; d < reduced.size() && d < p.strides.size(); ++d)
+      for (size_t d = 0; d < reduced.size() && d < p.strides.size(); ++d) {
         if (reduced[d] && p.strides[d] != 0 && domain[d] > 1) inv[i] = false;
+        // A guard that cuts a reduced dim makes the value change along it.
+        if (reduced[d] && p.guarded() && (p.guard_lo[d] > 0 || p.guard_hi[d] < domain[d])) inv[i] = false;
+      }
+      if (!e.args.empty() && e.args[0] >= 0 && e.args[0] < static_cast<int>(i) && !inv[e.args[0]]) inv[i] = false;
       continue;
     }
     for (int a : e.args)
@@ -175,6 +179,11 @@ std::string Kernel::to_string() const {
     os << "  param " << i << " %" << p.name << " " << ir::dtype_name(p.dtype) << " strides [" << join(p.strides)
        << "]";
     if (p.offset) os << " offset " << p.offset;
+    if (p.guarded()) {
+      os << " guard [";
+      for (size_t d = 0; d < p.guard_lo.size(); ++d) os << (d ? ", " : "") << p.guard_lo[d] << ":" << p.guard_hi[d];
+      os << "]";
+    }
     os << (p.is_output ? " out" : " in");
     if (p.in_place_of >= 0) os << " in_place_of p" << p.in_place_of;
     os << "\n";
@@ -184,6 +193,7 @@ std::string Kernel::to_string() const {
     os << "  %e" << i << " = ";
     if (e.kind == KExpr::Kind::load) {
       os << "load p" << e.param;
+      if (!e.args.empty()) os << " else %e" << e.args[0];
     } else if (e.kind == KExpr::Kind::reduce) {
       os << "reduce_" << reduce_name(e.reduce) << " %e" << (e.args.empty() ? -1 : e.args[0]);
     } else if (e.kind == KExpr::Kind::constant) {
@@ -223,9 +233,21 @@ Status Kernel::verify() const {
     if (p.strides.size() != rank)
       return fail(pn + " has " + std::to_string(p.strides.size()) + " strides for a rank-" + std::to_string(rank) +
                   " domain");
-    if (p.offset < 0) return fail(pn + " has a negative offset");
     for (int64_t s : p.strides)
       if (s < 0) return fail(pn + " has a negative stride");
+    if (p.guarded()) {
+      if (p.is_output) return fail(pn + " is an output with a guard");
+      if (p.guard_lo.size() != rank || p.guard_hi.size() != rank) return fail(pn + " has a guard of the wrong rank");
+      int64_t first = p.offset;  // the smallest element offset inside the box
+      for (size_t d = 0; d < rank; ++d) {
+        if (p.guard_lo[d] < 0 || p.guard_lo[d] >= p.guard_hi[d] || p.guard_hi[d] > domain[d])
+          return fail(pn + " has an empty or out-of-domain guard on dim " + std::to_string(d));
+        first += p.guard_lo[d] * p.strides[d];
+      }
+      if (first < 0) return fail(pn + " reads before its buffer inside its guard");
+    } else if (p.offset < 0) {
+      return fail(pn + " has a negative offset");
+    }
     if (p.in_place_of >= 0) {
       if (!p.is_output || p.in_place_of >= static_cast<int>(params.size()) || params[p.in_place_of].is_output)
         return fail(pn + " is in place of a param that is not an input");
@@ -243,10 +265,12 @@ Status Kernel::verify() const {
     auto arg_dt = [&](int k) { return exprs[e.args[k]].dtype; };
     switch (e.kind) {
       case KExpr::Kind::load: {
-        if (!e.args.empty()) return fail(en + ": load takes no args");
         if (e.param < 0 || e.param >= static_cast<int>(params.size()))
           return fail(en + ": load of missing param " + std::to_string(e.param));
         const KernelParam& p = params[e.param];
+        if (e.args.size() > 1 || (!e.args.empty() && !p.guarded()))
+          return fail(en + ": only a load of a guarded param takes an arg (its fallback)");
+        if (!e.args.empty() && arg_dt(0) != e.dtype) return fail(en + ": fallback dtype differs from the load's");
         if (p.is_output) return fail(en + ": load of output param p" + std::to_string(e.param));
         if (p.dtype != e.dtype)
           return fail(en + ": load dtype " + ir::dtype_name(e.dtype) + " != param dtype " + ir::dtype_name(p.dtype));
@@ -361,27 +385,49 @@ Kernel collapse_dims(const Kernel& k) {
   }
   std::vector<int64_t> dom;
   std::vector<bool> rflags;
-  std::vector<std::vector<int64_t>> strides(k.params.size());
+  std::vector<std::vector<int64_t>> strides(k.params.size()), glo(k.params.size()), ghi(k.params.size());
+  // A guard that cuts dim d (not the whole extent) keeps d a dim of its own.
+  auto cut = [&](size_t p, size_t d) {
+    const KernelParam& q = k.params[p];
+    return q.guarded() && (q.guard_lo[d] != 0 || q.guard_hi[d] != k.domain[d]);
+  };
+  size_t prev = 0;
   for (size_t d : keep) {
     const bool r = red[d];
     bool merge = !dom.empty() && rflags.back() == r;
     if (merge)
       for (size_t p = 0; p < k.params.size(); ++p)
-        if (strides[p].back() != k.params[p].strides[d] * k.domain[d]) merge = false;
+        if (strides[p].back() != k.params[p].strides[d] * k.domain[d] || cut(p, d) || cut(p, prev)) merge = false;
     if (merge) {
       dom.back() *= k.domain[d];
-      for (size_t p = 0; p < k.params.size(); ++p) strides[p].back() = k.params[p].strides[d];
+      for (size_t p = 0; p < k.params.size(); ++p) {
+        strides[p].back() = k.params[p].strides[d];
+        if (k.params[p].guarded()) ghi[p].back() = dom.back();
+      }
     } else {
       dom.push_back(k.domain[d]);
       rflags.push_back(r);
-      for (size_t p = 0; p < k.params.size(); ++p) strides[p].push_back(k.params[p].strides[d]);
+      for (size_t p = 0; p < k.params.size(); ++p) {
+        strides[p].push_back(k.params[p].strides[d]);
+        if (k.params[p].guarded()) {
+          glo[p].push_back(k.params[p].guard_lo[d]);
+          ghi[p].push_back(k.params[p].guard_hi[d]);
+        }
+      }
     }
+    prev = d;
   }
   out.domain = dom;
   bool any = false;
   for (bool r : rflags) any |= r;
   out.reduced = any ? rflags : std::vector<bool>();
-  for (size_t p = 0; p < k.params.size(); ++p) out.params[p].strides = strides[p];
+  for (size_t p = 0; p < k.params.size(); ++p) {
+    out.params[p].strides = strides[p];
+    if (k.params[p].guarded()) {
+      out.params[p].guard_lo = glo[p];
+      out.params[p].guard_hi = ghi[p];
+    }
+  }
   return out;
 }
 
@@ -672,7 +718,14 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
     for (size_t i = 0; i < k.exprs.size(); ++i) {
       const KExpr& e = k.exprs[i];
       if (level[i] >= max_level) continue;
-      if (e.kind == KExpr::Kind::load) vals[i] = load_val(e.dtype, buffers[e.param], offset_of(k.params[e.param], idx));
+      if (e.kind == KExpr::Kind::load) {
+        const KernelParam& p = k.params[e.param];
+        bool inside = true;
+        for (size_t d = 0; d < rank && p.guarded(); ++d)
+          inside = inside && idx[d] >= p.guard_lo[d] && idx[d] < p.guard_hi[d];
+        if (inside) vals[i] = load_val(e.dtype, buffers[e.param], offset_of(p, idx));
+        else vals[i] = e.args.empty() ? Val{} : vals[e.args[0]];
+      }
       else if (e.kind == KExpr::Kind::constant) vals[i] = constant_val(e.dtype, e.value);
       else if (e.kind == KExpr::Kind::reduce) vals[i] = reduced_vals[i];
       else vals[i] = eval_op(e, vals, k.exprs);
@@ -802,10 +855,11 @@ int Kernel::add_param(std::string pname, ir::DType dt, std::vector<int64_t> stri
   return static_cast<int>(params.size()) - 1;
 }
 
-int Kernel::add_load(int param) {
+int Kernel::add_load(int param, int fallback) {
   KExpr e;
   e.kind = KExpr::Kind::load;
   e.param = param;
+  if (fallback >= 0) e.args.push_back(fallback);
   e.dtype = params[param].dtype;
   exprs.push_back(std::move(e));
   return static_cast<int>(exprs.size()) - 1;

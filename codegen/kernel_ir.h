@@ -38,6 +38,13 @@ struct KernelParam {
   /// the compiler sees one buffer (no alias checks); the executor hands the kernel that
   /// input's buffer, or a copy of it (kiln_inplace on the FusedKernel).
   int in_place_of = -1;
+  /// Inputs only: the box of domain points where the param is read, [guard_lo[d],
+  /// guard_hi[d]) per dim (empty vectors: everywhere). A load outside the box reads no
+  /// memory and gives its fallback (KExpr: a Concat's other input, a Pad's constant);
+  /// inside it the element offset + sum i_d * strides[d] lies in the buffer, so `offset`
+  /// may be negative (a Concat input starting at index c of the axis: -c * stride).
+  std::vector<int64_t> guard_lo, guard_hi;
+  bool guarded() const { return !guard_lo.empty(); }
 };
 
 /// How a store (or a `reduce` expression) combines the values of the domain points
@@ -45,6 +52,9 @@ struct KernelParam {
 enum class ReduceKind { none, sum, max };
 
 /// One node of the expression DAG. `args` index earlier entries of Kernel::exprs.
+///
+/// Kind::load of a guarded param (KernelParam::guard_lo) may have one arg: the value
+/// outside the guard box (the same dtype; without it, zero).
 ///
 /// Kind::reduce (one arg, `reduce` = sum or max, dtype = the arg's): the value at a
 /// domain point is the reduction of the arg over every point that agrees with it on the
@@ -132,8 +142,9 @@ struct Kernel {
   /// A buffer parameter: element strides per domain dim (0: broadcast), element offset.
   int add_param(std::string name, ir::DType dt, std::vector<int64_t> strides, bool is_output = false,
                 int64_t offset = 0);
-  /// A load of parameter `param`, in its dtype.
-  int add_load(int param);
+  /// A load of parameter `param`, in its dtype; `fallback` (guarded params only, -1:
+  /// zero) is the value outside the param's guard box.
+  int add_load(int param, int fallback = -1);
   /// A literal of dtype `dt`.
   int add_constant(double v, ir::DType dt);
   /// A primitive applied to earlier expressions; `dt` is the result dtype.

@@ -1,6 +1,7 @@
 // Lowering of FusedKernel nodes to kernel IR; see lower.h.
 #include "codegen/lower.h"
 
+#include <map>
 #include <unordered_map>
 
 #include "ir/op_table.h"
@@ -123,8 +124,29 @@ Expected<Kernel> lower_fused(const Node& fused) {
   std::unordered_map<const Value*, const Node*> viewed_by;
   for (auto& n : body.nodes())
     if (ir::is_strided_view_op(n->op) && n->input(0)) viewed_by[n->input(0)] = n.get();
+  // A body input read by a guarded view (Concat, constant Pad, SliceGrad) is a guarded
+  // parameter: read inside the box where it lands in the view's output, the view's fill
+  // outside (ir::guarded_read). The view's expression is built once all its inputs are.
+  std::unordered_map<const Value*, std::pair<const Node*, int>> guarded_by;
+  std::unordered_map<const Node*, std::map<int, int>> guarded_params;  // view -> input k -> param
+  for (auto& n : body.nodes())
+    if (ir::is_guarded_view_op(n->op))
+      for (int kk : ir::guarded_view_inputs(*n))
+        if (n->input(kk)) guarded_by[n->input(kk)] = {n.get(), kk};
   for (const Value* in : body.inputs) {
     if (!in->shape.is_static()) return fail("input '" + in->name + "' shape is not static");
+    if (auto gt = guarded_by.find(in); gt != guarded_by.end()) {
+      const Node& t = *gt->second.first;
+      if (!(t.outputs[0]->shape == dom_shape))
+        return fail(t.op + " '" + t.name + "' does not span the domain " + dom_shape.to_string());
+      auto gr = ir::guarded_read(t, gt->second.second);
+      if (!gr) return fail(gr.message());
+      const int p = k.add_param(in->name, in->dtype, gr->strides, false, gr->offset);
+      k.params[p].guard_lo = gr->lo;
+      k.params[p].guard_hi = gr->hi;
+      guarded_params[&t][gt->second.second] = p;
+      continue;
+    }
     auto vt = viewed_by.find(in);
     if (vt != viewed_by.end()) {
       const Node& t = *vt->second;
@@ -169,6 +191,24 @@ Expected<Kernel> lower_fused(const Node& fused) {
   }
   for (const Value* c : body.initializers)
     if (c->data->numel() == 1) env[c] = b.constant(c->data->get_f64(0), c->dtype);  // else: reduction axes
+  // Guarded views: Pad and SliceGrad load their input inside its box and the fill (the
+  // pad value, zeros) outside; a Concat loads input k inside its box and, outside, the
+  // inputs before it (every point lies in exactly one box).
+  for (auto& [t, params] : guarded_params) {
+    if (params.size() != ir::guarded_view_inputs(*t).size())
+      return fail(t->op + " '" + t->name + "' reads a value computed in the kernel");
+    ScalarBuilder::Ref e = -1;
+    for (auto& [kk, p] : params) {
+      int fallback = e;
+      if (fallback < 0 && t->op == "Pad") {
+        auto gr = ir::guarded_read(*t, kk);
+        if (!gr) return fail(gr.message());
+        fallback = b.constant(gr->fill, t->outputs[0]->dtype);
+      }
+      e = k.add_load(p, fallback);
+    }
+    env[t->outputs[0]] = e;
+  }
   if (row_node) {
     const OpDef* def = OpTable::get().find(row_node->op);
     auto dims = def->row_dims(*row_node);
@@ -181,7 +221,7 @@ Expected<Kernel> lower_fused(const Node& fused) {
   }
   for (auto& n : body.nodes()) {
     if (reduction && n.get() == &last) break;
-    if (ir::is_strided_view_op(n->op)) {
+    if (ir::is_strided_view_op(n->op) || ir::is_guarded_view_op(n->op)) {
       // A view of a one-element body constant is that constant at every point (the zero
       // gradient Expand(0, shape) of a parameter that does not reach the loss).
       const Value* src = n->num_inputs() > 0 ? n->inputs[0] : nullptr;

@@ -209,4 +209,6 @@ bool is_strided_view_op(const std::string& op) {
   return op == "Transpose" || op == "Expand" || op == "Slice" || is_view_op(op);
 }
 
+bool is_guarded_view_op(const std::string& op) { return op == "Concat" || op == "Pad" || op == "SliceGrad"; }
+
 }  // namespace kiln::ir

@@ -250,6 +250,13 @@ bool is_view_op(const std::string& op);
 /// element offset) and the is_view_op family (the dense strides of the output dims).
 bool is_strided_view_op(const std::string& op);
 
+/// Ops code generation reads through guarded parameters (codegen/kernel_ir.h: a load
+/// that gives a fallback outside a box of the domain) instead of running them: Concat
+/// (each input a box along the axis), Pad in constant mode (the input a box, the
+/// constant outside) and the kiln-internal SliceGrad with unit steps (dy a box, zeros
+/// outside). ir::guarded_read (ir/ops/nn.h) gives the box.
+bool is_guarded_view_op(const std::string& op);
+
 /// The table. Access with OpTable::get(); entries are registered once on first use.
 class OpTable {
  public:

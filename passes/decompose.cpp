@@ -27,6 +27,10 @@
 //   narrowing cast into its readers (an RMSNorm's rsqrt: one reduction kernel and one
 //   pointwise kernel instead of an eager ReduceMean).
 //
+//   Split(X) -> Y0..Yn  becomes one Slice per output (Y_k = X[.., c_k : c_k + e_k, ..]),
+//   which fusion reads as strided views of X, fused with their readers (the halves of a
+//   rotary embedding, GPT-2's q/k/v), instead of an eager copy of every part.
+//
 // The new nodes take the place of the original node in the schedule (same position, in
 // order dX, dScale, dB), named "<node>/input", "<node>/dscale/...", "<node>/dbias/...".
 // Recurses into loop bodies (AccumulationLoop).
@@ -322,6 +326,38 @@ Status decompose_reduce_mean(Graph& g, Graph& root, Node* n) {
   return Status::ok();
 }
 
+/// Eligible Split: static shapes, every output read (an unread output is left alone).
+bool decomposable_split(const Graph& g, const Node& n) {
+  if (n.op != "Split" || !n.regions.empty() || !n.input(0) || !n.input(0)->shape.is_static() || n.num_outputs() < 2)
+    return false;
+  for (const Value* o : n.outputs)
+    if (!o->shape.is_static() || o->shape.rank() != n.input(0)->shape.rank()) return false;
+  (void)g;
+  return normalize_axis(n.attrs.get_int("axis", 0), n.input(0)->shape.rank()).has_value();
+}
+
+Status decompose_split(Graph& g, Graph& root, Node* n) {
+  const std::string name = n->name;
+  Value* x = n->inputs[0];
+  const int axis = *normalize_axis(n->attrs.get_int("axis", 0), x->shape.rank());
+  std::vector<Value*> old = n->outputs;
+  std::vector<std::string> names;
+  for (Value* o : old) names.push_back(o->name);
+  g.remove_node(n);
+  Builder b(g, name);
+  b.set_constant_graph(&root);
+  int64_t start = 0;
+  for (size_t k = 0; k < old.size(); ++k) {
+    const int64_t e = old[k]->shape.dims[axis].value;
+    Value* s = b.op("Slice", {x, b.ints({start}), b.ints({start + e}), b.ints({axis})}, {}, names[k]);
+    KILN_RETURN_IF_ERROR(b.status());
+    if (!s) return Status::error("decompose: node '" + name + "' could not be rewritten");
+    g.replace_all_uses(old[k], s);
+    start += e;
+  }
+  return Status::ok();
+}
+
 /// Decomposes the eligible nodes of `g` and of its loop bodies; constants go to `root`.
 int decompose_graph(Graph& g, Graph& root, Status& st) {
   int count = 0;
@@ -331,7 +367,7 @@ int decompose_graph(Graph& g, Graph& root, Status& st) {
   std::vector<Node*> targets;
   for (auto& n : g.nodes())
     if (decomposable_ln_grad(*n) || decomposable_sce_grad(*n) || decomposable_sce(g, *n) ||
-        decomposable_reduce_mean(*n))
+        decomposable_reduce_mean(*n) || decomposable_split(g, *n))
       targets.push_back(n.get());
   for (Node* n : targets) {
     if (!st.is_ok()) return count;
@@ -340,6 +376,7 @@ int decompose_graph(Graph& g, Graph& root, Status& st) {
     st = n->op == "LayerNormalizationGrad"        ? decompose_ln_grad(g, root, n)
          : n->op == "SoftmaxCrossEntropyLossGrad" ? decompose_sce_grad(g, root, n)
          : n->op == "ReduceMean"                  ? decompose_reduce_mean(g, root, n)
+         : n->op == "Split"                       ? decompose_split(g, root, n)
                                                   : decompose_sce(g, root, n);
     if (!st.is_ok()) return count;
     // The appended nodes (everything after the original last node) go to its position.

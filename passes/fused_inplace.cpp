@@ -46,7 +46,7 @@ bool read_pointwise_only(const Graph& body, const Value* in) {
     bool reads = false;
     for (const Value* v : m->inputs) reads = reads || v == in;
     if (!reads) continue;
-    if (is_view_op(m->op) || is_strided_view_op(m->op)) return false;
+    if (is_view_op(m->op) || is_strided_view_op(m->op) || is_guarded_view_op(m->op)) return false;
     const OpDef* d = OpTable::get().find(m->op);
     if (!d || d->fusion != FusionClass::pointwise || !m->regions.empty()) return false;
     for (const Value* o : m->outputs)

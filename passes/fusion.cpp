@@ -34,7 +34,12 @@
 //    fused with its consumers, never a separate pass. Its input must reach the kernel
 //    only through it; its constant operands are copied into the body. A Reshape-family
 //    view is fused only for its one reader, and a group of such views alone stays
-//    unfused (the interpreter shares their storage).
+//    unfused (the interpreter shares their storage). A guarded view (Concat, Pad in
+//    constant mode, SliceGrad with unit steps: ir::is_guarded_view_op) is fused the same
+//    way, each data input read inside a box of the output and the fill outside (a
+//    Concat's other inputs, the pad value, zeros), as Inductor lowers cat and pad into
+//    masked loads: the rotary embedding's concatenation of its rotated halves, and the
+//    SliceGrad / Concat of its backward, become part of the pointwise kernels around them.
 //  * Each group becomes one FusedKernel node at the position of its last member. The
 //    body region holds the original nodes (names, attributes and all), so the IR dump
 //    shows every fusion decision (invariant 2). Rank-0 constants the members read
@@ -117,8 +122,20 @@ bool row_fusable(const Node& n) {
   return true;
 }
 
-/// Ops code generation reads through strides instead of running them (ir::is_strided_view_op).
-bool is_view_node(const Node& n) { return is_strided_view_op(n.op); }
+/// Ops code generation reads through strides (ir::is_strided_view_op) or guards
+/// (ir::is_guarded_view_op: Concat, constant Pad, SliceGrad) instead of running them.
+bool is_view_node(const Node& n) { return is_strided_view_op(n.op) || is_guarded_view_op(n.op); }
+
+/// Inputs of a view node that code generation reads through it (the others are constant
+/// operands): input 0 of a strided view, the data inputs of a guarded one.
+std::vector<int> viewed_inputs(const Node& n) {
+  if (is_guarded_view_op(n.op)) return guarded_view_inputs(n);
+  return {0};
+}
+bool is_viewed_input(const Node& n, int k) {
+  const auto v = viewed_inputs(n);
+  return std::find(v.begin(), v.end(), k) != v.end();
+}
 
 /// A view that code generation absorbs as index arithmetic: its input becomes a kernel
 /// parameter with permuted (Transpose), broadcast (Expand: stride 0 along expanded
@@ -127,6 +144,24 @@ bool is_view_node(const Node& n) { return is_strided_view_op(n.op); }
 /// are copied into the kernel body).
 bool view_fusable(const Node& n) {
   if (!is_view_node(n) || n.num_outputs() != 1 || !n.regions.empty() || n.attrs.has("kiln_inplace")) return false;
+  if (is_guarded_view_op(n.op)) {
+    // Every data input read through a guard box (distinct values: one parameter each),
+    // the constant operands copied into the body.
+    const Value* y = n.outputs[0];
+    if (!y->shape.is_static() || y->shape.numel() <= 0 || y->dtype == DType::undefined) return false;
+    std::unordered_set<const Value*> seen;
+    const auto data = guarded_view_inputs(n);
+    for (int k = 0; k < n.num_inputs(); ++k) {
+      const Value* v = n.inputs[k];
+      const bool is_data = std::find(data.begin(), data.end(), k) != data.end();
+      if (!is_data) {
+        if (v && !v->is_initializer()) return false;
+        continue;
+      }
+      if (!v || v->dtype != y->dtype || !seen.insert(v).second || !guarded_read(n, k)) return false;
+    }
+    return true;
+  }
   const Value* x = n.input(0);
   const Value* y = n.outputs[0];
   if (!x || !x->shape.is_static() || !y->shape.is_static() || x->dtype == DType::undefined) return false;
@@ -288,7 +323,8 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
       std::unordered_map<const Value*, int> viewed;
       std::unordered_set<const Value*> direct, made;
       auto add = [&](const Node* m) {
-        if (is_view_node(*m)) viewed[m->inputs[0]]++;
+        if (is_view_node(*m))
+          for (int k : viewed_inputs(*m)) viewed[m->inputs[k]]++;
         else
           for (const Value* in : m->inputs)
             if (in) direct.insert(in);
@@ -378,7 +414,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
         if (!in || gr.values.count(in) || seen.count(in)) continue;
         seen.insert(in);
         const bool axes = gr.reduction && m == gr.members.back() && k == 1;  // reduction axes: constant
-        const bool view_operand = k >= 1 && is_view_node(*m);  // Expand's shape, Slice's starts...
+        const bool view_operand = is_view_node(*m) && !is_viewed_input(*m, k);  // Expand's shape, Slice's starts...
         if (axes || view_operand || (in->is_initializer() && in->data->numel() == 1 && !is_parameter_candidate(*in)))
           consts.push_back(in);
         else

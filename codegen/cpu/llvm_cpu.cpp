@@ -345,6 +345,34 @@ class KernelEmitter {
       default: return v;
     }
   }
+  /// A load of a guarded param (KernelParam::guard_lo): inside the guard box the element,
+  /// else `fallback`; the memory is touched only inside (a branch the loop vectorizer
+  /// if-converts into masked loads), so the address may lie outside the buffer elsewhere.
+  llvm::Value* guarded_load(int p, const std::vector<llvm::Value*>& idx, llvm::Value* fallback) {
+    const KernelParam& q = k_.params[p];
+    llvm::Value* in = nullptr;
+    for (size_t d = 0; d < idx.size() && d < q.guard_lo.size(); ++d) {
+      if (q.guard_lo[d] == 0 && q.guard_hi[d] == k_.domain[d]) continue;
+      llvm::Value* c = B_.CreateICmpSLT(idx[d], i64c(q.guard_hi[d]));
+      if (q.guard_lo[d] > 0) c = B_.CreateAnd(B_.CreateICmpSGE(idx[d], i64c(q.guard_lo[d])), c);
+      in = in ? B_.CreateAnd(in, c) : c;
+    }
+    if (!in) return load(p, idx);
+    llvm::BasicBlock* pre = B_.GetInsertBlock();
+    llvm::BasicBlock* then = llvm::BasicBlock::Create(C_, "guard.in", F_);
+    llvm::BasicBlock* merge = llvm::BasicBlock::Create(C_, "guard.end");
+    B_.CreateCondBr(in, then, merge);
+    B_.SetInsertPoint(then);
+    llvm::Value* v = load(p, idx);
+    llvm::BasicBlock* then_end = B_.GetInsertBlock();
+    B_.CreateBr(merge);
+    merge->insertInto(F_);
+    B_.SetInsertPoint(merge);
+    llvm::PHINode* phi = B_.CreatePHI(v->getType(), 2, "guarded");
+    phi->addIncoming(v, then_end);
+    phi->addIncoming(fallback, pre);
+    return phi;
+  }
   void store(int p, const std::vector<llvm::Value*>& idx, llvm::Value* v) {
     const DType t = k_.params[p].dtype;
     switch (t) {
@@ -672,7 +700,9 @@ class KernelEmitter {
         continue;
       }
       if (e.kind == KExpr::Kind::load) {
-        v[i] = load(e.param, idx);
+        v[i] = k_.params[e.param].guarded()
+                   ? guarded_load(e.param, idx, e.args.empty() ? constant(e.dtype, 0) : v[e.args[0]])
+                   : load(e.param, idx);
         continue;
       }
       if (e.kind == KExpr::Kind::constant) {

@@ -282,6 +282,16 @@ struct KernelEmitter {
       std::string rhs;
       if (e.kind == KExpr::Kind::load) {
         rhs = load_expr(k.params[e.param].dtype, "p" + std::to_string(e.param), off(e.param));
+        const KernelParam& q = k.params[e.param];
+        std::string pred;  // a guarded load reads memory only inside its box
+        for (size_t d = 0; d < q.guard_lo.size(); ++d) {
+          if (q.guard_lo[d] == 0 && q.guard_hi[d] == k.domain[d]) continue;
+          const std::string id = "i" + std::to_string(d);
+          pred += (pred.empty() ? "" : " && ") + std::string("(") + id + " < " + std::to_string(q.guard_hi[d]) +
+                  (q.guard_lo[d] > 0 ? " && " + id + " >= " + std::to_string(q.guard_lo[d]) : "") + ")";
+        }
+        if (!pred.empty())
+          rhs = "(" + pred + ") ? (" + rhs + ") : " + (e.args.empty() ? constant_expr(e.dtype, 0) : names[e.args[0]]);
       } else if (e.kind == KExpr::Kind::constant) {
         rhs = constant_expr(e.dtype, e.value);
       } else {

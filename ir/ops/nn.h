@@ -69,4 +69,21 @@ Expected<SliceView> slice_view(const std::vector<int64_t>& dims, const std::vect
                                const std::vector<int64_t>& ends, std::vector<int64_t> axes,
                                std::vector<int64_t> steps);
 
+/// How a guarded view op (ir::is_guarded_view_op) reads its data input `k` at the points
+/// of its output: inside the box [lo[d], hi[d]) the output element at index i is input
+/// element offset + sum i_d * strides[d] (dense strides of the input; `offset` negative
+/// when the box does not start at 0), outside it the op's fill (`fill`: Pad's constant,
+/// else 0; a Concat's other inputs). Static shapes and constant operands only.
+struct GuardedRead {
+  std::vector<int64_t> lo, hi, strides;
+  int64_t offset = 0;
+  double fill = 0;
+};
+/// The data inputs of a guarded view op: every input of Concat, input 0 of Pad and SliceGrad.
+std::vector<int> guarded_view_inputs(const Node& n);
+/// GuardedRead of data input `k` of `n`. Errors: not a guarded view op, shapes not
+/// static, operands not constant, Pad not in constant mode, SliceGrad with a step other
+/// than 1, an empty box.
+Expected<GuardedRead> guarded_read(const Node& n, int k);
+
 }  // namespace kiln::ir

@@ -190,6 +190,7 @@ void register_reduction_ops(OpTable& t) {
                    PrecisionPolicy::fp32, grad_sum_or_mean(true)));
   t.add(reduce_def("ReduceMax", "Max over axes (ONNX ReduceMax-13 axes attribute / -18 axes input / -20 bool: any)", false,
                    PrecisionPolicy::follow_inputs, grad_max));
+  t.find_mutable("ReduceMax")->reduce_combine = ScalarOp::max;  // NaN propagates, as the eager kernel
   OpDef a;
   a.name = "ArgMax";
   a.doc = "Index of the maximum along one axis (ONNX ArgMax-13: axis, keepdims, select_last_index), i64";

@@ -262,6 +262,92 @@ Expected<SliceView> slice_view(const std::vector<int64_t>& dims, const std::vect
   return v;
 }
 
+std::vector<int> guarded_view_inputs(const Node& n) {
+  if (n.op == "Concat") {
+    std::vector<int> all;
+    for (int k = 0; k < n.num_inputs(); ++k) all.push_back(k);
+    return all;
+  }
+  if (n.op == "Pad" || n.op == "SliceGrad") return {0};
+  return {};
+}
+
+Expected<GuardedRead> guarded_read(const Node& n, int k) {
+  auto fail = [&](const std::string& m) { return Status::error("node '" + n.name + "' (" + n.op + "): " + m); };
+  if (!is_guarded_view_op(n.op) || n.num_outputs() != 1) return fail("not a guarded view");
+  const Value* x = n.input(k);
+  const Value* y = n.outputs[0];
+  if (!x || !x->shape.is_static() || !y->shape.is_static()) return fail("shapes are not static");
+  const std::vector<int64_t> in = x->shape.to_vector(), out = y->shape.to_vector();
+  if (in.size() != out.size()) return fail("input and output ranks differ");
+  const int r = static_cast<int>(out.size());
+  auto ints = [&](int i) -> std::optional<std::vector<int64_t>> {
+    const Value* v = n.input(i);
+    if (!v) return std::vector<int64_t>{};
+    if (!v->data) return std::nullopt;
+    return v->data->to_i64_vector();
+  };
+  GuardedRead g;
+  g.strides = strides_of(in);
+  std::vector<int64_t> begin(static_cast<size_t>(r), 0);  // input index 0 sits at output index begin[d]
+  if (n.op == "Concat") {
+    auto ax = normalize_axis(n.attrs.get_int("axis", 0), r);
+    if (!ax) return fail(ax.message());
+    for (int j = 0; j < k; ++j) {
+      const Value* v = n.input(j);
+      if (!v || !v->shape.is_static()) return fail("shapes are not static");
+      begin[*ax] += v->shape.dims[*ax].value;
+    }
+  } else if (n.op == "Pad") {
+    if (n.attrs.get_string("mode", "constant") != "constant") return fail("only constant mode reads through a guard");
+    auto pads = n.input(1) ? ints(1) : std::optional<std::vector<int64_t>>(n.attrs.get_ints("pads"));
+    auto axes = ints(3);
+    if (!pads || !axes) return fail("pads and axes must be constant");
+    std::vector<int64_t> ax = *axes;
+    if (ax.empty())
+      for (int d = 0; d < r; ++d) ax.push_back(d);
+    if (pads->size() != 2 * ax.size()) return fail("pads length mismatch");
+    for (size_t i = 0; i < ax.size(); ++i) {
+      auto a = normalize_axis(ax[i], r);
+      if (!a) return fail(a.message());
+      begin[*a] = (*pads)[i];
+    }
+    if (n.input(2)) {
+      if (!n.input(2)->data || n.input(2)->data->numel() != 1) return fail("constant_value must be a constant scalar");
+      g.fill = n.input(2)->data->get_f64(0);
+    } else {
+      g.fill = n.attrs.get_float("value", 0.0);
+    }
+  } else {  // SliceGrad(dy, shape, starts, ends, axes?, steps?): dy at the slice's positions
+    auto starts = ints(2), ends = ints(3), axes = ints(4), steps = ints(5);
+    if (!starts || !ends || !axes || !steps || !n.input(1) || !n.input(1)->data)
+      return fail("shape, starts, ends, axes and steps must be constant");
+    std::vector<int64_t> ax = *axes;
+    if (ax.empty())
+      for (size_t i = 0; i < starts->size(); ++i) ax.push_back(static_cast<int64_t>(i));
+    if (ends->size() != starts->size() || ax.size() != starts->size() ||
+        (!steps->empty() && steps->size() != starts->size()))
+      return fail("starts, ends, axes and steps lengths differ");
+    for (size_t i = 0; i < ax.size(); ++i) {
+      if (!steps->empty() && (*steps)[i] != 1) return fail("a step other than 1 does not read through a guard");
+      auto a = normalize_axis(ax[i], r);
+      if (!a) return fail(a.message());
+      const SliceDim s = normalize_slice(out[*a], (*starts)[i], (*ends)[i], 1);
+      if (s.len != in[*a]) return fail("dy does not match the slice");
+      begin[*a] = s.start;
+    }
+  }
+  g.lo.resize(r);
+  g.hi.resize(r);
+  for (int d = 0; d < r; ++d) {
+    g.lo[d] = std::max<int64_t>(0, begin[d]);
+    g.hi[d] = std::min<int64_t>(out[d], begin[d] + in[d]);
+    if (g.lo[d] >= g.hi[d]) return fail("the input is outside the output on dim " + std::to_string(d));
+    g.offset -= begin[d] * g.strides[d];
+  }
+  return g;
+}
+
 namespace {
 
 Status infer_slice(InferContext& c) {

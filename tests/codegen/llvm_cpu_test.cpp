@@ -29,8 +29,10 @@ using testing::row_softmax_kernel;
 
 int64_t buffer_elems(const KernelParam& p, const std::vector<int64_t>& dom) {
   int64_t n = p.offset + 1;
-  for (size_t d = 0; d < dom.size(); ++d)
-    if (dom[d] > 0) n += (dom[d] - 1) * p.strides[d];
+  for (size_t d = 0; d < dom.size(); ++d) {
+    const int64_t hi = p.guarded() ? p.guard_hi[d] : dom[d];  // a guarded param: its box
+    if (hi > 0) n += (hi - 1) * p.strides[d];
+  }
   return n;
 }
 
@@ -416,6 +418,42 @@ TEST(LlvmCpu, F32ErfAndTanhAreWithinFourUlpOfLongDouble) {
   }
   std::cout << "[ INFO ] f32 erf: max " << worst_erf << " ulp, tanh: max " << worst_tanh << " ulp over " << n
             << " points\n";
+}
+
+TEST(LlvmCpu, GuardedLoadsReadOnlyInsideTheirBox) {
+  // A Concat along the last dim of (5, 3) and (5, 4) inputs into a (5, 7) domain (the
+  // second input read at offset -3 inside columns 3..6, the first as its fallback), times
+  // 2; and a row sum of a (3, 9) domain over a Pad-like input (6 x 4 box at rows 0..2,
+  // columns 2..5, -1 outside): guards that cut a reduced dim. Each buffer holds only its
+  // box, so a load outside the box would read past it (and differ from the reference).
+  std::vector<Kernel> ks;
+  for (DType t : {DType::f32, DType::bf16, DType::f64}) {
+    {
+      KB b(std::string("concat_") + ir::dtype_name(t), {5, 7});
+      const int p0 = b.param("a", t, {3, 1});
+      b.k.params[p0].guard_lo = {0, 0};
+      b.k.params[p0].guard_hi = {5, 3};
+      const int p1 = b.param("b", t, {4, 1}, false, 0);
+      b.k.params[p1].offset = -3;
+      b.k.params[p1].guard_lo = {0, 3};
+      b.k.params[p1].guard_hi = {5, 7};
+      const int e = b.k.add_load(p1, b.load(p0));
+      b.out("y", b.op(ScalarOp::mul, {e, b.cst(2, t)}, t), {7, 1});
+      ks.push_back(b.k);
+    }
+    {
+      KB b(std::string("padsum_") + ir::dtype_name(t), {3, 9});
+      b.k.reduced = {false, true};
+      const int p = b.param("x", t, {4, 1});
+      b.k.params[p].offset = -2;
+      b.k.params[p].guard_lo = {0, 2};
+      b.k.params[p].guard_hi = {3, 6};
+      const int e = b.k.add_load(p, b.cst(-1, t));
+      b.out("s", e, {1, 0}, ReduceKind::sum);
+      ks.push_back(b.k);
+    }
+  }
+  check(ks);
 }
 
 TEST(LlvmCpu, IntegerOps) {

@@ -102,8 +102,8 @@ std::vector<OpCase> cases() {
       c.dtype = dt == DType::f32 ? DType::bf16 : DType::f32;
       v.push_back(c);
     }
-    {
-      OpCase r{"ReduceSum", dt, {dt}, {full}, {}, -2, 2};
+    for (const char* op : {"ReduceSum", "ReduceMax"}) {
+      OpCase r{op, dt, {dt}, {full}, {}, -2, 2};
       r.reduction = true;
       v.push_back(r);
     }

@@ -1,7 +1,9 @@
 // Views in generated kernels (passes/fusion.cpp view_fusable, codegen/lower.cpp): an
 // Expand, a Slice (positive steps, constant operands) or a Reshape (its one reader)
 // feeding pointwise ops is read in place through broadcast / stepped / reshaped strides
-// with an element offset, fused with its consumers, never copied by its own kernel. Each graph runs eagerly (the Expand and
+// with an element offset, fused with its consumers, never copied by its own kernel; a
+// Concat, a constant Pad or a unit-step SliceGrad (guarded views) reads each data input
+// inside its box of the output (a guarded parameter) and its fill outside. Each graph runs eagerly (the Expand and
 // Slice kernels copy) and compiled; the results must be bit-identical (data movement and
 // one multiply-add in the same f32 arithmetic), and after fusion no Expand or Slice may
 // be left outside a FusedKernel body.
@@ -39,10 +41,13 @@ void expect_views_fused(ir::Graph& g, const std::map<std::string, ir::Tensor>& f
   auto st = passes::run_pipeline(*fused, {"fusion"}, ctx);
   ASSERT_TRUE(st.is_ok()) << st.message();
   int inside = 0;
+  auto is_view = [](const std::string& op) {
+    return op == "Expand" || op == "Slice" || op == "Reshape" || op == "Concat" || op == "Pad" || op == "SliceGrad";
+  };
   for (auto& n : fused->nodes()) {
-    EXPECT_TRUE(n->op != "Expand" && n->op != "Slice" && n->op != "Reshape") << n->name << " was left to its eager kernel";
+    EXPECT_FALSE(is_view(n->op)) << n->name << " was left to its eager kernel";
     if (n->op == "FusedKernel")
-      for (auto& m : n->regions[0]->nodes()) inside += m->op == "Expand" || m->op == "Slice" || m->op == "Reshape";
+      for (auto& m : n->regions[0]->nodes()) inside += is_view(m->op);
   }
   EXPECT_EQ(inside, views);
   auto got = run_compiled(*fused, feeds);
@@ -131,6 +136,65 @@ TEST(ViewsCompiled, ReshapeWithTwoReadersOrAloneStaysAnEagerView) {
   int top = 0;
   for (auto& n : g.nodes()) top += n->op == "Reshape";
   EXPECT_EQ(top, 2) << "a Reshape was fused although another reader or only a library call reads it";
+}
+
+TEST(ViewsCompiled, ConcatReadsEachInputInsideItsBox) {
+  // A rotary embedding's tail: y = Concat(a * c - b * s, a * s + b * c, axis -1) * 2 over
+  // (2, 3, 4) halves, and a Concat of three unequal inputs along axis 1 (2, 1|3|2, 4).
+  ir::Graph g;
+  ir::Value* a = g.add_input("a", DType::f32, ir::Shape::of({2, 3, 4}));
+  ir::Value* b = g.add_input("b", DType::f32, ir::Shape::of({2, 3, 4}));
+  ir::Value* c = g.add_input("c", DType::f32, ir::Shape::of({3, 4}));
+  ir::Value* s = g.add_input("s", DType::f32, ir::Shape::of({3, 4}));
+  auto op = [&](const char* o, ir::Value* x, ir::Value* y, const char* n) {
+    return g.add_node(o, n, {x, y}, {std::string(n) + "_out"})->outputs[0];
+  };
+  ir::Value* re = op("Sub", op("Mul", a, c, "ac"), op("Mul", b, s, "bs"), "re");
+  ir::Value* im = op("Add", op("Mul", a, s, "as"), op("Mul", b, c, "bc"), "im");
+  ir::Attributes last;
+  last.set("axis", int64_t(-1));
+  ir::Value* cat = g.add_node("Concat", "cat", {re, im}, {"cat"}, last)->outputs[0];
+  ir::Value* y = op("Mul", cat, g.add_initializer("two", ir::Tensor::scalar_f32(2.f)), "y");
+  ir::Value* p = g.add_input("p", DType::f32, ir::Shape::of({2, 1, 4}));
+  ir::Value* q = g.add_input("q", DType::f32, ir::Shape::of({2, 3, 4}));
+  ir::Value* r = g.add_input("r", DType::f32, ir::Shape::of({2, 2, 4}));
+  ir::Attributes one;
+  one.set("axis", int64_t(1));
+  ir::Value* cat3 = g.add_node("Concat", "cat3", {p, q, r}, {"cat3"}, one)->outputs[0];
+  g.outputs = {y, g.add_node("Neg", "neg", {cat3}, {"z"})->outputs[0]};
+  expect_views_fused(g,
+                     {{"a", random_f32({2, 3, 4}, 11)}, {"b", random_f32({2, 3, 4}, 12)}, {"c", random_f32({3, 4}, 13)},
+                      {"s", random_f32({3, 4}, 14)}, {"p", random_f32({2, 1, 4}, 15)}, {"q", random_f32({2, 3, 4}, 16)},
+                      {"r", random_f32({2, 2, 4}, 17)}},
+                     2);
+}
+
+TEST(ViewsCompiled, PadAndSliceGradFillOutsideTheirBox) {
+  // y = Pad(x (3, 5), pads [1, 0, 2, 3], value -1.5) + 1 (6, 8); z = SliceGrad(dy (2, 3)
+  // into (4, 6) at rows 1..3, columns 2..5) * 3; a negative pad (a crop) on w (4, 6).
+  ir::Graph g;
+  ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({3, 5}));
+  ir::Value* pad = g.add_node("Pad", "pad",
+                              {x, g.add_initializer("pads", ir::Tensor::from_i64({1, 0, 2, 3})),
+                               g.add_initializer("cv", ir::Tensor::scalar_f32(-1.5f))},
+                              {"padded"})
+                       ->outputs[0];
+  ir::Value* one = g.add_initializer("one", ir::Tensor::scalar_f32(1.f));
+  ir::Value* y = g.add_node("Add", "add", {pad, one}, {"y"})->outputs[0];
+  ir::Value* dy = g.add_input("dy", DType::f32, ir::Shape::of({2, 3}));
+  ir::Value* sg = g.add_node("SliceGrad", "sg",
+                             {dy, g.add_initializer("shape", ir::Tensor::from_i64({4, 6})),
+                              g.add_initializer("starts", ir::Tensor::from_i64({1, 2})),
+                              g.add_initializer("ends", ir::Tensor::from_i64({3, 5}))},
+                             {"sg"})
+                      ->outputs[0];
+  ir::Value* z = g.add_node("Mul", "mul", {sg, g.add_initializer("three", ir::Tensor::scalar_f32(3.f))}, {"z"})->outputs[0];
+  ir::Value* w = g.add_input("w", DType::f32, ir::Shape::of({4, 6}));
+  ir::Value* crop = g.add_node("Pad", "crop", {w, g.add_initializer("cpads", ir::Tensor::from_i64({-1, 2, 0, -3}))},
+                               {"crop"})
+                        ->outputs[0];
+  g.outputs = {y, z, g.add_node("Neg", "neg", {crop}, {"v"})->outputs[0]};
+  expect_views_fused(g, {{"x", random_f32({3, 5}, 21)}, {"dy", random_f32({2, 3}, 22)}, {"w", random_f32({4, 6}, 23)}}, 3);
 }
 
 TEST(ViewsCompiled, NegativeStepSliceStaysEager) {

@@ -66,6 +66,13 @@ TEST(KernelWrites, FlaggedKernelsWriteEveryOutputElement) {
       {"Dropout", {rnd(DType::bf16, {77}, -1, 1, 6)}, ratio, 2, true},
       {"Concat", {rnd(DType::f32, {2, 3, 2}, -1, 1, 7), rnd(DType::f32, {2, 1, 2}, -1, 1, 8)}, axis1},
       {"Split", {rnd(DType::f32, {2, 6, 2}, -1, 1, 9)}, split, 3},
+      // Indexing ops (ir/ops/indexing.cpp): every output element is gathered, copied or summed.
+      {"CumSum", {rnd(DType::f32, {3, 4}, -1, 1, 16), Tensor::from_i64({1})}, {}},
+      {"GatherElements", {rnd(DType::f32, {3, 4}, -1, 1, 17), Tensor::from_i64({0, 2, 1, 2, 1, 1, 0, 2}).reshaped({2, 4})}},
+      {"GatherND", {rnd(DType::f32, {3, 4}, -1, 1, 18), Tensor::from_i64({2, 0, 1}).reshaped({3, 1})}},
+      {"ScatterElements",
+       {rnd(DType::f32, {3, 4}, -1, 1, 19), Tensor::from_i64({0, 2, 1, 2}).reshaped({1, 4}), rnd(DType::f32, {1, 4}, -1, 1, 20)}},
+      {"ScatterND", {rnd(DType::f32, {4, 3}, -1, 1, 21), Tensor::from_i64({3, 0}).reshaped({2, 1}), rnd(DType::f32, {2, 3}, -1, 1, 22)}},
   };
   // 8-bit optimizer state: 1000 elements = 3 full blocks of 256 and one of 232 (the AVX2
   // path's 8-wide groups, a tail), one block of zeros (the zero-code rule).
