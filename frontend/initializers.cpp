@@ -198,6 +198,7 @@ class Resolver {
       : m_(m), g_(g), origins_(origins), untie_(untie) {}
 
   Status run() {
+    for (Value* v : g_.initializers) from_file_.insert(v);
     read_signature();
     assign_roles();
     restore_folded_weights();
@@ -349,6 +350,7 @@ class Resolver {
       a.set("perm", std::vector<int64_t>{1, 0});
       Value* t = insert_before(mm, "Transpose", name + ".T", {p}, a);
       g_.replace_all_uses(c, t);
+      g_.initializer_origins[name] = {{c->name, "transpose", -1, -1}};
       restored.push_back(name);
     }
     g_.remove_unused_initializers();
@@ -402,6 +404,10 @@ class Resolver {
       }
       // Every use of c must come after the view: c's uses follow `first` in node order.
       g_.replace_all_uses(c, view);
+      add_origin(orig, {c->name, how == View::copy ? "" : how == View::transpose ? "transpose"
+                                                   : how == View::slice     ? "slice"
+                                                                             : "broadcast",
+                        -1, -1});
       tied.push_back("'" + c->name + "' is " + view_name(how) + " of '" + orig->name + "'");
     }
     // Identity aliases of parameters (eval-mode exports).
@@ -492,6 +498,7 @@ class Resolver {
                                         "torch.export signature: PARAMETER '" + want +
                                             "', restored (the exporter merged it with '" + v->name + "', equal values)");
             n->inputs[i] = copy;
+            g_.initializer_origins[want] = {{"", "", node_index(n), i}};
             copies.push_back(want);
           } else {
             // One tensor under two names: tied in PyTorch (named below).
@@ -514,6 +521,7 @@ class Resolver {
           else if (width > 0) b = add_parameter(want, Tensor(dt, {width}), restored_bias(want));
           if (!b) continue;
           n->inputs.push_back(b);
+          g_.initializer_origins[want] = {{"", "", node_index(n), i}};
           present.insert(want);
           zeros.push_back(want);
         }
@@ -529,6 +537,7 @@ class Resolver {
         if (width <= 0) continue;
         const std::string want = path + ".bias";
         Value* b = add_parameter(want, Tensor(n->input(0)->dtype, {width}), restored_bias(want));
+        g_.initializer_origins[want] = {{"", "", node_index(n), -1}};
         Value* y = n->outputs[0];
         const int at = g_.index_of(n) + 1;
         ir::Node* add = g_.insert_node(static_cast<size_t>(at), "Add", g_.unique_name(want + ".add"), {y, b},
@@ -590,6 +599,24 @@ class Resolver {
     return p == init_placeholder_.end() ? "" : param_target(p->second);
   }
 
+  /// Records that the file holds parameter p (also) at `o`; the first record of a
+  /// parameter read from the file also names its own place.
+  void add_origin(const Value* p, ir::InitializerOrigin o) {
+    auto& list = g_.initializer_origins[p->name];
+    if (list.empty() && from_file_.count(p)) list.push_back({p->name, "", -1, -1});
+    list.push_back(std::move(o));
+  }
+
+  /// Index of the file's node an IR node was imported from (-1: none).
+  int node_index(const ir::Node* n) const {
+    auto it = origins_.find(n);
+    if (it == origins_.end()) return -1;
+    if (node_indices_.empty())  // a RepeatedPtrField's elements are separate objects: map them
+      for (int i = 0; i < m_.graph().node_size(); ++i) node_indices_[&m_.graph().node(i)] = i;
+    auto k = node_indices_.find(it->second);
+    return k == node_indices_.end() ? -1 : k->second;
+  }
+
   void rename(Value* v, const std::string& name) {
     // Values are registered by name in the graph: re-create the initializer under the new
     // name and move the uses.
@@ -600,6 +627,17 @@ class Resolver {
     for (auto& [k, idx] : by_placeholder_)
       if (signature_[idx].target == name) init_placeholder_[name] = k;
     g_.replace_all_uses(v, nv);
+    // Its places in the file move with it (its own place first, when it came from the file).
+    auto old = g_.initializer_origins.find(v->name);
+    std::vector<ir::InitializerOrigin> places;
+    if (old != g_.initializer_origins.end()) {
+      places = old->second;
+      g_.initializer_origins.erase(old);
+    } else if (from_file_.count(v)) {
+      places.push_back({v->name, "", -1, -1});
+    }
+    if (from_file_.count(v)) from_file_.insert(nv);
+    g_.initializer_origins[name] = places;
     g_.remove_unused_initializers();
   }
 
@@ -641,15 +679,45 @@ class Resolver {
   const onnx::ModelProto& m_;
   ir::Graph& g_;
   const NodeOrigins& origins_;
+  mutable std::unordered_map<const onnx::NodeProto*, int> node_indices_;  ///< filled by node_index
   bool untie_;
   std::vector<SignatureEntry> signature_;
   std::map<std::string, size_t> by_placeholder_, by_target_;
   std::map<std::string, std::string> init_kind_, init_placeholder_;
   /// Signature names of tied parameters trained under another name (not missing).
   std::set<std::string> tied_names_;
+  /// Initializers read from the file (the others were made by this resolver).
+  std::set<const Value*> from_file_;
 };
 
 }  // namespace
+
+void declare_signature_parameter(onnx::ModelProto& model, const std::string& name) {
+  auto gm = metadata(model.graph(), kGraphMetadataField);
+  auto it = gm.find(kSignatureKey);
+  if (it == gm.end()) return;
+  std::string placeholder;
+  for (const SignatureEntry& e : parse_signature(it->second))
+    if (e.kind == "PARAMETER" && e.target == name) placeholder = e.placeholder;
+  if (placeholder.empty()) return;
+  const onnx::TensorProto* init = nullptr;
+  for (const auto& tp : model.graph().initializer())
+    if (tp.name() == name) init = &tp;
+  if (!init) return;
+  onnx::ValueInfoProto* vi = model.mutable_graph()->add_value_info();
+  vi->set_name(name);
+  auto* tt = vi->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(init->data_type());
+  for (int64_t d : init->dims()) tt->mutable_shape()->add_dim()->set_dim_value(d);
+  // metadata_props (field 4): unknown to Debian's proto, written as the exporter's bytes.
+  auto* unknown = vi->GetReflection()->MutableUnknownFields(vi);
+  for (auto& [k, v] : std::map<std::string, std::string>{{kKindKey, "PARAMETER"}, {kOriginalNameKey, placeholder}}) {
+    onnx::StringStringEntryProto e;
+    e.set_key(k);
+    e.set_value(v);
+    unknown->AddLengthDelimited(kValueInfoMetadataField, e.SerializeAsString());
+  }
+}
 
 Status resolve_initializers(const onnx::ModelProto& model, ir::Graph& g, const NodeOrigins& origins, bool untie) {
   return Resolver(model, g, origins, untie).run();

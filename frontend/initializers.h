@@ -58,4 +58,13 @@ using NodeOrigins = std::unordered_map<const ir::Node*, const onnx::NodeProto*>;
 /// malformed signature is ignored: roles stay unknown).
 Status resolve_initializers(const onnx::ModelProto& model, ir::Graph& g, const NodeOrigins& origins, bool untie);
 
+/// Declares initializer `name` of `model` (already added to its graph, with dims and
+/// data type) a PARAMETER of the torch.export signature, as the exporter writes its own:
+/// a value_info carrying "pkg.torch.export.graph_signature.InputSpec.kind" and the
+/// signature placeholder whose target is `name`. Used when a trained model puts back a
+/// parameter the exporter merged or dropped, so that re-importing it trains the same
+/// parameters. No-op for a model without a signature, or a name the signature does not
+/// list as a PARAMETER target.
+void declare_signature_parameter(onnx::ModelProto& model, const std::string& name);
+
 }  // namespace kiln::frontend

@@ -136,6 +136,23 @@ struct StateBinding {
   std::shared_ptr<Tensor> initial;
 };
 
+/// Where a trainable initializer sits in the model file it was imported from, when not
+/// (only) as the file's initializer of its own name (frontend/initializers.h): how a
+/// trained value is written back into that file (tools/driver/export_trained.cpp).
+struct InitializerOrigin {
+  /// The file's initializer holding it, or a view of it (empty: none; it is added).
+  std::string onnx_name;
+  /// What that initializer holds: "" the tensor itself, "transpose" (rank 2), "slice"
+  /// (its leading part along the first non-unit dim), "broadcast" (repeated along new
+  /// leading dims).
+  std::string view;
+  /// onnx_name empty: index of the file's node that reads the added initializer, as input
+  /// `input` (appended when past the node's inputs; -1: added to the node's output 0,
+  /// a Linear's dropped bias).
+  int node = -1;
+  int input = -1;
+};
+
 /// A graph (or region): nodes in topological order, inputs, outputs, initializers.
 class Graph {
  public:
@@ -150,6 +167,9 @@ class Graph {
   /// One-line notes of the importer for the user (restored ties and parameters, roles of
   /// initializers read from the exporter's metadata); printed once by the driver.
   std::vector<std::string> import_notes;
+  /// Trainable initializers the importer re-expressed (restored, renamed or tied): their
+  /// places in the model file, by IR name (absent: the file's initializer of that name).
+  std::map<std::string, std::vector<InitializerOrigin>> initializer_origins;
 
   Graph() = default;
   Graph(const Graph&) = delete;

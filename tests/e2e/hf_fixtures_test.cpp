@@ -14,10 +14,14 @@
 //     PyTorch's CPU autocast (bfloat16) run with --bf16.
 // The eager backend computes gradients (the reference); the trajectories run on the
 // compiled backend (the kiln command line's default) and, in float32, on eager too.
+// Export: after 3 steps, the trained model kiln writes (the original file with trained
+// initializers, ties and restored parameters written back) re-imports with exactly
+// PyTorch's parameters holding exactly the trained values, and computes the same loss.
 #include <cmath>
 #include <set>
 
 #include "e2e_util.h"
+#include "tools/driver/export_trained.h"
 
 using namespace kiln;
 using namespace kiln::testing;
@@ -85,9 +89,10 @@ std::map<std::string, ir::Tensor> batch_feeds(const Fixture& f, const driver::Tr
   return feeds;
 }
 
-/// Losses of `steps` training steps of p on the same batch, from the initial state.
+/// Losses of `steps` training steps of p on the same batch, from the initial state;
+/// `final_state` (if given) receives the state after the last step.
 std::vector<double> losses_on_one_batch(const driver::TrainingProgram& p, const std::map<std::string, ir::Tensor>& batch,
-                                        int64_t steps) {
+                                        int64_t steps, std::map<std::string, ir::Tensor>* final_state = nullptr) {
   std::vector<double> losses;
   auto state = initial_state(*p.train_step);
   runtime::RunOptions ro;
@@ -108,7 +113,27 @@ std::vector<double> losses_on_one_batch(const driver::TrainingProgram& p, const 
     losses.push_back((*out)["loss"].get_f64(0));
     for (auto& sb : p.train_step->state) state[sb.input->name] = (*out)[sb.output->name];
   }
+  if (final_state) *final_state = state;
   return losses;
+}
+
+/// Parameter names and shapes PyTorch lists for the fixture's model.
+std::map<std::string, std::vector<int64_t>> pytorch_parameters(const nlohmann::json& ref) {
+  std::map<std::string, std::vector<int64_t>> want;
+  for (auto& e : ref["parameters"]) want[e[0].get<std::string>()] = e[1].get<std::vector<int64_t>>();
+  return want;
+}
+
+/// Eval-graph loss of p on `batch` with `state` as its weights.
+double eval_loss(const driver::TrainingProgram& p, const std::map<std::string, ir::Tensor>& state,
+                 const std::map<std::string, ir::Tensor>& batch) {
+  std::map<std::string, ir::Tensor> feeds;
+  for (ir::Value* in : p.eval->inputs)
+    if (auto it = state.find(in->name); it != state.end()) feeds[in->name] = it->second;
+  for (auto& [k, t] : batch) feeds[k] = t;
+  auto out = runtime::run_graph(*p.eval, feeds, runtime::RunOptions{});
+  EXPECT_TRUE(out) << out.message();
+  return out ? out->at("loss").get_f64(0) : std::nan("");
 }
 
 class HfFixture : public ::testing::TestWithParam<Fixture> {};
@@ -121,8 +146,7 @@ TEST_P(HfFixture, ParametersForwardAndGradients) {
   ASSERT_TRUE(p) << p.message();
 
   // Exactly PyTorch's parameters, by name and shape.
-  std::map<std::string, std::vector<int64_t>> want, got;
-  for (auto& e : ref["parameters"]) want[e[0].get<std::string>()] = e[1].get<std::vector<int64_t>>();
+  std::map<std::string, std::vector<int64_t>> want = pytorch_parameters(ref), got;
   for (auto& sb : p->train_step->state)
     if (sb.kind == "parameter") got[sb.input->name] = sb.input->shape.to_vector();
   for (auto& [n, s] : want) {
@@ -220,6 +244,49 @@ TEST_P(HfFixture, AdamW20StepsFp32Eager) { check_trajectory(GetParam(), "eager",
 TEST_P(HfFixture, AdamW20StepsFp32Compiled) { check_trajectory(GetParam(), "compiled", false); }
 TEST_P(HfFixture, AdamW20StepsBf16Compiled) { check_trajectory(GetParam(), "compiled", true); }
 
+/// Trains f 3 steps (eager), exports the trained model, re-imports it and checks that
+/// it trains exactly `want`'s parameters holding the trained values, with the same loss.
+void check_export_round_trip(const Fixture& f, const std::map<std::string, std::vector<int64_t>>& want) {
+  const auto ref = reference(f);
+  auto cfg = config(f, ref, "eager", false);
+  auto p = driver::build_training_program(cfg, nullptr, false);
+  ASSERT_TRUE(p) << p.message();
+  const auto batch = batch_feeds(f, *p);
+  std::map<std::string, ir::Tensor> state;
+  ASSERT_EQ(losses_on_one_batch(*p, batch, 3, &state).size(), 3u);
+  std::map<std::string, ir::Tensor> weights;
+  for (auto& sb : p->train_step->state)
+    if (sb.kind == "parameter" || sb.kind == "buffer") weights[sb.input->name] = state.at(sb.input->name);
+
+  const std::string dir = fresh_tmpdir("hf_export_" + fixture_name(f));
+  const std::string out = dir + "/model.onnx";
+  Status st = driver::export_trained_model(cfg.model, weights, p->train_step->initializer_origins, out);
+  ASSERT_TRUE(st.ok()) << st.message();
+
+  cfg.model = out;
+  auto q = driver::build_training_program(cfg, nullptr, false);
+  ASSERT_TRUE(q) << "re-import of the exported model: " << q.message();
+  auto reloaded = initial_state(*q->train_step);
+  int params = 0;
+  for (auto& sb : q->train_step->state) {
+    if (sb.kind != "parameter") continue;
+    ++params;
+    const std::string& n = sb.input->name;
+    EXPECT_TRUE(want.count(n)) << "the exported model trains " << n << ", which PyTorch does not list";
+    ASSERT_TRUE(weights.count(n)) << n;
+    const ir::Tensor &a = reloaded.at(n), &b = weights.at(n);
+    ASSERT_EQ(a.dims(), b.dims()) << n;
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << n << " does not hold its trained values";
+  }
+  EXPECT_EQ(params, static_cast<int>(want.size()));
+  const double trained = eval_loss(*p, state, batch), exported = eval_loss(*q, reloaded, batch);
+  EXPECT_LE(std::abs(trained - exported), 1e-6 * std::abs(trained)) << exported << " vs " << trained;
+}
+
+TEST_P(HfFixture, TrainedModelExportsAndReimports) {
+  check_export_round_trip(GetParam(), pytorch_parameters(reference(GetParam())));
+}
+
 INSTANTIATE_TEST_SUITE_P(Exports, HfFixture, ::testing::ValuesIn(exported_fixtures()),
                          [](const ::testing::TestParamInfo<Fixture>& i) { return fixture_name(i.param); });
 
@@ -236,5 +303,47 @@ TEST(HfFixtures, ManifestListsEveryRoute) {
   EXPECT_EQ(m["fixtures"].size(), 48u);
   EXPECT_GE(exported, 32);
 }
+
+}  // namespace
+
+namespace {
+
+// A freshly initialized GPT-2 exported by the default exporter, which merges its
+// equal-valued LayerNorm weights and biases into shared initializers and drops its
+// all-zero Linear (Conv1D) biases: kiln restores PyTorch's parameters from the
+// torch.export signature (written by tools/export_hf_fixtures.py to fresh_parameters.json
+// from named_parameters()), and the trained model it exports puts them back into the file.
+const Fixture kFreshGpt2{"gpt2/fresh_dynamo.onnx", "gpt2", "logits", "dynamo", {}};
+
+std::map<std::string, std::vector<int64_t>> fresh_parameters() {
+  std::map<std::string, std::vector<int64_t>> want;
+  for (auto& e : read_json(kRoot + "gpt2/fresh_parameters.json"))
+    want[e[0].get<std::string>()] = e[1].get<std::vector<int64_t>>();
+  return want;
+}
+
+TEST(HfFreshModel, MergedAndDroppedParametersRestored) {
+  const auto ref = reference(kFreshGpt2);
+  auto p = driver::build_training_program(config(kFreshGpt2, ref, "eager", false), nullptr, false);
+  ASSERT_TRUE(p) << p.message();
+  const auto want = fresh_parameters();
+  std::map<std::string, std::vector<int64_t>> got;
+  for (auto& sb : p->train_step->state)
+    if (sb.kind == "parameter") got[sb.input->name] = sb.input->shape.to_vector();
+  EXPECT_EQ(got, want);
+  // Restored parameters start from the exporter's shared values: LayerNorm weights ones,
+  // biases zeros (PyTorch's initialization of a fresh GPT-2).
+  auto state = initial_state(*p->train_step);
+  for (auto& [n, t] : state) {
+    if (!want.count(n)) continue;
+    const bool ln = n.find(".ln_") != std::string::npos;
+    const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+    if (!ln && !bias) continue;
+    const double v = (ln && !bias) ? 1.0 : 0.0;
+    for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.get_f64(i), v) << n << "[" << i << "]";
+  }
+}
+
+TEST(HfFreshModel, TrainedModelExportsAndReimports) { check_export_round_trip(kFreshGpt2, fresh_parameters()); }
 
 }  // namespace

@@ -258,11 +258,12 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   KILN_ASSIGN_OR_RETURN(auto res, runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr));
   const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
 
-  std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
-  Status s = export_trained_model(cfg.model, res.weights, onnx_out);
-  if (!s) return ctx(s, "export");
+  // The weights first (they need nothing but themselves), then the ONNX file.
   KILN_RETURN_IF_ERROR(
       runtime::io::save_safetensors((fs::path(cfg.output_dir) / "model.safetensors").string(), res.weights));
+  std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
+  Status s = export_trained_model(cfg.model, res.weights, prog.train_step->initializer_origins, onnx_out);
+  if (!s) return ctx(s, "export");
   out << "saved " << onnx_out << "\n";
   if (!res.eval_metrics.empty()) {
     out << "final";
