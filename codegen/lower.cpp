@@ -115,8 +115,8 @@ Expected<Kernel> lower_fused(const Node& fused) {
   k.domain = dom_shape.to_vector();
   std::unordered_map<const Value*, ScalarBuilder::Ref> env;
   KernelBuilder b(k, env);
-  // A body input read by a view member (Transpose, Expand, Slice, the Reshape family;
-  // passes/fusion.cpp) is a parameter with the view's strides: the Transpose's output
+  // A body input read by a view member (Transpose, Expand, Slice, AsStrided, the Reshape
+  // family; passes/fusion.cpp) is a parameter with the view's strides: the Transpose's output
   // element at domain index i is input element i permuted; Expand's is the input element
   // broadcast to it (stride 0 along expanded dims); Slice's is at offset + i * step-scaled
   // strides; a Reshape's is the input read with the dense strides of its output dims. The
@@ -166,6 +166,12 @@ Expected<Kernel> lower_fused(const Node& fused) {
         for (int d = 0; d < r; ++d) strides[d] = in_dims[perm[d]] == 1 ? 0 : contiguous[perm[d]];
       } else if (t.op == "Expand") {
         strides = broadcast_strides(in_dims, k.domain);
+      } else if (t.op == "AsStrided") {  // its own element strides and offset into the dense input
+        strides = t.attrs.get_ints("stride");
+        offset = t.attrs.get_int("storage_offset", 0);
+        if (strides.size() != k.domain.size()) return fail("AsStrided '" + t.name + "' does not span the domain");
+        for (size_t d = 0; d < strides.size(); ++d)
+          if (k.domain[d] == 1) strides[d] = 0;
       } else if (ir::is_view_op(t.op)) {  // Reshape family: the same elements in order, new dims
         strides = broadcast_strides(k.domain, k.domain);
       } else {  // Slice-13: constant starts, ends, axes?, steps? (copied into the body)

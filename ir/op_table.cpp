@@ -206,9 +206,11 @@ bool is_view_op(const std::string& op) {
 }
 
 bool is_strided_view_op(const std::string& op) {
-  return op == "Transpose" || op == "Expand" || op == "Slice" || is_view_op(op);
+  return op == "Transpose" || op == "Expand" || op == "Slice" || op == "AsStrided" || is_view_op(op);
 }
 
-bool is_guarded_view_op(const std::string& op) { return op == "Concat" || op == "Pad" || op == "SliceGrad"; }
+bool is_guarded_view_op(const std::string& op) {
+  return op == "Concat" || op == "Pad" || op == "SliceGrad" || op == "AsStridedScatter";
+}
 
 }  // namespace kiln::ir

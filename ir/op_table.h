@@ -247,14 +247,16 @@ struct OpDef {
 bool is_view_op(const std::string& op);
 /// Ops code generation reads through strides instead of running (passes/fusion.cpp,
 /// codegen/lower.cpp): Transpose (permuted), Expand (broadcast), Slice (stepped, with an
-/// element offset) and the is_view_op family (the dense strides of the output dims).
+/// element offset), the kiln-internal AsStrided (its own strides and offset) and the
+/// is_view_op family (the dense strides of the output dims).
 bool is_strided_view_op(const std::string& op);
 
 /// Ops code generation reads through guarded parameters (codegen/kernel_ir.h: a load
 /// that gives a fallback outside a box of the domain) instead of running them: Concat
 /// (each input a box along the axis), Pad in constant mode (the input a box, the
-/// constant outside) and the kiln-internal SliceGrad with unit steps (dy a box, zeros
-/// outside). ir::guarded_read (ir/ops/nn.h) gives the box.
+/// constant outside), the kiln-internal SliceGrad with unit steps (dy a box, zeros
+/// outside) and AsStridedScatter whose written elements form a box of the data (src
+/// inside, data outside). ir::guarded_read (ir/ops/nn.h) gives the box.
 bool is_guarded_view_op(const std::string& op);
 
 /// The table. Access with OpTable::get(); entries are registered once on first use.

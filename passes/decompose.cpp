@@ -31,10 +31,20 @@
 //   which fusion reads as strided views of X, fused with their readers (the halves of a
 //   rotary embedding, GPT-2's q/k/v), instead of an eager copy of every part.
 //
+//   Gather, GatherElements, GatherND, ScatterElements and ScatterND (reduction none) whose
+//   indices are a constant affine in their coordinates (arange-built indices: position
+//   embeddings, the broadcast aranges of attention-mask indexing, slice and select
+//   assignments such as T5's label shift) become AsStrided(data) or
+//   AsStridedScatter(data, updates) with the same strides (PyTorch's as_strided and
+//   as_strided_scatter): fusion reads them through strides or guard boxes instead of
+//   running an eager gather or scatter.
+//
 // The new nodes take the place of the original node in the schedule (same position, in
 // order dX, dScale, dB), named "<node>/input", "<node>/dscale/...", "<node>/dbias/...".
 // Recurses into loop bodies (AccumulationLoop).
 #include <algorithm>
+#include <optional>
+#include <set>
 
 #include "ir/dtype.h"
 #include "ir/ops/nn.h"
@@ -358,6 +368,149 @@ Status decompose_split(Graph& g, Graph& root, Node* n) {
   return Status::ok();
 }
 
+// ---------------------------------------------------------------- indexing with constant indices
+
+/// Element strides and offset of an indexing op's access into its data (dense row-major)
+/// when its constant indices address the data affinely: the view as AsStrided /
+/// AsStridedScatter attributes (size = the output, or the updates, shape).
+struct StridedAccess {
+  std::vector<int64_t> size, stride;
+  int64_t offset = 0;
+};
+
+/// Fits the constant indices `idx` (shape L + [K] when `components`, else L with K = 1)
+/// as affine functions of the coordinates of L: wrap(idx[l, m], n[m]) = c0[m] + sum_d
+/// l_d * c[m][d] (negative indices count from n[m], as the kernels do). False when an
+/// index is outside [-n, n) (the run time reports it) or the map is not affine.
+bool fit_affine(const Tensor& idx, bool components, const std::vector<int64_t>& n, std::vector<int64_t>& c0,
+                std::vector<std::vector<int64_t>>& c) {
+  std::vector<int64_t> lead = idx.dims();
+  const int64_t K = components ? (lead.empty() ? 0 : lead.back()) : 1;
+  if (components) lead.pop_back();
+  if (K != static_cast<int64_t>(n.size()) || K <= 0) return false;
+  const int64_t count = numel_of(lead);
+  if (count <= 0) return false;
+  auto at = [&](int64_t l, int64_t m, int64_t& v) {
+    v = idx.get_i64(l * K + m);
+    if (v < -n[m] || v >= n[m]) return false;
+    if (v < 0) v += n[m];
+    return true;
+  };
+  const std::vector<int64_t> dense = strides_of(lead);
+  c0.assign(K, 0);
+  c.assign(K, std::vector<int64_t>(lead.size(), 0));
+  for (int64_t m = 0; m < K; ++m) {
+    if (!at(0, m, c0[m])) return false;
+    for (size_t d = 0; d < lead.size(); ++d) {
+      if (lead[d] <= 1) continue;
+      int64_t v;
+      if (!at(dense[d], m, v)) return false;
+      c[m][d] = v - c0[m];
+    }
+  }
+  std::vector<int64_t> coord(lead.size(), 0);
+  for (int64_t l = 0; l < count; ++l) {
+    for (int64_t m = 0; m < K; ++m) {
+      int64_t v, want = c0[m];
+      for (size_t d = 0; d < lead.size(); ++d) want += coord[d] * c[m][d];
+      if (!at(l, m, v) || v != want) return false;
+    }
+    for (int d = static_cast<int>(lead.size()) - 1; d >= 0; --d) {
+      if (++coord[d] < lead[d]) break;
+      coord[d] = 0;
+    }
+  }
+  return true;
+}
+
+/// The strided access of Gather, GatherElements, GatherND (the output's elements read
+/// from the data), ScatterElements and ScatterND with reduction none (the updates'
+/// elements written into the data) when the indices (input 1) are a constant whose
+/// values are affine in their coordinates: position embeddings gathered with arange,
+/// GatherND over broadcast aranges (attention masks), slice and select assignments
+/// exported as scatters (T5's shift of the labels). nullopt otherwise.
+std::optional<StridedAccess> strided_access(const Node& n) {
+  static const std::set<std::string> kOps = {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"};
+  if (!kOps.count(n.op) || !n.regions.empty() || n.num_outputs() != 1) return std::nullopt;
+  const bool scatter = n.op.rfind("Scatter", 0) == 0;
+  if (n.num_inputs() != (scatter ? 3 : 2)) return std::nullopt;
+  if (scatter && n.attrs.get_string("reduction", "none") != "none") return std::nullopt;
+  const Value* data = n.input(0);
+  const Value* idx = n.input(1);
+  const Value* out = scatter ? n.input(2) : n.outputs[0];  // the strided side
+  if (!data || !idx || !idx->data || !out || !data->shape.is_static() || !out->shape.is_static() ||
+      !n.outputs[0]->shape.is_static() || data->shape.rank() == 0)
+    return std::nullopt;
+  if (idx->data->numel() > (int64_t{1} << 22)) return std::nullopt;  // bounded compile-time work
+  const std::vector<int64_t> dd = data->shape.to_vector(), ds = strides_of(dd);
+  const int r = static_cast<int>(dd.size());
+  StridedAccess a;
+  a.size = out->shape.to_vector();
+  std::vector<int64_t> c0;
+  std::vector<std::vector<int64_t>> c;
+  if (n.op == "Gather") {
+    auto ax = normalize_axis(n.attrs.get_int("axis", 0), r);
+    if (!ax || !fit_affine(*idx->data, false, {dd[*ax]}, c0, c)) return std::nullopt;
+    for (int d = 0; d < *ax; ++d) a.stride.push_back(ds[d]);
+    for (int64_t cd : c[0]) a.stride.push_back(cd * ds[*ax]);
+    for (int d = *ax + 1; d < r; ++d) a.stride.push_back(ds[d]);
+    a.offset = c0[0] * ds[*ax];
+  } else if (n.op == "GatherElements" || n.op == "ScatterElements") {
+    auto ax = normalize_axis(n.attrs.get_int("axis", 0), r);
+    if (!ax || idx->shape.rank() != r || !fit_affine(*idx->data, false, {dd[*ax]}, c0, c)) return std::nullopt;
+    for (int d = 0; d < r; ++d) a.stride.push_back((d == *ax ? 0 : ds[d]) + c[0][d] * ds[*ax]);
+    a.offset = c0[0] * ds[*ax];
+  } else {  // GatherND (batch_dims b) and ScatterND (b = 0): indices B + J + [K]
+    const int b = static_cast<int>(n.attrs.get_int("batch_dims", 0));
+    const std::vector<int64_t> id = idx->shape.to_vector();
+    if (id.empty() || b < 0) return std::nullopt;
+    const int64_t K = id.back();
+    if (b + K > r) return std::nullopt;
+    std::vector<int64_t> lim;
+    for (int64_t m = 0; m < K; ++m) lim.push_back(dd[static_cast<size_t>(b + m)]);
+    if (b > 0) {
+      // Each batch row indexes its own slice: fit per batch coordinate as a lead dim.
+      for (int d = 0; d < b; ++d)
+        if (id[d] != dd[d]) return std::nullopt;
+    }
+    if (!fit_affine(*idx->data, true, lim, c0, c)) return std::nullopt;
+    const int lead = static_cast<int>(id.size()) - 1;
+    for (int d = 0; d < lead; ++d) {
+      int64_t st = d < b ? ds[d] : 0;
+      for (int64_t m = 0; m < K; ++m) st += c[m][d] * ds[static_cast<size_t>(b + m)];
+      a.stride.push_back(st);
+    }
+    for (int d = static_cast<int>(b + K); d < r; ++d) a.stride.push_back(ds[d]);
+    for (int64_t m = 0; m < K; ++m) a.offset += c0[m] * ds[static_cast<size_t>(b + m)];
+  }
+  if (a.stride.size() != a.size.size()) return std::nullopt;
+  return a;
+}
+
+/// Gather-family node with constant affine indices -> AsStrided(data); scatter ->
+/// AsStridedScatter(data, updates). The output keeps its name and readers.
+Status decompose_strided(Graph& g, Node* n) {
+  auto a = strided_access(*n);
+  if (!a) return Status::error("decompose: node '" + n->name + "' has no strided form");
+  const std::string name = n->name;
+  const bool scatter = n->op.rfind("Scatter", 0) == 0;
+  Value* data = n->inputs[0];
+  Value* updates = scatter ? n->inputs[2] : nullptr;
+  Value* old = n->outputs[0];
+  const std::string out_name = old->name;
+  g.remove_node(n);
+  Attributes at;
+  at.set("size", a->size);
+  at.set("stride", a->stride);
+  at.set("storage_offset", a->offset);
+  std::vector<Value*> ins = {data};
+  if (scatter) ins.push_back(updates);
+  Node* v = g.add_node(scatter ? "AsStridedScatter" : "AsStrided", name + "/strided", ins, {out_name}, at);
+  KILN_RETURN_IF_ERROR(infer_node(*v));
+  g.replace_all_uses(old, v->outputs[0]);
+  return Status::ok();
+}
+
 /// Decomposes the eligible nodes of `g` and of its loop bodies; constants go to `root`.
 int decompose_graph(Graph& g, Graph& root, Status& st) {
   int count = 0;
@@ -367,7 +520,7 @@ int decompose_graph(Graph& g, Graph& root, Status& st) {
   std::vector<Node*> targets;
   for (auto& n : g.nodes())
     if (decomposable_ln_grad(*n) || decomposable_sce_grad(*n) || decomposable_sce(g, *n) ||
-        decomposable_reduce_mean(*n) || decomposable_split(g, *n))
+        decomposable_reduce_mean(*n) || decomposable_split(g, *n) || strided_access(*n))
       targets.push_back(n.get());
   for (Node* n : targets) {
     if (!st.is_ok()) return count;
@@ -377,7 +530,8 @@ int decompose_graph(Graph& g, Graph& root, Status& st) {
          : n->op == "SoftmaxCrossEntropyLossGrad" ? decompose_sce_grad(g, root, n)
          : n->op == "ReduceMean"                  ? decompose_reduce_mean(g, root, n)
          : n->op == "Split"                       ? decompose_split(g, root, n)
-                                                  : decompose_sce(g, root, n);
+         : n->op == "SoftmaxCrossEntropyLoss"     ? decompose_sce(g, root, n)
+                                                  : decompose_strided(g, n);
     if (!st.is_ok()) return count;
     // The appended nodes (everything after the original last node) go to its position.
     auto& nodes = g.mutable_nodes();

@@ -139,7 +139,8 @@ bool is_viewed_input(const Node& n, int k) {
 
 /// A view that code generation absorbs as index arithmetic: its input becomes a kernel
 /// parameter with permuted (Transpose), broadcast (Expand: stride 0 along expanded
-/// dims) or stepped and offset (Slice, positive steps) strides, no copy of its own.
+/// dims), stepped and offset (Slice, positive steps) or its own (AsStrided, non-negative)
+/// strides, no copy of its own.
 /// Static shapes; Expand's shape and Slice's starts/ends/axes/steps are constants (they
 /// are copied into the kernel body).
 bool view_fusable(const Node& n) {
@@ -166,6 +167,11 @@ bool view_fusable(const Node& n) {
   const Value* y = n.outputs[0];
   if (!x || !x->shape.is_static() || !y->shape.is_static() || x->dtype == DType::undefined) return false;
   if (n.op == "Transpose") return x->shape.rank() == y->shape.rank() && x->shape.numel() > 1;
+  if (n.op == "AsStrided") {  // non-negative strides, as Slice's positive steps
+    for (int64_t st : n.attrs.get_ints("stride"))
+      if (st < 0) return false;
+    return x->dtype == y->dtype && y->shape.numel() > 0;
+  }
   for (int k = 1; k < n.num_inputs(); ++k)
     if (n.inputs[k] && !n.inputs[k]->is_initializer()) return false;
   if (y->shape.numel() <= 0) return false;

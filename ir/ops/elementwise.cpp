@@ -816,8 +816,13 @@ void register_scalar_rules(OpTable& t) {
   auto cast_rule = [](SB& b, std::vector<Ref>& out) -> Status {
     const Node& n = b.node();
     DType to = n.outputs[0]->dtype;
-    if (to == DType::undefined || to == DType::boolean) return Status::error("not generated: cast to bool stays eager");
+    if (to == DType::undefined) return Status::error("no target dtype");
     Ref x = b.input(0);
+    if (to == DType::boolean && b.dtype(x) != DType::boolean) {  // x != 0 (NaN: true, as C++'s bool(x))
+      out = {b.apply(SO::logical_not, {b.apply(SO::eq, {x, b.constant(0.0, b.dtype(x))}, DType::boolean)},
+                     DType::boolean)};
+      return Status::ok();
+    }
     out = {b.dtype(x) == to ? x : b.apply(SO::cast, {x}, to)};
     return Status::ok();
   };

@@ -79,11 +79,12 @@ struct GuardedRead {
   int64_t offset = 0;
   double fill = 0;
 };
-/// The data inputs of a guarded view op: every input of Concat, input 0 of Pad and SliceGrad.
+/// The data inputs of a guarded view op: every input of Concat, input 0 of Pad and
+/// SliceGrad, both inputs of AsStridedScatter (data read outside src's box).
 std::vector<int> guarded_view_inputs(const Node& n);
 /// GuardedRead of data input `k` of `n`. Errors: not a guarded view op, shapes not
 /// static, operands not constant, Pad not in constant mode, SliceGrad with a step other
-/// than 1, an empty box.
+/// than 1, an empty box, an AsStridedScatter whose written elements are not a box.
 Expected<GuardedRead> guarded_read(const Node& n, int k);
 
 }  // namespace kiln::ir

@@ -269,8 +269,61 @@ std::vector<int> guarded_view_inputs(const Node& n) {
     return all;
   }
   if (n.op == "Pad" || n.op == "SliceGrad") return {0};
+  if (n.op == "AsStridedScatter") return {0, 1};
   return {};
 }
+
+namespace {
+
+/// AsStridedScatter's reads: data (input 0) everywhere (a box of the whole output, the
+/// fallback of src's load), src (input 1) inside the box its elements are written to,
+/// which exists when every size > 1 dim of src steps along its own axis of the data with
+/// that axis's dense stride (a box, possibly transposed against src's order).
+Expected<GuardedRead> as_strided_scatter_read(const Node& n, int k, const std::vector<int64_t>& out) {
+  auto fail = [&](const std::string& m) { return Status::error("node '" + n.name + "' (" + n.op + "): " + m); };
+  const int r = static_cast<int>(out.size());
+  const std::vector<int64_t> dense = strides_of(out);
+  GuardedRead g;
+  if (k == 0) {
+    g.lo.assign(r, 0);
+    g.hi = out;
+    g.strides = dense;
+    for (int64_t d : out)
+      if (d <= 0) return fail("empty data");
+    return g;
+  }
+  const auto size = n.attrs.get_ints("size"), stride = n.attrs.get_ints("stride");
+  const int64_t off = n.attrs.get_int("storage_offset", 0);
+  const int64_t numel = numel_of(out);
+  if (size.size() != stride.size() || off < 0 || off >= numel) return fail("size, stride or offset out of range");
+  const std::vector<int64_t> src_dense = strides_of(size);
+  std::vector<int64_t> start(r), ext(r, 1);
+  g.strides.assign(r, 0);
+  for (int a = 0; a < r; ++a) start[a] = (off / dense[a]) % out[a];
+  std::vector<bool> taken(r, false);
+  for (size_t q = 0; q < size.size(); ++q) {
+    if (size[q] <= 0) return fail("empty src");
+    if (size[q] == 1) continue;
+    int axis = -1;
+    for (int a = 0; a < r; ++a)
+      if (out[a] > 1 && dense[a] == stride[q]) axis = a;
+    if (axis < 0 || taken[axis]) return fail("src dim " + std::to_string(q) + " does not step along an axis of its own");
+    taken[axis] = true;
+    ext[axis] = size[q];
+    g.strides[axis] = src_dense[q];
+  }
+  g.lo.resize(r);
+  g.hi.resize(r);
+  for (int a = 0; a < r; ++a) {
+    if (start[a] + ext[a] > out[a]) return fail("the written elements wrap around axis " + std::to_string(a));
+    g.lo[a] = start[a];
+    g.hi[a] = start[a] + ext[a];
+    g.offset -= start[a] * g.strides[a];
+  }
+  return g;
+}
+
+}  // namespace
 
 Expected<GuardedRead> guarded_read(const Node& n, int k) {
   auto fail = [&](const std::string& m) { return Status::error("node '" + n.name + "' (" + n.op + "): " + m); };
@@ -279,6 +332,7 @@ Expected<GuardedRead> guarded_read(const Node& n, int k) {
   const Value* y = n.outputs[0];
   if (!x || !x->shape.is_static() || !y->shape.is_static()) return fail("shapes are not static");
   const std::vector<int64_t> in = x->shape.to_vector(), out = y->shape.to_vector();
+  if (n.op == "AsStridedScatter") return as_strided_scatter_read(n, k, out);
   if (in.size() != out.size()) return fail("input and output ranks differ");
   const int r = static_cast<int>(out.size());
   auto ints = [&](int i) -> std::optional<std::vector<int64_t>> {

@@ -1,5 +1,6 @@
 // Eager kernels: indexing ops (ir/ops/indexing.cpp; ONNX GatherElements-13, GatherND-13,
-// ScatterElements-18, ScatterND-18, CumSum-14) and the kiln-internal GatherNDGrad.
+// ScatterElements-18, ScatterND-18, CumSum-14) and the kiln-internal GatherNDGrad,
+// AsStrided and AsStridedScatter.
 // Gathers move elements as 1/2/4/8-byte words (any dtype); scatters with a reduction
 // and CumSum compute in the element's compute type (floats: CumSum sums in double, as
 // PyTorch's CPU cumsum accumulates float in double). Every index is checked: an index
@@ -263,9 +264,59 @@ Status cumsum_kernel(KernelContext& c) {
   });
 }
 
+/// Element offsets of an AsStrided view (size, stride, storage_offset), in row-major
+/// order of `size` (inference checked that they lie inside the tensor).
+std::vector<int64_t> strided_offsets(const ir::Node& n) {
+  const auto size = n.attrs.get_ints("size"), stride = n.attrs.get_ints("stride");
+  const int64_t total = ir::numel_of(size);
+  std::vector<int64_t> off(static_cast<size_t>(std::max<int64_t>(total, 0)));
+  std::vector<int64_t> coord(size.size(), 0);
+  int64_t o = n.attrs.get_int("storage_offset", 0);
+  for (int64_t e = 0; e < total; ++e) {
+    off[static_cast<size_t>(e)] = o;
+    for (int d = static_cast<int>(size.size()) - 1; d >= 0; --d) {
+      o += stride[d];
+      if (++coord[d] < size[d]) break;
+      o -= coord[d] * stride[d];
+      coord[d] = 0;
+    }
+  }
+  return off;
+}
+
+Status as_strided_kernel(KernelContext& c) {
+  const Tensor& x = c.in(0);
+  Tensor& y = c.out(0);
+  const auto off = strided_offsets(c.node);
+  with_word(ir::dtype_size(x.dtype()), [&](auto w) {
+    using W = decltype(w);
+    const W* px = static_cast<const W*>(x.raw());
+    W* py = static_cast<W*>(y.raw());
+    for (size_t e = 0; e < off.size(); ++e) py[e] = px[off[e]];
+  });
+  return Status::ok();
+}
+
+Status as_strided_scatter_kernel(KernelContext& c) {
+  const Tensor& x = c.in(0);
+  const Tensor& src = c.in(1);
+  Tensor& y = c.out(0);
+  std::memcpy(y.raw(), x.raw(), x.nbytes());
+  const auto off = strided_offsets(c.node);
+  with_word(ir::dtype_size(x.dtype()), [&](auto w) {
+    using W = decltype(w);
+    const W* ps = static_cast<const W*>(src.raw());
+    W* py = static_cast<W*>(y.raw());
+    for (size_t e = 0; e < off.size(); ++e) py[off[e]] = ps[e];
+  });
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_indexing_kernels(ir::OpTable& t) {
+  set_kernel_writing_all_outputs(t, "AsStrided", as_strided_kernel);
+  set_kernel_writing_all_outputs(t, "AsStridedScatter", as_strided_scatter_kernel);
   set_kernel_writing_all_outputs(t, "GatherElements", gather_elements_kernel);
   set_kernel_writing_all_outputs(t, "ScatterElements", scatter_elements_kernel);
   set_kernel_writing_all_outputs(t, "GatherND", gather_nd_kernel);

@@ -162,6 +162,12 @@ std::vector<OpCase> cases() {
     c.attrs.set("to", static_cast<int64_t>(ir::dtype_to_onnx(DType::f32)));
     v.push_back(c);
   }
+  // Cast to bool: x != 0 (an int64 attention mask cast to bool); zeros, NaN, -0 set below.
+  for (DType dt : {DType::i64, DType::f32, DType::bf16}) {
+    OpCase c{"Cast", DType::boolean, {dt}, {full}, {}, -2, 2};
+    c.attrs.set("to", static_cast<int64_t>(ir::dtype_to_onnx(DType::boolean)));
+    v.push_back(c);
+  }
   return v;
 }
 
@@ -182,6 +188,13 @@ TEST_P(OpsCompiled, MatchesEager) {
   if (c.op == "SoftmaxCrossEntropyRows") {  // labels in [0, C), classes 0..C-1
     for (int64_t i = 0; i < 5; ++i) feeds["x1"].set_f64(i, static_cast<double>((i * 2) % 6));
     for (int64_t i = 0; i < 6; ++i) feeds["x2"].set_f64(i, static_cast<double>(i));
+  }
+  if (c.op == "Cast" && c.dtype == DType::boolean) {  // zeros, a NaN and -0.0 for x != 0
+    for (int64_t i = 0; i < feeds["x0"].numel(); i += 3) feeds["x0"].set_f64(i, 0.0);
+    if (ir::is_float(c.in_dtypes[0])) {
+      feeds["x0"].set_f64(1, std::nan(""));
+      feeds["x0"].set_f64(4, -0.0);
+    }
   }
   if (c.op == "ReduceSum") {
     // Bias-gradient shape: sum over the leading dims of x*x, keepdims 0.

@@ -14,6 +14,7 @@
 #include "codegen/cpu/program.h"
 #include "ir/verifier.h"
 #include "passes/pass.h"
+#include "passes/training_util.h"
 #include "runtime/interpreter.h"
 
 using namespace kiln;
@@ -347,6 +348,154 @@ TEST(Decompose, SoftmaxCrossEntropyLossAllIgnoredMeanIsNaNAsEager) {
                             "SoftmaxCrossEntropyRows");
   ASSERT_EQ(res.size(), 3u);
   for (auto& r : res) EXPECT_TRUE(std::isnan(r.at("loss").get_f64(0)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- indexing with constant indices
+namespace {
+// Gathers and scatters whose constant indices are affine in their coordinates become
+// AsStrided / AsStridedScatter views, read through strides (or guard boxes) by the
+// generated kernel of their reader. The reference is computed here from the ONNX
+// definitions of each op (onnx.ai/onnx/operators), independent of kiln's kernels; every
+// way must equal it exactly (the ops only move elements; y = 2 * gathered is exact).
+
+/// An i64 tensor of `dims` with element i = f(i).
+template <typename F>
+ir::Tensor index_tensor(std::vector<int64_t> dims, F f) {
+  ir::Tensor t(DType::i64, std::move(dims));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, static_cast<double>(f(i)));
+  return t;
+}
+
+/// Graph: y = 2 * op(data, indices[, updates]) with constant indices; data (and updates) fed.
+struct IndexCase {
+  std::string op;
+  std::vector<int64_t> data_dims;
+  ir::Tensor indices;
+  std::vector<int64_t> updates_dims;  // scatters only
+  ir::Attributes attrs;
+  std::vector<double> want;  // y, row-major
+};
+
+Results run_index_case(const IndexCase& c, bool expect_rewrite) {
+  ir::Graph g;
+  ir::Value* data = g.add_input("data", DType::f32, ir::Shape::of(c.data_dims));
+  ir::Value* idx = g.add_initializer("indices", c.indices);
+  std::vector<ir::Value*> ins = {data, idx};
+  std::map<std::string, ir::Tensor> feeds = {{"data", random_f32(c.data_dims, 7)}};
+  if (!c.updates_dims.empty()) {
+    ins.push_back(g.add_input("updates", DType::f32, ir::Shape::of(c.updates_dims)));
+    feeds["updates"] = random_f32(c.updates_dims, 8);
+  }
+  auto* n = g.add_node(c.op, "index", ins, {"gathered"}, c.attrs);
+  ir::Value* two = g.add_initializer("two", ir::Tensor::scalar_f32(2.0f));
+  auto* m = g.add_node("Mul", "twice", {n->outputs[0], two}, {"y"});
+  g.outputs = {m->outputs[0]};
+  EXPECT_TRUE(ir::infer_graph(g).is_ok());
+  if (!expect_rewrite) {
+    auto dec = g.clone();
+    passes::PassContext ctx;
+    EXPECT_TRUE(passes::run_pipeline(*dec, {"decompose"}, ctx).is_ok());
+    int kept = 0;
+    for (auto& k : dec->nodes()) kept += k->op == c.op;
+    EXPECT_EQ(kept, 1) << c.op << " with indices that are not affine must stay as it is";
+    return {};
+  }
+  const bool scatter = c.op.rfind("Scatter", 0) == 0;
+  {  // the view is read inside the reader's generated kernel: no node outside a kernel
+    auto fused = g.clone();
+    passes::PassContext ctx;
+    EXPECT_TRUE(passes::run_pipeline(*fused, {"decompose", "fusion"}, ctx).is_ok());
+    for (auto& k : fused->nodes()) EXPECT_EQ(k->op, "FusedKernel") << c.op << ": " << k->name << " runs eagerly";
+  }
+  auto res = run_three_ways(g, feeds, c.op, scatter ? "AsStridedScatter" : "AsStrided");
+  EXPECT_EQ(res.size(), 3u);
+  // The reference, from the definition: element values of data/updates placed by hand.
+  std::vector<double> want = c.want;
+  const ir::Tensor& d = feeds["data"];
+  for (double& w : want) {  // encoded: >= 0 data element, < 0 -(updates element + 1)
+    const int64_t e = static_cast<int64_t>(w);
+    w = 2.0 * (e >= 0 ? d.get_f64(e) : feeds["updates"].get_f64(-e - 1));
+  }
+  const char* way[] = {"original", "decomposed eager", "decomposed compiled"};
+  for (size_t w = 0; w < res.size(); ++w) expect_close(res[w].at("y"), want, 0.0, c.op + " " + way[w]);
+  return res.empty() ? Results{} : res[2];
+}
+
+/// Row-major coordinates of element e of dims.
+std::vector<int64_t> coords(int64_t e, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> c(dims.size());
+  for (int d = static_cast<int>(dims.size()) - 1; d >= 0; --d) {
+    c[d] = e % dims[d];
+    e /= dims[d];
+  }
+  return c;
+}
+int64_t offset_of(const std::vector<int64_t>& c, const std::vector<int64_t>& dims) {
+  int64_t o = 0;
+  for (size_t d = 0; d < dims.size(); ++d) o = o * dims[d] + c[d];
+  return o;
+}
+
+TEST(Decompose, GatherWithAffineConstantIndicesIsAStridedView) {
+  // Gather-13 axis 1: out[a, i, j, b] = data[a, idx[i, j], b], idx = 2 + 3i + j (one
+  // negative, wrapped: -6 + 10 = 4).
+  IndexCase c{"Gather", {3, 10, 4}, index_tensor({2, 3}, [](int64_t e) { return e == 2 ? -6 : 2 + 3 * (e / 3) + e % 3; }),
+              {}, passes::make_attrs({{"axis", int64_t(1)}}), {}};
+  const std::vector<int64_t> od = {3, 2, 3, 4}, dd = {3, 10, 4};
+  for (int64_t e = 0; e < 3 * 2 * 3 * 4; ++e) {
+    auto o = coords(e, od);
+    c.want.push_back(static_cast<double>(offset_of({o[0], 2 + 3 * o[1] + o[2], o[3]}, dd)));
+  }
+  run_index_case(c, true);
+  // Position ids 0..T-1 of a position embedding: a leading slice of the table.
+  IndexCase p{"Gather", {16, 8}, index_tensor({1, 5}, [](int64_t e) { return e; }), {}, {}, {}};
+  for (int64_t e = 0; e < 5 * 8; ++e) p.want.push_back(static_cast<double>(e));
+  run_index_case(p, true);
+}
+
+TEST(Decompose, GatherElementsAndGatherNDWithAffineIndicesAreStridedViews) {
+  // GatherElements-13 axis 0: out[i, j] = data[idx[i, j], j], idx[i, j] = i + 1.
+  IndexCase ge{"GatherElements", {5, 4}, index_tensor({3, 4}, [](int64_t e) { return e / 4 + 1; }), {},
+               passes::make_attrs({{"axis", int64_t(0)}}), {}};
+  for (int64_t e = 0; e < 12; ++e) ge.want.push_back(static_cast<double>((e / 4 + 1) * 4 + e % 4));
+  run_index_case(ge, true);
+  // GatherND-13 over broadcast aranges (the attention-mask indexing of BERT's export):
+  // idx[i, 0, 0, l] = (i, l) on data [2, 8] -> out [2, 1, 1, 8] = data[i, l].
+  IndexCase nd{"GatherND", {2, 8}, index_tensor({2, 1, 1, 8, 2}, [](int64_t e) { return e % 2 ? (e / 2) % 8 : e / 16; }),
+               {}, {}, {}};
+  for (int64_t e = 0; e < 16; ++e) nd.want.push_back(static_cast<double>(e));
+  run_index_case(nd, true);
+  // batch_dims 1: out[b, j, :] = data[b, idx[b, j, 0], :], idx = j + 1.
+  IndexCase nb{"GatherND", {2, 5, 3}, index_tensor({2, 4, 1}, [](int64_t e) { return e % 4 + 1; }), {},
+               passes::make_attrs({{"batch_dims", int64_t(1)}}), {}};
+  for (int64_t e = 0; e < 2 * 4 * 3; ++e) {
+    auto o = coords(e, {2, 4, 3});
+    nb.want.push_back(static_cast<double>(offset_of({o[0], o[1] + 1, o[2]}, {2, 5, 3})));
+  }
+  run_index_case(nb, true);
+}
+
+TEST(Decompose, ScattersWithAffineIndicesAreGuardedViews) {
+  // ScatterND-18: rows 1..5 of data [6, 3] replaced by updates [5, 3] (T5's label shift).
+  IndexCase nd{"ScatterND", {6, 3}, index_tensor({5, 1}, [](int64_t e) { return e + 1; }), {5, 3}, {}, {}};
+  for (int64_t e = 0; e < 18; ++e) nd.want.push_back(e < 3 ? static_cast<double>(e) : -static_cast<double>(e - 3) - 1);
+  Results r = run_index_case(nd, true);
+  // ScatterElements-18 axis 1: column 0 of data [3, 5] replaced (a select assignment).
+  IndexCase se{"ScatterElements", {3, 5}, index_tensor({3, 1}, [](int64_t) { return 0; }), {3, 1},
+               passes::make_attrs({{"axis", int64_t(1)}}), {}};
+  for (int64_t e = 0; e < 15; ++e) se.want.push_back(e % 5 == 0 ? -static_cast<double>(e / 5) - 1 : static_cast<double>(e));
+  run_index_case(se, true);
+}
+
+TEST(Decompose, IndicesThatAreNotAffineStayGathers) {
+  IndexCase g{"Gather", {10, 4}, index_tensor({4}, [](int64_t e) { return (e * e) % 10; }), {}, {}, {}};
+  run_index_case(g, false);
+  // A scatter with a reduction is not a placement.
+  IndexCase a{"ScatterND", {6, 3}, index_tensor({5, 1}, [](int64_t e) { return e + 1; }), {5, 3},
+              passes::make_attrs({{"reduction", std::string("add")}}), {}};
+  run_index_case(a, false);
 }
 
 }  // namespace

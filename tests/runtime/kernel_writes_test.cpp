@@ -55,6 +55,13 @@ TEST(KernelWrites, FlaggedKernelsWriteEveryOutputElement) {
   split.set("num_outputs", int64_t(3));
   Attributes ratio;
   ratio.set("ratio", 0.3);
+  auto strided = [](std::vector<int64_t> size, std::vector<int64_t> stride, int64_t offset) {
+    Attributes a;
+    a.set("size", size);
+    a.set("stride", stride);
+    a.set("storage_offset", offset);
+    return a;
+  };
   std::vector<Case> cases = {
       {"MatMul", {rnd(DType::f32, {2, 3, 4}, -1, 1, 1), rnd(DType::f32, {4, 5}, -1, 1, 2)}},
       {"MatMul", {rnd(DType::f32, {3, 0}, -1, 1, 1), rnd(DType::f32, {0, 5}, -1, 1, 2)}},  // K = 0: zeros
@@ -73,6 +80,9 @@ TEST(KernelWrites, FlaggedKernelsWriteEveryOutputElement) {
       {"ScatterElements",
        {rnd(DType::f32, {3, 4}, -1, 1, 19), Tensor::from_i64({0, 2, 1, 2}).reshaped({1, 4}), rnd(DType::f32, {1, 4}, -1, 1, 20)}},
       {"ScatterND", {rnd(DType::f32, {4, 3}, -1, 1, 21), Tensor::from_i64({3, 0}).reshaped({2, 1}), rnd(DType::f32, {2, 3}, -1, 1, 22)}},
+      // Their strided forms (passes/decompose.cpp): a transposed window; rows 1..2 replaced.
+      {"AsStrided", {rnd(DType::f32, {3, 4}, -1, 1, 23)}, strided({2, 3}, {1, 4}, 1)},
+      {"AsStridedScatter", {rnd(DType::f32, {4, 3}, -1, 1, 24), rnd(DType::f32, {2, 3}, -1, 1, 25)}, strided({2, 3}, {3, 1}, 3)},
   };
   // 8-bit optimizer state: 1000 elements = 3 full blocks of 256 and one of 232 (the AVX2
   // path's 8-wide groups, a tail), one block of zeros (the zero-code rule).

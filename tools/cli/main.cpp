@@ -584,11 +584,12 @@ std::map<std::string, int64_t> parse_shapes(const std::vector<std::string>& item
   return tmp.shape;
 }
 
-int cmd_inspect(const std::string& model, const std::vector<std::string>& shape_items) {
-  auto shape = parse_shapes(shape_items);
+int cmd_inspect(ConfigFlags flags, const std::string& model) {
   if (std::error_code ec; !fs::exists(model, ec))
     throw Failure{1, model + (ec ? ": " + ec.message() : std::string(": no such file"))};
-  auto g = unwrap(driver::load_model(model, shape));
+  flags.model_pos = model;
+  const TrainConfig cfg = flags.build();  // --shape, --untie_initializers (and --config) apply
+  auto g = unwrap(driver::load_model(model, cfg.shape, false, nullptr, cfg.untie_initializers));
   std::cout << "model " << model << " (opset " << g->opset << ")\n";
   std::cout << "inputs:\n";
   for (ir::Value* v : g->inputs) std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
@@ -846,7 +847,6 @@ int real_main(int argc, char** argv) {
                     "of torch.profiler's table)");
   auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters, ops and FLOPs of a model");
   std::string inspect_model;
-  std::vector<std::string> inspect_shape;
   inspect->add_option("model", inspect_model, "the .onnx model")->required();
   // Training flags (--shape, --loss, --bf16, --per_device_train_batch_size, ...) shape
   // the program that --memory plans; --shape and --loss also serve the other views.
@@ -930,9 +930,6 @@ int real_main(int argc, char** argv) {
                                   bench_profile || bench->count("--profile_by") > 0 ||
                                       bench->count("--profile_row_limit") > 0,
                                   bench_profile_by, bench_row_limit);
-    if (*inspect) {
-      inspect_shape = inspect_flags.values["shape"];
-    }
     if (*inspect && inspect_memory && inspect_precision)
       throw Failure{2, "inspect: give one of --memory and --precision"};
     if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model);
@@ -949,7 +946,7 @@ int real_main(int argc, char** argv) {
       if (pass_flag)
         return report({2, std::string(pass_flag) + ": kiln inspect runs the passes only with --memory or --precision "
                                                    "(the training program); add one of them"});
-      return cmd_inspect(inspect_model, inspect_shape);
+      return cmd_inspect(inspect_flags, inspect_model);
     }
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);
     if (*ops) return cmd_ops(ops_names);
