@@ -116,11 +116,12 @@ GradFn scatter_grad(const std::string& scatter, const std::string& gather) {
 }
 
 /// Checks an AsStrided / AsStridedScatter view (attributes size, stride,
-/// storage_offset) against a dense tensor of `numel` elements: equal lengths, sizes >= 0,
-/// every element it addresses inside [0, numel).
-Status check_strided(InferContext& c, int64_t numel) {
+/// storage_offset) against input 0 (dense row-major): equal lengths, sizes >= 0, every
+/// element it addresses inside the input (when its shape is static). Returns `size`.
+Expected<Shape> check_strided(InferContext& c) {
   const auto size = c.attrs().get_ints("size"), stride = c.attrs().get_ints("stride");
   const int64_t off = c.attrs().get_int("storage_offset", 0);
+  const int64_t numel = c.in[0].shape.is_static() ? c.in[0].shape.numel() : -1;
   if (size.size() != stride.size()) return c.fail("size and stride lengths differ");
   int64_t lo = off, hi = off, n = 1;
   for (size_t d = 0; d < size.size(); ++d) {
@@ -131,7 +132,7 @@ Status check_strided(InferContext& c, int64_t numel) {
   if (n > 0 && numel >= 0 && (lo < 0 || hi >= numel))
     return c.fail("the view addresses elements [" + std::to_string(lo) + ", " + std::to_string(hi) +
                   "] of a tensor of " + std::to_string(numel));
-  return Status::ok();
+  return Shape::of(size);
 }
 
 }  // namespace
@@ -244,42 +245,31 @@ void register_indexing_ops(OpTable& t) {
   // kiln-internal strided forms of indexing with constant indices (passes/decompose.cpp
   // rewrites a gather or scatter whose constant indices address the data affinely into
   // them, so code generation reads through strides instead of running an eager gather).
-  {
-    OpDef d = make_op("AsStrided",
-                      "kiln-internal, PyTorch's as_strided: out[i] = x[storage_offset + sum_d i_d * stride[d]] of x's "
-                      "dense row-major elements; out shape = size",
-                      1, 1,
-                      [](InferContext& c) -> Status {
-                        const Shape& x = c.in[0].shape;
-                        KILN_RETURN_IF_ERROR(check_strided(c, x.is_static() ? x.numel() : -1));
-                        c.out[0] = {c.in[0].dtype, Shape::of(c.attrs().get_ints("size"))};
-                        return Status::ok();
-                      },
-                      P::follow_inputs, F::view);
+  const auto strided_op = [&](const char* name, const std::string& doc, int inputs, InferFn infer) {
+    OpDef d = make_op(name, doc, inputs, inputs, std::move(infer), P::follow_inputs, F::view);
     d.attrs = {{"size", AttrKind::ints}, {"stride", AttrKind::ints}, {"storage_offset", AttrKind::i}};
     d.onnx = false;
     t.add(d);
-  }
-  {
-    OpDef d = make_op("AsStridedScatter",
-                      "kiln-internal, PyTorch's as_strided_scatter: out = data with out[storage_offset + sum_d "
-                      "i_d * stride[d]] = src[i] (src shape = size; each element written at most once)",
-                      2, 2,
-                      [](InferContext& c) -> Status {
-                        const Shape& x = c.in[0].shape;
-                        KILN_RETURN_IF_ERROR(check_strided(c, x.is_static() ? x.numel() : -1));
-                        if (c.in[1].dtype != c.in[0].dtype) return c.fail("src dtype differs from data");
-                        const Shape want = Shape::of(c.attrs().get_ints("size"));
-                        if (c.in[1].shape.is_static() && !(c.in[1].shape == want))
-                          return c.fail("src shape " + c.in[1].shape.to_string() + " is not size " + want.to_string());
-                        c.out[0] = c.in[0];
-                        return Status::ok();
-                      },
-                      P::follow_inputs, F::view);
-    d.attrs = {{"size", AttrKind::ints}, {"stride", AttrKind::ints}, {"storage_offset", AttrKind::i}};
-    d.onnx = false;
-    t.add(d);
-  }
+  };
+  strided_op("AsStrided",
+             "kiln-internal, PyTorch's as_strided: out[i] = x[storage_offset + sum_d i_d * stride[d]] of x's dense "
+             "row-major elements; out shape = size",
+             1, [](InferContext& c) -> Status {
+               KILN_ASSIGN_OR_RETURN(Shape size, check_strided(c));
+               c.out[0] = {c.in[0].dtype, size};
+               return Status::ok();
+             });
+  strided_op("AsStridedScatter",
+             "kiln-internal, PyTorch's as_strided_scatter: out = data with out[storage_offset + sum_d i_d * "
+             "stride[d]] = src[i] (src shape = size; each element written at most once)",
+             2, [](InferContext& c) -> Status {
+               KILN_ASSIGN_OR_RETURN(Shape size, check_strided(c));
+               if (c.in[1].dtype != c.in[0].dtype) return c.fail("src dtype differs from data");
+               if (c.in[1].shape.is_static() && !(c.in[1].shape == size))
+                 return c.fail("src shape " + c.in[1].shape.to_string() + " is not size " + size.to_string());
+               c.out[0] = c.in[0];
+               return Status::ok();
+             });
 
   // ONNX schema versions implemented (OpDef::onnx_since; tests/ir/op_table_test.cpp
   // compares them with ONNX's own history).
