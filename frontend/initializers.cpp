@@ -410,25 +410,55 @@ class Resolver {
                         -1, -1});
       tied.push_back("'" + c->name + "' is " + view_name(how) + " of '" + orig->name + "'");
     }
-    // Identity aliases of parameters (eval-mode exports).
-    for (auto& np : g_.nodes()) {
-      ir::Node* n = np.get();
+    // Identity aliases of parameters (eval-mode exports). The TorchScript exporter also
+    // deduplicates equal-valued parameters into Identity aliases: an alias of a tensor
+    // whose elements are all equal (a fresh model's ones and zeros) is such a merge, not
+    // a tie, and becomes a parameter of its own, as with --untie_initializers.
+    std::vector<std::string> merged;
+    for (ir::Node* n : node_list()) {
       if (n->op != "Identity" || n->inputs.size() != 1 || !n->inputs[0] || !is_param(n->inputs[0])) continue;
-      if (untie_) {
-        Value* copy = add_parameter(g_.unique_name(n->outputs[0]->name + ".param"), n->inputs[0]->data->clone(),
-                                    "kept apart (--untie_initializers): an Identity alias of '" + n->inputs[0]->name + "'");
-        n->inputs[0] = copy;
-        untied.push_back(n->outputs[0]->name);
-      } else {
-        tied.push_back("'" + n->outputs[0]->name + "' is an Identity alias of '" + n->inputs[0]->name + "'");
+      Value* src = n->inputs[0];
+      const bool fill = uniform(*src->data);
+      if (!untie_ && !fill) {
+        tied.push_back("'" + n->outputs[0]->name + "' is an Identity alias of '" + src->name + "'");
+        continue;
       }
+      const std::string why = fill ? "restored: an Identity alias of '" + src->name +
+                                         "' (the exporter merged equal-valued parameters)"
+                                   : "kept apart (--untie_initializers): an Identity alias of '" + src->name + "'";
+      (fill ? merged : untied).push_back(n->outputs[0]->name);
+      separate_alias(n, why);
     }
     g_.remove_unused_initializers();
     if (!tied.empty())
       note("tied initializers trained as one parameter, as in PyTorch: " + list(tied) +
            " (--untie_initializers keeps them apart)");
+    if (!merged.empty())
+      note("the exporter merged equal-valued parameters (a freshly initialized model) through Identity aliases; "
+           "restored as " + std::to_string(merged.size()) + " separate parameters (" + list(merged) + ")");
     if (!untied.empty())
       note("--untie_initializers: " + list(untied) + " trained as parameters of their own");
+  }
+
+  /// Identity alias n of a parameter becomes a parameter of its own: named as the alias
+  /// (PyTorch's name in TorchScript exports) in place of the node, or, when that name is
+  /// a generated one or a graph output, "<alias>.param" read by the Identity. The file
+  /// place is recorded for the export (the node replaced, or its input set).
+  void separate_alias(ir::Node* n, const std::string& why) {
+    Value* src = n->inputs[0];
+    Value* out = n->outputs[0];
+    const int idx = node_index(n);
+    if (!generated_name(out->name) && !g_.is_graph_output(out)) {
+      const std::string name = out->name;
+      g_.remove_node(n);  // frees the name
+      Value* p = add_parameter(name, src->data->clone(), why);
+      g_.replace_all_uses(out, p);
+      g_.initializer_origins[name] = {{"", "", idx, ir::InitializerOrigin::kReplacesNode}};
+      return;
+    }
+    Value* copy = add_parameter(g_.unique_name(out->name + ".param"), src->data->clone(), why);
+    n->inputs[0] = copy;
+    g_.initializer_origins[copy->name] = {{"", "", idx, 0}};
   }
 
   Value* const_i64(const std::vector<int64_t>& v) {

@@ -27,7 +27,10 @@
 //    (Identity, Transpose, Slice, Expand), so one tensor trains as PyTorch trains it
 //    (GPT-2's lm_head = wte^T). Tensors whose elements are all equal are never taken as
 //    ties (a freshly initialized model's ones and zeros match by accident). An Identity
-//    of a parameter (eval-mode exports' aliases) is a tie too. With `untie` nothing is
+//    of a parameter (eval-mode exports' aliases) is a tie too, unless its elements are
+//    all equal: the TorchScript exporter deduplicates equal-valued parameters of a fresh
+//    model into Identity aliases, and such an alias becomes a parameter of its own,
+//    named as the alias. With `untie` nothing is
 //    re-expressed: each copy becomes a parameter of its own, named as in the file.
 // 4. Names of tied parameters (torch.export). PyTorch lists tied parameters once, under
 //    the first name (named_parameters()); the exporter keeps one initializer, named by

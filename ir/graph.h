@@ -148,9 +148,11 @@ struct InitializerOrigin {
   std::string view;
   /// onnx_name empty: index of the file's node that reads the added initializer, as input
   /// `input` (appended when past the node's inputs; -1: added to the node's output 0,
-  /// a Linear's dropped bias).
+  /// a Linear's dropped bias; kReplacesNode: the node, an Identity alias, is replaced by
+  /// the initializer, which takes its output's name).
   int node = -1;
   int input = -1;
+  static constexpr int kReplacesNode = -2;
 };
 
 /// A graph (or region): nodes in topological order, inputs, outputs, initializers.

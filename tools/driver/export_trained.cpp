@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include <onnx/checker.h>
+#include <set>
 #include <sstream>
 
 namespace kiln::driver {
@@ -79,6 +80,7 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
   std::map<std::string, int> inits;
   for (int i = 0; i < graph->initializer_size(); ++i) inits[graph->initializer(i).name()] = i;
   std::vector<std::pair<int, std::string>> adds;  // (node, bias initializer): an Add after the node
+  std::set<int> dropped;                           // Identity aliases replaced by their own parameter
   for (auto& [name, w] : weights) {
     std::vector<ir::InitializerOrigin> places = {{name, "", -1, -1}};
     if (auto o = origins.find(name); o != origins.end()) places = o->second;
@@ -93,7 +95,8 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
         set_raw(*tp, w);
         frontend::declare_signature_parameter(model, name);
         onnx::NodeProto* n = graph->mutable_node(p.node);
-        if (p.input < 0) adds.push_back({p.node, name});
+        if (p.input == ir::InitializerOrigin::kReplacesNode) dropped.insert(p.node);  // the alias it was
+        else if (p.input < 0) adds.push_back({p.node, name});
         else if (p.input < n->input_size()) n->set_input(p.input, name);
         else {
           while (n->input_size() < p.input) n->add_input("");
@@ -130,14 +133,14 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
     add->add_output(yb);
   }
   // New nodes were appended: keep the node list topologically sorted (each Add right
-  // after its MatMul).
-  if (!adds.empty()) {
+  // after its MatMul); replaced aliases leave.
+  if (!adds.empty() || !dropped.empty()) {
     std::vector<onnx::NodeProto> nodes(graph->node().begin(), graph->node().end());
     graph->clear_node();
     std::map<int, int> add_of;
     for (size_t a = 0; a < adds.size(); ++a) add_of[adds[a].first] = file_nodes + static_cast<int>(a);
     for (int i = 0; i < file_nodes; ++i) {
-      *graph->add_node() = nodes[static_cast<size_t>(i)];
+      if (!dropped.count(i)) *graph->add_node() = nodes[static_cast<size_t>(i)];
       if (auto a = add_of.find(i); a != add_of.end()) *graph->add_node() = nodes[static_cast<size_t>(a->second)];
     }
   }
