@@ -334,15 +334,7 @@ class Resolver {
         if (p != c && is_param(p) && view_of(*c->data, *p->data) != View::none) view_of_param = true;
       if (view_of_param) continue;
       // W = c^T in PyTorch's [out, in] layout.
-      const Tensor& ct = *c->data;
-      const int64_t in = ct.dims()[0], out = ct.dims()[1];
-      Tensor w(ct.dtype(), {out, in});
-      const size_t es = ir::dtype_size(ct.dtype());
-      const char* src = static_cast<const char*>(ct.raw());
-      char* dst = static_cast<char*>(w.raw());
-      for (int64_t i = 0; i < in; ++i)
-        for (int64_t j = 0; j < out; ++j) std::memcpy(dst + (j * in + i) * es, src + (i * out + j) * es, es);
-      Value* p = add_parameter(name, std::move(w),
+      Value* p = add_parameter(name, transpose_2d(*c->data),
                                signature_.empty() ? "restored from '" + c->name + "' (its transpose; name from the node scope)"
                                                   : "torch.export signature: PARAMETER '" + name +
                                                         "', restored from '" + c->name + "' (its transpose)");
@@ -721,6 +713,17 @@ class Resolver {
 };
 
 }  // namespace
+
+Tensor transpose_2d(const Tensor& t) {
+  const int64_t r = t.dims()[0], c = t.dims()[1];
+  Tensor out(t.dtype(), {c, r});
+  const size_t es = ir::dtype_size(t.dtype());
+  const char* src = static_cast<const char*>(t.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) std::memcpy(dst + (j * r + i) * es, src + (i * c + j) * es, es);
+  return out;
+}
 
 void declare_signature_parameter(onnx::ModelProto& model, const std::string& name) {
   auto gm = metadata(model.graph(), kGraphMetadataField);

@@ -61,6 +61,10 @@ using NodeOrigins = std::unordered_map<const ir::Node*, const onnx::NodeProto*>;
 /// malformed signature is ignored: roles stay unknown).
 Status resolve_initializers(const onnx::ModelProto& model, ir::Graph& g, const NodeOrigins& origins, bool untie);
 
+/// The transpose of rank-2 tensor `t` ([r, c] -> [c, r], any dtype): a Linear weight
+/// from the folded W^T the exporters store, and back when a trained model is written.
+ir::Tensor transpose_2d(const ir::Tensor& t);
+
 /// Declares initializer `name` of `model` (already added to its graph, with dims and
 /// data type) a PARAMETER of the torch.export signature, as the exporter writes its own:
 /// a value_info carrying "pkg.torch.export.graph_signature.InputSpec.kind" and the

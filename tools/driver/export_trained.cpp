@@ -23,7 +23,6 @@ namespace {
 
 /// The tensor an initializer of dims `dims` holds when it is `view` of trained weight w.
 Expected<ir::Tensor> view_of(const ir::Tensor& w, const std::string& view, const std::vector<int64_t>& dims) {
-  const size_t es = ir::dtype_size(w.dtype());
   ir::Tensor out(w.dtype(), dims);
   if (view.empty()) {
     if (w.dims() != dims) return Status::error("shape " + ir::dims_to_string(dims) + ", the trained weight " +
@@ -33,12 +32,7 @@ Expected<ir::Tensor> view_of(const ir::Tensor& w, const std::string& view, const
   if (view == "transpose") {
     if (w.rank() != 2 || dims.size() != 2 || dims[0] != w.dims()[1] || dims[1] != w.dims()[0])
       return Status::error("shape " + ir::dims_to_string(dims) + " is not the transpose of " + ir::dims_to_string(w.dims()));
-    const int64_t r = w.dims()[0], c = w.dims()[1];
-    const char* src = static_cast<const char*>(w.raw());
-    char* dst = static_cast<char*>(out.raw());
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < c; ++j) std::memcpy(dst + (j * r + i) * es, src + (i * c + j) * es, es);
-    return out;
+    return frontend::transpose_2d(w);
   }
   if (view == "slice") {  // the leading elements (a leading slice along the first non-unit dim)
     if (out.numel() > w.numel()) return Status::error("a slice larger than the weight");
