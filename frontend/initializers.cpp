@@ -37,6 +37,13 @@ std::map<std::string, std::string> metadata(const google::protobuf::Message& m, 
   return out;
 }
 
+/// Names PyTorch's exporters give constants they create: "onnx::Op_N" (TorchScript),
+/// "val_N" and "/..." (torch.export and TorchScript constant outputs).
+bool exporter_generated_name(const std::string& n) {
+  return n.rfind("onnx::", 0) == 0 || n.rfind("/", 0) == 0 ||
+         (n.rfind("val_", 0) == 0 && n.size() > 4 && std::all_of(n.begin() + 4, n.end(), ::isdigit));
+}
+
 constexpr int kGraphMetadataField = 16, kNodeMetadataField = 9, kValueInfoMetadataField = 4;
 const char* kSignatureKey = "pkg.torch.export.ExportedProgram.graph_signature";
 const char* kKindKey = "pkg.torch.export.graph_signature.InputSpec.kind";
@@ -230,11 +237,15 @@ class Resolver {
     }
   }
 
+  /// Roles from the value_info kinds. With a signature, an initializer without a kind is
+  /// a constant the exporter computed; without one (TorchScript and other exporters) the
+  /// name rule decides, except where a kind is written (by kiln, for a parameter the rule
+  /// would miss: declare_parameter).
   void assign_roles() {
-    if (signature_.empty()) return;  // the name rule decides (TorchScript and other exporters)
     for (Value* v : g_.initializers) {
       auto k = init_kind_.find(v->name);
       if (k == init_kind_.end()) {
+        if (signature_.empty()) continue;
         v->role = InitRole::constant;
         v->role_source = "not in the exported program's signature (computed by the exporter)";
         continue;
@@ -242,7 +253,8 @@ class Resolver {
       std::string target;
       if (auto p = init_placeholder_.find(v->name); p != init_placeholder_.end())
         if (auto e = by_placeholder_.find(p->second); e != by_placeholder_.end()) target = signature_[e->second].target;
-      v->role_source = "torch.export signature: " + k->second + (target.empty() ? "" : " '" + target + "'");
+      v->role_source = (signature_.empty() ? "value_info kind: " : "torch.export signature: ") + k->second +
+                       (target.empty() ? "" : " '" + target + "'");
       if (k->second == "PARAMETER") v->role = InitRole::parameter;
       else if (k->second == "BUFFER") v->role = InitRole::buffer;
       else v->role = InitRole::constant;
@@ -258,10 +270,7 @@ class Resolver {
   }
   /// Names PyTorch's exporters give constants they create: "onnx::Op_N" (TorchScript),
   /// "val_N" and "/..." (torch.export and TorchScript constant outputs).
-  static bool generated_name(const std::string& n) {
-    return n.rfind("onnx::", 0) == 0 || n.rfind("/", 0) == 0 ||
-           (n.rfind("val_", 0) == 0 && n.size() > 4 && std::all_of(n.begin() + 4, n.end(), ::isdigit));
-  }
+  static bool generated_name(const std::string& n) { return exporter_generated_name(n); }
   /// A constant that could be a parameter in disguise: not a parameter, float, more
   /// than one element, and (role unknown) a generated name.
   static bool is_folded_constant(const Value* v) {
@@ -427,9 +436,11 @@ class Resolver {
            " (--untie_initializers keeps them apart)");
     if (!merged.empty())
       note("the exporter merged equal-valued parameters (a freshly initialized model) through Identity aliases; "
-           "restored as " + std::to_string(merged.size()) + " separate parameters (" + list(merged) + ")");
+           "restored as " + std::to_string(merged.size()) +
+           (merged.size() == 1 ? " separate parameter (" : " separate parameters (") + list(merged) + ")");
     if (!untied.empty())
-      note("--untie_initializers: " + list(untied) + " trained as parameters of their own");
+      note("--untie_initializers: " + list(untied) +
+           (untied.size() == 1 ? " trained as a parameter of its own" : " trained as parameters of their own"));
   }
 
   /// Identity alias n of a parameter becomes a parameter of its own: named as the alias
@@ -725,26 +736,40 @@ Tensor transpose_2d(const Tensor& t) {
   return out;
 }
 
-void declare_signature_parameter(onnx::ModelProto& model, const std::string& name) {
-  auto gm = metadata(model.graph(), kGraphMetadataField);
-  auto it = gm.find(kSignatureKey);
-  if (it == gm.end()) return;
-  std::string placeholder;
-  for (const SignatureEntry& e : parse_signature(it->second))
-    if (e.kind == "PARAMETER" && e.target == name) placeholder = e.placeholder;
-  if (placeholder.empty()) return;
+void declare_parameter(onnx::ModelProto& model, const std::string& name) {
   const onnx::TensorProto* init = nullptr;
   for (const auto& tp : model.graph().initializer())
     if (tp.name() == name) init = &tp;
   if (!init) return;
-  onnx::ValueInfoProto* vi = model.mutable_graph()->add_value_info();
-  vi->set_name(name);
-  auto* tt = vi->mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(init->data_type());
-  for (int64_t d : init->dims()) tt->mutable_shape()->add_dim()->set_dim_value(d);
-  // metadata_props (field 4): unknown to Debian's proto, written as the exporter's bytes.
+  auto gm = metadata(model.graph(), kGraphMetadataField);
+  auto it = gm.find(kSignatureKey);
+  const bool has_signature = it != gm.end();
+  onnx::ValueInfoProto* vi = nullptr;
+  for (auto& v : *model.mutable_graph()->mutable_value_info())
+    if (v.name() == name) vi = &v;
+  if (vi) {
+    auto md = metadata(*vi, kValueInfoMetadataField);
+    if (md.count(kKindKey)) return;  // its role is stated (buffers stay buffers)
+  }
+  // Without a signature, the name rule trains a float initializer with a name of its own.
+  if (!has_signature && !exporter_generated_name(name)) return;
+  std::string placeholder;
+  if (has_signature)
+    for (const SignatureEntry& e : parse_signature(it->second))
+      if (e.kind == "PARAMETER" && e.target == name) placeholder = e.placeholder;
+  if (!vi) {
+    vi = model.mutable_graph()->add_value_info();
+    vi->set_name(name);
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(init->data_type());
+    for (int64_t d : init->dims()) tt->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  // metadata_props (field 4): unknown to Debian's proto, written as the exporter's bytes;
+  // a later entry of a key overrides an earlier one.
+  std::map<std::string, std::string> entries{{kKindKey, "PARAMETER"}};
+  if (!placeholder.empty()) entries[kOriginalNameKey] = placeholder;
   auto* unknown = vi->GetReflection()->MutableUnknownFields(vi);
-  for (auto& [k, v] : std::map<std::string, std::string>{{kKindKey, "PARAMETER"}, {kOriginalNameKey, placeholder}}) {
+  for (auto& [k, v] : entries) {
     onnx::StringStringEntryProto e;
     e.set_key(k);
     e.set_value(v);

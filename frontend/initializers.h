@@ -65,13 +65,16 @@ Status resolve_initializers(const onnx::ModelProto& model, ir::Graph& g, const N
 /// from the folded W^T the exporters store, and back when a trained model is written.
 ir::Tensor transpose_2d(const ir::Tensor& t);
 
-/// Declares initializer `name` of `model` (already added to its graph, with dims and
-/// data type) a PARAMETER of the torch.export signature, as the exporter writes its own:
-/// a value_info carrying "pkg.torch.export.graph_signature.InputSpec.kind" and the
-/// signature placeholder whose target is `name`. Used when a trained model puts back a
-/// parameter the exporter merged or dropped, so that re-importing it trains the same
-/// parameters. No-op for a model without a signature, or a name the signature does not
-/// list as a PARAMETER target.
-void declare_signature_parameter(onnx::ModelProto& model, const std::string& name);
+/// Makes a re-import of `model` train initializer `name` (already added to its graph,
+/// with dims and data type) where its roles would not: with a torch.export signature, an
+/// initializer without a kind; without one, a name the exporters generate
+/// ("val_N", "onnx::...", which the name rule keeps constant). Writes a value_info carrying
+/// "pkg.torch.export.graph_signature.InputSpec.kind" = PARAMETER, as the exporter writes its
+/// own, with the signature placeholder where the signature lists `name` as a PARAMETER
+/// target. Used when a trained model puts back a parameter the exporter merged or dropped,
+/// or keeps an untied copy (--untie_initializers) trained. No-op where a kind is already
+/// stated (a BUFFER stays one), where the name rule trains it, or for a name `model` has no
+/// initializer of.
+void declare_parameter(onnx::ModelProto& model, const std::string& name);
 
 }  // namespace kiln::frontend

@@ -169,6 +169,11 @@ class Importer {
     has_external_ = false;
     for (const auto& t : model_.graph().initializer())
       if (t.data_location() == onnx::TensorProto::EXTERNAL) has_external_ = true;
+    // An embedded model has no folder: its data must be inline (kiln compile embeds it so),
+    // never read from whatever file of that name the current folder holds.
+    if (is_registered_model(path_))
+      if (std::string ext = first_external_tensor(model_); !ext.empty())
+        return fail(ext + " is stored as external data, which an embedded model cannot refer to");
     return Status::ok();
   }
 

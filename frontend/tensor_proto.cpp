@@ -230,4 +230,52 @@ Status save_tensor_pb(const ir::Tensor& t, const std::string& name, const std::s
   return Status::ok();
 }
 
+namespace {
+
+/// Calls fn(tensor, who) on each TensorProto of graph `g`: initializers, then node
+/// attributes (t, tensors) and the graphs of attributes (g, graphs), depth first; stops at
+/// the first error. Adds nothing to `g` (only fields that are present are visited).
+template <class Fn>
+Status visit_tensors(onnx::GraphProto& g, Fn&& fn) {
+  for (auto& tp : *g.mutable_initializer()) KILN_RETURN_IF_ERROR(fn(tp, "initializer '" + tp.name() + "'"));
+  for (auto& n : *g.mutable_node())
+    for (auto& a : *n.mutable_attribute()) {
+      const std::string who = "node '" + n.name() + "': attribute '" + a.name() + "'";
+      if (a.has_t()) KILN_RETURN_IF_ERROR(fn(*a.mutable_t(), who));
+      for (auto& t : *a.mutable_tensors()) KILN_RETURN_IF_ERROR(fn(t, who));
+      if (a.has_g()) KILN_RETURN_IF_ERROR(visit_tensors(*a.mutable_g(), fn));
+      for (auto& sg : *a.mutable_graphs()) KILN_RETURN_IF_ERROR(visit_tensors(sg, fn));
+    }
+  return Status::ok();
+}
+
+}  // namespace
+
+Expected<int64_t> inline_external_data(onnx::ModelProto& model, const std::string& model_dir) {
+  int64_t inlined = 0;
+  Status st = visit_tensors(*model.mutable_graph(), [&](onnx::TensorProto& tp, const std::string& who) -> Status {
+    if (tp.data_location() != onnx::TensorProto::EXTERNAL) return Status::ok();
+    auto t = tensor_from_proto_named(tp, model_dir, who);
+    if (!t) return t.status();
+    tp.clear_external_data();
+    tp.set_data_location(onnx::TensorProto::DEFAULT);
+    tp.set_raw_data(std::string(static_cast<const char*>(t->raw()), t->nbytes()));  // little-endian host
+    inlined += static_cast<int64_t>(t->nbytes());
+    return Status::ok();
+  });
+  if (!st) return st;
+  return inlined;
+}
+
+std::string first_external_tensor(const onnx::ModelProto& model) {
+  std::string first;
+  // The visitor only reads here: the const_cast lends it the model without a copy.
+  (void)visit_tensors(const_cast<onnx::GraphProto&>(model.graph()), [&](onnx::TensorProto& tp, const std::string& who) -> Status {
+    if (tp.data_location() != onnx::TensorProto::EXTERNAL) return Status::ok();
+    first = who;
+    return Status::error("found");
+  });
+  return first;
+}
+
 }  // namespace kiln::frontend

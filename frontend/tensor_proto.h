@@ -35,4 +35,15 @@ Expected<onnx::TensorProto> tensor_to_proto(const ir::Tensor& t, const std::stri
 /// Writes `t` as one serialized TensorProto file (the inverse of load_tensor_pb).
 Status save_tensor_pb(const ir::Tensor& t, const std::string& name, const std::string& path);
 
+/// Replaces every external-data tensor of `model` (initializers, and tensor attributes of
+/// nodes, subgraphs included) by the same tensor stored inline (raw_data), read from
+/// `model_dir` as tensor_from_proto reads it, so the model stands on its own (a trained
+/// model, the model a `kiln compile` binary embeds). Returns the bytes now inline. Errors:
+/// any tensor_from_proto error, naming the tensor.
+Expected<int64_t> inline_external_data(onnx::ModelProto& model, const std::string& model_dir);
+
+/// Name of the first tensor of `model` (as inline_external_data visits them) stored as
+/// external data, or "" when it has none.
+std::string first_external_tensor(const onnx::ModelProto& model);
+
 }  // namespace kiln::frontend

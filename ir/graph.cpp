@@ -148,6 +148,14 @@ Value* Graph::new_value(const std::string& name, DType dtype, Shape shape) {
   return p;
 }
 
+const std::string& Graph::rename_value(Value* v, const std::string& base) {
+  auto it = by_name_.find(v->name);
+  if (it != by_name_.end() && it->second == v) by_name_.erase(it);
+  v->name = unique_name(base);
+  by_name_[v->name] = v;
+  return v->name;
+}
+
 Value* Graph::add_input(const std::string& name, DType dtype, Shape shape) {
   Value* v = new_value(name, dtype, std::move(shape));
   inputs.push_back(v);

@@ -216,6 +216,9 @@ class Graph {
   bool is_graph_output(const Value* v) const;
   /// Creates a unique value name derived from `base`.
   std::string unique_name(const std::string& base);
+  /// Gives `v` (a value of this graph) the name unique_name(`base`) and returns it; the
+  /// old name no longer finds it.
+  const std::string& rename_value(Value* v, const std::string& base);
   /// Deep copy of the whole graph (tensor data shared, not copied).
   std::unique_ptr<Graph> clone() const;
   /// Sorts nodes topologically (stable with respect to the current order). Error on a cycle.

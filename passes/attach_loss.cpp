@@ -182,7 +182,11 @@ class AttachLoss : public Pass {
       if (!is_float(logits->dtype))
         return Status::error("cross_entropy needs float logits; output '" + logits->name + "' is " +
                              std::string(dtype_name(logits->dtype)));
-      if (logits->shape.rank() < 1 || !logits->shape.is_static()) {
+      if (logits->shape.rank() == 0)
+        return Status::error("cross_entropy needs logits of shape (..., classes); output '" + logits->name +
+                             "' is a scalar: if the model computes its own loss (an export with labels), train it "
+                             "with --loss model");
+      if (!logits->shape.is_static()) {
         std::string syms;  // the unbound dims, for the hint
         for (const auto& d : logits->shape.dims)
           if (!d.is_static() && !d.symbol.empty()) syms += (syms.empty() ? "" : ", ") + d.symbol;
@@ -249,6 +253,11 @@ class AttachLoss : public Pass {
     }
     if (accum > 1 && !tokens_norm && loss) loss = b.op("Mul", {loss, b.scalar(1.0 / double(accum), loss->dtype)});
     if (!b.status()) return b.status().with_context("building the " + loss_kind + " loss");
+    // The program's output is named "loss". A model value of that name (the output of a
+    // --loss model export, now scaled for accumulation) keeps its place under another name.
+    if (loss->name != "loss")
+      if (Value* taken = g.find_value("loss"); taken && taken->producer)
+        g.rename_value(taken, "model_loss");
     if (loss->name != "loss") loss = b.op("Identity", {loss}, {}, "loss");
     if (!b.status()) return b.status();
     if (loss->name != "loss") return Status::error("the model already has a value named 'loss'; rename it");

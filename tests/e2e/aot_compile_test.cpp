@@ -7,6 +7,8 @@
 //     kernels/*.kir (one per kernel, as compile_report.json counts them), kernels/*.ll
 //     accepted by LLVM's parser and verifier, memory_plan.txt, compile_report.json;
 //     every IR dump re-imports (ir/parser.h) and prints back to the same text;
+//   - a model with external data (torch.onnx's MODEL.onnx.data) is embedded whole: the
+//     binary alone, beside a garbage file of the data file's name, trains kiln train's losses;
 //   - the compile cache: a second compile in a new process is a disk hit; a truncated
 //     entry is rebuilt with exactly one warning line;
 //   - KILN_LOGS prints its topics with a [kiln:TOPIC] prefix, and warns once on an
@@ -120,6 +122,31 @@ TEST(AotCompile, BinaryCopiedAloneReproducesKilnTrain) {
   expect_close_losses(train_losses(alone + "/run"), train_losses(dir + "/ref"), 6);
   EXPECT_TRUE(fs::exists(alone + "/run/model.onnx"));
   EXPECT_TRUE(fs::exists(alone + "/run/model.safetensors"));
+}
+
+TEST(AotCompile, ExternalDataIsEmbeddedInTheBinary) {
+  const std::string d = kSrc + "/tests/data/hf/gpt2/";
+  ASSERT_TRUE(fs::exists(d + "logits_dynamo.onnx.data"));
+  const std::string flags = " --shape batch=2,seq=8 --train_data input_ids=" + d + "input_ids.npy --train_data labels=" +
+                            d + "logit_labels.npy --per_device_train_batch_size 2 --max_steps 3 --logging_steps 1";
+  const std::string dir = tmpdir("external");
+  ShellRun c = sh("'" + kBin + "' compile " + d + "logits_dynamo.onnx" + flags + " --no_cache -o " + dir + "/out", kSrc);
+  ASSERT_EQ(c.code, 0) << c.out << c.err;
+  ShellRun ref = sh("'" + kBin + "' train " + d + "logits_dynamo.onnx" + flags + " --no_cache --output_dir " + dir + "/ref",
+                    kSrc);
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  // Alone, beside a file named as the model's data file that holds garbage: the binary
+  // must neither need the real one nor read this one.
+  const std::string alone = dir + "/elsewhere";
+  fs::create_directories(alone);
+  fs::copy_file(dir + "/out/train", alone + "/train");
+  {
+    std::ofstream junk(alone + "/logits_dynamo.onnx.data", std::ios::binary);
+    for (int i = 0; i < 1 << 18; ++i) junk.put(static_cast<char>(0x7f));
+  }
+  ShellRun r = sh("./train --output_dir run", alone);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  expect_close_losses(train_losses(alone + "/run"), train_losses(dir + "/ref"), 3);
 }
 
 TEST(AotCompile, RunTimeMaxStepsMatchesKilnTrain) {

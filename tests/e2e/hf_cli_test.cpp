@@ -6,6 +6,9 @@
 //   - kiln inspect names each initializer's role and where it came from (the torch.export
 //     signature, the name rule of TorchScript exports, constants folded at import);
 //   - --untie_initializers keeps a folded copy of a tied weight as its own parameter;
+//   - --loss model with --gradient_accumulation_steps: batch 1 x 2 microbatches trains like
+//     batch 2 (GPT-2's rows have equal label counts, so the mean of microbatch means is the
+//     batch mean, HF's microbatch normalization);
 //   - kiln ops lists the ops the new opsets brought with the ONNX versions implemented.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -110,6 +113,53 @@ TEST(HfCli, UntieInitializersKeepsAFoldedCopyApart) {
   EXPECT_NE(apart.out.find("onnx::MatMul_655  f32 [32, 96]  (kept apart (--untie_initializers)"), std::string::npos)
       << apart.out;
   EXPECT_EQ(tied.out.find("onnx::MatMul_655  f32"), std::string::npos) << tied.out;
+}
+
+TEST(HfCli, UntiedCopiesStayParametersOfTheTrainedModel) {
+  // Trained apart, the folded copy of a tied weight (dynamo: a val_N the signature does not
+  // list; TorchScript: an onnx::MatMul_N name) must re-import as a parameter, not a constant.
+  for (const std::string file : {"logits_dynamo.onnx", "logits_torchscript.onnx"}) {
+    const std::string d = kHf + "gpt2/", out = kiln::testing::fresh_tmpdir("hf_cli_untie");
+    const std::string shape = " --shape batch=2,seq=8";
+    // The dynamo export drops the unused attention_mask input; the TorchScript one keeps it.
+    const std::string mask = file == "logits_torchscript.onnx" ? " --train_data attention_mask=" + d + "attention_mask.npy" : "";
+    CliRun apart = kiln("inspect " + d + file + shape + " --untie_initializers");
+    ASSERT_EQ(apart.code, 0) << apart.out;
+    CliRun t = kiln("train " + d + file + shape + " --untie_initializers --train_data input_ids=" + d +
+                    "input_ids.npy" + mask + " --train_data labels=" + d +
+                    "logit_labels.npy --per_device_train_batch_size 2 --max_steps 2 --output_dir " + out);
+    ASSERT_EQ(t.code, 0) << t.out;
+    CliRun again = kiln("inspect " + out + "/model.onnx" + shape);
+    ASSERT_EQ(again.code, 0) << again.out;
+    EXPECT_EQ(trainable_count(again.out), trainable_count(apart.out)) << file << "\n" << again.out;
+    EXPECT_GT(trainable_count(apart.out), pytorch_parameter_count("gpt2")) << apart.out;
+  }
+}
+
+TEST(HfCli, ModelLossWithGradientAccumulationTrainsLikeOneBatch) {
+  const std::string d = kHf + "gpt2/";
+  const std::string data = " --loss model --train_data input_ids=" + d + "input_ids.npy --train_data labels=" + d +
+                           "labels.npy --max_steps 3 --logging_steps 1 --output_dir ";
+  const std::string one = kiln::testing::fresh_tmpdir("hf_cli_accum1"), two = kiln::testing::fresh_tmpdir("hf_cli_accum2");
+  CliRun a = kiln("train " + d + "loss_dynamo.onnx --shape batch=2,seq=8 --per_device_train_batch_size 2" + data + one);
+  ASSERT_EQ(a.code, 0) << a.out;
+  CliRun b = kiln("train " + d + "loss_dynamo.onnx --shape batch=1,seq=8 --per_device_train_batch_size 1 "
+                  "--gradient_accumulation_steps 2" + data + two);
+  ASSERT_EQ(b.code, 0) << b.out;
+  const auto la = kiln::testing::train_losses(one), lb = kiln::testing::train_losses(two);
+  ASSERT_EQ(la.size(), 3u);
+  ASSERT_EQ(lb.size(), 3u);
+  for (auto& [step, loss] : la) EXPECT_NEAR(lb.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+}
+
+TEST(HfCli, ALossExportWithoutLossModelSaysWhatToDo) {
+  const std::string d = kHf + "gpt2/";
+  CliRun r = kiln("train " + d + "loss_dynamo.onnx --shape batch=2,seq=8 --train_data input_ids=" + d +
+                  "input_ids.npy --train_data labels=" + d + "labels.npy --per_device_train_batch_size 2 --max_steps 1 --output_dir " +
+                  kiln::testing::fresh_tmpdir("hf_cli_scalar"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("output 'loss' is a scalar"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--loss model"), std::string::npos) << r.out;
 }
 
 TEST(HfCli, OpsListsTheNewOpsetsOps) {

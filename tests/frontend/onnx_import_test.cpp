@@ -11,6 +11,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include "frontend/model_bytes.h"
 #include "frontend/onnx_import.h"
 #include "frontend/tensor_proto.h"
 #include "frontend_test_util.h"
@@ -185,6 +186,35 @@ TEST(OnnxImport, ExternalDataInsideModelFolder) {
   const auto* w = find_init(*g, "W");
   ASSERT_TRUE(w);
   // The script stored arange(6) as f32[2, 3] at offset 8 of good_external.bin.
+  EXPECT_TRUE(kiln::test::tensors_equal(*w->data, Tensor::from_f32({0, 1, 2, 3, 4, 5}, {2, 3})));
+}
+
+TEST(OnnxImport, InlineExternalDataAndEmbeddedModels) {
+  // inline_external_data reads the external tensor in (the values the importer reads);
+  // a registered (embedded) model that still refers to external data is refused, never
+  // resolved against the current folder.
+  std::ifstream f(fixture("good_external.onnx"), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  onnx::ModelProto m;
+  ASSERT_TRUE(m.ParseFromString(bytes));
+  ASSERT_EQ(kiln::frontend::first_external_tensor(m), "initializer 'W'");
+  static const std::string external = bytes;  // registered bytes must outlive every read
+  kiln::frontend::register_model_bytes("embedded:external_test.onnx", external);
+  auto refused = kiln::frontend::import_onnx("embedded:external_test.onnx");
+  ASSERT_FALSE(refused);
+  EXPECT_HAS(refused.message(), "initializer 'W' is stored as external data");
+
+  const std::string dir = fixture("good_external.onnx").substr(0, fixture("good_external.onnx").rfind('/'));
+  auto n = kiln::frontend::inline_external_data(m, dir);
+  ASSERT_TRUE(n) << n.message();
+  EXPECT_EQ(*n, 6 * 4);
+  EXPECT_EQ(kiln::frontend::first_external_tensor(m), "");
+  static const std::string inlined = m.SerializeAsString();
+  kiln::frontend::register_model_bytes("embedded:inlined_test.onnx", inlined);
+  auto g = kiln::frontend::import_onnx("embedded:inlined_test.onnx");
+  ASSERT_TRUE(g) << g.message();
+  const auto* w = find_init(**g, "W");
+  ASSERT_TRUE(w);
   EXPECT_TRUE(kiln::test::tensors_equal(*w->data, Tensor::from_f32({0, 1, 2, 3, 4, 5}, {2, 3})));
 }
 

@@ -12,6 +12,7 @@
 #include "codegen/cpu/llvm_cpu.h"
 #include "codegen/cpu/program.h"
 #include "frontend/model_bytes.h"
+#include "frontend/tensor_proto.h"
 #include "passes/memory_plan.h"
 #include "runtime/data.h"
 #include "tools/aot/aot_manifest.h"
@@ -140,6 +141,20 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
     }
   cfg.resume_from_checkpoint.clear();
   KILN_ASSIGN_OR_RETURN(std::string model_bytes, frontend::read_model_bytes(cfg.model));
+  // The binary embeds the model alone: tensors the file keeps as external data (torch.onnx
+  // writes MODEL.onnx.data) are read in now, so the binary runs without them.
+  {
+    onnx::ModelProto model;
+    if (!model.ParseFromString(model_bytes)) return Status::error(cfg.model + ": not a valid ONNX model");
+    if (!frontend::first_external_tensor(model).empty()) {
+      auto inlined = frontend::inline_external_data(model, fs::path(cfg.model).parent_path().string());
+      if (!inlined) return Status::error(cfg.model + ": " + inlined.message());
+      if (model.ByteSizeLong() > size_t{INT32_MAX})
+        return Status::error(cfg.model + ": with its external data the model has " + std::to_string(model.ByteSizeLong()) +
+                             " bytes, more than the 2 GiB one embedded ONNX model can hold");
+      model_bytes = model.SerializeAsString();
+    }
+  }
 
   // DIR must be new, empty, or an earlier kiln compile output (it holds the marker
   // file): its ir/, kernels/ and obj/ are replaced, nothing else is ever deleted.

@@ -87,7 +87,7 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
         tp->set_data_type(ir::dtype_to_onnx(w.dtype()));
         for (int64_t d : w.dims()) tp->add_dims(d);
         set_raw(*tp, w);
-        frontend::declare_signature_parameter(model, name);
+        frontend::declare_parameter(model, name);
         onnx::NodeProto* n = graph->mutable_node(p.node);
         if (p.input == ir::InitializerOrigin::kReplacesNode) dropped.insert(p.node);  // the alias it was
         else if (p.input < 0) adds.push_back({p.node, name});
@@ -109,6 +109,9 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
       auto orig = ir::dtype_from_onnx(tp.data_type());
       if (!orig) return Status::error(original_onnx + ": initializer '" + p.onnx_name + "': " + orig.message());
       set_raw(tp, v->dtype() == *orig ? *v : v->cast(*orig));
+      // A trained copy the roles of the file call constant (--untie_initializers) is
+      // declared a parameter, so the trained model re-imports with what was trained.
+      if (p.onnx_name == name && p.view.empty()) frontend::declare_parameter(model, name);
     }
   }
   // Dropped Linear biases: y = MatMul(...) becomes y' = Add(y, bias), read where y was.
@@ -141,15 +144,10 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
   // Initializers the run did not train (buffers, constants) may still point into the
   // original's external-data file: read them in, so the output stands on its own.
   const std::string model_dir = std::filesystem::path(original_onnx).parent_path().string();
+  if (auto in = frontend::inline_external_data(model, model_dir); !in)
+    return Status::error(original_onnx + ": " + in.message());
   int64_t total = 0;
-  for (auto& tp : *graph->mutable_initializer()) {
-    if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
-      auto t = frontend::tensor_from_proto(tp, model_dir);
-      if (!t) return Status::error(original_onnx + ": " + t.message());
-      set_raw(tp, *t);
-    }
-    total += static_cast<int64_t>(tp.raw_data().size());
-  }
+  for (auto& tp : *graph->mutable_initializer()) total += static_cast<int64_t>(tp.raw_data().size());
   // The result must stay a valid model: libonnx's checker (opsets it knows).
   int64_t opset = 0;
   for (auto& imp : model.opset_import())
