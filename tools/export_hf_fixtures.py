@@ -319,13 +319,20 @@ def one_model(name, out_root, manifest):
 
 
 def fresh_gpt2(out_root):
-    """A freshly initialized GPT-2 (no noise) exported with the default exporter: its
-    LayerNorm weights (ones) and biases (zeros) are merged or dropped by the exporter."""
+    """A freshly initialized GPT-2 (no noise) exported with the default exporter (its
+    LayerNorm weights (ones) and biases (zeros) are merged or dropped by the exporter) and
+    with the TorchScript exporter (which aliases them through Identity nodes)."""
     cfg, Logits, _, names = gpt2(False)
     torch.manual_seed(0)
     m = Logits(cfg).eval()
     data = make_data("gpt2", torch.Generator().manual_seed(42))
     export(m, dict(dynamo=True), names, data, "logits", os.path.join(out_root, "gpt2", "fresh_dynamo.onnx"))
+    # The TorchScript exporter deduplicates equal-valued initializers through Identity
+    # aliases (named as PyTorch's parameters); same model, same seed.
+    cfg_t, Logits_t, _, names_t = gpt2(True)
+    torch.manual_seed(0)
+    mt = Logits_t(cfg_t).eval()
+    export(mt, dict(dynamo=False), names_t, data, "logits", os.path.join(out_root, "gpt2", "fresh_torchscript.onnx"))
     params = [[n, list(p.shape)] for n, p in m.named_parameters()]
     with open(os.path.join(out_root, "gpt2", "fresh_parameters.json"), "w") as f:
         json.dump(params, f, indent=1)

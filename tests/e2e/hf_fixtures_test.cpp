@@ -346,7 +346,11 @@ namespace {
 // all-zero Linear (Conv1D) biases: kiln restores PyTorch's parameters from the
 // torch.export signature (written by tools/export_hf_fixtures.py to fresh_parameters.json
 // from named_parameters()), and the trained model it exports puts them back into the file.
-const Fixture kFreshGpt2{"gpt2/fresh_dynamo.onnx", "gpt2", "logits", "dynamo", {}};
+// The same model exported by the TorchScript exporter aliases the equal-valued
+// parameters through Identity nodes named as PyTorch's parameters: each becomes a
+// parameter of its own.
+const std::vector<Fixture> kFreshGpt2 = {{"gpt2/fresh_dynamo.onnx", "gpt2", "logits", "dynamo", {}},
+                                         {"gpt2/fresh_torchscript.onnx", "gpt2", "logits", "torchscript", {}}};
 
 std::map<std::string, std::vector<int64_t>> fresh_parameters() {
   std::map<std::string, std::vector<int64_t>> want;
@@ -355,9 +359,12 @@ std::map<std::string, std::vector<int64_t>> fresh_parameters() {
   return want;
 }
 
-TEST(HfFreshModel, MergedAndDroppedParametersRestored) {
-  const auto ref = reference(kFreshGpt2);
-  auto p = driver::build_training_program(config(kFreshGpt2, ref, "eager", false), nullptr, false);
+class HfFreshModel : public ::testing::TestWithParam<Fixture> {};
+
+TEST_P(HfFreshModel, MergedAndDroppedParametersRestored) {
+  const Fixture& f = GetParam();
+  const auto ref = reference(f);
+  auto p = driver::build_training_program(config(f, ref, "eager", false), nullptr, false);
   ASSERT_TRUE(p) << p.message();
   const auto want = fresh_parameters();
   std::map<std::string, std::vector<int64_t>> got;
@@ -377,6 +384,9 @@ TEST(HfFreshModel, MergedAndDroppedParametersRestored) {
   }
 }
 
-TEST(HfFreshModel, TrainedModelExportsAndReimports) { check_export_round_trip(kFreshGpt2, fresh_parameters()); }
+TEST_P(HfFreshModel, TrainedModelExportsAndReimports) { check_export_round_trip(GetParam(), fresh_parameters()); }
+
+INSTANTIATE_TEST_SUITE_P(Gpt2, HfFreshModel, ::testing::ValuesIn(kFreshGpt2),
+                         [](const ::testing::TestParamInfo<Fixture>& i) { return i.param.route; });
 
 }  // namespace
