@@ -421,7 +421,11 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
         seen.insert(in);
         const bool axes = gr.reduction && m == gr.members.back() && k == 1;  // reduction axes: constant
         const bool view_operand = is_view_node(*m) && !is_viewed_input(*m, k);  // Expand's shape, Slice's starts...
-        if (axes || view_operand || (in->is_initializer() && in->data->numel() == 1 && !is_parameter_candidate(*in)))
+        // Data a guarded view reads inside its box is loaded through the guard, a
+        // one-element constant too (T5's label shift at batch 1 scatters a [1, 1] zero).
+        const bool guarded_data = is_guarded_view_op(m->op) && is_viewed_input(*m, k);
+        if (axes || view_operand ||
+            (!guarded_data && in->is_initializer() && in->data->numel() == 1 && !is_parameter_candidate(*in)))
           consts.push_back(in);
         else
           ext_in.push_back(in);
