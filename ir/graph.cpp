@@ -303,6 +303,7 @@ std::unique_ptr<Graph> Graph::clone() const {
   g->opset = opset;
   g->import_notes = import_notes;
   g->initializer_origins = initializer_origins;
+  g->input_defaults = input_defaults;
   std::unordered_map<const Value*, Value*> map;
   auto mapv = [&](Value* v) -> Value* { return v ? map.at(v) : nullptr; };
   for (Value* v : inputs) {

@@ -172,6 +172,11 @@ class Graph {
   /// Trainable initializers the importer re-expressed (restored, renamed or tied): their
   /// places in the model file, by IR name (absent: the file's initializer of that name).
   std::map<std::string, std::vector<InitializerOrigin>> initializer_origins;
+  /// Defaults of graph inputs that a caller may leave unfed (ONNX: an initializer that is
+  /// also a graph input), by input name: a program's run-time settings, such as the LR
+  /// schedule's step counts (passes/optimizer.cpp, kScheduleTotalInput), which the trainer
+  /// feeds from its run so that one compiled program serves any --max_steps.
+  std::map<std::string, std::shared_ptr<Tensor>> input_defaults;
 
   Graph() = default;
   Graph(const Graph&) = delete;
@@ -259,6 +264,14 @@ inline bool in_grad_scope(const std::string& node_name) { return grad_scope_pos(
 /// adds (passes/attach_loss.cpp) and the trainer feeds: the count of real labels over
 /// the whole optimizer step (Hugging Face's num_items_in_batch).
 inline constexpr const char* kNumItemsInput = "num_items_in_batch";
+
+/// Scalar graph inputs of the LR schedule (passes/optimizer.cpp; Graph::input_defaults
+/// hold the values the program was built with): the run's optimizer steps T, warmup
+/// steps W and max(1, T - W), in the step counter's dtype. The trainer feeds them from
+/// the run it trains (runtime/trainer.cpp).
+inline constexpr const char* kScheduleTotalInput = "lr_schedule.total_steps";
+inline constexpr const char* kScheduleWarmupInput = "lr_schedule.warmup_steps";
+inline constexpr const char* kScheduleDecayInput = "lr_schedule.decay_steps";
 
 /// kiln's rule for a trainable-parameter candidate (used by attach_loss, constant
 /// folding and `kiln inspect`): a floating-point initializer whose role the model states

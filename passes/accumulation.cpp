@@ -68,6 +68,7 @@ class Accumulation : public Pass {
     for (Value* in : g.inputs) {
       if (state_inputs.count(in)) continue;
       if (in->name == kNumItemsInput) continue;  // fed with the step (see 5.)
+      if (g.input_defaults.count(in->name)) continue;  // a run-time setting (LR schedule), read once per step
       if (in->shape.rank() < 1 || !in->shape.dims[0].is_static())
         return Status::error("gradient accumulation: data input '" + in->name + "' has no static leading (batch) dim (" +
                              in->shape.to_string() + ")");

@@ -98,13 +98,26 @@ class Optimizer : public Pass {
     const int64_t total = ctx.opt_i("total_steps", 1);
     const int64_t warmup = ctx.opt_i("warmup_steps", 0);
     const std::string sched = ctx.opt("lr_scheduler_type", "linear");
-    // factor(t): warmup ramp t/W for t < W, then the schedule's decay.
+    // factor(t): warmup ramp t/W for t < W, then the schedule's decay. T, W and
+    // max(1, T - W) are scalar inputs whose defaults are this build's values: the trainer
+    // feeds its run's counts, so the program serves any --max_steps (ir::kScheduleTotalInput).
+    auto setting = [&](const char* name, double v) {
+      if (Value* have = g.find_value(name)) return have;
+      Value* in = g.add_input(name, dt, Shape());
+      Tensor t(dt, {});
+      t.set_f64(0, v);
+      g.input_defaults[name] = std::make_shared<Tensor>(std::move(t));
+      return in;
+    };
+    auto total_in = [&] { return setting(kScheduleTotalInput, double(total)); };
+    auto warmup_in = [&] { return setting(kScheduleWarmupInput, double(warmup)); };
+    auto decay_in = [&] { return setting(kScheduleDecayInput, double(std::max<int64_t>(1, total - warmup))); };
     Value* decay;
     if (sched == "linear") {
-      Value* rem = b.op("Div", {b.op("Sub", {C(double(total)), step}), C(double(std::max<int64_t>(1, total - warmup)))});
+      Value* rem = b.op("Div", {b.op("Sub", {total_in(), step}), decay_in()});
       decay = b.op("Max", {rem, C(0.0)});
     } else if (sched == "cosine") {
-      Value* progress = b.op("Div", {b.op("Sub", {step, C(double(warmup))}), C(double(std::max<int64_t>(1, total - warmup)))});
+      Value* progress = b.op("Div", {b.op("Sub", {step, warmup_in()}), decay_in()});
       Value* c = b.op("Cos", {b.op("Mul", {progress, C(M_PI)})});
       decay = b.op("Max", {b.op("Mul", {C(0.5), b.op("Add", {C(1.0), c})}), C(0.0)});
     } else if (sched == "constant" || sched == "constant_with_warmup") {
@@ -114,9 +127,10 @@ class Optimizer : public Pass {
                            "' (expected linear, cosine, constant, constant_with_warmup)");
     }
     Value* factor = decay;
+    // With warmup (--warmup_steps or --warmup_ratio) W >= 1 for every run length.
     if (warmup > 0 && sched != "constant") {
-      Value* ramp = b.op("Div", {step, C(double(warmup))});
-      factor = b.op("Where", {b.op("Less", {step, C(double(warmup))}), ramp, decay});
+      Value* ramp = b.op("Div", {step, warmup_in()});
+      factor = b.op("Where", {b.op("Less", {step, warmup_in()}), ramp, decay});
     }
     Value* lr = b.op("Mul", {factor, C(base_lr)}, {}, "learning_rate");
 

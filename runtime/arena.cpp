@@ -43,4 +43,11 @@ bool StepArena::at_planned_place(const ir::Value* v, const void* p) const {
   return it != slots_.end() && static_cast<const char*>(block_->data()) + it->second.slot.offset == p;
 }
 
+std::vector<std::pair<const ir::Value*, ArenaSlot>> StepArena::slots() const {
+  std::vector<std::pair<const ir::Value*, ArenaSlot>> r;
+  r.reserve(slots_.size());
+  for (const auto& [v, e] : slots_) r.emplace_back(v, e.slot);
+  return r;
+}
+
 }  // namespace kiln::runtime

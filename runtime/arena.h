@@ -54,6 +54,8 @@ class StepArena {
   bool at_planned_place(const ir::Value* v, const void* p) const;
 
   int64_t block_bytes() const { return block_bytes_; }
+  /// Every value's planned place (the constructor's `slots`), in no particular order.
+  std::vector<std::pair<const ir::Value*, ArenaSlot>> slots() const;
   int64_t num_homes() const { return homes_; }
   /// Outputs written at their home / moved out of a wrong place, since construction.
   int64_t placed() const { return placed_.load(); }

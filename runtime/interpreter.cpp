@@ -629,7 +629,12 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
   for (Value* in : g.inputs) {
     auto it = feeds.find(in->name);
     if (it == feeds.end() && streamable.count(in)) continue;
-    if (it == feeds.end()) return Status::error("missing input '" + in->name + "'");
+    if (it == feeds.end()) {
+      auto d = g.input_defaults.find(in->name);  // a run-time setting left at its default
+      if (d == g.input_defaults.end() || !d->second) return Status::error("missing input '" + in->name + "'");
+      env[in] = *d->second;
+      continue;
+    }
     KILN_RETURN_IF_ERROR(check_feed(*in, it->second));
     env[in] = it->second;
   }

@@ -200,7 +200,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
   for (ir::Value* in : g.inputs) {
     bool is_data = false;
     for (auto& d : graphs.data_inputs) is_data |= d == in->name;
-    if (!is_data && !t.state_.count(in->name) && in->name != kNumItemsInput)
+    if (!is_data && !t.state_.count(in->name) && in->name != kNumItemsInput && !g.input_defaults.count(in->name))
       return Status::error("train_step: input '" + in->name + "' is neither a data input nor a state input");
   }
   {
@@ -231,6 +231,20 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
                          " rows, fewer than one step of " + std::to_string(t.rows_per_step_) +
                          " (--per_device_train_batch_size x --gradient_accumulation_steps)");
   t.total_steps_ = cfg.total_steps(t.steps_per_epoch_);
+  {
+    // The LR schedule of this run (the program's inputs default to the build's counts).
+    const int64_t warmup = cfg.warmup(t.total_steps_);
+    const std::map<std::string, double> counts = {
+        {ir::kScheduleTotalInput, double(t.total_steps_)},
+        {ir::kScheduleWarmupInput, double(warmup)},
+        {ir::kScheduleDecayInput, double(std::max<int64_t>(1, t.total_steps_ - warmup))}};
+    for (ir::Value* in : g.inputs)
+      if (auto c = counts.find(in->name); c != counts.end()) {
+        Tensor v(in->dtype, {});
+        v.set_f64(0, c->second);
+        t.schedule_feeds_[in->name] = v;
+      }
+  }
   t.eval_rows_ = cfg.per_device_eval_batch_size;
   if (eval_data && eval_data->num_eval_batches(t.eval_rows_) <= 0)
     return Status::error("--eval_data " + eval_data->files() + ": " + std::to_string(eval_data->num_rows()) +
@@ -278,6 +292,11 @@ Expected<std::map<std::string, Tensor>> Trainer::feeds_for(const ir::Graph& g, c
       feeds[in->name] = s->second;
       continue;
     }
+    if (auto f = schedule_feeds_.find(in->name); f != schedule_feeds_.end()) {
+      feeds[in->name] = f->second;
+      continue;
+    }
+    if (g.input_defaults.count(in->name)) continue;  // run_graph takes the default
     return Status::error("graph '" + g.name + "': no data or state for input '" + in->name + "'");
   }
   return feeds;

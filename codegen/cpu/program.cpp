@@ -522,4 +522,6 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
   return prog;
 }
 
+std::string kiln_build_id() { return code_generator_build_id(); }
+
 }  // namespace kiln::codegen

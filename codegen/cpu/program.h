@@ -73,4 +73,8 @@ void clear_cpu_memory_cache();
 /// else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln (else ".kiln_cache" when HOME is unset).
 std::string default_cache_dir();
 
+/// The GNU build ID (hex) of the kiln binary holding the code generator ("" when it has
+/// none): changes with every rebuild; part of the compile caches' keys.
+std::string kiln_build_id();
+
 }  // namespace kiln::codegen

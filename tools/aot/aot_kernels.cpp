@@ -2,21 +2,19 @@
 #include "tools/aot/aot_kernels.h"
 
 #include <cstdint>
-#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "codegen/lower.h"
+#include "codegen/kernel_ir.h"
 #include "tools/aot/aot_manifest.h"
 
 // Defined by the data object that `kiln compile` links into the binary
-// (codegen::emit_aot_data_object): the manifest JSON, the model, the kernel table.
+// (codegen::emit_aot_data_object): the manifest JSON, the program file, the kernel table.
 extern "C" {
 extern const char kiln_aot_manifest[];
 extern const int64_t kiln_aot_manifest_size;
-extern const char kiln_aot_model[];
-extern const int64_t kiln_aot_model_size;
+extern const char kiln_aot_program[];
+extern const int64_t kiln_aot_program_size;
 extern void* const kiln_aot_fns[];
 extern const int64_t kiln_aot_fns_count;
 
@@ -28,7 +26,7 @@ namespace kiln::aot {
 
 namespace {
 
-/// A program whose kernels live in the binary: it owns their CpuKernel records.
+/// Kernels whose code is linked into the binary: owns their CpuKernel records.
 struct AotProgram : codegen::CpuProgram {
   std::vector<codegen::CpuKernel> table;
 };
@@ -48,89 +46,39 @@ Status load_embedded() {
   }
   const auto& m = manifest();
   if (!m.is_object() || m.value("format", 0) != kManifestFormat)
-    return Status::error("the binary's manifest has format " + (m.is_object() ? m.value("format", nlohmann::json()).dump() : std::string("?")) +
+    return Status::error("the binary's manifest has format " +
+                         (m.is_object() ? m.value("format", nlohmann::json()).dump() : std::string("?")) +
                          ", this runtime reads format " + std::to_string(kManifestFormat));
-  if (!m.contains("config") || !m.contains("programs"))
-    return Status::error("the binary's manifest has no config or programs");
+  if (!m.contains("symbols") || !m["symbols"].is_array()) return Status::error("the binary's manifest has no symbols");
+  if (static_cast<int64_t>(m["symbols"].size()) != kiln_aot_fns_count)
+    return Status::error("the binary's manifest names " + std::to_string(m["symbols"].size()) +
+                         " kernel functions; its table has " + std::to_string(kiln_aot_fns_count));
   return Status::ok();
 }
 
-Expected<runtime::TrainConfig> embedded_config() {
-  runtime::TrainConfig cfg;
-  KILN_RETURN_IF_ERROR(runtime::config_from_json_text(manifest()["config"].dump(), "the binary's manifest", cfg));
-  return cfg;
-}
+std::string_view embedded_program() { return {kiln_aot_program, static_cast<size_t>(kiln_aot_program_size)}; }
 
-std::string_view embedded_model() { return {kiln_aot_model, static_cast<size_t>(kiln_aot_model_size)}; }
-
-Status check_cpu() {
-  const std::string feats = manifest().value("cpu", std::string());
-  std::string missing;
-  auto need = [&](const char* llvm_name, bool have) {
-    if (feats.find(std::string("+") + llvm_name + ",") == std::string::npos &&
-        !(feats.size() >= std::string(llvm_name).size() + 1 && feats.ends_with(std::string("+") + llvm_name)))
-      return;
-    if (!have) missing += (missing.empty() ? "" : ", ") + std::string(llvm_name);
-  };
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  need("sse4.2", __builtin_cpu_supports("sse4.2"));
-  need("avx", __builtin_cpu_supports("avx"));
-  need("avx2", __builtin_cpu_supports("avx2"));
-  need("fma", __builtin_cpu_supports("fma"));
-  need("avx512f", __builtin_cpu_supports("avx512f"));
-  need("avx512bw", __builtin_cpu_supports("avx512bw"));
-  need("avx512dq", __builtin_cpu_supports("avx512dq"));
-  need("avx512vl", __builtin_cpu_supports("avx512vl"));
-  need("avx512bf16", __builtin_cpu_supports("avx512bf16"));
-#endif
-  if (!missing.empty())
-    return Status::error("this binary's kernels were compiled for a CPU with " + missing +
-                         ", which this CPU lacks; run kiln compile on this machine");
-  return Status::ok();
-}
-
-Expected<std::shared_ptr<codegen::CpuProgram>> aot_program(const ir::Graph& g, const std::string& which) {
-  auto prog = std::make_shared<AotProgram>();
-  prog->cache_status = "linked ahead of time";
-  const auto& programs = manifest()["programs"];
-  std::map<std::string, const nlohmann::json*> by_node;
-  if (programs.contains(which))
-    for (const auto& k : programs[which]) by_node[k.value("node", std::string())] = &k;
-  std::vector<const ir::Node*> nodes = codegen::fused_nodes(g);
-  prog->table.reserve(nodes.size());
-  int mismatched = 0;
-  for (const ir::Node* n : nodes) {
-    KILN_ASSIGN_OR_RETURN(codegen::Kernel k, codegen::lower_fused(*n));
-    auto it = by_node.find(n->name);
-    const std::string fp = kernel_fingerprint(k);
-    prog->kernels.push_back(std::move(k));
-    if (it == by_node.end() || it->second->value("fingerprint", std::string()) != fp) {
-      ++mismatched;
-      continue;
+runtime::KernelBinder kernel_binder() {
+  return [](const std::string& which, codegen::CpuObject obj) -> Expected<std::shared_ptr<codegen::CpuProgram>> {
+    std::map<std::string, int64_t> index;
+    const auto& syms = manifest()["symbols"];
+    for (size_t i = 0; i < syms.size(); ++i) index[syms[i].get<std::string>()] = static_cast<int64_t>(i);
+    auto prog = std::make_shared<AotProgram>();
+    prog->cache_status = "linked ahead of time";
+    prog->table.reserve(obj.kernels.size());
+    for (size_t i = 0; i < obj.kernels.size(); ++i) {
+      auto it = index.find(i < obj.symbols.size() ? obj.symbols[i] : std::string());
+      if (it == index.end())
+        return Status::error(which + " kernel '" + obj.kernels[i].name + "': this binary does not hold its function " +
+                             (i < obj.symbols.size() ? obj.symbols[i] : std::string("?")));
+      codegen::CpuKernel ck = obj.kernels[i];
+      ck.fn = reinterpret_cast<codegen::CpuKernelFn>(kiln_aot_fns[it->second]);
+      prog->table.push_back(ck);
     }
-    const nlohmann::json& e = *it->second;
-    const int64_t fn = e.value("fn", int64_t(-1));
-    if (fn < 0 || fn >= kiln_aot_fns_count)
-      return Status::error("the binary's manifest names function " + std::to_string(fn) + " for kernel '" + n->name +
-                           "'; the table has " + std::to_string(kiln_aot_fns_count));
-    codegen::CpuKernel ck;
-    ck.name = n->name;
-    ck.fn = reinterpret_cast<codegen::CpuKernelFn>(kiln_aot_fns[fn]);
-    ck.parallel_dim = e.value("parallel_dim", -1);
-    ck.parallel_extent = e.value("parallel_extent", int64_t(1));
-    ck.work_per_index = e.value("work_per_index", int64_t(1));
-    ck.split_parts = e.value("split_parts", int64_t(0));
-    ck.scratch_bytes = e.value("scratch_bytes", int64_t(0));
-    prog->table.push_back(ck);
-  }
-  // by_node points into table: fill it once the table no longer grows.
-  for (const codegen::CpuKernel& ck : prog->table) prog->by_node[ck.name] = &ck;
-  if (mismatched > 0)
-    std::cerr << "train: note: " << mismatched << " of " << nodes.size() << " " << which
-              << " kernels differ from the ones compiled into this binary (a run-time flag such as --max_steps changed "
-                 "a constant); they run op by op\n";
-  return std::shared_ptr<codegen::CpuProgram>(std::move(prog));
+    // by_node points into table: filled once the table no longer grows.
+    for (const codegen::CpuKernel& ck : prog->table) prog->by_node[ck.name] = &ck;
+    return std::shared_ptr<codegen::CpuProgram>(std::move(prog));
+  };
 }
 
 }  // namespace kiln::aot

@@ -1,9 +1,10 @@
 // main() of the standalone training binary that `kiln compile MODEL -o DIR` links as
-// DIR/train (issue 8). It holds the model, the compile-time configuration and the
+// DIR/train (issues 8, 30). It holds its program file (runtime/program.h: the post-pass
+// graphs, step arenas, signature, compile-time configuration and the model) and the
 // generated kernels (object code); it needs no kiln build tree, no Python and no
-// compiler. At start it re-runs kiln's passes on the embedded model (they are
-// deterministic: the same graph, the same kernel fingerprints) and binds every fused
-// kernel to its compiled function, then trains exactly as `kiln train` does.
+// compiler. At start it loads the program (no ONNX import, no pass), binds every kernel
+// to its linked function by symbol, checks the CPU, then trains exactly as `kiln train`
+// does. The LR schedule reads the run's step counts, so --max_steps may change.
 //
 // Flags that may change: data paths, max_steps, num_train_epochs, output_dir,
 // logging/eval/save steps, save_total_limit, seed, resume_from_checkpoint,
@@ -45,9 +46,13 @@ int fail(int code, const std::string& msg) {
 int real_main(int argc, char** argv) {
   Status s = aot::load_embedded();
   if (!s) return fail(1, s.message());
-  auto base = aot::embedded_config();
-  if (!base) return fail(1, base.message());
-  runtime::TrainConfig cfg = *base;
+  const std::string program_bytes(aot::embedded_program());
+  const std::string origin = "the binary's program";
+  auto info = runtime::read_program_info(program_bytes, origin);
+  if (!info) return fail(1, info.message());
+  runtime::TrainConfig cfg;
+  s = runtime::config_from_json_text(info->config_json, origin, cfg);
+  if (!s) return fail(1, s.message());
 
   CLI::App app{"a kiln training binary (built by kiln compile): trains the model it holds with the configuration "
                "it was compiled with; the flags below may change per run"};
@@ -100,14 +105,16 @@ int real_main(int argc, char** argv) {
   if (!v) return fail(2, v.message());
   if (cfg.train_data.empty()) return fail(2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   if (Status e = runtime::check_eval_schedule(cfg); !e) return fail(2, e.message());
-  s = aot::check_cpu();
+  s = runtime::check_host_cpu(info->cpu);
   if (!s) return fail(1, s.message());
+  auto prog = runtime::deserialize_program(program_bytes, origin, aot::kernel_binder());
+  if (!prog) return fail(1, prog.message());
 
-  // The model comes from the binary itself.
+  // The model file the trained weights are written into comes from the program.
   cfg.model = "embedded:model.onnx";
   cfg.backend = "compiled";
-  frontend::register_model_bytes(cfg.model, aot::embedded_model());
-  s = driver::run_training(cfg, nullptr, std::cout);
+  frontend::register_model_bytes(cfg.model, info->model_bytes);
+  s = driver::run_training(cfg, nullptr, std::cout, &*prog);
   if (!s) return fail(1, s.message());
   return 0;
 }

@@ -15,6 +15,7 @@
 #include "frontend/tensor_proto.h"
 #include "passes/memory_plan.h"
 #include "runtime/data.h"
+#include "runtime/program.h"
 #include "tools/aot/aot_manifest.h"
 #include "tools/driver/driver.h"
 #include "tools/driver/train_run.h"
@@ -185,7 +186,6 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
     return Status::error("the training program has no compiled kernels (internal)");
 
   // Kernel dumps, objects, manifest.
-  nlohmann::json programs = nlohmann::json::object();
   std::vector<std::string> fn_symbols;
   std::map<std::string, int> fn_index;
   std::map<std::string, ProgramReport> reports;
@@ -205,7 +205,6 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
     r.top_level_nodes = static_cast<int>(it.g->nodes().size());
     r.cache = it.p->cache_status;
     lower_s += it.p->lower_s;
-    nlohmann::json entries = nlohmann::json::array();
     const codegen::CpuObject* obj = it.p->object.get();
     if (obj) {
       r.unique = obj->stats.num_unique;
@@ -229,25 +228,21 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
       const std::string& sym = obj->symbols[i];
       auto [fi, fresh] = fn_index.emplace(sym, static_cast<int>(fn_symbols.size()));
       if (fresh) fn_symbols.push_back(sym);
-      const codegen::CpuKernel& ck = obj->kernels[i];
-      entries.push_back({{"node", k.name},
-                         {"fingerprint", aot::kernel_fingerprint(k)},
-                         {"fn", fi->second},
-                         {"parallel_dim", ck.parallel_dim},
-                         {"parallel_extent", ck.parallel_extent},
-                         {"work_per_index", ck.work_per_index},
-                         {"split_parts", ck.split_parts},
-                         {"scratch_bytes", ck.scratch_bytes}});
     }
-    programs[it.which] = entries;
   }
-  nlohmann::json manifest = {{"format", aot::kManifestFormat},
-                             {"kiln_version", KILN_VERSION},
-                             {"cpu", codegen::host_cpu_description()},
-                             {"config", nlohmann::json::parse(runtime::config_to_json(cfg))},
-                             {"programs", programs}};
+  // The program file: what DIR/train loads (embedded in the binary, and beside it for
+  // kiln inspect); its kernels name their functions by symbol (the binary's table).
+  runtime::ProgramFileInfo info;
+  info.kiln_version = KILN_VERSION;
+  info.cpu = codegen::host_cpu_description();
+  info.config_json = runtime::config_to_json(cfg);
+  info.model_bytes = model_bytes;
+  KILN_ASSIGN_OR_RETURN(std::string program_file, runtime::serialize_program(prog, info));
+  KILN_RETURN_IF_ERROR(write_file(dir / "program.kiln", program_file));
+  nlohmann::json manifest = {{"format", aot::kManifestFormat}, {"kiln_version", KILN_VERSION}, {"symbols", fn_symbols}};
   KILN_ASSIGN_OR_RETURN(std::string data_obj,
-                        codegen::emit_aot_data_object({{aot::kManifestSymbol, manifest.dump()}, {aot::kModelSymbol, model_bytes}},
+                        codegen::emit_aot_data_object({{aot::kManifestSymbol, manifest.dump()},
+                                                       {aot::kProgramSymbol, program_file}},
                                                       aot::kFunctionTableSymbol, fn_symbols));
   objects.push_back(dir / "obj" / "data.o");
   KILN_RETURN_IF_ERROR(write_file(objects.back(), data_obj));

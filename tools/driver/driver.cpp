@@ -1,6 +1,7 @@
 // The pipeline driver: import -> passes -> graphs for the runtime.
 #include "tools/driver/driver.h"
 
+#include <atomic>
 #include <chrono>
 #include <iostream>
 
@@ -20,9 +21,6 @@
 #include "runtime/interpreter.h"
 #include "runtime/trainer.h"
 #include "tools/driver/logs.h"
-#ifdef KILN_AOT
-#include "tools/aot/aot_kernels.h"
-#endif
 
 namespace kiln::driver {
 
@@ -61,6 +59,11 @@ static Status run_passes(Graph& g, const std::vector<std::string>& names, passes
   std::vector<std::string> pipeline;
   for (auto& n : names)
     if (passes::make_pass(n)) pipeline.push_back(n);
+  if (log_enabled("passes")) {
+    std::string list;
+    for (auto& n : pipeline) list += (list.empty() ? "" : ", ") + n;
+    log_text("passes", "graph " + g.name + ": " + list);
+  }
   return passes::run_pipeline(g, pipeline, ctx);
 }
 
@@ -83,33 +86,49 @@ static void print_import_notes(const Graph& g) {
     }
 }
 
-Expected<std::unique_ptr<Graph>> load_model(const std::string& path, const std::map<std::string, int64_t>& shape,
-                                            bool to_f64, passes::PassContext* dbg, bool untie_initializers) {
+namespace {
+std::atomic<int64_t> g_model_imports{0};
+}
+
+int64_t model_imports() { return g_model_imports.load(); }
+
+Expected<std::unique_ptr<Graph>> import_model(const std::string& path, bool untie_initializers) {
   runtime::register_eager_kernels();  // constant folding evaluates through the op table's kernels
-  {
-    // A --shape name that no input uses is a typo, not something to ignore silently.
-    auto probe = frontend::import_onnx(path, {});
-    if (!probe) return probe.status();
-    auto syms = input_symbols(**probe);
-    for (auto& [name, v] : shape)
-      if (!syms.count(name)) {
-        std::string known;
-        for (auto& s : syms) known += (known.empty() ? "" : ", ") + s;
-        return Status::error("--shape " + name + "=" + std::to_string(v) + ": the model has no input dim named '" +
-                             name + "' (symbolic dims: " + (known.empty() ? "none" : known) + ")");
-      }
-  }
-  frontend::ImportOptions opts;
-  opts.bind_dims = shape;
+  ++g_model_imports;
+  log_text("passes", "import " + path);
+  frontend::ImportOptions opts;  // nothing bound: the module keeps its dim_params
   opts.untie_initializers = untie_initializers;
   auto g = frontend::import_onnx(path, opts);
   if (!g) return g.status();
   print_import_notes(**g);
-  KILN_RETURN_IF_ERROR(bind_dims(**g, shape).with_context(path));
+  return g;
+}
+
+Expected<std::unique_ptr<Graph>> specialize_model(const Graph& module, const std::string& path,
+                                                  const std::map<std::string, int64_t>& shape, bool to_f64,
+                                                  passes::PassContext* dbg) {
+  runtime::register_eager_kernels();
+  // A --shape name that no input uses is a typo, not something to ignore silently.
+  auto syms = input_symbols(module);
+  for (auto& [name, v] : shape)
+    if (!syms.count(name)) {
+      std::string known;
+      for (auto& s : syms) known += (known.empty() ? "" : ", ") + s;
+      return Status::error("--shape " + name + "=" + std::to_string(v) + ": the model has no input dim named '" +
+                           name + "' (symbolic dims: " + (known.empty() ? "none" : known) + ")");
+    }
+  std::unique_ptr<Graph> g = module.clone();
+  KILN_RETURN_IF_ERROR(bind_dims(*g, shape).with_context(path));
   std::vector<std::string> pipeline = {"fold_constants", "canonicalize"};
   if (to_f64) pipeline.push_back("to_float64");
-  KILN_RETURN_IF_ERROR(run_passes(**g, pipeline, dbg, {}).with_context(path));
+  KILN_RETURN_IF_ERROR(run_passes(*g, pipeline, dbg, {}).with_context(path));
   return g;
+}
+
+Expected<std::unique_ptr<Graph>> load_model(const std::string& path, const std::map<std::string, int64_t>& shape,
+                                            bool to_f64, passes::PassContext* dbg, bool untie_initializers) {
+  KILN_ASSIGN_OR_RETURN(auto module, import_model(path, untie_initializers));
+  return specialize_model(*module, path, shape, to_f64, dbg);
 }
 
 Expected<std::unique_ptr<Graph>> load_inference_model(const std::string& path,
@@ -160,16 +179,17 @@ std::map<std::string, std::string> pass_options(const runtime::TrainConfig& cfg,
   return o;
 }
 
-/// Generated kernels of `g` (`which`: "train" or "eval"). In kiln itself: LLVM through
-/// the compile cache (codegen/cpu/program.h). In the ahead-of-time binary of `kiln
-/// compile` (built with KILN_AOT): the kernels linked into the binary (tools/aot/).
+/// Generated kernels of `g` (`which`: "train" or "eval"): LLVM through the compile cache
+/// (codegen/cpu/program.h). The ahead-of-time binary of `kiln compile` (built with
+/// KILN_AOT) loads its program and never builds one: an error there.
 static Expected<std::shared_ptr<codegen::CpuProgram>> compile_program(const Graph& g, const runtime::TrainConfig& cfg,
                                                                       const std::string& which) {
   log_text("fusion", describe_fusion(g));
   std::shared_ptr<codegen::CpuProgram> prog;
 #ifdef KILN_AOT
   (void)cfg;
-  KILN_ASSIGN_OR_RETURN(prog, aot::aot_program(g, which));
+  (void)prog;
+  return Status::error("the training binary builds no " + which + " kernels: it runs the program it holds");
 #else
   codegen::CpuCompileOptions co;
   co.use_cache = !cfg.no_cache;
@@ -218,8 +238,7 @@ Expected<passes::MemoryPlan> plan_step_arena_layout(const Graph& g) {
   return plan;
 }
 
-Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
-  KILN_ASSIGN_OR_RETURN(passes::MemoryPlan plan, plan_step_arena_layout(g));
+std::shared_ptr<runtime::StepArena> arena_of_plan(const passes::MemoryPlan& plan) {
   std::unordered_map<const ir::Value*, runtime::ArenaSlot> slots;
   for (const passes::ValuePlan& vp : plan.values) {
     if (vp.persistent || vp.buffer < 0 || vp.offset < 0 || !vp.value) continue;
@@ -235,19 +254,21 @@ Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
   return std::make_shared<runtime::StepArena>(std::move(slots), plan.arena_bytes);
 }
 
+Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
+  KILN_ASSIGN_OR_RETURN(passes::MemoryPlan plan, plan_step_arena_layout(g));
+  return arena_of_plan(plan);
+}
+
 /// Batch-size bindings: user --shape first, then the first symbolic dim of each model input.
 /// dim_param bindings of a program whose data batch is `batch` rows: --shape's, plus each
 /// input's symbolic dim 0 bound to `batch` and, when the training data is a token file,
 /// the symbolic dim 1 of integer (batch, seq) inputs bound to --block_size. `flag` names the batch-size flag; with
 /// `enforce`, a --shape value for a batch dim other than `batch` is an error.
-static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, int64_t batch,
-                                                               const char* flag, bool enforce) {
-  frontend::ImportOptions opts;  // nothing bound: the inputs' dim_params stay visible
-  auto g = frontend::import_onnx(cfg.model, opts);
-  if (!g) return g.status();
+static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, const Graph& module,
+                                                               int64_t batch, const char* flag, bool enforce) {
   std::map<std::string, int64_t> b = cfg.shape;
   const bool token_data = runtime::is_token_file(cfg.train_data);  // windows of --block_size
-  for (Value* in : (*g)->inputs) {
+  for (Value* in : module.inputs) {
     if (in->shape.rank() == 0) continue;
     const std::string& sym = in->shape.dims[0].symbol;
     // A batch dim set by --shape must be the batch.
@@ -288,24 +309,36 @@ const std::vector<std::string>& compiled_pipeline() {
 }
 
 Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg, passes::PassContext* dbg,
-                                                 bool want_grads, bool to_f64, int64_t total_steps) {
+                                                 bool want_grads, bool to_f64, int64_t total_steps,
+                                                 const Graph* module_in) {
   if (total_steps <= 0) total_steps = cfg.max_steps > 0 ? cfg.max_steps : 1;
   if (cfg.backend.find(',') != std::string::npos)
     return Status::error("--backend: one backend per program (a list such as '" + cfg.backend +
                          "' is for kiln bench)");
   TrainingProgram prog;
   auto opts = pass_options(cfg, total_steps);
-  KILN_ASSIGN_OR_RETURN(auto train_dims,
-                        batch_bindings(cfg, cfg.per_device_train_batch_size, "--per_device_train_batch_size", true));
-  // The eval batch size matters only with eval data.
-  KILN_ASSIGN_OR_RETURN(auto eval_dims, batch_bindings(cfg, cfg.per_device_eval_batch_size,
-                                                       "--per_device_eval_batch_size", !cfg.eval_data.empty()));
-
-  // Training step: forward + loss + backward + optimizer.
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   auto t0 = Clock::now();
-  KILN_ASSIGN_OR_RETURN(auto train, load_model(cfg.model, train_dims, to_f64, dbg, cfg.untie_initializers));
+  // One import: the train and eval programs are specialised from the same module.
+  std::unique_ptr<Graph> own_module;
+  if (!module_in) {
+    KILN_ASSIGN_OR_RETURN(own_module, import_model(cfg.model, cfg.untie_initializers));
+    module_in = own_module.get();
+  }
+  const Graph& module = *module_in;
+  KILN_ASSIGN_OR_RETURN(auto train_dims, batch_bindings(cfg, module, cfg.per_device_train_batch_size,
+                                                        "--per_device_train_batch_size", true));
+  // The eval batch size matters only with eval data.
+  KILN_ASSIGN_OR_RETURN(auto eval_dims, batch_bindings(cfg, module, cfg.per_device_eval_batch_size,
+                                                       "--per_device_eval_batch_size", !cfg.eval_data.empty()));
+  {
+    KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(module, cfg.model, cfg.shape, false, nullptr));
+    prog.signature = model_signature(*forward, cfg);
+  }
+
+  // Training step: forward + loss + backward + optimizer.
+  KILN_ASSIGN_OR_RETURN(auto train, specialize_model(module, cfg.model, train_dims, to_f64, dbg));
   prog.train_times.import_s = since(t0);
   t0 = Clock::now();
   for (Value* in : train->inputs) prog.data_inputs.push_back(in->name);
@@ -365,13 +398,18 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     KILN_ASSIGN_OR_RETURN(prog.train_kernels, compile_program(*train, cfg, "train"));
     prog.train_times.kernels_s = since(t0);
     t0 = Clock::now();
-    KILN_ASSIGN_OR_RETURN(prog.train_arena, plan_step_arena(*train));
+    // Memory planning runs last: the arena's offsets, and the peak the run reports.
+    KILN_ASSIGN_OR_RETURN(passes::MemoryPlan layout, plan_step_arena_layout(*train));
+    prog.signature.planned_peak_bytes = layout.peak_bytes;
+    prog.train_arena = arena_of_plan(layout);
     prog.train_times.arena_s = since(t0);
+  } else if (auto plan = passes::plan_memory(*train, passes::PlanOptions::eager())) {
+    prog.signature.planned_peak_bytes = plan->peak_bytes;
   }
   prog.train_step = std::move(train);
 
   // Evaluation: forward + loss in inference mode, parameters as inputs.
-  KILN_ASSIGN_OR_RETURN(auto eval, load_model(cfg.model, eval_dims, to_f64, nullptr, cfg.untie_initializers));
+  KILN_ASSIGN_OR_RETURN(auto eval, specialize_model(module, cfg.model, eval_dims, to_f64, nullptr));
   auto eval_opts = opts;
   eval_opts["mode"] = "eval";
   if (train_opts.count("widen_bf16_gemm")) eval_opts["widen_bf16_gemm"] = "1";

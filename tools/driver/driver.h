@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "codegen/cpu/program.h"
+#include "runtime/program.h"
 #include "ir/graph.h"
 #include "ir/status.h"
 #include "passes/memory_plan.h"
@@ -37,6 +38,23 @@ Expected<std::unique_ptr<ir::Graph>> load_model(const std::string& path, const s
                                                 bool to_f64 = false, passes::PassContext* dbg = nullptr,
                                                 bool untie_initializers = false);
 
+/// The model of `path` imported once for a run: parsed, checked and type-inferred, its
+/// symbolic dims unbound (the module the train and eval programs are specialised from).
+/// Import notes are printed as load_model prints them. Every call counts one import
+/// (model_imports()).
+Expected<std::unique_ptr<ir::Graph>> import_model(const std::string& path, bool untie_initializers = false);
+
+/// A copy of `module` with `shape`'s dims bound, constants folded and canonicalized (and
+/// every float made f64 with `to_f64`): what load_model returns, without importing again.
+/// Errors: a --shape name no input uses (one line naming the dims the model has).
+Expected<std::unique_ptr<ir::Graph>> specialize_model(const ir::Graph& module, const std::string& path,
+                                                      const std::map<std::string, int64_t>& shape, bool to_f64 = false,
+                                                      passes::PassContext* dbg = nullptr);
+
+/// Model imports (import_model calls) since the process started: a run of kiln train
+/// imports its model once (tests count them).
+int64_t model_imports();
+
 /// load_model followed by the eval_mode pass (BatchNormalization on running statistics,
 /// Dropout off), as model.eval() in PyTorch: what `kiln run` executes.
 Expected<std::unique_ptr<ir::Graph>> load_inference_model(const std::string& path,
@@ -44,38 +62,9 @@ Expected<std::unique_ptr<ir::Graph>> load_inference_model(const std::string& pat
                                                           passes::PassContext* dbg = nullptr,
                                                           bool untie_initializers = false);
 
-/// A training program built by the passes.
-///
-/// train_step: inputs are the data inputs (model inputs + label input) and the state
-///   inputs (g.state[i].input: parameters named by their ONNX initializer, optimizer
-///   state, BatchNorm buffers, the step counter "step"). Outputs: "loss" (f32 scalar),
-///   "grad_norm" (pre-clip global L2 norm), "learning_rate", and every state output.
-/// eval: inputs are the data inputs and the parameters/buffers (same names as the
-///   state inputs); outputs "loss" and, for cross_entropy, "logits" (the model output).
-/// grads (only when requested): like train_step up to the gradients; outputs "loss"
-///   and "<param>.grad" for every trainable parameter.
-struct TrainingProgram {
-  std::unique_ptr<ir::Graph> train_step;
-  std::unique_ptr<ir::Graph> eval;
-  std::unique_ptr<ir::Graph> grads;
-  std::vector<std::string> data_inputs;   ///< model inputs then the label input (if any)
-  std::string label_input;                ///< empty for --loss model
-  std::string logits_output;              ///< model output the loss reads
-  std::vector<std::string> parameters;    ///< trainable parameter names, in initializer order
-  /// --backend compiled: the fusion pass ran on train_step and eval, and these hold their
-  /// generated kernels (codegen/cpu/program.h); null for --backend eager.
-  std::shared_ptr<codegen::CpuProgram> train_kernels, eval_kernels;
-  /// --backend compiled: the step arenas of train_step and eval (plan_step_arena); null for eager.
-  std::shared_ptr<runtime::StepArena> train_arena, eval_arena;
-  /// Wall seconds of the training step's build phases (the eval program's are not counted):
-  /// ONNX import and type inference; the training passes (loss, autodiff, casts, remat,
-  /// optimizer, accumulation); the compiled pipeline (gemm_widening ... fusion,
-  /// fused_inplace; 0 for eager); kernel generation (lowering, LLVM, JIT: also in
-  /// train_kernels' stats); the step arena's memory plan.
-  struct BuildTimes {
-    double import_s = 0, passes_s = 0, fusion_s = 0, kernels_s = 0, arena_s = 0;
-  } train_times;
-};
+/// A training program built by the passes (runtime/program.h): the post-pass graphs,
+/// their kernels and arenas, and the signature the runtime reads.
+using TrainingProgram = runtime::Program;
 
 /// The step arena of `g` for the compiled executor (runtime/arena.h): passes::plan_memory
 /// with the interpreter's own rules (kiln_inplace and Reshape views honoured, no other
@@ -84,6 +73,9 @@ struct TrainingProgram {
 /// Errors: those of plan_memory (a value without a static shape).
 Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const ir::Graph& g);
 
+/// The step arena of a plan from plan_step_arena_layout.
+std::shared_ptr<runtime::StepArena> arena_of_plan(const passes::MemoryPlan& plan);
+
 /// The memory plan plan_step_arena lays `g`'s step arena out from (its heap values: the
 /// body inputs, body outputs and outputs of AccumulationLoop nodes).
 Expected<passes::MemoryPlan> plan_step_arena_layout(const ir::Graph& g);
@@ -91,9 +83,16 @@ Expected<passes::MemoryPlan> plan_step_arena_layout(const ir::Graph& g);
 /// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule).
 /// `dbg` carries --print-ir-after / --dump-ir-dir / --verify-each / --time-passes.
 /// `total_steps` (optimizer steps of the whole run, for the LR schedule) defaults to cfg.max_steps.
+/// `module` (optional): the model as import_model returned it, so that a run imports its
+/// model once; null: imported here.
 Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg, passes::PassContext* dbg = nullptr,
                                                  bool want_grads = false, bool to_f64 = false,
-                                                 int64_t total_steps = -1);
+                                                 int64_t total_steps = -1, const ir::Graph* module = nullptr);
+
+/// The signature facts of the forward model `forward` (the model with --shape bound) for
+/// `cfg`: its data specs (runtime/program.h ProgramSignature), the Gather tables data
+/// inputs index and the classes of cross_entropy labels.
+runtime::ProgramSignature model_signature(const ir::Graph& forward, const runtime::TrainConfig& cfg);
 
 /// Binds symbolic dims of every value of `g` (ONNX dim_params) to static sizes and
 /// re-infers types. Symbols not in `dims` stay symbolic.

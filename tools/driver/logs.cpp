@@ -79,7 +79,7 @@ void collect_fused(const ir::Graph& g, const std::string& where, std::ostringstr
 }  // namespace
 
 const std::vector<std::string>& log_topics() {
-  static const std::vector<std::string> t = {"graph", "fusion", "output_code", "memory", "recompiles", "cache"};
+  static const std::vector<std::string> t = {"graph", "fusion", "output_code", "memory", "recompiles", "cache", "passes"};
   return t;
 }
 

@@ -1,12 +1,13 @@
 // KILN_LOGS: readable compiler output while `kiln train` / `kiln bench` / `kiln compile`
 // run, one topic per word, in the manner of PyTorch's TORCH_LOGS:
-//   KILN_LOGS=graph,fusion,output_code,memory,recompiles,cache   (or "all")
+//   KILN_LOGS=graph,fusion,output_code,memory,recompiles,cache,passes   (or "all")
 // graph        the training and eval programs after every pass (IR text)
 // fusion       each FusedKernel: kind, the ops it absorbed, its inputs and outputs
 // output_code  every kernel in kernel-IR text and the module's LLVM IR after O3
 // memory       the static memory plan of the training step
 // recompiles   one line per program compiled, with why
-// cache        compile-cache hits, misses and stores
+// cache        compile-cache and program-cache hits, misses and stores
+// passes       each model import and each pass pipeline run (none when a program is loaded)
 // Every line goes to stderr prefixed "[kiln:TOPIC] ".
 #pragma once
 #include <string>

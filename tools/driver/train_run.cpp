@@ -14,6 +14,9 @@
 #include "runtime/checkpoint.h"
 #include "runtime/io.h"
 #include "tools/driver/export_trained.h"
+#ifndef KILN_AOT
+#include "tools/driver/program_cache.h"
+#endif
 
 namespace kiln::driver {
 
@@ -110,10 +113,10 @@ std::string epochs_text(double e) {
   o << e;
   return o.str();
 }
-/// steps_per_epoch with the model already imported (`forward`).
+/// steps_per_epoch with the model's data specs (ProgramSignature::forward_specs).
 Expected<int64_t> steps_per_epoch_of(const TrainConfig& cfg, const runtime::RawData& train_raw,
-                                     const ir::Graph& forward) {
-  auto pre = runtime::Dataset::bind(train_raw, forward_specs(forward, cfg), data_options(cfg));
+                                     const std::vector<runtime::DataInputSpec>& specs) {
+  auto pre = runtime::Dataset::bind(train_raw, specs, data_options(cfg));
   if (!pre) return Status::error("--train_data: " + pre.status().message());
   const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   const int64_t spe = pre->steps_per_epoch(rows_per_step);
@@ -127,14 +130,14 @@ Expected<int64_t> steps_per_epoch_of(const TrainConfig& cfg, const runtime::RawD
 
 Expected<int64_t> steps_per_epoch(const TrainConfig& cfg, const runtime::RawData& train_raw) {
   KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape, false, nullptr, cfg.untie_initializers));
-  return steps_per_epoch_of(cfg, train_raw, *forward);
+  return steps_per_epoch_of(cfg, train_raw, forward_specs(*forward, cfg));
 }
 
-Status check_data_values(const runtime::RawData& raw, const std::string& flag, const ir::Graph& forward,
-                         const TrainConfig& cfg) {
-  const std::string label_input = data_options(cfg).label_input;
+runtime::ProgramSignature model_signature(const ir::Graph& forward, const TrainConfig& cfg) {
+  runtime::ProgramSignature sig;
+  sig.forward_specs = forward_specs(forward, cfg);
   // Gather tables indexed straight by a data input: input name -> the table's extent.
-  std::map<std::string, int64_t> extent;
+  std::map<std::string, int64_t>& extent = sig.index_extents;
   for (const auto& n : forward.nodes()) {
     if (n->op != "Gather" || n->num_inputs() < 2 || !n->inputs[0] || !n->inputs[1]) continue;
     const ir::Value* idx = n->inputs[1];
@@ -148,11 +151,24 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
     if (!fresh) it->second = std::min(it->second, e);
   }
   // Classes of cross_entropy labels: the logits' last dim.
-  int64_t classes = -1;
+  const std::string label_input = data_options(cfg).label_input;
   if (cfg.loss == "cross_entropy" && !label_input.empty() && !forward.outputs.empty()) {
     const ir::Shape& ls = forward.outputs[0]->shape;  // the logits the loss reads
-    if (ls.rank() > 0 && ls.dims.back().is_static()) classes = ls.dims.back().value;
+    if (ls.rank() > 0 && ls.dims.back().is_static()) sig.classes = ls.dims.back().value;
   }
+  return sig;
+}
+
+Status check_data_values(const runtime::RawData& raw, const std::string& flag, const ir::Graph& forward,
+                         const TrainConfig& cfg) {
+  return check_data_values(raw, flag, model_signature(forward, cfg), cfg);
+}
+
+Status check_data_values(const runtime::RawData& raw, const std::string& flag, const runtime::ProgramSignature& sig,
+                         const TrainConfig& cfg) {
+  const std::string label_input = data_options(cfg).label_input;
+  const std::map<std::string, int64_t>& extent = sig.index_extents;
+  const int64_t classes = sig.classes;
   auto fail = [&](const std::string& what) { return Status::error(flag + ": " + what); };
   for (const runtime::NamedArray& a : raw.arrays) {
     if (!ir::is_integer(a.data.dtype())) continue;
@@ -190,7 +206,7 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
   return Status::ok();
 }
 
-Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out) {
+Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out, runtime::Program* loaded) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
   // Before anything is created in output_dir (its lock file, its folders).
@@ -218,14 +234,29 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
                          (fs::exists(cfg.resume_from_checkpoint) ? ": a file, not a checkpoint-N directory"
                                                                  : ": no such directory"));
 
+  // The program: given (DIR/train loads its own), from the program cache (no import, no
+  // pass), or built from the model, imported once.
+  std::optional<TrainingProgram> have;
+  if (loaded) have = std::move(*loaded);
+#ifndef KILN_AOT
+  else if (!cfg.no_cache)
+    have = load_cached_program(cfg, dbg);
+#endif
+  std::unique_ptr<ir::Graph> module;
+  runtime::ProgramSignature sig;
+  if (have) {
+    sig = have->signature;
+  } else {
+    KILN_ASSIGN_OR_RETURN(module, import_model(cfg.model, cfg.untie_initializers));
+    KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(*module, cfg.model, cfg.shape, false, nullptr));
+    sig = model_signature(*forward, cfg);
+  }
   // Check the data against the model before compiling (shapes and dtypes; labels and
   // token ids, which a bad eval file would otherwise show only at the first evaluation,
   // after training), and count steps.
-  KILN_ASSIGN_OR_RETURN(auto forward, load_model(cfg.model, cfg.shape, false, nullptr, cfg.untie_initializers));
-  KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch_of(cfg, *train_raw, *forward));
-  KILN_RETURN_IF_ERROR(check_data_values(*train_raw, "--train_data", *forward, cfg));
-  if (!cfg.eval_data.empty()) KILN_RETURN_IF_ERROR(check_data_values(eval_raw, "--eval_data", *forward, cfg));
-  forward.reset();
+  KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch_of(cfg, *train_raw, sig.forward_specs));
+  KILN_RETURN_IF_ERROR(check_data_values(*train_raw, "--train_data", sig, cfg));
+  if (!cfg.eval_data.empty()) KILN_RETURN_IF_ERROR(check_data_values(eval_raw, "--eval_data", sig, cfg));
   const int64_t total = cfg.total_steps(spe);
   if (total > kMaxTrainSteps)
     return Status::error(cfg.max_steps > 0 ? "--max_steps " + std::to_string(cfg.max_steps) + " is more than " +
@@ -235,7 +266,15 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
                                                  std::to_string(kMaxTrainSteps) +
                                                  " optimizer steps; give fewer epochs or --max_steps");
 
-  KILN_ASSIGN_OR_RETURN(auto prog, build_training_program(cfg, dbg, false, false, total));
+  if (!have) {
+    KILN_ASSIGN_OR_RETURN(auto built, build_training_program(cfg, dbg, false, false, total, module.get()));
+    module.reset();
+#ifndef KILN_AOT
+    store_cached_program(cfg, built);
+#endif
+    have = std::move(built);
+  }
+  TrainingProgram& prog = *have;
   KILN_ASSIGN_OR_RETURN(auto train_specs, program_specs(*prog.train_step, prog.data_inputs));
   auto train_ds = runtime::Dataset::bind(*train_raw, train_specs, data_options(cfg));
   if (!train_ds) return ctx(train_ds.status(), "--train_data");
@@ -250,7 +289,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   // Measured peak of the steps: MemoryStats peak over the run minus what was resident
   // before it (datasets, graphs), plus the train_step's own constants. The trainer's
   // state copies, batches and step values are allocated inside the run.
-  auto plan = executor_plan(prog);
+  const int64_t planned_peak = prog.signature.planned_peak_bytes;
   // The step arena's block was allocated with the program and is step memory.
   const int64_t mem_base =
       ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step) - step_arena_bytes(prog);
@@ -274,11 +313,11 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     }
     out << "\n";
   }
-  if (plan && res.step_losses.empty())
-    out << "peak memory: planned " << passes::human_bytes(plan->peak_bytes) << " (" << plan->peak_bytes
+  if (planned_peak >= 0 && res.step_losses.empty())
+    out << "peak memory: planned " << passes::human_bytes(planned_peak) << " (" << planned_peak
         << " B); no training step ran, nothing measured\n";
-  else if (plan)
-    out << "peak memory: " << planned_vs_measured(plan->peak_bytes, mem_measured)
+  else if (planned_peak >= 0)
+    out << "peak memory: " << planned_vs_measured(planned_peak, mem_measured)
         << (eval_ds ? " (planned: the training step; measured: training and evaluation steps)" : "") << "\n";
   return Status::ok();
 }

@@ -66,12 +66,20 @@ Expected<int64_t> steps_per_epoch(const runtime::TrainConfig& cfg, const runtime
 Status check_data_values(const runtime::RawData& raw, const std::string& flag, const ir::Graph& forward,
                          const runtime::TrainConfig& cfg);
 
+/// As above against a program's signature (model_signature of the forward model).
+Status check_data_values(const runtime::RawData& raw, const std::string& flag, const runtime::ProgramSignature& sig,
+                         const runtime::TrainConfig& cfg);
+
 /// Trains with `cfg` (train_data required; resume_from_checkpoint "latest"/"true"
 /// resolved to the newest checkpoint in output_dir), then writes output_dir/model.onnx
 /// and model.safetensors and prints "saved ...", the final eval metrics and the peak
 /// memory line on `out`. `dbg` carries the pass-manager switches. Errors (one line):
 /// unreadable data, data that does not fit the model, too few rows for one step, a
 /// missing checkpoint, any build or run failure.
-Status run_training(runtime::TrainConfig cfg, passes::PassContext* dbg, std::ostream& out);
+/// The program: `loaded` when given (DIR/train's own program file; moved from), else the
+/// program cache's entry (tools/driver/program_cache.h: no import, no pass), else built
+/// from the model imported once and stored in the cache.
+Status run_training(runtime::TrainConfig cfg, passes::PassContext* dbg, std::ostream& out,
+                    runtime::Program* loaded = nullptr);
 
 }  // namespace kiln::driver
