@@ -64,7 +64,7 @@ std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, const 
 
 void collect_fused(const Graph& g, std::vector<const Node*>& out) {
   for (auto& n : g.nodes()) {
-    if (n->op == "FusedKernel") {
+    if (ir::has_trait(*n, ir::OpTrait::fused_kernel)) {
       out.push_back(n.get());
       continue;
     }
@@ -82,7 +82,7 @@ std::vector<const Node*> fused_nodes(const Graph& g) {
 
 Expected<Kernel> lower_fused(const Node& fused) {
   auto fail = [&](const std::string& m) { return Status::error("fused node '" + fused.name + "': " + m); };
-  if (fused.op != "FusedKernel" || fused.regions.size() != 1) return fail("not a FusedKernel with a body");
+  if (!ir::has_trait(fused, ir::OpTrait::fused_kernel) || fused.regions.size() != 1) return fail("not a FusedKernel with a body");
   const std::string kind = fused.attrs.get_string("kind", "");
   if (kind != "pointwise" && kind != "reduction" && kind != "row") return fail("kind '" + kind + "' is not supported");
   const bool reduction = kind == "reduction";
@@ -150,45 +150,16 @@ Expected<Kernel> lower_fused(const Node& fused) {
     auto vt = viewed_by.find(in);
     if (vt != viewed_by.end()) {
       const Node& t = *vt->second;
-      const std::vector<int64_t> in_dims = in->shape.to_vector();
-      const int r = static_cast<int>(in_dims.size());
       if (!(t.outputs[0]->shape == dom_shape))
         return fail(t.op + " '" + t.name + "' does not span the domain " + dom_shape.to_string());
-      const std::vector<int64_t> contiguous = ir::strides_of(in_dims);
-      std::vector<int64_t> strides;
-      int64_t offset = 0;
-      if (t.op == "Transpose") {
-        std::vector<int64_t> perm = t.attrs.get_ints("perm");
-        if (perm.empty())
-          for (int i = r - 1; i >= 0; --i) perm.push_back(i);
-        if (static_cast<int>(perm.size()) != r) return fail("Transpose '" + t.name + "' perm does not match its input");
-        strides.assign(r, 0);
-        for (int d = 0; d < r; ++d) strides[d] = in_dims[perm[d]] == 1 ? 0 : contiguous[perm[d]];
-      } else if (t.op == "Expand") {
-        strides = broadcast_strides(in_dims, k.domain);
-      } else if (t.op == "AsStrided") {  // its own element strides and offset into the dense input
-        strides = t.attrs.get_ints("stride");
-        offset = t.attrs.get_int("storage_offset", 0);
-        if (strides.size() != k.domain.size()) return fail("AsStrided '" + t.name + "' does not span the domain");
-        for (size_t d = 0; d < strides.size(); ++d)
-          if (k.domain[d] == 1) strides[d] = 0;
-      } else if (ir::is_view_op(t.op)) {  // Reshape family: the same elements in order, new dims
-        strides = broadcast_strides(k.domain, k.domain);
-      } else {  // Slice-13: constant starts, ends, axes?, steps? (copied into the body)
-        auto ints = [&](int i) {
-          const Value* v = t.input(i);
-          return v && v->data ? v->data->to_i64_vector() : std::vector<int64_t>{};
-        };
-        if (!t.input(1) || !t.input(1)->data || !t.input(2) || !t.input(2)->data)
-          return fail("Slice '" + t.name + "' has no constant starts and ends");
-        auto view = ir::slice_view(in_dims, ints(1), ints(2), ints(3), ints(4));
-        if (!view) return fail("Slice '" + t.name + "': " + view.message());
-        if (view->dims != k.domain) return fail("Slice '" + t.name + "' does not span the domain " + dom_shape.to_string());
-        strides = view->strides;
-        offset = view->offset;
-        for (int d = 0; d < r; ++d)
-          if (k.domain[d] == 1) strides[d] = 0;  // one index: its stride never counts
-      }
+      // The op's own strides (OpDef::strided_read): Transpose permuted, Expand broadcast,
+      // Slice stepped and offset, AsStrided its own, the Reshape family dense.
+      const OpDef* vdef = OpTable::get().find(t.op);
+      if (!vdef || !vdef->strided_read) return fail(t.op + " '" + t.name + "' has no strided read");
+      auto sr = vdef->strided_read(t);
+      if (!sr) return fail(sr.message());
+      const std::vector<int64_t>& strides = sr->strides;
+      const int64_t offset = sr->offset;
       env[t.outputs[0]] = b.load(k.add_param(in->name, in->dtype, strides, false, offset));
       continue;
     }
@@ -206,10 +177,10 @@ Expected<Kernel> lower_fused(const Node& fused) {
     ScalarBuilder::Ref e = -1;
     for (auto& [kk, p] : params) {
       int fallback = e;
-      if (fallback < 0 && t->op == "Pad") {
+      if (fallback < 0) {
         auto gr = ir::guarded_read(*t, kk);
         if (!gr) return fail(gr.message());
-        fallback = b.constant(gr->fill, t->outputs[0]->dtype);
+        if (gr->fill_operand) fallback = b.constant(gr->fill, t->outputs[0]->dtype);
       }
       e = k.add_load(p, fallback);
     }

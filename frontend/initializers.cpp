@@ -9,6 +9,7 @@
 
 #include <google/protobuf/unknown_field_set.h>
 
+#include "frontend/onnx_ops.h"
 #include "ir/op_table.h"
 
 namespace kiln::frontend {
@@ -321,7 +322,10 @@ class Resolver {
       auto uses = uses_of(c);
       if (uses.empty()) continue;
       bool all_matmul_b = true;
-      for (auto& u : uses) all_matmul_b = all_matmul_b && u.user->op == "MatMul" && u.index == 1;
+      for (auto& u : uses) {
+        const OnnxOpInfo* info = onnx_op_info(u.user->op);
+        all_matmul_b = all_matmul_b && info && info->linear_weight_input == u.index;
+      }
       if (!all_matmul_b) continue;
       // PyTorch's name of W (c = W^T) from the first use.
       const ir::Node* mm = uses[0].user;
@@ -417,7 +421,7 @@ class Resolver {
     // a tie, and becomes a parameter of its own, as with --untie_initializers.
     std::vector<std::string> merged;
     for (ir::Node* n : node_list()) {
-      if (n->op != "Identity" || n->inputs.size() != 1 || !n->inputs[0] || !is_param(n->inputs[0])) continue;
+      if (!ir::has_trait(*n, ir::OpTrait::identity) || n->inputs.size() != 1 || !n->inputs[0] || !is_param(n->inputs[0])) continue;
       Value* src = n->inputs[0];
       const bool fill = uniform(*src->data);
       if (!untie_ && !fill) {
@@ -497,15 +501,11 @@ class Resolver {
   }
 
   /// Inputs of an ONNX op that hold a PyTorch module's `weight` / `bias` (how the
-  /// exporters lower nn.Embedding, nn.Linear, HF Conv1D, norms and convolutions).
-  static std::vector<std::pair<int, const char*>> module_params(const std::string& op) {
-    if (op == "Gather") return {{0, "weight"}};
-    if (op == "Gemm" || op == "Conv" || op == "LayerNormalization" || op == "BatchNormalization")
-      return {{1, "weight"}, {2, "bias"}};
-    if (op == "MatMul") return {{1, "weight"}};
-    if (op == "Mul") return {{0, "weight"}, {1, "weight"}};
-    if (op == "Add") return {{0, "bias"}, {1, "bias"}};
-    return {};
+  /// exporters lower nn.Embedding, nn.Linear, HF Conv1D, norms and convolutions:
+  /// OnnxOpInfo::module_params).
+  static std::vector<ModuleParam> module_params(const std::string& op) {
+    const OnnxOpInfo* info = onnx_op_info(op);
+    return info ? info->module_params : std::vector<ModuleParam>{};
   }
 
   void restore_tied_names() {
@@ -547,10 +547,12 @@ class Resolver {
           const DType dt = w->dtype;
           const auto wd = w->shape.to_vector();
           int64_t width = -1;
-          if (n->op == "Gemm" && wd.size() == 2) width = n->attrs.get_int("transB", 0) ? wd[0] : wd[1];
-          else if (n->op == "Conv" && !wd.empty()) width = wd[0];
+          const OnnxOpInfo* info = onnx_op_info(n->op);
+          const DroppedBias how = info ? info->dropped_bias : DroppedBias::none;
+          if (how == DroppedBias::gemm_out_columns && wd.size() == 2) width = n->attrs.get_int("transB", 0) ? wd[0] : wd[1];
+          else if (how == DroppedBias::weight_rows && !wd.empty()) width = wd[0];
           Value* b = nullptr;
-          if (n->op == "LayerNormalization") b = add_parameter(want, Tensor(dt, wd), restored_bias(want));
+          if (how == DroppedBias::like_weight) b = add_parameter(want, Tensor(dt, wd), restored_bias(want));
           else if (width > 0) b = add_parameter(want, Tensor(dt, {width}), restored_bias(want));
           if (!b) continue;
           n->inputs.push_back(b);
@@ -560,12 +562,13 @@ class Resolver {
         }
       }
       // A Linear on 3-D input is MatMul (+ Add of the bias): a dropped bias has no Add.
-      if (n->op == "MatMul" && cls.size() >= 6 && cls.compare(cls.size() - 6, 6, "Linear") == 0 &&
+      const OnnxOpInfo* linear = onnx_op_info(n->op);
+      if (linear && linear->linear_weight_input >= 0 && cls.size() >= 6 && cls.compare(cls.size() - 6, 6, "Linear") == 0 &&
           missing_param(path + ".bias") && n->outputs[0]->shape.rank() >= 1) {
-        const Value* w = n->input(1);
+        const Value* w = n->input(linear->linear_weight_input);
         int64_t width = -1;
         if (w && w->is_initializer() && w->shape.rank() == 2 && w->shape.is_static()) width = w->shape.dims[1].value;
-        if (w && w->producer && w->producer->op == "Transpose" && w->producer->input(0)->shape.rank() == 2)
+        if (w && w->producer && ir::has_trait(*w->producer, ir::OpTrait::transpose) && w->producer->input(0)->shape.rank() == 2)
           width = w->producer->input(0)->shape.dims[0].value;  // a restored W read as Transpose(W)
         if (width <= 0) continue;
         const std::string want = path + ".bias";

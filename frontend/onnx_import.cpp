@@ -35,6 +35,7 @@
 
 #include "frontend/initializers.h"
 #include "frontend/onnx_lower.h"
+#include "frontend/onnx_ops.h"
 #include "frontend/tensor_proto.h"
 #include "frontend/tensor_proto_internal.h"
 #include "ir/op_table.h"
@@ -182,15 +183,13 @@ class Importer {
   // (a stride of 0 raised SIGFPE in onnx::convPoolShapeInference, where kiln's own check,
   // ir/ops/nn.cpp, runs only later). Recurses into subgraph attributes.
   Status check_window_attributes(const onnx::GraphProto& graph) {
-    static const std::set<std::string> windowed = {"Conv",    "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool",
-                                                   "AveragePool", "LpPool",    "MaxUnpool",   "MaxRoiPool",  "Col2Im",
-                                                   "DeformConv"};
     for (int i = 0; i < graph.node_size(); ++i) {
       const onnx::NodeProto& n = graph.node(i);
       for (const auto& a : n.attribute()) {
         if (a.type() == onnx::AttributeProto::GRAPH) KILN_RETURN_IF_ERROR(check_window_attributes(a.g()));
         for (const auto& sub : a.graphs()) KILN_RETURN_IF_ERROR(check_window_attributes(sub));
-        if (!is_default_domain(n.domain()) || !windowed.count(n.op_type())) continue;
+        const OnnxOpInfo* info = onnx_op_info(n.op_type());
+        if (!is_default_domain(n.domain()) || !info || !info->windowed) continue;
         if (a.name() != "kernel_shape" && a.name() != "strides" && a.name() != "dilations") continue;
         for (int64_t v : a.ints())
           if (v <= 0)
@@ -325,7 +324,7 @@ class Importer {
       if (!is_default_domain(n.domain()))
         return fail("unsupported op '" + n.op_type() + "' of domain '" + n.domain() + "' (node '" + name +
                     "', opset " + std::to_string(opset_) + ")");
-      if (n.op_type() == "Constant") {
+      if (const OnnxOpInfo* info = onnx_op_info(n.op_type()); info && info->constant) {
         auto t = constant_value(n, model_dir_, label);
         if (!t) return fail(t.message());
         if (n.output_size() != 1 || n.output(0).empty()) return fail(label + ": Constant must have one output");

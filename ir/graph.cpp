@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ir/op_table.h"
+
 namespace kiln::ir {
 
 const char* init_role_name(InitRole r) {
@@ -35,7 +37,7 @@ bool is_parameter_candidate(const Value& v) {
 std::unordered_set<const Value*> batchnorm_statistics(const Graph& g) {
   std::unordered_set<const Value*> s;
   for (auto& n : g.nodes())
-    if (n->op == "BatchNormalization")
+    if (has_trait(*n, OpTrait::running_stats))
       for (int i = 3; i <= 4; ++i)
         if (n->input(i) && n->input(i)->is_initializer()) s.insert(n->input(i));
   return s;
@@ -394,11 +396,11 @@ Status Graph::topo_sort() {
 std::unordered_set<const Value*> streamable_scan_inputs(const Graph& g) {
   std::unordered_set<const Value*> scan;
   for (auto& n : g.nodes())
-    if (n->op == "AccumulationLoop")
+    if (has_trait(*n, OpTrait::loop))
       for (size_t i = static_cast<size_t>(n->attrs.get_int("num_carried", 0)); i < n->inputs.size(); ++i)
         scan.insert(n->inputs[i]);
   for (auto& n : g.nodes())
-    if (n->op != "AccumulationLoop")
+    if (!has_trait(*n, OpTrait::loop))
       for (Value* in : n->inputs) scan.erase(in);
   for (Value* o : g.outputs) scan.erase(o);
   std::unordered_set<const Value*> out;

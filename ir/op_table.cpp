@@ -53,6 +53,8 @@ OpTable& OpTable::get() {
     register_control_ops(*t);
     register_indexing_ops(*t);
     register_scalar_rules(*t);
+    register_op_traits(*t);
+    register_decompositions(*t);
     return t;
   }();
   return *table;
@@ -201,16 +203,28 @@ Expected<int> normalize_axis(int64_t axis, int rank) {
   return static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 
-bool is_view_op(const std::string& op) {
-  return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze";
+bool has_trait(const std::string& op, OpTrait t) {
+  const OpDef* def = OpTable::get().find(op);
+  return def && (def->traits & static_cast<OpTraits>(t)) != 0;
 }
+
+bool has_trait(const Node& n, OpTrait t) { return has_trait(n.op, t); }
+
+void add_traits(OpTable& t, const char* name, OpTraits traits) {
+  OpDef* d = t.find_mutable(name);
+  if (!d) {
+    std::cerr << "kiln: add_traits: no op '" << name << "'\n";
+    std::abort();
+  }
+  d->traits |= traits;
+}
+
+bool is_view_op(const std::string& op) { return has_trait(op, OpTrait::view); }
 
 bool is_strided_view_op(const std::string& op) {
-  return op == "Transpose" || op == "Expand" || op == "Slice" || op == "AsStrided" || is_view_op(op);
+  return has_trait(op, OpTrait::strided_view) || is_view_op(op);
 }
 
-bool is_guarded_view_op(const std::string& op) {
-  return op == "Concat" || op == "Pad" || op == "SliceGrad" || op == "AsStridedScatter";
-}
+bool is_guarded_view_op(const std::string& op) { return has_trait(op, OpTrait::guarded_view); }
 
 }  // namespace kiln::ir

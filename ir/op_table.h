@@ -10,6 +10,7 @@
 // (`kiln::runtime::register_eager_kernels()`), because the ir library cannot
 // link the runtime. Everything else is set where the op is declared, in ir/ops/.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -183,6 +184,76 @@ using KernelPiecesFn = std::function<Expected<KernelPieces>(KernelContext&)>;
 /// Whether an op has a gradient rule.
 enum class Differentiability { differentiable, not_differentiable };
 
+/// What passes, code generation, the runtime and the tools ask about an op kind, declared
+/// with the op (OpDef::traits) instead of compared against its name anywhere else
+/// (DESIGN.md invariant 1). Query with has_trait(). Bits of an OpTraits set.
+enum class OpTrait : uint32_t {
+  /// Same elements in the same order with new dims (Reshape, Flatten, Squeeze, Unsqueeze):
+  /// the output may share the input's buffer (is_view_op).
+  view = 1u << 0,
+  /// Code generation reads input 0 through strides instead of running the op (Transpose,
+  /// Expand, Slice, AsStrided; OpDef::strided_read gives the strides).
+  strided_view = 1u << 1,
+  /// Code generation reads the data inputs through guard boxes (Concat, constant Pad,
+  /// SliceGrad, AsStridedScatter; ir::guarded_read in ir/ops/nn.h).
+  guarded_view = 1u << 2,
+  /// A generated kernel whose one region is its body, run as one step (FusedKernel):
+  /// passes do not recurse into it as into a loop.
+  fused_kernel = 1u << 3,
+  /// A loop over micro-batches whose one region is its body, with `num_carried` carried
+  /// inputs and scanned inputs after them (AccumulationLoop).
+  loop = 1u << 4,
+  /// Draws random numbers from a counter-based Philox stream (attribute `kiln_rng_id`,
+  /// else the node's position): never folded at compile time, recomputed (remat) only
+  /// with a stable stream id.
+  random = 1u << 5,
+  /// Dropout: (data, ratio?, training_mode?) -> output, mask?; an identity in eval mode;
+  /// its Philox stream is `kiln_rng_id` (set by attach_loss), else its position.
+  dropout = 1u << 6,
+  /// Normalizes with batch statistics when attribute `training_mode` is 1 and updates
+  /// running statistics (inputs 3 and 4 -> outputs 1 and 2), else uses them
+  /// (BatchNormalization).
+  running_stats = 1u << 7,
+  /// Output 0 is input 0 unchanged (Identity).
+  identity = 1u << 8,
+  /// Converts input 0 to the dtype named by attribute `to` (an ONNX type code) (Cast).
+  cast = 1u << 9,
+  /// A float dtype of the output comes from an attribute: `to` (an ONNX type code) or
+  /// the one-element tensor `value` (Cast, ConstantOfShape); to_float64 widens it.
+  dtype_from_attr = 1u << 10,
+  /// A matrix product of inputs 0 and 1 (MatMul, Gemm): low-precision products may be
+  /// widened (passes/gemm_widening.cpp).
+  matmul = 1u << 11,
+  /// A matrix product that reads its operands transposed by any permutation of their
+  /// dims given as attributes `kiln_perm_a` / `kiln_perm_b` (MatMul).
+  operand_perms = 1u << 12,
+  /// A 2-D matrix product that reads its operands transposed when attributes `transA` /
+  /// `transB` are 1 (Gemm).
+  operand_trans_flags = 1u << 13,
+  /// Permutes the dims of input 0 by attribute `perm` (reversed when absent) (Transpose).
+  transpose = 1u << 14,
+  /// Picks slices of input 0 (a table) at the indices in input 1 along attribute `axis`
+  /// (Gather: embedding lookups).
+  gather = 1u << 15,
+  /// An optional input may be omitted (null) before a present one, so IR builders pass
+  /// null inputs through (Clip's min, Dropout's ratio).
+  omittable_inputs = 1u << 16,
+};
+/// A set of OpTrait bits.
+using OpTraits = uint32_t;
+/// The set holding `a` and `b`.
+constexpr OpTraits operator|(OpTrait a, OpTrait b) { return static_cast<OpTraits>(a) | static_cast<OpTraits>(b); }
+/// The set `a` with `b` added.
+constexpr OpTraits operator|(OpTraits a, OpTrait b) { return a | static_cast<OpTraits>(b); }
+
+/// How code generation reads input 0 of a strided view (OpTrait::strided_view or view)
+/// at the index of its output: input element offset + sum i_d * strides[d] (dims of
+/// size 1 get stride 0).
+struct StridedRead {
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+};
+
 /// One op kind.
 struct OpDef {
   std::string name;
@@ -239,24 +310,52 @@ struct OpDef {
   /// empty or starts above N. tests/ir/op_table_test.cpp compares every list with ONNX's
   /// schema history (tests/data/onnx_schema_versions.json).
   std::vector<int> onnx_since;
+  /// What the op is, for the passes, code generation, runtime and tools that ask (OpTrait bits).
+  OpTraits traits = 0;
+  /// The input a node returns unchanged (same dtype and static shape as its output), or
+  /// nullptr: canonicalize replaces the node's output by it (Identity, a no-op Reshape,
+  /// Expand or Pad, a Where with a constant all-true or all-false condition).
+  std::function<Value*(const Node& n)> passthrough;
+  /// Output values computed from the static shapes of the inputs alone (Shape), for
+  /// constant folding without the data; nullopt when the shapes are not static enough.
+  std::function<std::optional<std::vector<Tensor>>(const Node& n)> eval_from_shapes;
+  /// Bytes of scratch memory the eager kernel allocates for node `n` beyond its outputs
+  /// (the memory planner counts them as temporaries); empty: none.
+  std::function<int64_t(const Node& n)> kernel_scratch_bytes;
+  /// Strided views (OpTrait::strided_view, view): whether code generation can absorb
+  /// node `n` (static shapes, constant operands already checked by the caller) ...
+  std::function<bool(const Node& n)> view_fusable;
+  /// ... and how it then reads input 0 (static shapes; errors name the node).
+  std::function<Expected<StridedRead>(const Node& n)> strided_read;
+  /// Rewrite of a node into simpler ops that code generation can fuse, applied by
+  /// passes/decompose.cpp before fusion (the eager backend keeps the op): `decomposable`
+  /// says whether node `n` of graph `g` qualifies; `decompose` removes it from `g` and
+  /// appends its replacement (constants into `root`, the outermost graph), keeping the
+  /// names of the outputs that something reads.
+  std::function<bool(const Graph& g, const Node& n)> decomposable;
+  std::function<Status(Graph& g, Graph& root, Node* n)> decompose;
 };
 
+/// Whether op `op` is in the table and declares `t`.
+bool has_trait(const std::string& op, OpTrait t);
+/// Whether node `n`'s op declares `t`.
+bool has_trait(const Node& n, OpTrait t);
+
 /// Reshape-family ops whose output is its input's elements in the same order with new
-/// dims (Reshape, Flatten, Squeeze, Unsqueeze): the interpreter and the memory planner
-/// let the output share the input's buffer when the input dies at that node.
+/// dims (OpTrait::view): the interpreter and the memory planner let the output share the
+/// input's buffer when the input dies at that node.
 bool is_view_op(const std::string& op);
 /// Ops code generation reads through strides instead of running (passes/fusion.cpp,
-/// codegen/lower.cpp): Transpose (permuted), Expand (broadcast), Slice (stepped, with an
-/// element offset), the kiln-internal AsStrided (its own strides and offset) and the
-/// is_view_op family (the dense strides of the output dims).
+/// codegen/lower.cpp): OpTrait::strided_view (Transpose, Expand, Slice, AsStrided) and
+/// the is_view_op family (the dense strides of the output dims).
 bool is_strided_view_op(const std::string& op);
 
-/// Ops code generation reads through guarded parameters (codegen/kernel_ir.h: a load
-/// that gives a fallback outside a box of the domain) instead of running them: Concat
-/// (each input a box along the axis), Pad in constant mode (the input a box, the
-/// constant outside), the kiln-internal SliceGrad with unit steps (dy a box, zeros
-/// outside) and AsStridedScatter whose written elements form a box of the data (src
-/// inside, data outside). ir::guarded_read (ir/ops/nn.h) gives the box.
+/// Ops code generation reads through guarded parameters (OpTrait::guarded_view;
+/// codegen/kernel_ir.h: a load that gives a fallback outside a box of the domain) instead
+/// of running them: Concat (each input a box along the axis), Pad in constant mode (the
+/// input a box, the constant outside), the kiln-internal SliceGrad with unit steps (dy a
+/// box, zeros outside) and AsStridedScatter whose written elements form a box of the data
+/// (src inside, data outside). ir::guarded_read (ir/ops/nn.h) gives the box.
 bool is_guarded_view_op(const std::string& op);
 
 /// The table. Access with OpTable::get(); entries are registered once on first use.
@@ -277,6 +376,8 @@ class OpTable {
 /// class (not differentiable until add_differentiable marks it).
 OpDef make_op(const std::string& name, const std::string& doc, int min_in, int max_in, InferFn infer,
               PrecisionPolicy prec, FusionClass fusion = FusionClass::pointwise);
+/// Adds `traits` to the entry of op `name` (aborts when the op is missing: a programming error).
+void add_traits(OpTable& t, const char* name, OpTraits traits);
 /// Sets OpDef::onnx_since of op `name` (aborts when the op is missing: a programming error).
 void set_onnx_since(OpTable& t, const char* name, std::vector<int> versions);
 /// Adds `d` to the table as differentiable, with gradient rule `g`.
@@ -309,5 +410,9 @@ void register_control_ops(OpTable& t);
 void register_indexing_ops(OpTable& t);   ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
 /// Fills OpDef::scalar of the pointwise ops (ir/ops/elementwise.cpp), after every op is registered.
 void register_scalar_rules(OpTable& t);
+/// Sets OpDef::traits and the per-op hooks of ir/ops/traits.cpp, after every op is registered.
+void register_op_traits(OpTable& t);
+/// Sets OpDef::decomposable / decompose (ir/ops/decompose.cpp), after every op is registered.
+void register_decompositions(OpTable& t);
 
 }  // namespace kiln::ir

@@ -28,7 +28,7 @@ namespace {
 
 /// The Transpose node producing `v` in graph `g`, or nullptr.
 Node* transpose_in(Graph& g, Value* v) {
-  if (!v || !v->producer || v->producer->op != "Transpose" || g.index_of(v->producer) < 0) return nullptr;
+  if (!v || !v->producer || !has_trait(*v->producer, OpTrait::transpose) || g.index_of(v->producer) < 0) return nullptr;
   Node* t = v->producer;
   if (!t->inputs[0] || !t->inputs[0]->shape.is_static() || !v->shape.is_static()) return nullptr;
   return t;
@@ -46,11 +46,11 @@ std::vector<int64_t> perm_of(const Node& t) {
 int absorb_graph(Graph& g) {
   int count = 0;
   for (auto& n : g.nodes())
-    if (n->op == "AccumulationLoop")
+    if (has_trait(*n, OpTrait::loop))
       for (auto& r : n->regions) count += absorb_graph(*r);
   for (auto& np : g.nodes()) {
     Node& n = *np;
-    if (n.op == "MatMul") {
+    if (has_trait(n, OpTrait::operand_perms)) {
       for (int k = 0; k < 2; ++k) {
         const std::string key = k == 0 ? "kiln_perm_a" : "kiln_perm_b";
         // view = Transpose(input, q); input = Transpose(X, p)  =>  view = Transpose(X, p o q).
@@ -66,7 +66,7 @@ int absorb_graph(Graph& g) {
           ++count;
         }
       }
-    } else if (n.op == "Gemm") {
+    } else if (has_trait(n, OpTrait::operand_trans_flags)) {
       for (int k = 0; k < 2; ++k) {
         const std::string key = k == 0 ? "transA" : "transB";
         while (Node* t = transpose_in(g, n.inputs[k])) {

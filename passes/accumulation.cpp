@@ -136,7 +136,7 @@ class Accumulation : public Pass {
       const auto& nodes = g.nodes();
       for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
         Node* n = nodes[i].get();
-        if (per_mb.count(n) || n->op == "Cast") continue;
+        if (per_mb.count(n) || has_trait(*n, OpTrait::cast)) continue;
         int64_t bytes = 0;
         bool ok = true;
         for (Value* o : n->outputs) {

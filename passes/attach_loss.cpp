@@ -122,7 +122,7 @@ class AttachLoss : public Pass {
     int rng_id = 0;
     for (auto& np : g.nodes()) {
       Node* n = np.get();
-      if (n->op == "BatchNormalization") {
+      if (has_trait(*n, OpTrait::running_stats)) {
         n->attrs.set("training_mode", int64_t(train ? 1 : 0));
         if (train) {
           while (n->num_outputs() < 3) add_output(g, n, n->name + "/running_stat");
@@ -135,7 +135,7 @@ class AttachLoss : public Pass {
           while (n->num_outputs() > 1 && g.uses(n->outputs.back()).empty()) n->outputs.pop_back();
         }
         KILN_RETURN_IF_ERROR(infer_node(*n));
-      } else if (n->op == "Dropout" && train && ctx.opt("disable_dropout") == "1") {
+      } else if (has_trait(*n, OpTrait::dropout) && train && ctx.opt("disable_dropout") == "1") {
         n->op = "Identity";
         n->inputs.resize(1);
         n->attrs = Attributes();
@@ -146,7 +146,7 @@ class AttachLoss : public Pass {
           n->outputs.pop_back();
         }
         KILN_RETURN_IF_ERROR(infer_node(*n));
-      } else if (n->op == "Dropout") {
+      } else if (has_trait(*n, OpTrait::dropout)) {
         if (n->num_inputs() > 2) n->inputs.resize(2);
         n->attrs.set("kiln_rng_id", int64_t(++rng_id));
         if (train && n->num_outputs() < 2) add_output(g, n, n->outputs[0]->name + "/mask");

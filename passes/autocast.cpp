@@ -134,7 +134,7 @@ Expected<bool> remat_saved_casts(Graph& g) {
     if (f->num_outputs() != 1) continue;
     Value* y = f->outputs[0];
     if (!read_by_bwd.count(y) || y->dtype != DType::f32 || g.is_graph_output(y)) continue;
-    if (f->op == "Cast") {
+    if (has_trait(*f, OpTrait::cast)) {
       Value* x = f->input(0);
       if (x && is_float(x->dtype) && rank_of(x->dtype) < rank_of(y->dtype)) plans.push_back({y, x, f});
       continue;
@@ -144,7 +144,7 @@ Expected<bool> remat_saved_casts(Graph& g) {
     auto it = fwd_readers.find(y);
     if (it == fwd_readers.end() || it->second.size() != 1) continue;
     const Node* s = it->second[0];
-    if (s->op == "Cast" && rank_of(s->outputs[0]->dtype) == 1) plans.push_back({y, s->outputs[0], s});
+    if (has_trait(*s, OpTrait::cast) && rank_of(s->outputs[0]->dtype) == 1) plans.push_back({y, s->outputs[0], s});
   }
   for (const Plan& pl : plans) {
     std::vector<Node*> readers;
@@ -413,7 +413,7 @@ class CastSimplify : public Pass {
       std::vector<Node*> order;
       for (auto& n : g.nodes()) order.push_back(n.get());
       for (Node* n : order) {
-        if (n->op != "Cast" || !n->input(0) || is_remat_node(*n)) continue;
+        if (!has_trait(*n, OpTrait::cast) || !n->input(0) || is_remat_node(*n)) continue;
         Value* x = n->input(0);
         Value* y = n->outputs[0];
         if (g.is_graph_output(y)) continue;  // keep output names and producers
@@ -435,7 +435,7 @@ class CastSimplify : public Pass {
         seen[key] = y;
         // (3) round trip Cast(Cast(a -> m) -> dtype(a)).
         Node* inner = x->producer;
-        if (inner && inner->op == "Cast" && inner->input(0) && inner->input(0)->dtype == to && is_float(to) &&
+        if (inner && has_trait(*inner, OpTrait::cast) && inner->input(0) && inner->input(0)->dtype == to && is_float(to) &&
             is_float(x->dtype)) {
           Value* a = inner->input(0);
           bool widening_first = rank_of(x->dtype) >= rank_of(a->dtype);  // exact: bf16 -> f32 -> bf16

@@ -14,28 +14,11 @@ namespace kiln::passes {
 
 namespace {
 
-/// The input a node passes through unchanged, or nullptr.
+/// The input a node passes through unchanged (OpDef::passthrough), or nullptr.
 ir::Value* passthrough(const ir::Node& n) {
   if (n.outputs.size() != 1 || n.inputs.empty() || !n.inputs[0]) return nullptr;
-  const ir::Value* out = n.outputs[0];
-  auto same_type = [&](const ir::Value* v) {
-    return v && v->dtype == out->dtype && v->shape.is_static() && out->shape.is_static() && v->shape == out->shape;
-  };
-  if (n.op == "Identity" && n.inputs.size() == 1) return n.inputs[0];
-  if ((n.op == "Reshape" || n.op == "Expand") && same_type(n.inputs[0])) return n.inputs[0];
-  if (n.op == "Pad" && same_type(n.inputs[0]) && n.input(1) && n.input(1)->data) {
-    for (int64_t p : n.input(1)->data->to_i64_vector())
-      if (p != 0) return nullptr;
-    return n.inputs[0];
-  }
-  if (n.op == "Where" && n.inputs.size() == 3 && n.inputs[0]->data) {
-    const ir::Tensor& c = *n.inputs[0]->data;
-    bool all = true, none = true;
-    for (int64_t i = 0; i < c.numel(); ++i) (c.get_i64(i) ? none : all) = false;
-    if (all && same_type(n.inputs[1])) return n.inputs[1];
-    if (none && same_type(n.inputs[2])) return n.inputs[2];
-  }
-  return nullptr;
+  const ir::OpDef* def = ir::OpTable::get().find(n.op);
+  return def && def->passthrough ? def->passthrough(n) : nullptr;
 }
 
 class Canonicalize : public Pass {

@@ -18,7 +18,7 @@ class EvalMode : public Pass {
     bool changed = false;
     for (auto& np : g.nodes()) {
       Node* n = np.get();
-      if (n->op == "BatchNormalization") {
+      if (has_trait(*n, OpTrait::running_stats)) {
         if (n->attrs.get_int("training_mode", 0) != 0) changed = true;
         n->attrs.set("training_mode", int64_t(0));
         while (n->num_outputs() > 1 && g.uses(n->outputs.back()).empty() && !g.is_graph_output(n->outputs.back())) {
@@ -26,7 +26,7 @@ class EvalMode : public Pass {
           changed = true;
         }
         KILN_RETURN_IF_ERROR(infer_node(*n));
-      } else if (n->op == "Dropout" && n->num_inputs() > 2) {
+      } else if (has_trait(*n, OpTrait::dropout) && n->num_inputs() > 2) {
         n->inputs.resize(2);
         changed = true;
       }

@@ -11,27 +11,28 @@
 //       1. re-infer n (ir::infer_node), so it sees inputs folded earlier in this sweep;
 //       2. n is foldable when
 //          - it has no regions, no kiln_side_effect / kiln_rng_id attribute, is not a
-//            random op (Dropout, Random*, Bernoulli, Multinomial), and none of its outputs
+//            random op (OpTrait::random: Dropout), and none of its outputs
 //            is bound as training state;
 //          - every present input is an initializer, and none of them may be a trainable
 //            parameter (ir::is_parameter_candidate: a declared parameter, or by kiln's
 //            name rule when the model declares no roles), since folding e.g. Transpose(W)
 //            would turn a parameter into a constant; buffers and constants fold (a rotary
-//            inv_freq buffer into its cos/sin tables); or n is Shape/Size and its input's
-//            shape is fully static (the data is not needed);
+//            inv_freq buffer into its cos/sin tables); or n computes its outputs from
+//            its inputs' shapes (OpDef::eval_from_shapes: Shape) and they are static
+//            (the data is not needed);
 //          - every output has a known dtype and a static shape of at most
 //            kMaxFoldElements elements (large constants stay computed at run time);
-//       3. evaluate: Shape/Size directly from the static dims (ONNX Shape-15 start/end);
-//          every other op through the op table: OpDef::kernel with an ir::KernelContext
-//          whose outputs are preallocated from the inferred types. The kernels are filled
-//          in by the runtime at start-up; an op without a kernel, or whose kernel fails,
-//          is left unfolded (never an error: the run time will evaluate it);
+//       3. evaluate: Shape directly from the static dims (OpDef::eval_from_shapes: ONNX
+//          Shape-15 start/end); every other op with the evaluator the driver passes in
+//          PassContext::evaluator (the eager interpreter's kernels), given an
+//          ir::KernelContext whose outputs are preallocated from the inferred types. An op
+//          the evaluator cannot run, or that fails, is left unfolded (the run time will
+//          evaluate it); a node that needs the evaluator when none was given is an error;
 //       4. the node is removed and each output becomes an initializer of the same name,
 //          with role constant (Value::role).
 //   then dead nodes are removed, initializers left unused by folding are dropped
 //   (other unused initializers are kept), and ir::infer_graph re-infers every node.
 #include <algorithm>
-#include <set>
 #include <unordered_set>
 
 #include "ir/op_table.h"
@@ -43,13 +44,6 @@ namespace {
 
 constexpr int64_t kMaxFoldElements = 1 << 20;
 
-bool is_random_op(const std::string& op) {
-  static const std::set<std::string> kRandom = {"Dropout",           "RandomNormal",      "RandomUniform",
-                                                "RandomNormalLike",  "RandomUniformLike", "Bernoulli",
-                                                "Multinomial"};
-  return kRandom.count(op) != 0;
-}
-
 // attach_loss's notion of a trainable parameter (see passes/attach_loss.cpp).
 bool may_be_parameter(const ir::Value* v) { return ir::is_parameter_candidate(*v); }
 
@@ -57,8 +51,10 @@ class FoldConstants : public Pass {
  public:
   std::string name() const override { return "fold_constants"; }
 
-  Expected<bool> run(ir::Graph& g, PassContext&) override {
+  Expected<bool> run(ir::Graph& g, PassContext& ctx) override {
     created_.clear();
+    evaluator_ = ctx.evaluator;
+    error_ = Status::ok();
     std::unordered_set<const ir::Value*> used_before = used_values(g);
     int folded = 0;
     bool progress = true;
@@ -72,6 +68,7 @@ class FoldConstants : public Pass {
           progress = true;
           ++folded;
         }
+        if (!error_.is_ok()) return error_;
       }
     }
     if (folded == 0) return false;
@@ -111,7 +108,7 @@ class FoldConstants : public Pass {
   }
 
   static bool foldable_node(const ir::Graph& g, const ir::Node* n) {
-    if (!n->regions.empty() || is_random_op(n->op)) return false;
+    if (!n->regions.empty() || ir::has_trait(*n, ir::OpTrait::random)) return false;
     if (n->attrs.has("kiln_side_effect") || n->attrs.has("kiln_rng_id")) return false;
     for (const auto& sb : g.state)
       for (const ir::Value* o : n->outputs)
@@ -123,41 +120,33 @@ class FoldConstants : public Pass {
     return true;
   }
 
-  // Shape-15 / Size-13 from static dims.
-  static bool eval_shape_like(const ir::Node* n, std::vector<ir::Tensor>& out) {
-    const ir::Value* x = n->input(0);
-    if (!x || !x->shape.is_static() || n->num_outputs() != 1) return false;
-    std::vector<int64_t> dims = x->shape.to_vector();
-    if (n->op == "Size") {
-      out.push_back(ir::Tensor::scalar_i64(ir::numel_of(dims)));
-      return true;
-    }
-    const int64_t r = static_cast<int64_t>(dims.size());
-    int64_t start = n->attrs.get_int("start", 0), end = n->attrs.get_int("end", r);
-    if (start < 0) start += r;
-    if (end < 0) end += r;
-    start = std::clamp<int64_t>(start, 0, r);
-    end = std::clamp<int64_t>(end, 0, r);
-    std::vector<int64_t> v;
-    for (int64_t i = start; i < end; ++i) v.push_back(dims[i]);
-    out.push_back(ir::Tensor::from_i64(v));
+  // Outputs from the static input shapes (OpDef::eval_from_shapes: Shape-15).
+  static bool eval_from_shapes(const ir::OpDef& def, const ir::Node* n, std::vector<ir::Tensor>& out) {
+    auto r = def.eval_from_shapes(*n);
+    if (!r) return false;
+    out = std::move(*r);
     return true;
   }
 
   bool eval_kernel(const ir::Node* n, std::vector<ir::Tensor>& out) {
     const ir::OpDef* def = ir::OpTable::get().find(n->op);
-    if (!def || !def->kernel) return false;
+    if (!def) return false;
     std::vector<const ir::Tensor*> ins;
     for (const ir::Value* v : n->inputs) {
       if (v && !v->is_initializer()) return false;
       if (v && may_be_parameter(v) && !created_.count(v)) return false;
       ins.push_back(v ? v->data.get() : nullptr);
     }
+    if (!evaluator_) {
+      error_ = Status::error("fold_constants: node '" + n->name + "' (" + n->op +
+                             ") has constant inputs but the pass was given no evaluator (PassContext::evaluator)");
+      return false;
+    }
     std::vector<ir::Tensor> outs;
     for (const ir::Value* o : n->outputs) outs.emplace_back(o->dtype, o->shape.to_vector());
     ir::KernelContext kc{*n, std::move(ins), std::move(outs)};
     try {
-      if (!def->kernel(kc).is_ok()) return false;
+      if (!evaluator_(kc).is_ok()) return false;
     } catch (...) {
       return false;
     }
@@ -168,9 +157,11 @@ class FoldConstants : public Pass {
   bool try_fold(ir::Graph& g, ir::Node* n) {
     if (!foldable_node(g, n)) return false;
     std::vector<ir::Tensor> results;
-    bool ok = (n->op == "Shape" || n->op == "Size") ? eval_shape_like(n, results) : eval_kernel(n, results);
+    const ir::OpDef* def = ir::OpTable::get().find(n->op);
+    const bool from_shapes = def && def->eval_from_shapes;
+    bool ok = from_shapes ? eval_from_shapes(*def, n, results) : eval_kernel(n, results);
     if (!ok) {
-      if (n->op == "Shape" || n->op == "Size") ok = eval_kernel(n, results);
+      if (from_shapes) ok = eval_kernel(n, results);
       if (!ok) return false;
     }
     if (results.size() != n->outputs.size()) return false;
@@ -192,6 +183,8 @@ class FoldConstants : public Pass {
   }
 
   std::unordered_set<const ir::Value*> created_;  ///< initializers made by this run
+  NodeEvaluator evaluator_;                       ///< PassContext::evaluator of this run
+  Status error_;                                  ///< a node needed the missing evaluator
 };
 
 }  // namespace

@@ -58,7 +58,7 @@ bool read_pointwise_only(const Graph& body, const Value* in) {
 int mark_graph(Graph& g) {
   int count = 0;
   for (auto& n : g.nodes())
-    if (n->op != "FusedKernel")
+    if (!has_trait(*n, OpTrait::fused_kernel))
       for (auto& r : n->regions) count += mark_graph(*r);
   const auto& nodes = g.nodes();
   std::unordered_map<const Value*, size_t> last_use = last_reads(g);
@@ -67,7 +67,7 @@ int mark_graph(Graph& g) {
   outside.insert(g.initializers.begin(), g.initializers.end());
   for (size_t i = 0; i < nodes.size(); ++i) {
     Node& n = *nodes[i];
-    if (n.op != "FusedKernel" || n.attrs.get_string("kind", "") != "pointwise" || n.regions.size() != 1 ||
+    if (!has_trait(n, OpTrait::fused_kernel) || n.attrs.get_string("kind", "") != "pointwise" || n.regions.size() != 1 ||
         n.num_outputs() != 1 || !n.outputs[0] || n.attrs.has("kiln_inplace"))
       continue;
     const Value* o = n.outputs[0];
@@ -104,7 +104,7 @@ int mark_donations(Graph& g) {
     if (n.attrs.has("kiln_donate")) continue;
     // A generated pointwise kernel (its body says which inputs it reads elementwise), or
     // an eager op whose kernel declares which outputs may share an input's buffer.
-    const bool fused = n.op == "FusedKernel" && n.attrs.get_string("kind", "") == "pointwise" && n.regions.size() == 1 &&
+    const bool fused = has_trait(n, OpTrait::fused_kernel) && n.attrs.get_string("kind", "") == "pointwise" && n.regions.size() == 1 &&
                        n.regions[0]->inputs.size() == n.inputs.size();
     const OpDef* def = fused ? nullptr : OpTable::get().find(n.op);
     if (!fused && (!def || def->in_place_outputs.empty())) continue;

@@ -166,23 +166,13 @@ bool view_fusable(const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.outputs[0];
   if (!x || !x->shape.is_static() || !y->shape.is_static() || x->dtype == DType::undefined) return false;
-  if (n.op == "Transpose") return x->shape.rank() == y->shape.rank() && x->shape.numel() > 1;
-  if (n.op == "AsStrided") {  // non-negative strides, as Slice's positive steps
-    for (int64_t st : n.attrs.get_ints("stride"))
-      if (st < 0) return false;
-    return x->dtype == y->dtype && y->shape.numel() > 0;
-  }
   for (int k = 1; k < n.num_inputs(); ++k)
     if (n.inputs[k] && !n.inputs[k]->is_initializer()) return false;
   if (y->shape.numel() <= 0) return false;
-  if (is_view_op(n.op)) return x->dtype == y->dtype && x->shape.numel() == y->shape.numel();
-  if (n.op == "Expand") return n.num_inputs() == 2 && x->shape.rank() <= y->shape.rank();
-  // Slice-13 input form with positive steps, rank kept.
-  if (n.num_inputs() < 3 || !n.inputs[1] || !n.inputs[2] || x->shape.rank() != y->shape.rank()) return false;
-  if (n.num_inputs() > 4)
-    for (int64_t st : n.inputs[4]->data->to_i64_vector())
-      if (st <= 0) return false;
-  return true;
+  // The op's own conditions (OpDef::view_fusable): Transpose keeps the rank, AsStrided's
+  // strides are non-negative, Slice's steps positive, ...
+  const OpDef* def = OpTable::get().find(n.op);
+  return def && def->view_fusable && def->view_fusable(n);
 }
 
 /// Values read by node `n`, nested-region captures included.
@@ -224,7 +214,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter);
 Status fuse_regions(Graph& g, int min_nodes, int& counter) {
   for (auto& n : g.nodes())
     for (auto& r : n->regions)
-      if (n->op != "FusedKernel") KILN_RETURN_IF_ERROR(fuse_graph(*r, min_nodes, counter));
+      if (!has_trait(*n, OpTrait::fused_kernel)) KILN_RETURN_IF_ERROR(fuse_graph(*r, min_nodes, counter));
   return Status::ok();
 }
 

@@ -31,7 +31,7 @@ namespace {
 
 /// A MatMul or Gemm whose operands and result all have dtype `low` (bf16 or f16).
 bool widenable(const Node& n, DType low) {
-  if ((n.op != "MatMul" && n.op != "Gemm") || n.num_outputs() != 1 || !n.outputs[0]) return false;
+  if (!has_trait(n, OpTrait::matmul) || n.num_outputs() != 1 || !n.outputs[0]) return false;
   if (n.outputs[0]->dtype != low || n.attrs.has("kiln_widened")) return false;
   for (const Value* in : n.inputs)
     if (in && in->dtype != low) return false;
@@ -42,7 +42,7 @@ bool widenable(const Node& n, DType low) {
 int widen_graph(Graph& g, DType low) {
   int count = 0;
   for (auto& n : g.nodes())
-    if (n->op != "FusedKernel")
+    if (!has_trait(*n, OpTrait::fused_kernel))
       for (auto& r : n->regions) count += widen_graph(*r, low);
   std::vector<Node*> targets;
   for (auto& n : g.nodes())

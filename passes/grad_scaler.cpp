@@ -91,7 +91,7 @@ class GradUnscale : public Pass {
       if (!gr) return Status::error("grad_unscale: no gradient '" + sb.input->name + ".grad' (run autodiff first)");
       Node* id = gr->producer;
       // A parameter that does not reach the loss has an Expand of 0: nothing to unscale.
-      if (!id || id->op != "Identity") continue;
+      if (!id || !has_trait(*id, OpTrait::identity)) continue;
       if (gr->dtype != DType::f32)
         return Status::error("grad_unscale: gradient '" + gr->name + "' is " + dtype_name(gr->dtype) +
                              ", expected f32 (fp32 master weights)");

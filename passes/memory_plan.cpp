@@ -69,15 +69,9 @@ const char* memory_category_name(MemoryCategory c) {
 }
 
 int64_t eager_kernel_scratch_bytes(const Node& n) {
-  // Mirrors runtime/kernels/nn.cpp gemm_kernel: use_onednn(f32, bf16) computes into a
-  // std::vector (not counted); other dtypes go through `Tensor tmp(DType::f64, {M, N})`.
-  if (n.op != "Gemm" || n.inputs.size() < 2 || !n.inputs[0] || n.outputs.empty() || !n.outputs[0]) return 0;
-  const Value& a = *n.inputs[0];
-  if (a.dtype == DType::f32 || a.dtype == DType::bf16 || a.shape.rank() != 2) return 0;
-  const Dim& k = a.shape.dims[n.attrs.get_int("transA", 0) != 0 ? 0 : 1];
-  const int64_t mn = n.outputs[0]->shape.numel();
-  if (!k.is_static() || k.value <= 0 || mn <= 0) return 0;
-  return mn * static_cast<int64_t>(dtype_size(DType::f64));
+  // Declared with the op (OpDef::kernel_scratch_bytes: Gemm's f64 temporary).
+  const OpDef* def = OpTable::get().find(n.op);
+  return def && def->kernel_scratch_bytes ? def->kernel_scratch_bytes(n) : 0;
 }
 
 namespace {
@@ -85,7 +79,7 @@ namespace {
 enum class Phase { forward, backward, optimizer };
 
 Phase phase_of(const Node& n) {
-  if (n.op == "FusedKernel" && n.regions.size() == 1) {
+  if (has_trait(n, OpTrait::fused_kernel) && n.regions.size() == 1) {
     // A fused group (passes/fusion.cpp) is in the latest phase of the nodes it holds.
     Phase p = Phase::forward;
     for (auto& b : n.regions[0]->nodes()) {
@@ -126,8 +120,8 @@ Status flatten(const Graph& g, const Node* loop, std::vector<Entry>& tl, std::ve
   for (auto& np : g.nodes()) {
     const Node& n = *np;
     // A FusedKernel's body lives in registers: the node is planned as one step.
-    if (!n.regions.empty() && n.op != "FusedKernel") {
-      if (n.op != "AccumulationLoop" || n.regions.size() != 1)
+    if (!n.regions.empty() && !has_trait(n, OpTrait::fused_kernel)) {
+      if (!has_trait(n, OpTrait::loop) || n.regions.size() != 1)
         return Status::error("memory plan: node '" + n.name + "' (" + n.op +
                              ") has a nested region; only AccumulationLoop regions are planned");
       const Graph& body = *n.regions[0];
@@ -284,7 +278,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     // An output of a fused group is in the phase of the body node that makes it: the
     // kernel's own phase is its latest node's (a gradient cast fused with the clipping
     // norm's square sum is a backward value, not an optimizer temporary).
-    if (p->op == "FusedKernel" && p->regions.size() == 1 && v->producer_output >= 0 &&
+    if (has_trait(*p, OpTrait::fused_kernel) && p->regions.size() == 1 && v->producer_output >= 0 &&
         static_cast<size_t>(v->producer_output) < p->regions[0]->outputs.size()) {
       const Value* bo = p->regions[0]->outputs[static_cast<size_t>(v->producer_output)];
       if (bo && bo->producer) return static_cast<int>(phase_of(*bo->producer));

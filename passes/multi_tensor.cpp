@@ -37,7 +37,7 @@ bool only_results(const Node& n, const std::unordered_set<const Value*>& outputs
 /// comes in pieces (OpDef::multi_tensor: the 8-bit AdamW update), making only step
 /// results of static shapes.
 bool member_candidate(const Node& n, const std::unordered_set<const Value*>& outputs) {
-  const bool generated = n.op == "FusedKernel" && n.attrs.get_string("kind", "") == "pointwise";
+  const bool generated = has_trait(n, OpTrait::fused_kernel) && n.attrs.get_string("kind", "") == "pointwise";
   if (!generated) {
     const OpDef* def = OpTable::get().find(n.op);
     if (!def || !def->multi_tensor || !n.regions.empty()) return false;
@@ -82,7 +82,7 @@ size_t gather_window(Graph& g, size_t i, const std::unordered_set<const Value*>&
     const Node& n = *nodes[j];
     bool reads_tainted = false;
     for (const Value* v : n.inputs) reads_tainted = reads_tainted || (v && tainted.count(v));
-    if (!n.regions.empty() && n.op != "FusedKernel") break;  // a loop: barrier
+    if (!n.regions.empty() && !has_trait(n, OpTrait::fused_kernel)) break;  // a loop: barrier
     // A kernel writing into its input k (kiln_inplace, fused_inplace.cpp: its last reader)
     // may join only if no earlier member reads that input: members run at the same time.
     // The same for the state inputs it writes into (kiln_donate).

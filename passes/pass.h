@@ -13,9 +13,15 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/op_table.h"
 #include "ir/status.h"
 
 namespace kiln::passes {
+
+/// Evaluates one node on constant inputs into `kc.outputs` (preallocated with the
+/// inferred dtypes and shapes): the eager interpreter's kernels, which constant folding
+/// receives through PassContext::evaluator (passes never call the runtime themselves).
+using NodeEvaluator = std::function<Status(ir::KernelContext& kc)>;
 
 /// Options that passes read (training configuration) and debugging switches.
 struct PassContext {
@@ -31,6 +37,9 @@ struct PassContext {
   /// Seconds spent in each pass by name, summed over every pipeline run with this
   /// context (always collected; `kiln compile` reports them per phase).
   std::map<std::string, double> pass_seconds;
+  /// Evaluator of constant nodes for fold_constants (the driver passes the eager
+  /// interpreter's, runtime::evaluate_node); empty: folding a node that needs it fails.
+  NodeEvaluator evaluator;
 
   std::string opt(const std::string& k, const std::string& def = "") const {
     auto it = options.find(k);

@@ -147,9 +147,9 @@ Sections split_sections(const Graph& g) {
 bool recomputable_at_all(const Node& n) {
   const OpDef* def = OpTable::get().find(n.op);
   if (!def || !n.regions.empty()) return false;
-  // Dropout's Philox stream falls back to the node's position without kiln_rng_id, which a
-  // clone would not share (runtime/kernels/util.h rng_id).
-  if (n.op == "Dropout" && !n.attrs.has("kiln_rng_id")) return false;
+  // A random op's Philox stream (Dropout's) falls back to the node's position without
+  // kiln_rng_id, which a clone would not share (runtime/kernels/util.h rng_id).
+  if (has_trait(n, OpTrait::random) && !n.attrs.has("kiln_rng_id")) return false;
   for (Value* o : n.outputs)
     if (o->dtype == DType::undefined || o->shape.numel() < 0) return false;
   return true;

@@ -25,14 +25,13 @@ class ToFloat64 : public Pass {
       if (sb.initial && is_float(sb.initial->dtype())) sb.initial = std::make_shared<Tensor>(sb.initial->cast(DType::f64));
     const int f64 = dtype_to_onnx(DType::f64);
     for (auto& n : g.nodes()) {
-      if (n->op == "Cast") {
+      if (!has_trait(*n, OpTrait::dtype_from_attr)) continue;
+      if (n->attrs.has("to")) {
         auto to = dtype_from_onnx(static_cast<int>(n->attrs.get_int("to", 1)));
         if (to && is_float(*to)) n->attrs.set("to", int64_t(f64));
       }
-      if (n->op == "ConstantOfShape") {
-        if (const Tensor* t = n->attrs.get_tensor("value"); t && is_float(t->dtype()))
-          n->attrs.set("value", t->cast(DType::f64));
-      }
+      if (const Tensor* t = n->attrs.get_tensor("value"); t && is_float(t->dtype()))
+        n->attrs.set("value", t->cast(DType::f64));
     }
     KILN_RETURN_IF_ERROR(infer_graph(g));
     return true;

@@ -154,6 +154,14 @@ Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<con
 }
 }  // namespace
 
+Status evaluate_node(KernelContext& kc) {
+  const Node& n = kc.node;
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
+  if (!def->kernel) return Status::error("node '" + n.name + "': op '" + n.op + "' has no eager kernel");
+  return def->kernel(kc);
+}
+
 namespace {
 
 using Env = std::unordered_map<const Value*, Tensor>;
@@ -186,8 +194,8 @@ struct GraphFacts {
       const Node& n = *ns[i];
       NodeFacts& f = nodes[i];
       f.def = OpTable::get().find(n.op);
-      f.loop = n.op == "AccumulationLoop";
-      f.kernel = prog && n.op == "FusedKernel" ? prog->find(&n) : nullptr;
+      f.loop = has_trait(n, OpTrait::loop);
+      f.kernel = prog && has_trait(n, OpTrait::fused_kernel) ? prog->find(&n) : nullptr;
       // Group members run as generated kernels or as their eager kernel's pieces.
       const bool pieced = !f.kernel && f.def && f.def->multi_tensor && f.def->pieces;
       f.group = f.kernel || pieced ? n.attrs.get_int("kiln_multi_tensor_group", -1) : -1;
@@ -565,7 +573,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       continue;
     }
     // RunOptions::profile: this node's wall time (not an AccumulationLoop's: its body is timed).
-    const bool timed = opts.profile && n.op != "AccumulationLoop";
+    const bool timed = opts.profile && !has_trait(n, OpTrait::loop);
     const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     bool generated = false;
     auto dying_input = [&](int64_t k) { return dying_input_of(i, k); };

@@ -97,6 +97,11 @@ Expected<std::map<std::string, Tensor>> run_graph(const ir::Graph& g, const std:
 Expected<std::vector<Tensor>> run_node(const ir::Node& n, const std::vector<const Tensor*>& inputs,
                                        const RunOptions& opts = {}, uint64_t op_id = 0);
 
+/// Runs the eager kernel of `kc.node` into `kc.outputs` (allocated by the caller): the
+/// evaluator of constant nodes that the driver gives constant folding
+/// (passes::PassContext::evaluator). Errors: unknown op, no eager kernel, kernel errors.
+kiln::Status evaluate_node(ir::KernelContext& kc);
+
 /// Eager kernel of AccumulationLoop for run_node (a body without captured outer
 /// values); run_graph runs the loop itself so that carried buffers move, not copy.
 kiln::Status accumulation_loop_kernel(ir::KernelContext& ctx);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "ir/graph.h"
+#include "ir/op_table.h"
 
 namespace kiln::runtime {
 
@@ -84,7 +85,7 @@ std::string OpProfile::table(int max_rows) const {
 }
 
 std::string profile_key(const ir::Node& n, bool generated, ProfileGroup group) {
-  if (n.op != "FusedKernel") return group == ProfileGroup::node ? n.name + " " + n.op : n.op;
+  if (!ir::has_trait(n, ir::OpTrait::fused_kernel)) return group == ProfileGroup::node ? n.name + " " + n.op : n.op;
   std::string key = "FusedKernel[" + n.attrs.get_string("kind", "?") + "]" + (generated ? " (generated)" : " (eager)");
   if (group == ProfileGroup::op) return key;
   key = n.name + " " + key;

@@ -78,6 +78,7 @@ struct GuardedRead {
   std::vector<int64_t> lo, hi, strides;
   int64_t offset = 0;
   double fill = 0;
+  bool fill_operand = false;  ///< `fill` is an operand of the op (Pad's constant), loaded as a constant
 };
 /// The data inputs of a guarded view op: every input of Concat, input 0 of Pad and
 /// SliceGrad, both inputs of AsStridedScatter (data read outside src's box).

@@ -366,6 +366,7 @@ Expected<GuardedRead> guarded_read(const Node& n, int k) {
       if (!a) return fail(a.message());
       begin[*a] = (*pads)[i];
     }
+    g.fill_operand = true;
     if (n.input(2)) {
       if (!n.input(2)->data || n.input(2)->data->numel() != 1) return fail("constant_value must be a constant scalar");
       g.fill = n.input(2)->data->get_f64(0);

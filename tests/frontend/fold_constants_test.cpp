@@ -28,6 +28,7 @@ kiln::Expected<bool> fold(Graph& g) {
   auto p = kiln::passes::make_pass("fold_constants");
   if (!p) return kiln::Status::error("fold_constants pass is not registered");
   kiln::passes::PassContext ctx;
+  ctx.evaluator = kiln::runtime::evaluate_node;
   return p->run(g, ctx);
 }
 

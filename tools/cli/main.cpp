@@ -706,11 +706,12 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
             (compute == ir::DType::undefined || ir::dtype_size(in->dtype) > ir::dtype_size(compute)))
           compute = in->dtype;
       ir::DType store = n->outputs.empty() ? ir::DType::undefined : n->outputs[0]->dtype;
-      if (n->op == "Cast" || compute == ir::DType::undefined) compute = store;
+      const bool cast = ir::has_trait(*n, ir::OpTrait::cast);
+      if (cast || compute == ir::DType::undefined) compute = store;
       // Low-precision compute accumulates in f32 (oneDNN's bf16/f16 primitives, the eager
       // kernels' f32 compute type).
       ir::DType acc = (compute == ir::DType::bf16 || compute == ir::DType::f16) ? ir::DType::f32 : compute;
-      std::string rule = n->op == "Cast" ? "cast" : ir::precision_policy_name(p);
+      std::string rule = cast ? "cast" : ir::precision_policy_name(p);
       std::cout << std::string(indent, ' ') << n->op << " " << n->name << "  " << ir::dtype_name(compute) << " / "
                 << ir::dtype_name(acc) << " / " << ir::dtype_name(store) << "  " << rule << "\n";
       for (auto& r : n->regions) print(*r, indent + 4);

@@ -13,6 +13,7 @@
 #include "codegen/cpu/program.h"
 #include "frontend/model_bytes.h"
 #include "frontend/tensor_proto.h"
+#include "ir/op_table.h"
 #include "passes/memory_plan.h"
 #include "runtime/data.h"
 #include "runtime/program.h"
@@ -83,7 +84,7 @@ struct ProgramReport {
 int count_fused_ops(const ir::Graph& g) {
   int n = 0;
   for (auto& node : g.nodes()) {
-    if (node->op == "FusedKernel" && !node->regions.empty()) n += static_cast<int>(node->regions[0]->nodes().size());
+    if (ir::has_trait(*node, ir::OpTrait::fused_kernel) && !node->regions.empty()) n += static_cast<int>(node->regions[0]->nodes().size());
     else
       for (auto& r : node->regions) n += count_fused_ops(*r);
   }

@@ -56,6 +56,7 @@ static Status run_passes(Graph& g, const std::vector<std::string>& names, passes
   passes::PassContext local;
   passes::PassContext& ctx = dbg ? *dbg : local;
   ctx.options = options;
+  if (!ctx.evaluator) ctx.evaluator = runtime::evaluate_node;  // constant folding's evaluator
   std::vector<std::string> pipeline;
   for (auto& n : names)
     if (passes::make_pass(n)) pipeline.push_back(n);
@@ -217,7 +218,7 @@ Expected<passes::MemoryPlan> plan_step_arena_layout(const Graph& g) {
   std::unordered_set<const ir::Value*> heap;
   std::function<void(const Graph&)> visit = [&](const Graph& gr) {
     for (const auto& n : gr.nodes())
-      if (n->op == "AccumulationLoop") {
+      if (has_trait(*n, ir::OpTrait::loop)) {
         heap.insert(n->outputs.begin(), n->outputs.end());
         for (const auto& r : n->regions) {
           heap.insert(r->inputs.begin(), r->inputs.end());

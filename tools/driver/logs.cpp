@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "ir/op_table.h"
 namespace kiln::driver {
 
 namespace {
@@ -57,7 +58,7 @@ void load_locked() {
 
 void collect_fused(const ir::Graph& g, const std::string& where, std::ostringstream& os, int& kernels, int& absorbed) {
   for (auto& n : g.nodes()) {
-    if (n->op == "FusedKernel" && !n->regions.empty()) {
+    if (ir::has_trait(*n, ir::OpTrait::fused_kernel) && !n->regions.empty()) {
       ++kernels;
       const ir::Graph& body = *n->regions[0];
       absorbed += static_cast<int>(body.nodes().size());
@@ -72,7 +73,7 @@ void collect_fused(const ir::Graph& g, const std::string& where, std::ostringstr
       os << "\n";
     }
     for (auto& r : n->regions)
-      if (n->op != "FusedKernel") collect_fused(*r, " (in " + n->name + ")", os, kernels, absorbed);
+      if (!ir::has_trait(*n, ir::OpTrait::fused_kernel)) collect_fused(*r, " (in " + n->name + ")", os, kernels, absorbed);
   }
 }
 

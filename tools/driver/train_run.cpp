@@ -11,6 +11,7 @@
 #include <map>
 
 #include "ir/tensor.h"
+#include "ir/op_table.h"
 #include "runtime/checkpoint.h"
 #include "runtime/io.h"
 #include "tools/driver/export_trained.h"
@@ -139,7 +140,7 @@ runtime::ProgramSignature model_signature(const ir::Graph& forward, const TrainC
   // Gather tables indexed straight by a data input: input name -> the table's extent.
   std::map<std::string, int64_t>& extent = sig.index_extents;
   for (const auto& n : forward.nodes()) {
-    if (n->op != "Gather" || n->num_inputs() < 2 || !n->inputs[0] || !n->inputs[1]) continue;
+    if (!ir::has_trait(*n, ir::OpTrait::gather) || n->num_inputs() < 2 || !n->inputs[0] || !n->inputs[1]) continue;
     const ir::Value* idx = n->inputs[1];
     if (std::find(forward.inputs.begin(), forward.inputs.end(), idx) == forward.inputs.end()) continue;
     const ir::Shape& ts = n->inputs[0]->shape;

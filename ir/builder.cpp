@@ -1,8 +1,6 @@
-#include "passes/training_util.h"
+#include "ir/builder.h"
 
-namespace kiln::passes {
-
-using namespace kiln::ir;
+namespace kiln::ir {
 
 Expected<std::vector<Value*>> Builder::emit(const std::string& op, std::vector<Value*> inputs, int num_outputs,
                                             Attributes attrs, const std::string& out_name) {
@@ -21,7 +19,7 @@ Expected<std::vector<Value*>> Builder::emit(const std::string& op, std::vector<V
 
 Value* Builder::op(const std::string& op, std::vector<Value*> inputs, Attributes attrs, const std::string& out_name) {
   for (Value* v : inputs)
-    if (v == nullptr && op != "Clip" && op != "Dropout") {
+    if (v == nullptr && !has_trait(op, OpTrait::omittable_inputs)) {
       if (status_.is_ok()) status_ = Status::error("builder: null input to " + op);
       return nullptr;
     }
@@ -49,4 +47,4 @@ Attributes make_attrs(std::initializer_list<std::pair<std::string, AttrValue>> k
   return a;
 }
 
-}  // namespace kiln::passes
+}  // namespace kiln::ir
