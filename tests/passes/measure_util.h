@@ -16,7 +16,8 @@
 namespace kiln::testing {
 
 /// Runs `g` on `feeds` in training mode and returns its measured peak bytes (-1 after a
-/// failed run, reported as a test failure). Every graph input must be fed.
+/// failed run, reported as a test failure). Every graph input must be fed or have a
+/// default (ir::Graph::input_defaults: counted resident like a feed).
 /// With `microbatch` (runtime::microbatches_of), data inputs not fed are streamed into
 /// the accumulation loop from data held outside the step (as the trainer streams them).
 inline int64_t measured_step_peak(
@@ -25,6 +26,10 @@ inline int64_t measured_step_peak(
   int64_t resident = 0;
   for (ir::Value* in : g.inputs) {
     auto it = feeds.find(in->name);
+    if (auto d = g.input_defaults.find(in->name); it == feeds.end() && d != g.input_defaults.end()) {
+      resident += static_cast<int64_t>(d->second->nbytes());  // a run-time setting left at its default
+      continue;
+    }
     if (it == feeds.end() && microbatch) continue;
     if (it == feeds.end()) {
       ADD_FAILURE() << "no feed for graph input " << in->name;
