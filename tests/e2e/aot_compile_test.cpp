@@ -12,7 +12,11 @@
 //   - the compile cache: a second compile in a new process is a disk hit; a truncated
 //     entry is rebuilt with exactly one warning line;
 //   - KILN_LOGS prints its topics with a [kiln:TOPIC] prefix, and warns once on an
-//     unknown topic.
+//     unknown topic;
+//   - DIR/train runs the program it holds with the .onnx it came from deleted, and runs
+//     no pass; kiln train's program cache: a hit (another --max_steps) imports nothing
+//     and runs no pass, a program-changing flag misses, a damaged entry is rebuilt with
+//     one warning line.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -271,3 +275,55 @@ TEST(AotCompile, KilnLogsTopics) {
   EXPECT_EQ(count_lines_with(r.err, "[kiln:graph] "), 0);
   EXPECT_EQ(count_lines_with(r.err, "unknown topic 'bogus'"), 1);
 }
+
+namespace {
+
+TEST(AotCompile, BinaryLoadsItsProgramWithTheModelDeletedAndRunsNoPass) {
+  // DIR/train runs the program it holds (issue 30): with the .onnx file it was compiled
+  // from deleted, it imports nothing and runs no pass (KILN_LOGS=passes prints nothing).
+  require_data();
+  const std::string dir = tmpdir("deleted");
+  fs::copy_file(kModel, dir + "/model.onnx");
+  ShellRun c = sh("'" + kBin + "' compile " + dir + "/model.onnx" + kTrainFlags + " --max_steps 3 --cache_dir " + dir +
+                      "/cache -o " + dir + "/out",
+                  kSrc);
+  ASSERT_EQ(c.code, 0) << c.out << c.err;
+  EXPECT_TRUE(fs::exists(dir + "/out/program.kiln"));
+  fs::remove(dir + "/model.onnx");
+  ShellRun r = sh("'" + dir + "/out/train' --output_dir " + dir + "/run", kSrc, "KILN_LOGS=passes");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines_with(r.err, "[kiln:passes]"), 0) << r.err;
+  EXPECT_EQ(train_losses(dir + "/run").size(), 3u);
+  EXPECT_TRUE(fs::exists(dir + "/run/model.onnx"));
+}
+
+TEST(AotCompile, KilnTrainProgramCacheHitRunsNoImportAndNoPass) {
+  require_data();
+  const std::string dir = tmpdir("program_cache");
+  const std::string cmd = "'" + kBin + "' train " + kModel + kTrainFlags + " --backend compiled --cache_dir " + dir + "/cache";
+  ShellRun first = sh(cmd + " --max_steps 3 --output_dir " + dir + "/a", kSrc, "KILN_LOGS=passes,cache");
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_EQ(count_lines_with(first.err, "[kiln:passes] import"), 1) << first.err;
+  EXPECT_GT(count_lines_with(first.err, "[kiln:passes] graph"), 3) << first.err;
+  EXPECT_EQ(count_lines_with(first.err, "program cache store"), 1) << first.err;
+  // Another run length and output folder: the same program.
+  ShellRun hit = sh(cmd + " --max_steps 4 --output_dir " + dir + "/b", kSrc, "KILN_LOGS=passes,cache");
+  ASSERT_EQ(hit.code, 0) << hit.err;
+  EXPECT_EQ(count_lines_with(hit.err, "program cache hit"), 1) << hit.err;
+  EXPECT_EQ(count_lines_with(hit.err, "[kiln:passes]"), 0) << hit.err;
+  // A flag that changes the program misses.
+  ShellRun miss = sh(cmd + " --max_steps 2 --weight_decay 0.1 --output_dir " + dir + "/c", kSrc, "KILN_LOGS=cache");
+  ASSERT_EQ(miss.code, 0) << miss.err;
+  EXPECT_EQ(count_lines_with(miss.err, "program cache miss"), 1) << miss.err;
+  // A corrupted entry: one warning line, then rebuilt.
+  int entries = 0;
+  for (auto& e : fs::directory_iterator(dir + "/cache/programs"))
+    if (e.path().extension() == ".kiln") ++entries, fs::resize_file(e.path(), fs::file_size(e.path()) - 7);
+  EXPECT_EQ(entries, 2);
+  ShellRun rebuilt = sh(cmd + " --max_steps 4 --output_dir " + dir + "/d", kSrc);
+  ASSERT_EQ(rebuilt.code, 0) << rebuilt.err;
+  EXPECT_EQ(count_lines_with(rebuilt.err, "program cache: "), 1) << rebuilt.err;
+  EXPECT_EQ(train_losses(dir + "/d"), train_losses(dir + "/b"));
+}
+
+}  // namespace
