@@ -306,10 +306,13 @@ std::unique_ptr<Graph> Graph::clone() const {
   g->import_notes = import_notes;
   g->initializer_origins = initializer_origins;
   g->input_defaults = input_defaults;
+  g->arena_bytes = arena_bytes;
+  g->planned_peak_bytes = planned_peak_bytes;
   std::unordered_map<const Value*, Value*> map;
   auto mapv = [&](Value* v) -> Value* { return v ? map.at(v) : nullptr; };
   for (Value* v : inputs) {
     map[v] = g->add_input(v->name, v->dtype, v->shape);
+    map[v]->arena = v->arena;
     map[v]->role = v->role;
     map[v]->role_source = v->role_source;
   }
@@ -331,12 +334,16 @@ std::unique_ptr<Graph> Graph::clone() const {
       for (size_t i = 0; i < n->outputs.size(); ++i) {
         nn->outputs[i]->dtype = n->outputs[i]->dtype;
         nn->outputs[i]->shape = n->outputs[i]->shape;
+        nn->outputs[i]->arena = n->outputs[i]->arena;
         map[n->outputs[i]] = nn->outputs[i];
       }
       for (auto& r : n->regions) {
         auto nr = std::make_unique<Graph>();
         nr->name = r->name;
-        for (Value* v : r->inputs) map[v] = nr->add_input(v->name, v->dtype, v->shape);
+        for (Value* v : r->inputs) {
+          map[v] = nr->add_input(v->name, v->dtype, v->shape);
+          map[v]->arena = v->arena;
+        }
         copy_nodes(*r, *nr);
         for (Value* o : r->outputs) nr->outputs.push_back(mapv(o));
         nn->regions.push_back(std::move(nr));

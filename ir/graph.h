@@ -61,6 +61,18 @@ enum class InitRole {
 };
 const char* init_role_name(InitRole r);
 
+/// Where the memory plan placed a value in its program's step arena (the compiled
+/// executor's one block, runtime/arena.h), written by the arena planning pass that runs
+/// last (passes/arena_plan.cpp) and printed in the IR dump as `@arena(OFFSET, BYTES)`
+/// (`, home` when the value's node writes it there; the others get there by in-place
+/// and view rules). offset < 0: not in the arena (heap, graph inputs, kept values).
+struct ArenaPlacement {
+  int64_t offset = -1;  ///< bytes from the block's start
+  int64_t bytes = 0;    ///< the planned buffer's size in bytes
+  bool home = false;
+  bool placed() const { return offset >= 0; }
+};
+
 /// An SSA value: the result of one node output, a graph input or an initializer.
 class Value {
  public:
@@ -76,6 +88,8 @@ class Value {
   /// from the model (frontend/initializers.h) and where it came from, for `kiln inspect`.
   InitRole role = InitRole::unknown;
   std::string role_source;
+  /// Its place in the step arena, once the arena planning pass ran (ArenaPlacement).
+  ArenaPlacement arena;
 };
 
 /// Attribute value: int, float, string, tensor, or lists of int/float/string.
@@ -177,6 +191,10 @@ class Graph {
   /// schedule's step counts (passes/optimizer.cpp, kScheduleTotalInput), which the trainer
   /// feeds from its run so that one compiled program serves any --max_steps.
   std::map<std::string, std::shared_ptr<Tensor>> input_defaults;
+  /// Written by the arena planning pass (top-level graphs): the step arena's size in
+  /// bytes and the plan's peak bytes of one step (-1: not planned); printed in the dump.
+  int64_t arena_bytes = -1;
+  int64_t planned_peak_bytes = -1;
 
   Graph() = default;
   Graph(const Graph&) = delete;

@@ -82,8 +82,19 @@ class Parser {
     return nullptr;
   }
 
-  /// "f32[2, batch]" -> dtype and shape.
-  Status type(const std::string& t, DType& dt, Shape& shape) const {
+  /// "f32[2, batch]" -> dtype and shape; "f32[2] @arena(64, 8, home)" also sets `arena`
+  /// (a node output's step-arena placement; refused where `arena` is null).
+  Status type(const std::string& t_in, DType& dt, Shape& shape, ArenaPlacement* arena = nullptr) const {
+    std::string t = t_in;
+    if (const size_t at = t.find(" @arena("); at != std::string::npos) {
+      if (!arena || t.back() != ')') return fail("a type such as f32[2, 3] (@arena only on node outputs and graph inputs)");
+      std::vector<std::string> f = split_top(t.substr(at + 8, t.size() - at - 9));
+      if (f.size() < 2 || f.size() > 3 || (f.size() == 3 && f[2] != "home")) return fail("@arena(OFFSET, BYTES[, home])");
+      arena->offset = std::strtoll(f[0].c_str(), nullptr, 10);
+      arena->bytes = std::strtoll(f[1].c_str(), nullptr, 10);
+      arena->home = f.size() == 3;
+      t = t.substr(0, at);
+    }
     const size_t lb = t.find('[');
     if (lb == std::string::npos || t.back() != ']') return fail("a type such as f32[2, 3]");
     auto d = dtype_from_name(t.substr(0, lb));
@@ -167,9 +178,12 @@ class Parser {
       if (in.empty() || in[0] != '%' || colon == std::string::npos) return fail("'%NAME: TYPE' graph inputs");
       DType dt;
       Shape sh;
-      KILN_RETURN_IF_ERROR(type(in.substr(colon + 2), dt, sh));
+      ArenaPlacement arena;
+      KILN_RETURN_IF_ERROR(type(in.substr(colon + 2), dt, sh, &arena));
       const std::string name = in.substr(1, colon - 1);
-      scopes_.back()[name] = g.add_input(name, dt, sh);
+      Value* v = g.add_input(name, dt, sh);
+      v->arena = arena;
+      scopes_.back()[name] = v;
     }
     ++pos_;
     Node* last = nullptr;
@@ -187,6 +201,17 @@ class Parser {
         auto r = std::make_unique<Graph>();
         KILN_RETURN_IF_ERROR(graph(*r));
         last->regions.push_back(std::move(r));
+        continue;
+      }
+      if (l.rfind("memory ", 0) == 0) {
+        std::istringstream is(l.substr(7));
+        std::string a, b;
+        is >> a >> b;
+        if (a.rfind("arena_bytes=", 0) != 0 || b.rfind("planned_peak_bytes=", 0) != 0)
+          return fail("'memory arena_bytes=N planned_peak_bytes=M'");
+        g.arena_bytes = std::strtoll(a.c_str() + 12, nullptr, 10);
+        g.planned_peak_bytes = std::strtoll(b.c_str() + 19, nullptr, 10);
+        ++pos_;
         continue;
       }
       if (l.rfind("init %", 0) == 0) {
@@ -291,7 +316,7 @@ class Parser {
     if (types.size() != outs.size()) return fail(std::to_string(outs.size()) + " output types");
     Node* n = g.add_node(op, name, ins, outs, attrs);
     for (size_t k = 0; k < outs.size(); ++k) {
-      KILN_RETURN_IF_ERROR(type(types[k], n->outputs[k]->dtype, n->outputs[k]->shape));
+      KILN_RETURN_IF_ERROR(type(types[k], n->outputs[k]->dtype, n->outputs[k]->shape, &n->outputs[k]->arena));
       scopes_.back()[outs[k]] = n->outputs[k];
     }
     return n;

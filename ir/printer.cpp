@@ -41,7 +41,13 @@ std::string attr_to_string(const AttrValue& v) {
   return os.str();
 }
 
-static std::string type_str(const Value* v) { return std::string(dtype_name(v->dtype)) + v->shape.to_string(); }
+static std::string type_str(const Value* v) {
+  std::string t = std::string(dtype_name(v->dtype)) + v->shape.to_string();
+  if (v->arena.placed())
+    t += " @arena(" + std::to_string(v->arena.offset) + ", " + std::to_string(v->arena.bytes) +
+         (v->arena.home ? ", home)" : ")");
+  return t;
+}
 
 void print_graph(const Graph& g, std::ostream& os, int indent) {
   std::string pad(indent, ' ');
@@ -49,6 +55,8 @@ void print_graph(const Graph& g, std::ostream& os, int indent) {
   for (size_t i = 0; i < g.inputs.size(); ++i)
     os << (i ? ", " : "") << "%" << g.inputs[i]->name << ": " << type_str(g.inputs[i]);
   os << ") {\n";
+  if (g.arena_bytes >= 0)
+    os << pad << "  memory arena_bytes=" << g.arena_bytes << " planned_peak_bytes=" << g.planned_peak_bytes << "\n";
   for (const Value* v : g.initializers) {
     os << pad << "  init %" << v->name << ": " << type_str(v);
     if (v->data && v->data->numel() <= 4 && v->data->numel() > 0) {

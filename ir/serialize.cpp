@@ -187,6 +187,9 @@ void GraphWriter::define(const Value* v, ByteWriter& w) {
   w.u8(static_cast<uint8_t>(v->role));
   w.str(v->role_source);
   w.i64(v->data ? tensor_index(v->data) : -1);
+  w.i64(v->arena.offset);
+  w.i64(v->arena.bytes);
+  w.u8(v->arena.home ? 1 : 0);
 }
 
 void GraphWriter::ref(const Value* v, ByteWriter& w) const { w.i64(v ? id_of(v) : -1); }
@@ -194,6 +197,8 @@ void GraphWriter::ref(const Value* v, ByteWriter& w) const { w.i64(v ? id_of(v) 
 void GraphWriter::write(const Graph& g, ByteWriter& w) {
   w.str(g.name);
   w.i64(g.opset);
+  w.i64(g.arena_bytes);
+  w.i64(g.planned_peak_bytes);
   w.u64(g.inputs.size());
   for (const Value* v : g.inputs) define(v, w);
   w.u64(g.initializers.size());
@@ -255,6 +260,7 @@ struct ValueRecord {
   InitRole role = InitRole::unknown;
   std::string role_source;
   int64_t tensor = -1;
+  ArenaPlacement arena;
 };
 
 Status bad(const std::string& what) { return Status::error("malformed graph section: " + what); }
@@ -268,7 +274,12 @@ Status read_record(ByteReader& r, ValueRecord& rec) {
   rec.shape.dims.resize(rank);
   for (Dim& d : rec.shape.dims)
     if (!r.i64(d.value) || !r.str(d.symbol)) return bad("value '" + rec.name + "': truncated shape");
-  if (!r.u8(role) || !r.str(rec.role_source) || !r.i64(rec.tensor)) return bad("value '" + rec.name + "': truncated");
+  uint8_t home;
+  if (!r.u8(role) || !r.str(rec.role_source) || !r.i64(rec.tensor) || !r.i64(rec.arena.offset) ||
+      !r.i64(rec.arena.bytes) || !r.u8(home))
+    return bad("value '" + rec.name + "': truncated");
+  if (rec.arena.placed() && rec.arena.bytes < 0) return bad("value '" + rec.name + "': bad arena placement");
+  rec.arena.home = home != 0;
   if (role > static_cast<uint8_t>(InitRole::constant)) return bad("value '" + rec.name + "': bad role");
   rec.role = static_cast<InitRole>(role);
   return Status::ok();
@@ -315,6 +326,7 @@ Status GraphReader::read_into(Graph& g, ByteReader& r, int depth) {
     v->shape = rec.shape;
     v->role = rec.role;
     v->role_source = rec.role_source;
+    v->arena = rec.arena;
     values_.push_back(v);
     return Status::ok();
   };
@@ -327,7 +339,8 @@ Status GraphReader::read_into(Graph& g, ByteReader& r, int depth) {
     return Status::ok();
   };
   uint64_t n;
-  if (!r.str(g.name) || !r.i64(g.opset) || !r.count(n, 33)) return bad("truncated graph header");
+  if (!r.str(g.name) || !r.i64(g.opset) || !r.i64(g.arena_bytes) || !r.i64(g.planned_peak_bytes) || !r.count(n, 33))
+    return bad("truncated graph header");
   for (uint64_t i = 0; i < n; ++i) {
     ValueRecord rec;
     KILN_RETURN_IF_ERROR(read_record(r, rec));

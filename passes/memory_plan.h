@@ -163,6 +163,13 @@ int64_t eager_kernel_scratch_bytes(const ir::Node& n);
 /// other than an AccumulationLoop body; the message names the value or node.
 Expected<MemoryPlan> plan_memory(const ir::Graph& g, const PlanOptions& opts = {});
 
+/// The memory plan of the compiled executor's step arena for `g` (passes/arena_plan.cpp,
+/// the pass that writes it into the IR): plan_memory with the interpreter's own rules
+/// (kiln_inplace and Reshape views honoured, no other in-place reuse, an unread output
+/// dead at its node, kernel scratch counted); accumulation loops' carried values, scan
+/// slices and outputs on the heap. Errors: those of plan_memory.
+Expected<MemoryPlan> plan_step_arena_layout(const ir::Graph& g);
+
 /// "1.50 MiB" style (B, KiB, MiB, GiB; binary units).
 std::string human_bytes(int64_t bytes);
 

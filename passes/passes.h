@@ -50,6 +50,7 @@ std::unique_ptr<Pass> make_fused_inplace_pass();
 /// updates) form one multi-tensor launch (kiln_multi_tensor_group; multi_tensor.cpp); option
 /// multi_tensor=0 turns it off.
 std::unique_ptr<Pass> make_multi_tensor_pass();
+std::unique_ptr<Pass> make_arena_plan_pass();
 /// Compiled pipeline, before fusion: LayerNormalizationGrad as a row op plus column sums (decompose.cpp).
 std::unique_ptr<Pass> make_decompose_pass();
 /// Transposes feeding MatMul/Gemm operands read as strided operands (passes/absorb_transpose.cpp).

@@ -21,6 +21,7 @@ static const std::map<std::string, std::function<std::unique_ptr<Pass>()>>& fact
       {"gemm_widening", make_gemm_widening_pass},
       {"fused_inplace", make_fused_inplace_pass},
       {"multi_tensor", make_multi_tensor_pass},
+      {"arena_plan", make_arena_plan_pass},
       {"decompose", make_decompose_pass},
       {"absorb_transpose", make_absorb_transpose_pass},
       {"eval_mode", make_eval_mode_pass},

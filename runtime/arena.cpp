@@ -50,4 +50,23 @@ std::vector<std::pair<const ir::Value*, ArenaSlot>> StepArena::slots() const {
   return r;
 }
 
+namespace {
+void collect_slots(const ir::Graph& g, std::unordered_map<const ir::Value*, ArenaSlot>& slots) {
+  for (const ir::Value* in : g.inputs)  // a loop body's inputs may be planned too
+    if (in->arena.placed()) slots.emplace(in, ArenaSlot{in->arena.offset, in->arena.bytes, in->arena.home});
+  for (const auto& n : g.nodes()) {
+    for (const ir::Value* o : n->outputs)
+      if (o->arena.placed()) slots.emplace(o, ArenaSlot{o->arena.offset, o->arena.bytes, o->arena.home});
+    for (const auto& r : n->regions) collect_slots(*r, slots);
+  }
+}
+}  // namespace
+
+std::shared_ptr<StepArena> StepArena::of_graph(const ir::Graph& g) {
+  if (g.arena_bytes < 0) return nullptr;
+  std::unordered_map<const ir::Value*, ArenaSlot> slots;
+  collect_slots(g, slots);
+  return std::make_shared<StepArena>(std::move(slots), g.arena_bytes);
+}
+
 }  // namespace kiln::runtime

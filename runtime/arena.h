@@ -45,6 +45,10 @@ class StepArena {
   /// size). The block is allocated here, uninitialized, and counted in ir::MemoryStats.
   StepArena(std::unordered_map<const ir::Value*, ArenaSlot> slots, int64_t block_bytes);
 
+  /// The arena the arena planning pass wrote into `g` (ir::Value::arena of every node
+  /// output, regions included; ir::Graph::arena_bytes); null when `g` was not planned.
+  static std::shared_ptr<StepArena> of_graph(const ir::Graph& g);
+
   /// Output tensor of `v` at its home (zero-filled when `zero`); an undefined Tensor when
   /// `v` has no home or its slot is smaller than numel(dims) * dtype size.
   ir::Tensor output(const ir::Value* v, ir::DType dtype, const std::vector<int64_t>& dims, bool zero) const;

@@ -90,23 +90,6 @@ bool read_kernels(ir::ByteReader& r, codegen::CpuObject& obj) {
   return true;
 }
 
-void write_arena(const StepArena& a, const ir::GraphWriter& gw, ir::ByteWriter& w) {
-  std::vector<std::tuple<int64_t, ArenaSlot>> rows;
-  for (const auto& [v, s] : a.slots()) {
-    const int64_t id = gw.id_of(v);
-    if (id >= 0) rows.emplace_back(id, s);
-  }
-  std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return std::get<0>(x) < std::get<0>(y); });
-  w.i64(a.block_bytes());
-  w.u64(rows.size());
-  for (const auto& [id, s] : rows) {
-    w.i64(id);
-    w.i64(s.offset);
-    w.i64(s.bytes);
-    w.u8(s.home ? 1 : 0);
-  }
-}
-
 }  // namespace
 
 std::string sha256_hex(const std::string& bytes) { return to_hex(sha256_raw(bytes)); }
@@ -151,17 +134,13 @@ Expected<std::string> serialize_program(const Program& p, ProgramFileInfo& info)
   struct Part {
     const char* which;
     const codegen::CpuProgram* k;
-    const StepArena* a;
   };
-  for (const Part& part : {Part{"train", p.train_kernels.get(), p.train_arena.get()},
-                           Part{"eval", p.eval_kernels.get(), p.eval_arena.get()}}) {
+  for (const Part& part : {Part{"train", p.train_kernels.get()}, Part{"eval", p.eval_kernels.get()}}) {
     const bool kernels = part.k && !part.k->by_node.empty();
     if (kernels && !part.k->object)
       return Status::error(std::string(part.which) + " program: kernels without object code (internal)");
     w.u8(kernels ? 1 : 0);
     if (kernels) write_kernels(*part.k->object, w);
-    w.u8(part.a ? 1 : 0);
-    if (part.a) write_arena(*part.a, gw, w);
   }
   const std::string& payload = w.data();
   const std::string digest = sha256_raw(payload);
@@ -273,7 +252,7 @@ Expected<Program> deserialize_program(const std::string& bytes, const std::strin
   }
   for (const char* which : {"train", "eval"}) {
     const bool train_part = std::string(which) == "train";
-    uint8_t has_k, has_a;
+    uint8_t has_k;
     if (!r.u8(has_k)) return malformed(std::string("truncated ") + which + " kernels");
     if (has_k) {
       codegen::CpuObject obj;
@@ -283,30 +262,37 @@ Expected<Program> deserialize_program(const std::string& bytes, const std::strin
       if (!k) return Status::error(origin + ": " + which + " kernels: " + k.message());
       (train_part ? p.train_kernels : p.eval_kernels) = std::move(*k);
     }
-    if (!r.u8(has_a)) return malformed(std::string("truncated ") + which + " arena");
-    if (has_a) {
-      int64_t block;
-      uint64_t n;
-      if (!r.i64(block) || block < 0 || !r.count(n, 25)) return malformed(std::string(which) + " arena header");
-      std::unordered_map<const ir::Value*, ArenaSlot> slots;
-      for (uint64_t i = 0; i < n; ++i) {
-        int64_t id;
-        ArenaSlot s;
-        uint8_t home;
-        if (!r.i64(id) || !r.i64(s.offset) || !r.i64(s.bytes) || !r.u8(home)) return malformed(std::string(which) + " arena");
-        const ir::Value* v = gr.value(id);
-        if (!v || s.offset < 0 || s.bytes < 0 || s.offset > block || s.bytes > block - s.offset)
-          return malformed(std::string(which) + " arena slot " + std::to_string(i));
-        s.home = home != 0;
-        slots.emplace(v, s);
-      }
-      (train_part ? p.train_arena : p.eval_arena) = std::make_shared<StepArena>(std::move(slots), block);
-    }
   }
   if (!r.at_end()) return malformed(std::to_string(r.left()) + " unread bytes at the end");
   if (Status s = ir::verify_graph(*p.train_step); !s) return malformed("train graph: " + s.message());
   if (p.eval)
     if (Status s = ir::verify_graph(*p.eval); !s) return malformed("eval graph: " + s.message());
+  // The arenas as the arena planning pass wrote them into the graphs.
+  auto arena_of = [&](const ir::Graph& g, const char* which) -> Expected<std::shared_ptr<StepArena>> {
+    if (g.arena_bytes < 0) return std::shared_ptr<StepArena>();
+    Status bad_slot = Status::ok();
+    std::function<void(const ir::Graph&)> check = [&](const ir::Graph& gr) {
+      for (const auto& n : gr.nodes()) {
+        for (const ir::Value* o : n->outputs)
+          if (o->arena.placed() && (o->arena.bytes > g.arena_bytes || o->arena.offset > g.arena_bytes - o->arena.bytes))
+            bad_slot = Status::error(std::string(which) + " arena: value '" + o->name + "' lies outside the block");
+        for (const auto& r : n->regions) check(*r);
+      }
+    };
+    check(g);
+    if (!bad_slot) return bad_slot;
+    return StepArena::of_graph(g);
+  };
+  {
+    auto a = arena_of(*p.train_step, "train");
+    if (!a) return malformed(a.message());
+    p.train_arena = *a;
+    if (p.eval) {
+      auto e = arena_of(*p.eval, "eval");
+      if (!e) return malformed(e.message());
+      p.eval_arena = *e;
+    }
+  }
   p.loaded_from = origin;
   if (info_out) *info_out = std::move(info);
   return p;

@@ -745,6 +745,30 @@ int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
             << compiled.arena_bytes << " B), " << compiled.in_place_reuses << " in-place reuses\n";
   std::cout << "planned peak for this run: " << passes::human_bytes(eager.peak_bytes) << " (" << eager.peak_bytes
             << " B)\n";
+  if (g.arena_bytes >= 0) {
+    // The offsets the program's last pass (arena_plan) wrote into its values.
+    std::vector<const ir::Value*> placed;
+    std::function<void(const ir::Graph&)> walk = [&](const ir::Graph& gr) {
+      for (const auto& n : gr.nodes()) {
+        for (const ir::Value* o : n->outputs)
+          if (o->arena.placed()) placed.push_back(o);
+        for (const auto& r : n->regions) walk(*r);
+      }
+    };
+    walk(g);
+    std::stable_sort(placed.begin(), placed.end(),
+                     [](const ir::Value* a, const ir::Value* b) { return a->arena.offset < b->arena.offset; });
+    std::cout << "step arena of the compiled program (arena_plan): " << passes::human_bytes(g.arena_bytes) << " ("
+              << g.arena_bytes << " B), " << placed.size() << " values placed; planned step peak "
+              << passes::human_bytes(g.planned_peak_bytes) << " (" << g.planned_peak_bytes << " B)\n";
+    std::cout << "  offset        bytes  home  value\n";
+    for (const ir::Value* v : placed) {
+      char line[64];
+      std::snprintf(line, sizeof line, "  %-12lld %-6lld %-5s ", static_cast<long long>(v->arena.offset),
+                    static_cast<long long>(v->arena.bytes), v->arena.home ? "yes" : "");
+      std::cout << line << v->name << "\n";
+    }
+  }
   return 0;
 }
 

@@ -78,7 +78,7 @@ static std::set<std::string> input_symbols(const Graph& g) {
 }
 
 /// Prints each import note once per process (a run loads its model for several programs).
-static void print_import_notes(const Graph& g) {
+void print_import_notes(const Graph& g) {
   static std::set<std::string> printed;
   for (const std::string& n : g.import_notes)
     if (printed.insert(n).second) {
@@ -210,34 +210,7 @@ static Expected<std::shared_ptr<codegen::CpuProgram>> compile_program(const Grap
   return prog;
 }
 
-Expected<passes::MemoryPlan> plan_step_arena_layout(const Graph& g) {
-  // Values that outlive an iteration stay on the heap: the carried values and scan
-  // slices of accumulation loops (body inputs and outputs, loop outputs). Graph outputs
-  // are planned in the arena (where the activations were when the optimizer runs); the
-  // caller copies them out (RunOptions::results_in_arena).
-  std::unordered_set<const ir::Value*> heap;
-  std::function<void(const Graph&)> visit = [&](const Graph& gr) {
-    for (const auto& n : gr.nodes())
-      if (has_trait(*n, ir::OpTrait::loop)) {
-        heap.insert(n->outputs.begin(), n->outputs.end());
-        for (const auto& r : n->regions) {
-          heap.insert(r->inputs.begin(), r->inputs.end());
-          heap.insert(r->outputs.begin(), r->outputs.end());
-          visit(*r);
-        }
-      }
-  };
-  visit(g);
-  passes::PlanOptions po;  // the interpreter's own in-place and view rules, nothing more
-  po.in_place = false;
-  po.eager_semantics = false;
-  po.honor_inplace_attr = true;
-  po.count_kernel_scratch = true;  // f64 products' scratch: on the heap, counted in the plan
-  po.heap_values = &heap;
-  KILN_ASSIGN_OR_RETURN(passes::MemoryPlan plan, passes::plan_memory(g, po));
-  plan.options.heap_values = nullptr;  // `heap` dies here
-  return plan;
-}
+Expected<passes::MemoryPlan> plan_step_arena_layout(const Graph& g) { return passes::plan_step_arena_layout(g); }
 
 std::shared_ptr<runtime::StepArena> arena_of_plan(const passes::MemoryPlan& plan) {
   std::unordered_map<const ir::Value*, runtime::ArenaSlot> slots;
@@ -304,8 +277,9 @@ const std::vector<std::string>& compiled_pipeline() {
   // (decompose), which fusion then generates with the pointwise groups.
   // Pointwise kernels then write into an input that dies at them (fused_inplace); the
   // optimizer's per-parameter update kernels become one multi-tensor launch (multi_tensor).
+  // Memory planning runs last and writes each value's arena offset into the IR (arena_plan).
   static const std::vector<std::string> p = {"gemm_widening", "absorb_transpose", "decompose", "fusion",
-                                             "fused_inplace", "multi_tensor"};
+                                             "fused_inplace", "multi_tensor", "arena_plan"};
   return p;
 }
 
@@ -399,10 +373,10 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     KILN_ASSIGN_OR_RETURN(prog.train_kernels, compile_program(*train, cfg, "train"));
     prog.train_times.kernels_s = since(t0);
     t0 = Clock::now();
-    // Memory planning runs last: the arena's offsets, and the peak the run reports.
-    KILN_ASSIGN_OR_RETURN(passes::MemoryPlan layout, plan_step_arena_layout(*train));
-    prog.signature.planned_peak_bytes = layout.peak_bytes;
-    prog.train_arena = arena_of_plan(layout);
+    // The arena as the last pass (arena_plan) placed it; its peak is what the run reports.
+    prog.train_arena = runtime::StepArena::of_graph(*train);
+    if (!prog.train_arena) return Status::error("the training program has no arena plan (internal)");
+    prog.signature.planned_peak_bytes = train->planned_peak_bytes;
     prog.train_times.arena_s = since(t0);
   } else if (auto plan = passes::plan_memory(*train, passes::PlanOptions::eager())) {
     prog.signature.planned_peak_bytes = plan->peak_bytes;
@@ -422,7 +396,8 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   log_text("graph", "eval program after all passes:\n" + ir::graph_to_string(*eval));
   if (compiled) {
     KILN_ASSIGN_OR_RETURN(prog.eval_kernels, compile_program(*eval, cfg, "eval"));
-    KILN_ASSIGN_OR_RETURN(prog.eval_arena, plan_step_arena(*eval));
+    prog.eval_arena = runtime::StepArena::of_graph(*eval);
+    if (!prog.eval_arena) return Status::error("the eval program has no arena plan (internal)");
   }
   prog.eval = std::move(eval);
   return prog;

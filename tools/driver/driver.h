@@ -51,6 +51,11 @@ Expected<std::unique_ptr<ir::Graph>> specialize_model(const ir::Graph& module, c
                                                       const std::map<std::string, int64_t>& shape, bool to_f64 = false,
                                                       passes::PassContext* dbg = nullptr);
 
+/// Prints `g`'s import notes (ir::Graph::import_notes) on stderr, each once per process:
+/// import_model does; a run whose program came from the program cache does it with the
+/// loaded train graph's (the notes travel with the program).
+void print_import_notes(const ir::Graph& g);
+
 /// Model imports (import_model calls) since the process started: a run of kiln train
 /// imports its model once (tests count them).
 int64_t model_imports();

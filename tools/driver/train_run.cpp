@@ -247,6 +247,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   runtime::ProgramSignature sig;
   if (have) {
     sig = have->signature;
+    if (have->train_step) print_import_notes(*have->train_step);
   } else {
     KILN_ASSIGN_OR_RETURN(module, import_model(cfg.model, cfg.untie_initializers));
     KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(*module, cfg.model, cfg.shape, false, nullptr));
