@@ -249,7 +249,7 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   const ir::Graph& g = *s.prog.grads;
   auto specs = unwrap(driver::program_specs(g, s.prog.data_inputs));
   auto ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
-  auto batch = unwrap(ds.first_batch(cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps), "--train_data");
+  auto batch = unwrap(ds.first_batch(s.prog.signature.rows_per_step), "--train_data");
   for (ir::Value* in : g.inputs) {
     auto b = batch.find(in->name);
     if (b != batch.end()) {

@@ -325,6 +325,15 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   }
   // Optimizer, GradScaler update and the accumulation loop (stage "update").
   KILN_RETURN_IF_ERROR(run_stage(*train, pipe.train, "update"));
+  // What the trainer reads from the program rather than the flags: the microbatch it
+  // was bound to, the accumulation loop's trip count, the eval batch.
+  prog.signature.microbatch_rows = cfg.per_device_train_batch_size;
+  prog.signature.gradient_accumulation_steps = 1;
+  for (const auto& n : train->nodes())
+    if (has_trait(*n, ir::OpTrait::loop))
+      prog.signature.gradient_accumulation_steps = n->attrs.get_int("trip_count", 1);
+  prog.signature.rows_per_step = prog.signature.microbatch_rows * prog.signature.gradient_accumulation_steps;
+  prog.signature.eval_rows = cfg.per_device_eval_batch_size;
   // --backend compiled: pointwise groups become FusedKernel nodes, then generated code.
   const bool compiled = cfg.backend == "compiled";
   prog.train_times.passes_s = since(t0);
