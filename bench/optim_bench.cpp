@@ -51,8 +51,12 @@ OptimProgram build(const std::string& optim, int64_t rows, int64_t cols) {
   g.state.push_back({"parameter", w, nullptr, std::make_shared<Tensor>(wt)});
   g.outputs = {loss};
   passes::PassContext ctx;
-  ctx.options = {{"optim", optim}, {"learning_rate", "1e-3"}, {"weight_decay", "0.01"}, {"max_grad_norm", "1.0"},
-                 {"total_steps", "1000000"}, {"lr_scheduler_type", "linear"}};
+  ctx.options.optimizer.optim = optim;
+  ctx.options.optimizer.learning_rate = 1e-3;
+  ctx.options.optimizer.weight_decay = 0.01;
+  ctx.options.optimizer.max_grad_norm = 1.0;
+  ctx.options.optimizer.total_steps = 1000000;
+  ctx.options.optimizer.lr_scheduler_type = "linear";
   Status st = passes::run_pipeline(g, {"optimizer"}, ctx);
   if (!st) {
     std::fprintf(stderr, "optimizer pass: %s\n", st.message().c_str());

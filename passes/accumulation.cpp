@@ -57,8 +57,11 @@ constexpr int64_t kHoistMaxBytes = 4096;
 class Accumulation : public Pass {
  public:
   std::string name() const override { return "accumulation"; }
+  std::string describe_options(const PassOptions& o) const override {
+    return OptionText().add("gradient_accumulation_steps", o.accumulation.gradient_accumulation_steps).str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    const int64_t N = ctx.opt_i("gradient_accumulation_steps", 1);
+    const int64_t N = ctx.options.accumulation.gradient_accumulation_steps;
     if (N <= 1) return false;
 
     // ---- 1. scan inputs ----

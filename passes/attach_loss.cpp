@@ -3,7 +3,7 @@
 //
 // 1. Trainable parameters: every floating-point initializer (not bool, not a
 //    constant produced by an exported Constant node, i.e. not named "/..."), minus
-//    BatchNormalization running statistics, minus those matching option "freeze"
+//    BatchNormalization running statistics, minus those matching LossOptions::freeze
 //    (or only those matching "trainable"). In mode "train" each becomes a graph
 //    input with a StateBinding of kind "parameter" (its ONNX initializer is the
 //    initial value); in mode "eval" it becomes a plain input of the same name.
@@ -14,8 +14,8 @@
 //    every Dropout a mask output (reused by its gradient) and a stable Philox id
 //    (attribute kiln_rng_id, DESIGN.md invariant 6); "eval" sets training_mode=0.
 //    Dropout's training_mode input is dropped: the run's training flag decides.
-//    Option disable_dropout=1 turns every Dropout into Identity (dropout p = 0).
-// 3. Loss (option "loss"), PyTorch semantics, on the model output named by
+//    LossOptions::disable_dropout turns every Dropout into Identity (dropout p = 0).
+// 3. Loss (LossOptions::loss), PyTorch semantics, on the model output named by
 //    "logits_output" (default: the first graph output):
 //    cross_entropy: logits (..., C) and int64 labels (...), mean over labels !=
 //      ignore_index, optional label_smoothing (torch.nn.functional.cross_entropy);
@@ -24,7 +24,7 @@
 //    model: the model's scalar output is the loss.
 //    Labels come from a new graph input named by "label_input" (default "labels").
 //    Outputs become ["loss"] in train mode, ["loss", logits] in eval mode.
-// 4. Gradient accumulation (option gradient_accumulation_steps N > 1, train mode):
+// 4. Gradient accumulation (AccumulationOptions::gradient_accumulation_steps N > 1, train mode):
 //    with accumulation_normalization "tokens" (default for cross_entropy) the loss
 //    is the sum over this microbatch's non-ignored labels divided by a new scalar
 //    input "num_items_in_batch" (the count over all N microbatches, fed with the
@@ -53,11 +53,11 @@ class AttachLoss : public Pass {
  public:
   std::string name() const override { return "attach_loss"; }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    const std::string mode = ctx.opt("mode", "train");
-    const bool train = mode == "train";
-    const std::string loss_kind = ctx.opt("loss", "cross_entropy");
+    const LossOptions& lo = ctx.options.loss;
+    const bool train = ctx.options.mode == Mode::train;
+    const std::string& loss_kind = lo.loss;
     if (g.outputs.empty()) return Status::error("model has no outputs");
-    const std::string label_name = ctx.opt("label_input", "labels");
+    const std::string& label_name = lo.label_input;
     // The names kiln adds must not be the model's own values: the label input is reused
     // only where the model already takes it as a graph input (it is fed the labels), and
     // "num_items_in_batch" is the token count that the trainer feeds by that name.
@@ -80,7 +80,7 @@ class AttachLoss : public Pass {
 
     // --- parameters ---
     std::regex freeze_re, train_re;
-    const std::string freeze = ctx.opt("freeze"), trainable = ctx.opt("trainable");
+    const std::string &freeze = lo.freeze, &trainable = lo.trainable;
     try {
       if (!freeze.empty()) freeze_re = std::regex(freeze);
       if (!trainable.empty()) train_re = std::regex(trainable);
@@ -135,7 +135,7 @@ class AttachLoss : public Pass {
           while (n->num_outputs() > 1 && g.uses(n->outputs.back()).empty()) n->outputs.pop_back();
         }
         KILN_RETURN_IF_ERROR(infer_node(*n));
-      } else if (has_trait(*n, OpTrait::dropout) && train && ctx.opt("disable_dropout") == "1") {
+      } else if (has_trait(*n, OpTrait::dropout) && train && lo.disable_dropout) {
         n->op = "Identity";
         n->inputs.resize(1);
         n->attrs = Attributes();
@@ -156,17 +156,17 @@ class AttachLoss : public Pass {
 
     // --- loss ---
     Value* logits = g.outputs[0];
-    if (!ctx.opt("logits_output").empty()) {
+    if (!lo.logits_output.empty()) {
       logits = nullptr;
       for (Value* o : g.outputs)
-        if (o->name == ctx.opt("logits_output")) logits = o;
-      if (!logits) return Status::error("model has no output named '" + ctx.opt("logits_output") + "'");
+        if (o->name == lo.logits_output) logits = o;
+      if (!logits) return Status::error("model has no output named '" + lo.logits_output + "'");
     }
     Builder b(g, "loss");
     Value* loss = nullptr;
     // Gradient accumulation (passes/accumulation.cpp): how microbatch losses combine.
-    const int64_t accum = train ? ctx.opt_i("gradient_accumulation_steps", 1) : 1;
-    std::string norm = ctx.opt("accumulation_normalization");
+    const int64_t accum = train ? ctx.options.accumulation.gradient_accumulation_steps : 1;
+    std::string norm = ctx.options.accumulation.normalization;
     if (norm.empty()) norm = loss_kind == "cross_entropy" ? "tokens" : "microbatch";
     if (norm != "tokens" && norm != "microbatch")
       return Status::error("unknown --accumulation_normalization '" + norm + "' (expected tokens or microbatch)");
@@ -208,8 +208,8 @@ class AttachLoss : public Pass {
         x = b.op("Reshape", {logits, b.ints({rows, classes})});
         y = b.op("Reshape", {labels, b.ints({rows})});
       }
-      int64_t ignore = ctx.opt_i("ignore_index", -100);
-      double eps = ctx.opt_f("label_smoothing", 0.0);
+      int64_t ignore = lo.ignore_index;
+      double eps = lo.label_smoothing;
       // Gradient accumulation with token normalization: the sum over this
       // microbatch's real labels divided by the count over the whole step
       // (input num_items_in_batch, counted by whoever feeds the step).
@@ -265,6 +265,22 @@ class AttachLoss : public Pass {
     g.outputs.push_back(loss);
     if (!train) g.outputs.push_back(logits);
     return true;
+  }
+  std::string describe_options(const PassOptions& o) const override {
+    const LossOptions& lo = o.loss;
+    return OptionText()
+        .add("mode", mode_name(o.mode))
+        .add("loss", lo.loss)
+        .add("label_input", lo.label_input)
+        .add("logits_output", lo.logits_output)
+        .add("ignore_index", lo.ignore_index)
+        .add("label_smoothing", lo.label_smoothing)
+        .add("freeze", lo.freeze)
+        .add("trainable", lo.trainable)
+        .add("disable_dropout", lo.disable_dropout)
+        .add("gradient_accumulation_steps", o.accumulation.gradient_accumulation_steps)
+        .add("accumulation_normalization", o.accumulation.normalization)
+        .str();
   }
 
  private:

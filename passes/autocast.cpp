@@ -62,7 +62,7 @@
 // and type promotion (torch.result_type); AOTAutograd's min-cut partitioner makes
 // the same recompute-cheap-pointwise choice.
 //
-// Options: "autocast_dtype" = "bf16" (default, --bf16) or "f16" (--fp16, used with
+// Options: AutocastOptions::dtype = bf16 (default, --bf16) or f16 (--fp16, used with
 // the loss scaling of passes/grad_scaler.cpp; every rule above reads "bf16" as
 // "the low-precision dtype"; f16 kernels compute in f32 and round on store).
 #include <map>
@@ -187,12 +187,16 @@ Expected<bool> remat_saved_casts(Graph& g) {
 class Autocast : public Pass {
  public:
   std::string name() const override { return "autocast"; }
+  std::string describe_options(const PassOptions& o) const override {
+    return OptionText().add("autocast_dtype", dtype_name(o.autocast.dtype)).str();
+  }
 
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    const std::string want = ctx.opt("autocast_dtype", "bf16");
-    if (want != "bf16" && want != "f16")
-      return Status::error("autocast: unsupported autocast_dtype '" + want + "' (expected bf16 or f16)");
-    low_ = want == "f16" ? DType::f16 : DType::bf16;
+    const DType want = ctx.options.autocast.dtype;
+    if (want != DType::bf16 && want != DType::f16)
+      return Status::error("autocast: unsupported autocast dtype '" + std::string(dtype_name(want)) +
+                           "' (expected bf16 or f16)");
+    low_ = want;
     params_.clear();
     cache_.clear();
     for (auto& sb : g.state)

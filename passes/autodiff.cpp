@@ -126,8 +126,11 @@ Value* GradCtx::unbroadcast(Value* g, const Value* target) {
 class Autodiff : public Pass {
  public:
   std::string name() const override { return "autodiff"; }
+  std::string describe_options(const PassOptions& o) const override {
+    return OptionText().add("loss_output", o.autodiff.loss_output).str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    std::string loss_name = ctx.opt("loss_output", "loss");
+    const std::string& loss_name = ctx.options.autodiff.loss_output;
     Value* loss = g.find_value(loss_name);
     if (!loss) return Status::error("no value named '" + loss_name + "' to differentiate");
     if (loss->shape.rank() != 0 && loss->shape.numel() != 1)

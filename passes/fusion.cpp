@@ -488,8 +488,11 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
 class Fusion : public Pass {
  public:
   std::string name() const override { return "fusion"; }
+  std::string describe_options(const PassOptions& o) const override {
+    return OptionText().add("fusion_min_nodes", o.lowering.fusion_min_nodes).str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    const int min_nodes = static_cast<int>(ctx.opt_i("fusion_min_nodes", 1));
+    const int min_nodes = ctx.options.lowering.fusion_min_nodes;
     int counter = 0;
     KILN_RETURN_IF_ERROR(fuse_graph(g, std::max(1, min_nodes), counter));
     return counter > 0;

@@ -92,10 +92,16 @@ int widen_graph(Graph& g, DType low) {
 class GemmWidening : public Pass {
  public:
   std::string name() const override { return "gemm_widening"; }
+  std::string describe_options(const PassOptions& o) const override {
+    return OptionText()
+        .add("widen_bf16_gemm", o.lowering.widen_bf16_gemm)
+        .add("widen_f16_gemm", o.lowering.widen_f16_gemm)
+        .str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     int n = 0;
-    if (ctx.opt_i("widen_bf16_gemm", 0) != 0) n += widen_graph(g, DType::bf16);
-    if (ctx.opt_i("widen_f16_gemm", 0) != 0) n += widen_graph(g, DType::f16);
+    if (ctx.options.lowering.widen_bf16_gemm) n += widen_graph(g, DType::bf16);
+    if (ctx.options.lowering.widen_f16_gemm) n += widen_graph(g, DType::f16);
     return n > 0;
   }
 };

@@ -50,16 +50,22 @@ namespace {
 class LossScale : public Pass {
  public:
   std::string name() const override { return "loss_scale"; }
+  std::string describe_options(const PassOptions& o) const override {
+    return OptionText()
+        .add("loss_scale_init", o.grad_scaler.init_scale)
+        .add("loss_scale_growth_interval", o.grad_scaler.growth_interval)
+        .str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     Value* loss = g.find_value("loss");
     if (!loss) return Status::error("loss_scale: no 'loss' value (run attach_loss first)");
     if (loss->dtype != DType::f32)
       return Status::error("loss_scale: the loss is " + std::string(dtype_name(loss->dtype)) + ", expected f32");
     if (g.find_value("loss_scale")) return Status::error("loss_scale: the graph already has a value 'loss_scale'");
-    const double init = ctx.opt_f("loss_scale_init", 65536.0);
+    const double init = ctx.options.grad_scaler.init_scale;
     if (!(init > 0) || std::isinf(init))
-      return Status::error("loss_scale: loss_scale_init must be finite and > 0, got " + ctx.opt("loss_scale_init"));
-    if (ctx.opt_i("loss_scale_growth_interval", 2000) <= 0)
+      return Status::error("loss_scale: loss_scale_init must be finite and > 0, got " + format_option(init));
+    if (ctx.options.grad_scaler.growth_interval <= 0)
       return Status::error("loss_scale: loss_scale_growth_interval must be > 0");
     Value* scale = g.add_input("loss_scale", DType::f32, Shape());
     Value* tracker = g.add_input("growth_tracker", DType::f32, Shape());
@@ -111,6 +117,13 @@ class GradUnscale : public Pass {
 class GradScalerUpdate : public Pass {
  public:
   std::string name() const override { return "grad_scaler_update"; }
+  std::string describe_options(const PassOptions& o) const override {
+    return OptionText()
+        .add("loss_scale_growth_factor", o.grad_scaler.growth_factor)
+        .add("loss_scale_backoff_factor", o.grad_scaler.backoff_factor)
+        .add("loss_scale_growth_interval", o.grad_scaler.growth_interval)
+        .str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     StateBinding* scale_sb = nullptr;
     StateBinding* tracker_sb = nullptr;
@@ -157,9 +170,9 @@ class GradScalerUpdate : public Pass {
 
     // ---- scale update (torch _amp_update_scale_) ----
     b.set_prefix("grad_scaler/update");
-    const double growth = ctx.opt_f("loss_scale_growth_factor", 2.0);
-    const double backoff = ctx.opt_f("loss_scale_backoff_factor", 0.5);
-    const int64_t interval = ctx.opt_i("loss_scale_growth_interval", 2000);
+    const double growth = ctx.options.grad_scaler.growth_factor;
+    const double backoff = ctx.options.grad_scaler.backoff_factor;
+    const int64_t interval = ctx.options.grad_scaler.growth_interval;
     Value* succ = b.op("Add", {tracker, C(1.0)});
     Value* grow = b.op("GreaterOrEqual", {succ, C(double(interval))});
     Value* grown = b.op("Mul", {scale, C(growth)});

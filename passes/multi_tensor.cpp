@@ -140,9 +140,11 @@ int mark_groups(Graph& g) {
 class MultiTensor : public Pass {
  public:
   std::string name() const override { return "multi_tensor"; }
+  std::string describe_options(const PassOptions& o) const override {
+    return OptionText().add("multi_tensor", o.lowering.multi_tensor).str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    auto it = ctx.options.find("multi_tensor");
-    if (it != ctx.options.end() && it->second == "0") return false;
+    if (!ctx.options.lowering.multi_tensor) return false;
     return mark_groups(g) > 0;
   }
 };

@@ -44,8 +44,24 @@ namespace {
 class Optimizer : public Pass {
  public:
   std::string name() const override { return "optimizer"; }
+  std::string describe_options(const PassOptions& o) const override {
+    const OptimizerOptions& oo = o.optimizer;
+    OptionText t;
+    t.add("optim", oo.optim).add("learning_rate", oo.learning_rate);
+    if (oo.optim == "sgd")
+      t.add("momentum", oo.momentum).add("nesterov", oo.nesterov);
+    else
+      t.add("adam_beta1", oo.adam_beta1).add("adam_beta2", oo.adam_beta2).add("adam_epsilon", oo.adam_epsilon);
+    return t.add("weight_decay", oo.weight_decay)
+        .add("max_grad_norm", oo.max_grad_norm)
+        .add("lr_scheduler_type", oo.lr_scheduler_type)
+        .add("total_steps", oo.total_steps)
+        .add("warmup_steps", oo.warmup_steps)
+        .str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    const std::string optim = ctx.opt("optim", "adamw_torch");
+    const OptimizerOptions& oo = ctx.options.optimizer;
+    const std::string& optim = oo.optim;
     const bool eightbit = optim == "adamw_8bit" || optim == "adamw_bnb_8bit";
     const bool adam = optim == "adamw_torch" || eightbit;
     if (!adam && optim != "sgd")
@@ -80,7 +96,7 @@ class Optimizer : public Pass {
       sq = sq ? b.op("Add", {sq, s}) : s;
     }
     Value* norm = b.op("Sqrt", {sq}, {}, "grad_norm");
-    const double max_norm = ctx.opt_f("max_grad_norm", 1.0);
+    const double max_norm = oo.max_grad_norm;
     Value* coef = nullptr;
     if (max_norm > 0) {
       coef = b.op("Min", {b.op("Div", {C(max_norm), b.op("Add", {norm, C(1e-6)})}), C(1.0)});
@@ -94,10 +110,10 @@ class Optimizer : public Pass {
       g.state.push_back({"counter", step, nullptr, std::make_shared<Tensor>(zero)});
     }
     Value* step_next = b.op("Add", {step, C(1.0)}, {}, "step.next");
-    const double base_lr = ctx.opt_f("learning_rate", 5e-5);
-    const int64_t total = ctx.opt_i("total_steps", 1);
-    const int64_t warmup = ctx.opt_i("warmup_steps", 0);
-    const std::string sched = ctx.opt("lr_scheduler_type", "linear");
+    const double base_lr = oo.learning_rate;
+    const int64_t total = oo.total_steps;
+    const int64_t warmup = oo.warmup_steps;
+    const std::string& sched = oo.lr_scheduler_type;
     // factor(t): warmup ramp t/W for t < W, then the schedule's decay. T, W and
     // max(1, T - W) are scalar inputs whose defaults are this build's values: the trainer
     // feeds its run's counts, so the program serves any --max_steps (ir::kScheduleTotalInput).
@@ -135,11 +151,11 @@ class Optimizer : public Pass {
     Value* lr = b.op("Mul", {factor, C(base_lr)}, {}, "learning_rate");
 
     // ---- per-parameter update ----
-    const double wd = ctx.opt_f("weight_decay", 0.0);
-    const double b1 = ctx.opt_f("adam_beta1", 0.9), b2 = ctx.opt_f("adam_beta2", 0.999);
-    const double eps = ctx.opt_f("adam_epsilon", 1e-8);
-    const double momentum = ctx.opt_f("momentum", 0.0);
-    const bool nesterov = ctx.opt("nesterov", "0") == "1";
+    const double wd = oo.weight_decay;
+    const double b1 = oo.adam_beta1, b2 = oo.adam_beta2;
+    const double eps = oo.adam_epsilon;
+    const double momentum = oo.momentum;
+    const bool nesterov = oo.nesterov;
     Value *bc1 = nullptr, *step_size = nullptr, *sqrt_bc2 = nullptr, *first = nullptr;
     if (adam) {
       bc1 = b.op("Sub", {C(1.0), b.op("Pow", {C(b1), step_next})});

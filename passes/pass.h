@@ -1,7 +1,8 @@
 // One pass interface and one pass manager (DESIGN.md convention 4, 5).
 //
-// A pass has a name and `run(Graph&, PassContext&) -> Expected<bool changed>`.
-// Pipelines are declarative lists of pass names. The manager implements the
+// A pass has a name and `run(Graph&, PassContext&) -> Expected<bool changed>`; it reads
+// its typed options (passes/options.h) from PassContext::options. Pipelines are
+// declarative lists of pass names (the driver's are built by tools/driver/pipeline.h). The manager implements the
 // debugging flags: --print-ir-after=PASS|all, --dump-ir-dir (NN-pass.txt),
 // --verify-each, --stop-after=N and --time-passes.
 #pragma once
@@ -15,6 +16,7 @@
 #include "ir/graph.h"
 #include "ir/op_table.h"
 #include "ir/status.h"
+#include "passes/options.h"
 
 namespace kiln::passes {
 
@@ -25,8 +27,8 @@ using NodeEvaluator = std::function<Status(ir::KernelContext& kc)>;
 
 /// Options that passes read (training configuration) and debugging switches.
 struct PassContext {
-  /// Free-form pass options, e.g. {"loss": "cross_entropy", "optim": "adamw_torch"}.
-  std::map<std::string, std::string> options;
+  /// The typed options every pass reads its own fields of (defaults: passes/options.h).
+  PassOptions options;
   std::string print_ir_after;   ///< a pass name, or "all"
   std::string dump_ir_dir;      ///< writes NN-pass.txt after each pass when set
   bool verify_each = false;
@@ -40,13 +42,6 @@ struct PassContext {
   /// Evaluator of constant nodes for fold_constants (the driver passes the eager
   /// interpreter's, runtime::evaluate_node); empty: folding a node that needs it fails.
   NodeEvaluator evaluator;
-
-  std::string opt(const std::string& k, const std::string& def = "") const {
-    auto it = options.find(k);
-    return it == options.end() ? def : it->second;
-  }
-  double opt_f(const std::string& k, double def) const;
-  int64_t opt_i(const std::string& k, int64_t def) const;
 };
 
 /// A Graph -> Graph transformation.
@@ -56,12 +51,21 @@ class Pass {
   virtual std::string name() const = 0;
   /// Transforms `g` in place; returns whether anything changed, or an error.
   virtual Expected<bool> run(ir::Graph& g, PassContext& ctx) = 0;
+  /// The options this pass reads and their values in `o`, as "name=value" separated by
+  /// spaces ("" when it reads none): what `kiln inspect --pipeline` prints per pass.
+  virtual std::string describe_options(const PassOptions& o) const {
+    (void)o;
+    return "";
+  }
 };
 
 /// Registry of passes by name (each pass file registers itself in passes/registry.cpp).
 std::unique_ptr<Pass> make_pass(const std::string& name);
 /// Names of all registered passes.
 std::vector<std::string> pass_names();
+/// The error for a pass name that is not registered: "unknown pass 'NAME' (known passes:
+/// ...)", every registered name listed.
+Status unknown_pass(const std::string& name);
 
 /// Runs a declarative list of passes with the debugging switches of `ctx`.
 /// Errors name the pass that failed (and the verifier's message under --verify-each).

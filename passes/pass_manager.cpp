@@ -1,6 +1,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -11,19 +12,36 @@
 
 namespace kiln::passes {
 
-double PassContext::opt_f(const std::string& k, double def) const {
-  auto it = options.find(k);
-  if (it == options.end() || it->second.empty()) return def;
-  return std::stod(it->second);
+const char* mode_name(Mode m) { return m == Mode::train ? "train" : "eval"; }
+
+std::string format_option(double v) {
+  char buf[40];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
 }
-int64_t PassContext::opt_i(const std::string& k, int64_t def) const {
-  auto it = options.find(k);
-  if (it == options.end() || it->second.empty()) return def;
-  return std::stoll(it->second);
+
+OptionText& OptionText::add(const char* name, const std::string& v) {
+  if (!text_.empty()) text_ += ' ';
+  text_ += name;
+  text_ += '=';
+  text_ += v.empty() ? std::string("''") : v;
+  return *this;
+}
+
+Status unknown_pass(const std::string& name) {
+  std::string known;
+  for (const std::string& n : pass_names()) known += (known.empty() ? "" : ", ") + n;
+  return Status::error("unknown pass '" + name + "' (known passes: " + known + ")");
 }
 
 Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, PassContext& ctx) {
   std::ostream& log = ctx.log ? *ctx.log : std::cerr;
+  // Every name is checked before any pass runs: a typo is not half a pipeline.
+  for (const std::string& name : pipeline)
+    if (!make_pass(name)) return unknown_pass(name);
   if (!ctx.print_ir_after.empty() && ctx.print_ir_after != "all" && !make_pass(ctx.print_ir_after))
     return Status::error("--print-ir-after: unknown pass '" + ctx.print_ir_after + "'");
   if (!ctx.dump_ir_dir.empty() && ctx.dump_index == 0) {
@@ -48,7 +66,7 @@ Status run_pipeline(ir::Graph& g, const std::vector<std::string>& pipeline, Pass
   for (const std::string& name : pipeline) {
     ++idx;
     auto pass = make_pass(name);
-    if (!pass) return Status::error("unknown pass '" + name + "'");
+    if (!pass) return unknown_pass(name);
     auto t0 = std::chrono::steady_clock::now();
     auto changed = pass->run(g, ctx);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -20,7 +20,7 @@ std::unique_ptr<Pass> make_optimizer_pass();
 std::unique_ptr<Pass> make_accumulation_pass();
 /// Inference mode: BatchNormalization uses running stats, Dropout off (passes/eval_mode.cpp).
 std::unique_ptr<Pass> make_eval_mode_pass();
-/// bf16 (or f16, option autocast_dtype) mixed precision from the op table's PrecisionPolicy,
+/// bf16 (or f16, AutocastOptions::dtype) mixed precision from the op table's PrecisionPolicy,
 /// before autodiff (passes/autocast.cpp).
 std::unique_ptr<Pass> make_autocast_pass();
 /// After autodiff: fp32-policy backward ops (bias-gradient ReduceSum) get f32 inputs, their
@@ -36,19 +36,19 @@ std::unique_ptr<Pass> make_grad_unscale_pass();
 /// After the optimizer: found_inf, skipped step (Where on state outputs), GradScaler
 /// scale/growth update; outputs "found_inf", "loss_scale.next" (passes/grad_scaler.cpp).
 std::unique_ptr<Pass> make_grad_scaler_update_pass();
-/// Rematerialization (gradient checkpointing) after autodiff: option remat_policy
+/// Rematerialization (gradient checkpointing) after autodiff: RematOptions::policy
 /// none|blocks|sqrt|min-cut|budget, memory_budget in bytes (passes/remat.cpp).
 std::unique_ptr<Pass> make_remat_pass();
 /// passes/fusion.cpp: groups pointwise nodes into FusedKernel nodes (compiled backend).
 std::unique_ptr<Pass> make_fusion_pass();
-/// bf16 / f16 MatMul/Gemm as f32 products of widened operands (options widen_bf16_gemm,
-/// widen_f16_gemm; gemm_widening.cpp).
+/// bf16 / f16 MatMul/Gemm as f32 products of widened operands (LoweringOptions
+/// widen_bf16_gemm, widen_f16_gemm; gemm_widening.cpp).
 std::unique_ptr<Pass> make_gemm_widening_pass();
 /// Pointwise FusedKernels write their output into a dying input (kiln_inplace; fused_inplace.cpp).
 std::unique_ptr<Pass> make_fused_inplace_pass();
 /// Consecutive independent generated kernels computing only step results (the optimizer's
-/// updates) form one multi-tensor launch (kiln_multi_tensor_group; multi_tensor.cpp); option
-/// multi_tensor=0 turns it off.
+/// updates) form one multi-tensor launch (kiln_multi_tensor_group; multi_tensor.cpp);
+/// LoweringOptions::multi_tensor = false turns it off.
 std::unique_ptr<Pass> make_multi_tensor_pass();
 std::unique_ptr<Pass> make_arena_plan_pass();
 /// Compiled pipeline, before fusion: LayerNormalizationGrad as a row op plus column sums (decompose.cpp).

@@ -23,7 +23,7 @@
 // recomputed BatchNormalization recomputes its normalized output from the batch and never
 // updates the running statistics a second time.
 //
-// Policies (option "remat_policy"):
+// Policies (RematOptions::policy):
 //   none     nothing changes.
 //   blocks   repeated layers; values flowing into a block from outside are kept, everything
 //            inside a block is recomputed (Hugging Face gradient_checkpointing /
@@ -52,7 +52,7 @@
 //            PyTorch AOTAutograd's min_cut_rematerialization_partition; among cuts of
 //            equal bytes the one nearer the backward wins (fewer hops to a saved value),
 //            so nothing is recomputed where recomputing saves no bytes.
-//   budget   option "memory_budget" (bytes): the planned peak (passes/memory_plan.h, eager
+//   budget   RematOptions::memory_budget (bytes): the planned peak (passes/memory_plan.h, eager
 //            options) plus the optimizer state the optimizer pass will add must fit. Choices
 //            are per block (as blocks finds them; sqrt segments as its fallback): keep it or
 //            recompute it; the pass picks the set of least recompute FLOPs whose saved bytes
@@ -598,10 +598,10 @@ std::unordered_set<const Value*> min_cut_keep(const Sections& s) {
 // ---------------------------------------------------------------- pass
 
 /// Bytes per parameter element of the state the optimizer pass adds (inputs of the
-/// step), from option "optim": AdamW fp32 m and v = 8, 8-bit AdamW ~2, SGD momentum 4.
+/// step), from OptimizerOptions::optim: AdamW fp32 m and v = 8, 8-bit AdamW ~2, SGD momentum 4.
 double optimizer_bytes_per_element(const PassContext& ctx) {
-  std::string optim = ctx.opt("optim", "adamw_torch");
-  if (optim == "sgd") return ctx.opt_f("momentum", 0.0) > 0 ? 4.0 : 0.0;
+  const std::string& optim = ctx.options.optimizer.optim;
+  if (optim == "sgd") return ctx.options.optimizer.momentum > 0 ? 4.0 : 0.0;
   if (optim == "adamw_8bit" || optim == "adamw_bnb_8bit") return 2.0 + 16.0 / 2048.0;
   return 8.0;
 }
@@ -626,8 +626,17 @@ Status recompute_min_cut(Graph& g, const Sections& s, RematStats& st) {
 class Remat : public Pass {
  public:
   std::string name() const override { return "remat"; }
+  std::string describe_options(const PassOptions& o) const override {
+    OptionText t;
+    t.add("remat_policy", o.remat.policy);
+    if (o.remat.policy == "budget") {
+      t.add("memory_budget", o.remat.memory_budget ? std::to_string(*o.remat.memory_budget) : std::string());
+      t.add("remat_solver_ms", o.remat.solver_ms).add("optim", o.optimizer.optim);
+    }
+    return t.str();
+  }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
-    std::string policy = ctx.opt("remat_policy", "none");
+    const std::string& policy = ctx.options.remat.policy;
     if (policy == "none" || policy.empty()) return false;
     Sections s = split_sections(g);
     if (s.bwd_start >= static_cast<int>(g.nodes().size()))
@@ -691,10 +700,11 @@ Expected<Fit> planned_fit(const Graph& g, PassContext& ctx, double opt_bytes) {
 }
 
 Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematStats& st) {
-  std::string budget_text = ctx.opt("memory_budget");
-  if (budget_text.empty()) return Status::error("--remat_policy budget needs --memory_budget");
-  const double budget = std::strtod(budget_text.c_str(), nullptr);
-  if (!(budget > 0)) return Status::error("--memory_budget: expected a byte count > 0, got '" + budget_text + "'");
+  if (!ctx.options.remat.memory_budget) return Status::error("--remat_policy budget needs --memory_budget");
+  const double budget = static_cast<double>(*ctx.options.remat.memory_budget);
+  if (!(budget > 0))
+    return Status::error("--memory_budget: expected a byte count > 0, got '" +
+                         std::to_string(*ctx.options.remat.memory_budget) + "'");
   int64_t param_elems = 0;
   for (auto& sb : g.state)
     if (sb.kind == "parameter" && sb.input) param_elems += std::max<int64_t>(0, sb.input->shape.numel());
@@ -792,7 +802,7 @@ Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematSta
       glp_init_iocp(&parm);
       parm.presolve = GLP_ON;
       parm.msg_lev = GLP_MSG_OFF;
-      parm.tm_lim = static_cast<int>(ctx.opt_i("remat_solver_ms", 2000));
+      parm.tm_lim = ctx.options.remat.solver_ms;
       int rc = glp_intopt(lp, &parm);
       int stat = glp_mip_status(lp);
       if (rc == 0 && stat == GLP_OPT) {

@@ -115,6 +115,10 @@ Expected<std::string> serialize_program(const Program& p, ProgramFileInfo& info)
   sig["forward_specs"] = specs;
   sig["index_extents"] = p.signature.index_extents;
   sig["classes"] = p.signature.classes;
+  sig["microbatch_rows"] = p.signature.microbatch_rows;
+  sig["gradient_accumulation_steps"] = p.signature.gradient_accumulation_steps;
+  sig["rows_per_step"] = p.signature.rows_per_step;
+  sig["eval_rows"] = p.signature.eval_rows;
   nlohmann::json meta = {{"kiln_version", info.kiln_version},
                          {"cpu", info.cpu},
                          {"config", info.config_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(info.config_json)},
@@ -234,6 +238,12 @@ Expected<Program> deserialize_program(const std::string& bytes, const std::strin
     }
     p.signature.index_extents = sig.at("index_extents").get<std::map<std::string, int64_t>>();
     p.signature.classes = sig.at("classes").get<int64_t>();
+    // Absent from files written before they were recorded (same format version): 0, and
+    // the trainer reads the config.
+    p.signature.microbatch_rows = sig.value("microbatch_rows", int64_t(0));
+    p.signature.gradient_accumulation_steps = sig.value("gradient_accumulation_steps", int64_t(0));
+    p.signature.rows_per_step = sig.value("rows_per_step", int64_t(0));
+    p.signature.eval_rows = sig.value("eval_rows", int64_t(0));
     p.signature.planned_peak_bytes = meta.at("planned_peak_bytes").get<int64_t>();
   } catch (const std::exception& e) {
     return malformed(std::string("signature: ") + e.what());

@@ -53,6 +53,18 @@ struct ProgramSignature {
   int64_t classes = -1;
   /// Peak bytes of one training step as the executor's memory plan predicts (-1: none).
   int64_t planned_peak_bytes = -1;
+  /// Rows of one microbatch: the batch dim the training step's data inputs were bound
+  /// to (0: not recorded, a file written before these fields; the trainer then reads the
+  /// config).
+  int64_t microbatch_rows = 0;
+  /// Microbatches per optimizer step: the AccumulationLoop's trip count (1 without a loop;
+  /// 0: not recorded).
+  int64_t gradient_accumulation_steps = 0;
+  /// Rows one optimizer step reads: microbatch_rows * gradient_accumulation_steps (0: not
+  /// recorded).
+  int64_t rows_per_step = 0;
+  /// Rows of one eval batch: the batch dim the eval program was bound to (0: not recorded).
+  int64_t eval_rows = 0;
 };
 
 /// A training program: the post-pass graphs, their kernels and arenas, the signature.

@@ -224,7 +224,11 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
     for (ir::Value* v : graphs.eval->initializers) shadowed |= t.state_.count(v->name) > 0;
     if (shadowed) t.eval_clone_ = std::shared_ptr<ir::Graph>(graphs.eval->clone().release());
   }
-  t.rows_per_step_ = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  // The batch shapes come from the program (its signature); the config only for graphs
+  // built without one.
+  t.micro_rows_ = graphs.microbatch_rows > 0 ? graphs.microbatch_rows : cfg.per_device_train_batch_size;
+  t.trips_ = graphs.accumulation_steps > 0 ? graphs.accumulation_steps : cfg.gradient_accumulation_steps;
+  t.rows_per_step_ = t.micro_rows_ * t.trips_;
   t.steps_per_epoch_ = train_data->steps_per_epoch(t.rows_per_step_);
   if (t.steps_per_epoch_ <= 0)
     return Status::error("--train_data " + train_data->files() + ": " + std::to_string(train_data->num_rows()) +
@@ -245,7 +249,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
         t.schedule_feeds_[in->name] = v;
       }
   }
-  t.eval_rows_ = cfg.per_device_eval_batch_size;
+  t.eval_rows_ = graphs.eval_rows > 0 ? graphs.eval_rows : cfg.per_device_eval_batch_size;
   if (eval_data && eval_data->num_eval_batches(t.eval_rows_) <= 0)
     return Status::error("--eval_data " + eval_data->files() + ": " + std::to_string(eval_data->num_rows()) +
                          " rows, fewer than one eval batch of " + std::to_string(t.eval_rows_) +
@@ -368,8 +372,8 @@ Status Trainer::restore(const std::string& dir) {
 Expected<StepResult> Trainer::step(const Batch* given) {
   auto t0 = std::chrono::steady_clock::now();
   const ir::Graph& g = *g_.train_step;
-  const int64_t trips = cfg_.gradient_accumulation_steps;
-  const int64_t micro = cfg_.per_device_train_batch_size;
+  const int64_t trips = trips_;
+  const int64_t micro = micro_rows_;
   const int64_t epoch = global_step_ / steps_per_epoch_, index = global_step_ % steps_per_epoch_;
   // Gradient accumulation streams its microbatches into the loop (RunOptions::microbatch):
   // only one microbatch of data is resident at a time, as when Hugging Face's Trainer

@@ -50,6 +50,14 @@ struct TrainGraphs {
   /// --backend compiled: step arenas of train_step / eval (runtime/arena.h; null: allocate per result).
   const StepArena* train_arena = nullptr;
   const StepArena* eval_arena = nullptr;
+  /// The batch shapes the program was built for (runtime/program.h ProgramSignature):
+  /// rows of one microbatch, microbatches per step (the accumulation loop's trip count),
+  /// rows of one eval batch. 0: not known (graphs built without a program), and the
+  /// trainer reads per_device_train_batch_size, gradient_accumulation_steps and
+  /// per_device_eval_batch_size from the config.
+  int64_t microbatch_rows = 0;
+  int64_t accumulation_steps = 0;
+  int64_t eval_rows = 0;
 };
 
 /// Console and behaviour switches of a run (not part of the HF config).
@@ -94,8 +102,14 @@ class Trainer {
   static Expected<Trainer> create(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset* train_data,
                                   const Dataset* eval_data, TrainerOptions opts = {});
 
-  /// Rows per optimizer step: per_device_train_batch_size * gradient_accumulation_steps.
+  /// Rows per optimizer step: microbatch rows * microbatches per step, as the program
+  /// records them (TrainGraphs; the config's when it does not).
   int64_t rows_per_step() const { return rows_per_step_; }
+  /// Rows of one microbatch and microbatches per step (TrainGraphs).
+  int64_t microbatch_rows() const { return micro_rows_; }
+  int64_t accumulation_steps() const { return trips_; }
+  /// Rows of one eval batch (TrainGraphs).
+  int64_t eval_rows() const { return eval_rows_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
   int64_t global_step() const { return global_step_; }
@@ -145,6 +159,7 @@ class Trainer {
   /// Feeds of the train step's LR-schedule inputs (ir::kScheduleTotalInput ...) for this run.
   std::map<std::string, ir::Tensor> schedule_feeds_;
   int64_t eval_rows_ = 0;
+  int64_t micro_rows_ = 0, trips_ = 0;  ///< rows of one microbatch, microbatches per step
   /// Eval graph whose parameters are initializers (not inputs): a clone whose
   /// initializer data the trainer points at the current state before each eval.
   std::shared_ptr<ir::Graph> eval_clone_;

@@ -40,11 +40,13 @@ std::unique_ptr<Graph> linear() {
   return g;
 }
 
-double run_loss(std::map<std::string, std::string> opts, const Tensor& x, const Tensor& labels) {
+/// The loss `loss` (label smoothing `eps`) of linear() on x and labels.
+double run_loss(const std::string& loss, const Tensor& x, const Tensor& labels, double eps = 0.0) {
   auto g = linear();
   Tensor W = g->find_value("W")->data->clone(), b = g->find_value("b")->data->clone();
   passes::PassContext ctx;
-  ctx.options = opts;
+  ctx.options.loss.loss = loss;
+  ctx.options.loss.label_smoothing = eps;
   ctx.verify_each = true;
   Status st = passes::run_pipeline(*g, {"attach_loss"}, ctx);
   EXPECT_TRUE(st) << st.message();
@@ -89,7 +91,7 @@ TEST(AttachLoss, CrossEntropyWithIgnoreIndexAndLabelSmoothing) {
       ++n;
     }
     double want = total / n;
-    double got = run_loss({{"loss", "cross_entropy"}, {"label_smoothing", std::to_string(eps)}}, x, y);
+    double got = run_loss("cross_entropy", x, y, eps);
     EXPECT_NEAR(got, want, 1e-12) << "label_smoothing " << eps;
   }
 }
@@ -108,15 +110,15 @@ TEST(AttachLoss, RegressionLosses) {
       double v = z[i][j], yy = tb.get_f64(i * 5 + j);
       bce += -(yy * std::log(1 / (1 + std::exp(-v))) + (1 - yy) * std::log(1 - 1 / (1 + std::exp(-v)))) / 20;
     }
-  EXPECT_NEAR(run_loss({{"loss", "mse"}}, x, t), mse, 1e-12);
-  EXPECT_NEAR(run_loss({{"loss", "l1"}}, x, t), l1, 1e-12);
-  EXPECT_NEAR(run_loss({{"loss", "bce_with_logits"}}, x, tb), bce, 1e-12);
+  EXPECT_NEAR(run_loss("mse", x, t), mse, 1e-12);
+  EXPECT_NEAR(run_loss("l1", x, t), l1, 1e-12);
+  EXPECT_NEAR(run_loss("bce_with_logits", x, tb), bce, 1e-12);
 }
 
 TEST(AttachLoss, UnknownLossIsAnError) {
   auto g = linear();
   passes::PassContext ctx;
-  ctx.options = {{"loss", "hinge"}};
+  ctx.options.loss.loss = "hinge";
   Status st = passes::run_pipeline(*g, {"attach_loss"}, ctx);
   ASSERT_FALSE(st);
   EXPECT_NE(st.message().find("hinge"), std::string::npos) << st.message();
@@ -127,7 +129,8 @@ TEST(AttachLoss, FreezeAndTrainableSelectParameters) {
            {"freeze", "^b$", {"W"}}, {"trainable", "^b$", {"b"}}, {"freeze", "", {"W", "b"}}}) {
     auto g = linear();
     passes::PassContext ctx;
-    ctx.options = {{"loss", "cross_entropy"}, {opt, re}};
+    ctx.options.loss.loss = "cross_entropy";
+    (opt == "freeze" ? ctx.options.loss.freeze : ctx.options.loss.trainable) = re;
     ASSERT_TRUE(passes::run_pipeline(*g, {"attach_loss"}, ctx));
     std::vector<std::string> got;
     for (auto& sb : g->state)

@@ -64,7 +64,8 @@ std::unique_ptr<Graph> tiny_gpt_forward_bf16() {
   EXPECT_TRUE(g) << g.message();
   if (!g) return nullptr;
   passes::PassContext ctx;
-  ctx.options = {{"mode", "train"}, {"loss", "cross_entropy"}};
+  ctx.options.mode = passes::Mode::train;
+  ctx.options.loss.loss = "cross_entropy";
   Status s = passes::run_pipeline(**g, {"attach_loss", "autocast", "cast_simplify", "canonicalize"}, ctx);
   EXPECT_TRUE(s) << s.message();
   return std::move(*g);

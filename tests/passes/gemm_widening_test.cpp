@@ -49,7 +49,7 @@ TEST(GemmWidening, Bf16MatMulAndGemmBecomeF32ProductsWithTheSameResult) {
   for (auto& n : widened->nodes()) EXPECT_NE(n->op, "Cast") << "the pass ran without widen_bf16_gemm";
   passes::PassContext ctx;
   ctx.verify_each = true;
-  ctx.options["widen_bf16_gemm"] = "1";
+  ctx.options.lowering.widen_bf16_gemm = true;
   ASSERT_TRUE(passes::run_pipeline(*widened, {"gemm_widening"}, ctx).is_ok());
   ASSERT_TRUE(ir::verify_graph(*widened).is_ok());
   int widened_products = 0, casts = 0;
@@ -112,7 +112,7 @@ TEST(GemmWidening, F16ProductsWidenWithTheirOwnOption) {
   auto widened = g.clone();
   passes::PassContext ctx;
   ctx.verify_each = true;
-  ctx.options["widen_f16_gemm"] = "1";
+  ctx.options.lowering.widen_f16_gemm = true;
   ASSERT_TRUE(passes::run_pipeline(*widened, {"gemm_widening"}, ctx).is_ok());
   int f16_products = 0, untouched = 0;
   for (auto& n : widened->nodes())

@@ -55,10 +55,10 @@ struct Run {
   std::vector<double> w, b;
 };
 
-Run run_kiln(std::map<std::string, std::string> opts, int steps) {
+Run run_kiln(const passes::OptimizerOptions& opts, int steps) {
   auto g = quadratic({0.3, -0.7, 1.1, 0.2}, {0.5, -0.25});
   passes::PassContext ctx;
-  ctx.options = opts;
+  ctx.options.optimizer = opts;
   ctx.verify_each = true;
   Status st = passes::run_pipeline(*g, {"autodiff", "optimizer", "canonicalize"}, ctx);
   EXPECT_TRUE(st) << st.message();
@@ -142,14 +142,20 @@ void compare(const Run& a, const Run& ref) {
   for (int i = 0; i < 2; ++i) EXPECT_NEAR(a.b[i], ref.b[i], 1e-10);
 }
 
-std::map<std::string, std::string> opts(const std::string& optim, const std::string& sched, double lr, double wd,
-                                        double max_norm, int64_t total, int64_t warm, double momentum = 0,
-                                        bool nesterov = false) {
-  return {{"optim", optim},           {"lr_scheduler_type", sched},
-          {"learning_rate", std::to_string(lr)}, {"weight_decay", std::to_string(wd)},
-          {"max_grad_norm", std::to_string(max_norm)}, {"total_steps", std::to_string(total)},
-          {"warmup_steps", std::to_string(warm)},   {"momentum", std::to_string(momentum)},
-          {"nesterov", nesterov ? "1" : "0"}};
+passes::OptimizerOptions opts(const std::string& optim, const std::string& sched, double lr, double wd,
+                              double max_norm, int64_t total, int64_t warm, double momentum = 0,
+                              bool nesterov = false) {
+  passes::OptimizerOptions o;
+  o.optim = optim;
+  o.lr_scheduler_type = sched;
+  o.learning_rate = lr;
+  o.weight_decay = wd;
+  o.max_grad_norm = max_norm;
+  o.total_steps = total;
+  o.warmup_steps = warm;
+  o.momentum = momentum;
+  o.nesterov = nesterov;
+  return o;
 }
 
 }  // namespace
@@ -173,7 +179,7 @@ TEST(Optimizer, SgdNesterovConstant) {
 TEST(Optimizer, UnknownOptimizerIsAnError) {
   auto g = quadratic({1, 1, 1, 1}, {1, 1});
   passes::PassContext ctx;
-  ctx.options = opts("adafactor", "linear", 0.1, 0, 1, 1, 0);
+  ctx.options.optimizer = opts("adafactor", "linear", 0.1, 0, 1, 1, 0);
   Status st = passes::run_pipeline(*g, {"autodiff", "optimizer"}, ctx);
   ASSERT_FALSE(st);
   EXPECT_NE(st.message().find("adafactor"), std::string::npos) << st.message();

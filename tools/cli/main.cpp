@@ -36,6 +36,7 @@
 #include "tools/driver/driver.h"
 #include "tools/driver/export_trained.h"
 #include "tools/driver/gradcheck.h"
+#include "tools/driver/pipeline.h"
 #include "tools/driver/train_run.h"
 #include "tools/driver/aot_build.h"
 
@@ -249,7 +250,7 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   const ir::Graph& g = *s.prog.grads;
   auto specs = unwrap(driver::program_specs(g, s.prog.data_inputs));
   auto ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
-  auto batch = unwrap(ds.first_batch(cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps), "--train_data");
+  auto batch = unwrap(ds.first_batch(s.prog.signature.rows_per_step), "--train_data");
   for (ir::Value* in : g.inputs) {
     auto b = batch.find(in->name);
     if (b != batch.end()) {
@@ -681,6 +682,21 @@ int cmd_ops(bool names_only) {
   return 0;
 }
 
+/// `kiln inspect MODEL --pipeline [train flags]`: the passes `kiln train` with those flags
+/// would run, per program (train, eval) and stage, in order, each with the options it reads
+/// (tools/driver/pipeline.h); nothing is imported or run. The LR schedule's total_steps is
+/// --max_steps (1 without it: kiln train counts it from the data).
+int cmd_inspect_pipeline(ConfigFlags flags, const std::string& model) {
+  flags.model_pos = model;
+  const TrainConfig cfg = flags.build();
+  const driver::Pipeline p =
+      driver::training_pipeline(driver::pipeline_options(cfg, cfg.max_steps > 0 ? cfg.max_steps : 1));
+  std::cout << "pipeline of " << model << " (--backend " << cfg.backend
+            << "): program, stage, pass, the options it reads\n";
+  std::cout << driver::format_pipeline(p);
+  return 0;
+}
+
 /// `kiln inspect MODEL --precision [train flags]`: the precision plan of the whole
 /// training step that `kiln train` would run with those flags (`--bf16` unless `--fp16`
 /// is given), before anything runs: per node (loop bodies indented) its compute,
@@ -877,11 +893,14 @@ int real_main(int argc, char** argv) {
   // the program that --memory plans; --shape and --loss also serve the other views.
   ConfigFlags inspect_flags;
   inspect_flags.add_to(inspect, /*with_model=*/false);
-  bool inspect_precision = false, inspect_memory = false;
+  bool inspect_precision = false, inspect_memory = false, inspect_pipeline = false;
   inspect->add_flag("--precision", inspect_precision,
                     "print the precision plan (--bf16, or --fp16) of every node of the training step for the given training flags");
   inspect->add_flag("--memory", inspect_memory,
                     "print the static memory plan of one training step for the given training flags (not run)");
+  inspect->add_flag("--pipeline", inspect_pipeline,
+                    "print the passes of the train and eval programs for the given training flags, in order, with "
+                    "the options each pass reads (nothing runs)");
   auto* ops = app.add_subcommand("ops", "the ONNX ops kiln imports, with the ONNX versions it implements");
   bool ops_names = false;
   ops->add_flag("--names", ops_names, "print only the op names, one per line");
@@ -957,6 +976,9 @@ int real_main(int argc, char** argv) {
                                   bench_profile_by, bench_row_limit);
     if (*inspect && inspect_memory && inspect_precision)
       throw Failure{2, "inspect: give one of --memory and --precision"};
+    if (*inspect && inspect_pipeline && (inspect_memory || inspect_precision))
+      throw Failure{2, "inspect: --pipeline lists the passes without running them: give it without --memory and "
+                       "--precision"};
     if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model);
     if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_flags, inspect_model);
     if (*inspect) {
@@ -970,7 +992,9 @@ int real_main(int argc, char** argv) {
                                                         : nullptr;
       if (pass_flag)
         return report({2, std::string(pass_flag) + ": kiln inspect runs the passes only with --memory or --precision "
-                                                   "(the training program); add one of them"});
+                                                   "(the training program); add one of them" +
+                              (inspect_pipeline ? " (--pipeline lists the passes without running them)" : "")});
+      if (inspect_pipeline) return cmd_inspect_pipeline(inspect_flags, inspect_model);
       return cmd_inspect(inspect_flags, inspect_model);
     }
     if (*run) return cmd_run(run_model, run_inputs, run_out, run_shape);

@@ -21,6 +21,7 @@
 #include "runtime/interpreter.h"
 #include "runtime/trainer.h"
 #include "tools/driver/logs.h"
+#include "tools/driver/pipeline.h"
 
 namespace kiln::driver {
 
@@ -51,15 +52,17 @@ Status bind_dims(Graph& g, const std::map<std::string, int64_t>& dims) {
   return infer_graph(g);
 }
 
-static Status run_passes(Graph& g, const std::vector<std::string>& names, passes::PassContext* dbg,
-                         const std::map<std::string, std::string>& options) {
+/// Runs `pipeline` on `g` with `options`, under the debugging switches of `dbg` (a quiet
+/// context when null). Error: a name that is not a registered pass (unknown_pass), before
+/// anything runs.
+static Status run_passes(Graph& g, const std::vector<std::string>& pipeline, passes::PassContext* dbg,
+                         const passes::PassOptions& options) {
+  for (const std::string& n : pipeline)
+    if (!passes::make_pass(n)) return passes::unknown_pass(n);
   passes::PassContext local;
   passes::PassContext& ctx = dbg ? *dbg : local;
   ctx.options = options;
   if (!ctx.evaluator) ctx.evaluator = runtime::evaluate_node;  // constant folding's evaluator
-  std::vector<std::string> pipeline;
-  for (auto& n : names)
-    if (passes::make_pass(n)) pipeline.push_back(n);
   if (log_enabled("passes")) {
     std::string list;
     for (auto& n : pipeline) list += (list.empty() ? "" : ", ") + n;
@@ -120,9 +123,7 @@ Expected<std::unique_ptr<Graph>> specialize_model(const Graph& module, const std
     }
   std::unique_ptr<Graph> g = module.clone();
   KILN_RETURN_IF_ERROR(bind_dims(*g, shape).with_context(path));
-  std::vector<std::string> pipeline = {"fold_constants", "canonicalize"};
-  if (to_f64) pipeline.push_back("to_float64");
-  KILN_RETURN_IF_ERROR(run_passes(*g, pipeline, dbg, {}).with_context(path));
+  KILN_RETURN_IF_ERROR(run_passes(*g, specialize_pipeline(to_f64), dbg, {}).with_context(path));
   return g;
 }
 
@@ -138,46 +139,6 @@ Expected<std::unique_ptr<Graph>> load_inference_model(const std::string& path,
   KILN_ASSIGN_OR_RETURN(auto g, load_model(path, shape, false, dbg, untie_initializers));
   KILN_RETURN_IF_ERROR(run_passes(*g, {"eval_mode", "canonicalize"}, dbg, {}).with_context(path));
   return g;
-}
-
-std::map<std::string, std::string> pass_options(const runtime::TrainConfig& cfg, int64_t total_steps) {
-  auto num = [](double v) {
-    std::ostringstream os;
-    os.precision(17);
-    os << v;
-    return os.str();
-  };
-  std::map<std::string, std::string> o;
-  o["loss"] = cfg.loss;
-  o["label_input"] = cfg.label_input.empty() ? "labels" : cfg.label_input;
-  o["ignore_index"] = std::to_string(cfg.ignore_index);
-  o["label_smoothing"] = num(cfg.label_smoothing);
-  o["freeze"] = cfg.freeze;
-  o["trainable"] = cfg.trainable;
-  o["optim"] = cfg.optim;
-  o["learning_rate"] = num(cfg.learning_rate);
-  o["weight_decay"] = num(cfg.weight_decay);
-  o["adam_beta1"] = num(cfg.adam_beta1);
-  o["adam_beta2"] = num(cfg.adam_beta2);
-  o["adam_epsilon"] = num(cfg.adam_epsilon);
-  o["momentum"] = num(cfg.momentum);
-  o["nesterov"] = cfg.nesterov ? "1" : "0";
-  o["max_grad_norm"] = num(cfg.max_grad_norm);
-  o["lr_scheduler_type"] = cfg.lr_scheduler_type;
-  o["total_steps"] = std::to_string(total_steps);
-  o["disable_dropout"] = cfg.disable_dropout ? "1" : "0";
-  o["remat_policy"] = cfg.effective_remat_policy();  // passes/remat.cpp
-  if (auto b = runtime::parse_byte_size(cfg.memory_budget); !cfg.memory_budget.empty() && b)
-    o["memory_budget"] = std::to_string(*b);
-  o["warmup_steps"] = std::to_string(cfg.warmup(total_steps));
-  o["gradient_accumulation_steps"] = std::to_string(cfg.gradient_accumulation_steps);
-  o["accumulation_normalization"] = cfg.accumulation_normalization;
-  if (cfg.fp16) {  // passes/autocast.cpp + passes/grad_scaler.cpp
-    o["autocast_dtype"] = "f16";
-    o["loss_scale_init"] = num(cfg.fp16_init_scale);
-    o["loss_scale_growth_interval"] = std::to_string(cfg.fp16_growth_interval);
-  }
-  return o;
 }
 
 /// Generated kernels of `g` (`which`: "train" or "eval"): LLVM through the compile cache
@@ -271,15 +232,11 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
 }
 
 const std::vector<std::string>& compiled_pipeline() {
-  // bf16 GEMMs widened to f32 on CPUs without native bf16 (gemm_widening); Transposes
-  // feeding MatMul/Gemm operands read as strided operands, no copy (absorb_transpose);
-  // backward ops with row and column results split into a row op and column sums
-  // (decompose), which fusion then generates with the pointwise groups.
-  // Pointwise kernels then write into an input that dies at them (fused_inplace); the
-  // optimizer's per-parameter update kernels become one multi-tensor launch (multi_tensor).
-  // Memory planning runs last and writes each value's arena offset into the IR (arena_plan).
-  static const std::vector<std::string> p = {"gemm_widening", "absorb_transpose", "decompose", "fusion",
-                                             "fused_inplace", "multi_tensor", "arena_plan"};
+  static const std::vector<std::string> p = [] {
+    PipelineOptions o;
+    o.compiled = true;
+    return training_pipeline(o).train.stage("lowering");
+  }();
   return p;
 }
 
@@ -291,7 +248,14 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     return Status::error("--backend: one backend per program (a list such as '" + cfg.backend +
                          "' is for kiln bench)");
   TrainingProgram prog;
-  auto opts = pass_options(cfg, total_steps);
+  // The pipelines as data (tools/driver/pipeline.h): what runs below, stage by stage.
+  const Pipeline pipe = training_pipeline(pipeline_options(cfg, total_steps, to_f64));
+  // Runs stage `stage` of `program` on `g`, with the debugging switches where it has them.
+  auto run_stage = [&](Graph& g, const ProgramPipeline& program, const std::string& stage) -> Status {
+    for (const PipelineStage& s : program.stages)
+      if (s.name == stage) return run_passes(g, s.passes, s.debug ? dbg : nullptr, program.options);
+    return Status::ok();  // a stage with no pass for these options
+  };
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   auto t0 = Clock::now();
@@ -318,24 +282,10 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   t0 = Clock::now();
   for (Value* in : train->inputs) prog.data_inputs.push_back(in->name);
   prog.logits_output = train->outputs.empty() ? "" : train->outputs[0]->name;
-  auto train_opts = opts;
-  train_opts["mode"] = "train";
-  // --bf16: autocast runs before autodiff so saved activations are bf16 and the
-  // backward pass follows the forward dtypes (passes/autocast.cpp).
-  // --fp16: the same with autocast_dtype f16, plus GradScaler loss scaling around
-  // autodiff and the optimizer (passes/grad_scaler.cpp).
-  std::vector<std::string> fwd = {"attach_loss"};
-  if (cfg.bf16 || cfg.fp16) fwd.insert(fwd.end(), {"autocast", "cast_simplify"});
-  std::vector<std::string> train_pipe = fwd;
-  if (cfg.fp16) train_pipe.push_back("loss_scale"), train_opts["loss_output"] = "loss.scaled";
-  train_pipe.push_back("autodiff");
-  if (cfg.fp16) train_pipe.push_back("grad_unscale");
-  if (cfg.bf16 || cfg.fp16) train_pipe.insert(train_pipe.end(), {"autocast_grad", "cast_simplify"});
-  if (cfg.effective_remat_policy() != "none") train_pipe.push_back("remat");  // gradient checkpointing
-  train_pipe.push_back("canonicalize");
-  KILN_RETURN_IF_ERROR(run_passes(*train, train_pipe, dbg, train_opts));
+  // Loss, mixed precision, autodiff and remat (pipeline.cpp's stage "step").
+  KILN_RETURN_IF_ERROR(run_stage(*train, pipe.train, "step"));
   if (cfg.loss != "model") {
-    prog.label_input = opts["label_input"];
+    prog.label_input = pipe.train.options.loss.label_input;
     prog.data_inputs.push_back(prog.label_input);
   }
   for (auto& sb : train->state)
@@ -343,24 +293,25 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   if (want_grads) {
     prog.grads = train->clone();
     // The gradient program accumulates over the same microbatches as the step.
-    KILN_RETURN_IF_ERROR(run_passes(*prog.grads, {"accumulation", "canonicalize"}, nullptr, train_opts));
+    for (const PipelineStage& s : pipe.grads.stages)
+      KILN_RETURN_IF_ERROR(run_stage(*prog.grads, pipe.grads, s.name));
   }
-  // The accumulation loop wraps forward and backward once the optimizer reads the
-  // gradients (DESIGN.md pipeline order), so the update runs once per step.
-  std::vector<std::string> opt_pipe = {"optimizer", "accumulation", "canonicalize"};
-  if (cfg.fp16) opt_pipe.insert(opt_pipe.begin() + 1, "grad_scaler_update");
-  KILN_RETURN_IF_ERROR(run_passes(*train, opt_pipe, dbg, train_opts));
+  // Optimizer, GradScaler update and the accumulation loop (stage "update").
+  KILN_RETURN_IF_ERROR(run_stage(*train, pipe.train, "update"));
+  // What the trainer reads from the program rather than the flags: the microbatch it
+  // was bound to, the accumulation loop's trip count, the eval batch.
+  prog.signature.microbatch_rows = cfg.per_device_train_batch_size;
+  prog.signature.gradient_accumulation_steps = 1;
+  for (const auto& n : train->nodes())
+    if (has_trait(*n, ir::OpTrait::loop))
+      prog.signature.gradient_accumulation_steps = n->attrs.get_int("trip_count", 1);
+  prog.signature.rows_per_step = prog.signature.microbatch_rows * prog.signature.gradient_accumulation_steps;
+  prog.signature.eval_rows = cfg.per_device_eval_batch_size;
   // --backend compiled: pointwise groups become FusedKernel nodes, then generated code.
   const bool compiled = cfg.backend == "compiled";
-  // On CPUs without native bf16 dot products, bf16 GEMMs run as f32 GEMMs of the widened
-  // operands (passes/gemm_widening.cpp): same function, several times faster there.
-  if (compiled && cfg.bf16 && !host_has_native_bf16()) train_opts["widen_bf16_gemm"] = "1";
-  // oneDNN 2.6 has no CPU f16 matmul (the eager f16 product is a plain f64 loop): f16
-  // GEMMs always run as f32 GEMMs of the widened operands.
-  if (compiled && cfg.fp16) train_opts["widen_f16_gemm"] = "1";
   prog.train_times.passes_s = since(t0);
   t0 = Clock::now();
-  if (compiled) KILN_RETURN_IF_ERROR(run_passes(*train, compiled_pipeline(), dbg, train_opts));
+  KILN_RETURN_IF_ERROR(run_stage(*train, pipe.train, "lowering"));
   prog.train_times.fusion_s = compiled ? since(t0) : 0.0;
   KILN_RETURN_IF_ERROR(verify_graph(*train).with_context("training program"));
   log_text("graph", "training step after all passes:\n" + ir::graph_to_string(*train));
@@ -385,14 +336,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
 
   // Evaluation: forward + loss in inference mode, parameters as inputs.
   KILN_ASSIGN_OR_RETURN(auto eval, specialize_model(module, cfg.model, eval_dims, to_f64, nullptr));
-  auto eval_opts = opts;
-  eval_opts["mode"] = "eval";
-  if (train_opts.count("widen_bf16_gemm")) eval_opts["widen_bf16_gemm"] = "1";
-  if (train_opts.count("widen_f16_gemm")) eval_opts["widen_f16_gemm"] = "1";
-  std::vector<std::string> eval_pipe = fwd;
-  eval_pipe.push_back("canonicalize");
-  if (compiled) eval_pipe.insert(eval_pipe.end(), compiled_pipeline().begin(), compiled_pipeline().end());
-  KILN_RETURN_IF_ERROR(run_passes(*eval, eval_pipe, nullptr, eval_opts));
+  KILN_RETURN_IF_ERROR(run_stage(*eval, pipe.eval, "forward"));
   log_text("graph", "eval program after all passes:\n" + ir::graph_to_string(*eval));
   if (compiled) {
     KILN_ASSIGN_OR_RETURN(prog.eval_kernels, compile_program(*eval, cfg, "eval"));

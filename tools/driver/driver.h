@@ -23,8 +23,9 @@ namespace kiln::driver {
 /// (passes/gemm_widening.cpp).
 bool host_has_native_bf16();
 
-/// The passes `--backend compiled` runs after the training passes, in order
-/// (gemm_widening, decompose, fusion); the eager backend runs none of them.
+/// The passes `--backend compiled` runs after the training passes, in order (the stage
+/// "lowering" of tools/driver/pipeline.h: gemm_widening ... multi_tensor); the eager
+/// backend runs none of them.
 const std::vector<std::string>& compiled_pipeline();
 
 
@@ -85,7 +86,10 @@ std::shared_ptr<runtime::StepArena> arena_of_plan(const passes::MemoryPlan& plan
 /// body inputs, body outputs and outputs of AccumulationLoop nodes).
 Expected<passes::MemoryPlan> plan_step_arena_layout(const ir::Graph& g);
 
-/// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule).
+/// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule): runs the
+/// stages of training_pipeline(pipeline_options(cfg, total_steps, to_f64))
+/// (tools/driver/pipeline.h), and records in the signature the batch shapes the trainer
+/// reads (microbatch rows, accumulation steps, eval rows).
 /// `dbg` carries --print-ir-after / --dump-ir-dir / --verify-each / --time-passes.
 /// `total_steps` (optimizer steps of the whole run, for the LR schedule) defaults to cfg.max_steps.
 /// `module` (optional): the model as import_model returned it, so that a run imports its
@@ -102,8 +106,5 @@ runtime::ProgramSignature model_signature(const ir::Graph& forward, const runtim
 /// Binds symbolic dims of every value of `g` (ONNX dim_params) to static sizes and
 /// re-infers types. Symbols not in `dims` stay symbolic.
 Status bind_dims(ir::Graph& g, const std::map<std::string, int64_t>& dims);
-
-/// Pass options (PassContext::options) derived from a TrainConfig.
-std::map<std::string, std::string> pass_options(const runtime::TrainConfig& cfg, int64_t total_steps);
 
 }  // namespace kiln::driver

@@ -51,8 +51,13 @@ runtime::DataOptions data_options(const TrainConfig& cfg) {
 }
 
 runtime::TrainGraphs graphs_of(const TrainingProgram& p) {
-  return {p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output,
-          p.train_kernels.get(), p.eval_kernels.get(), p.train_arena.get(), p.eval_arena.get()};
+  runtime::TrainGraphs g{p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output,
+                         p.train_kernels.get(), p.eval_kernels.get(), p.train_arena.get(), p.eval_arena.get()};
+  // The batch shapes the trainer reads come from the program, not the flags.
+  g.microbatch_rows = p.signature.microbatch_rows;
+  g.accumulation_steps = p.signature.gradient_accumulation_steps;
+  g.eval_rows = p.signature.eval_rows;
+  return g;
 }
 
 Expected<std::vector<runtime::DataInputSpec>> program_specs(const ir::Graph& g, const std::vector<std::string>& names) {
@@ -114,12 +119,14 @@ std::string epochs_text(double e) {
   o << e;
   return o.str();
 }
-/// steps_per_epoch with the model's data specs (ProgramSignature::forward_specs).
+/// steps_per_epoch with the model's data specs (ProgramSignature::forward_specs), of
+/// `rows_per_step` rows (<= 0: the flags' per_device_train_batch_size x
+/// gradient_accumulation_steps, for a program not built yet).
 Expected<int64_t> steps_per_epoch_of(const TrainConfig& cfg, const runtime::RawData& train_raw,
-                                     const std::vector<runtime::DataInputSpec>& specs) {
+                                     const std::vector<runtime::DataInputSpec>& specs, int64_t rows_per_step = 0) {
   auto pre = runtime::Dataset::bind(train_raw, specs, data_options(cfg));
   if (!pre) return Status::error("--train_data: " + pre.status().message());
-  const int64_t rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  if (rows_per_step <= 0) rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   const int64_t spe = pre->steps_per_epoch(rows_per_step);
   if (spe <= 0)
     return Status::error("--train_data " + pre->files() + ": " + std::to_string(pre->num_rows()) +
@@ -256,7 +263,8 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   // Check the data against the model before compiling (shapes and dtypes; labels and
   // token ids, which a bad eval file would otherwise show only at the first evaluation,
   // after training), and count steps.
-  KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch_of(cfg, *train_raw, sig.forward_specs));
+  // A loaded program says how many rows a step reads; one about to be built reads the flags'.
+  KILN_ASSIGN_OR_RETURN(const int64_t spe, steps_per_epoch_of(cfg, *train_raw, sig.forward_specs, sig.rows_per_step));
   KILN_RETURN_IF_ERROR(check_data_values(*train_raw, "--train_data", sig, cfg));
   if (!cfg.eval_data.empty()) KILN_RETURN_IF_ERROR(check_data_values(eval_raw, "--eval_data", sig, cfg));
   const int64_t total = cfg.total_steps(spe);
