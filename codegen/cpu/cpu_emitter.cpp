@@ -304,8 +304,9 @@ std::vector<llvm::Value*> KernelEmitter::eval(const std::vector<llvm::Value*>& i
 /// Expressions of level < max_level at `idx` (null for the others); reduce
 /// expressions take their finished values from `known`; a non-null `preset[i]` is
 /// used as expression i's value instead of computing it (a row-scratch reload).
-std::vector<llvm::Value*> KernelEmitter::eval(const std::vector<llvm::Value*>& idx, const std::vector<llvm::Value*>* known,
-                                              int max_level, const std::vector<llvm::Value*>* preset) {
+std::vector<llvm::Value*> KernelEmitter::eval(const std::vector<llvm::Value*>& idx,
+                                              const std::vector<llvm::Value*>* known, int max_level,
+                                              const std::vector<llvm::Value*>* preset) {
   std::vector<llvm::Value*> v(k_.exprs.size(), nullptr);
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     const KExpr& e = k_.exprs[i];

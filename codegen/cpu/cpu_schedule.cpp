@@ -154,8 +154,8 @@ void LoopSchedule::row_body(const std::vector<int>& red, std::vector<llvm::Value
 /// accumulator type; kept dims that did not merge loop around the column tiles);
 /// fn(b, K, K + 1) then folds each column's K partial results in partition order (the
 /// same reduce step) and stores them: the eager ReduceSum's and the reference's order.
-void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<int>& red, std::vector<llvm::Value*>& idx,
-                                int64_t parts, CpuKernel& ck) {
+void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<int>& red,
+                                std::vector<llvm::Value*>& idx, int64_t parts, CpuKernel& ck) {
   auto* ptr = llvm::PointerType::getUnqual(C_);
   const int inner = kept.back();
   int64_t rows = 1, cols = 1;
@@ -236,7 +236,8 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
 }
 
 /// Column mode: the innermost (kept) dim in tiles of kTile accumulators on the stack.
-void LoopSchedule::column_tiles(const std::vector<int>& kept, const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
+void LoopSchedule::column_tiles(const std::vector<int>& kept, const std::vector<int>& red,
+                                std::vector<llvm::Value*>& idx) {
   const int inner = kept.back();
   column_tile_loops(inner, red, idx, e_.range_lo(inner, kept[0]), e_.range_hi(inner, kept[0]), {nullptr, nullptr},
                     [&](size_t s, llvm::Value* acc) {
@@ -248,8 +249,8 @@ void LoopSchedule::column_tiles(const std::vector<int>& kept, const std::vector<
 /// the reduced dims outside the tile loop (only the flat reduced indices [rows.first,
 /// rows.second) when given: a row partition of a split reduction); each
 /// finished accumulator goes to finish(store, value) with idx[inner] at its column.
-void LoopSchedule::column_tile_loops(int inner, const std::vector<int>& red, std::vector<llvm::Value*>& idx, llvm::Value* lo,
-                                     llvm::Value* hi, std::pair<llvm::Value*, llvm::Value*> rows,
+void LoopSchedule::column_tile_loops(int inner, const std::vector<int>& red, std::vector<llvm::Value*>& idx,
+                                     llvm::Value* lo, llvm::Value* hi, std::pair<llvm::Value*, llvm::Value*> rows,
                                      const std::function<void(size_t, llvm::Value*)>& finish) {
   std::vector<llvm::Value*> acc;
   std::vector<llvm::Type*> ty;
