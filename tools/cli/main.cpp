@@ -8,8 +8,6 @@
 // exception escapes main.
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
-#include <omp.h>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,8 +15,6 @@
 #include <new>
 #include <functional>
 #include <map>
-#include <optional>
-#include <random>
 #include <sstream>
 
 #include "frontend/onnx_import.h"
@@ -33,6 +29,7 @@
 #include "runtime/io.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
+#include "tools/driver/bench.h"
 #include "tools/driver/driver.h"
 #include "tools/driver/export_trained.h"
 #include "tools/driver/gradcheck.h"
@@ -47,9 +44,6 @@ using runtime::TrainConfig;
 using driver::data_options;
 using driver::eager_plan;
 using driver::forward_specs;
-using driver::graphs_of;
-using driver::initializer_bytes;
-using driver::planned_vs_measured;
 namespace fs = std::filesystem;
 
 /// A failure with its exit code (2: usage, 1: run time).
@@ -191,12 +185,6 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
-/// `s` padded with spaces to `width` characters (left-aligned when `left`).
-std::string pad(const std::string& s, size_t width, bool left = false) {
-  if (s.size() >= width) return s;
-  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
-}
-
 // ------------------------------------------------------------------ memory
 // ------------------------------------------------------------------ train
 int cmd_train(const ConfigFlags& flags) {
@@ -325,31 +313,6 @@ int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol, double ep
 }
 
 // ------------------------------------------------------------------ bench
-/// Random batch for the graph's data inputs (normal floats, class ids in [0, classes)).
-runtime::Batch synthetic_batch(const std::vector<runtime::DataInputSpec>& specs, const std::string& label,
-                               int64_t rows, int64_t classes, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd;
-  runtime::Batch b;
-  for (auto& s : specs) {
-    // (rows, the input's trailing dims): gradient accumulation multiplies the first dim.
-    std::vector<int64_t> dims = {rows};
-    for (int i = 1; i < s.shape.rank(); ++i) {
-      const ir::Dim& d = s.shape.dims[i];
-      if (!d.is_static()) throw Failure{1, "bench: input '" + s.name + "' has a non-static dim " + s.shape.to_string() + "; bind it with --shape or give --train_data"};
-      dims.push_back(d.value);
-    }
-    ir::Tensor t(s.dtype, dims);
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if (ir::is_float(s.dtype)) t.set_f64(i, nd(rng));
-      else if (s.name == label) t.set_f64(i, static_cast<double>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, classes))));
-      else t.set_f64(i, static_cast<double>(rng() % 2));
-    }
-    b[s.name] = t;
-  }
-  return b;
-}
-
 int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, const std::string& profile_by,
               int row_limit) {
   TrainConfig cfg = flags.build();
@@ -373,203 +336,16 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
                        "and writes and evaluates nothing (use kiln train)"};
   }
   if (row_limit < 0) throw Failure{2, "--profile_row_limit must be >= 0 (0: every row), got " + std::to_string(row_limit)};
-  const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
-  // --backend eager,compiled, --remat_policy none,blocks and/or --optim
-  // adamw_torch,adamw_8bit: one program per variant (backend x policy x optimizer), their
-  // steps interleaved so that the machine's load falls on each alike (ratios from one
-  // run, not absolute times).
-  auto split = [](const std::string& text) {  // validated items, each once
-    std::vector<std::string> items;
-    for (const std::string& item : runtime::comma_list(text))
-      if (std::find(items.begin(), items.end(), item) == items.end()) items.push_back(item);
-    return items;
-  };
-  const std::vector<std::string> backend_items = split(cfg.backend);
-  const std::vector<std::string> policy_items = split(cfg.remat_policy);
-  const std::vector<std::string> optim_items = split(cfg.optim);
-  struct Variant {
-    std::string label, backend, policy, optim;
-  };
-  std::vector<Variant> variants;
-  for (const std::string& b : backend_items)
-    for (const std::string& p : policy_items)
-      for (const std::string& o : optim_items) {
-        // The label names what varies: backend, then policy, then optimizer.
-        std::string label;
-        auto add = [&](const std::string& part) { label += (label.empty() ? "" : "/") + part; };
-        if (backend_items.size() > 1) add(b);
-        if (policy_items.size() > 1) add(p.empty() ? "none" : p);
-        if (optim_items.size() > 1) add(o);
-        if (label.empty()) label = b;
-        variants.push_back({label, b, p, o});
-      }
-  const bool by_policy = policy_items.size() > 1 || optim_items.size() > 1;
-  std::vector<std::string> backends;
-  for (const Variant& v : variants) backends.push_back(v.label);
-  struct Run {
-    std::string backend;  // the variant's label
-    driver::TrainingProgram prog;
-    std::optional<runtime::Trainer> tr;
-    std::optional<passes::MemoryPlan> plan;
-    int64_t resident = 0;  // the step's own resident bytes: constants and state
-    int64_t peak = 0;      // measured step peak
-    std::vector<double> times;
-    int64_t allocations = 0;  // tensor storage allocations (ir::MemoryStats) in the timed steps
-    double compile_s = 0;
-    runtime::OpProfile profile;  // --profile: the timed steps only
-  };
-  std::vector<Run> runs(backends.size());
-  if (backends.size() > 1 && warmup < 1) {
-    // The first step of a process pays one-time costs (page faults of the JIT code and
-    // arena, oneDNN primitive creation) that would land on whichever backend runs first.
-    std::cerr << "kiln: note: --warmup_steps_bench raised to 1: each backend needs a warm-up step to compare\n";
-    warmup = 1;
-  }
-  passes::PassContext dbg = flags.pass_context();
-  const std::string dump_root = dbg.dump_ir_dir;
-  std::optional<runtime::Dataset> ds;
-  for (size_t r = 0; r < backends.size(); ++r) {
-    TrainConfig c = cfg;
-    c.backend = variants[r].backend;
-    c.remat_policy = variants[r].policy;
-    c.optim = variants[r].optim;
-    if (c.effective_remat_policy() != "budget") c.memory_budget.clear();  // --memory_budget is the budget variant's
-    runs[r].backend = backends[r];
-    if (!dump_root.empty() && backends.size() > 1) {  // one --dump-ir-dir folder per backend
-      std::string folder = backends[r];
-      std::replace(folder.begin(), folder.end(), '/', '_');
-      dbg.dump_ir_dir = (fs::path(dump_root) / folder).string();
-      dbg.dump_index = 0;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    runs[r].prog = unwrap(driver::build_training_program(c, &dbg, false, false, warmup + steps));
-    runs[r].compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    auto& prog = runs[r].prog;
-    if (!ds) {
-      auto specs = unwrap(driver::program_specs(*prog.train_step, prog.data_inputs));
-      if (!cfg.train_data.empty()) {
-        auto raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
-        // As kiln train: labels and token ids against the model before any step.
-        auto forward = unwrap(driver::load_model(c.model, c.shape));
-        check(driver::check_data_values(raw, "--train_data", *forward, c));
-        ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
-      } else {
-        int64_t classes = 2;
-        if (auto* lo = prog.train_step->find_value(prog.logits_output);
-            lo && lo->shape.rank() > 0 && lo->shape.dims.back().is_static())
-          classes = lo->shape.dims.back().value;
-        auto b = synthetic_batch(specs, prog.label_input, rows, classes, cfg.seed);
-        std::vector<runtime::NamedArray> arrays;
-        for (auto& [n, t] : b) arrays.push_back({n, "synthetic", t});
-        ds = unwrap(runtime::Dataset::from_arrays(arrays, specs, data_options(cfg)));
-      }
-    }
-    TrainConfig bc = c;
-    bc.max_steps = warmup + steps;
-    runtime::TrainerOptions to;
-    to.write_files = false;
-    runs[r].tr.emplace(unwrap(runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to)));
-    runs[r].plan = driver::executor_plan(prog);
-  }
-  note_unrun_pass(dbg);
-  for (auto& r : runs)
-    if (auto* k = r.prog.train_kernels.get(); k && k->module) {
-      const auto& st = k->module->stats();
-      const auto& bt = r.prog.train_times;
-      std::cout << "compile (" << r.backend << " train step): " << st.num_kernels << " kernels (" << st.num_unique
-                << " distinct); import " << fmt("%.3f", bt.import_s) << " s, training passes " << fmt("%.3f", bt.passes_s)
-                << " s, fusion passes " << fmt("%.3f", bt.fusion_s) << " s, lower " << fmt("%.3f", k->lower_s)
-                << " s, LLVM IR " << fmt("%.3f", st.emit_s) << " s, O3 " << fmt("%.3f", st.optimize_s)
-                << " s, machine code + JIT link " << fmt("%.3f", st.codegen_s) << " s, arena plan "
-                << fmt("%.3f", bt.arena_s) << " s\n";
-    }
-  for (int i = 0; i < warmup; ++i)
-    for (auto& r : runs) unwrap(r.tr->step());
-  for (auto& r : runs) {
-    r.resident = initializer_bytes(*r.prog.train_step) + driver::step_arena_bytes(r.prog);
-    for (auto& [n, t] : r.tr->state()) r.resident += static_cast<int64_t>(t.nbytes());
-    if (profile) {
-      r.profile.set_group(profile_by == "node" ? runtime::ProfileGroup::node : runtime::ProfileGroup::op);
-      r.tr->set_profile(&r.profile);
-    }
-  }
-  // Measured step peak: MemoryStats peak during the step minus what was resident before
-  // it, plus the step's own resident inputs (its constants and state).
-  for (int i = 0; i < steps; ++i)
-    for (auto& r : runs) {
-      ir::MemoryStats::reset_peak();
-      const int64_t before = ir::MemoryStats::current_bytes();
-      const int64_t allocs = ir::MemoryStats::allocations();
-      r.times.push_back(unwrap(r.tr->step()).seconds);
-      r.allocations += ir::MemoryStats::allocations() - allocs;
-      r.peak = std::max(r.peak, ir::MemoryStats::peak_bytes() - before + r.resident);
-    }
-  auto median = [](std::vector<double> t) {
-    std::sort(t.begin(), t.end());
-    return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
-  };
-  // --profile: per-op (or, --profile_by node, per-node) table of one backend's timed
-  // steps (top 25 keys, then the rest summed).
-  auto print_profile = [&](Run& r) {
-    if (!profile) return;
-    double step_s = 0;
-    for (double t : r.times) step_s += t;
-    const double ops_s = r.profile.total_seconds();
-    std::cout << "profile (" << r.backend << "): " << steps << " timed steps, " << fmt("%.3f", step_s * 1e3)
-              << " ms in steps, " << fmt("%.3f", ops_s * 1e3) << " ms in ops ("
-              << fmt("%.1f", step_s > 0 ? 100.0 * ops_s / step_s : 0.0) << "%)\n"
-              << r.profile.table(row_limit);
-  };
-  // Tensor storage allocated per timed step, and the compiled executor's step arena
-  // (runtime/arena.h): its planned values take no allocation.
-  auto print_allocations = [&] {
-    std::cout << "tensor allocations per step:";
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const Run& r = runs[i];
-      std::cout << (i ? "," : "") << " " << r.backend << " "
-                << fmt("%.1f", steps > 0 ? static_cast<double>(r.allocations) / steps : 0.0);
-      if (auto* a = r.prog.train_arena.get())
-        std::cout << " (step arena " << passes::human_bytes(a->block_bytes()) << ", " << a->num_homes()
-                  << " planned outputs)";
-    }
-    std::cout << "\n";
-  };
-  // Precision column (issue 4): what the step computes in (--bf16 / --fp16, else fp32).
-  const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
-  if (runs.size() == 1) {
-    Run& r = runs[0];
-    const double med = median(r.times);
-    std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << r.backend
-              << ")\n";
-    std::cout << "precision " << precision << " | median step time " << fmt("%.6f", med) << " s | "
-              << fmt("%.1f", med > 0 ? rows / med : 0.0) << " samples/s\n";
-    std::cout << "peak memory: "
-              << (r.plan ? planned_vs_measured(r.plan->peak_bytes, r.peak)
-                         : "measured " + passes::human_bytes(r.peak) + " (" + std::to_string(r.peak) + " B), no plan")
-              << "\n";
-    print_allocations();
-    print_profile(r);
-    return 0;
-  }
-  std::cout << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision "
-            << precision << ", OpenMP threads: " << omp_get_max_threads() << "; steps alternate between "
-            << (by_policy ? "variants" : "backends") << "\n";
-  size_t label_w = 10;
-  for (auto& r : runs) label_w = std::max(label_w, r.backend.size() + 2);
-  const size_t vs_w = std::max<size_t>(14, runs[0].backend.size() + 5);
-  std::cout << pad(by_policy ? "variant" : "backend", label_w, true) << pad("median s/step", 16) << pad("samples/s", 12)
-            << pad("vs " + runs[0].backend, vs_w) << pad("peak measured", 16) << pad("peak planned", 16)
-            << pad("build s", 10) << "\n";
-  const double base = median(runs[0].times);
-  for (auto& r : runs) {
-    const double med = median(r.times);
-    std::cout << pad(r.backend, label_w, true) << pad(fmt("%.6f", med), 16) << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12)
-              << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), vs_w) << pad(passes::human_bytes(r.peak), 16)
-              << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16) << pad(fmt("%.2f", r.compile_s), 10)
-              << "\n";
-  }
-  print_allocations();
-  for (auto& r : runs) print_profile(r);
+  driver::BenchOptions opts;
+  opts.config = cfg;
+  opts.warmup = warmup;
+  opts.steps = steps;
+  opts.profile = profile;
+  opts.profile_by = profile_by;
+  opts.profile_row_limit = row_limit;
+  opts.pass_context = [&flags] { return flags.pass_context(); };
+  opts.after_build = note_unrun_pass;
+  check(driver::run_bench(opts, std::cout, std::cerr));
   return 0;
 }
 

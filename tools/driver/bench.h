@@ -1,0 +1,43 @@
+// `kiln bench`: times training steps of one or more program variants (backend x remat
+// policy x optimizer) from the model's initial weights, their steps interleaved so that
+// the machine's load falls on each alike; prints compile times, step times, measured
+// and planned peak memory, tensor allocations and, optionally, per-op profiles.
+#pragma once
+#include <functional>
+#include <iostream>
+#include <ostream>
+#include <string>
+
+#include "ir/status.h"
+#include "passes/pass.h"
+#include "runtime/train_config.h"
+
+namespace kiln::driver {
+
+/// What run_bench times and how.
+struct BenchOptions {
+  /// The validated training configuration; its backend, remat_policy and optim may be
+  /// comma lists: one program per combination (a variant). With train_data empty the
+  /// steps run on a synthetic batch (normal floats, random class ids) from `seed`.
+  runtime::TrainConfig config;
+  int warmup = 3;  ///< untimed warm-up steps (>= 0; raised to 1 with several variants)
+  int steps = 10;  ///< timed steps (>= 1)
+  bool profile = false;           ///< print a profile table per variant of the timed steps
+  std::string profile_by = "op";  ///< profile rows per "op" or per "node"
+  int profile_row_limit = 25;     ///< profile rows before the rest is summed (0: every row)
+  /// Makes the pass context of the builds (--print-ir-after, --dump-ir-dir: one subfolder
+  /// per variant when there are several, ...); called once, before the first build (the
+  /// command line parses its pass flags there, after the warm-up note). Empty: defaults.
+  std::function<passes::PassContext()> pass_context;
+  /// Called once all programs are built, before any step, with the pass context the
+  /// builds used (the command line reports a --print-ir-after pass that did not run).
+  std::function<void(const passes::PassContext&)> after_build;
+};
+
+/// Builds every variant's program, runs the warm-up and timed steps and writes the
+/// results to `out` (one summary for one variant, else a table relative to the first);
+/// notes go to `err`. Errors: a program that does not build, data that does not bind,
+/// a step that fails (each naming the file, flag or input at fault).
+Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err = std::cerr);
+
+}  // namespace kiln::driver
