@@ -399,7 +399,9 @@ Status verify_llvm_ir_text(const std::string& text) {
 }
 
 
-Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels) {
+/// LLVM IR of `kernels` before optimization, for `cpu` and `feats` (the host's when null).
+static Expected<std::string> emit_llvm_ir_for(const std::vector<Kernel>& kernels, const std::string* cpu,
+                                              const std::string* feats) {
   KILN_ASSIGN_OR_RETURN(auto jtmb, host_jtmb());
   KILN_ASSIGN_OR_RETURN(auto tm, host_target_machine(jtmb));
   llvm::LLVMContext ctx;
@@ -407,9 +409,19 @@ Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels) {
   llvm::Module m("kiln_cpu", ctx);
   m.setTargetTriple(tm->getTargetTriple().str());
   m.setDataLayout(tm->createDataLayout());
-  KILN_ASSIGN_OR_RETURN(auto ks, emit_module(kernels, m, tm->getTargetCPU().str(), tm->getTargetFeatureString().str()));
+  KILN_ASSIGN_OR_RETURN(auto ks, emit_module(kernels, m, cpu ? *cpu : tm->getTargetCPU().str(),
+                                             feats ? *feats : tm->getTargetFeatureString().str()));
   (void)ks;
   return print_module(m);
+}
+
+Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels) {
+  return emit_llvm_ir_for(kernels, nullptr, nullptr);
+}
+
+Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels, const std::string& cpu,
+                                   const std::string& features) {
+  return emit_llvm_ir_for(kernels, &cpu, &features);
 }
 
 std::string host_cpu_description() { return llvm::sys::getHostCPUName().str() + " " + host_features_string(); }

@@ -109,6 +109,12 @@ Status verify_llvm_ir_text(const std::string& text);
 
 /// LLVM IR text of `kernels` before optimization (golden codegen tests; no JIT).
 Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels);
+/// Same, for target CPU `cpu` with `features` (LLVM's spelling: "skylake-avx512",
+/// "+avx,+avx2,+avx512f,+fma") in place of the host's, which the emitter reads (function
+/// attributes, row-loop vector widths): text that does not depend on the machine, for the
+/// golden files of tests/codegen/golden_codegen_test.cpp. Triple and data layout stay the host's.
+Expected<std::string> emit_llvm_ir(const std::vector<Kernel>& kernels, const std::string& cpu,
+                                   const std::string& features);
 
 /// Host CPU name and feature string as LLVM reports them (e.g. "skylake-avx512",
 /// "+avx512f,+avx512bf16,..."); part of the compile-cache key of `kiln compile`.
