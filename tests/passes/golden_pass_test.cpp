@@ -149,6 +149,25 @@ std::string case_name(const std::string& path) {
   return n;
 }
 
+/// Sets the typed pass option a case file's `option: KEY=VALUE` line names (the
+/// TrainingArguments-style names the driver maps from). Error: a key not listed here.
+Status set_option(passes::PassOptions& o, const std::string& k, const std::string& v) {
+  const double d = std::strtod(v.c_str(), nullptr);
+  const int64_t i = std::strtoll(v.c_str(), nullptr, 10);
+  if (k == "gradient_accumulation_steps") o.accumulation.gradient_accumulation_steps = i;
+  else if (k == "learning_rate") o.optimizer.learning_rate = d;
+  else if (k == "weight_decay") o.optimizer.weight_decay = d;
+  else if (k == "max_grad_norm") o.optimizer.max_grad_norm = d;
+  else if (k == "lr_scheduler_type") o.optimizer.lr_scheduler_type = v;
+  else if (k == "optim") o.optimizer.optim = v;
+  else if (k == "loss") o.loss.loss = v;
+  else if (k == "mode") o.mode = v == "eval" ? passes::Mode::eval : passes::Mode::train;
+  else if (k == "remat_policy") o.remat.policy = v;
+  else if (k == "widen_bf16_gemm") o.lowering.widen_bf16_gemm = v == "1";
+  else return Status::error("unknown option '" + k + "' (add it to set_option)");
+  return Status::ok();
+}
+
 class GoldenPass : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenPass, MatchesExpected) {
@@ -159,7 +178,10 @@ TEST_P(GoldenPass, MatchesExpected) {
   auto g = ir::parse_graph(c->before);
   ASSERT_TRUE(g) << c->path << " (Before): " << g.message();
   passes::PassContext ctx;
-  ctx.options = c->options;
+  for (const auto& [k, v] : c->options) {
+    Status so = set_option(ctx.options, k, v);
+    ASSERT_TRUE(so) << c->path << ": " << so.message();
+  }
   ctx.verify_each = true;
   runtime::register_eager_kernels();       // the evaluator's kernels
   ctx.evaluator = runtime::evaluate_node;  // constant folding's evaluator, as the driver gives it
