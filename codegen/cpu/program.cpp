@@ -306,7 +306,8 @@ constexpr uintmax_t kCacheMaxBytes = uintmax_t(512) << 20;
 
 /// Removes the least recently used entries of `dir` beyond kCacheMaxBytes, never `keep`.
 /// Returns how many files were removed; errors (a file vanishing meanwhile) are ignored.
-int prune_cache_dir(const fs::path& dir, const fs::path& keep) {
+int prune_cache_dir(const fs::path& dir, const fs::path& keep, const std::string& ext = ".kcache",
+                    uintmax_t max_bytes = kCacheMaxBytes) {
   struct Entry {
     fs::file_time_type t;
     uintmax_t size;
@@ -317,7 +318,7 @@ int prune_cache_dir(const fs::path& dir, const fs::path& keep) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const fs::path& p = it->path();
-    if (p.extension() != ".kcache" || !it->is_regular_file(ec)) continue;
+    if (p.extension() != ext || !it->is_regular_file(ec)) continue;
     const uintmax_t size = it->file_size(ec);
     if (ec) continue;
     const auto t = it->last_write_time(ec);
@@ -325,11 +326,11 @@ int prune_cache_dir(const fs::path& dir, const fs::path& keep) {
     entries.push_back({t, size, p});
     total += size;
   }
-  if (total <= kCacheMaxBytes) return 0;
+  if (total <= max_bytes) return 0;
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.t < b.t; });
   int removed = 0;
   for (const Entry& e : entries) {
-    if (total <= kCacheMaxBytes) break;
+    if (total <= max_bytes) break;
     if (e.p == keep) continue;
     if (fs::remove(e.p, ec)) {
       total -= e.size;
@@ -523,5 +524,11 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
 }
 
 std::string kiln_build_id() { return code_generator_build_id(); }
+
+std::string write_cache_file(const std::string& path, const std::string& bytes) { return write_atomic(path, bytes); }
+
+int prune_cache_files(const std::string& dir, const std::string& ext, int64_t max_bytes, const std::string& keep) {
+  return prune_cache_dir(dir, keep, ext, static_cast<uintmax_t>(max_bytes));
+}
 
 }  // namespace kiln::codegen

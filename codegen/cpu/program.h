@@ -77,4 +77,13 @@ std::string default_cache_dir();
 /// none): changes with every rebuild; part of the compile caches' keys.
 std::string kiln_build_id();
 
+/// Writes `bytes` to `path` atomically (a temp file in the same folder, then rename; the
+/// folder is created): "" or the error. For cache entries (kernels, programs).
+std::string write_cache_file(const std::string& path, const std::string& bytes);
+
+/// Removes the least recently used files of `dir` with extension `ext` (oldest
+/// modification time first) until the rest hold at most `max_bytes`, never `keep`.
+/// Returns how many were removed; errors (a file vanishing meanwhile) are ignored.
+int prune_cache_files(const std::string& dir, const std::string& ext, int64_t max_bytes, const std::string& keep);
+
 }  // namespace kiln::codegen

@@ -1,10 +1,7 @@
 // The whole-program cache; see program_cache.h.
 #include "tools/driver/program_cache.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -54,32 +51,6 @@ const std::vector<std::string>& per_run_fields() {
 
 std::string cache_root(const runtime::TrainConfig& cfg) {
   return cfg.cache_dir.empty() ? codegen::default_cache_dir() : cfg.cache_dir;
-}
-
-/// Removes the least recently used programs beyond kProgramCacheBytes, never `keep`.
-void prune(const fs::path& dir, const fs::path& keep) {
-  struct Entry {
-    fs::file_time_type t;
-    uintmax_t size;
-    fs::path p;
-  };
-  std::vector<Entry> entries;
-  uintmax_t total = 0;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    if (it->path().extension() != ".kiln" || !it->is_regular_file(ec)) continue;
-    const uintmax_t size = it->file_size(ec);
-    if (ec) continue;
-    const auto t = it->last_write_time(ec);
-    if (ec) continue;
-    entries.push_back({t, size, it->path()});
-    total += size;
-  }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.t < b.t; });
-  for (const Entry& e : entries) {
-    if (total <= static_cast<uintmax_t>(kProgramCacheBytes)) break;
-    if (e.p != keep && fs::remove(e.p, ec)) total -= e.size;
-  }
 }
 
 void warn(const std::string& line) { std::cerr << "kiln: warning: " << line << "\n"; }
@@ -173,32 +144,12 @@ void store_cached_program(const runtime::TrainConfig& cfg, const runtime::Progra
     return;
   }
   const fs::path path = program_cache_path(cfg, *key);
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  if (ec) {
-    warn("program cache: cannot create " + path.parent_path().string() + ": " + ec.message());
-    return;
-  }
-  static std::atomic<uint64_t> counter{0};
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
-    f.close();
-    if (!f) {
-      fs::remove(tmp, ec);
-      warn("program cache: cannot write " + tmp.string());
-      return;
-    }
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    warn("program cache: cannot store " + path.string());
+  if (std::string err = codegen::write_cache_file(path.string(), *bytes); !err.empty()) {
+    warn("program cache: " + err);
     return;
   }
   log_text("cache", "program cache store: " + path.string());
-  prune(path.parent_path(), path);
+  codegen::prune_cache_files(path.parent_path().string(), ".kiln", kProgramCacheBytes, path.string());
 }
 
 }  // namespace kiln::driver
