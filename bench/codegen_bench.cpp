@@ -49,9 +49,9 @@
 #include "tools/driver/driver.h"
 
 using namespace kiln;
-using codegen::KExpr;
 using codegen::Kernel;
 using codegen::KernelParam;
+using codegen::KExpr;
 using codegen::ReduceKind;
 using ir::DType;
 using ir::ScalarOp;
@@ -79,9 +79,15 @@ struct Buf {
     for (int64_t i = 0; i < elems; ++i) {
       const double x = v + 1e-3 * static_cast<double>(i % 1000);
       switch (dtype) {
-        case DType::f32: f32[i] = static_cast<float>(x); break;
-        case DType::f64: f64[i] = x; break;
-        default: i64[i] = i % 256; break;
+        case DType::f32:
+          f32[i] = static_cast<float>(x);
+          break;
+        case DType::f64:
+          f64[i] = x;
+          break;
+        default:
+          i64[i] = i % 256;
+          break;
       }
     }
   }
@@ -158,7 +164,8 @@ constexpr int64_t kPointwiseElems = 16 * 1024 * 1024;
 Kernel axpby_kernel(int64_t n) {
   KB b("bench_mul_add", {n});
   int pa = b.param("a", {1}), pb = b.param("b", {1}), pc = b.param("c", {1}), pd = b.param("d", {1});
-  int e = b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.load(pa), b.load(pb)}), b.op(ScalarOp::mul, {b.load(pc), b.load(pd)})});
+  int e = b.op(ScalarOp::add,
+               {b.op(ScalarOp::mul, {b.load(pa), b.load(pb)}), b.op(ScalarOp::mul, {b.load(pc), b.load(pd)})});
   b.store(b.param("y", {1}, true), e);
   return b.k;
 }
@@ -174,7 +181,8 @@ Kernel adamw_kernel(int64_t n) {
   int m = b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.cst(b1), b.load(pm)}), b.op(ScalarOp::mul, {b.cst(1 - b1), g})});
   int v = b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.cst(b2), b.load(pv)}),
                                b.op(ScalarOp::mul, {b.cst(1 - b2), b.op(ScalarOp::mul, {g, g})})});
-  int denom = b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.op(ScalarOp::sqrt, {v}), b.cst(1 / std::sqrt(bc2))}), b.cst(eps)});
+  int denom =
+      b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.op(ScalarOp::sqrt, {v}), b.cst(1 / std::sqrt(bc2))}), b.cst(eps)});
   int upd = b.op(ScalarOp::div, {b.op(ScalarOp::mul, {m, b.cst(lr / bc1)}), denom});
   int p = b.op(ScalarOp::sub, {b.op(ScalarOp::mul, {b.load(pp), b.cst(1 - lr * wd)}), upd});
   b.store(b.param("p_out", {1}, true), p);
@@ -216,7 +224,8 @@ Kernel attention_softmax_kernel(int64_t batch, int64_t heads, int64_t seq) {
   int sum = b.k.add_reduce(ReduceKind::sum, b.k.add_op(ScalarOp::cast, {e}, f64));
   int inv = b.k.add_op(ScalarOp::div, {b.k.add_constant(1.0, f64), sum}, f64);
   int hi = b.k.add_op(ScalarOp::cast, {inv}, DType::f32);
-  int lo = b.k.add_op(ScalarOp::cast, {b.k.add_op(ScalarOp::sub, {inv, b.k.add_op(ScalarOp::cast, {hi}, f64)}, f64)}, DType::f32);
+  int lo = b.k.add_op(ScalarOp::cast, {b.k.add_op(ScalarOp::sub, {inv, b.k.add_op(ScalarOp::cast, {hi}, f64)}, f64)},
+                      DType::f32);
   b.store(b.param("y", dense, true), b.op(ScalarOp::fma, {e, hi, b.op(ScalarOp::mul, {e, lo})}));
   return b.k;
 }
@@ -227,7 +236,8 @@ Kernel gelu_kernel(int64_t n) {
   KB b("bench_gelu", {n});
   int x = b.load(b.param("x", {1}));
   int e = b.op(ScalarOp::erf, {b.op(ScalarOp::div, {x, b.cst(1.4142135381698608)})});
-  b.store(b.param("y", {1}, true), b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {x, b.op(ScalarOp::add, {e, b.cst(1.0)})}), b.cst(0.5)}));
+  b.store(b.param("y", {1}, true),
+          b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {x, b.op(ScalarOp::add, {e, b.cst(1.0)})}), b.cst(0.5)}));
   return b.k;
 }
 
@@ -333,8 +343,7 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
   state.counters["copy_ratio"] = copy_bw > 0 ? rate / copy_bw : 0;
   state.counters["copy_GBps"] = copy_bw / 1e9;
   state.counters["chunks"] = static_cast<double>(chunks);
-  state.counters["llvm_compile_s"] =
-      (*mod)->stats().emit_s + (*mod)->stats().optimize_s + (*mod)->stats().codegen_s;
+  state.counters["llvm_compile_s"] = (*mod)->stats().emit_s + (*mod)->stats().optimize_s + (*mod)->stats().codegen_s;
 }
 
 void BM_CodegenPointwiseMulAdd(benchmark::State& s) { run_kernel(s, axpby_kernel(kPointwiseElems)); }

@@ -19,9 +19,9 @@
 
 #include "ir/graph.h"
 #include "ir/op_table.h"
+#include "ir/ops/optim8bit.h"
 #include "passes/pass.h"
 #include "passes/training_util.h"
-#include "ir/ops/optim8bit.h"
 #include "runtime/interpreter.h"
 #include "runtime/kernels/kernels.h"
 
@@ -97,20 +97,34 @@ void BM_OptimAdamW8bitKernel(benchmark::State& state) {
   ir::Graph g;
   std::vector<ir::Value*> in;
   auto f32 = [&](const char* name, int64_t k) { return g.add_input(name, DType::f32, ir::Shape::of({k})); };
-  in = {f32("p", n),  f32("g", n), g.add_input("q1", DType::u8, ir::Shape::of({n})), f32("a1", nb),
-        g.add_input("q2", DType::u8, ir::Shape::of({n})), f32("a2", nb), f32("qs", 256), f32("qu", 256),
-        f32("lr", 1), f32("ss", 1), f32("sb", 1)};
+  in = {f32("p", n),
+        f32("g", n),
+        g.add_input("q1", DType::u8, ir::Shape::of({n})),
+        f32("a1", nb),
+        g.add_input("q2", DType::u8, ir::Shape::of({n})),
+        f32("a2", nb),
+        f32("qs", 256),
+        f32("qu", 256),
+        f32("lr", 1),
+        f32("ss", 1),
+        f32("sb", 1)};
   ir::Attributes at;
   at.set("beta1", 0.9);
   at.set("beta2", 0.999);
   at.set("eps", 1e-8);
   at.set("weight_decay", 0.01);
   ir::Node* node = g.add_node("AdamW8bitUpdate", "update", in, {"p1", "q1o", "a1o", "q2o", "a2o"}, at);
-  std::vector<Tensor> t = {Tensor(DType::f32, {n}),  Tensor(DType::f32, {n}),  Tensor(DType::u8, {n}),
-                           Tensor(DType::f32, {nb}), Tensor(DType::u8, {n}),   Tensor(DType::f32, {nb}),
+  std::vector<Tensor> t = {Tensor(DType::f32, {n}),
+                           Tensor(DType::f32, {n}),
+                           Tensor(DType::u8, {n}),
+                           Tensor(DType::f32, {nb}),
+                           Tensor(DType::u8, {n}),
+                           Tensor(DType::f32, {nb}),
                            Tensor::from_f32(ir::create_dynamic_map(true), {256}),
-                           Tensor::from_f32(ir::create_dynamic_map(false), {256}), Tensor::scalar_f32(1e-3f),
-                           Tensor::scalar_f32(1e-2f), Tensor::scalar_f32(0.05f)};
+                           Tensor::from_f32(ir::create_dynamic_map(false), {256}),
+                           Tensor::scalar_f32(1e-3f),
+                           Tensor::scalar_f32(1e-2f),
+                           Tensor::scalar_f32(0.05f)};
   for (int64_t i = 0; i < n; ++i) t[0].data<float>()[i] = 0.02f * nd(rng), t[1].data<float>()[i] = 1e-3f * nd(rng);
   const uint8_t zs = ir::nearest_code(t[6].data<float>(), 0.f), zu = ir::nearest_code(t[7].data<float>(), 0.f);
   std::fill_n(t[2].data<uint8_t>(), n, zs);

@@ -2,14 +2,14 @@
 // (the point-by-point oracle that the CPU and CUDA emitter tests compare against).
 #include "codegen/kernel_ir.h"
 
-#include "ir/ops/nn.h"
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <sstream>
+
+#include "ir/ops/nn.h"
 
 namespace kiln::codegen {
 
@@ -111,9 +111,12 @@ namespace {
 
 const char* reduce_name(ReduceKind r) {
   switch (r) {
-    case ReduceKind::sum: return "sum";
-    case ReduceKind::max: return "max";
-    default: return "none";
+    case ReduceKind::sum:
+      return "sum";
+    case ReduceKind::max:
+      return "max";
+    default:
+      return "none";
   }
 }
 
@@ -128,31 +131,61 @@ enum class OpClass { binary_arith, unary_arith, unary_float, compare, logic_bina
 
 OpClass op_class(ScalarOp op) {
   switch (op) {
-    case ScalarOp::add: case ScalarOp::sub: case ScalarOp::mul: case ScalarOp::div:
-    case ScalarOp::pow: case ScalarOp::max: case ScalarOp::min: case ScalarOp::fmod:
+    case ScalarOp::add:
+    case ScalarOp::sub:
+    case ScalarOp::mul:
+    case ScalarOp::div:
+    case ScalarOp::pow:
+    case ScalarOp::max:
+    case ScalarOp::min:
+    case ScalarOp::fmod:
       return OpClass::binary_arith;
-    case ScalarOp::neg: case ScalarOp::abs:
+    case ScalarOp::neg:
+    case ScalarOp::abs:
       return OpClass::unary_arith;
-    case ScalarOp::exp: case ScalarOp::log: case ScalarOp::sqrt: case ScalarOp::erf:
-    case ScalarOp::tanh: case ScalarOp::sin: case ScalarOp::cos: case ScalarOp::floor:
-    case ScalarOp::ceil: case ScalarOp::round:
+    case ScalarOp::exp:
+    case ScalarOp::log:
+    case ScalarOp::sqrt:
+    case ScalarOp::erf:
+    case ScalarOp::tanh:
+    case ScalarOp::sin:
+    case ScalarOp::cos:
+    case ScalarOp::floor:
+    case ScalarOp::ceil:
+    case ScalarOp::round:
       return OpClass::unary_float;
-    case ScalarOp::lt: case ScalarOp::le: case ScalarOp::gt: case ScalarOp::ge: case ScalarOp::eq:
+    case ScalarOp::lt:
+    case ScalarOp::le:
+    case ScalarOp::gt:
+    case ScalarOp::ge:
+    case ScalarOp::eq:
       return OpClass::compare;
-    case ScalarOp::logical_and: case ScalarOp::logical_or: case ScalarOp::logical_xor:
+    case ScalarOp::logical_and:
+    case ScalarOp::logical_or:
+    case ScalarOp::logical_xor:
       return OpClass::logic_binary;
-    case ScalarOp::logical_not: return OpClass::logic_not;
-    case ScalarOp::select: return OpClass::select;
-    case ScalarOp::fma: return OpClass::fma;
-    default: return OpClass::cast;
+    case ScalarOp::logical_not:
+      return OpClass::logic_not;
+    case ScalarOp::select:
+      return OpClass::select;
+    case ScalarOp::fma:
+      return OpClass::fma;
+    default:
+      return OpClass::cast;
   }
 }
 
 int op_arity(ScalarOp op) {
   switch (op_class(op)) {
-    case OpClass::binary_arith: case OpClass::compare: case OpClass::logic_binary: return 2;
-    case OpClass::select: case OpClass::fma: return 3;
-    default: return 1;
+    case OpClass::binary_arith:
+    case OpClass::compare:
+    case OpClass::logic_binary:
+      return 2;
+    case OpClass::select:
+    case OpClass::fma:
+      return 3;
+    default:
+      return 1;
   }
 }
 
@@ -170,14 +203,12 @@ bool valid_identifier(const std::string& s) {
 std::string Kernel::to_string() const {
   std::ostringstream os;
   os << "kernel " << name << " domain [" << join(domain) << "] reduced [";
-  for (size_t d = 0; d < domain.size(); ++d)
-    os << (d ? ", " : "") << (d < reduced.size() && reduced[d] ? "r" : "-");
+  for (size_t d = 0; d < domain.size(); ++d) os << (d ? ", " : "") << (d < reduced.size() && reduced[d] ? "r" : "-");
   os << "]\n";
   if (!fused_nodes.empty()) os << "  nodes " << join(fused_nodes) << "\n";
   for (size_t i = 0; i < params.size(); ++i) {
     const KernelParam& p = params[i];
-    os << "  param " << i << " %" << p.name << " " << ir::dtype_name(p.dtype) << " strides [" << join(p.strides)
-       << "]";
+    os << "  param " << i << " %" << p.name << " " << ir::dtype_name(p.dtype) << " strides [" << join(p.strides) << "]";
     if (p.offset) os << " offset " << p.offset;
     if (p.guarded()) {
       os << " guard [";
@@ -446,61 +477,111 @@ struct Val {
 /// Rounds a float compute value to the precision of dtype `t`.
 double round_float(DType t, double x) {
   switch (t) {
-    case DType::f64: return x;
-    case DType::bf16: return ir::bf16_to_f32(ir::f32_to_bf16(static_cast<float>(x)));
-    case DType::f16: return ir::f16_to_f32(ir::f32_to_f16(static_cast<float>(x)));
-    default: return static_cast<float>(x);
+    case DType::f64:
+      return x;
+    case DType::bf16:
+      return ir::bf16_to_f32(ir::f32_to_bf16(static_cast<float>(x)));
+    case DType::f16:
+      return ir::f16_to_f32(ir::f32_to_f16(static_cast<float>(x)));
+    default:
+      return static_cast<float>(x);
   }
 }
 
 /// Wraps an integer to dtype `t`'s width (bool: != 0).
 int64_t wrap_int(DType t, int64_t x) {
   switch (t) {
-    case DType::i32: return static_cast<int32_t>(x);
-    case DType::i8: return static_cast<int8_t>(x);
-    case DType::u8: return static_cast<uint8_t>(x);
-    case DType::boolean: return x != 0;
-    default: return x;
+    case DType::i32:
+      return static_cast<int32_t>(x);
+    case DType::i8:
+      return static_cast<int8_t>(x);
+    case DType::u8:
+      return static_cast<uint8_t>(x);
+    case DType::boolean:
+      return x != 0;
+    default:
+      return x;
   }
 }
 
 Val load_val(DType t, const void* base, int64_t idx) {
   Val v;
   switch (t) {
-    case DType::f32: v.f = static_cast<const float*>(base)[idx]; break;
-    case DType::f64: v.f = static_cast<const double*>(base)[idx]; break;
-    case DType::bf16: v.f = ir::bf16_to_f32(static_cast<const uint16_t*>(base)[idx]); break;
-    case DType::f16: v.f = ir::f16_to_f32(static_cast<const uint16_t*>(base)[idx]); break;
-    case DType::i64: v.i = static_cast<const int64_t*>(base)[idx]; break;
-    case DType::i32: v.i = static_cast<const int32_t*>(base)[idx]; break;
-    case DType::i8: v.i = static_cast<const int8_t*>(base)[idx]; break;
-    case DType::u8: v.i = static_cast<const uint8_t*>(base)[idx]; break;
-    case DType::boolean: v.i = static_cast<const uint8_t*>(base)[idx] != 0; break;
-    default: break;
+    case DType::f32:
+      v.f = static_cast<const float*>(base)[idx];
+      break;
+    case DType::f64:
+      v.f = static_cast<const double*>(base)[idx];
+      break;
+    case DType::bf16:
+      v.f = ir::bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+      break;
+    case DType::f16:
+      v.f = ir::f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+      break;
+    case DType::i64:
+      v.i = static_cast<const int64_t*>(base)[idx];
+      break;
+    case DType::i32:
+      v.i = static_cast<const int32_t*>(base)[idx];
+      break;
+    case DType::i8:
+      v.i = static_cast<const int8_t*>(base)[idx];
+      break;
+    case DType::u8:
+      v.i = static_cast<const uint8_t*>(base)[idx];
+      break;
+    case DType::boolean:
+      v.i = static_cast<const uint8_t*>(base)[idx] != 0;
+      break;
+    default:
+      break;
   }
   return v;
 }
 
 void store_val(DType t, void* base, int64_t idx, const Val& v) {
   switch (t) {
-    case DType::f32: static_cast<float*>(base)[idx] = static_cast<float>(v.f); break;
-    case DType::f64: static_cast<double*>(base)[idx] = v.f; break;
-    case DType::bf16: static_cast<uint16_t*>(base)[idx] = ir::f32_to_bf16(static_cast<float>(v.f)); break;
-    case DType::f16: static_cast<uint16_t*>(base)[idx] = ir::f32_to_f16(static_cast<float>(v.f)); break;
-    case DType::i64: static_cast<int64_t*>(base)[idx] = v.i; break;
-    case DType::i32: static_cast<int32_t*>(base)[idx] = static_cast<int32_t>(v.i); break;
-    case DType::i8: static_cast<int8_t*>(base)[idx] = static_cast<int8_t>(v.i); break;
-    case DType::u8: static_cast<uint8_t*>(base)[idx] = static_cast<uint8_t>(v.i); break;
-    case DType::boolean: static_cast<uint8_t*>(base)[idx] = v.i ? 1 : 0; break;
-    default: break;
+    case DType::f32:
+      static_cast<float*>(base)[idx] = static_cast<float>(v.f);
+      break;
+    case DType::f64:
+      static_cast<double*>(base)[idx] = v.f;
+      break;
+    case DType::bf16:
+      static_cast<uint16_t*>(base)[idx] = ir::f32_to_bf16(static_cast<float>(v.f));
+      break;
+    case DType::f16:
+      static_cast<uint16_t*>(base)[idx] = ir::f32_to_f16(static_cast<float>(v.f));
+      break;
+    case DType::i64:
+      static_cast<int64_t*>(base)[idx] = v.i;
+      break;
+    case DType::i32:
+      static_cast<int32_t*>(base)[idx] = static_cast<int32_t>(v.i);
+      break;
+    case DType::i8:
+      static_cast<int8_t*>(base)[idx] = static_cast<int8_t>(v.i);
+      break;
+    case DType::u8:
+      static_cast<uint8_t*>(base)[idx] = static_cast<uint8_t>(v.i);
+      break;
+    case DType::boolean:
+      static_cast<uint8_t*>(base)[idx] = v.i ? 1 : 0;
+      break;
+    default:
+      break;
   }
 }
 
 Val constant_val(DType t, double value) {
   Val v;
-  if (ir::is_float(t)) v.f = round_float(t, value);
-  else if (t == DType::boolean) v.i = value != 0;
-  else v.i = wrap_int(t, static_cast<int64_t>(value));
+  if (ir::is_float(t))
+    v.f = round_float(t, value);
+  else if (t == DType::boolean)
+    v.i = value != 0;
+  else
+    v.i = wrap_int(t, static_cast<int64_t>(value));
   return v;
 }
 
@@ -510,72 +591,110 @@ int64_t int_pow(int64_t base, int64_t e, DType t) { return wrap_int(t, ipow_wrap
 template <typename C>
 double float_op(ScalarOp op, C x, C y) {
   switch (op) {
-    case ScalarOp::add: return x + y;
-    case ScalarOp::sub: return x - y;
-    case ScalarOp::mul: return x * y;
-    case ScalarOp::div: return x / y;
-    case ScalarOp::pow: return std::pow(x, y);
+    case ScalarOp::add:
+      return x + y;
+    case ScalarOp::sub:
+      return x - y;
+    case ScalarOp::mul:
+      return x * y;
+    case ScalarOp::div:
+      return x / y;
+    case ScalarOp::pow:
+      return std::pow(x, y);
     case ScalarOp::max:
       if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
       return std::max(x, y);
     case ScalarOp::min:
       if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
       return std::min(x, y);
-    case ScalarOp::neg: return -x;
-    case ScalarOp::abs: return x < C(0) ? -x : x;
-    case ScalarOp::exp: return std::exp(x);
-    case ScalarOp::log: return std::log(x);
-    case ScalarOp::sqrt: return std::sqrt(x);
-    case ScalarOp::erf: return std::erf(x);
-    case ScalarOp::tanh: return std::tanh(x);
-    case ScalarOp::sin: return std::sin(x);
-    case ScalarOp::cos: return std::cos(x);
-    case ScalarOp::floor: return std::floor(x);
-    case ScalarOp::ceil: return std::ceil(x);
-    case ScalarOp::round: return std::nearbyint(x);  // the default rounding mode: half to even
-    case ScalarOp::fmod: return std::fmod(x, y);
-    default: return 0;
+    case ScalarOp::neg:
+      return -x;
+    case ScalarOp::abs:
+      return x < C(0) ? -x : x;
+    case ScalarOp::exp:
+      return std::exp(x);
+    case ScalarOp::log:
+      return std::log(x);
+    case ScalarOp::sqrt:
+      return std::sqrt(x);
+    case ScalarOp::erf:
+      return std::erf(x);
+    case ScalarOp::tanh:
+      return std::tanh(x);
+    case ScalarOp::sin:
+      return std::sin(x);
+    case ScalarOp::cos:
+      return std::cos(x);
+    case ScalarOp::floor:
+      return std::floor(x);
+    case ScalarOp::ceil:
+      return std::ceil(x);
+    case ScalarOp::round:
+      return std::nearbyint(x);  // the default rounding mode: half to even
+    case ScalarOp::fmod:
+      return std::fmod(x, y);
+    default:
+      return 0;
   }
 }
 
 int64_t int_op(ScalarOp op, int64_t x, int64_t y, DType t) {
   const bool u = t == DType::u8;
   switch (op) {
-    case ScalarOp::add: return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y)));
-    case ScalarOp::sub: return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) - static_cast<uint64_t>(y)));
-    case ScalarOp::mul: return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) * static_cast<uint64_t>(y)));
+    case ScalarOp::add:
+      return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y)));
+    case ScalarOp::sub:
+      return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) - static_cast<uint64_t>(y)));
+    case ScalarOp::mul:
+      return wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(x) * static_cast<uint64_t>(y)));
     case ScalarOp::div:
       if (y == 0) return 0;
       if (!u && y == -1) return wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x)));
       return wrap_int(t, x / y);
-    case ScalarOp::pow: return int_pow(x, y, t);
-    case ScalarOp::max: return std::max(x, y);
-    case ScalarOp::min: return std::min(x, y);
-    case ScalarOp::neg: return wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x)));
-    case ScalarOp::abs: return x < 0 ? wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x))) : x;
+    case ScalarOp::pow:
+      return int_pow(x, y, t);
+    case ScalarOp::max:
+      return std::max(x, y);
+    case ScalarOp::min:
+      return std::min(x, y);
+    case ScalarOp::neg:
+      return wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x)));
+    case ScalarOp::abs:
+      return x < 0 ? wrap_int(t, static_cast<int64_t>(0 - static_cast<uint64_t>(x))) : x;
     case ScalarOp::fmod:
       if (y == 0 || (!u && y == -1)) return 0;
       return wrap_int(t, x % y);
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
 bool compare(ScalarOp op, const Val& a, const Val& b, DType t) {
   if (ir::is_float(t)) {
     switch (op) {
-      case ScalarOp::lt: return a.f < b.f;
-      case ScalarOp::le: return a.f <= b.f;
-      case ScalarOp::gt: return a.f > b.f;
-      case ScalarOp::ge: return a.f >= b.f;
-      default: return a.f == b.f;
+      case ScalarOp::lt:
+        return a.f < b.f;
+      case ScalarOp::le:
+        return a.f <= b.f;
+      case ScalarOp::gt:
+        return a.f > b.f;
+      case ScalarOp::ge:
+        return a.f >= b.f;
+      default:
+        return a.f == b.f;
     }
   }
   switch (op) {
-    case ScalarOp::lt: return a.i < b.i;
-    case ScalarOp::le: return a.i <= b.i;
-    case ScalarOp::gt: return a.i > b.i;
-    case ScalarOp::ge: return a.i >= b.i;
-    default: return a.i == b.i;
+    case ScalarOp::lt:
+      return a.i < b.i;
+    case ScalarOp::le:
+      return a.i <= b.i;
+    case ScalarOp::gt:
+      return a.i > b.i;
+    case ScalarOp::ge:
+      return a.i >= b.i;
+    default:
+      return a.i == b.i;
   }
 }
 
@@ -595,15 +714,30 @@ Val cast_val(const Val& s, DType from, DType to) {
     } else {
       double lo, hi;
       switch (to) {
-        case DType::i32: lo = std::numeric_limits<int32_t>::min(); hi = std::numeric_limits<int32_t>::max(); break;
-        case DType::i8: lo = -128; hi = 127; break;
-        case DType::u8: lo = 0; hi = 255; break;
-        default: lo = -9223372036854775808.0; hi = 9223372036854775807.0; break;
+        case DType::i32:
+          lo = std::numeric_limits<int32_t>::min();
+          hi = std::numeric_limits<int32_t>::max();
+          break;
+        case DType::i8:
+          lo = -128;
+          hi = 127;
+          break;
+        case DType::u8:
+          lo = 0;
+          hi = 255;
+          break;
+        default:
+          lo = -9223372036854775808.0;
+          hi = 9223372036854775807.0;
+          break;
       }
       const double t = std::trunc(s.f);
-      if (t <= lo) r.i = static_cast<int64_t>(lo);
-      else if (t >= hi) r.i = to == DType::i64 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(hi);
-      else r.i = static_cast<int64_t>(t);
+      if (t <= lo)
+        r.i = static_cast<int64_t>(lo);
+      else if (t >= hi)
+        r.i = to == DType::i64 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(hi);
+      else
+        r.i = static_cast<int64_t>(t);
     }
   } else {
     r.i = wrap_int(to, s.i);
@@ -621,26 +755,40 @@ Val eval_op(const KExpr& e, const std::vector<Val>& vals, const std::vector<KExp
     case OpClass::unary_float: {
       const Val& x = a(0);
       const Val y = e.args.size() > 1 ? a(1) : Val{};
-      if (e.dtype == DType::f64) r.f = float_op<double>(e.op, x.f, y.f);
+      if (e.dtype == DType::f64)
+        r.f = float_op<double>(e.op, x.f, y.f);
       else if (ir::is_float(e.dtype))
         r.f = round_float(e.dtype, float_op<float>(e.op, static_cast<float>(x.f), static_cast<float>(y.f)));
-      else r.i = int_op(e.op, x.i, y.i, e.dtype);
+      else
+        r.i = int_op(e.op, x.i, y.i, e.dtype);
       break;
     }
-    case OpClass::compare: r.i = compare(e.op, a(0), a(1), adt(0)); break;
-    case OpClass::logic_binary:
-      if (e.op == ScalarOp::logical_and) r.i = a(0).i && a(1).i;
-      else if (e.op == ScalarOp::logical_or) r.i = a(0).i || a(1).i;
-      else r.i = (a(0).i != 0) != (a(1).i != 0);
+    case OpClass::compare:
+      r.i = compare(e.op, a(0), a(1), adt(0));
       break;
-    case OpClass::logic_not: r.i = !a(0).i; break;
-    case OpClass::select: r = a(0).i ? a(1) : a(2); break;
-    case OpClass::cast: r = cast_val(a(0), adt(0), e.dtype); break;
-    case OpClass::fma:  // one rounding in the compute type (float for f32, bf16 and f16)
-      if (e.dtype == DType::f64) r.f = std::fma(a(0).f, a(1).f, a(2).f);
+    case OpClass::logic_binary:
+      if (e.op == ScalarOp::logical_and)
+        r.i = a(0).i && a(1).i;
+      else if (e.op == ScalarOp::logical_or)
+        r.i = a(0).i || a(1).i;
       else
-        r.f = round_float(e.dtype, std::fma(static_cast<float>(a(0).f), static_cast<float>(a(1).f),
-                                            static_cast<float>(a(2).f)));
+        r.i = (a(0).i != 0) != (a(1).i != 0);
+      break;
+    case OpClass::logic_not:
+      r.i = !a(0).i;
+      break;
+    case OpClass::select:
+      r = a(0).i ? a(1) : a(2);
+      break;
+    case OpClass::cast:
+      r = cast_val(a(0), adt(0), e.dtype);
+      break;
+    case OpClass::fma:  // one rounding in the compute type (float for f32, bf16 and f16)
+      if (e.dtype == DType::f64)
+        r.f = std::fma(a(0).f, a(1).f, a(2).f);
+      else
+        r.f = round_float(e.dtype,
+                          std::fma(static_cast<float>(a(0).f), static_cast<float>(a(1).f), static_cast<float>(a(2).f)));
       break;
   }
   return r;
@@ -650,11 +798,16 @@ Val eval_op(const KExpr& e, const std::vector<Val>& vals, const std::vector<KExp
 Val reduce_init(ReduceKind kind, DType t) {
   Val v;
   if (kind == ReduceKind::max) {
-    if (ir::is_float(t)) v.f = -std::numeric_limits<double>::infinity();
-    else if (t == DType::i32) v.i = std::numeric_limits<int32_t>::min();
-    else if (t == DType::i8) v.i = -128;
-    else if (t == DType::u8) v.i = 0;
-    else v.i = std::numeric_limits<int64_t>::min();
+    if (ir::is_float(t))
+      v.f = -std::numeric_limits<double>::infinity();
+    else if (t == DType::i32)
+      v.i = std::numeric_limits<int32_t>::min();
+    else if (t == DType::i8)
+      v.i = -128;
+    else if (t == DType::u8)
+      v.i = 0;
+    else
+      v.i = std::numeric_limits<int64_t>::min();
   }
   return v;
 }
@@ -666,12 +819,16 @@ void reduce_step(ReduceKind kind, DType t, Val& acc, const Val& v) {
     if (kind == ReduceKind::sum) {
       acc.f += v.f;
     } else {
-      if (std::isnan(acc.f) || std::isnan(v.f)) acc.f = std::numeric_limits<double>::quiet_NaN();
-      else if (v.f > acc.f) acc.f = v.f;
+      if (std::isnan(acc.f) || std::isnan(v.f))
+        acc.f = std::numeric_limits<double>::quiet_NaN();
+      else if (v.f > acc.f)
+        acc.f = v.f;
     }
   } else {
-    if (kind == ReduceKind::sum) acc.i = wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(acc.i) + static_cast<uint64_t>(v.i)));
-    else if (v.i > acc.i) acc.i = v.i;
+    if (kind == ReduceKind::sum)
+      acc.i = wrap_int(t, static_cast<int64_t>(static_cast<uint64_t>(acc.i) + static_cast<uint64_t>(v.i)));
+    else if (v.i > acc.i)
+      acc.i = v.i;
   }
 }
 
@@ -723,12 +880,16 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
         bool inside = true;
         for (size_t d = 0; d < rank && p.guarded(); ++d)
           inside = inside && idx[d] >= p.guard_lo[d] && idx[d] < p.guard_hi[d];
-        if (inside) vals[i] = load_val(e.dtype, buffers[e.param], offset_of(p, idx));
-        else vals[i] = e.args.empty() ? Val{} : vals[e.args[0]];
-      }
-      else if (e.kind == KExpr::Kind::constant) vals[i] = constant_val(e.dtype, e.value);
-      else if (e.kind == KExpr::Kind::reduce) vals[i] = reduced_vals[i];
-      else vals[i] = eval_op(e, vals, k.exprs);
+        if (inside)
+          vals[i] = load_val(e.dtype, buffers[e.param], offset_of(p, idx));
+        else
+          vals[i] = e.args.empty() ? Val{} : vals[e.args[0]];
+      } else if (e.kind == KExpr::Kind::constant)
+        vals[i] = constant_val(e.dtype, e.value);
+      else if (e.kind == KExpr::Kind::reduce)
+        vals[i] = reduced_vals[i];
+      else
+        vals[i] = eval_op(e, vals, k.exprs);
     }
   };
   auto store_at = [&](const KStore& s, const std::vector<int64_t>& idx, const Val& v) {
@@ -764,7 +925,8 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
       }
     for (int p = 1; p <= passes; ++p) {
       for (size_t i = 0; i < k.exprs.size(); ++i)
-        if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p) acc[i] = reduce_init(k.exprs[i].reduce, k.exprs[i].dtype);
+        if (k.exprs[i].kind == KExpr::Kind::reduce && level[i] == p)
+          acc[i] = reduce_init(k.exprs[i].reduce, k.exprs[i].dtype);
       for (size_t s = 0; s < k.stores.size(); ++s)
         if (k.stores[s].reduce != ReduceKind::none && level[k.stores[s].expr] == p - 1)
           store_acc[s] = reduce_init(k.stores[s].reduce, k.params[k.stores[s].param].dtype);
@@ -777,8 +939,10 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
         for (size_t s = 0; s < k.stores.size(); ++s) {
           const KStore& st = k.stores[s];
           const DType t = k.params[st.param].dtype;
-          if (part == 0) store_acc[s] = part_acc[s];
-          else reduce_step(st.reduce, t, store_acc[s], part_acc[s]);
+          if (part == 0)
+            store_acc[s] = part_acc[s];
+          else
+            reduce_step(st.reduce, t, store_acc[s], part_acc[s]);
           part_acc[s] = reduce_init(st.reduce, t);
         }
         ++part;

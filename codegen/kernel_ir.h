@@ -26,12 +26,12 @@ namespace kiln::codegen {
 
 /// One buffer the kernel reads or writes.
 struct KernelParam {
-  std::string name;              ///< the IR value it holds (for dumps and errors)
+  std::string name;  ///< the IR value it holds (for dumps and errors)
   ir::DType dtype = ir::DType::f32;
   /// Element strides, one per domain dimension (0: broadcast along that dimension).
   /// Element (i0, i1, ...) of the domain is at sum(i_d * strides[d]) + offset.
   std::vector<int64_t> strides;
-  int64_t offset = 0;            ///< element offset of domain index (0, ..., 0)
+  int64_t offset = 0;  ///< element offset of domain index (0, ..., 0)
   bool is_output = false;
   /// Outputs only: written in place of input param `in_place_of` (same dtype, strides and
   /// offset; -1: its own buffer). Emitters address both through the input's pointer, so
@@ -72,9 +72,9 @@ struct KExpr {
   ir::ScalarOp op = ir::ScalarOp::add;  ///< for Kind::op
   ir::DType dtype = ir::DType::f32;     ///< result dtype (bf16/f16: computed in f32, rounded)
   std::vector<int> args;
-  int param = -1;                       ///< for Kind::load: index into Kernel::params
-  double value = 0;                     ///< for Kind::constant
-  ReduceKind reduce = ReduceKind::none; ///< for Kind::reduce: sum or max
+  int param = -1;                        ///< for Kind::load: index into Kernel::params
+  double value = 0;                      ///< for Kind::constant
+  ReduceKind reduce = ReduceKind::none;  ///< for Kind::reduce: sum or max
 };
 
 /// out[param at domain index] = exprs[expr]; for a reduction store the output's
@@ -92,11 +92,11 @@ struct KStore {
 
 /// One generated kernel.
 struct Kernel {
-  std::string name;                 ///< unique in its program (C identifier characters)
-  std::vector<int64_t> domain;      ///< iteration extents (static)
-  std::vector<bool> reduced;        ///< per domain dim: summed/maxed over (empty = none)
+  std::string name;             ///< unique in its program (C identifier characters)
+  std::vector<int64_t> domain;  ///< iteration extents (static)
+  std::vector<bool> reduced;    ///< per domain dim: summed/maxed over (empty = none)
   std::vector<KernelParam> params;
-  std::vector<KExpr> exprs;         ///< topological order
+  std::vector<KExpr> exprs;  ///< topological order
   std::vector<KStore> stores;
   std::vector<std::string> fused_nodes;  ///< IR node names the kernel computes (for dumps)
 

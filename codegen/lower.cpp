@@ -5,8 +5,8 @@
 #include <unordered_map>
 
 #include "ir/op_table.h"
-#include "ir/tensor.h"
 #include "ir/ops/nn.h"
+#include "ir/tensor.h"
 
 namespace kiln::codegen {
 
@@ -82,7 +82,8 @@ std::vector<const Node*> fused_nodes(const Graph& g) {
 
 Expected<Kernel> lower_fused(const Node& fused) {
   auto fail = [&](const std::string& m) { return Status::error("fused node '" + fused.name + "': " + m); };
-  if (!ir::has_trait(fused, ir::OpTrait::fused_kernel) || fused.regions.size() != 1) return fail("not a FusedKernel with a body");
+  if (!ir::has_trait(fused, ir::OpTrait::fused_kernel) || fused.regions.size() != 1)
+    return fail("not a FusedKernel with a body");
   const std::string kind = fused.attrs.get_string("kind", "");
   if (kind != "pointwise" && kind != "reduction" && kind != "row") return fail("kind '" + kind + "' is not supported");
   const bool reduction = kind == "reduction";
@@ -105,8 +106,9 @@ Expected<Kernel> lower_fused(const Node& fused) {
   }
   // Pointwise: the members' common shape. Reduction: the reduced input's shape. Row: the
   // row op's input 0.
-  const Shape& dom_shape =
-      row_node ? row_node->input(0)->shape : reduction ? last.input(0)->shape : body.outputs[0]->shape;
+  const Shape& dom_shape = row_node    ? row_node->input(0)->shape
+                           : reduction ? last.input(0)->shape
+                                       : body.outputs[0]->shape;
   if (!dom_shape.is_static()) return fail("domain shape " + dom_shape.to_string() + " is not static");
   Kernel k;
   k.name = fused.name;
@@ -205,8 +207,7 @@ Expected<Kernel> lower_fused(const Node& fused) {
       if (!env.count(n->outputs[0]) && src && env.count(src) && src->data && src->data->numel() == 1 &&
           n->outputs[0]->dtype == src->dtype)
         env[n->outputs[0]] = env.at(src);
-      if (!env.count(n->outputs[0]))
-        return fail(n->op + " '" + n->name + "' reads a value computed in the kernel");
+      if (!env.count(n->outputs[0])) return fail(n->op + " '" + n->name + "' reads a value computed in the kernel");
       k.fused_nodes.push_back(n->name);
       continue;
     }
@@ -218,8 +219,8 @@ Expected<Kernel> lower_fused(const Node& fused) {
     b.set_node(n.get());
     b.allow_reduce(is_row);
     std::vector<ScalarBuilder::Ref> outs;
-    KILN_RETURN_IF_ERROR((is_row ? def->row : def->scalar)(b, outs)
-                             .with_context("fused node '" + fused.name + "', node '" + n->name + "'"));
+    KILN_RETURN_IF_ERROR((is_row ? def->row : def->scalar)(b, outs).with_context("fused node '" + fused.name +
+                                                                                 "', node '" + n->name + "'"));
     if (!b.error().empty()) return fail(b.error());
     if (outs.size() != static_cast<size_t>(n->num_outputs()))
       return fail("node '" + n->name + "': the rule gives " + std::to_string(outs.size()) + " results for " +

@@ -1,13 +1,13 @@
 // Initializer roles, folded-parameter restoration and ties (see initializers.h).
 #include "frontend/initializers.h"
 
+#include <google/protobuf/unknown_field_set.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
 #include <sstream>
-
-#include <google/protobuf/unknown_field_set.h>
 
 #include "frontend/onnx_ops.h"
 #include "ir/op_table.h"
@@ -191,10 +191,14 @@ View view_of(const Tensor& c, const Tensor& p) {
 
 const char* view_name(View v) {
   switch (v) {
-    case View::copy: return "a copy";
-    case View::transpose: return "the transpose";
-    case View::slice: return "a leading slice";
-    default: return "a broadcast";
+    case View::copy:
+      return "a copy";
+    case View::transpose:
+      return "the transpose";
+    case View::slice:
+      return "a leading slice";
+    default:
+      return "a broadcast";
   }
 }
 
@@ -256,9 +260,12 @@ class Resolver {
         if (auto e = by_placeholder_.find(p->second); e != by_placeholder_.end()) target = signature_[e->second].target;
       v->role_source = (signature_.empty() ? "value_info kind: " : "torch.export signature: ") + k->second +
                        (target.empty() ? "" : " '" + target + "'");
-      if (k->second == "PARAMETER") v->role = InitRole::parameter;
-      else if (k->second == "BUFFER") v->role = InitRole::buffer;
-      else v->role = InitRole::constant;
+      if (k->second == "PARAMETER")
+        v->role = InitRole::parameter;
+      else if (k->second == "BUFFER")
+        v->role = InitRole::buffer;
+      else
+        v->role = InitRole::constant;
     }
   }
 
@@ -347,10 +354,11 @@ class Resolver {
         if (p != c && is_param(p) && view_of(*c->data, *p->data) != View::none) view_of_param = true;
       if (view_of_param) continue;
       // W = c^T in PyTorch's [out, in] layout.
-      Value* p = add_parameter(name, transpose_2d(*c->data),
-                               signature_.empty() ? "restored from '" + c->name + "' (its transpose; name from the node scope)"
-                                                  : "torch.export signature: PARAMETER '" + name +
-                                                        "', restored from '" + c->name + "' (its transpose)");
+      Value* p = add_parameter(
+          name, transpose_2d(*c->data),
+          signature_.empty()
+              ? "restored from '" + c->name + "' (its transpose; name from the node scope)"
+              : "torch.export signature: PARAMETER '" + name + "', restored from '" + c->name + "' (its transpose)");
       ir::Attributes a;
       a.set("perm", std::vector<int64_t>{1, 0});
       Value* t = insert_before(mm, "Transpose", name + ".T", {p}, a);
@@ -384,7 +392,8 @@ class Resolver {
       if (!orig) continue;
       if (untie_) {
         c->role = InitRole::parameter;
-        c->role_source = std::string("kept apart (--untie_initializers): ") + view_name(how) + " of '" + orig->name + "'";
+        c->role_source =
+            std::string("kept apart (--untie_initializers): ") + view_name(how) + " of '" + orig->name + "'";
         untied.push_back(c->name);
         continue;
       }
@@ -409,9 +418,11 @@ class Resolver {
       }
       // Every use of c must come after the view: c's uses follow `first` in node order.
       g_.replace_all_uses(c, view);
-      add_origin(orig, {c->name, how == View::copy ? "" : how == View::transpose ? "transpose"
-                                                   : how == View::slice     ? "slice"
-                                                                             : "broadcast",
+      add_origin(orig, {c->name,
+                        how == View::copy        ? ""
+                        : how == View::transpose ? "transpose"
+                        : how == View::slice     ? "slice"
+                                                 : "broadcast",
                         -1, -1});
       tied.push_back("'" + c->name + "' is " + view_name(how) + " of '" + orig->name + "'");
     }
@@ -421,16 +432,18 @@ class Resolver {
     // a tie, and becomes a parameter of its own, as with --untie_initializers.
     std::vector<std::string> merged;
     for (ir::Node* n : node_list()) {
-      if (!ir::has_trait(*n, ir::OpTrait::identity) || n->inputs.size() != 1 || !n->inputs[0] || !is_param(n->inputs[0])) continue;
+      if (!ir::has_trait(*n, ir::OpTrait::identity) || n->inputs.size() != 1 || !n->inputs[0] ||
+          !is_param(n->inputs[0]))
+        continue;
       Value* src = n->inputs[0];
       const bool fill = uniform(*src->data);
       if (!untie_ && !fill) {
         tied.push_back("'" + n->outputs[0]->name + "' is an Identity alias of '" + src->name + "'");
         continue;
       }
-      const std::string why = fill ? "restored: an Identity alias of '" + src->name +
-                                         "' (the exporter merged equal-valued parameters)"
-                                   : "kept apart (--untie_initializers): an Identity alias of '" + src->name + "'";
+      const std::string why =
+          fill ? "restored: an Identity alias of '" + src->name + "' (the exporter merged equal-valued parameters)"
+               : "kept apart (--untie_initializers): an Identity alias of '" + src->name + "'";
       (fill ? merged : untied).push_back(n->outputs[0]->name);
       separate_alias(n, why);
     }
@@ -439,9 +452,11 @@ class Resolver {
       note("tied initializers trained as one parameter, as in PyTorch: " + list(tied) +
            " (--untie_initializers keeps them apart)");
     if (!merged.empty())
-      note("the exporter merged equal-valued parameters (a freshly initialized model) through Identity aliases; "
-           "restored as " + std::to_string(merged.size()) +
-           (merged.size() == 1 ? " separate parameter (" : " separate parameters (") + list(merged) + ")");
+      note(
+          "the exporter merged equal-valued parameters (a freshly initialized model) through Identity aliases; "
+          "restored as " +
+          std::to_string(merged.size()) + (merged.size() == 1 ? " separate parameter (" : " separate parameters (") +
+          list(merged) + ")");
     if (!untied.empty())
       note("--untie_initializers: " + list(untied) +
            (untied.size() == 1 ? " trained as a parameter of its own" : " trained as parameters of their own"));
@@ -527,9 +542,10 @@ class Resolver {
         if (v && v->is_initializer() && v->role == InitRole::parameter) {
           if (uniform(*v->data)) {
             // Equal-valued parameters merged by the exporter: the module's own parameter.
-            Value* copy = add_parameter(want, v->data->clone(),
-                                        "torch.export signature: PARAMETER '" + want +
-                                            "', restored (the exporter merged it with '" + v->name + "', equal values)");
+            Value* copy =
+                add_parameter(want, v->data->clone(),
+                              "torch.export signature: PARAMETER '" + want +
+                                  "', restored (the exporter merged it with '" + v->name + "', equal values)");
             n->inputs[i] = copy;
             g_.initializer_origins[want] = {{"", "", node_index(n), i}};
             copies.push_back(want);
@@ -549,11 +565,15 @@ class Resolver {
           int64_t width = -1;
           const OnnxOpInfo* info = onnx_op_info(n->op);
           const DroppedBias how = info ? info->dropped_bias : DroppedBias::none;
-          if (how == DroppedBias::gemm_out_columns && wd.size() == 2) width = n->attrs.get_int("transB", 0) ? wd[0] : wd[1];
-          else if (how == DroppedBias::weight_rows && !wd.empty()) width = wd[0];
+          if (how == DroppedBias::gemm_out_columns && wd.size() == 2)
+            width = n->attrs.get_int("transB", 0) ? wd[0] : wd[1];
+          else if (how == DroppedBias::weight_rows && !wd.empty())
+            width = wd[0];
           Value* b = nullptr;
-          if (how == DroppedBias::like_weight) b = add_parameter(want, Tensor(dt, wd), restored_bias(want));
-          else if (width > 0) b = add_parameter(want, Tensor(dt, {width}), restored_bias(want));
+          if (how == DroppedBias::like_weight)
+            b = add_parameter(want, Tensor(dt, wd), restored_bias(want));
+          else if (width > 0)
+            b = add_parameter(want, Tensor(dt, {width}), restored_bias(want));
           if (!b) continue;
           n->inputs.push_back(b);
           g_.initializer_origins[want] = {{"", "", node_index(n), i}};
@@ -563,12 +583,14 @@ class Resolver {
       }
       // A Linear on 3-D input is MatMul (+ Add of the bias): a dropped bias has no Add.
       const OnnxOpInfo* linear = onnx_op_info(n->op);
-      if (linear && linear->linear_weight_input >= 0 && cls.size() >= 6 && cls.compare(cls.size() - 6, 6, "Linear") == 0 &&
-          missing_param(path + ".bias") && n->outputs[0]->shape.rank() >= 1) {
+      if (linear && linear->linear_weight_input >= 0 && cls.size() >= 6 &&
+          cls.compare(cls.size() - 6, 6, "Linear") == 0 && missing_param(path + ".bias") &&
+          n->outputs[0]->shape.rank() >= 1) {
         const Value* w = n->input(linear->linear_weight_input);
         int64_t width = -1;
         if (w && w->is_initializer() && w->shape.rank() == 2 && w->shape.is_static()) width = w->shape.dims[1].value;
-        if (w && w->producer && ir::has_trait(*w->producer, ir::OpTrait::transpose) && w->producer->input(0)->shape.rank() == 2)
+        if (w && w->producer && ir::has_trait(*w->producer, ir::OpTrait::transpose) &&
+            w->producer->input(0)->shape.rank() == 2)
           width = w->producer->input(0)->shape.dims[0].value;  // a restored W read as Transpose(W)
         if (width <= 0) continue;
         const std::string want = path + ".bias";
@@ -622,8 +644,7 @@ class Resolver {
     if (!copies.empty())
       note("the exporter merged equal-valued parameters into one tensor (a freshly initialized model); restored as " +
            std::to_string(copies.size()) + " separate parameters from its signature (" + list(copies) + ")");
-    if (!zeros.empty())
-      note("biases the exporter dropped as all zeros restored as parameters (" + list(zeros) + ")");
+    if (!zeros.empty()) note("biases the exporter dropped as all zeros restored as parameters (" + list(zeros) + ")");
   }
 
   std::string restored_bias(const std::string& name) const {
@@ -697,7 +718,8 @@ class Resolver {
       note("warning: " + std::to_string(really.size()) +
            " parameters of the exported program are not in the ONNX file and cannot be trained (the exporter folded "
            "them into constants, e.g. a static sequence length makes a position table a constant slice; export with "
-           "dynamic shapes): " + list(really));
+           "dynamic shapes): " +
+           list(really));
   }
 
   bool tied_away(const std::string& target) const { return tied_names_.count(target) != 0; }

@@ -43,9 +43,9 @@
 //    LayerNormalization without B) is restored as zeros under its signature name.
 //    Signature parameters that still have no tensor are named in one warning line.
 #pragma once
-#include <unordered_map>
-
 #include <onnx/onnx_pb.h>
+
+#include <unordered_map>
 
 #include "ir/graph.h"
 #include "ir/status.h"

@@ -8,11 +8,11 @@
 // (OpDef::onnx == false) and nested regions cannot be expressed and are errors. For
 // opsets libonnx 1.12 knows (<= 17) the model must pass onnx::checker::check_model before
 // it is written; the file is written to "<path>.tmp" and renamed.
-#include <filesystem>
-#include <fstream>
-
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "frontend/onnx_import.h"
 #include "frontend/tensor_proto.h"
@@ -30,14 +30,15 @@ Status fill_value_info(const ir::Value* v, onnx::ValueInfoProto* vi, const std::
   auto* sh = tt->mutable_shape();
   for (const ir::Dim& d : v->shape.dims) {
     auto* dp = sh->add_dim();
-    if (d.is_static()) dp->set_dim_value(d.value);
-    else if (!d.symbol.empty()) dp->set_dim_param(d.symbol);
+    if (d.is_static())
+      dp->set_dim_value(d.value);
+    else if (!d.symbol.empty())
+      dp->set_dim_param(d.symbol);
   }
   return Status::ok();
 }
 
-Status fill_attribute(const std::string& key, const ir::AttrValue& v, onnx::AttributeProto* a,
-                      const std::string& who) {
+Status fill_attribute(const std::string& key, const ir::AttrValue& v, onnx::AttributeProto* a, const std::string& who) {
   using A = onnx::AttributeProto;
   a->set_name(key);
   if (auto p = std::get_if<int64_t>(&v)) {

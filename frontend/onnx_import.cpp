@@ -18,7 +18,11 @@
 //     our own checks run first so that their errors (which name node and op) win;
 //  5. kiln's op-table type/shape inference (ir::infer_graph), errors naming the node.
 #include "frontend/onnx_import.h"
-#include "frontend/model_bytes.h"
+
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+#include <onnx/version_converter/convert.h>
 
 #include <algorithm>
 #include <cctype>
@@ -28,12 +32,8 @@
 #include <sstream>
 #include <unordered_map>
 
-#include <onnx/checker.h>
-#include <onnx/onnx_pb.h>
-#include <onnx/shape_inference/implementation.h>
-#include <onnx/version_converter/convert.h>
-
 #include "frontend/initializers.h"
+#include "frontend/model_bytes.h"
 #include "frontend/onnx_lower.h"
 #include "frontend/onnx_ops.h"
 #include "frontend/tensor_proto.h"
@@ -72,26 +72,40 @@ Expected<ir::AttrValue> convert_attribute(const onnx::AttributeProto& a, const s
   using A = onnx::AttributeProto;
   auto type = a.type();
   if (type == A::UNDEFINED) {  // very old exporters leave the type unset: guess from the field set
-    if (a.has_f()) type = A::FLOAT;
-    else if (a.has_i()) type = A::INT;
-    else if (a.has_s()) type = A::STRING;
-    else if (a.has_t()) type = A::TENSOR;
-    else if (a.has_g()) type = A::GRAPH;
-    else if (a.floats_size()) type = A::FLOATS;
-    else if (a.ints_size()) type = A::INTS;
-    else if (a.strings_size()) type = A::STRINGS;
-    else if (a.graphs_size()) type = A::GRAPHS;
+    if (a.has_f())
+      type = A::FLOAT;
+    else if (a.has_i())
+      type = A::INT;
+    else if (a.has_s())
+      type = A::STRING;
+    else if (a.has_t())
+      type = A::TENSOR;
+    else if (a.has_g())
+      type = A::GRAPH;
+    else if (a.floats_size())
+      type = A::FLOATS;
+    else if (a.ints_size())
+      type = A::INTS;
+    else if (a.strings_size())
+      type = A::STRINGS;
+    else if (a.graphs_size())
+      type = A::GRAPHS;
   }
   switch (type) {
-    case A::INT: return ir::AttrValue(static_cast<int64_t>(a.i()));
-    case A::FLOAT: return ir::AttrValue(static_cast<double>(a.f()));
-    case A::STRING: return ir::AttrValue(a.s());
-    case A::INTS: return ir::AttrValue(std::vector<int64_t>(a.ints().begin(), a.ints().end()));
+    case A::INT:
+      return ir::AttrValue(static_cast<int64_t>(a.i()));
+    case A::FLOAT:
+      return ir::AttrValue(static_cast<double>(a.f()));
+    case A::STRING:
+      return ir::AttrValue(a.s());
+    case A::INTS:
+      return ir::AttrValue(std::vector<int64_t>(a.ints().begin(), a.ints().end()));
     case A::FLOATS: {
       std::vector<double> v(a.floats().begin(), a.floats().end());
       return ir::AttrValue(std::move(v));
     }
-    case A::STRINGS: return ir::AttrValue(std::vector<std::string>(a.strings().begin(), a.strings().end()));
+    case A::STRINGS:
+      return ir::AttrValue(std::vector<std::string>(a.strings().begin(), a.strings().end()));
     case A::TENSOR: {
       auto t = tensor_from_proto_named(a.t(), model_dir, who + ": attribute '" + a.name() + "'");
       if (!t) return t.status();
@@ -126,7 +140,8 @@ Expected<ir::Tensor> constant_value(const onnx::NodeProto& n, const std::string&
 
 Expected<ir::DType> value_info_dtype(const onnx::ValueInfoProto& vi, const std::string& what) {
   if (!vi.type().has_tensor_type())
-    return Status::error(what + " '" + vi.name() + "' is not a tensor (sequences, maps and optionals are not supported)");
+    return Status::error(what + " '" + vi.name() +
+                         "' is not a tensor (sequences, maps and optionals are not supported)");
   auto dt = ir::dtype_from_onnx(vi.type().tensor_type().elem_type());
   if (!dt) return Status::error(what + " '" + vi.name() + "': " + dt.message());
   return *dt;
@@ -193,8 +208,9 @@ class Importer {
         if (a.name() != "kernel_shape" && a.name() != "strides" && a.name() != "dilations") continue;
         for (int64_t v : a.ints())
           if (v <= 0)
-            return fail(node_label(n, n.name().empty() ? "#" + std::to_string(i) : n.name()) + ": attribute " + a.name() +
-                        " has " + std::to_string(v) + "; kernel_shape, strides and dilations must be positive");
+            return fail(node_label(n, n.name().empty() ? "#" + std::to_string(i) : n.name()) + ": attribute " +
+                        a.name() + " has " + std::to_string(v) +
+                        "; kernel_shape, strides and dilations must be positive");
       }
     }
     return Status::ok();
@@ -207,9 +223,11 @@ class Importer {
     if (opset_ < 0)
       return fail("model has no opset_import for the default ONNX domain (truncated file, or not an ONNX file)");
     if (opset_ > kMaxOpset)
-      return fail("opset " + std::to_string(opset_) + " of the default ONNX domain is newer than kiln knows (its newest "
-                  "is opset " + std::to_string(kMaxOpset) + ", of ONNX 1.23; it accepts " + std::to_string(kMinOpset) +
-                  ".." + std::to_string(kMaxOpset) + " and upgrades older opsets to " + std::to_string(kMinOpset) +
+      return fail("opset " + std::to_string(opset_) +
+                  " of the default ONNX domain is newer than kiln knows (its newest "
+                  "is opset " +
+                  std::to_string(kMaxOpset) + ", of ONNX 1.23; it accepts " + std::to_string(kMinOpset) + ".." +
+                  std::to_string(kMaxOpset) + " and upgrades older opsets to " + std::to_string(kMinOpset) +
                   "); re-export the model with opset_version <= " + std::to_string(kMaxOpset));
     if (opset_ < kMinOpset) return upgrade_opset();
     return Status::ok();
@@ -224,8 +242,7 @@ class Importer {
       return fail("cannot upgrade opset " + std::to_string(from) + " model to opset " + std::to_string(kMinOpset) +
                   " (ONNX version converter): " + why);
     };
-    if (has_external_)
-      return conversion_failed("initializers with external data are not supported by the converter");
+    if (has_external_) return conversion_failed("initializers with external data are not supported by the converter");
     try {
       // Shapes first: libonnx 1.12's converter needs input shapes for some adapters (Add/Gemm
       // broadcast, Softmax) and, without this, misses those of scalar Constant outputs.
@@ -243,8 +260,7 @@ class Importer {
     opset_ = -1;
     for (const auto& op : model_.opset_import())
       if (is_default_domain(op.domain())) opset_ = op.version();
-    if (opset_ != kMinOpset)
-      return conversion_failed("the converted model has opset " + std::to_string(opset_));
+    if (opset_ != kMinOpset) return conversion_failed("the converted model has opset " + std::to_string(opset_));
     return Status::ok();
   }
 
@@ -294,8 +310,10 @@ class Importer {
           shape.dims.emplace_back(d.dim_value());
         } else if (d.has_dim_param() && !d.dim_param().empty()) {
           auto it = opts_.bind_dims.find(d.dim_param());
-          if (it != opts_.bind_dims.end()) shape.dims.emplace_back(it->second);
-          else shape.dims.emplace_back(ir::Dim(d.dim_param()));
+          if (it != opts_.bind_dims.end())
+            shape.dims.emplace_back(it->second);
+          else
+            shape.dims.emplace_back(ir::Dim(d.dim_param()));
         } else {
           shape.dims.emplace_back();  // unknown
         }
@@ -322,8 +340,8 @@ class Importer {
       std::string name = n.name().empty() ? n.op_type() + "_" + std::to_string(i) : n.name();
       std::string label = node_label(n, name);
       if (!is_default_domain(n.domain()))
-        return fail("unsupported op '" + n.op_type() + "' of domain '" + n.domain() + "' (node '" + name +
-                    "', opset " + std::to_string(opset_) + ")");
+        return fail("unsupported op '" + n.op_type() + "' of domain '" + n.domain() + "' (node '" + name + "', opset " +
+                    std::to_string(opset_) + ")");
       if (const OnnxOpInfo* info = onnx_op_info(n.op_type()); info && info->constant) {
         auto t = constant_value(n, model_dir_, label);
         if (!t) return fail(t.message());
@@ -334,8 +352,7 @@ class Importer {
       }
       const std::vector<int>* versions = onnx_versions(n.op_type());
       if (!versions)
-        return fail("unsupported op '" + n.op_type() + "' (node '" + name + "', opset " + std::to_string(opset_) +
-                    ")");
+        return fail("unsupported op '" + n.op_type() + "' (node '" + name + "', opset " + std::to_string(opset_) + ")");
       if (versions->empty() || versions->front() > opset_)
         return fail(label + ": op " + n.op_type() + " is not in opset " + std::to_string(opset_) +
                     (versions->empty() ? std::string()
@@ -406,8 +423,13 @@ class Importer {
    public:
     NodeLowering(Importer& imp, const onnx::NodeProto& n, std::string name, std::string label,
                  std::vector<ir::Value*> ins, ir::Attributes attrs, int nout)
-        : imp_(imp), n_(n), name_(std::move(name)), label_(std::move(label)), ins_(std::move(ins)),
-          attrs_(std::move(attrs)), nout_(nout) {}
+        : imp_(imp),
+          n_(n),
+          name_(std::move(name)),
+          label_(std::move(label)),
+          ins_(std::move(ins)),
+          attrs_(std::move(attrs)),
+          nout_(nout) {}
     const std::string& op() const override { return n_.op_type(); }
     const std::string& name() const override { return name_; }
     const ir::Attributes& attrs() const override { return attrs_; }
@@ -497,8 +519,10 @@ class Importer {
   Status run_libonnx() {
     if (opset_ > kMaxLibonnxOpset) return Status::ok();  // libonnx 1.12 does not know opset 18
     try {
-      if (has_external_) onnx::checker::check_model(path_);  // resolves external data next to the file
-      else onnx::checker::check_model(model_);
+      if (has_external_)
+        onnx::checker::check_model(path_);  // resolves external data next to the file
+      else
+        onnx::checker::check_model(model_);
     } catch (const std::exception& e) {
       return fail("ONNX checker: " + one_line(e.what()));
     } catch (...) {
@@ -567,8 +591,7 @@ Expected<std::map<std::string, int64_t>> parse_shape_bindings(const std::string&
     std::string it = trim(item);
     if (it.empty()) return Status::error("shape binding '" + spec + "': empty item (expected name=value,...)");
     auto eq = it.find('=');
-    if (eq == std::string::npos)
-      return Status::error("shape binding '" + it + "': expected name=value (e.g. batch=8)");
+    if (eq == std::string::npos) return Status::error("shape binding '" + it + "': expected name=value (e.g. batch=8)");
     std::string name = trim(it.substr(0, eq)), val = trim(it.substr(eq + 1));
     if (name.empty()) return Status::error("shape binding '" + it + "': empty dim name");
     if (val.empty() || val.size() > 18 ||

@@ -77,17 +77,19 @@ Status lower_rms_normalization(LowerContext& c) {
   const int r = rank_of(x);
   if (r < 1) return c.fail("X needs a known rank >= 1");
   int64_t axis = c.attrs().get_int("axis", -1);
-  if (axis < -r || axis >= r) return c.fail("axis " + std::to_string(axis) + " out of range for rank " + std::to_string(r));
+  if (axis < -r || axis >= r)
+    return c.fail("axis " + std::to_string(axis) + " out of range for rank " + std::to_string(r));
   if (axis < 0) axis += r;
   const int64_t stash = c.attrs().get_int("stash_type", 1);
   auto stash_dt = ir::dtype_from_onnx(static_cast<int>(stash));
-  if (!stash_dt || !ir::is_float(*stash_dt)) return c.fail("stash_type " + std::to_string(stash) + " is not a float type");
+  if (!stash_dt || !ir::is_float(*stash_dt))
+    return c.fail("stash_type " + std::to_string(stash) + " is not a float type");
   const double eps = c.attrs().get_float("epsilon", 1e-5);
   std::vector<int64_t> axes;
   for (int64_t a = axis; a < r; ++a) axes.push_back(a);
   Value* xu = cast_to(c, x, *stash_dt);
-  Value* mean = c.emit1("ReduceMean", {c.emit1("Mul", {xu, xu}), c.const_i64(axes)},
-                        attrs_of({{"keepdims", int64_t(1)}}));
+  Value* mean =
+      c.emit1("ReduceMean", {c.emit1("Mul", {xu, xu}), c.const_i64(axes)}, attrs_of({{"keepdims", int64_t(1)}}));
   Value* rms = c.emit1("Sqrt", {c.emit1("Add", {mean, c.scalar(eps, *stash_dt)})});
   Value* normalized = cast_to(c, c.emit1("Div", {xu, rms}), x->dtype);
   c.emit1("Mul", {normalized, scale}, {}, c.output_name(0));
@@ -152,10 +154,12 @@ Status lower_rotary_embedding(LowerContext& c) {
   } else {
     rotated = c.emit1("Concat", {real, imag}, attrs_of({{"axis", int64_t(-1)}}));
   }
-  Value* y = partial ? c.emit1("Concat", {rotated, slice(xt, rd, kEnd, 1)}, attrs_of({{"axis", int64_t(-1)}}))
-                     : rotated;
-  if (r == 4) c.emit1("Transpose", {y}, attrs_of({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), c.output_name(0));
-  else reshape(c, y, {0, 0, -1}, c.output_name(0));
+  Value* y =
+      partial ? c.emit1("Concat", {rotated, slice(xt, rd, kEnd, 1)}, attrs_of({{"axis", int64_t(-1)}})) : rotated;
+  if (r == 4)
+    c.emit1("Transpose", {y}, attrs_of({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), c.output_name(0));
+  else
+    reshape(c, y, {0, 0, -1}, c.output_name(0));
   return Status::ok();
 }
 
@@ -234,11 +238,11 @@ Status lower_attention(LowerContext& c) {
     // Grouped-query attention: each kv head serves hq / hkv consecutive q heads
     // (np.repeat along the head axis); with head counts unknown at import the repeat
     // factor is computed (1 when they are equal: a no-op removed after folding).
-    Value* g = (hq > 0 && hkv > 0) ? c.const_i64({hq / hkv})
-                                   : c.emit1("Div", {dim_value(c, q, 1), dim_value(c, k, 1)});
+    Value* g = (hq > 0 && hkv > 0) ? c.const_i64({hq / hkv}) : c.emit1("Div", {dim_value(c, q, 1), dim_value(c, k, 1)});
     Value* hq_v = hq > 0 ? c.const_i64({hq}) : dim_value(c, q, 1);
     auto repeat = [&](Value* x) {
-      Value* shape5 = c.emit1("Concat", {c.const_i64({1, 1}), g, c.const_i64({1, 1})}, attrs_of({{"axis", int64_t(0)}}));
+      Value* shape5 =
+          c.emit1("Concat", {c.const_i64({1, 1}), g, c.const_i64({1, 1})}, attrs_of({{"axis", int64_t(0)}}));
       Value* e = c.emit1("Expand", {c.emit1("Unsqueeze", {x, c.const_i64({2})}), shape5});
       Value* shape4 = c.emit1("Concat", {c.const_i64({0}), hq_v, c.const_i64({-1}), dim_value(c, x, 3)},
                               attrs_of({{"axis", int64_t(0)}}));
@@ -291,8 +295,10 @@ Status lower_attention(LowerContext& c) {
     Value* allowed = nullptr;
     auto both = [&](Value* x) { allowed = allowed ? c.emit1("And", {allowed, x}) : x; };
     if (causal) both(c.emit1("LessOrEqual", {j, p}));
-    if (left >= 0) both(c.emit1("LessOrEqual", {c.emit1("Sub", {p, j}), c.scalar(static_cast<double>(left), DType::i64)}));
-    if (right >= 0) both(c.emit1("LessOrEqual", {c.emit1("Sub", {j, p}), c.scalar(static_cast<double>(right), DType::i64)}));
+    if (left >= 0)
+      both(c.emit1("LessOrEqual", {c.emit1("Sub", {p, j}), c.scalar(static_cast<double>(left), DType::i64)}));
+    if (right >= 0)
+      both(c.emit1("LessOrEqual", {c.emit1("Sub", {j, p}), c.scalar(static_cast<double>(right), DType::i64)}));
     if (allowed) add_bias(bias_of(c, allowed, dt));
     if (nonpad) {  // keys at or past nonpad[b] are padding
       Value* n = reshape(c, cast_to(c, nonpad, DType::i64), {-1, 1, 1, 1});
@@ -333,8 +339,10 @@ Status parse_term(LowerContext& c, const std::string& term, int rank, Labels& ou
   const size_t e = term.find("...");
   int letters = 0;
   for (char ch : term)
-    if (std::isalpha(static_cast<unsigned char>(ch))) ++letters;
-    else if (ch != '.') return c.fail("equation term '" + term + "' has character '" + std::string(1, ch) + "'");
+    if (std::isalpha(static_cast<unsigned char>(ch)))
+      ++letters;
+    else if (ch != '.')
+      return c.fail("equation term '" + term + "' has character '" + std::string(1, ch) + "'");
   if (e == std::string::npos) {
     if (letters != rank && rank >= 0)
       return c.fail("equation term '" + term + "' has " + std::to_string(letters) + " letters for an operand of rank " +
@@ -344,9 +352,12 @@ Status parse_term(LowerContext& c, const std::string& term, int rank, Labels& ou
   }
   if (term.find("...", e + 3) != std::string::npos) return c.fail("equation term '" + term + "' has two ellipses");
   const int er = rank - letters;
-  if (er < 0) return c.fail("equation term '" + term + "' has more letters than the operand's rank " + std::to_string(rank));
-  if (ellipsis_rank >= 0 && ellipsis_rank != er && rank >= 0) ellipsis_rank = std::max(ellipsis_rank, er);
-  else if (ellipsis_rank < 0) ellipsis_rank = er;
+  if (er < 0)
+    return c.fail("equation term '" + term + "' has more letters than the operand's rank " + std::to_string(rank));
+  if (ellipsis_rank >= 0 && ellipsis_rank != er && rank >= 0)
+    ellipsis_rank = std::max(ellipsis_rank, er);
+  else if (ellipsis_rank < 0)
+    ellipsis_rank = er;
   for (size_t i = 0; i < e; ++i) out.push_back(static_cast<unsigned char>(term[i]));
   for (int k = er; k > 0; --k) out.push_back(1000 + k);
   for (size_t i = e + 3; i < term.size(); ++i) out.push_back(static_cast<unsigned char>(term[i]));
@@ -358,8 +369,10 @@ Value* sum_out(LowerContext& c, Value* v, Labels& l, const std::set<int>& keep) 
   std::vector<int64_t> axes;
   Labels rest;
   for (size_t i = 0; i < l.size(); ++i) {
-    if (keep.count(l[i])) rest.push_back(l[i]);
-    else axes.push_back(static_cast<int64_t>(i));
+    if (keep.count(l[i]))
+      rest.push_back(l[i]);
+    else
+      axes.push_back(static_cast<int64_t>(i));
   }
   if (axes.empty()) return v;
   l = rest;
@@ -389,8 +402,10 @@ Status contract(LowerContext& c, Value*& a, Labels& la, Value* b, Labels lb, con
   b = sum_out(c, b, lb, keep_b);
   Labels batch, left, contr, right;
   for (int l : la) {
-    if (in_b.count(l)) (needed.count(l) ? batch : contr).push_back(l);
-    else left.push_back(l);
+    if (in_b.count(l))
+      (needed.count(l) ? batch : contr).push_back(l);
+    else
+      left.push_back(l);
   }
   for (int l : lb)
     if (!in_a.count(l)) right.push_back(l);
@@ -412,7 +427,8 @@ Status contract(LowerContext& c, Value*& a, Labels& la, Value* b, Labels lb, con
     // (an empty group is a dim of 1).
     const int64_t s1 = group_size(v, nb, nb + g1), s2 = group_size(v, nb + g1, nb + g1 + g2);
     if (g1 == 1 && g2 == 1) return v;
-    if (s1 < 0 && s2 < 0) return c.fail(std::string("the ") + what + " dims of the Einsum must be static to be flattened");
+    if (s1 < 0 && s2 < 0)
+      return c.fail(std::string("the ") + what + " dims of the Einsum must be static to be flattened");
     std::vector<int64_t> shape(nb, 0);
     shape.push_back(s1 < 0 ? -1 : s1);
     shape.push_back(s2 < 0 ? -1 : s2);
@@ -468,7 +484,8 @@ Status diagonals(LowerContext& c, Value*& v, Labels& l) {
 
 Status lower_einsum(LowerContext& c) {
   std::string eq;
-  for (char ch : c.attrs().get_string("equation", "")) if (ch != ' ') eq.push_back(ch);
+  for (char ch : c.attrs().get_string("equation", ""))
+    if (ch != ' ') eq.push_back(ch);
   if (eq.empty()) return c.fail("missing attribute equation");
   const size_t arrow = eq.find("->");
   const std::string lhs = eq.substr(0, arrow);
@@ -496,10 +513,14 @@ Status lower_einsum(LowerContext& c) {
   if (arrow != std::string::npos) {
     int dummy = -1;
     const std::string rhs = eq.substr(arrow + 2);
-    const int letters = static_cast<int>(std::count_if(rhs.begin(), rhs.end(), [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)); }));
-    KILN_RETURN_IF_ERROR(parse_term(c, rhs, letters + (rhs.find("...") != std::string::npos ? std::max(ell, 0) : 0), out, dummy));
+    const int letters = static_cast<int>(
+        std::count_if(rhs.begin(), rhs.end(), [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)); }));
+    KILN_RETURN_IF_ERROR(
+        parse_term(c, rhs, letters + (rhs.find("...") != std::string::npos ? std::max(ell, 0) : 0), out, dummy));
     for (int l : out)
-      if (!count.count(l)) return c.fail("equation '" + eq + "': output letter '" + std::string(1, static_cast<char>(l)) + "' is in no input");
+      if (!count.count(l))
+        return c.fail("equation '" + eq + "': output letter '" + std::string(1, static_cast<char>(l)) +
+                      "' is in no input");
   } else {  // implicit: ellipsis dims, then the letters seen once, in ASCII order
     for (int k = std::max(ell, 0); k > 0; --k) out.push_back(1000 + k);
     for (auto& [l, n] : count)
@@ -537,7 +558,8 @@ Status position_of(LowerContext& c, int input, int64_t n, bool allow_end, int64_
     return c.fail("the position must be a constant scalar (kiln holds sequences of known length at import)");
   p = v[0];
   const int64_t hi = allow_end ? n : n - 1;
-  if (p < -n || p > hi) return c.fail("position " + std::to_string(p) + " out of range for a sequence of " + std::to_string(n));
+  if (p < -n || p > hi)
+    return c.fail("position " + std::to_string(p) + " out of range for a sequence of " + std::to_string(n));
   if (p < 0) p += n;
   return Status::ok();
 }
@@ -636,7 +658,8 @@ Status lower_sequence_insert(LowerContext& c) {
   if (!ok) return c.fail("input 0 is not a sequence");
   if (!c.input(1)) return c.fail("missing tensor input");
   int64_t p = static_cast<int64_t>(s.size());
-  if (c.num_inputs() > 2 && c.input(2)) KILN_RETURN_IF_ERROR(position_of(c, 2, static_cast<int64_t>(s.size()), true, p));
+  if (c.num_inputs() > 2 && c.input(2))
+    KILN_RETURN_IF_ERROR(position_of(c, 2, static_cast<int64_t>(s.size()), true, p));
   s.insert(s.begin() + p, c.input(1));
   return c.define_sequence(0, s);
 }
@@ -647,7 +670,8 @@ Status lower_sequence_erase(LowerContext& c) {
   if (!ok) return c.fail("input 0 is not a sequence");
   if (s.empty()) return c.fail("the sequence is empty");
   int64_t p = static_cast<int64_t>(s.size()) - 1;
-  if (c.num_inputs() > 1 && c.input(1)) KILN_RETURN_IF_ERROR(position_of(c, 1, static_cast<int64_t>(s.size()), false, p));
+  if (c.num_inputs() > 1 && c.input(1))
+    KILN_RETURN_IF_ERROR(position_of(c, 1, static_cast<int64_t>(s.size()), false, p));
   s.erase(s.begin() + p);
   return c.define_sequence(0, s);
 }

@@ -42,18 +42,20 @@ bool is_absolute_location(const std::string& p) {
 }
 
 // Checks the external-data entries of `tp`, then allocates `t` (dtype/dims) and reads it.
-Status read_external(const onnx::TensorProto& tp, const std::string& model_dir, const std::string& who,
-                     ir::DType dt, const std::vector<int64_t>& dims, size_t nbytes, ir::Tensor& t) {
+Status read_external(const onnx::TensorProto& tp, const std::string& model_dir, const std::string& who, ir::DType dt,
+                     const std::vector<int64_t>& dims, size_t nbytes, ir::Tensor& t) {
   std::string location;
   int64_t offset = 0, length = -1;
   for (const auto& e : tp.external_data()) {
     try {
-      if (e.key() == "location") location = e.value();
-      else if (e.key() == "offset") offset = std::stoll(e.value());
-      else if (e.key() == "length") length = std::stoll(e.value());
+      if (e.key() == "location")
+        location = e.value();
+      else if (e.key() == "offset")
+        offset = std::stoll(e.value());
+      else if (e.key() == "length")
+        length = std::stoll(e.value());
     } catch (const std::exception&) {
-      return Status::error(who + ": external data entry '" + e.key() + "' has a non-integer value '" + e.value() +
-                           "'");
+      return Status::error(who + ": external data entry '" + e.key() + "' has a non-integer value '" + e.value() + "'");
     }
   }
   if (location.empty()) return Status::error(who + ": external data has no 'location'");
@@ -212,8 +214,10 @@ Expected<onnx::TensorProto> tensor_to_proto(const ir::Tensor& t, const std::stri
   tp.set_name(name);
   tp.set_data_type(ir::dtype_to_onnx(t.dtype()));
   for (int64_t d : t.dims()) tp.add_dims(d);
-  if (t.nbytes() > 0) tp.set_raw_data(static_cast<const char*>(t.raw()), t.nbytes());
-  else tp.set_raw_data(std::string());
+  if (t.nbytes() > 0)
+    tp.set_raw_data(static_cast<const char*>(t.raw()), t.nbytes());
+  else
+    tp.set_raw_data(std::string());
   return tp;
 }
 
@@ -270,11 +274,12 @@ Expected<int64_t> inline_external_data(onnx::ModelProto& model, const std::strin
 std::string first_external_tensor(const onnx::ModelProto& model) {
   std::string first;
   // The visitor only reads here: the const_cast lends it the model without a copy.
-  (void)visit_tensors(const_cast<onnx::GraphProto&>(model.graph()), [&](onnx::TensorProto& tp, const std::string& who) -> Status {
-    if (tp.data_location() != onnx::TensorProto::EXTERNAL) return Status::ok();
-    first = who;
-    return Status::error("found");
-  });
+  (void)visit_tensors(const_cast<onnx::GraphProto&>(model.graph()),
+                      [&](onnx::TensorProto& tp, const std::string& who) -> Status {
+                        if (tp.data_location() != onnx::TensorProto::EXTERNAL) return Status::ok();
+                        first = who;
+                        return Status::error("found");
+                      });
   return first;
 }
 

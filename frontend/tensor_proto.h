@@ -6,9 +6,9 @@
 // and external data (data_location = EXTERNAL with location/offset/length entries),
 // resolved only inside the model's directory.
 #pragma once
-#include <string>
-
 #include <onnx/onnx_pb.h>
+
+#include <string>
 
 #include "ir/status.h"
 #include "ir/tensor.h"

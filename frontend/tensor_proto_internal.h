@@ -1,8 +1,8 @@
 // Frontend-internal helpers shared by the importer and tensor_proto.cpp.
 #pragma once
-#include <string>
-
 #include <onnx/onnx_pb.h>
+
+#include <string>
 
 #include "ir/status.h"
 #include "ir/tensor.h"

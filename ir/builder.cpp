@@ -8,8 +8,10 @@ Expected<std::vector<Value*>> Builder::emit(const std::string& op, std::vector<V
   std::string node_name = prefix_ + "/" + op + "_" + std::to_string(k);
   std::vector<std::string> outs;
   for (int i = 0; i < num_outputs; ++i) {
-    if (!out_name.empty()) outs.push_back(num_outputs == 1 ? out_name : out_name + "." + std::to_string(i));
-    else outs.push_back(node_name + (num_outputs == 1 ? "" : ":" + std::to_string(i)));
+    if (!out_name.empty())
+      outs.push_back(num_outputs == 1 ? out_name : out_name + "." + std::to_string(i));
+    else
+      outs.push_back(node_name + (num_outputs == 1 ? "" : ":" + std::to_string(i)));
   }
   Node* n = g_.add_node(op, node_name, std::move(inputs), outs, std::move(attrs));
   Status st = infer_node(*n);

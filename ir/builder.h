@@ -16,10 +16,9 @@ class Builder {
   Builder(Graph& g, std::string prefix) : g_(g), prefix_(std::move(prefix)) {}
   /// Emits one node; returns its outputs. Type inference errors are returned.
   Expected<std::vector<Value*>> emit(const std::string& op, std::vector<Value*> inputs, int num_outputs = 1,
-                                         Attributes attrs = {}, const std::string& out_name = "");
+                                     Attributes attrs = {}, const std::string& out_name = "");
   /// Emits a single-output node. On an inference error, records it (see status()) and returns nullptr.
-  Value* op(const std::string& op, std::vector<Value*> inputs, Attributes attrs = {},
-                const std::string& out_name = "");
+  Value* op(const std::string& op, std::vector<Value*> inputs, Attributes attrs = {}, const std::string& out_name = "");
   /// Scalar constant (rank 0) of the given float dtype, as an initializer.
   Value* scalar(double v, DType dtype);
   /// 1-D i64 constant, as an initializer.

@@ -6,31 +6,51 @@ namespace kiln::ir {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i64: return 8;
-    case DType::i32: return 4;
-    case DType::i8: return 1;
-    case DType::u8: return 1;
-    case DType::boolean: return 1;
-    default: return 0;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i64:
+      return 8;
+    case DType::i32:
+      return 4;
+    case DType::i8:
+      return 1;
+    case DType::u8:
+      return 1;
+    case DType::boolean:
+      return 1;
+    default:
+      return 0;
   }
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i64: return "i64";
-    case DType::i32: return "i32";
-    case DType::i8: return "i8";
-    case DType::u8: return "u8";
-    case DType::boolean: return "bool";
-    default: return "undefined";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i64:
+      return "i64";
+    case DType::i32:
+      return "i32";
+    case DType::i8:
+      return "i8";
+    case DType::u8:
+      return "u8";
+    case DType::boolean:
+      return "bool";
+    default:
+      return "undefined";
   }
 }
 
@@ -44,31 +64,51 @@ Expected<DType> dtype_from_name(const std::string& s) {
 
 Expected<DType> dtype_from_onnx(int o) {
   switch (o) {
-    case 1: return DType::f32;
-    case 2: return DType::u8;
-    case 3: return DType::i8;
-    case 6: return DType::i32;
-    case 7: return DType::i64;
-    case 9: return DType::boolean;
-    case 10: return DType::f16;
-    case 11: return DType::f64;
-    case 16: return DType::bf16;
-    default: return Status::error("unsupported ONNX element type " + std::to_string(o));
+    case 1:
+      return DType::f32;
+    case 2:
+      return DType::u8;
+    case 3:
+      return DType::i8;
+    case 6:
+      return DType::i32;
+    case 7:
+      return DType::i64;
+    case 9:
+      return DType::boolean;
+    case 10:
+      return DType::f16;
+    case 11:
+      return DType::f64;
+    case 16:
+      return DType::bf16;
+    default:
+      return Status::error("unsupported ONNX element type " + std::to_string(o));
   }
 }
 
 int dtype_to_onnx(DType t) {
   switch (t) {
-    case DType::f32: return 1;
-    case DType::u8: return 2;
-    case DType::i8: return 3;
-    case DType::i32: return 6;
-    case DType::i64: return 7;
-    case DType::boolean: return 9;
-    case DType::f16: return 10;
-    case DType::f64: return 11;
-    case DType::bf16: return 16;
-    default: return 0;
+    case DType::f32:
+      return 1;
+    case DType::u8:
+      return 2;
+    case DType::i8:
+      return 3;
+    case DType::i32:
+      return 6;
+    case DType::i64:
+      return 7;
+    case DType::boolean:
+      return 9;
+    case DType::f16:
+      return 10;
+    case DType::f64:
+      return 11;
+    case DType::bf16:
+      return 16;
+    default:
+      return 0;
   }
 }
 

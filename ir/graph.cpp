@@ -1,8 +1,7 @@
 #include "ir/graph.h"
 
-#include <atomic>
-
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <set>
 #include <unordered_map>
@@ -14,10 +13,14 @@ namespace kiln::ir {
 
 const char* init_role_name(InitRole r) {
   switch (r) {
-    case InitRole::parameter: return "parameter";
-    case InitRole::buffer: return "buffer";
-    case InitRole::constant: return "constant";
-    default: return "unknown";
+    case InitRole::parameter:
+      return "parameter";
+    case InitRole::buffer:
+      return "buffer";
+    case InitRole::constant:
+      return "constant";
+    default:
+      return "unknown";
   }
 }
 
@@ -260,8 +263,10 @@ void Graph::remove_unused_initializers() {
   collect_region_inputs(*this, used);
   std::vector<Value*> keep;
   for (Value* v : initializers) {
-    if (used.count(v)) keep.push_back(v);
-    else by_name_.erase(v->name);
+    if (used.count(v))
+      keep.push_back(v);
+    else
+      by_name_.erase(v->name);
   }
   initializers = keep;
 }

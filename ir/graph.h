@@ -79,8 +79,8 @@ class Value {
   std::string name;
   DType dtype = DType::undefined;
   Shape shape;
-  Node* producer = nullptr;   ///< null for graph inputs and initializers
-  int producer_output = -1;   ///< index into producer->outputs
+  Node* producer = nullptr;  ///< null for graph inputs and initializers
+  int producer_output = -1;  ///< index into producer->outputs
   /// Set for initializers (parameters, folded constants).
   std::shared_ptr<Tensor> data;
   bool is_initializer() const { return data != nullptr; }
@@ -120,7 +120,7 @@ class Node {
  public:
   std::string op;
   std::string name;
-  std::vector<Value*> inputs;   ///< nullptr entries for omitted optional inputs
+  std::vector<Value*> inputs;  ///< nullptr entries for omitted optional inputs
   std::vector<Value*> outputs;
   Attributes attrs;
   /// Nested regions (e.g. the body of a gradient-accumulation loop).
@@ -144,7 +144,7 @@ struct Use {
 /// `output` back as the next step's `input`. `initial` is the value before step 1
 /// (parameters: the ONNX initializer; optimizer state: zeros).
 struct StateBinding {
-  std::string kind;   ///< "parameter", "optimizer_state", "buffer" (BatchNorm running stats), "counter"
+  std::string kind;  ///< "parameter", "optimizer_state", "buffer" (BatchNorm running stats), "counter"
   Value* input = nullptr;
   Value* output = nullptr;
   std::shared_ptr<Tensor> initial;
@@ -173,7 +173,7 @@ struct InitializerOrigin {
 class Graph {
  public:
   std::string name = "main";
-  std::vector<Value*> inputs;        ///< runtime inputs (not initializers)
+  std::vector<Value*> inputs;  ///< runtime inputs (not initializers)
   std::vector<Value*> outputs;
   std::vector<Value*> initializers;  ///< values with data, in insertion order
   /// Training state (empty for inference graphs), printed in the IR dump.

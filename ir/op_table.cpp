@@ -7,28 +7,36 @@ namespace kiln::ir {
 
 const char* fusion_class_name(FusionClass f) {
   switch (f) {
-    case FusionClass::pointwise: return "pointwise";
-    case FusionClass::reduction: return "reduction";
-    case FusionClass::library: return "library";
-    case FusionClass::view: return "view";
-    default: return "opaque";
+    case FusionClass::pointwise:
+      return "pointwise";
+    case FusionClass::reduction:
+      return "reduction";
+    case FusionClass::library:
+      return "library";
+    case FusionClass::view:
+      return "view";
+    default:
+      return "opaque";
   }
 }
 
 const char* precision_policy_name(PrecisionPolicy p) {
   switch (p) {
-    case PrecisionPolicy::low_precision: return "low_precision";
-    case PrecisionPolicy::follow_inputs: return "follow_inputs";
-    case PrecisionPolicy::fp32: return "fp32";
-    default: return "not_float";
+    case PrecisionPolicy::low_precision:
+      return "low_precision";
+    case PrecisionPolicy::follow_inputs:
+      return "follow_inputs";
+    case PrecisionPolicy::fp32:
+      return "fp32";
+    default:
+      return "not_float";
   }
 }
 
 const char* scalar_op_name(ScalarOp op) {
-  static const char* names[] = {"add", "sub", "mul",  "div", "pow", "max", "min", "neg", "abs", "exp",
-                                "log", "sqrt", "erf", "tanh", "sin", "cos", "floor", "lt", "le", "gt",
-                                "ge",  "eq",  "and", "or",  "xor", "not", "select", "cast", "fma",
-                                "ceil", "round", "fmod"};
+  static const char* names[] = {"add",  "sub", "mul",  "div", "pow",    "max",   "min", "neg",  "abs",   "exp", "log",
+                                "sqrt", "erf", "tanh", "sin", "cos",    "floor", "lt",  "le",   "gt",    "ge",  "eq",
+                                "and",  "or",  "xor",  "not", "select", "cast",  "fma", "ceil", "round", "fmod"};
   return names[static_cast<int>(op)];
 }
 
@@ -185,12 +193,18 @@ Expected<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
     int ia = i - (r - a.rank()), ib = i - (r - b.rank());
     Dim da = ia >= 0 ? a.dims[ia] : Dim(1);
     Dim db = ib >= 0 ? b.dims[ib] : Dim(1);
-    if (da == db) out.dims[i] = da;
-    else if (da.is_static() && da.value == 1) out.dims[i] = db;
-    else if (db.is_static() && db.value == 1) out.dims[i] = da;
-    else if (!da.is_static() && db.is_static()) out.dims[i] = db;
-    else if (!db.is_static() && da.is_static()) out.dims[i] = da;
-    else if (!da.is_static() && !db.is_static()) out.dims[i] = da;
+    if (da == db)
+      out.dims[i] = da;
+    else if (da.is_static() && da.value == 1)
+      out.dims[i] = db;
+    else if (db.is_static() && db.value == 1)
+      out.dims[i] = da;
+    else if (!da.is_static() && db.is_static())
+      out.dims[i] = db;
+    else if (!db.is_static() && da.is_static())
+      out.dims[i] = da;
+    else if (!da.is_static() && !db.is_static())
+      out.dims[i] = da;
     else
       return Status::error("shapes " + a.to_string() + " and " + b.to_string() + " do not broadcast");
   }
@@ -221,9 +235,7 @@ void add_traits(OpTable& t, const char* name, OpTraits traits) {
 
 bool is_view_op(const std::string& op) { return has_trait(op, OpTrait::view); }
 
-bool is_strided_view_op(const std::string& op) {
-  return has_trait(op, OpTrait::strided_view) || is_view_op(op);
-}
+bool is_strided_view_op(const std::string& op) { return has_trait(op, OpTrait::strided_view) || is_view_op(op); }
 
 bool is_guarded_view_op(const std::string& op) { return has_trait(op, OpTrait::guarded_view); }
 

@@ -51,9 +51,9 @@ struct TypeInfo {
 /// when known (initializers, folded constants, or every input in eager mode), else nullptr.
 struct InferContext {
   const Node& node;
-  std::vector<TypeInfo> in;              ///< dtype undefined for omitted optional inputs
+  std::vector<TypeInfo> in;  ///< dtype undefined for omitted optional inputs
   std::vector<const Tensor*> values;
-  std::vector<TypeInfo> out;             ///< to be filled, one per node output
+  std::vector<TypeInfo> out;  ///< to be filled, one per node output
 
   const Attributes& attrs() const { return node.attrs; }
   int num_inputs() const { return static_cast<int>(in.size()); }
@@ -75,10 +75,10 @@ struct KernelContext {
   const Node& node;
   std::vector<const Tensor*> inputs;
   std::vector<Tensor> outputs;
-  bool training = false;      ///< Dropout / BatchNormalization training behaviour
-  uint64_t seed = 0;          ///< Philox seed of the run
-  uint64_t step = 0;          ///< Philox offset base (advanced once per training step)
-  uint64_t op_id = 0;         ///< stable id of the node in its graph (Philox subsequence)
+  bool training = false;  ///< Dropout / BatchNormalization training behaviour
+  uint64_t seed = 0;      ///< Philox seed of the run
+  uint64_t step = 0;      ///< Philox offset base (advanced once per training step)
+  uint64_t op_id = 0;     ///< stable id of the node in its graph (Philox subsequence)
   const Attributes& attrs() const { return node.attrs; }
   const Tensor& in(int i) const { return *inputs[i]; }
   bool has_input(int i) const { return i < static_cast<int>(inputs.size()) && inputs[i] != nullptr; }
@@ -124,17 +124,39 @@ Value* zeros_like(GradContext& g, Value* v);
 /// codegen/ renders them as LLVM IR or CUDA C++). Float ops on bf16/f16 compute in f32
 /// and round the result to the storage dtype, exactly as the eager kernels do.
 enum class ScalarOp {
-  add, sub, mul, div, pow, max, min,                // binary arithmetic (integer div truncates)
-  neg, abs, exp, log, sqrt, erf, tanh, sin, cos,    // unary
+  add,
+  sub,
+  mul,
+  div,
+  pow,
+  max,
+  min,  // binary arithmetic (integer div truncates)
+  neg,
+  abs,
+  exp,
+  log,
+  sqrt,
+  erf,
+  tanh,
+  sin,
+  cos,  // unary
   floor,
-  lt, le, gt, ge, eq,                               // comparisons -> boolean
-  logical_and, logical_or, logical_xor, logical_not,
-  select,                                           // select(cond, a, b)
-  cast,                                             // to the Ref's dtype (float->int truncates)
-  fma,                                              // fma(a, b, c) = a * b + c, one rounding (floats)
-  ceil, round,                                      // ceil(x); round half to even (floats)
-  fmod,                                             // fmod(a, b): remainder with a's sign (C fmod;
-                                                    // integers truncate, a % 0 = 0)
+  lt,
+  le,
+  gt,
+  ge,
+  eq,  // comparisons -> boolean
+  logical_and,
+  logical_or,
+  logical_xor,
+  logical_not,
+  select,  // select(cond, a, b)
+  cast,    // to the Ref's dtype (float->int truncates)
+  fma,     // fma(a, b, c) = a * b + c, one rounding (floats)
+  ceil,
+  round,  // ceil(x); round half to even (floats)
+  fmod,   // fmod(a, b): remainder with a's sign (C fmod;
+          // integers truncate, a % 0 = 0)
 };
 /// Name used by the kernel-IR printer ("add", "select", ...).
 const char* scalar_op_name(ScalarOp op);
@@ -257,17 +279,17 @@ struct StridedRead {
 /// One op kind.
 struct OpDef {
   std::string name;
-  std::string doc;                ///< one line; cites the ONNX spec or the paper
+  std::string doc;  ///< one line; cites the ONNX spec or the paper
   int min_inputs = 0, max_inputs = 0;
   int min_outputs = 1, max_outputs = 1;
   std::vector<AttrSpec> attrs;
   InferFn infer;
   Differentiability diff = Differentiability::not_differentiable;
-  GradFn grad;                    ///< set iff diff == differentiable
+  GradFn grad;  ///< set iff diff == differentiable
   PrecisionPolicy precision = PrecisionPolicy::follow_inputs;
-  CostFn cost;                    ///< optional; default_cost used when empty
+  CostFn cost;  ///< optional; default_cost used when empty
   FusionClass fusion = FusionClass::opaque;
-  KernelFn kernel;                ///< eager CPU kernel (filled by the runtime)
+  KernelFn kernel;  ///< eager CPU kernel (filled by the runtime)
   /// The eager kernel writes every element of every output whatever the inputs, so the
   /// interpreter allocates its outputs without zero-filling them (set by the runtime
   /// beside `kernel`; false: outputs start as zeros, as kernels that accumulate need).
@@ -302,7 +324,7 @@ struct OpDef {
   /// The dims of input 0 that `row` reduces over, for node `n` with static shapes; an
   /// error when the node's attributes are invalid.
   std::function<Expected<std::vector<int>>(const Node& n)> row_dims;
-  bool onnx = true;               ///< an ONNX op (imported/exported by name) vs a kiln-internal op
+  bool onnx = true;  ///< an ONNX op (imported/exported by name) vs a kiln-internal op
   /// ONNX ops: the since-versions of the op's ONNX schema that kiln implements, from the
   /// one in force at opset 13 (the oldest opset kiln imports without upgrading) to the
   /// newest at kiln's newest opset (frontend::kMaxOpset), ascending. A node of a model at
@@ -407,7 +429,7 @@ void register_loss_ops(OpTable& t);
 void register_training_ops(OpTable& t);
 void register_optim8bit_ops(OpTable& t);  ///< ir/ops/optim8bit.cpp (8-bit AdamW state)
 void register_control_ops(OpTable& t);
-void register_indexing_ops(OpTable& t);   ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
+void register_indexing_ops(OpTable& t);  ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
 /// Fills OpDef::scalar of the pointwise ops (ir/ops/elementwise.cpp), after every op is registered.
 void register_scalar_rules(OpTable& t);
 /// Sets OpDef::traits and the per-op hooks of ir/ops/traits.cpp, after every op is registered.

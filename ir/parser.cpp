@@ -87,9 +87,11 @@ class Parser {
   Status type(const std::string& t_in, DType& dt, Shape& shape, ArenaPlacement* arena = nullptr) const {
     std::string t = t_in;
     if (const size_t at = t.find(" @arena("); at != std::string::npos) {
-      if (!arena || t.back() != ')') return fail("a type such as f32[2, 3] (@arena only on node outputs and graph inputs)");
+      if (!arena || t.back() != ')')
+        return fail("a type such as f32[2, 3] (@arena only on node outputs and graph inputs)");
       std::vector<std::string> f = split_top(t.substr(at + 8, t.size() - at - 9));
-      if (f.size() < 2 || f.size() > 3 || (f.size() == 3 && f[2] != "home")) return fail("@arena(OFFSET, BYTES[, home])");
+      if (f.size() < 2 || f.size() > 3 || (f.size() == 3 && f[2] != "home"))
+        return fail("@arena(OFFSET, BYTES[, home])");
       arena->offset = std::strtoll(f[0].c_str(), nullptr, 10);
       arena->bytes = std::strtoll(f[1].c_str(), nullptr, 10);
       arena->home = f.size() == 3;
@@ -104,10 +106,12 @@ class Parser {
     const std::string inner = t.substr(lb + 1, t.size() - lb - 2);
     if (inner.empty()) return Status::ok();
     for (const std::string& item : split_top(inner)) {
-      if (item == "?") shape.dims.push_back(Dim());
+      if (item == "?")
+        shape.dims.push_back(Dim());
       else if (!item.empty() && (std::isdigit(static_cast<unsigned char>(item[0])) || item[0] == '-'))
         shape.dims.push_back(Dim(std::strtoll(item.c_str(), nullptr, 10)));
-      else shape.dims.push_back(Dim(item));
+      else
+        shape.dims.push_back(Dim(item));
     }
     return Status::ok();
   }

@@ -15,9 +15,12 @@ static std::string fmt_double(double d) {
 
 std::string attr_to_string(const AttrValue& v) {
   std::ostringstream os;
-  if (auto p = std::get_if<int64_t>(&v)) os << *p;
-  else if (auto p = std::get_if<double>(&v)) os << fmt_double(*p);
-  else if (auto p = std::get_if<std::string>(&v)) os << '"' << *p << '"';
+  if (auto p = std::get_if<int64_t>(&v))
+    os << *p;
+  else if (auto p = std::get_if<double>(&v))
+    os << fmt_double(*p);
+  else if (auto p = std::get_if<std::string>(&v))
+    os << '"' << *p << '"';
   else if (auto p = std::get_if<std::vector<int64_t>>(&v)) {
     os << "[";
     for (size_t i = 0; i < p->size(); ++i) os << (i ? ", " : "") << (*p)[i];
@@ -89,7 +92,8 @@ void print_graph(const Graph& g, std::ostream& os, int indent) {
     for (auto& r : n->regions) print_graph(*r, os, indent + 4);
   }
   for (const StateBinding& sb : g.state)
-    os << pad << "  state " << sb.kind << " %" << sb.input->name << " <- %" << (sb.output ? sb.output->name : "?") << "\n";
+    os << pad << "  state " << sb.kind << " %" << sb.input->name << " <- %" << (sb.output ? sb.output->name : "?")
+       << "\n";
   os << pad << "  return ";
   for (size_t i = 0; i < g.outputs.size(); ++i) os << (i ? ", " : "") << "%" << g.outputs[i]->name;
   os << "\n" << pad << "}\n";

@@ -120,7 +120,8 @@ bool read_tensor_bytes(ByteReader& r, Tensor& out, std::string& why) {
   if (numel > static_cast<int64_t>(r.left() / std::max<size_t>(1, dtype_size(dtype))) ||
       n != static_cast<uint64_t>(numel) * dtype_size(dtype))
     return why = "tensor of " + dims_to_string(dims) + " " + dtype_name(dtype) + " with " + std::to_string(n) +
-                 " bytes (or fewer left)", false;
+                 " bytes (or fewer left)",
+           false;
   Tensor t = Tensor::uninitialized(dtype, dims);
   if (!r.bytes(t.raw(), n)) return why = "truncated tensor data", false;
   out = std::move(t);
@@ -269,7 +270,8 @@ Status read_record(ByteReader& r, ValueRecord& rec) {
   uint8_t dt, role;
   uint64_t rank;
   if (!r.str(rec.name) || !r.u8(dt) || !r.count(rank, 16)) return bad("truncated value");
-  if (dt > static_cast<uint8_t>(DType::undefined)) return bad("value '" + rec.name + "': bad dtype " + std::to_string(dt));
+  if (dt > static_cast<uint8_t>(DType::undefined))
+    return bad("value '" + rec.name + "': bad dtype " + std::to_string(dt));
   rec.dtype = static_cast<DType>(dt);
   rec.shape.dims.resize(rank);
   for (Dim& d : rec.shape.dims)
@@ -335,7 +337,8 @@ Status GraphReader::read_into(Graph& g, ByteReader& r, int depth) {
     if (!r.i64(id)) return bad("truncated value reference");
     if (id == -1 && nullable) return out = nullptr, Status::ok();
     out = value(id);
-    if (!out) return bad("value id " + std::to_string(id) + " out of range (" + std::to_string(values_.size()) + " read)");
+    if (!out)
+      return bad("value id " + std::to_string(id) + " out of range (" + std::to_string(values_.size()) + " read)");
     return Status::ok();
   };
   uint64_t n;
@@ -482,7 +485,8 @@ Status GraphReader::read_into(Graph& g, ByteReader& r, int depth) {
     std::string name;
     int64_t t;
     if (!r.str(name) || !r.i64(t)) return bad("truncated input default");
-    if (!(g.input_defaults[name] = tensor(t))) return bad("input default '" + name + "' names tensor " + std::to_string(t));
+    if (!(g.input_defaults[name] = tensor(t)))
+      return bad("input default '" + name + "' names tensor " + std::to_string(t));
   }
   return Status::ok();
 }

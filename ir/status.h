@@ -13,7 +13,12 @@ class Status {
  public:
   Status() = default;
   /// Builds an error status with the given message (must be non-empty).
-  static Status error(std::string msg) { Status s; s.msg_ = std::move(msg); s.failed_ = true; return s; }
+  static Status error(std::string msg) {
+    Status s;
+    s.msg_ = std::move(msg);
+    s.failed_ = true;
+    return s;
+  }
   static Status ok() { return Status(); }
   bool is_ok() const { return !failed_; }
   explicit operator bool() const { return !failed_; }
@@ -53,17 +58,16 @@ class Expected {
 }  // namespace kiln
 
 /// Propagates an error Status from an expression returning Status.
-#define KILN_RETURN_IF_ERROR(expr)          \
-  do {                                      \
-    ::kiln::Status _st = (expr);            \
-    if (!_st.is_ok()) return _st;           \
+#define KILN_RETURN_IF_ERROR(expr) \
+  do {                             \
+    ::kiln::Status _st = (expr);   \
+    if (!_st.is_ok()) return _st;  \
   } while (0)
 
 #define KILN_CONCAT_INNER(a, b) a##b
 #define KILN_CONCAT(a, b) KILN_CONCAT_INNER(a, b)
 /// `KILN_ASSIGN_OR_RETURN(auto x, f());` : unwraps an Expected or returns its Status.
-#define KILN_ASSIGN_OR_RETURN(lhs, expr)                                   \
-  auto KILN_CONCAT(_exp_, __LINE__) = (expr);                              \
-  if (!KILN_CONCAT(_exp_, __LINE__).has_value())                           \
-    return KILN_CONCAT(_exp_, __LINE__).status();                          \
+#define KILN_ASSIGN_OR_RETURN(lhs, expr)                                                       \
+  auto KILN_CONCAT(_exp_, __LINE__) = (expr);                                                  \
+  if (!KILN_CONCAT(_exp_, __LINE__).has_value()) return KILN_CONCAT(_exp_, __LINE__).status(); \
   lhs = std::move(KILN_CONCAT(_exp_, __LINE__).value())

@@ -195,42 +195,77 @@ Tensor Tensor::reshaped(std::vector<int64_t> dims) const {
 
 double Tensor::get_f64(int64_t i) const {
   switch (dtype_) {
-    case DType::f32: return data<float>()[i];
-    case DType::f64: return data<double>()[i];
-    case DType::bf16: return bf16_to_f32(data<uint16_t>()[i]);
-    case DType::f16: return f16_to_f32(data<uint16_t>()[i]);
-    case DType::i64: return static_cast<double>(data<int64_t>()[i]);
-    case DType::i32: return data<int32_t>()[i];
-    case DType::i8: return data<int8_t>()[i];
-    case DType::u8: return data<uint8_t>()[i];
-    case DType::boolean: return data<uint8_t>()[i] ? 1.0 : 0.0;
-    default: return 0;
+    case DType::f32:
+      return data<float>()[i];
+    case DType::f64:
+      return data<double>()[i];
+    case DType::bf16:
+      return bf16_to_f32(data<uint16_t>()[i]);
+    case DType::f16:
+      return f16_to_f32(data<uint16_t>()[i]);
+    case DType::i64:
+      return static_cast<double>(data<int64_t>()[i]);
+    case DType::i32:
+      return data<int32_t>()[i];
+    case DType::i8:
+      return data<int8_t>()[i];
+    case DType::u8:
+      return data<uint8_t>()[i];
+    case DType::boolean:
+      return data<uint8_t>()[i] ? 1.0 : 0.0;
+    default:
+      return 0;
   }
 }
 
 void Tensor::set_f64(int64_t i, double v) {
   switch (dtype_) {
-    case DType::f32: data<float>()[i] = static_cast<float>(v); break;
-    case DType::f64: data<double>()[i] = v; break;
-    case DType::bf16: data<uint16_t>()[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::f16: data<uint16_t>()[i] = f32_to_f16(static_cast<float>(v)); break;
-    case DType::i64: data<int64_t>()[i] = static_cast<int64_t>(v); break;
-    case DType::i32: data<int32_t>()[i] = static_cast<int32_t>(v); break;
-    case DType::i8: data<int8_t>()[i] = static_cast<int8_t>(v); break;
-    case DType::u8: data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
-    case DType::boolean: data<uint8_t>()[i] = v != 0.0; break;
-    default: break;
+    case DType::f32:
+      data<float>()[i] = static_cast<float>(v);
+      break;
+    case DType::f64:
+      data<double>()[i] = v;
+      break;
+    case DType::bf16:
+      data<uint16_t>()[i] = f32_to_bf16(static_cast<float>(v));
+      break;
+    case DType::f16:
+      data<uint16_t>()[i] = f32_to_f16(static_cast<float>(v));
+      break;
+    case DType::i64:
+      data<int64_t>()[i] = static_cast<int64_t>(v);
+      break;
+    case DType::i32:
+      data<int32_t>()[i] = static_cast<int32_t>(v);
+      break;
+    case DType::i8:
+      data<int8_t>()[i] = static_cast<int8_t>(v);
+      break;
+    case DType::u8:
+      data<uint8_t>()[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::boolean:
+      data<uint8_t>()[i] = v != 0.0;
+      break;
+    default:
+      break;
   }
 }
 
 int64_t Tensor::get_i64(int64_t i) const {
   switch (dtype_) {
-    case DType::i64: return data<int64_t>()[i];
-    case DType::i32: return data<int32_t>()[i];
-    case DType::i8: return data<int8_t>()[i];
-    case DType::u8: return data<uint8_t>()[i];
-    case DType::boolean: return data<uint8_t>()[i];
-    default: return static_cast<int64_t>(get_f64(i));
+    case DType::i64:
+      return data<int64_t>()[i];
+    case DType::i32:
+      return data<int32_t>()[i];
+    case DType::i8:
+      return data<int8_t>()[i];
+    case DType::u8:
+      return data<uint8_t>()[i];
+    case DType::boolean:
+      return data<uint8_t>()[i];
+    default:
+      return static_cast<int64_t>(get_f64(i));
   }
 }
 
@@ -253,10 +288,18 @@ Tensor Tensor::cast(DType to) const {
       int64_t v = get_i64(i);
       if (to == DType::boolean) v = v != 0;
       switch (to) {
-        case DType::i64: t.data<int64_t>()[i] = v; break;
-        case DType::i32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
-        case DType::i8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
-        default: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+        case DType::i64:
+          t.data<int64_t>()[i] = v;
+          break;
+        case DType::i32:
+          t.data<int32_t>()[i] = static_cast<int32_t>(v);
+          break;
+        case DType::i8:
+          t.data<int8_t>()[i] = static_cast<int8_t>(v);
+          break;
+        default:
+          t.data<uint8_t>()[i] = static_cast<uint8_t>(v);
+          break;
       }
     } else {
       double v = get_f64(i);

@@ -94,8 +94,14 @@ class Tensor {
 
   void* raw() { return storage_ ? storage_->data() : nullptr; }
   const void* raw() const { return storage_ ? storage_->data() : nullptr; }
-  template <typename T> T* data() { return static_cast<T*>(raw()); }
-  template <typename T> const T* data() const { return static_cast<const T*>(raw()); }
+  template <typename T>
+  T* data() {
+    return static_cast<T*>(raw());
+  }
+  template <typename T>
+  const T* data() const {
+    return static_cast<const T*>(raw());
+  }
 
   /// True when no other Tensor shares this one's storage (an in-place write is invisible to others).
   bool storage_unique() const { return storage_ && storage_.use_count() == 1 + storage_->held_refs(); }

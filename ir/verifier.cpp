@@ -9,13 +9,20 @@ namespace kiln::ir {
 
 static bool attr_kind_matches(const AttrValue& v, AttrKind k) {
   switch (k) {
-    case AttrKind::i: return std::holds_alternative<int64_t>(v);
-    case AttrKind::f: return std::holds_alternative<double>(v) || std::holds_alternative<int64_t>(v);
-    case AttrKind::s: return std::holds_alternative<std::string>(v);
-    case AttrKind::ints: return std::holds_alternative<std::vector<int64_t>>(v);
-    case AttrKind::floats: return std::holds_alternative<std::vector<double>>(v);
-    case AttrKind::strings: return std::holds_alternative<std::vector<std::string>>(v);
-    case AttrKind::tensor: return std::holds_alternative<Tensor>(v);
+    case AttrKind::i:
+      return std::holds_alternative<int64_t>(v);
+    case AttrKind::f:
+      return std::holds_alternative<double>(v) || std::holds_alternative<int64_t>(v);
+    case AttrKind::s:
+      return std::holds_alternative<std::string>(v);
+    case AttrKind::ints:
+      return std::holds_alternative<std::vector<int64_t>>(v);
+    case AttrKind::floats:
+      return std::holds_alternative<std::vector<double>>(v);
+    case AttrKind::strings:
+      return std::holds_alternative<std::vector<std::string>>(v);
+    case AttrKind::tensor:
+      return std::holds_alternative<Tensor>(v);
   }
   return false;
 }

@@ -58,7 +58,8 @@ int absorb_graph(Graph& g) {
           if (t->inputs[0]->shape.rank() < 2) break;
           const std::vector<int64_t> p = perm_of(*t);
           std::vector<int64_t> q = n.attrs.get_ints(key), r;
-          if (q.empty()) r = p;
+          if (q.empty())
+            r = p;
           else
             for (int64_t i : q) r.push_back(p[static_cast<size_t>(i)]);
           n.attrs.set(key, r);

@@ -70,11 +70,11 @@ class Accumulation : public Pass {
     std::vector<Value*> scan;
     for (Value* in : g.inputs) {
       if (state_inputs.count(in)) continue;
-      if (in->name == kNumItemsInput) continue;  // fed with the step (see 5.)
+      if (in->name == kNumItemsInput) continue;        // fed with the step (see 5.)
       if (g.input_defaults.count(in->name)) continue;  // a run-time setting (LR schedule), read once per step
       if (in->shape.rank() < 1 || !in->shape.dims[0].is_static())
-        return Status::error("gradient accumulation: data input '" + in->name + "' has no static leading (batch) dim (" +
-                             in->shape.to_string() + ")");
+        return Status::error("gradient accumulation: data input '" + in->name +
+                             "' has no static leading (batch) dim (" + in->shape.to_string() + ")");
       scan.push_back(in);
     }
     if (scan.empty()) return Status::error("gradient accumulation: the training graph has no data inputs");
@@ -115,7 +115,8 @@ class Accumulation : public Pass {
     for (auto& sb : g.state)
       if (sb.kind == "parameter") {
         Value* gr = g.find_value(sb.input->name + ".grad");
-        if (!gr) return Status::error("gradient accumulation: no gradient '" + sb.input->name + ".grad' (run autodiff first)");
+        if (!gr)
+          return Status::error("gradient accumulation: no gradient '" + sb.input->name + ".grad' (run autodiff first)");
         carried.push_back({gr, nullptr, true, gr->name});
       }
     std::unordered_set<const Value*> carried_results;
@@ -143,11 +144,14 @@ class Accumulation : public Pass {
         int64_t bytes = 0;
         bool ok = true;
         for (Value* o : n->outputs) {
-          if (!o->shape.is_static()) ok = false;
-          else bytes += o->shape.numel() * static_cast<int64_t>(dtype_size(o->dtype));
+          if (!o->shape.is_static())
+            ok = false;
+          else
+            bytes += o->shape.numel() * static_cast<int64_t>(dtype_size(o->dtype));
           if (g.is_graph_output(o)) ok = false;
           auto it = users.find(o);
-          if (it == users.end()) ok = false;
+          if (it == users.end())
+            ok = false;
           else
             for (const Node* u : it->second)
               if (!per_mb.count(u)) ok = false;

@@ -64,11 +64,11 @@ class AttachLoss : public Pass {
     if (loss_kind != "model") {
       Value* v = g.find_value(label_name);
       if (v && (v->is_initializer() || v->producer))
-        return Status::error("the model already has a value named '" + label_name + "' (" +
-                             (v->producer ? "computed by node '" + v->producer->name + "'"
-                                          : std::string("a parameter or constant")) +
-                             "); the labels would replace it: rename it in the model, or name the label input "
-                             "otherwise with --label_input");
+        return Status::error(
+            "the model already has a value named '" + label_name + "' (" +
+            (v->producer ? "computed by node '" + v->producer->name + "'" : std::string("a parameter or constant")) +
+            "); the labels would replace it: rename it in the model, or name the label input "
+            "otherwise with --label_input");
     }
     if (g.find_value(kNumItemsInput))
       return Status::error(std::string("the model has a value named '") + kNumItemsInput +
@@ -193,8 +193,9 @@ class AttachLoss : public Pass {
         return Status::error("cross_entropy needs static logits of shape (..., classes); got " +
                              logits->shape.to_string() +
                              (syms.empty() ? std::string()
-                                           : " (bind " + syms + " with --shape NAME=N, or a sequence length with "
-                                             "--block_size N for token data)"));
+                                           : " (bind " + syms +
+                                                 " with --shape NAME=N, or a sequence length with "
+                                                 "--block_size N for token data)"));
       }
       auto dims = logits->shape.to_vector();
       int64_t classes = dims.back();
@@ -215,22 +216,23 @@ class AttachLoss : public Pass {
       // (input num_items_in_batch, counted by whoever feeds the step).
       Value* num_items = nullptr;
       if (tokens_norm) num_items = g.add_input(kNumItemsInput, x->dtype, Shape());
-      auto sce_attrs =
-          make_attrs({{"reduction", std::string(num_items ? "sum" : "mean")}, {"ignore_index", ignore}});
+      auto sce_attrs = make_attrs({{"reduction", std::string(num_items ? "sum" : "mean")}, {"ignore_index", ignore}});
       if (eps <= 0) {
         loss = b.op("SoftmaxCrossEntropyLoss", {x, y}, sce_attrs);
         if (num_items) loss = b.op("Div", {loss, num_items});
       } else {
         Value* lp = b.op("LogSoftmax", {x}, make_attrs({{"axis", int64_t(1)}}));
         Value* nll = b.op("NegativeLogLikelihoodLoss", {lp, y}, sce_attrs);
-        Value* row_mean = b.op("ReduceMean", {lp}, make_attrs({{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t(0)}}));
+        Value* row_mean =
+            b.op("ReduceMean", {lp}, make_attrs({{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t(0)}}));
         Value* valid = b.op("Cast", {b.op("Not", {b.op("Equal", {y, b.ints({ignore})})})},
                             make_attrs({{"to", int64_t(dtype_to_onnx(x->dtype))}}));
         Value* smooth_sum = b.op("ReduceSum", {b.op("Mul", {row_mean, valid})}, make_attrs({{"keepdims", int64_t(0)}}));
         Value* count = num_items ? num_items : b.op("ReduceSum", {valid}, make_attrs({{"keepdims", int64_t(0)}}));
         if (num_items) nll = b.op("Div", {nll, num_items});
         Value* smooth = b.op("Neg", {b.op("Div", {smooth_sum, count})});
-        loss = b.op("Add", {b.op("Mul", {nll, b.scalar(1.0 - eps, x->dtype)}), b.op("Mul", {smooth, b.scalar(eps, x->dtype)})});
+        loss = b.op(
+            "Add", {b.op("Mul", {nll, b.scalar(1.0 - eps, x->dtype)}), b.op("Mul", {smooth, b.scalar(eps, x->dtype)})});
       }
     } else if (loss_kind == "mse" || loss_kind == "l1" || loss_kind == "bce_with_logits") {
       Value* labels = g.find_value(label_name);
@@ -249,15 +251,15 @@ class AttachLoss : public Pass {
       }
       loss = b.op("ReduceMean", {per}, make_attrs({{"keepdims", int64_t(0)}}));
     } else {
-      return Status::error("unknown --loss '" + loss_kind + "' (expected cross_entropy, mse, bce_with_logits, l1, model)");
+      return Status::error("unknown --loss '" + loss_kind +
+                           "' (expected cross_entropy, mse, bce_with_logits, l1, model)");
     }
     if (accum > 1 && !tokens_norm && loss) loss = b.op("Mul", {loss, b.scalar(1.0 / double(accum), loss->dtype)});
     if (!b.status()) return b.status().with_context("building the " + loss_kind + " loss");
     // The program's output is named "loss". A model value of that name (the output of a
     // --loss model export, now scaled for accumulation) keeps its place under another name.
     if (loss->name != "loss")
-      if (Value* taken = g.find_value("loss"); taken && taken->producer)
-        g.rename_value(taken, "model_loss");
+      if (Value* taken = g.find_value("loss"); taken && taken->producer) g.rename_value(taken, "model_loss");
     if (loss->name != "loss") loss = b.op("Identity", {loss}, {}, "loss");
     if (!b.status()) return b.status();
     if (loss->name != "loss") return Status::error("the model already has a value named 'loss'; rename it");

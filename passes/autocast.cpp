@@ -80,10 +80,14 @@ namespace {
 int rank_of(DType t) {
   switch (t) {
     case DType::bf16:
-    case DType::f16: return 1;
-    case DType::f32: return 2;
-    case DType::f64: return 3;
-    default: return 0;
+    case DType::f16:
+      return 1;
+    case DType::f32:
+      return 2;
+    case DType::f64:
+      return 3;
+    default:
+      return 0;
   }
 }
 
@@ -268,14 +272,14 @@ class Autocast : public Pass {
           node_changed = true;
         }
         Status s = infer_node(*n);
-        bool ok = s.is_ok() && (target == DType::undefined || n->outputs.empty() ||
-                                !is_float(n->outputs[0]->dtype) || n->outputs[0]->dtype == target);
+        bool ok = s.is_ok() && (target == DType::undefined || n->outputs.empty() || !is_float(n->outputs[0]->dtype) ||
+                                n->outputs[0]->dtype == target);
         if (ok) break;
         if (pass == 1) {
           if (!s) return s.with_context("autocast");
           return Status::error("autocast: node '" + n->name + "' (" + n->op + ") computes in " +
-                               dtype_name(n->outputs[0]->dtype) + ", policy " + precision_policy_name(p) +
-                               " wants " + dtype_name(target));
+                               dtype_name(n->outputs[0]->dtype) + ", policy " + precision_policy_name(p) + " wants " +
+                               dtype_name(target));
         }
       }
       changed = changed || node_changed;
@@ -297,9 +301,7 @@ class Autocast : public Pass {
   /// Parameters, constant initializers and rank-0 values follow the activations' dtype
   /// (rule (a): PyTorch type promotion, where a 0-dim tensor does not promote a
   /// dimensioned one of the same category: bf16 tensor * f32 0-dim -> bf16).
-  bool is_weak(const Value* v) const {
-    return params_.count(v) || v->is_initializer() || v->shape.rank() == 0;
-  }
+  bool is_weak(const Value* v) const { return params_.count(v) || v->is_initializer() || v->shape.rank() == 0; }
 
   /// Rule (b): whether the f32 result of fp32-policy node `n`, all of whose float
   /// activation inputs arrived in bf16, is stored in bf16: one float output, shaped
@@ -365,8 +367,8 @@ class Autocast : public Pass {
     } else {
       size_t pos = 0;
       if (v->producer) pos = static_cast<size_t>(g.index_of(v->producer)) + 1;
-      Node* c = g.insert_node(pos, "Cast", "autocast/" + nm, {v}, {nm},
-                              make_attrs({{"to", int64_t(dtype_to_onnx(dt))}}));
+      Node* c =
+          g.insert_node(pos, "Cast", "autocast/" + nm, {v}, {nm}, make_attrs({{"to", int64_t(dtype_to_onnx(dt))}}));
       KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast"));
       out = c->outputs[0];
     }
@@ -439,8 +441,8 @@ class CastSimplify : public Pass {
         seen[key] = y;
         // (3) round trip Cast(Cast(a -> m) -> dtype(a)).
         Node* inner = x->producer;
-        if (inner && has_trait(*inner, OpTrait::cast) && inner->input(0) && inner->input(0)->dtype == to && is_float(to) &&
-            is_float(x->dtype)) {
+        if (inner && has_trait(*inner, OpTrait::cast) && inner->input(0) && inner->input(0)->dtype == to &&
+            is_float(to) && is_float(x->dtype)) {
           Value* a = inner->input(0);
           bool widening_first = rank_of(x->dtype) >= rank_of(a->dtype);  // exact: bf16 -> f32 -> bf16
           auto uses = g.uses(x);
@@ -507,10 +509,9 @@ class AutocastGrad : public Pass {
           cur = u->outputs[0];
         }
         auto uses = g.uses(cur);
-        Node* c = g.insert_node(static_cast<size_t>(g.index_of(cur->producer) + 1), "Cast",
-                                "autocast_grad/" + cur->name + ".restore", {cur},
-                                {cur->name + "." + dtype_name(before[i])},
-                                make_attrs({{"to", int64_t(dtype_to_onnx(before[i]))}}));
+        Node* c = g.insert_node(
+            static_cast<size_t>(g.index_of(cur->producer) + 1), "Cast", "autocast_grad/" + cur->name + ".restore",
+            {cur}, {cur->name + "." + dtype_name(before[i])}, make_attrs({{"to", int64_t(dtype_to_onnx(before[i]))}}));
         KILN_RETURN_IF_ERROR(infer_node(*c).with_context("autocast_grad"));
         for (auto& use : uses) use.user->inputs[use.index] = c->outputs[0];
         for (auto& o : g.outputs)

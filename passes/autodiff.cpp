@@ -96,9 +96,9 @@ void GradCtx::set_grad_input(int i, Value* g) {
   if (!v || !g || !needs_grad(i)) return;
   if (!(g->shape == v->shape) && g->shape.to_vector() != v->shape.to_vector()) {
     if (status.is_ok())
-      status = Status::error("gradient rule of node '" + n_.name + "' (" + n_.op + ") produced shape " +
-                             g->shape.to_string() + " for input " + std::to_string(i) + " of shape " +
-                             v->shape.to_string());
+      status =
+          Status::error("gradient rule of node '" + n_.name + "' (" + n_.op + ") produced shape " +
+                        g->shape.to_string() + " for input " + std::to_string(i) + " of shape " + v->shape.to_string());
     return;
   }
   if (g->dtype != v->dtype) g = b_.op("Cast", {g}, make_attrs({{"to", int64_t(dtype_to_onnx(v->dtype))}}));

@@ -89,8 +89,7 @@ class FoldConstants : public Pass {
 
   // Removes initializers that were used before the pass and are unused now (the constants
   // that only fed folded nodes, and the folded values no one reads). Keeps the order.
-  void drop_initializers_unused_after_folding(ir::Graph& g,
-                                              const std::unordered_set<const ir::Value*>& used_before) {
+  void drop_initializers_unused_after_folding(ir::Graph& g, const std::unordered_set<const ir::Value*>& used_before) {
     std::unordered_set<const ir::Value*> used_now = used_values(g);
     std::vector<ir::Value*> all = g.initializers, candidates;
     for (ir::Value* v : all)

@@ -67,8 +67,8 @@ int mark_graph(Graph& g) {
   outside.insert(g.initializers.begin(), g.initializers.end());
   for (size_t i = 0; i < nodes.size(); ++i) {
     Node& n = *nodes[i];
-    if (!has_trait(n, OpTrait::fused_kernel) || n.attrs.get_string("kind", "") != "pointwise" || n.regions.size() != 1 ||
-        n.num_outputs() != 1 || !n.outputs[0] || n.attrs.has("kiln_inplace"))
+    if (!has_trait(n, OpTrait::fused_kernel) || n.attrs.get_string("kind", "") != "pointwise" ||
+        n.regions.size() != 1 || n.num_outputs() != 1 || !n.outputs[0] || n.attrs.has("kiln_inplace"))
       continue;
     const Value* o = n.outputs[0];
     const Graph& body = *n.regions[0];
@@ -104,8 +104,8 @@ int mark_donations(Graph& g) {
     if (n.attrs.has("kiln_donate")) continue;
     // A generated pointwise kernel (its body says which inputs it reads elementwise), or
     // an eager op whose kernel declares which outputs may share an input's buffer.
-    const bool fused = has_trait(n, OpTrait::fused_kernel) && n.attrs.get_string("kind", "") == "pointwise" && n.regions.size() == 1 &&
-                       n.regions[0]->inputs.size() == n.inputs.size();
+    const bool fused = has_trait(n, OpTrait::fused_kernel) && n.attrs.get_string("kind", "") == "pointwise" &&
+                       n.regions.size() == 1 && n.regions[0]->inputs.size() == n.inputs.size();
     const OpDef* def = fused ? nullptr : OpTable::get().find(n.op);
     if (!fused && (!def || def->in_place_outputs.empty())) continue;
     std::vector<int64_t> donate(n.outputs.size(), -1);

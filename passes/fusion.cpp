@@ -409,7 +409,7 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
         Value* in = m->inputs[k];
         if (!in || gr.values.count(in) || seen.count(in)) continue;
         seen.insert(in);
-        const bool axes = gr.reduction && m == gr.members.back() && k == 1;  // reduction axes: constant
+        const bool axes = gr.reduction && m == gr.members.back() && k == 1;     // reduction axes: constant
         const bool view_operand = is_view_node(*m) && !is_viewed_input(*m, k);  // Expand's shape, Slice's starts...
         // Data a guarded view reads inside its box is loaded through the guard, a
         // one-element constant too (T5's label shift at batch 1 scatters a [1, 1] zero).

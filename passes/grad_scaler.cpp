@@ -180,8 +180,7 @@ class GradScalerUpdate : public Pass {
     Value* kept = b.op("Where", {b.op("And", {grow, grown_ok}), grown, scale});
     Value* scale_next = b.op("Where", {found, b.op("Mul", {scale, C(backoff)}), kept}, {}, "loss_scale.next");
     Value* zero = C(0.0);
-    Value* tracker_next =
-        b.op("Where", {found, zero, b.op("Where", {grow, zero, succ})}, {}, "growth_tracker.next");
+    Value* tracker_next = b.op("Where", {found, zero, b.op("Where", {grow, zero, succ})}, {}, "growth_tracker.next");
     if (!b.status()) return b.status();
     scale_sb->output = scale_next;
     tracker_sb->output = tracker_next;

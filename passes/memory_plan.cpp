@@ -57,13 +57,20 @@ using namespace kiln::ir;
 
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
-    case MemoryCategory::parameters: return "parameters";
-    case MemoryCategory::low_precision_weights: return "low-precision weight copies";
-    case MemoryCategory::gradients: return "gradients";
-    case MemoryCategory::optimizer_state: return "optimizer state";
-    case MemoryCategory::saved_activations: return "saved activations";
-    case MemoryCategory::temporaries: return "temporaries";
-    case MemoryCategory::data_and_buffers: return "data, buffers, constants";
+    case MemoryCategory::parameters:
+      return "parameters";
+    case MemoryCategory::low_precision_weights:
+      return "low-precision weight copies";
+    case MemoryCategory::gradients:
+      return "gradients";
+    case MemoryCategory::optimizer_state:
+      return "optimizer state";
+    case MemoryCategory::saved_activations:
+      return "saved activations";
+    case MemoryCategory::temporaries:
+      return "temporaries";
+    case MemoryCategory::data_and_buffers:
+      return "data, buffers, constants";
   }
   return "?";
 }
@@ -243,9 +250,12 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     const Graph* gr = owner.at(vp.value);
     const int ge = graph_end.at(gr);
     auto lu = last_use.find(vp.value);
-    if (pinned[gr].count(vp.value)) vp.end = ge;
-    else if (lu != last_use.end()) vp.end = std::max(lu->second, vp.def);
-    else vp.end = opts.eager_semantics ? ge : vp.def;
+    if (pinned[gr].count(vp.value))
+      vp.end = ge;
+    else if (lu != last_use.end())
+      vp.end = std::max(lu->second, vp.def);
+    else
+      vp.end = opts.eager_semantics ? ge : vp.def;
   }
   // The interpreter moves a loop's carried inputs into the loop when every one of them
   // is last used by the loop, none is pinned and none repeats.
@@ -476,8 +486,10 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
           if (it != idx.end() && holds_buffer(it->second) && plan.values[it->second].bytes == plan.values[vi].bytes)
             from = it->second;
         }
-        if (from >= 0) take_over(vi, from, i, false);
-        else new_buffer(vi, i);
+        if (from >= 0)
+          take_over(vi, from, i, false);
+        else
+          new_buffer(vi, i);
       }
     }
     const Node& n = *tl[i].node;
@@ -556,7 +568,8 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       ValuePlan& ov = plan.values[oi];
       if (ov.bytes == 0 || donated[static_cast<size_t>(k)]) continue;
       int reuse = -1;
-      if (k == 0 && inplace_from >= 0) reuse = inplace_from;
+      if (k == 0 && inplace_from >= 0)
+        reuse = inplace_from;
       else if (pointwise)
         for (Value* in : n.inputs) {
           if (!in) continue;
@@ -706,8 +719,7 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       plan.peak_node = N > 0 ? t : -1;
     }
   }
-  if (plan.peak_node >= 0)
-  {
+  if (plan.peak_node >= 0) {
     const Entry& e = tl[plan.peak_node];
     plan.peak_node_name = e.node->name + " (" + e.node->op + ")";
     if (e.loop)
@@ -724,8 +736,10 @@ std::string human_bytes(int64_t b) {
   int u = 0;
   while (std::abs(v) >= 1024.0 && u < 4) v /= 1024.0, ++u;
   char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
   return buf;
 }
 
@@ -738,18 +752,23 @@ std::string format_memory_plan(const MemoryPlan& p) {
   };
   auto per_param = [&](int64_t b) {
     char buf[32];
-    if (p.parameter_elements > 0) std::snprintf(buf, sizeof buf, "%10.2f", double(b) / double(p.parameter_elements));
-    else std::snprintf(buf, sizeof buf, "%10s", "-");
+    if (p.parameter_elements > 0)
+      std::snprintf(buf, sizeof buf, "%10.2f", double(b) / double(p.parameter_elements));
+    else
+      std::snprintf(buf, sizeof buf, "%10s", "-");
     return std::string(buf);
   };
   char head[200];
-  std::snprintf(head, sizeof head, "  %-28s %29s   %29s   %10s\n", "category", "at peak", "max over step", "peak B/param");
+  std::snprintf(head, sizeof head, "  %-28s %29s   %29s   %10s\n", "category", "at peak", "max over step",
+                "peak B/param");
   os << "memory plan (" << p.num_nodes << " nodes in schedule order";
   if (p.accumulation_loops > 0)
     os << ", " << p.accumulation_loops << " accumulation loop" << (p.accumulation_loops > 1 ? "s" : "")
        << " (trip_count " << p.trip_count << "; one iteration's body planned, every iteration reuses it)";
   os << "; "
-     << (p.options.eager_semantics ? "eager interpreter semantics" : p.options.in_place ? "in-place reuse on" : "no in-place reuse")
+     << (p.options.eager_semantics ? "eager interpreter semantics"
+         : p.options.in_place      ? "in-place reuse on"
+                                   : "no in-place reuse")
      << ")\n"
      << head;
   for (int c = 0; c < kNumMemoryCategories; ++c) {
@@ -766,7 +785,8 @@ std::string format_memory_plan(const MemoryPlan& p) {
   if (p.kernel_scratch_bytes > 0)
     os << "eager kernel scratch (largest, counted as temporaries at its node): " << human_bytes(p.kernel_scratch_bytes)
        << " (" << p.kernel_scratch_bytes << " B)\n";
-  os << "saved activations (all): " << human_bytes(p.saved_activation_bytes) << " (" << p.saved_activation_bytes << " B)\n";
+  os << "saved activations (all): " << human_bytes(p.saved_activation_bytes) << " (" << p.saved_activation_bytes
+     << " B)\n";
   auto bpp = [](double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", v);
@@ -804,17 +824,23 @@ std::string format_buffer_offsets(const MemoryPlan& p) {
   for (size_t k : order) {
     const BufferPlan& b = p.buffers[k];
     char head[96];
-    if (b.offset >= 0) std::snprintf(head, sizeof head, "  %12lld %12lld  [%d, %d]  ", static_cast<long long>(b.offset),
-                                     static_cast<long long>(b.size), b.first, b.last);
-    else std::snprintf(head, sizeof head, "  %12s %12lld  [%d, %d]  ", "heap", static_cast<long long>(b.size), b.first, b.last);
+    if (b.offset >= 0)
+      std::snprintf(head, sizeof head, "  %12lld %12lld  [%d, %d]  ", static_cast<long long>(b.offset),
+                    static_cast<long long>(b.size), b.first, b.last);
+    else
+      std::snprintf(head, sizeof head, "  %12s %12lld  [%d, %d]  ", "heap", static_cast<long long>(b.size), b.first,
+                    b.last);
     os << head;
     for (size_t q = 0; q < b.values.size(); ++q)
-      os << (q ? " -> " : "") << (p.values[static_cast<size_t>(b.values[q])].value ? p.values[static_cast<size_t>(b.values[q])].value->name : "?");
+      os << (q ? " -> " : "")
+         << (p.values[static_cast<size_t>(b.values[q])].value ? p.values[static_cast<size_t>(b.values[q])].value->name
+                                                              : "?");
     os << "\n";
   }
   for (const ValuePlan& vp : p.values)
     if (vp.value && vp.reuses && vp.bytes == 0 && vp.buffer < 0 && vp.def >= 0)
-      os << "  " << std::string(12, ' ') << " donated  " << vp.value->name << " -> the buffer of " << vp.reuses->name << "\n";
+      os << "  " << std::string(12, ' ') << " donated  " << vp.value->name << " -> the buffer of " << vp.reuses->name
+         << "\n";
   return os.str();
 }
 

@@ -17,14 +17,14 @@ namespace kiln::passes {
 /// What a buffer holds, derived from the graph only (state kinds, node-name scopes
 /// "<node>/grad/..." and "optimizer/...", the op table), never from op-name lists.
 enum class MemoryCategory {
-  parameters,         ///< state of kind "parameter": the step's inputs and updated outputs
+  parameters,             ///< state of kind "parameter": the step's inputs and updated outputs
   low_precision_weights,  ///< narrowed (bf16 or fp16) copies of parameters made in the forward pass
-  gradients,          ///< parameter gradients: backward values the optimizer reads, and their
-                      ///< contributions / dtype-or-layout copies
-  optimizer_state,    ///< state of kind "optimizer_state" (inputs and updated outputs)
-  saved_activations,  ///< values made by a forward node and read by a backward node
-  temporaries,        ///< everything else made by a node
-  data_and_buffers,   ///< data inputs, BatchNorm buffers, the step counter, constant initializers
+  gradients,              ///< parameter gradients: backward values the optimizer reads, and their
+                          ///< contributions / dtype-or-layout copies
+  optimizer_state,        ///< state of kind "optimizer_state" (inputs and updated outputs)
+  saved_activations,      ///< values made by a forward node and read by a backward node
+  temporaries,            ///< everything else made by a node
+  data_and_buffers,       ///< data inputs, BatchNorm buffers, the step counter, constant initializers
 };
 inline constexpr int kNumMemoryCategories = 7;
 /// Row label of a category ("parameters", "low-precision weight copies", ...).
@@ -75,20 +75,20 @@ struct PlanOptions {
 /// The plan of one value.
 struct ValuePlan {
   const ir::Value* value = nullptr;
-  int64_t bytes = 0;             ///< numel * dtype size (what MemoryStats counts)
+  int64_t bytes = 0;  ///< numel * dtype size (what MemoryStats counts)
   MemoryCategory category = MemoryCategory::temporaries;
-  bool persistent = false;       ///< graph input or initializer: resident for the whole step, not in the arena
-  int def = -1;                  ///< index of the producing node (-1: persistent)
-  int end = -1;                  ///< last node index at which the value is live (inclusive)
-  int buffer = -1;               ///< arena buffer id (-1: persistent or empty)
-  int64_t offset = -1;           ///< byte offset of its buffer in the arena (-1: not in the arena)
+  bool persistent = false;            ///< graph input or initializer: resident for the whole step, not in the arena
+  int def = -1;                       ///< index of the producing node (-1: persistent)
+  int end = -1;                       ///< last node index at which the value is live (inclusive)
+  int buffer = -1;                    ///< arena buffer id (-1: persistent or empty)
+  int64_t offset = -1;                ///< byte offset of its buffer in the arena (-1: not in the arena)
   const ir::Value* reuses = nullptr;  ///< in-place: the input whose buffer this value takes over
 };
 
 /// One arena buffer: one value, or a chain of values reusing it in place.
 struct BufferPlan {
-  int64_t size = 0;    ///< bytes, rounded up to the alignment
-  int64_t offset = 0;  ///< bytes from the arena start
+  int64_t size = 0;         ///< bytes, rounded up to the alignment
+  int64_t offset = 0;       ///< bytes from the arena start
   int first = 0, last = 0;  ///< live from node `first` to node `last`, inclusive
   std::vector<int> values;  ///< indices into MemoryPlan::values, in definition order
   bool in_arena = true;     ///< false: kept on the heap (PlanOptions::heap_values), offset -1
@@ -111,37 +111,37 @@ struct OptimizerGroup {
 /// the same live set) followed by the loop node itself (its outputs appear, its
 /// inputs and captured values are released).
 struct MemoryPlan {
-  std::vector<ValuePlan> values;   ///< every graph input, initializer and node output with bytes
-  std::vector<BufferPlan> buffers; ///< arena buffers with their offsets
-  int num_nodes = 0;               ///< schedule positions (loop body nodes included, once)
-  int accumulation_loops = 0;      ///< AccumulationLoop nodes planned
-  int64_t trip_count = 1;          ///< largest trip_count among them (1: none)
-  bool peak_in_loop_body = false;  ///< peak_node is a loop body node
-  int64_t peak_bytes = 0;          ///< max over nodes of the bytes live (persistent + arena values)
-  int peak_node = -1;              ///< schedule position where peak_bytes is reached (-1: no nodes)
-  CategoryBytes at_peak{};         ///< bytes per category live at peak_node
-  CategoryBytes max_by_category{}; ///< max over nodes of each category's live bytes
-  int64_t persistent_bytes = 0;    ///< graph inputs + initializers
-  int64_t arena_bytes = 0;         ///< arena size from the offsets (alignment and fragmentation included)
-  int in_place_reuses = 0;         ///< outputs that took over an input's buffer
+  std::vector<ValuePlan> values;    ///< every graph input, initializer and node output with bytes
+  std::vector<BufferPlan> buffers;  ///< arena buffers with their offsets
+  int num_nodes = 0;                ///< schedule positions (loop body nodes included, once)
+  int accumulation_loops = 0;       ///< AccumulationLoop nodes planned
+  int64_t trip_count = 1;           ///< largest trip_count among them (1: none)
+  bool peak_in_loop_body = false;   ///< peak_node is a loop body node
+  int64_t peak_bytes = 0;           ///< max over nodes of the bytes live (persistent + arena values)
+  int peak_node = -1;               ///< schedule position where peak_bytes is reached (-1: no nodes)
+  CategoryBytes at_peak{};          ///< bytes per category live at peak_node
+  CategoryBytes max_by_category{};  ///< max over nodes of each category's live bytes
+  int64_t persistent_bytes = 0;     ///< graph inputs + initializers
+  int64_t arena_bytes = 0;          ///< arena size from the offsets (alignment and fragmentation included)
+  int in_place_reuses = 0;          ///< outputs that took over an input's buffer
   /// State outputs written into their state input's buffer (kiln_donate): no bytes of their own.
   int donated_outputs = 0;
-  int64_t donated_bytes = 0;       ///< their bytes (what a step without donation holds in addition)
+  int64_t donated_bytes = 0;           ///< their bytes (what a step without donation holds in addition)
   int64_t saved_activation_bytes = 0;  ///< total bytes of every saved activation
   /// Eager semantics or count_kernel_scratch only: the largest tensor scratch an eager kernel allocates besides
   /// its outputs while its node runs (counted in the peak as temporaries at that node;
   /// see eager_kernel_scratch_bytes). 0 without eager_semantics.
   int64_t kernel_scratch_bytes = 0;
-  int64_t parameter_elements = 0;      ///< elements of the parameter state inputs
-  int64_t optimizer_state_bytes = 0;   ///< bytes of the optimizer_state state inputs
+  int64_t parameter_elements = 0;     ///< elements of the parameter state inputs
+  int64_t optimizer_state_bytes = 0;  ///< bytes of the optimizer_state state inputs
   /// optimizer_state_bytes / parameter_elements (0 without parameters): AdamW fp32 = 8.
   double optimizer_state_bytes_per_param_element() const {
     return parameter_elements ? double(optimizer_state_bytes) / double(parameter_elements) : 0.0;
   }
-  OptimizerGroup optim_8bit;       ///< parameters whose state has 8-bit (u8/i8) codes
-  OptimizerGroup optim_other;      ///< parameters with other (fp32) optimizer state
+  OptimizerGroup optim_8bit;   ///< parameters whose state has 8-bit (u8/i8) codes
+  OptimizerGroup optim_other;  ///< parameters with other (fp32) optimizer state
   PlanOptions options;
-  std::string peak_node_name;      ///< name (op) of the node at the peak
+  std::string peak_node_name;  ///< name (op) of the node at the peak
 };
 
 /// Bytes of tensors (counted by MemoryStats) that the eager kernel of `n` allocates

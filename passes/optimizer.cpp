@@ -31,7 +31,6 @@
 #include <cmath>
 
 #include "ir/ops/optim8bit.h"
-
 #include "passes/passes.h"
 #include "passes/training_util.h"
 
@@ -200,10 +199,14 @@ class Optimizer : public Pass {
                               std::move(at));
         KILN_RETURN_IF_ERROR(infer_node(*nd));
         p_new = nd->outputs[0];
-        new_state.push_back({"optimizer_state", q1, nd->outputs[1], std::make_shared<Tensor>(DType::u8, std::vector<int64_t>{n})});
-        new_state.push_back({"optimizer_state", a1, nd->outputs[2], std::make_shared<Tensor>(DType::f32, std::vector<int64_t>{nb})});
-        new_state.push_back({"optimizer_state", q2, nd->outputs[3], std::make_shared<Tensor>(DType::u8, std::vector<int64_t>{n})});
-        new_state.push_back({"optimizer_state", a2, nd->outputs[4], std::make_shared<Tensor>(DType::f32, std::vector<int64_t>{nb})});
+        new_state.push_back(
+            {"optimizer_state", q1, nd->outputs[1], std::make_shared<Tensor>(DType::u8, std::vector<int64_t>{n})});
+        new_state.push_back(
+            {"optimizer_state", a1, nd->outputs[2], std::make_shared<Tensor>(DType::f32, std::vector<int64_t>{nb})});
+        new_state.push_back(
+            {"optimizer_state", q2, nd->outputs[3], std::make_shared<Tensor>(DType::u8, std::vector<int64_t>{n})});
+        new_state.push_back(
+            {"optimizer_state", a2, nd->outputs[4], std::make_shared<Tensor>(DType::f32, std::vector<int64_t>{nb})});
         g.state[param_idx[i]].output = p_new;
         continue;
       }
@@ -213,7 +216,8 @@ class Optimizer : public Pass {
         Value* v = g.add_input(p->name + ".exp_avg_sq", dt, p->shape);
         Value* pd = p;
         if (decay_this) pd = b.op("Sub", {p, b.op("Mul", {p, b.op("Mul", {lr, C(wd)})})});
-        Value* m_new = b.op("Add", {b.op("Mul", {m, C(b1)}), b.op("Mul", {gr, C(1.0 - b1)})}, {}, p->name + ".exp_avg.next");
+        Value* m_new =
+            b.op("Add", {b.op("Mul", {m, C(b1)}), b.op("Mul", {gr, C(1.0 - b1)})}, {}, p->name + ".exp_avg.next");
         Value* v_new = b.op("Add", {b.op("Mul", {v, C(b2)}), b.op("Mul", {b.op("Mul", {gr, gr}), C(1.0 - b2)})}, {},
                             p->name + ".exp_avg_sq.next");
         Value* denom = b.op("Add", {b.op("Div", {b.op("Sqrt", {v_new}), sqrt_bc2}), C(eps)});

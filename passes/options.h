@@ -40,12 +40,12 @@ struct OptimizerOptions {
   double learning_rate = 5e-5;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   double weight_decay = 0.0;
-  double momentum = 0.0;  ///< sgd
-  bool nesterov = false;  ///< sgd
-  double max_grad_norm = 1.0;               ///< global-norm clipping; <= 0: none
+  double momentum = 0.0;                     ///< sgd
+  bool nesterov = false;                     ///< sgd
+  double max_grad_norm = 1.0;                ///< global-norm clipping; <= 0: none
   std::string lr_scheduler_type = "linear";  ///< linear, cosine, constant, constant_with_warmup
-  int64_t total_steps = 1;   ///< optimizer steps of the run (the schedule input's default)
-  int64_t warmup_steps = 0;  ///< the warmup input's default
+  int64_t total_steps = 1;                   ///< optimizer steps of the run (the schedule input's default)
+  int64_t warmup_steps = 0;                  ///< the warmup input's default
 };
 
 /// autocast: the low-precision dtype (bf16 for --bf16, f16 for --fp16).

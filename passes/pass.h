@@ -29,10 +29,10 @@ using NodeEvaluator = std::function<Status(ir::KernelContext& kc)>;
 struct PassContext {
   /// The typed options every pass reads its own fields of (defaults: passes/options.h).
   PassOptions options;
-  std::string print_ir_after;   ///< a pass name, or "all"
-  std::string dump_ir_dir;      ///< writes NN-pass.txt after each pass when set
+  std::string print_ir_after;  ///< a pass name, or "all"
+  std::string dump_ir_dir;     ///< writes NN-pass.txt after each pass when set
   bool verify_each = false;
-  int stop_after = -1;          ///< stop after the N-th pass (1-based) when > 0
+  int stop_after = -1;  ///< stop after the N-th pass (1-based) when > 0
   bool time_passes = false;
   std::ostream* log = nullptr;  ///< where printed IR and timings go (stderr when null)
   int dump_index = 0;           ///< running NN of --dump-ir-dir files across pipelines

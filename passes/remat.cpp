@@ -416,8 +416,8 @@ BlockDetection detect_blocks(const Sections& s) {
     TandemRepeat r;
     d.seg = structural_segments(s, &r);
     if (!d.seg.empty()) {
-      os << "blocks from structural repetition: " << r.count << " blocks of " << r.period
-         << " nodes (forward nodes " << r.start << ".." << r.start + r.count * r.period - 1 << " of " << n << ")";
+      os << "blocks from structural repetition: " << r.count << " blocks of " << r.period << " nodes (forward nodes "
+         << r.start << ".." << r.start + r.count * r.period - 1 << " of " << n << ")";
     } else {
       d.seg = sqrt_segments(s);
       int segs = 0;
@@ -750,7 +750,8 @@ Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematSta
     if (all.peak > budget) {
       auto apply = [&](const std::string& policy, Graph& target, RematStats& rs) -> Status {
         Sections ss = split_sections(target);
-        return policy == "sqrt" ? recompute_segments(target, ss, sqrt_segments(ss), rs) : recompute_min_cut(target, ss, rs);
+        return policy == "sqrt" ? recompute_segments(target, ss, sqrt_segments(ss), rs)
+                                : recompute_min_cut(target, ss, rs);
       };
       std::string best_policy = "every block", fit_policy;
       Fit smallest_fit = all;

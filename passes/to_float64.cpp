@@ -22,7 +22,8 @@ class ToFloat64 : public Pass {
     for (Value* v : g.inputs) conv(v);
     for (Value* v : g.initializers) conv(v);
     for (auto& sb : g.state)
-      if (sb.initial && is_float(sb.initial->dtype())) sb.initial = std::make_shared<Tensor>(sb.initial->cast(DType::f64));
+      if (sb.initial && is_float(sb.initial->dtype()))
+        sb.initial = std::make_shared<Tensor>(sb.initial->cast(DType::f64));
     const int f64 = dtype_to_onnx(DType::f64);
     for (auto& n : g.nodes()) {
       if (!has_trait(*n, OpTrait::dtype_from_attr)) continue;

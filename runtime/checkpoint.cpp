@@ -1,19 +1,20 @@
 // Trainer checkpoints: atomic directory writes, loading, rotation (see checkpoint.h).
 #include "runtime/checkpoint.h"
-#include "runtime/train_config.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
-#include <cstring>
-#include <cerrno>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <system_error>
 
 #include "runtime/io.h"
+#include "runtime/train_config.h"
 
 namespace kiln::runtime {
 
@@ -28,8 +29,7 @@ Status prepare_output_dir(const std::string& dir) {
   fs::path probe = fs::path(dir) / ".kiln_write_test";
   {
     std::ofstream f(probe);
-    if (!f || !(f << "ok") || !(f.flush()))
-      return Status::error("output_dir '" + dir + "': is not writable");
+    if (!f || !(f << "ok") || !(f.flush())) return Status::error("output_dir '" + dir + "': is not writable");
   }
   fs::remove(probe, ec);
   return Status::ok();
@@ -166,7 +166,9 @@ Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
   if (had_old) {
     fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
-    if (ec) return Status::error("checkpoint '" + final_dir.string() + "': cannot move the previous one aside (" + ec.message() + ")");
+    if (ec)
+      return Status::error("checkpoint '" + final_dir.string() + "': cannot move the previous one aside (" +
+                           ec.message() + ")");
   }
   fs::rename(tmp, final_dir, ec);
   if (ec) {
@@ -188,7 +190,8 @@ Expected<Checkpoint> load_checkpoint(const std::string& dir) {
       const bool holds_checkpoints = !list_checkpoints(dir).empty();
       return Status::error("checkpoint '" + dir + "': not a checkpoint folder (no " + f + ")" +
                            (holds_checkpoints ? "; it holds checkpoint-N folders: give one of them, or 'latest' with "
-                                                "--output_dir " + dir
+                                                "--output_dir " +
+                                                    dir
                                               : "; checkpoints are the checkpoint-N folders that --save_steps writes "
                                                 "in --output_dir ('latest' picks the newest)"));
     }

@@ -9,11 +9,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ir/status.h"
 #include "ir/tensor.h"
@@ -22,18 +21,18 @@ namespace kiln::runtime {
 
 /// Everything besides tensors that a resumed run needs to continue exactly.
 struct TrainerState {
-  int64_t global_step = 0;       ///< optimizer steps done
-  double epoch = 0;              ///< global_step / steps_per_epoch
+  int64_t global_step = 0;  ///< optimizer steps done
+  double epoch = 0;         ///< global_step / steps_per_epoch
   int64_t total_steps = 0;
-  int64_t steps_per_epoch = 0;   ///< data position: batch (global_step / spe, global_step % spe)
+  int64_t steps_per_epoch = 0;  ///< data position: batch (global_step / spe, global_step % spe)
   int64_t rows_per_step = 0;
-  uint64_t seed = 0;             ///< data order and dropout derive from (seed, epoch, index / step)
+  uint64_t seed = 0;  ///< data order and dropout derive from (seed, epoch, index / step)
   // Logging accumulators since the last log line (HF: tr_loss), so logged means match.
   double log_loss_sum = 0;
   int64_t log_loss_count = 0;
   double log_time_sum = 0;
-  double total_loss_sum = 0;     ///< for the final train_loss
-  std::string config_json;       ///< config_to_json() of the run
+  double total_loss_sum = 0;  ///< for the final train_loss
+  std::string config_json;    ///< config_to_json() of the run
 };
 
 /// A checkpoint's contents.

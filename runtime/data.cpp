@@ -45,7 +45,8 @@ Expected<Tensor> convert_for_input(const NamedArray& a, const DataInputSpec& in,
   DType got = a.data.dtype();
   if (is_label && o.loss == "cross_entropy") {
     if (!ir::is_integer(got))
-      return Status::error(where + ": cross_entropy labels must be integer class ids (int64, int32, int8 or uint8), got " +
+      return Status::error(where +
+                           ": cross_entropy labels must be integer class ids (int64, int32, int8 or uint8), got " +
                            ir::dtype_name(got));
     DType want = ir::is_integer(in.dtype) ? in.dtype : DType::i64;
     return got == want ? a.data : a.data.cast(want);
@@ -119,21 +120,21 @@ Expected<Dataset> Dataset::from_arrays(std::vector<NamedArray> arrays, const std
   for (auto& a : arrays) {
     const DataInputSpec* in = find_input(inputs, a.input);
     if (!in)
-      return Status::error(a.file + ": the graph has no data input '" + a.input + "' (data inputs: " +
-                           names_of(inputs) + ")");
+      return Status::error(a.file + ": the graph has no data input '" + a.input +
+                           "' (data inputs: " + names_of(inputs) + ")");
     for (auto& b : ds.arrays_)
       if (b.input == a.input) return Status::error(a.file + ": input '" + a.input + "' given twice");
     KILN_RETURN_IF_ERROR(check_trailing_dims(a, *in));
     KILN_ASSIGN_OR_RETURN(Tensor t, convert_for_input(a, *in, opts));
     if (!ds.arrays_.empty() && t.dim(0) != ds.arrays_[0].data.dim(0))
-      return Status::error(a.file + ": has " + std::to_string(t.dim(0)) + " rows but " + ds.arrays_[0].file +
-                           " has " + std::to_string(ds.arrays_[0].data.dim(0)) + " (all arrays need the same first dim)");
+      return Status::error(a.file + ": has " + std::to_string(t.dim(0)) + " rows but " + ds.arrays_[0].file + " has " +
+                           std::to_string(ds.arrays_[0].data.dim(0)) + " (all arrays need the same first dim)");
     ds.arrays_.push_back({a.input, a.file, t});
   }
   for (auto& in : inputs)
     if (std::none_of(ds.arrays_.begin(), ds.arrays_.end(), [&](const NamedArray& x) { return x.input == in.name; }))
-      return Status::error("no data for graph input '" + in.name + "' (give NAME=FILE.npy for each of: " +
-                           names_of(inputs) + ")");
+      return Status::error("no data for graph input '" + in.name +
+                           "' (give NAME=FILE.npy for each of: " + names_of(inputs) + ")");
   return ds;
 }
 
@@ -147,8 +148,10 @@ Expected<Dataset> Dataset::from_tokens(std::shared_ptr<const std::vector<uint16_
   std::vector<const DataInputSpec*> model_inputs;
   const DataInputSpec* label = nullptr;
   for (auto& in : inputs) {
-    if (!opts.label_input.empty() && in.name == opts.label_input) label = &in;
-    else model_inputs.push_back(&in);
+    if (!opts.label_input.empty() && in.name == opts.label_input)
+      label = &in;
+    else
+      model_inputs.push_back(&in);
   }
   if (model_inputs.size() != 1)
     return Status::error(file + ": a token file feeds a model with exactly one input, the graph has " +
@@ -179,8 +182,8 @@ Expected<Dataset> Dataset::from_tokens(std::shared_ptr<const std::vector<uint16_
     ds.label_input_.clear();
   }
   if (static_cast<int64_t>(ds.tokens_->size()) < ds.block_size_ + 1)
-    return Status::error(file + ": has " + std::to_string(ds.tokens_->size()) + " tokens, fewer than block_size + 1 = " +
-                         std::to_string(ds.block_size_ + 1));
+    return Status::error(file + ": has " + std::to_string(ds.tokens_->size()) +
+                         " tokens, fewer than block_size + 1 = " + std::to_string(ds.block_size_ + 1));
   return ds;
 }
 
@@ -273,7 +276,8 @@ Expected<Batch> Dataset::token_windows(const std::vector<int64_t>& starts) const
 Batch Dataset::to_batch(const io::TokenBatch& tb) const {
   Batch r;  // (B, T) each
   r[token_input_] = tb.inputs.dtype() == token_dtype_ ? tb.inputs : tb.inputs.cast(token_dtype_);
-  if (!label_input_.empty()) r[label_input_] = tb.targets.dtype() == label_dtype_ ? tb.targets : tb.targets.cast(label_dtype_);
+  if (!label_input_.empty())
+    r[label_input_] = tb.targets.dtype() == label_dtype_ ? tb.targets : tb.targets.cast(label_dtype_);
   return r;
 }
 
@@ -363,7 +367,8 @@ Tensor num_items_tensor(int64_t count, ir::DType dtype) {
 void add_num_items_feed(const ir::Graph& g, const Tensor& labels, int64_t ignore_index,
                         std::map<std::string, Tensor>& feeds) {
   for (ir::Value* in : g.inputs)
-    if (in->name == kNumItemsInput) feeds[in->name] = num_items_tensor(count_num_items(labels, ignore_index), in->dtype);
+    if (in->name == kNumItemsInput)
+      feeds[in->name] = num_items_tensor(count_num_items(labels, ignore_index), in->dtype);
 }
 
 Expected<Tensor> microbatch_rows(const Tensor& full, int64_t t, int64_t trips) {
@@ -377,7 +382,8 @@ Expected<Tensor> microbatch_rows(const Tensor& full, int64_t t, int64_t trips) {
   return out;
 }
 
-std::function<Expected<Tensor>(const ir::Value&, int64_t, int64_t)> microbatches_of(std::map<std::string, Tensor> whole) {
+std::function<Expected<Tensor>(const ir::Value&, int64_t, int64_t)> microbatches_of(
+    std::map<std::string, Tensor> whole) {
   return [whole = std::move(whole)](const ir::Value& in, int64_t t, int64_t trips) -> Expected<Tensor> {
     auto it = whole.find(in.name);
     if (it == whole.end()) return Status::error("no data for streamed input '" + in.name + "'");
@@ -390,8 +396,8 @@ std::function<Expected<Tensor>(const ir::Value&, int64_t, int64_t)> microbatches
 Expected<Tensor> fit_to_input(const Tensor& t, const DataInputSpec& in) {
   const auto& gd = in.shape.dims;
   auto fail = [&]() {
-    return Status::error("input '" + in.name + "': the graph expects shape " + in.shape.to_string() + ", the batch is " +
-                         ir::dims_to_string(t.dims()));
+    return Status::error("input '" + in.name + "': the graph expects shape " + in.shape.to_string() +
+                         ", the batch is " + ir::dims_to_string(t.dims()));
   };
   if (static_cast<int>(gd.size()) != t.rank()) return fail();
   for (int i = 0; i < t.rank(); ++i)

@@ -62,7 +62,7 @@ struct NamedArray {
 /// Data files read into memory but not yet bound to a graph (so the CLI can check
 /// them and count rows before the training program is compiled).
 struct RawData {
-  std::vector<NamedArray> arrays;                        ///< NAME=FILE.npy specs
+  std::vector<NamedArray> arrays;                       ///< NAME=FILE.npy specs
   std::shared_ptr<const std::vector<uint16_t>> tokens;  ///< or one FILE.bin
   std::string token_file;
 };

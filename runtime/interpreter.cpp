@@ -1,15 +1,14 @@
 #include "runtime/interpreter.h"
 
-#include "runtime/data.h"
+#include <omp.h>
 
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
-#include <omp.h>
-
 #include "ir/op_table.h"
+#include "runtime/data.h"
 
 namespace kiln::runtime {
 
@@ -46,7 +45,7 @@ Tensor new_output(const StepArena* arena, const Value* v, DType dtype, const std
 struct StaticOutputs {
   std::vector<DType> dtype;
   std::vector<std::vector<int64_t>> dims;
-  std::vector<DType> in_dtype;                 ///< the inputs' graph types (absent: undefined)
+  std::vector<DType> in_dtype;  ///< the inputs' graph types (absent: undefined)
   std::vector<std::vector<int64_t>> in_dims;
   /// Whether the actual inputs have the graph's types (else the op infers from them).
   bool matches(const std::vector<const Tensor*>& ins) const {
@@ -84,8 +83,8 @@ Status allocate_kernel_outputs(const Node& n, const std::vector<const Tensor*>& 
                                KernelContext& kctx) {
   // kiln_donate on an eager op (OpDef::in_place_outputs): output i is written into its
   // state input's buffer when the caller owns the state (RunOptions::donate_state).
-  const std::vector<int64_t> d = opts.donate_state && !def.in_place_outputs.empty() ? n.attrs.get_ints("kiln_donate")
-                                                                                     : std::vector<int64_t>{};
+  const std::vector<int64_t> d =
+      opts.donate_state && !def.in_place_outputs.empty() ? n.attrs.get_ints("kiln_donate") : std::vector<int64_t>{};
   auto donated = [&](size_t i, DType dt, const std::vector<int64_t>& dims) -> const Tensor* {
     if (i >= d.size() || d[i] < 0 || d[i] >= static_cast<int64_t>(inputs.size())) return nullptr;
     const Tensor* in = inputs[static_cast<size_t>(d[i])];
@@ -178,7 +177,7 @@ struct GraphFacts {
     int64_t group = -1;                          ///< kiln_multi_tensor_group (passes/multi_tensor.cpp), -1: none
     bool has_static = false;                     ///< `outs` holds the output types
     StaticOutputs outs;
-    std::vector<const Value*> captures;          ///< values its regions read from outside
+    std::vector<const Value*> captures;  ///< values its regions read from outside
   };
   std::unordered_map<const Value*, size_t> last_use;  ///< ir::last_reads
   std::vector<NodeFacts> nodes;
@@ -286,11 +285,13 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
       if (it == env.end() && opts.microbatch) {  // streamed: one microbatch at a time
         auto mb = opts.microbatch(*n.inputs[i], t, trips);
         if (!mb) return mb.status().with_context(n.name + " microbatch " + std::to_string(t));
-        KILN_RETURN_IF_ERROR(check_feed(*body.inputs[i], *mb).with_context(n.name + " microbatch " + std::to_string(t)));
+        KILN_RETURN_IF_ERROR(
+            check_feed(*body.inputs[i], *mb).with_context(n.name + " microbatch " + std::to_string(t)));
         benv[body.inputs[i]] = std::move(*mb);
         continue;
       }
-      if (it == env.end()) return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
+      if (it == env.end())
+        return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
       auto slice = microbatch_rows(it->second, t, trips);
       if (!slice) return slice.status().with_context("node '" + n.name + "': scan input '" + n.inputs[i]->name + "'");
       benv[body.inputs[i]] = std::move(*slice);
@@ -369,7 +370,8 @@ Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, cons
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     Value* o = n.outputs[j];
     if (j < d.size() && d[j] >= 0) {
-      if (d[j] >= n.num_inputs() || !n.inputs[d[j]]) return Status::error("node '" + n.name + "': kiln_donate names no input");
+      if (d[j] >= n.num_inputs() || !n.inputs[d[j]])
+        return Status::error("node '" + n.name + "': kiln_donate names no input");
       const Tensor& in = env.find(n.inputs[d[j]])->second;
       if (in.dtype() != o->dtype || in.dims() != o->shape.to_vector())
         return Status::error("node '" + n.name + "': kiln_donate input does not match output " + std::to_string(j));
@@ -498,8 +500,8 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
   // Last use of each value (reads by nested regions count at their node), so its
   // buffer is released right after; kernels and output types of the nodes.
   std::unique_ptr<GraphFacts> own;
-  const GraphFacts& facts =
-      opts.schedule ? opts.schedule->impl().get(g, opts.program) : *(own = std::make_unique<GraphFacts>(g, opts.program));
+  const GraphFacts& facts = opts.schedule ? opts.schedule->impl().get(g, opts.program)
+                                          : *(own = std::make_unique<GraphFacts>(g, opts.program));
   const std::unordered_map<const Value*, size_t>& last_use = facts.last_use;
   auto last_at = [&](const Value* v, size_t i) {
     auto it = last_use.find(v);
@@ -536,11 +538,11 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         const GraphFacts::NodeFacts& mf = facts.nodes[k];
         if (mf.kernel)
           KILN_RETURN_IF_ERROR(prepare_fused(*nodes[k], *mf.kernel, env, opts.arena,
-                                             dying_input_of(k, nodes[k]->attrs.get_int("kiln_inplace", -1)), opts.donate_state,
-                                             ls[k - i]));
+                                             dying_input_of(k, nodes[k]->attrs.get_int("kiln_inplace", -1)),
+                                             opts.donate_state, ls[k - i]));
         else
-          KILN_RETURN_IF_ERROR(prepare_pieced(*nodes[k], *mf.def, mf.has_static ? &mf.outs : nullptr, env, opts, k,
-                                              ls[k - i]));
+          KILN_RETURN_IF_ERROR(
+              prepare_pieced(*nodes[k], *mf.def, mf.has_static ? &mf.outs : nullptr, env, opts, k, ls[k - i]));
       }
       run_fused_group(ls);
       if (opts.profile) {
@@ -551,7 +553,8 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         double total_weight = 0;
         for (size_t k = i; k <= j; ++k) {
           for (const Value* o : nodes[k]->outputs)
-            if (o && o->shape.is_static()) weight[k - i] = std::max(weight[k - i], static_cast<double>(o->shape.numel()));
+            if (o && o->shape.is_static())
+              weight[k - i] = std::max(weight[k - i], static_cast<double>(o->shape.numel()));
           total_weight += weight[k - i];
         }
         for (size_t k = i; k <= j; ++k)
@@ -628,7 +631,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
 }  // namespace
 
 Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map<std::string, Tensor>& feeds,
-                                                 const RunOptions& opts) {
+                                                  const RunOptions& opts) {
   register_eager_kernels();
   Env env;
   // Scan inputs of top-level accumulation loops that nothing else reads may be streamed

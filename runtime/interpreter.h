@@ -46,9 +46,9 @@ class ScheduleCache {
 
 /// Options of one eager run.
 struct RunOptions {
-  bool training = false;   ///< Dropout active, BatchNormalization uses batch statistics
-  uint64_t seed = 0;       ///< Philox seed
-  uint64_t step = 0;       ///< Philox offset base
+  bool training = false;  ///< Dropout active, BatchNormalization uses batch statistics
+  uint64_t seed = 0;      ///< Philox seed
+  uint64_t step = 0;      ///< Philox offset base
   /// Names of values to keep and return besides the graph outputs (e.g. for debugging).
   std::vector<std::string> keep;
   /// Compiled backend: generated kernels of the graph's FusedKernel nodes (built by
@@ -90,7 +90,7 @@ struct RunOptions {
 /// and every kept value by name. Errors name the node and op at fault, or the
 /// input whose dtype/shape does not match the graph.
 Expected<std::map<std::string, Tensor>> run_graph(const ir::Graph& g, const std::map<std::string, Tensor>& feeds,
-                                                 const RunOptions& opts = {});
+                                                  const RunOptions& opts = {});
 
 /// Runs one node's eager kernel on concrete inputs (nullptr = omitted optional
 /// input): output shapes come from the op's inference on the actual inputs.

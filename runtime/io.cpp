@@ -2,14 +2,15 @@
 // Files are read fully into memory and every size is checked before a byte is copied.
 #include "runtime/io.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
-#include <fcntl.h>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -170,8 +171,9 @@ Expected<DType> npy_dtype(const std::string& descr, const std::string& path) {
   char order = descr[0];
   std::string code = descr.substr(1);
   if (order == '>' && code != "i1" && code != "u1" && code != "b1")
-    return Status::error(path + ": big-endian .npy data ('" + descr + "') is not supported; save it little-endian "
-                                "(arr.astype(arr.dtype.newbyteorder('<')))");
+    return Status::error(path + ": big-endian .npy data ('" + descr +
+                         "') is not supported; save it little-endian "
+                         "(arr.astype(arr.dtype.newbyteorder('<')))");
   if (order != '<' && order != '|' && order != '=' && order != '>')
     return Status::error(path + ": unsupported .npy dtype '" + descr + "'");
   if (code == "f4") return DType::f32;
@@ -182,47 +184,67 @@ Expected<DType> npy_dtype(const std::string& descr, const std::string& path) {
   if (code == "i1") return DType::i8;
   if (code == "u1") return DType::u8;
   if (code == "b1") return DType::boolean;
-  return Status::error(path + ": unsupported .npy dtype '" + descr +
-                       "' (supported: <f4 <f8 <f2 <i8 <i4 |i1 |u1 |b1)");
+  return Status::error(path + ": unsupported .npy dtype '" + descr + "' (supported: <f4 <f8 <f2 <i8 <i4 |i1 |u1 |b1)");
 }
 
 Expected<std::string> npy_descr(DType t) {
   switch (t) {
-    case DType::f32: return std::string("<f4");
-    case DType::f64: return std::string("<f8");
-    case DType::f16: return std::string("<f2");
-    case DType::i64: return std::string("<i8");
-    case DType::i32: return std::string("<i4");
-    case DType::i8: return std::string("|i1");
-    case DType::u8: return std::string("|u1");
-    case DType::boolean: return std::string("|b1");
-    case DType::bf16: return Status::error("bf16 has no .npy dtype; cast to f32 before saving");
-    default: return Status::error("undefined tensor");
+    case DType::f32:
+      return std::string("<f4");
+    case DType::f64:
+      return std::string("<f8");
+    case DType::f16:
+      return std::string("<f2");
+    case DType::i64:
+      return std::string("<i8");
+    case DType::i32:
+      return std::string("<i4");
+    case DType::i8:
+      return std::string("|i1");
+    case DType::u8:
+      return std::string("|u1");
+    case DType::boolean:
+      return std::string("|b1");
+    case DType::bf16:
+      return Status::error("bf16 has no .npy dtype; cast to f32 before saving");
+    default:
+      return Status::error("undefined tensor");
   }
 }
 
 // ---- safetensors dtype names
 const char* st_name(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i64: return "I64";
-    case DType::i32: return "I32";
-    case DType::i8: return "I8";
-    case DType::u8: return "U8";
-    case DType::boolean: return "BOOL";
-    default: return nullptr;
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i64:
+      return "I64";
+    case DType::i32:
+      return "I32";
+    case DType::i8:
+      return "I8";
+    case DType::u8:
+      return "U8";
+    case DType::boolean:
+      return "BOOL";
+    default:
+      return nullptr;
   }
 }
 
 Expected<DType> st_dtype(const std::string& s, const std::string& where) {
-  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i64, DType::i32, DType::i8, DType::u8,
-                  DType::boolean})
+  for (DType t :
+       {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i64, DType::i32, DType::i8, DType::u8, DType::boolean})
     if (s == st_name(t)) return t;
-  return Status::error(where + ": unsupported safetensors dtype '" + s + "' (supported: F32 F64 BF16 F16 I64 I32 I8 "
-                               "U8 BOOL)");
+  return Status::error(where + ": unsupported safetensors dtype '" + s +
+                       "' (supported: F32 F64 BF16 F16 I64 I32 I8 "
+                       "U8 BOOL)");
 }
 
 }  // namespace
@@ -250,8 +272,9 @@ Expected<Tensor> load_npy(const std::string& path) {
   if (hstart + hlen > buf.size()) return Status::error(path + ": truncated .npy header");
   KILN_ASSIGN_OR_RETURN(NpyHeader h, parse_npy_header(buf.substr(hstart, hlen), path));
   if (h.fortran)
-    return Status::error(path + ": fortran_order=True .npy files are not supported; save a C-ordered array "
-                                "(np.ascontiguousarray)");
+    return Status::error(path +
+                         ": fortran_order=True .npy files are not supported; save a C-ordered array "
+                         "(np.ascontiguousarray)");
   KILN_ASSIGN_OR_RETURN(DType dt, npy_dtype(h.descr, path));
   int64_t nbytes = checked_nbytes(h.shape, ir::dtype_size(dt));
   if (nbytes < 0) return Status::error(path + ": .npy shape " + ir::dims_to_string(h.shape) + " is too large");
@@ -261,8 +284,8 @@ Expected<Tensor> load_npy(const std::string& path) {
     return Status::error(path + ": truncated .npy data: shape " + ir::dims_to_string(h.shape) + " " + h.descr +
                          " needs " + std::to_string(nbytes) + " bytes, file has " + std::to_string(have));
   if (static_cast<uint64_t>(nbytes) < have)
-    return Status::error(path + ": .npy file has " + std::to_string(have - nbytes) +
-                         " bytes after the data of shape " + ir::dims_to_string(h.shape));
+    return Status::error(path + ": .npy file has " + std::to_string(have - nbytes) + " bytes after the data of shape " +
+                         ir::dims_to_string(h.shape));
   Tensor t(dt, h.shape);
   if (nbytes) std::memcpy(t.raw(), buf.data() + off, static_cast<size_t>(nbytes));
   if (dt == DType::boolean) {  // normalise to 0/1
@@ -340,8 +363,9 @@ Expected<std::map<std::string, Tensor>> load_safetensors(const std::string& path
   if (buf.size() < 8) return Status::error(path + ": not a safetensors file (shorter than the 8-byte header length)");
   uint64_t hlen;
   std::memcpy(&hlen, buf.data(), 8);
-  if (hlen > 100'000'000ull) return Status::error(path + ": safetensors header length " + std::to_string(hlen) +
-                                                  " exceeds 100 MB (corrupt file?)");
+  if (hlen > 100'000'000ull)
+    return Status::error(path + ": safetensors header length " + std::to_string(hlen) +
+                         " exceeds 100 MB (corrupt file?)");
   if (8 + hlen > buf.size())
     return Status::error(path + ": truncated safetensors file: header of " + std::to_string(hlen) +
                          " bytes, file has " + std::to_string(buf.size()) + " bytes");
@@ -391,8 +415,9 @@ Expected<std::map<std::string, Tensor>> load_safetensors(const std::string& path
     if (!o.is_array() || o.size() != 2 || !o[0].is_number_unsigned() || !o[1].is_number_unsigned())
       return Status::error(where + ": data_offsets must be two non-negative integers");
     uint64_t b = o[0].get<uint64_t>(), en = o[1].get<uint64_t>();
-    if (b > en) return Status::error(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(en) +
-                                     "] are reversed");
+    if (b > en)
+      return Status::error(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(en) +
+                           "] are reversed");
     if (en > data_len)
       return Status::error(where + ": data_offsets end " + std::to_string(en) + " is past the data area of " +
                            std::to_string(data_len) + " bytes (truncated file?)");
@@ -452,8 +477,8 @@ Expected<TokenBatch> token_windows(const TokenFile& f, const std::vector<int64_t
   b.inputs = Tensor(DType::i64, {B, seq});
   b.targets = Tensor(DType::i64, {B, seq});
   b.starts = starts;
-  int64_t* x = b.inputs.data<int64_t>();    // (B, T)
-  int64_t* y = b.targets.data<int64_t>();   // (B, T)
+  int64_t* x = b.inputs.data<int64_t>();   // (B, T)
+  int64_t* y = b.targets.data<int64_t>();  // (B, T)
   const uint16_t* tok = f.tokens ? f.tokens->data() : nullptr;
   for (int64_t r = 0; r < B; ++r) {
     int64_t s = starts[r];
@@ -468,12 +493,13 @@ Expected<TokenBatch> token_windows(const TokenFile& f, const std::vector<int64_t
   return b;
 }
 
-Expected<std::vector<int64_t>> sample_token_starts(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng) {
+Expected<std::vector<int64_t>> sample_token_starts(const TokenFile& f, int64_t batch, int64_t seq,
+                                                   std::mt19937_64& rng) {
   if (batch < 1) return Status::error(f.path + ": batch size must be >= 1, got " + std::to_string(batch));
   if (seq < 1) return Status::error(f.path + ": sequence length must be >= 1, got " + std::to_string(seq));
   if (f.size() < seq + 1)
-    return Status::error(f.path + ": has " + std::to_string(f.size()) + " tokens, fewer than T + 1 = " +
-                         std::to_string(seq + 1));
+    return Status::error(f.path + ": has " + std::to_string(f.size()) +
+                         " tokens, fewer than T + 1 = " + std::to_string(seq + 1));
   const uint64_t span = static_cast<uint64_t>(f.size() - seq);  // s in [0, n - T - 1]
   std::vector<int64_t> starts(batch);
   for (auto& s : starts) s = static_cast<int64_t>(rng() % span);

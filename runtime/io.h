@@ -69,7 +69,7 @@ Expected<std::vector<uint16_t>> load_tokens(const std::string& path);
 
 /// A token stream held in memory (read fully; files are a few MB to a few hundred MB).
 struct TokenFile {
-  std::string path;                                    ///< for error messages
+  std::string path;                                     ///< for error messages
   std::shared_ptr<const std::vector<uint16_t>> tokens;  ///< the whole stream
   /// Number of tokens n.
   int64_t size() const { return tokens ? static_cast<int64_t>(tokens->size()) : 0; }
@@ -91,7 +91,8 @@ struct TokenBatch {
 /// instead of std::uniform_int_distribution so that the sequence is the same with every
 /// standard library; its bias is below (n - T) / 2^64). Errors: B or T < 1, n < T + 1.
 /// The window starts sample_token_batch draws (batch of them, each in [0, n - T - 1]).
-Expected<std::vector<int64_t>> sample_token_starts(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng);
+Expected<std::vector<int64_t>> sample_token_starts(const TokenFile& f, int64_t batch, int64_t seq,
+                                                   std::mt19937_64& rng);
 Expected<TokenBatch> sample_token_batch(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng);
 
 /// The windows at the given starts (deterministic batches, e.g. consecutive windows

@@ -1,14 +1,14 @@
 // Training metrics: console lines, metrics.jsonl, progress bar (see metrics.h).
 #include "runtime/metrics.h"
 
-#include "runtime/io.h"
-
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <cstdio>
 #include <sstream>
 #include <vector>
+
+#include "runtime/io.h"
 
 namespace kiln::runtime {
 
@@ -109,9 +109,13 @@ std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) s = 0;
   int64_t t = static_cast<int64_t>(s + 0.5);
   char buf[64];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm%02llds", (long long)(t / 3600), (long long)(t / 60 % 60), (long long)(t % 60));
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
-  else std::snprintf(buf, sizeof buf, "%llds", (long long)t);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm%02llds", (long long)(t / 3600), (long long)(t / 60 % 60),
+                  (long long)(t % 60));
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", (long long)t);
   return buf;
 }
 

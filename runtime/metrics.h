@@ -3,10 +3,9 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "ir/status.h"
 

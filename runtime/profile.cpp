@@ -45,7 +45,8 @@ namespace {
 std::string row(const std::string& key, size_t key_w, int64_t calls, double seconds, double total) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "  %10lld  %12.3f  %12.2f  %7.2f%%", static_cast<long long>(calls), seconds * 1e3,
-                calls > 0 ? seconds * 1e6 / static_cast<double>(calls) : 0.0, total > 0 ? 100.0 * seconds / total : 0.0);
+                calls > 0 ? seconds * 1e6 / static_cast<double>(calls) : 0.0,
+                total > 0 ? 100.0 * seconds / total : 0.0);
   std::string k = key;
   if (k.size() > key_w) k = k.substr(0, key_w - 3) + "...";
   k.resize(key_w, ' ');

@@ -38,7 +38,8 @@ std::string to_hex(const std::string& raw) {
 
 nlohmann::json spec_json(const DataInputSpec& s) {
   nlohmann::json dims = nlohmann::json::array();
-  for (const ir::Dim& d : s.shape.dims) dims.push_back(d.is_static() ? nlohmann::json(d.value) : nlohmann::json(d.symbol));
+  for (const ir::Dim& d : s.shape.dims)
+    dims.push_back(d.is_static() ? nlohmann::json(d.value) : nlohmann::json(d.symbol));
   return {{"name", s.name}, {"dtype", ir::dtype_name(s.dtype)}, {"dims", dims}};
 }
 
@@ -46,7 +47,8 @@ Expected<DataInputSpec> spec_from_json(const nlohmann::json& j) {
   DataInputSpec s;
   s.name = j.at("name").get<std::string>();
   KILN_ASSIGN_OR_RETURN(s.dtype, ir::dtype_from_name(j.at("dtype").get<std::string>()));
-  for (const auto& d : j.at("dims")) s.shape.dims.push_back(d.is_string() ? ir::Dim(d.get<std::string>()) : ir::Dim(d.get<int64_t>()));
+  for (const auto& d : j.at("dims"))
+    s.shape.dims.push_back(d.is_string() ? ir::Dim(d.get<std::string>()) : ir::Dim(d.get<int64_t>()));
   return s;
 }
 
@@ -119,11 +121,12 @@ Expected<std::string> serialize_program(const Program& p, ProgramFileInfo& info)
   sig["gradient_accumulation_steps"] = p.signature.gradient_accumulation_steps;
   sig["rows_per_step"] = p.signature.rows_per_step;
   sig["eval_rows"] = p.signature.eval_rows;
-  nlohmann::json meta = {{"kiln_version", info.kiln_version},
-                         {"cpu", info.cpu},
-                         {"config", info.config_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(info.config_json)},
-                         {"signature", sig},
-                         {"planned_peak_bytes", p.signature.planned_peak_bytes}};
+  nlohmann::json meta = {
+      {"kiln_version", info.kiln_version},
+      {"cpu", info.cpu},
+      {"config", info.config_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(info.config_json)},
+      {"signature", sig},
+      {"planned_peak_bytes", p.signature.planned_peak_bytes}};
 
   ir::GraphWriter gw;
   ir::ByteWriter graphs;
@@ -166,7 +169,8 @@ Status check_header(const std::string& bytes, const std::string& origin, Program
   if (bytes.size() < 8 || std::memcmp(bytes.data(), kMagic, 8) != 0)
     return Status::error(origin + ": not a kiln program file (no KILNPRG header)");
   if (bytes.size() < kHeaderSize)
-    return Status::error(origin + ": truncated program file (" + std::to_string(bytes.size()) + " bytes, no complete header)");
+    return Status::error(origin + ": truncated program file (" + std::to_string(bytes.size()) +
+                         " bytes, no complete header)");
   uint32_t version = 0;
   for (int i = 0; i < 4; ++i) version |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[8 + i])) << (8 * i);
   if (version != kProgramFormatVersion)
@@ -179,7 +183,8 @@ Status check_header(const std::string& bytes, const std::string& origin, Program
     return Status::error(origin + ": truncated program file (payload " + std::to_string(have) + " of " +
                          std::to_string(len) + " bytes)");
   if (have > len)
-    return Status::error(origin + ": corrupt program file (" + std::to_string(have - len) + " bytes after the payload)");
+    return Status::error(origin + ": corrupt program file (" + std::to_string(have - len) +
+                         " bytes after the payload)");
   const std::string digest = sha256_raw(bytes.substr(kHeaderSize));
   if (std::memcmp(digest.data(), bytes.data() + 20, 32) != 0)
     return Status::error(origin + ": corrupt program file (payload SHA-256 mismatch)");
@@ -191,7 +196,8 @@ Status check_header(const std::string& bytes, const std::string& origin, Program
 
 Status read_meta(ir::ByteReader& r, const std::string& origin, ProgramFileInfo& info, nlohmann::json& meta) {
   std::string text;
-  if (!r.str(text) || !r.str(info.model_bytes)) return Status::error(origin + ": malformed program file (meta section)");
+  if (!r.str(text) || !r.str(info.model_bytes))
+    return Status::error(origin + ": malformed program file (meta section)");
   try {
     meta = nlohmann::json::parse(text);
     info.kiln_version = meta.at("kiln_version").get<std::string>();
@@ -223,7 +229,9 @@ Expected<Program> deserialize_program(const std::string& bytes, const std::strin
   ir::ByteReader r(bytes, at);
   nlohmann::json meta;
   KILN_RETURN_IF_ERROR(read_meta(r, origin, info, meta));
-  auto malformed = [&](const std::string& what) { return Status::error(origin + ": malformed program file (" + what + ")"); };
+  auto malformed = [&](const std::string& what) {
+    return Status::error(origin + ": malformed program file (" + what + ")");
+  };
   Program p;
   try {
     const auto& sig = meta.at("signature");

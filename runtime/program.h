@@ -82,10 +82,10 @@ struct Program {
   std::unique_ptr<ir::Graph> train_step;
   std::unique_ptr<ir::Graph> eval;
   std::unique_ptr<ir::Graph> grads;
-  std::vector<std::string> data_inputs;   ///< model inputs then the label input (if any)
-  std::string label_input;                ///< empty for --loss model
-  std::string logits_output;              ///< model output the loss reads
-  std::vector<std::string> parameters;    ///< trainable parameter names, in initializer order
+  std::vector<std::string> data_inputs;  ///< model inputs then the label input (if any)
+  std::string label_input;               ///< empty for --loss model
+  std::string logits_output;             ///< model output the loss reads
+  std::vector<std::string> parameters;   ///< trainable parameter names, in initializer order
   ProgramSignature signature;
   /// --backend compiled: the generated kernels of train_step and eval; null for eager.
   std::shared_ptr<codegen::CpuProgram> train_kernels, eval_kernels;

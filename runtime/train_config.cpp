@@ -1,21 +1,20 @@
 // TrainConfig: validation, step arithmetic (Hugging Face Trainer semantics), and
 // the table of fields shared by the command-line flags and the JSON config files.
-#include <algorithm>
 #include "runtime/train_config.h"
 
-#include "runtime/io.h"
-
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
+#include "runtime/io.h"
 
 namespace kiln::runtime {
 
@@ -103,15 +102,16 @@ Status TrainConfig::validate() const {
                       {"gradient_accumulation_steps", gradient_accumulation_steps}})
     if (v > kMaxRows) return bad(n, "must be at most 2^31 (2147483648), got " + num_str(v));
   if (per_device_train_batch_size * gradient_accumulation_steps > kMaxRows)
-    return bad("gradient_accumulation_steps", "times --per_device_train_batch_size must be at most 2^31 rows per step, got " +
-                                                  num_str(gradient_accumulation_steps) + " x " +
-                                                  num_str(per_device_train_batch_size));
+    return bad("gradient_accumulation_steps",
+               "times --per_device_train_batch_size must be at most 2^31 rows per step, got " +
+                   num_str(gradient_accumulation_steps) + " x " + num_str(per_device_train_batch_size));
   if (eval_steps < 0) return bad("eval_steps", "must be >= 0, got " + num_str(eval_steps));
   if (save_steps < 0) return bad("save_steps", "must be >= 0, got " + num_str(save_steps));
   if (save_total_limit < 0) return bad("save_total_limit", "must be >= 0, got " + num_str(save_total_limit));
   if (warmup_steps < 0) return bad("warmup_steps", "must be >= 0, got " + num_str(warmup_steps));
   if (block_size < 0) return bad("block_size", "must be >= 0, got " + num_str(block_size));
-  if (max_steps == 0 || max_steps < -1) return bad("max_steps", "must be -1 (use epochs) or > 0, got " + num_str(max_steps));
+  if (max_steps == 0 || max_steps < -1)
+    return bad("max_steps", "must be -1 (use epochs) or > 0, got " + num_str(max_steps));
   // Checked even when --max_steps overrides it (HF: max_steps wins): a NaN or negative
   // epoch count is a mistake either way.
   if (!(num_train_epochs > 0 && std::isfinite(num_train_epochs)))
@@ -130,7 +130,8 @@ Status TrainConfig::validate() const {
   if (bf16 && fp16) return bad("fp16", "--bf16 and --fp16 are mutually exclusive");
   if (!(fp16_init_scale > 0) || std::isinf(fp16_init_scale))
     return bad("fp16_init_scale", "must be a finite number > 0, got " + num_str(fp16_init_scale));
-  if (fp16_growth_interval <= 0) return bad("fp16_growth_interval", "must be > 0, got " + num_str(fp16_growth_interval));
+  if (fp16_growth_interval <= 0)
+    return bad("fp16_growth_interval", "must be > 0, got " + num_str(fp16_growth_interval));
   if (nesterov && momentum <= 0) return bad("nesterov", "requires --momentum > 0 (PyTorch SGD rule)");
   // Options of a mode that is off were silently ignored; like --memory_budget without
   // the budget policy, they are errors (values other than the defaults only).
@@ -164,7 +165,8 @@ Status TrainConfig::validate() const {
     if (!b) return b.status();
   }
   if (!memory_budget.empty() && !any_budget)
-    return bad("memory_budget", "only applies to --remat_policy budget (got policy '" + effective_remat_policy() + "')");
+    return bad("memory_budget",
+               "only applies to --remat_policy budget (got policy '" + effective_remat_policy() + "')");
   if (gradient_checkpointing && std::find(policies.begin(), policies.end(), "none") != policies.end())
     return bad("remat_policy", "'none' contradicts --gradient_checkpointing (drop one of them)");
   if (any_budget && memory_budget.empty())
@@ -175,8 +177,10 @@ Status TrainConfig::validate() const {
 std::vector<std::string> comma_list(const std::string& text) {
   std::vector<std::string> items(1);
   for (char ch : text) {
-    if (ch == ',') items.emplace_back();
-    else items.back() += ch;
+    if (ch == ',')
+      items.emplace_back();
+    else
+      items.back() += ch;
   }
   return items;
 }
@@ -195,8 +199,8 @@ Expected<int64_t> parse_byte_size(const std::string& text) {
   std::string u;
   for (char ch : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   static const std::map<std::string, double> units = {
-      {"", 1}, {"b", 1}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
-      {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+      {"", 1},      {"b", 1},        {"kb", 1e3},        {"mb", 1e6},           {"gb", 1e9},
+      {"tb", 1e12}, {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
   auto it = units.find(u);
   if (it == units.end()) return fail();
   double bytes = v * it->second;
@@ -210,14 +214,17 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"shape", Kind::shape_map, &c.shape, "dim_param bindings, e.g. batch=8,seq=64 (repeatable)"},
       {"train_data", Kind::str_list, &c.train_data, "NAME=FILE.npy (repeatable) or one nanoGPT uint16 FILE.bin"},
       {"eval_data", Kind::str_list, &c.eval_data, "NAME=FILE.npy (repeatable) or one FILE.bin"},
-      {"block_size", Kind::i64, &c.block_size, "token window length for .bin data (0, the default: the model's input length)"},
+      {"block_size", Kind::i64, &c.block_size,
+       "token window length for .bin data (0, the default: the model's input length)"},
       {"loss", Kind::str, &c.loss, "cross_entropy | mse | bce_with_logits | l1 | model"},
       {"label_input", Kind::str, &c.label_input, "graph input fed with the labels (default: labels)"},
       {"ignore_index", Kind::i64, &c.ignore_index, "label ignored by cross_entropy"},
       {"label_smoothing", Kind::f64, &c.label_smoothing, "cross_entropy label smoothing in [0, 1)"},
       {"freeze", Kind::str, &c.freeze, "regex of initializers NOT trained"},
       {"trainable", Kind::str, &c.trainable, "regex: only matching initializers are trained"},
-      {"optim", Kind::str, &c.optim, "adamw_torch | adamw_8bit (alias adamw_bnb_8bit: 8-bit block-wise Adam state) | sgd; bench takes a list: adamw_torch,adamw_8bit"},
+      {"optim", Kind::str, &c.optim,
+       "adamw_torch | adamw_8bit (alias adamw_bnb_8bit: 8-bit block-wise Adam state) | sgd; bench takes a list: "
+       "adamw_torch,adamw_8bit"},
       {"learning_rate", Kind::f64, &c.learning_rate, "peak learning rate"},
       {"weight_decay", Kind::f64, &c.weight_decay, "decoupled weight decay (AdamW) / L2 (SGD)"},
       {"adam_beta1", Kind::f64, &c.adam_beta1, "AdamW beta1"},
@@ -239,24 +246,36 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"eval_steps", Kind::i64, &c.eval_steps, "evaluate every N steps (0: only at the end)"},
       {"save_steps", Kind::i64, &c.save_steps, "checkpoint every N steps (0: none)"},
       {"save_total_limit", Kind::i64, &c.save_total_limit, "keep at most N checkpoints (0: all)"},
-      {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint, "checkpoint directory to resume from (\"latest\": newest in output_dir)"},
+      {"resume_from_checkpoint", Kind::str, &c.resume_from_checkpoint,
+       "checkpoint directory to resume from (\"latest\": newest in output_dir)"},
       {"overwrite_output_dir", Kind::boolean, &c.overwrite_output_dir,
        "delete output_dir's checkpoints of another run (steps past this run's start) instead of refusing to start"},
       {"bf16", Kind::boolean, &c.bf16, "bf16 mixed precision with fp32 master weights"},
       {"fp16", Kind::boolean, &c.fp16, "fp16 mixed precision with fp32 master weights and dynamic loss scaling"},
       {"fp16_init_scale", Kind::f64, &c.fp16_init_scale, "--fp16 initial loss scale (torch GradScaler init_scale)"},
-      {"fp16_growth_interval", Kind::i64, &c.fp16_growth_interval, "--fp16: double the loss scale after N finite steps"},
-      {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps, "micro-batches per optimizer step (an accumulation loop in the IR)"},
+      {"fp16_growth_interval", Kind::i64, &c.fp16_growth_interval,
+       "--fp16: double the loss scale after N finite steps"},
+      {"gradient_accumulation_steps", Kind::i64, &c.gradient_accumulation_steps,
+       "micro-batches per optimizer step (an accumulation loop in the IR)"},
       {"accumulation_normalization", Kind::str, &c.accumulation_normalization,
-       "tokens | microbatch: how accumulated losses are normalized (default: tokens for cross_entropy, else microbatch)"},
-      {"backend", Kind::str, &c.backend, "compiled (default: fused kernels generated with LLVM) | eager (op by op, the reference); bench takes a list: eager,compiled"},
+       "tokens | microbatch: how accumulated losses are normalized (default: tokens for cross_entropy, else "
+       "microbatch)"},
+      {"backend", Kind::str, &c.backend,
+       "compiled (default: fused kernels generated with LLVM) | eager (op by op, the reference); bench takes a list: "
+       "eager,compiled"},
       {"cache_dir", Kind::str, &c.cache_dir, "compile cache folder (default $KILN_CACHE_DIR, else ~/.cache/kiln)"},
       {"no_cache", Kind::boolean, &c.no_cache, "compile generated kernels without the compile cache"},
-      {"disable_dropout", Kind::boolean, &c.disable_dropout, "remove Dropout from the training program (deterministic runs, reference checks)"},
-      {"untie_initializers", Kind::boolean, &c.untie_initializers, "train initializers apart that the exporter stored as copies, transposes, slices, broadcasts or Identity aliases of a parameter (by default they are one tied parameter, as in PyTorch)"},
-      {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing, "recompute each repeated layer in backward (= --remat_policy blocks)"},
-      {"remat_policy", Kind::str, &c.remat_policy, "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes; bench takes a list: none,blocks"},
-      {"memory_budget", Kind::str, &c.memory_budget, "planned peak budget for --remat_policy budget: bytes, 800MB, 24GiB"},
+      {"disable_dropout", Kind::boolean, &c.disable_dropout,
+       "remove Dropout from the training program (deterministic runs, reference checks)"},
+      {"untie_initializers", Kind::boolean, &c.untie_initializers,
+       "train initializers apart that the exporter stored as copies, transposes, slices, broadcasts or Identity "
+       "aliases of a parameter (by default they are one tied parameter, as in PyTorch)"},
+      {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing,
+       "recompute each repeated layer in backward (= --remat_policy blocks)"},
+      {"remat_policy", Kind::str, &c.remat_policy,
+       "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes; bench takes a list: none,blocks"},
+      {"memory_budget", Kind::str, &c.memory_budget,
+       "planned peak budget for --remat_policy budget: bytes, 800MB, 24GiB"},
   };
 }
 
@@ -315,8 +334,10 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
       *static_cast<std::string*>(f.ptr) = text;
       return Status::ok();
     case Kind::str_list:  // an empty item empties the list: `--eval_data ""` means none
-      if (text.empty()) static_cast<std::vector<std::string>*>(f.ptr)->clear();
-      else static_cast<std::vector<std::string>*>(f.ptr)->push_back(text);
+      if (text.empty())
+        static_cast<std::vector<std::string>*>(f.ptr)->clear();
+      else
+        static_cast<std::vector<std::string>*>(f.ptr)->push_back(text);
       return Status::ok();
     case Kind::i64: {
       int64_t v;
@@ -341,9 +362,12 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
       for (char ch : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
       bool* b = static_cast<bool*>(f.ptr);
       // Hugging Face's string_to_bool: yes/true/t/y/1 and no/false/f/n/0, any case.
-      if (t == "" || t == "true" || t == "1" || t == "yes" || t == "t" || t == "y") *b = true;
-      else if (t == "false" || t == "0" || t == "no" || t == "f" || t == "n") *b = false;
-      else return bad(f.name, "expected true or false, got '" + text + "'");
+      if (t == "" || t == "true" || t == "1" || t == "yes" || t == "t" || t == "y")
+        *b = true;
+      else if (t == "false" || t == "0" || t == "no" || t == "f" || t == "n")
+        *b = false;
+      else
+        return bad(f.name, "expected true or false, got '" + text + "'");
       return Status::ok();
     }
     case Kind::shape_map: {
@@ -359,7 +383,8 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
           return bad(f.name, "expected NAME=INT[,NAME=INT...], got '" + text + "'");
         if (v <= 0) return bad(f.name, "dim '" + item.substr(0, eq) + "' must be > 0, got " + std::to_string(v));
         if (v > kMaxDim)
-          return bad(f.name, "dim '" + item.substr(0, eq) + "' must be at most 2^31 (2147483648), got " + std::to_string(v));
+          return bad(f.name,
+                     "dim '" + item.substr(0, eq) + "' must be at most 2^31 (2147483648), got " + std::to_string(v));
         (*m)[item.substr(0, eq)] = v;
         any = true;
       }
@@ -420,8 +445,7 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
         break;
       }
       case Kind::i64:  // (2^63 and above wrapped to negative values)
-        if (!v.is_number_integer() ||
-            (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+        if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
           return type_err("an integer below 2^63");
         *static_cast<int64_t*>(f->ptr) = v.get<int64_t>();
         break;
@@ -588,7 +612,9 @@ std::string unknown_flag_message(const std::vector<std::string>& args, const std
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     // "--name", "--name=value", or "-name" (argparse-style single dash, not a number).
-    size_t dashes = a.compare(0, 2, "--") == 0 ? 2 : (a.size() >= 2 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) ? 1 : 0);
+    size_t dashes = a.compare(0, 2, "--") == 0
+                        ? 2
+                        : (a.size() >= 2 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) ? 1 : 0);
     if (dashes == 0 || a.size() <= dashes) continue;
     const size_t eq = a.find('=');
     const std::string name = a.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
@@ -647,12 +673,24 @@ std::string config_to_json(const TrainConfig& cfg_in) {
   nlohmann::json j = nlohmann::json::object();
   for (auto& f : config_fields(cfg)) {
     switch (f.kind) {
-      case Kind::str: j[f.name] = *static_cast<std::string*>(f.ptr); break;
-      case Kind::str_list: j[f.name] = *static_cast<std::vector<std::string>*>(f.ptr); break;
-      case Kind::i64: j[f.name] = *static_cast<int64_t*>(f.ptr); break;
-      case Kind::u64: j[f.name] = *static_cast<uint64_t*>(f.ptr); break;
-      case Kind::f64: j[f.name] = *static_cast<double*>(f.ptr); break;
-      case Kind::boolean: j[f.name] = *static_cast<bool*>(f.ptr); break;
+      case Kind::str:
+        j[f.name] = *static_cast<std::string*>(f.ptr);
+        break;
+      case Kind::str_list:
+        j[f.name] = *static_cast<std::vector<std::string>*>(f.ptr);
+        break;
+      case Kind::i64:
+        j[f.name] = *static_cast<int64_t*>(f.ptr);
+        break;
+      case Kind::u64:
+        j[f.name] = *static_cast<uint64_t*>(f.ptr);
+        break;
+      case Kind::f64:
+        j[f.name] = *static_cast<double*>(f.ptr);
+        break;
+      case Kind::boolean:
+        j[f.name] = *static_cast<bool*>(f.ptr);
+        break;
       case Kind::shape_map: {
         nlohmann::json m = nlohmann::json::object();
         for (auto& [k, v] : *static_cast<std::map<std::string, int64_t>*>(f.ptr)) m[k] = v;

@@ -14,28 +14,28 @@ namespace kiln::runtime {
 /// Hugging Face TrainingArguments names; defaults follow Hugging Face.
 struct TrainConfig {
   // --- model and data ---
-  std::string model;                               ///< path of the .onnx file
-  std::map<std::string, int64_t> shape;            ///< --shape batch=8,seq=64 (dim_param bindings)
+  std::string model;                     ///< path of the .onnx file
+  std::map<std::string, int64_t> shape;  ///< --shape batch=8,seq=64 (dim_param bindings)
   /// --train_data NAME=FILE.npy (repeatable) or a single nanoGPT uint16 FILE.bin.
   std::vector<std::string> train_data;
   std::vector<std::string> eval_data;
-  int64_t block_size = 0;                          ///< token windows for .bin data
+  int64_t block_size = 0;  ///< token windows for .bin data
   // --- loss and parameters ---
-  std::string loss = "cross_entropy";              ///< cross_entropy | mse | bce_with_logits | l1 | model
-  std::string label_input;                         ///< graph input fed with labels (default: "labels")
+  std::string loss = "cross_entropy";  ///< cross_entropy | mse | bce_with_logits | l1 | model
+  std::string label_input;             ///< graph input fed with labels (default: "labels")
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;
-  std::string freeze;                              ///< regex of initializers NOT trained
-  std::string trainable;                           ///< regex: only these are trained
+  std::string freeze;     ///< regex of initializers NOT trained
+  std::string trainable;  ///< regex: only these are trained
   // --- optimizer and schedule ---
-  std::string optim = "adamw_torch";               ///< adamw_torch | adamw_8bit (alias adamw_bnb_8bit) | sgd
+  std::string optim = "adamw_torch";  ///< adamw_torch | adamw_8bit (alias adamw_bnb_8bit) | sgd
   double learning_rate = 5e-5;
   double weight_decay = 0.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
-  double momentum = 0.0;                           ///< SGD
-  bool nesterov = false;                           ///< SGD
-  double max_grad_norm = 1.0;                      ///< 0 disables clipping
-  std::string lr_scheduler_type = "linear";        ///< linear | cosine | constant | constant_with_warmup
+  double momentum = 0.0;                     ///< SGD
+  bool nesterov = false;                     ///< SGD
+  double max_grad_norm = 1.0;                ///< 0 disables clipping
+  std::string lr_scheduler_type = "linear";  ///< linear | cosine | constant | constant_with_warmup
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;
   // --- loop ---
@@ -43,12 +43,12 @@ struct TrainConfig {
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 8;
   double num_train_epochs = 3.0;
-  int64_t max_steps = -1;                          ///< > 0 overrides num_train_epochs
+  int64_t max_steps = -1;  ///< > 0 overrides num_train_epochs
   uint64_t seed = 42;
   int64_t logging_steps = 10;
-  int64_t eval_steps = 0;                          ///< 0: evaluate only at the end (when eval data given)
-  int64_t save_steps = 0;                          ///< 0: no intermediate checkpoints
-  int64_t save_total_limit = 0;                    ///< 0: keep all
+  int64_t eval_steps = 0;        ///< 0: evaluate only at the end (when eval data given)
+  int64_t save_steps = 0;        ///< 0: no intermediate checkpoints
+  int64_t save_total_limit = 0;  ///< 0: keep all
   std::string resume_from_checkpoint;
   /// Hugging Face's flag. kiln refuses to start a run that saves checkpoints into an
   /// output_dir holding checkpoint-N past the run's first step (another run's: saving
@@ -56,7 +56,7 @@ struct TrainConfig {
   /// delete this run's own new checkpoints); with this flag those are deleted first.
   bool overwrite_output_dir = false;
   bool bf16 = false;
-  bool fp16 = false;                               ///< f16 autocast + dynamic loss scaling (GradScaler)
+  bool fp16 = false;  ///< f16 autocast + dynamic loss scaling (GradScaler)
   /// kiln extensions (torch GradScaler's init_scale / growth_interval) for --fp16.
   double fp16_init_scale = 65536.0;
   int64_t fp16_growth_interval = 2000;
@@ -69,7 +69,7 @@ struct TrainConfig {
   /// Compile cache of generated kernels (issue 8): "" = $KILN_CACHE_DIR, else
   /// $XDG_CACHE_HOME/kiln, else ~/.cache/kiln. Has no effect on results.
   std::string cache_dir;
-  bool no_cache = false;                            ///< compile without the cache (no file read or written)
+  bool no_cache = false;  ///< compile without the cache (no file read or written)
   /// kiln extension: drop every Dropout node from the training program (what setting
   /// the model's dropout probability to 0 does in PyTorch), for deterministic checks.
   bool disable_dropout = false;
@@ -111,7 +111,7 @@ struct ConfigField {
   enum class Kind { str, i64, u64, f64, boolean, str_list, shape_map };
   std::string name;
   Kind kind;
-  void* ptr;          ///< points into the TrainConfig passed to config_fields()
+  void* ptr;  ///< points into the TrainConfig passed to config_fields()
   std::string help;
 };
 /// All fields of `cfg`, in declaration order, pointing into `cfg`.
@@ -164,8 +164,7 @@ std::string unknown_flag_message(const std::vector<std::string>& args, const std
 /// -h), which the parser would take for its value ("--output_dir --bf16" trained in fp32
 /// into a folder named "--bf16"). "-foo" or "-1e-3" after a flag stay its value.
 Status normalize_flag_values(std::vector<std::string>& args, const std::set<std::string>& value_flags,
-                             const std::set<std::string>& switches,
-                             const std::set<std::string>& short_names = {"h"});
+                             const std::set<std::string>& switches, const std::set<std::string>& short_names = {"h"});
 /// Reads a JSON config file with the same keys as the flags. Unknown keys are an error.
 Status load_config_json(const std::string& path, TrainConfig& cfg);
 /// Writes the config as JSON (used in trainer_state.json).

@@ -1,16 +1,14 @@
 // The trainer loop: data -> train_step -> state, logging, eval, checkpoints (see trainer.h).
 #include "runtime/trainer.h"
 
-#include <cstring>
-
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
-#include <iostream>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "runtime/interpreter.h"
@@ -63,7 +61,8 @@ std::vector<std::string> changed_flags(const std::string& saved_json, const Trai
   auto same_file = [](const std::string& a, const std::string& b) {
     auto split = [](const std::string& v) {
       const size_t eq = v.find('=');
-      return eq == std::string::npos ? std::make_pair(std::string(), v) : std::make_pair(v.substr(0, eq), v.substr(eq + 1));
+      return eq == std::string::npos ? std::make_pair(std::string(), v)
+                                     : std::make_pair(v.substr(0, eq), v.substr(eq + 1));
     };
     auto [na, pa] = split(a);
     auto [nb, pb] = split(b);
@@ -93,19 +92,34 @@ std::vector<std::string> changed_flags(const std::string& saved_json, const Trai
 /// The flags that decide which tensors a training program holds as state: a checkpoint
 /// whose state does not match this program names those that changed (the model is
 /// compared by its tensors, not by its path: a moved or copied file is the same model).
-constexpr std::initializer_list<const char*> kStateFlags = {"freeze", "trainable", "optim", "momentum", "fp16",
-                                                            "bf16"};
+constexpr std::initializer_list<const char*> kStateFlags = {"freeze", "trainable", "optim", "momentum", "fp16", "bf16"};
 /// The flags that decide the data order (rows per step, the rows themselves).
-constexpr std::initializer_list<const char*> kDataFlags = {"per_device_train_batch_size",
-                                                           "gradient_accumulation_steps", "train_data", "block_size"};
+constexpr std::initializer_list<const char*> kDataFlags = {"per_device_train_batch_size", "gradient_accumulation_steps",
+                                                           "train_data", "block_size"};
 /// Flags whose change a resume accepts, with a warning (the new values apply from the
 /// next step; Hugging Face's Trainer would keep the saved optimizer's and scheduler's).
-constexpr std::initializer_list<const char*> kResumeWarnFlags = {
-    "seed",          "learning_rate",     "weight_decay",    "adam_beta1",   "adam_beta2",
-    "adam_epsilon",  "nesterov",          "max_grad_norm",   "lr_scheduler_type", "warmup_ratio",
-    "warmup_steps",  "max_steps",         "num_train_epochs", "loss",        "label_smoothing",
-    "ignore_index",  "accumulation_normalization", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "fp16_init_scale", "fp16_growth_interval", "disable_dropout"};
+constexpr std::initializer_list<const char*> kResumeWarnFlags = {"seed",
+                                                                 "learning_rate",
+                                                                 "weight_decay",
+                                                                 "adam_beta1",
+                                                                 "adam_beta2",
+                                                                 "adam_epsilon",
+                                                                 "nesterov",
+                                                                 "max_grad_norm",
+                                                                 "lr_scheduler_type",
+                                                                 "warmup_ratio",
+                                                                 "warmup_steps",
+                                                                 "max_steps",
+                                                                 "num_train_epochs",
+                                                                 "loss",
+                                                                 "label_smoothing",
+                                                                 "ignore_index",
+                                                                 "accumulation_normalization",
+                                                                 "per_device_train_batch_size",
+                                                                 "gradient_accumulation_steps",
+                                                                 "fp16_init_scale",
+                                                                 "fp16_growth_interval",
+                                                                 "disable_dropout"};
 
 std::string join_flags(const std::vector<std::string>& f) {
   std::string r;
@@ -135,13 +149,16 @@ void copy_chunks(const std::vector<CopyTask>& tasks) {
   std::vector<CopyTask> pieces;
   for (const CopyTask& t : tasks)
     for (size_t b = 0; b < t.bytes; b += kPiece)
-      pieces.push_back({static_cast<char*>(t.dst) + b, static_cast<const char*>(t.src) + b, std::min(kPiece, t.bytes - b)});
+      pieces.push_back(
+          {static_cast<char*>(t.dst) + b, static_cast<const char*>(t.src) + b, std::min(kPiece, t.bytes - b)});
   const int64_t n = static_cast<int64_t>(pieces.size());
 #pragma omp parallel for schedule(static) if (n > 1)
   for (int64_t i = 0; i < n; ++i) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
 }
 
-std::string describe(const Tensor& t) { return std::string(ir::dtype_name(t.dtype())) + " " + ir::dims_to_string(t.dims()); }
+std::string describe(const Tensor& t) {
+  return std::string(ir::dtype_name(t.dtype())) + " " + ir::dims_to_string(t.dims());
+}
 
 /// Argmax accuracy of logits (..., C) against integer labels (...), skipping `ignore`.
 /// Returns {correct, counted}; counted = -1 when the shapes do not pair up.
@@ -186,7 +203,8 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
 
   // State, from the graph's bindings.
   for (const ir::StateBinding& sb : g.state) {
-    if (!sb.input || !sb.output) return Status::error("train_step: a state binding of kind '" + sb.kind + "' lacks its input or output");
+    if (!sb.input || !sb.output)
+      return Status::error("train_step: a state binding of kind '" + sb.kind + "' lacks its input or output");
     if (!sb.initial) return Status::error("train_step: state '" + sb.input->name + "' has no initial value");
     if (!g.is_graph_output(sb.output))
       return Status::error("train_step: state output '" + sb.output->name + "' is not a graph output");
@@ -322,7 +340,7 @@ Status Trainer::restore(const std::string& dir) {
     if (it == src.end())
       return Status::error("checkpoint '" + dir + "': missing tensor '" + name + "' (" + kind + ") in " +
                            ((kind == "parameter" || kind == "buffer") ? "model" : "optimizer") + ".safetensors" +
-                           (!cause.empty() ? cause
+                           (!cause.empty()              ? cause
                             : kind == "optimizer_state" ? " (was the checkpoint written with another --optim?)"
                                                         : ""));
     if (!same_layout(it->second, cur))
@@ -335,18 +353,16 @@ Status Trainer::restore(const std::string& dir) {
   for (const auto* src : {&c.model, &c.optimizer})
     for (auto& [name, t] : *src)
       if (!state_.count(name))
-        return Status::error("checkpoint '" + dir + "': tensor '" + name +
-                             "' is not state of this training program" +
+        return Status::error("checkpoint '" + dir + "': tensor '" + name + "' is not state of this training program" +
                              (!cause.empty() ? cause : " (was the checkpoint written with another --optim or model?)") +
                              "; resuming would drop it");
   if (c.state.steps_per_epoch != steps_per_epoch_ || c.state.rows_per_step != rows_per_step_) {
     const std::vector<std::string> data_changes = changed_flags(c.state.config_json, cfg_, kDataFlags);
-    return Status::error("checkpoint '" + dir + "': made with " + std::to_string(c.state.steps_per_epoch) +
-                         " steps per epoch of " + std::to_string(c.state.rows_per_step) + " rows, the current data gives " +
-                         std::to_string(steps_per_epoch_) + " of " + std::to_string(rows_per_step_) +
-                         " (resuming would change the data order" +
-                         (data_changes.empty() ? "" : "; the checkpoint was written with " + join_flags(data_changes)) +
-                         ")");
+    return Status::error(
+        "checkpoint '" + dir + "': made with " + std::to_string(c.state.steps_per_epoch) + " steps per epoch of " +
+        std::to_string(c.state.rows_per_step) + " rows, the current data gives " + std::to_string(steps_per_epoch_) +
+        " of " + std::to_string(rows_per_step_) + " (resuming would change the data order" +
+        (data_changes.empty() ? "" : "; the checkpoint was written with " + join_flags(data_changes)) + ")");
   }
   // Changes a resume accepts (state-shaping flags whose state still matches, such as
   // --bf16 or SGD's --momentum value; hyperparameters; the seed), never silently: one
@@ -431,11 +447,13 @@ Expected<StepResult> Trainer::step(const Batch* given) {
       const DataInputSpec* spec = nullptr;
       for (auto& sp : train_specs_)
         if (sp.name == in.name) spec = &sp;
-      if (it == pending.end() || !spec) return Status::error("train_step: no data for streamed input '" + in.name + "'");
+      if (it == pending.end() || !spec)
+        return Status::error("train_step: no data for streamed input '" + in.name + "'");
       Tensor part = std::move(it->second);
       pending.erase(it);
       DataInputSpec one = *spec;  // the spec of the whole step, N·b rows -> one microbatch
-      if (one.shape.rank() > 0 && one.shape.dims[0].is_static()) one.shape.dims[0] = ir::Dim(one.shape.dims[0].value / n);
+      if (one.shape.rank() > 0 && one.shape.dims[0].is_static())
+        one.shape.dims[0] = ir::Dim(one.shape.dims[0].value / n);
       return fit_to_input(part, one);
     };
   // The loss scale this step used: read before the step, whose update kernel may write
@@ -505,7 +523,7 @@ Expected<std::map<std::string, double>> Trainer::evaluate() {
     ro.step = static_cast<uint64_t>(global_step_);
     ro.program = g_.eval_program;
     ro.arena = eg == g_.eval ? g_.eval_arena : nullptr;  // planned for g_.eval's own values
-    ro.results_in_arena = true;  // read below, before the next batch runs
+    ro.results_in_arena = true;                          // read below, before the next batch runs
     ro.schedule = schedule_.get();
     auto outs = run_graph(*eg, feeds, ro);
     if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
@@ -618,8 +636,8 @@ Expected<TrainResult> Trainer::run() {
     if (!std::isfinite(r.loss) && !warned_nonfinite) {
       // PyTorch and the HF Trainer keep going on a non-finite loss; say so once, loudly.
       bar.clear();
-      std::cerr << message_prefix() << ": warning: loss is " << (std::isnan(r.loss) ? std::string("nan") : std::to_string(r.loss))
-                << " at step " << global_step_
+      std::cerr << message_prefix() << ": warning: loss is "
+                << (std::isnan(r.loss) ? std::string("nan") : std::to_string(r.loss)) << " at step " << global_step_
                 << " (check the data for NaN/inf, batches whose labels are all ignore_index, and the learning rate); "
                    "training continues\n";
       warned_nonfinite = true;
@@ -690,15 +708,17 @@ const std::string& message_prefix() { return prefix_storage(); }
 Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64_t total_steps) {
   // Only a run that will write a checkpoint can overwrite or rotate one away.
   if (cfg.save_steps <= 0 || total_steps / cfg.save_steps <= start_step / cfg.save_steps) return Status::ok();
-  for (const std::string& note : remove_interrupted_saves(cfg.output_dir)) std::cerr << message_prefix() << ": " << note << std::endl;
+  for (const std::string& note : remove_interrupted_saves(cfg.output_dir))
+    std::cerr << message_prefix() << ": " << note << std::endl;
   {  // a file named like a checkpoint would be in the way of (or replaced by) a save
     std::error_code ec;
     for (auto it = std::filesystem::directory_iterator(cfg.output_dir, ec);
          !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (checkpoint_step(name) >= 0 && !it->is_directory(ec))
-        return Status::error("--output_dir " + cfg.output_dir + " holds a file named " + name +
-                             ", in the way of the checkpoints this run saves (not a checkpoint directory); move it away");
+        return Status::error(
+            "--output_dir " + cfg.output_dir + " holds a file named " + name +
+            ", in the way of the checkpoints this run saves (not a checkpoint directory); move it away");
     }
   }
   // Resumed from a checkpoint in another folder: every checkpoint in output_dir is
@@ -743,7 +763,8 @@ Status guard_later_checkpoints(const TrainConfig& cfg, int64_t start_step, int64
     std::filesystem::remove_all(dir, ec);
     if (ec) return Status::error("--overwrite_output_dir: cannot delete '" + dir + "' (" + ec.message() + ")");
   }
-  std::cerr << message_prefix() << ": --overwrite_output_dir: deleted " << names << " from " << cfg.output_dir << std::endl;
+  std::cerr << message_prefix() << ": --overwrite_output_dir: deleted " << names << " from " << cfg.output_dir
+            << std::endl;
   return Status::ok();
 }
 

@@ -85,10 +85,10 @@ struct TrainResult {
   int64_t global_step = 0;
   double epoch = 0;
   int64_t total_steps = 0;
-  double train_loss = 0;                      ///< mean loss over the steps of this process
-  std::vector<double> step_losses;            ///< loss of each step run by this process, in order
-  std::map<std::string, double> eval_metrics; ///< final eval_loss / eval_accuracy (when eval data given)
-  std::map<std::string, ir::Tensor> weights;  ///< final parameters and buffers by initializer name
+  double train_loss = 0;                       ///< mean loss over the steps of this process
+  std::vector<double> step_losses;             ///< loss of each step run by this process, in order
+  std::map<std::string, double> eval_metrics;  ///< final eval_loss / eval_accuracy (when eval data given)
+  std::map<std::string, ir::Tensor> weights;   ///< final parameters and buffers by initializer name
 };
 
 /// Data-input specs (name, dtype, shape) of `names` in graph `g`. Error for a missing name.
@@ -153,8 +153,8 @@ class Trainer {
   TrainerOptions opts_;
   std::vector<DataInputSpec> train_specs_, eval_specs_;
   std::map<std::string, ir::Tensor> state_;
-  std::map<std::string, std::string> state_kind_;     ///< input name -> kind
-  std::map<std::string, std::string> state_output_;   ///< input name -> output name
+  std::map<std::string, std::string> state_kind_;    ///< input name -> kind
+  std::map<std::string, std::string> state_output_;  ///< input name -> output name
   int64_t rows_per_step_ = 0, steps_per_epoch_ = 0, total_steps_ = 0, global_step_ = 0;
   /// Feeds of the train step's LR-schedule inputs (ir::kScheduleTotalInput ...) for this run.
   std::map<std::string, ir::Tensor> schedule_feeds_;
@@ -168,7 +168,7 @@ class Trainer {
   std::shared_ptr<ScheduleCache> schedule_;
   TrainerState acc_;  ///< logging accumulators (persisted in checkpoints)
   bool resumed_ = false;
-  std::string resumed_from_;  ///< the checkpoint folder restore() read
+  std::string resumed_from_;    ///< the checkpoint folder restore() read
   std::string resume_warning_;  ///< see take_resume_warning()
 };
 

@@ -8,7 +8,7 @@ PKGS=(
   llvm-16-dev libzstd-dev libdnnl-dev libomp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
-  libglpk-dev libssl-dev
+  libglpk-dev libssl-dev clang-format ccache
   python3 python3-numpy python3-onnx python3-torch python3-sklearn jargon-text
 )
 missing=()

@@ -20,7 +20,13 @@ bool is_unsigned(DType t) { return t == DType::u8 || t == DType::boolean; }
 
 KernelEmitter::KernelEmitter(llvm::Module& m, const Kernel& k, const std::string& cpu, const std::string& feats,
                              std::string fn_name)
-    : C_(m.getContext()), M_(m), k_(k), B_(m.getContext()), math_(m, B_), cpu_(cpu), feats_(feats),
+    : C_(m.getContext()),
+      M_(m),
+      k_(k),
+      B_(m.getContext()),
+      math_(m, B_),
+      cpu_(cpu),
+      feats_(feats),
       fn_name_(fn_name.empty() ? k.name : std::move(fn_name)) {}
 
 CpuKernel KernelEmitter::emit() {
@@ -65,31 +71,49 @@ CpuKernel KernelEmitter::emit() {
 
 llvm::Type* KernelEmitter::reg_type(DType t) {
   switch (t) {
-    case DType::f64: return B_.getDoubleTy();
-    case DType::f32: case DType::bf16: case DType::f16: return B_.getFloatTy();
-    case DType::i64: return i64_;
-    case DType::i32: return B_.getInt32Ty();
-    case DType::boolean: return B_.getInt1Ty();
-    default: return B_.getInt8Ty();
+    case DType::f64:
+      return B_.getDoubleTy();
+    case DType::f32:
+    case DType::bf16:
+    case DType::f16:
+      return B_.getFloatTy();
+    case DType::i64:
+      return i64_;
+    case DType::i32:
+      return B_.getInt32Ty();
+    case DType::boolean:
+      return B_.getInt1Ty();
+    default:
+      return B_.getInt8Ty();
   }
 }
 
 llvm::Type* KernelEmitter::mem_type(DType t) {
   switch (t) {
-    case DType::bf16: case DType::f16: return B_.getInt16Ty();
-    case DType::boolean: return B_.getInt8Ty();
-    default: return reg_type(t);
+    case DType::bf16:
+    case DType::f16:
+      return B_.getInt16Ty();
+    case DType::boolean:
+      return B_.getInt8Ty();
+    default:
+      return reg_type(t);
   }
 }
 
 llvm::Value* KernelEmitter::constant(DType t, double v) {
   switch (t) {
-    case DType::f64: return llvm::ConstantFP::get(B_.getDoubleTy(), v);
-    case DType::f32: return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v));
-    case DType::bf16: return llvm::ConstantFP::get(B_.getFloatTy(), ir::bf16_to_f32(ir::f32_to_bf16(static_cast<float>(v))));
-    case DType::f16: return llvm::ConstantFP::get(B_.getFloatTy(), ir::f16_to_f32(ir::f32_to_f16(static_cast<float>(v))));
-    case DType::boolean: return B_.getInt1(v != 0);
-    default: return llvm::ConstantInt::get(reg_type(t), static_cast<uint64_t>(static_cast<int64_t>(v)), true);
+    case DType::f64:
+      return llvm::ConstantFP::get(B_.getDoubleTy(), v);
+    case DType::f32:
+      return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v));
+    case DType::bf16:
+      return llvm::ConstantFP::get(B_.getFloatTy(), ir::bf16_to_f32(ir::f32_to_bf16(static_cast<float>(v))));
+    case DType::f16:
+      return llvm::ConstantFP::get(B_.getFloatTy(), ir::f16_to_f32(ir::f32_to_f16(static_cast<float>(v))));
+    case DType::boolean:
+      return B_.getInt1(v != 0);
+    default:
+      return llvm::ConstantInt::get(reg_type(t), static_cast<uint64_t>(static_cast<int64_t>(v)), true);
   }
 }
 
@@ -101,8 +125,8 @@ llvm::Value* KernelEmitter::bf16_bits(llvm::Value* f) {
   llvm::Value* lsb = B_.CreateAnd(B_.CreateLShr(u, 16), 1u);
   llvm::Value* r = B_.CreateAnd(B_.CreateAdd(B_.CreateAdd(u, llvm::ConstantInt::get(i32, 0x7fffu)), lsb),
                                 llvm::ConstantInt::get(i32, 0xffff0000u));
-  llvm::Value* q = B_.CreateAnd(B_.CreateOr(u, llvm::ConstantInt::get(i32, 0x00400000u)),
-                                llvm::ConstantInt::get(i32, 0xffff0000u));
+  llvm::Value* q =
+      B_.CreateAnd(B_.CreateOr(u, llvm::ConstantInt::get(i32, 0x00400000u)), llvm::ConstantInt::get(i32, 0xffff0000u));
   return B_.CreateSelect(isnan, q, r);
 }
 
@@ -128,9 +152,12 @@ llvm::Value* KernelEmitter::load(int p, const std::vector<llvm::Value*>& idx) {
   switch (t) {
     case DType::bf16:
       return B_.CreateBitCast(B_.CreateShl(B_.CreateZExt(v, B_.getInt32Ty()), 16), B_.getFloatTy());
-    case DType::f16: return B_.CreateFPExt(B_.CreateBitCast(v, B_.getHalfTy()), B_.getFloatTy());
-    case DType::boolean: return B_.CreateICmpNE(v, B_.getInt8(0));
-    default: return v;
+    case DType::f16:
+      return B_.CreateFPExt(B_.CreateBitCast(v, B_.getHalfTy()), B_.getFloatTy());
+    case DType::boolean:
+      return B_.CreateICmpNE(v, B_.getInt8(0));
+    default:
+      return v;
   }
 }
 
@@ -166,10 +193,17 @@ llvm::Value* KernelEmitter::guarded_load(int p, const std::vector<llvm::Value*>&
 void KernelEmitter::store(int p, const std::vector<llvm::Value*>& idx, llvm::Value* v) {
   const DType t = k_.params[p].dtype;
   switch (t) {
-    case DType::bf16: v = B_.CreateTrunc(B_.CreateLShr(bf16_bits(v), 16), B_.getInt16Ty()); break;
-    case DType::f16: v = B_.CreateBitCast(B_.CreateFPTrunc(v, B_.getHalfTy()), B_.getInt16Ty()); break;
-    case DType::boolean: v = B_.CreateZExt(v, B_.getInt8Ty()); break;
-    default: break;
+    case DType::bf16:
+      v = B_.CreateTrunc(B_.CreateLShr(bf16_bits(v), 16), B_.getInt16Ty());
+      break;
+    case DType::f16:
+      v = B_.CreateBitCast(B_.CreateFPTrunc(v, B_.getHalfTy()), B_.getInt16Ty());
+      break;
+    case DType::boolean:
+      v = B_.CreateZExt(v, B_.getInt8Ty());
+      break;
+    default:
+      break;
   }
   B_.CreateStore(v, address(p, idx));
 }
@@ -177,11 +211,21 @@ void KernelEmitter::store(int p, const std::vector<llvm::Value*>& idx, llvm::Val
 llvm::Value* KernelEmitter::float_op(ScalarOp op, DType t, llvm::Value* x, llvm::Value* y) {
   llvm::Value* r = nullptr;
   switch (op) {
-    case ScalarOp::add: r = B_.CreateFAdd(x, y); break;
-    case ScalarOp::sub: r = B_.CreateFSub(x, y); break;
-    case ScalarOp::mul: r = B_.CreateFMul(x, y); break;
-    case ScalarOp::div: r = B_.CreateFDiv(x, y); break;
-    case ScalarOp::pow: r = intrinsic(llvm::Intrinsic::pow, {x, y}); break;
+    case ScalarOp::add:
+      r = B_.CreateFAdd(x, y);
+      break;
+    case ScalarOp::sub:
+      r = B_.CreateFSub(x, y);
+      break;
+    case ScalarOp::mul:
+      r = B_.CreateFMul(x, y);
+      break;
+    case ScalarOp::div:
+      r = B_.CreateFDiv(x, y);
+      break;
+    case ScalarOp::pow:
+      r = intrinsic(llvm::Intrinsic::pow, {x, y});
+      break;
     case ScalarOp::max:
     case ScalarOp::min: {
       llvm::Value* nan = B_.CreateFCmpUNO(x, y);
@@ -189,22 +233,48 @@ llvm::Value* KernelEmitter::float_op(ScalarOp op, DType t, llvm::Value* x, llvm:
       r = B_.CreateSelect(nan, qnan(x->getType()), B_.CreateSelect(take_y, y, x));
       break;
     }
-    case ScalarOp::neg: r = B_.CreateFNeg(x); break;
+    case ScalarOp::neg:
+      r = B_.CreateFNeg(x);
+      break;
     case ScalarOp::abs:
       r = B_.CreateSelect(B_.CreateFCmpOLT(x, llvm::ConstantFP::get(x->getType(), 0.0)), B_.CreateFNeg(x), x);
       break;
-    case ScalarOp::exp: r = x->getType()->isFloatTy() ? math_.expf_poly(x) : math_.exp_poly_f64(x); break;
-    case ScalarOp::log: r = intrinsic(llvm::Intrinsic::log, {x}); break;
-    case ScalarOp::sqrt: r = intrinsic(llvm::Intrinsic::sqrt, {x}); break;
-    case ScalarOp::sin: r = intrinsic(llvm::Intrinsic::sin, {x}); break;
-    case ScalarOp::cos: r = intrinsic(llvm::Intrinsic::cos, {x}); break;
-    case ScalarOp::floor: r = intrinsic(llvm::Intrinsic::floor, {x}); break;
-    case ScalarOp::ceil: r = intrinsic(llvm::Intrinsic::ceil, {x}); break;
-    case ScalarOp::round: r = intrinsic(llvm::Intrinsic::roundeven, {x}); break;
-    case ScalarOp::fmod: r = B_.CreateFRem(x, y); break;  // LLVM's frem is C fmod
-    case ScalarOp::erf: r = x->getType()->isFloatTy() ? math_.erff_poly(x) : math_.libm("erff", "erf", x); break;
-    case ScalarOp::tanh: r = x->getType()->isFloatTy() ? math_.tanhf_poly(x) : math_.libm("tanhf", "tanh", x); break;
-    default: r = x; break;
+    case ScalarOp::exp:
+      r = x->getType()->isFloatTy() ? math_.expf_poly(x) : math_.exp_poly_f64(x);
+      break;
+    case ScalarOp::log:
+      r = intrinsic(llvm::Intrinsic::log, {x});
+      break;
+    case ScalarOp::sqrt:
+      r = intrinsic(llvm::Intrinsic::sqrt, {x});
+      break;
+    case ScalarOp::sin:
+      r = intrinsic(llvm::Intrinsic::sin, {x});
+      break;
+    case ScalarOp::cos:
+      r = intrinsic(llvm::Intrinsic::cos, {x});
+      break;
+    case ScalarOp::floor:
+      r = intrinsic(llvm::Intrinsic::floor, {x});
+      break;
+    case ScalarOp::ceil:
+      r = intrinsic(llvm::Intrinsic::ceil, {x});
+      break;
+    case ScalarOp::round:
+      r = intrinsic(llvm::Intrinsic::roundeven, {x});
+      break;
+    case ScalarOp::fmod:
+      r = B_.CreateFRem(x, y);
+      break;  // LLVM's frem is C fmod
+    case ScalarOp::erf:
+      r = x->getType()->isFloatTy() ? math_.erff_poly(x) : math_.libm("erff", "erf", x);
+      break;
+    case ScalarOp::tanh:
+      r = x->getType()->isFloatTy() ? math_.tanhf_poly(x) : math_.libm("tanhf", "tanh", x);
+      break;
+    default:
+      r = x;
+      break;
   }
   return round_to(t, r);
 }
@@ -214,9 +284,12 @@ llvm::Value* KernelEmitter::int_op(ScalarOp op, DType t, llvm::Value* x, llvm::V
   llvm::Type* ty = x->getType();
   llvm::Value* zero = llvm::ConstantInt::get(ty, 0);
   switch (op) {
-    case ScalarOp::add: return B_.CreateAdd(x, y);
-    case ScalarOp::sub: return B_.CreateSub(x, y);
-    case ScalarOp::mul: return B_.CreateMul(x, y);
+    case ScalarOp::add:
+      return B_.CreateAdd(x, y);
+    case ScalarOp::sub:
+      return B_.CreateSub(x, y);
+    case ScalarOp::mul:
+      return B_.CreateMul(x, y);
     case ScalarOp::div: {
       llvm::Value* yz = B_.CreateICmpEQ(y, zero);
       if (u) {
@@ -243,7 +316,8 @@ llvm::Value* KernelEmitter::int_op(ScalarOp op, DType t, llvm::Value* x, llvm::V
       return B_.CreateSelect(u ? B_.CreateICmpUGT(y, x) : B_.CreateICmpSGT(y, x), y, x);
     case ScalarOp::min:
       return B_.CreateSelect(u ? B_.CreateICmpULT(y, x) : B_.CreateICmpSLT(y, x), y, x);
-    case ScalarOp::neg: return B_.CreateSub(zero, x);
+    case ScalarOp::neg:
+      return B_.CreateSub(zero, x);
     case ScalarOp::fmod: {  // truncated remainder; x % 0 = 0 and x % -1 = 0 (no trap)
       llvm::Value* yz = B_.CreateICmpEQ(y, zero);
       llvm::Value* bad = u ? yz : B_.CreateOr(yz, B_.CreateICmpEQ(y, llvm::ConstantInt::getSigned(ty, -1)));
@@ -253,27 +327,38 @@ llvm::Value* KernelEmitter::int_op(ScalarOp op, DType t, llvm::Value* x, llvm::V
     case ScalarOp::abs:
       if (u) return x;
       return B_.CreateSelect(B_.CreateICmpSLT(x, zero), B_.CreateSub(zero, x), x);
-    default: return x;
+    default:
+      return x;
   }
 }
 
 llvm::Value* KernelEmitter::compare(ScalarOp op, DType t, llvm::Value* x, llvm::Value* y) {
   if (ir::is_float(t)) {
     switch (op) {
-      case ScalarOp::lt: return B_.CreateFCmpOLT(x, y);
-      case ScalarOp::le: return B_.CreateFCmpOLE(x, y);
-      case ScalarOp::gt: return B_.CreateFCmpOGT(x, y);
-      case ScalarOp::ge: return B_.CreateFCmpOGE(x, y);
-      default: return B_.CreateFCmpOEQ(x, y);
+      case ScalarOp::lt:
+        return B_.CreateFCmpOLT(x, y);
+      case ScalarOp::le:
+        return B_.CreateFCmpOLE(x, y);
+      case ScalarOp::gt:
+        return B_.CreateFCmpOGT(x, y);
+      case ScalarOp::ge:
+        return B_.CreateFCmpOGE(x, y);
+      default:
+        return B_.CreateFCmpOEQ(x, y);
     }
   }
   const bool u = is_unsigned(t);
   switch (op) {
-    case ScalarOp::lt: return u ? B_.CreateICmpULT(x, y) : B_.CreateICmpSLT(x, y);
-    case ScalarOp::le: return u ? B_.CreateICmpULE(x, y) : B_.CreateICmpSLE(x, y);
-    case ScalarOp::gt: return u ? B_.CreateICmpUGT(x, y) : B_.CreateICmpSGT(x, y);
-    case ScalarOp::ge: return u ? B_.CreateICmpUGE(x, y) : B_.CreateICmpSGE(x, y);
-    default: return B_.CreateICmpEQ(x, y);
+    case ScalarOp::lt:
+      return u ? B_.CreateICmpULT(x, y) : B_.CreateICmpSLT(x, y);
+    case ScalarOp::le:
+      return u ? B_.CreateICmpULE(x, y) : B_.CreateICmpSLE(x, y);
+    case ScalarOp::gt:
+      return u ? B_.CreateICmpUGT(x, y) : B_.CreateICmpSGT(x, y);
+    case ScalarOp::ge:
+      return u ? B_.CreateICmpUGE(x, y) : B_.CreateICmpSGE(x, y);
+    default:
+      return B_.CreateICmpEQ(x, y);
   }
 }
 
@@ -287,8 +372,10 @@ llvm::Value* KernelEmitter::cast(DType from, DType to, llvm::Value* x) {
               : B_.CreateICmpNE(x, llvm::ConstantInt::get(x->getType(), 0));
   if (ir::is_float(to)) {
     llvm::Value* r;
-    if (ff) r = B_.CreateFPCast(x, rt);
-    else r = is_unsigned(from) ? B_.CreateUIToFP(x, rt) : B_.CreateSIToFP(x, rt);
+    if (ff)
+      r = B_.CreateFPCast(x, rt);
+    else
+      r = is_unsigned(from) ? B_.CreateUIToFP(x, rt) : B_.CreateSIToFP(x, rt);
     return round_to(to, r);
   }
   if (ff) {
@@ -332,16 +419,34 @@ std::vector<llvm::Value*> KernelEmitter::eval(const std::vector<llvm::Value*>& i
     auto a = [&](int j) { return v[e.args[j]]; };
     auto adt = [&](int j) { return k_.exprs[e.args[j]].dtype; };
     switch (e.op) {
-      case ScalarOp::lt: case ScalarOp::le: case ScalarOp::gt: case ScalarOp::ge: case ScalarOp::eq:
+      case ScalarOp::lt:
+      case ScalarOp::le:
+      case ScalarOp::gt:
+      case ScalarOp::ge:
+      case ScalarOp::eq:
         v[i] = compare(e.op, adt(0), a(0), a(1));
         break;
-      case ScalarOp::logical_and: v[i] = B_.CreateAnd(a(0), a(1)); break;
-      case ScalarOp::logical_or: v[i] = B_.CreateOr(a(0), a(1)); break;
-      case ScalarOp::logical_xor: v[i] = B_.CreateXor(a(0), a(1)); break;
-      case ScalarOp::logical_not: v[i] = B_.CreateNot(a(0)); break;
-      case ScalarOp::select: v[i] = B_.CreateSelect(a(0), a(1), a(2)); break;
-      case ScalarOp::cast: v[i] = cast(adt(0), e.dtype, a(0)); break;
-      case ScalarOp::fma: v[i] = round_to(e.dtype, intrinsic(llvm::Intrinsic::fma, {a(0), a(1), a(2)})); break;
+      case ScalarOp::logical_and:
+        v[i] = B_.CreateAnd(a(0), a(1));
+        break;
+      case ScalarOp::logical_or:
+        v[i] = B_.CreateOr(a(0), a(1));
+        break;
+      case ScalarOp::logical_xor:
+        v[i] = B_.CreateXor(a(0), a(1));
+        break;
+      case ScalarOp::logical_not:
+        v[i] = B_.CreateNot(a(0));
+        break;
+      case ScalarOp::select:
+        v[i] = B_.CreateSelect(a(0), a(1), a(2));
+        break;
+      case ScalarOp::cast:
+        v[i] = cast(adt(0), e.dtype, a(0));
+        break;
+      case ScalarOp::fma:
+        v[i] = round_to(e.dtype, intrinsic(llvm::Intrinsic::fma, {a(0), a(1), a(2)}));
+        break;
       default: {
         llvm::Value* y = e.args.size() > 1 ? a(1) : nullptr;
         v[i] = ir::is_float(e.dtype) ? float_op(e.op, e.dtype, a(0), y) : int_op(e.op, e.dtype, a(0), y);

@@ -108,14 +108,12 @@ llvm::Value* MathEmitter::libm(const std::string& name32, const std::string& nam
 /// An f32 literal (v rounded to float).
 llvm::Constant* MathEmitter::f32c(double v) { return llvm::ConstantFP::get(B_.getFloatTy(), static_cast<float>(v)); }
 
-/// sum_i m_i t^i (t: f32 or f64; coefficients rounded to t's type) as `groups` interleaved Horner chains over consecutive blocks of
-/// s = ceil(n / groups) coefficients, joined by Horner's rule in t^s (a second-order
-/// Horner scheme, Knuth TAOCP vol. 2, 4.6.4). The same multiply-adds as plain Horner
-/// plus the few multiplies for t^s, but a dependency chain of about s + groups steps
-/// instead of n: erf's 18 terms as one chain were 72 cycles of FMA latency per vector,
-/// which left GELU's loop waiting on latency rather than on its ports. (Estrin's scheme
-/// shortens the chain further but needs a register copy per pair and spilled the
-/// constants.)
+/// sum_i m_i t^i (t: f32 or f64; coefficients rounded to t's type) as `groups` interleaved Horner chains over
+/// consecutive blocks of s = ceil(n / groups) coefficients, joined by Horner's rule in t^s (a second-order Horner
+/// scheme, Knuth TAOCP vol. 2, 4.6.4). The same multiply-adds as plain Horner plus the few multiplies for t^s, but a
+/// dependency chain of about s + groups steps instead of n: erf's 18 terms as one chain were 72 cycles of FMA latency
+/// per vector, which left GELU's loop waiting on latency rather than on its ports. (Estrin's scheme shortens the chain
+/// further but needs a register copy per pair and spilled the constants.)
 llvm::Value* MathEmitter::grouped_horner(llvm::Value* t, const std::vector<double>& m, size_t groups) {
   auto c = [&](double v) { return llvm::ConstantFP::get(t->getType(), v); };
   const size_t n = m.size(), step = (n + groups - 1) / groups;

@@ -47,15 +47,23 @@ RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, cons
   int64_t row = 1;
   for (int d : red) row *= k.domain[d];
   std::vector<bool> heavy(ne, false), costly(ne, false);  // holds a transcendental; heavy or 3+ ops
-  std::vector<int> ops(ne, 0);  // vector operations recomputing it takes (capped)
+  std::vector<int> ops(ne, 0);                            // vector operations recomputing it takes (capped)
   for (size_t i = 0; i < ne; ++i) {
     const KExpr& e = k.exprs[i];
     if (e.kind == KExpr::Kind::load) ops[i] = ir::is_float(e.dtype) ? 0 : 1;  // a mask's test
     if (e.kind != KExpr::Kind::op) continue;
     switch (e.op) {
-      case ScalarOp::exp: case ScalarOp::log: case ScalarOp::tanh: case ScalarOp::erf: case ScalarOp::sin:
-      case ScalarOp::cos: case ScalarOp::pow: heavy[i] = ir::is_float(e.dtype); break;
-      default: break;
+      case ScalarOp::exp:
+      case ScalarOp::log:
+      case ScalarOp::tanh:
+      case ScalarOp::erf:
+      case ScalarOp::sin:
+      case ScalarOp::cos:
+      case ScalarOp::pow:
+        heavy[i] = ir::is_float(e.dtype);
+        break;
+      default:
+        break;
     }
     ops[i] = 1;
     for (int a : e.args) {
@@ -87,13 +95,14 @@ RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, cons
     for (int p = first_need[i] + 1; p <= passes && !keep; ++p) {
       if (!r.needed[p][i]) continue;
       bool direct = false;  // a store or reduce of pass p, or a non-candidate consumer, reads it
-      for (const KStore& s : k.stores)
-        direct = direct || (s.expr == static_cast<int>(i) && level[s.expr] == p - 1);
+      for (const KStore& s : k.stores) direct = direct || (s.expr == static_cast<int>(i) && level[s.expr] == p - 1);
       for (size_t c = i + 1; c < ne && !direct; ++c) {
         const KExpr& ce = k.exprs[c];
         if (std::find(ce.args.begin(), ce.args.end(), static_cast<int>(i)) == ce.args.end()) continue;
-        if (ce.kind == KExpr::Kind::reduce) direct = direct || level[c] == p;
-        else if (r.needed[p][c]) direct = direct || !(cand[c] && first_need[c] < p);
+        if (ce.kind == KExpr::Kind::reduce)
+          direct = direct || level[c] == p;
+        else if (r.needed[p][c])
+          direct = direct || !(cand[c] && first_need[c] < p);
       }
       keep = direct;
     }
@@ -141,8 +150,7 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
   const RowScratch scratch = row_scratch_plan(k_, level_, red);
   std::vector<llvm::Value*> scratch_buf(ne, nullptr);
   for (size_t i = 0; i < ne; ++i)
-    if (scratch.first[i] > 0)
-      scratch_buf[i] = e_.entry_alloca(e_.reg_type(k_.exprs[i].dtype), i64c(scratch.row));
+    if (scratch.first[i] > 0) scratch_buf[i] = e_.entry_alloca(e_.reg_type(k_.exprs[i].dtype), i64c(scratch.row));
   auto row_pos = [&] {
     llvm::Value* r = i64c(0);
     for (int d : red) r = B_.CreateNSWAdd(B_.CreateNSWMul(r, i64c(k_.domain[d])), idx[d]);
@@ -180,45 +188,50 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
       sacc[s] = e_.entry_alloca(sty[s], nullptr);
       B_.CreateStore(e_.reduce_init(st), sacc[s]);
     }
-    s_.reduced_loops(red, 0, idx, [&] {
-      std::vector<llvm::Value*> preset(ne, nullptr);
-      llvm::Value* pos = scratch.row > 0 ? row_pos() : nullptr;
-      for (size_t i = 0; i < ne; ++i)
-        if (scratch_buf[i] && scratch.first[i] < p && scratch.needed[p][i]) {
-          llvm::Type* t = e_.reg_type(k_.exprs[i].dtype);
-          preset[i] = B_.CreateLoad(t, B_.CreateInBoundsGEP(t, scratch_buf[i], pos));
-        }
-      std::vector<llvm::Value*> v = e_.eval(idx, &known, p, &preset);
-      for (size_t i = 0; i < ne; ++i)
-        if (scratch_buf[i] && scratch.first[i] == p) {
-          llvm::Type* t = e_.reg_type(k_.exprs[i].dtype);
-          B_.CreateStore(v[i], B_.CreateInBoundsGEP(t, scratch_buf[i], pos));
-        }
-      for (size_t i = 0; i < ne; ++i)
-        if (acc[i]) {
-          const KExpr& e = k_.exprs[i];
-          llvm::Value* x = v[e.args[0]];
-          if (nan_seen[i]) {
-            llvm::FastMathFlags fmf;
-            fmf.setNoNaNs();
-            fmf.setNoSignedZeros();
-            llvm::Function* mx = llvm::Intrinsic::getDeclaration(&M_, llvm::Intrinsic::maxnum, {ety[i]});
-            llvm::CallInst* m = B_.CreateCall(mx, {B_.CreateLoad(ety[i], acc[i]), x});
-            m->setFastMathFlags(fmf);
-            B_.CreateStore(m, acc[i]);
-            llvm::Value* isn = B_.CreateZExt(B_.CreateFCmpUNO(x, x), B_.getInt8Ty());
-            B_.CreateStore(B_.CreateOr(B_.CreateLoad(B_.getInt8Ty(), nan_seen[i]), isn), nan_seen[i]);
-            continue;
+    s_.reduced_loops(
+        red, 0, idx,
+        [&] {
+          std::vector<llvm::Value*> preset(ne, nullptr);
+          llvm::Value* pos = scratch.row > 0 ? row_pos() : nullptr;
+          for (size_t i = 0; i < ne; ++i)
+            if (scratch_buf[i] && scratch.first[i] < p && scratch.needed[p][i]) {
+              llvm::Type* t = e_.reg_type(k_.exprs[i].dtype);
+              preset[i] = B_.CreateLoad(t, B_.CreateInBoundsGEP(t, scratch_buf[i], pos));
+            }
+          std::vector<llvm::Value*> v = e_.eval(idx, &known, p, &preset);
+          for (size_t i = 0; i < ne; ++i)
+            if (scratch_buf[i] && scratch.first[i] == p) {
+              llvm::Type* t = e_.reg_type(k_.exprs[i].dtype);
+              B_.CreateStore(v[i], B_.CreateInBoundsGEP(t, scratch_buf[i], pos));
+            }
+          for (size_t i = 0; i < ne; ++i)
+            if (acc[i]) {
+              const KExpr& e = k_.exprs[i];
+              llvm::Value* x = v[e.args[0]];
+              if (nan_seen[i]) {
+                llvm::FastMathFlags fmf;
+                fmf.setNoNaNs();
+                fmf.setNoSignedZeros();
+                llvm::Function* mx = llvm::Intrinsic::getDeclaration(&M_, llvm::Intrinsic::maxnum, {ety[i]});
+                llvm::CallInst* m = B_.CreateCall(mx, {B_.CreateLoad(ety[i], acc[i]), x});
+                m->setFastMathFlags(fmf);
+                B_.CreateStore(m, acc[i]);
+                llvm::Value* isn = B_.CreateZExt(B_.CreateFCmpUNO(x, x), B_.getInt8Ty());
+                B_.CreateStore(B_.CreateOr(B_.CreateLoad(B_.getInt8Ty(), nan_seen[i]), isn), nan_seen[i]);
+                continue;
+              }
+              B_.CreateStore(e_.reduce_step_t(e.reduce, e.dtype, B_.CreateLoad(ety[i], acc[i]), x, true), acc[i]);
+            }
+          for (size_t s = 0; s < ns; ++s) {
+            const KStore& st = k_.stores[s];
+            if (level_[st.expr] != p - 1) continue;
+            if (sacc[s])
+              B_.CreateStore(e_.reduce_step(st, B_.CreateLoad(sty[s], sacc[s]), v[st.expr], true), sacc[s]);
+            else if (st.reduce == ReduceKind::none && varies(st))
+              e_.store(st.param, idx, v[st.expr]);
           }
-          B_.CreateStore(e_.reduce_step_t(e.reduce, e.dtype, B_.CreateLoad(ety[i], acc[i]), x, true), acc[i]);
-        }
-      for (size_t s = 0; s < ns; ++s) {
-        const KStore& st = k_.stores[s];
-        if (level_[st.expr] != p - 1) continue;
-        if (sacc[s]) B_.CreateStore(e_.reduce_step(st, B_.CreateLoad(sty[s], sacc[s]), v[st.expr], true), sacc[s]);
-        else if (st.reduce == ReduceKind::none && varies(st)) e_.store(st.param, idx, v[st.expr]);
-      }
-    }, row_vector_width(e_.features(), k_.domain[red.back()]));
+        },
+        row_vector_width(e_.features(), k_.domain[red.back()]));
     for (size_t i = 0; i < ne; ++i)
       if (acc[i]) {
         const KExpr& e = k_.exprs[i];

@@ -26,9 +26,9 @@ class LoopSchedule;
 /// Which expressions of a row program are computed once per row and reloaded: see
 /// row_scratch_plan.
 struct RowScratch {
-  int64_t row = 0;                       ///< elements per row (0: no scratch)
-  std::vector<int> first;                ///< per expr: the pass that stores it (0: not kept)
-  std::vector<std::vector<bool>> needed; ///< [pass][expr]: the pass uses the expr's value
+  int64_t row = 0;                        ///< elements per row (0: no scratch)
+  std::vector<int> first;                 ///< per expr: the pass that stores it (0: not kept)
+  std::vector<std::vector<bool>> needed;  ///< [pass][expr]: the pass uses the expr's value
 };
 
 /// The row scratch of row program `k` (`level`: k.expr_levels(); `red`: its reduced dims).

@@ -37,14 +37,20 @@ void LoopSchedule::emit(CpuKernel& ck) {
     // innermost, which the fusion pass arranges).
     const bool column = !kept.empty() && kept.back() == n - 1 && !k_.is_row_program();
     auto body = [&] {
-      if (column) column_tiles(kept, red, idx);
-      else kept_loops(kept, 0, red, idx, false);  // kept empty: one row
+      if (column)
+        column_tiles(kept, red, idx);
+      else
+        kept_loops(kept, 0, red, idx, false);  // kept empty: one row
     };
     const int64_t parts = column ? k_.column_split_parts() : 0;
-    if (parts > 0) split_column(kept, red, idx, parts, ck);
-    else if (kept.empty()) e_.guard_once(body);
-    else if (column && kept.size() == 1) column_tiles(kept, red, idx);
-    else kept_loops(kept, 0, red, idx, column);
+    if (parts > 0)
+      split_column(kept, red, idx, parts, ck);
+    else if (kept.empty())
+      e_.guard_once(body);
+    else if (column && kept.size() == 1)
+      column_tiles(kept, red, idx);
+    else
+      kept_loops(kept, 0, red, idx, column);
   }
 }
 
@@ -70,9 +76,12 @@ void LoopSchedule::kept_loops(const std::vector<int>& kept, size_t ki, const std
                               std::vector<llvm::Value*>& idx, bool column) {
   const size_t stop = column ? kept.size() - 1 : kept.size();
   if (ki == stop) {
-    if (column) column_tiles(kept, red, idx);
-    else if (k_.is_row_program()) RowProgramEmitter(e_, *this).emit(red, idx);
-    else row_body(red, idx);
+    if (column)
+      column_tiles(kept, red, idx);
+    else if (k_.is_row_program())
+      RowProgramEmitter(e_, *this).emit(red, idx);
+    else
+      row_body(red, idx);
     return;
   }
   const int d = kept[ki];
@@ -184,7 +193,7 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
   };
   // Loops over the kept dims but the innermost, then body.
   std::function<void(size_t, const std::function<void()>&)> outer_kept = [&](size_t ki,
-                                                                              const std::function<void()>& body) {
+                                                                             const std::function<void()>& body) {
     if (ki + 1 >= kept.size()) {
       body();
       return;
@@ -239,10 +248,9 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
 void LoopSchedule::column_tiles(const std::vector<int>& kept, const std::vector<int>& red,
                                 std::vector<llvm::Value*>& idx) {
   const int inner = kept.back();
-  column_tile_loops(inner, red, idx, e_.range_lo(inner, kept[0]), e_.range_hi(inner, kept[0]), {nullptr, nullptr},
-                    [&](size_t s, llvm::Value* acc) {
-                      e_.store(k_.stores[s].param, idx, e_.acc_result(k_.stores[s], acc));
-                    });
+  column_tile_loops(
+      inner, red, idx, e_.range_lo(inner, kept[0]), e_.range_hi(inner, kept[0]), {nullptr, nullptr},
+      [&](size_t s, llvm::Value* acc) { e_.store(k_.stores[s].param, idx, e_.acc_result(k_.stores[s], acc)); });
 }
 
 /// Columns [lo, hi) of the innermost dim `inner` in tiles of kTile stack accumulators,
@@ -268,20 +276,20 @@ void LoopSchedule::column_tile_loops(int inner, const std::vector<int>& red, std
       for (size_t s = 0; s < acc.size(); ++s)
         B_.CreateStore(e_.reduce_init(k_.stores[s]), B_.CreateInBoundsGEP(ty[s], acc[s], j));
     });
-    auto reduce_body =
-        [&] {
-          e_.for_range(i64c(0), w, [&](llvm::Value* j) {
-            idx[inner] = B_.CreateNSWAdd(t0, j);
-            std::vector<llvm::Value*> v = e_.eval(idx);
-            for (size_t s = 0; s < acc.size(); ++s) {
-              llvm::Value* slot = B_.CreateInBoundsGEP(ty[s], acc[s], j);
-              B_.CreateStore(e_.reduce_step(k_.stores[s], B_.CreateLoad(ty[s], slot), v[k_.stores[s].expr], false),
-                             slot);
-            }
-          });
-        };
-    if (rows.first) flat_reduced_loop(red, idx, rows.first, rows.second, reduce_body);
-    else reduced_loops(red, 0, idx, reduce_body);
+    auto reduce_body = [&] {
+      e_.for_range(i64c(0), w, [&](llvm::Value* j) {
+        idx[inner] = B_.CreateNSWAdd(t0, j);
+        std::vector<llvm::Value*> v = e_.eval(idx);
+        for (size_t s = 0; s < acc.size(); ++s) {
+          llvm::Value* slot = B_.CreateInBoundsGEP(ty[s], acc[s], j);
+          B_.CreateStore(e_.reduce_step(k_.stores[s], B_.CreateLoad(ty[s], slot), v[k_.stores[s].expr], false), slot);
+        }
+      });
+    };
+    if (rows.first)
+      flat_reduced_loop(red, idx, rows.first, rows.second, reduce_body);
+    else
+      reduced_loops(red, 0, idx, reduce_body);
     e_.for_range(i64c(0), w, [&](llvm::Value* j) {
       idx[inner] = B_.CreateNSWAdd(t0, j);
       for (size_t s = 0; s < acc.size(); ++s) finish(s, B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], acc[s], j)));

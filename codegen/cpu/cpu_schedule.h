@@ -41,10 +41,10 @@ class LoopSchedule {
  private:
   void store_point(const std::vector<llvm::Value*>& idx);
   void pointwise_loops(int d, std::vector<llvm::Value*>& idx);
-  void kept_loops(const std::vector<int>& kept, size_t ki, const std::vector<int>& red,
-                  std::vector<llvm::Value*>& idx, bool column);
-  void flat_reduced_loop(const std::vector<int>& red, std::vector<llvm::Value*>& idx, llvm::Value* lo,
-                         llvm::Value* hi, const std::function<void()>& body);
+  void kept_loops(const std::vector<int>& kept, size_t ki, const std::vector<int>& red, std::vector<llvm::Value*>& idx,
+                  bool column);
+  void flat_reduced_loop(const std::vector<int>& red, std::vector<llvm::Value*>& idx, llvm::Value* lo, llvm::Value* hi,
+                         const std::function<void()>& body);
   void row_body(const std::vector<int>& red, std::vector<llvm::Value*>& idx);
   void split_column(const std::vector<int>& kept, const std::vector<int>& red, std::vector<llvm::Value*>& idx,
                     int64_t parts, CpuKernel& ck);

@@ -49,10 +49,10 @@
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
 #include "llvm/ExecutionEngine/Orc/ThreadSafeModule.h"
-#include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/DiagnosticHandler.h"
 #include "llvm/IR/DiagnosticInfo.h"
 #include "llvm/IR/LLVMContext.h"
+#include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Module.h"
 #include "llvm/IR/Verifier.h"
 #include "llvm/Passes/PassBuilder.h"
@@ -268,7 +268,8 @@ Expected<CpuObject> compile_object(const std::vector<Kernel>& kernels, const std
   obj.stats.optimize_s = seconds_since(t0);
 
   t0 = clock::now();
-  KILN_ASSIGN_OR_RETURN(obj.object, emit_object(m, *tm, kernels.empty() ? "empty module" : "first kernel '" + kernels[0].name + "'"));
+  KILN_ASSIGN_OR_RETURN(
+      obj.object, emit_object(m, *tm, kernels.empty() ? "empty module" : "first kernel '" + kernels[0].name + "'"));
   obj.stats.codegen_s = seconds_since(t0);
   return obj;
 }
@@ -328,7 +329,8 @@ Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kern
 }
 
 Expected<std::string> emit_aot_data_object(const std::vector<std::pair<std::string, std::string>>& blobs,
-                                           const std::string& table_symbol, const std::vector<std::string>& fn_symbols) {
+                                           const std::string& table_symbol,
+                                           const std::vector<std::string>& fn_symbols) {
   std::set<std::string> defined;
   auto define = [&](const std::string& s) -> Status {
     if (!is_c_identifier(s)) return Status::error("AOT data object: symbol '" + s + "' is not a C identifier");
@@ -343,7 +345,8 @@ Expected<std::string> emit_aot_data_object(const std::vector<std::pair<std::stri
   KILN_RETURN_IF_ERROR(define(table_symbol + "_count"));
   for (const std::string& f : fn_symbols) {
     if (!is_c_identifier(f)) return Status::error("AOT data object: function symbol '" + f + "' is not a C identifier");
-    if (defined.count(f)) return Status::error("AOT data object: function symbol '" + f + "' clashes with a data symbol");
+    if (defined.count(f))
+      return Status::error("AOT data object: function symbol '" + f + "' clashes with a data symbol");
   }
   KILN_ASSIGN_OR_RETURN(auto tm, object_target_machine());
   llvm::LLVMContext ctx;
@@ -397,7 +400,6 @@ Status verify_llvm_ir_text(const std::string& text) {
   }
   return Status::ok();
 }
-
 
 /// LLVM IR of `kernels` before optimization, for `cpu` and `feats` (the host's when null).
 static Expected<std::string> emit_llvm_ir_for(const std::vector<Kernel>& kernels, const std::string* cpu,

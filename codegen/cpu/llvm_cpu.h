@@ -32,9 +32,9 @@ using CpuKernelFn = void (*)(void* const* buffers, int64_t begin, int64_t end);
 struct CpuKernel {
   std::string name;
   CpuKernelFn fn = nullptr;
-  int parallel_dim = -1;       ///< domain dim split across threads (-1: run as fn(b, 0, 1))
-  int64_t parallel_extent = 1; ///< extent of that dim
-  int64_t work_per_index = 1;  ///< domain points per parallel index (for choosing chunk sizes)
+  int parallel_dim = -1;        ///< domain dim split across threads (-1: run as fn(b, 0, 1))
+  int64_t parallel_extent = 1;  ///< extent of that dim
+  int64_t work_per_index = 1;   ///< domain points per parallel index (for choosing chunk sizes)
   /// > 0: a split column reduction in this many row partitions (the parallel indices):
   /// after fn(b, begin, end) has run for every index of [0, split_parts), the caller runs
   /// fn(b, split_parts, split_parts + 1) once, which combines the partial results.
@@ -57,7 +57,7 @@ struct CpuCompileStats {
   double optimize_s = 0;  ///< O3 pipeline
   double codegen_s = 0;   ///< machine code (object emission) + JIT link (ORC)
   int num_kernels = 0;
-  int num_unique = 0;     ///< distinct generated functions (structurally equal kernels share one)
+  int num_unique = 0;  ///< distinct generated functions (structurally equal kernels share one)
 };
 
 /// A JIT-compiled module of kernels; owns the code (kernels stay valid while it lives).
@@ -76,16 +76,17 @@ Expected<std::unique_ptr<CpuModule>> compile_cpu(const std::vector<Kernel>& kern
 
 /// Relocatable object code (ELF .o for the host triple/CPU/features) of a kernel module.
 struct CpuObject {
-  std::string object;                 ///< the .o file's bytes
-  std::string llvm_ir;                ///< LLVM IR after O3
-  std::vector<CpuKernel> kernels;     ///< schedules in input order; fn == nullptr
-  std::vector<std::string> symbols;   ///< per kernel: the defined function symbol (equal kernels share one)
-  CpuCompileStats stats;              ///< emit_s, optimize_s, codegen_s (= object emission), counts
+  std::string object;                ///< the .o file's bytes
+  std::string llvm_ir;               ///< LLVM IR after O3
+  std::vector<CpuKernel> kernels;    ///< schedules in input order; fn == nullptr
+  std::vector<std::string> symbols;  ///< per kernel: the defined function symbol (equal kernels share one)
+  CpuCompileStats stats;             ///< emit_s, optimize_s, codegen_s (= object emission), counts
 };
 
 /// Options of compile_cpu_object.
 struct CpuObjectOptions {
-  std::string symbol_prefix = "kiln_k_";  ///< symbols are prefix + index + "_" + kernel name with chars outside [A-Za-z0-9_] replaced by '_'
+  std::string symbol_prefix =
+      "kiln_k_";  ///< symbols are prefix + index + "_" + kernel name with chars outside [A-Za-z0-9_] replaced by '_'
 };
 
 /// Compiles `kernels` (verified first; structurally equal kernels share one function, named
@@ -93,14 +94,16 @@ struct CpuObjectOptions {
 /// relocations. Errors name the kernel (or the LLVM step that failed).
 Expected<CpuObject> compile_cpu_object(const std::vector<Kernel>& kernels, const CpuObjectOptions& opts = {});
 
-/// Loads an object from compile_cpu_object into a new LLJIT (resolves kiln_cpu_ipow and libm/process symbols); the module's llvm_ir() is obj.llvm_ir, stats() adds the link time to codegen_s.
-/// Errors: a malformed object, an unresolved symbol, or a kernel/symbol count mismatch.
+/// Loads an object from compile_cpu_object into a new LLJIT (resolves kiln_cpu_ipow and libm/process symbols); the
+/// module's llvm_ir() is obj.llvm_ir, stats() adds the link time to codegen_s. Errors: a malformed object, an
+/// unresolved symbol, or a kernel/symbol count mismatch.
 Expected<std::unique_ptr<CpuModule>> load_cpu_object(const CpuObject& obj);
 
 /// An object file holding read-only data for the ahead-of-time binary: each blob becomes a global
 /// `const char SYMBOL[]` (bytes, plus one trailing NUL not counted) and `const int64_t SYMBOL_size`;
-/// `table_symbol` becomes a global array `void* const table_symbol[]` of the addresses of the external functions `fn_symbols` (in order, resolved by the system linker), plus `int64_t table_symbol_count`. All symbols have external linkage, C names (no mangling).
-/// Errors: a symbol that is not a C identifier, or defined twice.
+/// `table_symbol` becomes a global array `void* const table_symbol[]` of the addresses of the external functions
+/// `fn_symbols` (in order, resolved by the system linker), plus `int64_t table_symbol_count`. All symbols have external
+/// linkage, C names (no mangling). Errors: a symbol that is not a C identifier, or defined twice.
 Expected<std::string> emit_aot_data_object(const std::vector<std::pair<std::string, std::string>>& blobs,
                                            const std::string& table_symbol, const std::vector<std::string>& fn_symbols);
 

@@ -21,8 +21,8 @@
 #include <sstream>
 
 #include "codegen/lower.h"
-#include "llvm/Config/llvm-config.h"
 #include "llvm/ADT/StringRef.h"
+#include "llvm/Config/llvm-config.h"
 #include "llvm/Support/SHA256.h"
 
 #ifndef KILN_VERSION
@@ -36,7 +36,11 @@ namespace {
 namespace fs = std::filesystem;
 
 /// Bumped whenever the payload layout or anything the key does not cover changes.
-constexpr uint32_t kCacheFormatVersion = 9;  // 2: zmm-preferring kernels on AVX-512; 4: one-polynomial erf (3 was an intermediate build); 5: exp without range selects; 6: exp of results that are 0 without underflow; 7: split column reductions (CpuKernel split_parts, scratch_bytes); 8: erf in grouped Horner chains; 9: f32 row sums of reduce expressions, row scratch for 3-op values
+constexpr uint32_t kCacheFormatVersion =
+    9;  // 2: zmm-preferring kernels on AVX-512; 4: one-polynomial erf (3 was an intermediate build); 5: exp without
+        // range selects; 6: exp of results that are 0 without underflow; 7: split column reductions (CpuKernel
+        // split_parts, scratch_bytes); 8: erf in grouped Horner chains; 9: f32 row sums of reduce expressions, row
+        // scratch for 3-op values
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'C', 'H', '\0'};
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 32;
 
@@ -254,7 +258,8 @@ std::string check_file(const std::string& bytes, std::string& payload) {
   uint32_t version = 0;
   for (int i = 0; i < 4; ++i) version |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[8 + i])) << (8 * i);
   if (version != kCacheFormatVersion)
-    return "stale (format version " + std::to_string(version) + ", expected " + std::to_string(kCacheFormatVersion) + ")";
+    return "stale (format version " + std::to_string(version) + ", expected " + std::to_string(kCacheFormatVersion) +
+           ")";
   uint64_t len = 0;
   for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[12 + i])) << (8 * i);
   const uint64_t have = bytes.size() - kHeaderSize;
@@ -357,7 +362,8 @@ std::map<std::string, MemoryEntry>& memory_cache() {
 /// "" when the entry's kernels are those of `kernels` (count and names), else why not.
 std::string match_kernels(const CpuObject& obj, const std::vector<Kernel>& kernels) {
   if (obj.kernels.size() != kernels.size() || obj.symbols.size() != kernels.size())
-    return "stale (" + std::to_string(obj.kernels.size()) + " kernels, expected " + std::to_string(kernels.size()) + ")";
+    return "stale (" + std::to_string(obj.kernels.size()) + " kernels, expected " + std::to_string(kernels.size()) +
+           ")";
   for (size_t i = 0; i < kernels.size(); ++i)
     if (obj.kernels[i].name != kernels[i].name)
       return "stale (kernel " + std::to_string(i) + " is '" + obj.kernels[i].name + "', expected '" + kernels[i].name +
@@ -433,8 +439,10 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
       } else {
         try {
           std::ifstream f(path, std::ios::binary);
-          if (!f) why = "unreadable";
-          else bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+          if (!f)
+            why = "unreadable";
+          else
+            bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
         } catch (const std::exception& e) {
           why = std::string("unreadable (") + e.what() + ")";
         }
@@ -490,14 +498,14 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
         if (int n = prune_cache_dir(dir, path))
           log("cache", "pruned " + std::to_string(n) + " least recently used entries (cache over " +
                            std::to_string(kCacheMaxBytes >> 20) + " MiB)");
-      }
-      else {
+      } else {
         // One warning per cache folder and process (train and eval programs share it).
         static std::mutex warned_mutex;
         static std::set<std::string> warned;
         std::lock_guard<std::mutex> lock(warned_mutex);
         if (warned.insert(dir.string()).second)
-          warn("cannot write compile cache entries in " + dir.string() + " (" + err + "); continuing without the cache");
+          warn("cannot write compile cache entries in " + dir.string() + " (" + err +
+               "); continuing without the cache");
       }
     }
   } else {

@@ -32,14 +32,14 @@ namespace kiln::codegen {
 /// in a program, so a clone of the graph, as the trainer's eval copy, finds them too).
 struct CpuProgram {
   std::shared_ptr<CpuModule> module;  ///< JIT-linked kernels (shared with the in-memory cache)
-  std::vector<Kernel> kernels;  ///< kernel IR, in schedule order (before collapse_dims)
+  std::vector<Kernel> kernels;        ///< kernel IR, in schedule order (before collapse_dims)
   std::unordered_map<std::string, const CpuKernel*> by_node;
-  double lower_s = 0;           ///< seconds spent lowering to kernel IR
+  double lower_s = 0;  ///< seconds spent lowering to kernel IR
   /// The module's object code (always kept: `kiln compile` links it into the AOT binary);
   /// null when the graph has no fused node. On a disk hit its stats hold zero LLVM times.
   std::shared_ptr<const CpuObject> object;
-  std::string cache_key;        ///< SHA-256 of the cache key material, 64 hex digits ("" if no fused node)
-  std::string cache_status;     ///< "memory hit", "disk hit", "miss" or "off" (cache disabled or nothing to compile)
+  std::string cache_key;     ///< SHA-256 of the cache key material, 64 hex digits ("" if no fused node)
+  std::string cache_status;  ///< "memory hit", "disk hit", "miss" or "off" (cache disabled or nothing to compile)
   /// Kernel for a FusedKernel node, or nullptr.
   const CpuKernel* find(const ir::Node* n) const {
     auto it = by_node.find(n->name);
@@ -49,10 +49,11 @@ struct CpuProgram {
 
 /// Options of compile_graph_cpu.
 struct CpuCompileOptions {
-  bool use_cache = true;        ///< in-memory and on-disk compile cache
-  std::string cache_dir;        ///< "" = $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln
+  bool use_cache = true;  ///< in-memory and on-disk compile cache
+  std::string cache_dir;  ///< "" = $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln
   std::string symbol_prefix = "kiln_k_";
-  /// Log sink for KILN_LOGS topics: called with ("cache", line) for hit/miss/store lines and ("output_code", text) with every kernel's kernel-IR text and the module's LLVM IR; may be empty.
+  /// Log sink for KILN_LOGS topics: called with ("cache", line) for hit/miss/store lines and ("output_code", text) with
+  /// every kernel's kernel-IR text and the module's LLVM IR; may be empty.
   std::function<void(const std::string& topic, const std::string& text)> log;
 };
 

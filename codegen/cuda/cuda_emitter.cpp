@@ -18,7 +18,7 @@ namespace {
 using ir::DType;
 using ir::ScalarOp;
 
-constexpr int kBlock = 256;          // threads per block for every schedule
+constexpr int kBlock = 256;  // threads per block for every schedule
 constexpr int kWarpsPerBlock = kBlock / 32;
 constexpr int64_t kMaxGridX = 1 << 20;  // grid-stride loops cover the rest
 
@@ -35,26 +35,42 @@ bool is_f32ish(DType t) { return t == DType::f32 || is_lowp(t); }
 /// Storage (memory) C type.
 const char* storage_type(DType t) {
   switch (t) {
-    case DType::f32: return "float";
-    case DType::f64: return "double";
-    case DType::bf16: return "__nv_bfloat16";
-    case DType::f16: return "__half";
-    case DType::i64: return "long long";
-    case DType::i32: return "int";
-    case DType::i8: return "signed char";
-    case DType::u8: return "unsigned char";
-    case DType::boolean: return "unsigned char";
-    default: return nullptr;
+    case DType::f32:
+      return "float";
+    case DType::f64:
+      return "double";
+    case DType::bf16:
+      return "__nv_bfloat16";
+    case DType::f16:
+      return "__half";
+    case DType::i64:
+      return "long long";
+    case DType::i32:
+      return "int";
+    case DType::i8:
+      return "signed char";
+    case DType::u8:
+      return "unsigned char";
+    case DType::boolean:
+      return "unsigned char";
+    default:
+      return nullptr;
   }
 }
 
 /// Register (compute) C type.
 const char* reg_type(DType t) {
   switch (t) {
-    case DType::f32: case DType::bf16: case DType::f16: return "float";
-    case DType::f64: return "double";
-    case DType::boolean: return "bool";
-    default: return storage_type(t);
+    case DType::f32:
+    case DType::bf16:
+    case DType::f16:
+      return "float";
+    case DType::f64:
+      return "double";
+    case DType::boolean:
+      return "bool";
+    default:
+      return storage_type(t);
   }
 }
 
@@ -78,30 +94,44 @@ std::string acc_init(DType t, ReduceKind r) {
 /// Rounds a register value to dtype `t` (bf16/f16 rounding, integer wrap).
 std::string round_to(DType t, const std::string& x) {
   switch (t) {
-    case DType::bf16: return "kiln_rbf(" + x + ")";
-    case DType::f16: return "kiln_rh(" + x + ")";
-    case DType::f32: case DType::f64: case DType::boolean: return x;
-    default: return std::string("(") + storage_type(t) + ")(" + x + ")";
+    case DType::bf16:
+      return "kiln_rbf(" + x + ")";
+    case DType::f16:
+      return "kiln_rh(" + x + ")";
+    case DType::f32:
+    case DType::f64:
+    case DType::boolean:
+      return x;
+    default:
+      return std::string("(") + storage_type(t) + ")(" + x + ")";
   }
 }
 
 /// Register value -> storage value.
 std::string to_storage(DType t, const std::string& x) {
   switch (t) {
-    case DType::bf16: return "__float2bfloat16_rn(" + x + ")";
-    case DType::f16: return "__float2half_rn(" + x + ")";
-    case DType::boolean: return "(unsigned char)((" + x + ") ? 1 : 0)";
-    default: return std::string("(") + storage_type(t) + ")(" + x + ")";
+    case DType::bf16:
+      return "__float2bfloat16_rn(" + x + ")";
+    case DType::f16:
+      return "__float2half_rn(" + x + ")";
+    case DType::boolean:
+      return "(unsigned char)((" + x + ") ? 1 : 0)";
+    default:
+      return std::string("(") + storage_type(t) + ")(" + x + ")";
   }
 }
 
 std::string load_expr(DType t, const std::string& ptr, const std::string& off) {
   std::string e = ptr + "[" + off + "]";
   switch (t) {
-    case DType::bf16: return "__bfloat162float(" + e + ")";
-    case DType::f16: return "__half2float(" + e + ")";
-    case DType::boolean: return "(" + e + " != 0)";
-    default: return e;
+    case DType::bf16:
+      return "__bfloat162float(" + e + ")";
+    case DType::f16:
+      return "__half2float(" + e + ")";
+    case DType::boolean:
+      return "(" + e + " != 0)";
+    default:
+      return e;
   }
 }
 
@@ -150,55 +180,112 @@ Expected<std::string> op_expr(const Kernel& k, int idx, const KExpr& e, const st
   auto unary_math = [&](const char* fname) -> std::string {
     return std::string(fname) + (f32 ? "f(" : "(") + a[0] + ")";
   };
-  auto wrap_bin = [&](const char* op) { return "(" + T + ")((" + U + ")" + a[0] + " " + op + " (" + U + ")" + a[1] + ")"; };
+  auto wrap_bin = [&](const char* op) {
+    return "(" + T + ")((" + U + ")" + a[0] + " " + op + " (" + U + ")" + a[1] + ")";
+  };
   std::string r;
   switch (e.op) {
-    case ScalarOp::add: r = flt ? a[0] + " + " + a[1] : wrap_bin("+"); break;
-    case ScalarOp::sub: r = flt ? a[0] + " - " + a[1] : wrap_bin("-"); break;
-    case ScalarOp::mul: r = flt ? a[0] + " * " + a[1] : wrap_bin("*"); break;
-    case ScalarOp::div: r = flt ? a[0] + " / " + a[1] : "(" + T + ")kiln_idiv(" + a[0] + ", " + a[1] + ")"; break;
+    case ScalarOp::add:
+      r = flt ? a[0] + " + " + a[1] : wrap_bin("+");
+      break;
+    case ScalarOp::sub:
+      r = flt ? a[0] + " - " + a[1] : wrap_bin("-");
+      break;
+    case ScalarOp::mul:
+      r = flt ? a[0] + " * " + a[1] : wrap_bin("*");
+      break;
+    case ScalarOp::div:
+      r = flt ? a[0] + " / " + a[1] : "(" + T + ")kiln_idiv(" + a[0] + ", " + a[1] + ")";
+      break;
     case ScalarOp::pow:
-      r = f32 ? "powf(" + a[0] + ", " + a[1] + ")"
-              : f64 ? "pow(" + a[0] + ", " + a[1] + ")" : "(" + T + ")kiln_ipow(" + a[0] + ", " + a[1] + ")";
+      r = f32   ? "powf(" + a[0] + ", " + a[1] + ")"
+          : f64 ? "pow(" + a[0] + ", " + a[1] + ")"
+                : "(" + T + ")kiln_ipow(" + a[0] + ", " + a[1] + ")";
       break;
     case ScalarOp::max:
-      r = f32 ? "kiln_maxf(" + a[0] + ", " + a[1] + ")" : f64 ? "kiln_maxd(" + a[0] + ", " + a[1] + ")"
-                                                         : "(" + a[0] + " < " + a[1] + " ? " + a[1] + " : " + a[0] + ")";
+      r = f32   ? "kiln_maxf(" + a[0] + ", " + a[1] + ")"
+          : f64 ? "kiln_maxd(" + a[0] + ", " + a[1] + ")"
+                : "(" + a[0] + " < " + a[1] + " ? " + a[1] + " : " + a[0] + ")";
       break;
     case ScalarOp::min:
-      r = f32 ? "kiln_minf(" + a[0] + ", " + a[1] + ")" : f64 ? "kiln_mind(" + a[0] + ", " + a[1] + ")"
-                                                         : "(" + a[1] + " < " + a[0] + " ? " + a[1] + " : " + a[0] + ")";
+      r = f32   ? "kiln_minf(" + a[0] + ", " + a[1] + ")"
+          : f64 ? "kiln_mind(" + a[0] + ", " + a[1] + ")"
+                : "(" + a[1] + " < " + a[0] + " ? " + a[1] + " : " + a[0] + ")";
       break;
-    case ScalarOp::neg: r = flt ? "-" + a[0] : "(" + T + ")((" + U + ")0 - (" + U + ")" + a[0] + ")"; break;
+    case ScalarOp::neg:
+      r = flt ? "-" + a[0] : "(" + T + ")((" + U + ")0 - (" + U + ")" + a[0] + ")";
+      break;
     case ScalarOp::abs:
       r = flt ? "(" + a[0] + " < 0 ? -" + a[0] + " : " + a[0] + ")"
               : "(" + a[0] + " < 0 ? (" + T + ")((" + U + ")0 - (" + U + ")" + a[0] + ") : " + a[0] + ")";
       break;
-    case ScalarOp::exp: r = unary_math("exp"); break;
-    case ScalarOp::log: r = unary_math("log"); break;
-    case ScalarOp::sqrt: r = unary_math("sqrt"); break;
-    case ScalarOp::erf: r = unary_math("erf"); break;
-    case ScalarOp::tanh: r = unary_math("tanh"); break;
-    case ScalarOp::sin: r = unary_math("sin"); break;
-    case ScalarOp::cos: r = unary_math("cos"); break;
-    case ScalarOp::floor: r = unary_math("floor"); break;
-    case ScalarOp::ceil: r = unary_math("ceil"); break;
-    case ScalarOp::round: r = unary_math("rint"); break;  // round half to even
+    case ScalarOp::exp:
+      r = unary_math("exp");
+      break;
+    case ScalarOp::log:
+      r = unary_math("log");
+      break;
+    case ScalarOp::sqrt:
+      r = unary_math("sqrt");
+      break;
+    case ScalarOp::erf:
+      r = unary_math("erf");
+      break;
+    case ScalarOp::tanh:
+      r = unary_math("tanh");
+      break;
+    case ScalarOp::sin:
+      r = unary_math("sin");
+      break;
+    case ScalarOp::cos:
+      r = unary_math("cos");
+      break;
+    case ScalarOp::floor:
+      r = unary_math("floor");
+      break;
+    case ScalarOp::ceil:
+      r = unary_math("ceil");
+      break;
+    case ScalarOp::round:
+      r = unary_math("rint");
+      break;  // round half to even
     case ScalarOp::fmod:
       r = flt ? std::string(f32 ? "fmodf(" : "fmod(") + a[0] + ", " + a[1] + ")"
               : "(" + T + ")kiln_imod(" + a[0] + ", " + a[1] + ")";
       break;
-    case ScalarOp::lt: r = a[0] + " < " + a[1]; break;
-    case ScalarOp::le: r = a[0] + " <= " + a[1]; break;
-    case ScalarOp::gt: r = a[0] + " > " + a[1]; break;
-    case ScalarOp::ge: r = a[0] + " >= " + a[1]; break;
-    case ScalarOp::eq: r = a[0] + " == " + a[1]; break;
-    case ScalarOp::logical_and: r = truth(ad[0], a[0]) + " && " + truth(ad[1], a[1]); break;
-    case ScalarOp::logical_or: r = truth(ad[0], a[0]) + " || " + truth(ad[1], a[1]); break;
-    case ScalarOp::logical_xor: r = truth(ad[0], a[0]) + " != " + truth(ad[1], a[1]); break;
-    case ScalarOp::logical_not: r = "!" + truth(ad[0], a[0]); break;
-    case ScalarOp::select: r = truth(ad[0], a[0]) + " ? " + a[1] + " : " + a[2]; break;
-    case ScalarOp::fma: r = std::string(f64 ? "fma(" : "fmaf(") + a[0] + ", " + a[1] + ", " + a[2] + ")"; break;
+    case ScalarOp::lt:
+      r = a[0] + " < " + a[1];
+      break;
+    case ScalarOp::le:
+      r = a[0] + " <= " + a[1];
+      break;
+    case ScalarOp::gt:
+      r = a[0] + " > " + a[1];
+      break;
+    case ScalarOp::ge:
+      r = a[0] + " >= " + a[1];
+      break;
+    case ScalarOp::eq:
+      r = a[0] + " == " + a[1];
+      break;
+    case ScalarOp::logical_and:
+      r = truth(ad[0], a[0]) + " && " + truth(ad[1], a[1]);
+      break;
+    case ScalarOp::logical_or:
+      r = truth(ad[0], a[0]) + " || " + truth(ad[1], a[1]);
+      break;
+    case ScalarOp::logical_xor:
+      r = truth(ad[0], a[0]) + " != " + truth(ad[1], a[1]);
+      break;
+    case ScalarOp::logical_not:
+      r = "!" + truth(ad[0], a[0]);
+      break;
+    case ScalarOp::select:
+      r = truth(ad[0], a[0]) + " ? " + a[1] + " : " + a[2];
+      break;
+    case ScalarOp::fma:
+      r = std::string(f64 ? "fma(" : "fmaf(") + a[0] + ", " + a[1] + ", " + a[2] + ")";
+      break;
     case ScalarOp::cast: {
       if (rd == DType::boolean) {
         r = truth(t0, a[0]);
@@ -207,7 +294,7 @@ Expected<std::string> op_expr(const Kernel& k, int idx, const KExpr& e, const st
       } else if (rd == DType::f64) {
         r = t0 == DType::boolean ? a[0] + " ? 1.0 : 0.0" : "(double)" + a[0];
       } else if (flt) {  // float -> integer: truncate, saturate to the target range, NaN -> 0
-        const char* range = rd == DType::i32 ? "-2147483648.0, 2147483647.0, false"
+        const char* range = rd == DType::i32  ? "-2147483648.0, 2147483647.0, false"
                             : rd == DType::i8 ? "-128.0, 127.0, false"
                             : rd == DType::u8 ? "0.0, 255.0, false"
                                               : "-9223372036854775808.0, 9223372036854775807.0, true";
@@ -260,7 +347,8 @@ struct KernelEmitter {
       const int64_t st = k.params[p].strides[d];
       if (st == 0 || k.domain[d] == 1) continue;
       if (!s.empty()) s += " + ";
-      s += st == 1 ? "i" + std::to_string(d) : "i" + std::to_string(d) + " * (" + idx_t + ")(" + std::to_string(st) + ")";
+      s += st == 1 ? "i" + std::to_string(d)
+                   : "i" + std::to_string(d) + " * (" + idx_t + ")(" + std::to_string(st) + ")";
     }
     return s.empty() ? "0" : s;
   }
@@ -398,8 +486,8 @@ Status emit_row_program(KernelEmitter& em, const std::vector<int>& kept, const s
           os << "  __shared__ " << acc_type(k.exprs[i].dtype) << " sh_ra" << i << "[" << kWarpsPerBlock << "];\n";
       for (size_t s = 0; s < ns; ++s)
         if (k.stores[s].reduce != ReduceKind::none)
-          os << "  __shared__ " << acc_type(k.params[k.stores[s].param].dtype) << " sh_sa" << s << "["
-             << kWarpsPerBlock << "];\n";
+          os << "  __shared__ " << acc_type(k.params[k.stores[s].param].dtype) << " sh_sa" << s << "[" << kWarpsPerBlock
+             << "];\n";
       os << "  for (long long row = blockIdx.x; row < " << M << "LL; row += gridDim.x) {\n";
       leader = "threadIdx.x == 0", r_start = "threadIdx.x", r_step = "blockDim.x";
       break;
@@ -431,12 +519,13 @@ Status emit_row_program(KernelEmitter& em, const std::vector<int>& kept, const s
     const std::vector<bool> need = closure(roots);
     open_leader(ind);
     const std::string in2 = ind + "  ";
-    KILN_RETURN_IF_ERROR(em.exprs(in2, [](int p) { return "b" + std::to_string(p); }, &need));
+    KILN_RETURN_IF_ERROR(em.exprs(
+        in2, [](int p) { return "b" + std::to_string(p); }, &need));
     for (const KStore& s : k.stores)
       if (s.reduce == ReduceKind::none && !varies(s) && level[s.expr] == lvl)
         os << in2 << "p" << s.param << "[b" << s.param << "] = "
-           << to_storage(k.params[s.param].dtype, (k.exprs[s.expr].kind == KExpr::Kind::reduce ? "rv" : "v") +
-                                                      std::to_string(s.expr))
+           << to_storage(k.params[s.param].dtype,
+                         (k.exprs[s.expr].kind == KExpr::Kind::reduce ? "rv" : "v") + std::to_string(s.expr))
            << ";\n";
     close_leader(ind);
     return Status::ok();
@@ -490,34 +579,43 @@ Status emit_row_program(KernelEmitter& em, const std::vector<int>& kept, const s
     // live across the passes (and across division/sqrt slow-path calls) and spill;
     const std::string in1 = ind + "  ", in2 = ind + "    ";
     os << ind << "{\n";
-    KILN_RETURN_IF_ERROR(em.exprs(in1, [](int q) { return "b" + std::to_string(q); }, &hoist));
+    KILN_RETURN_IF_ERROR(em.exprs(
+        in1, [](int q) { return "b" + std::to_string(q); }, &hoist));
     // f64 transcendentals (CUDA's exp/log/... for double are long inline sequences) are
     // not unrolled at all: four copies in flight spill.
     bool f64_libm = false;
     for (size_t i = 0; i < ne; ++i) {
       const KExpr& e = k.exprs[i];
-      if (in_loop[i] && e.kind == KExpr::Kind::op && e.dtype == DType::f64)
-        switch (e.op) {
-          case ScalarOp::exp: case ScalarOp::log: case ScalarOp::pow: case ScalarOp::erf: case ScalarOp::tanh:
-          case ScalarOp::sin: case ScalarOp::cos: f64_libm = true; break;
-          default: break;
+      if (in_loop[i] && e.kind == KExpr::Kind::op && e.dtype == DType::f64) switch (e.op) {
+          case ScalarOp::exp:
+          case ScalarOp::log:
+          case ScalarOp::pow:
+          case ScalarOp::erf:
+          case ScalarOp::tanh:
+          case ScalarOp::sin:
+          case ScalarOp::cos:
+            f64_libm = true;
+            break;
+          default:
+            break;
         }
     }
-    os << (f64_libm ? "#pragma unroll 1\n" : "#pragma unroll 4\n")
-       << in1 << "for (long long r = " << r_start << "; r < " << R << "LL; r += " << r_step << ") {\n";
+    os << (f64_libm ? "#pragma unroll 1\n" : "#pragma unroll 4\n") << in1 << "for (long long r = " << r_start
+       << "; r < " << R << "LL; r += " << r_step << ") {\n";
     em.decompose(in2, "r", red);
     for (size_t q = 0; q < k.params.size(); ++q)
       if (param_used[q])
         os << in2 << "const " << em.idx_t << " o" << q << " = b" << q << " + " << em.linear(static_cast<int>(q), red)
            << ";\n";
-    KILN_RETURN_IF_ERROR(em.exprs(in2, [](int q) { return "o" + std::to_string(q); }, &in_loop));
+    KILN_RETURN_IF_ERROR(em.exprs(
+        in2, [](int q) { return "o" + std::to_string(q); }, &in_loop));
     for (const Acc& a : accs)
       os << in2 << a.name << " = "
          << combine(a.r, a.t, a.name, std::string("(") + acc_type(a.t) + ")" + value_name(a.value)) << ";\n";
     for (int s : point_stores) {
       const KStore& st = k.stores[s];
-      os << in2 << "p" << st.param << "[o" << st.param << "] = " << to_storage(k.params[st.param].dtype, value_name(st.expr))
-         << ";\n";
+      os << in2 << "p" << st.param << "[o" << st.param
+         << "] = " << to_storage(k.params[st.param].dtype, value_name(st.expr)) << ";\n";
     }
     os << in1 << "}\n" << ind << "}\n";
     // Combine across the row's threads: afterwards every thread holds the row's result.
@@ -604,7 +702,8 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
   }
   std::ostream& os = em.os;
   os << "// kernel " << k.name << ": domain [";
-  for (int d = 0; d < rank; ++d) os << (d ? ", " : "") << k.domain[d] << (static_cast<int>(k.reduced.size()) > d && k.reduced[d] ? "r" : "");
+  for (int d = 0; d < rank; ++d)
+    os << (d ? ", " : "") << k.domain[d] << (static_cast<int>(k.reduced.size()) > d && k.reduced[d] ? "r" : "");
   os << "]";
   if (!k.fused_nodes.empty()) {
     os << " nodes:";
@@ -643,8 +742,8 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
     }
     KILN_RETURN_IF_ERROR(em.exprs("    ", [](int p) { return "o" + std::to_string(p); }));
     for (const KStore& s : k.stores)
-      os << "    p" << s.param << "[o" << s.param << "] = " << to_storage(k.params[s.param].dtype, "v" + std::to_string(s.expr))
-         << ";\n";
+      os << "    p" << s.param << "[o" << s.param
+         << "] = " << to_storage(k.params[s.param].dtype, "v" + std::to_string(s.expr)) << ";\n";
     os << "  }\n}\n\n";
     out << em.os.str();
     return Status::ok();
@@ -708,7 +807,8 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
     em.decompose(ind, rvar, red);
     for (size_t p = 0; p < k.params.size(); ++p) {
       if (!loaded[p]) continue;
-      os << ind << "const " << em.idx_t << " o" << p << " = b" << p << " + " << em.linear(static_cast<int>(p), red) << ";\n";
+      os << ind << "const " << em.idx_t << " o" << p << " = b" << p << " + " << em.linear(static_cast<int>(p), red)
+         << ";\n";
     }
     KILN_RETURN_IF_ERROR(em.exprs(ind, [](int p) { return "o" + std::to_string(p); }));
     acc_update(ind);
@@ -722,7 +822,8 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
       info.grid[0] = static_cast<unsigned>(std::clamp<int64_t>(M, 1, kMaxGridX));
       os << "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n";
       for (size_t s = 0; s < k.stores.size(); ++s)
-        os << "  __shared__ " << acc_type(k.params[k.stores[s].param].dtype) << " sh" << s << "[" << kWarpsPerBlock << "];\n";
+        os << "  __shared__ " << acc_type(k.params[k.stores[s].param].dtype) << " sh" << s << "[" << kWarpsPerBlock
+           << "];\n";
       os << "  for (long long row = blockIdx.x; row < " << M << "LL; row += gridDim.x) {\n";
       em.decompose("    ", "row", kept);
       bases("    ");
@@ -735,8 +836,8 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
       os << "    __syncthreads();\n    if (warp == 0) {\n";
       for (size_t s = 0; s < k.stores.size(); ++s) {
         const DType t = k.params[k.stores[s].param].dtype;
-        os << "      acc" << s << " = lane < " << kWarpsPerBlock << " ? sh" << s << "[lane] : " << acc_init(t, k.stores[s].reduce)
-           << ";\n";
+        os << "      acc" << s << " = lane < " << kWarpsPerBlock << " ? sh" << s
+           << "[lane] : " << acc_init(t, k.stores[s].reduce) << ";\n";
       }
       warp_combine("      ");
       os << "      if (lane == 0) {\n";
@@ -931,8 +1032,7 @@ Expected<CudaModuleSource> emit_cuda(const std::vector<Kernel>& kernels) {
   out << kPrelude;
   std::set<std::string> names;
   for (const Kernel& k : kernels) {
-    if (!is_ident(k.name))
-      return Status::error("emit_cuda: kernel name '" + k.name + "' is not a C identifier");
+    if (!is_ident(k.name)) return Status::error("emit_cuda: kernel name '" + k.name + "' is not a C identifier");
     if (!names.insert(k.name).second) return Status::error("emit_cuda: duplicate kernel name '" + k.name + "'");
     KILN_RETURN_IF_ERROR(k.verify().with_context("emit_cuda"));
     CudaKernelInfo info;

@@ -69,10 +69,10 @@ struct CudaBufferInit {
 /// with one device pointer per Kernel::params entry, in order.
 struct CudaKernelInfo {
   std::string name;
-  std::string schedule;                 ///< pointwise | row_warp | row_block | column | column_atomic
+  std::string schedule;  ///< pointwise | row_warp | row_block | column | column_atomic
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {1, 1, 1};
-  unsigned shared_bytes = 0;            ///< dynamic shared memory (static shared is in the code)
+  unsigned shared_bytes = 0;  ///< dynamic shared memory (static shared is in the code)
   int num_params = 0;
   /// Params whose written range must be zeroed before the launch (atomic sums).
   std::vector<int> zero_init_params;

@@ -138,8 +138,7 @@ Expected<NvrtcOutput> nvrtc_compile(const std::string& source, const std::string
 std::vector<PtxasKernelInfo> parse_ptxas_log(const std::string& log) {
   static const std::regex entry_re(R"(Compiling entry function '([^']+)' for '([^']+)')");
   static const std::regex props_re(R"(Function properties for (\S+))");
-  static const std::regex frame_re(
-      R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
+  static const std::regex frame_re(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
   static const std::regex used_re(R"(Used (\d+) registers)");
   static const std::regex lmem_re(R"((\d+) bytes lmem)");
   static const std::regex smem_re(R"((\d+) bytes smem)");
@@ -187,8 +186,7 @@ Expected<std::vector<PtxasKernelInfo>> ptxas_info(const std::string& source, con
   o.ptxas_verbose = true;
   KILN_ASSIGN_OR_RETURN(NvrtcOutput res, nvrtc_compile(source, program_name, o));
   std::vector<PtxasKernelInfo> info = parse_ptxas_log(res.log);
-  if (info.empty())
-    return Status::error("nvrtc: " + program_name + " for " + arch + ": no ptxas report in the log");
+  if (info.empty()) return Status::error("nvrtc: " + program_name + " for " + arch + ": no ptxas report in the log");
   return info;
 }
 

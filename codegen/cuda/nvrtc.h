@@ -54,8 +54,8 @@ struct PtxasKernelInfo {
   int64_t stack_frame_bytes = 0;
   int64_t spill_store_bytes = 0;
   int64_t spill_load_bytes = 0;
-  int64_t local_memory_bytes = 0;  ///< "N bytes lmem" (0 when ptxas does not print it)
-  int64_t shared_memory_bytes = 0; ///< static "N bytes smem"
+  int64_t local_memory_bytes = 0;   ///< "N bytes lmem" (0 when ptxas does not print it)
+  int64_t shared_memory_bytes = 0;  ///< static "N bytes smem"
 };
 
 /// Parses ptxas' verbose output ("Compiling entry function 'k' for 'sm_90'", "... bytes stack

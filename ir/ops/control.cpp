@@ -43,8 +43,9 @@ void register_control_ops(OpTable& t) {
         if (k < 0 || k > static_cast<int64_t>(c.in.size())) return c.fail("num_carried out of range");
         if (n.regions.size() != 1) return c.fail("expects exactly one region (the body)");
         const Graph& body = *n.regions[0];
-        if (body.inputs.size() != c.in.size()) return c.fail("body has " + std::to_string(body.inputs.size()) +
-                                                             " inputs, the node " + std::to_string(c.in.size()));
+        if (body.inputs.size() != c.in.size())
+          return c.fail("body has " + std::to_string(body.inputs.size()) + " inputs, the node " +
+                        std::to_string(c.in.size()));
         if (static_cast<int64_t>(body.outputs.size()) != k || static_cast<int64_t>(c.out.size()) != k)
           return c.fail("body and node must have num_carried outputs");
         for (size_t i = static_cast<size_t>(k); i < c.in.size(); ++i) {

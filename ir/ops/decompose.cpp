@@ -235,8 +235,7 @@ Status decompose_sce_grad(Graph& g, Graph& root, Node* n) {
   Value* p = b.op("Softmax", {to(X, f)}, sa);
   Value* dx = nullptr;
   if (p && coef && onehot) {
-    Value* d = b.op("Sub", {b.op("Mul", {p, coef}), b.op("Where", {onehot, coef, zero})}, {},
-                    t == f ? out_name : "");
+    Value* d = b.op("Sub", {b.op("Mul", {p, coef}), b.op("Where", {onehot, coef, zero})}, {}, t == f ? out_name : "");
     dx = t == f ? d : (d ? b.op("Cast", {d}, cast_to(t), out_name) : nullptr);
   }
   KILN_RETURN_IF_ERROR(b.status());
@@ -335,8 +334,7 @@ Status decompose_reduce_mean(Graph& g, Graph& root, Node* n) {
 
 /// Eligible Split: static shapes, every output read (an unread output is left alone).
 bool decomposable_split(const Graph& g, const Node& n) {
-  if (!n.regions.empty() || !n.input(0) || !n.input(0)->shape.is_static() || n.num_outputs() < 2)
-    return false;
+  if (!n.regions.empty() || !n.input(0) || !n.input(0)->shape.is_static() || n.num_outputs() < 2) return false;
   for (const Value* o : n.outputs)
     if (!o->shape.is_static() || o->shape.rank() != n.input(0)->shape.rank()) return false;
   (void)g;
@@ -516,14 +514,18 @@ void register_decompositions(OpTable& t) {
     d->decomposable = std::move(applies);
     d->decompose = std::move(rewrite);
   };
-  set("LayerNormalizationGrad", [](const Graph&, const Node& n) { return decomposable_ln_grad(n); }, decompose_ln_grad);
-  set("SoftmaxCrossEntropyLossGrad", [](const Graph&, const Node& n) { return decomposable_sce_grad(n); },
+  set(
+      "LayerNormalizationGrad", [](const Graph&, const Node& n) { return decomposable_ln_grad(n); }, decompose_ln_grad);
+  set(
+      "SoftmaxCrossEntropyLossGrad", [](const Graph&, const Node& n) { return decomposable_sce_grad(n); },
       decompose_sce_grad);
   set("SoftmaxCrossEntropyLoss", decomposable_sce, decompose_sce);
-  set("ReduceMean", [](const Graph&, const Node& n) { return decomposable_reduce_mean(n); }, decompose_reduce_mean);
+  set(
+      "ReduceMean", [](const Graph&, const Node& n) { return decomposable_reduce_mean(n); }, decompose_reduce_mean);
   set("Split", decomposable_split, decompose_split);
   for (const char* op : {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"})
-    set(op, [](const Graph&, const Node& n) { return strided_access(n).has_value(); },
+    set(
+        op, [](const Graph&, const Node& n) { return strided_access(n).has_value(); },
         [](Graph& g, Graph&, Node* n) { return decompose_strided(g, n); });
 }
 

@@ -24,8 +24,7 @@ Status infer_same(InferContext& c) {
 
 Status infer_float_unary(InferContext& c) {
   KILN_RETURN_IF_ERROR(infer_same(c));
-  if (!is_float(c.in[0].dtype))
-    return c.fail(std::string("expects a float input, got ") + dtype_name(c.in[0].dtype));
+  if (!is_float(c.in[0].dtype)) return c.fail(std::string("expects a float input, got ") + dtype_name(c.in[0].dtype));
   return Status::ok();
 }
 
@@ -37,10 +36,10 @@ Expected<Shape> broadcast_inputs(InferContext& c, int first, int count, bool sam
   for (int i = first; i < first + count && i < c.num_inputs(); ++i) {
     if (!c.has_input(i)) continue;
     if (same_dtype) {
-      if (dt == DType::undefined) dt = c.in[i].dtype;
+      if (dt == DType::undefined)
+        dt = c.in[i].dtype;
       else if (dt != c.in[i].dtype)
-        return c.fail(std::string("input dtypes ") + dtype_name(dt) + " and " + dtype_name(c.in[i].dtype) +
-                      " differ");
+        return c.fail(std::string("input dtypes ") + dtype_name(dt) + " and " + dtype_name(c.in[i].dtype) + " differ");
     }
     if (!any) {
       s = c.in[i].shape;
@@ -90,7 +89,6 @@ GradFn unary_grad(LocalGrad local) {
   };
 }
 
-
 Value* emit_cast(GradContext& g, Value* v, DType to) {
   if (v->dtype == to) return v;
   Attributes a;
@@ -105,199 +103,212 @@ void register_elementwise_ops(OpTable& t) {
   const std::string spec = "ONNX spec (onnx.ai/onnx/operators): ";
 
   // ---- binary arithmetic
-  add_differentiable(t, make_op("Add", spec + "Add-14, C = A + B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
-           [](GradContext& g) -> Status {
-             Value* dy = g.grad_output(0);
-             if (!dy) return Status::ok();
-             if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
-             if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(dy, g.input(1)));
-             return Status::ok();
-           });
-  add_differentiable(t, make_op("Sub", spec + "Sub-14, C = A - B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
-           [](GradContext& g) -> Status {
-             Value* dy = g.grad_output(0);
-             if (!dy) return Status::ok();
-             if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
-             if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(g.emit1("Neg", {dy}), g.input(1)));
-             return Status::ok();
-           });
-  add_differentiable(t, make_op("Mul", spec + "Mul-14, C = A * B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
-           [](GradContext& g) -> Status {
-             Value* dy = g.grad_output(0);
-             if (!dy) return Status::ok();
-             if (g.needs_grad(0))
-               g.set_grad_input(0, g.unbroadcast(g.emit1("Mul", {dy, g.input(1)}), g.input(0)));
-             if (g.needs_grad(1))
-               g.set_grad_input(1, g.unbroadcast(g.emit1("Mul", {dy, g.input(0)}), g.input(1)));
-             return Status::ok();
-           });
+  add_differentiable(
+      t, make_op("Add", spec + "Add-14, C = A + B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+      [](GradContext& g) -> Status {
+        Value* dy = g.grad_output(0);
+        if (!dy) return Status::ok();
+        if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
+        if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(dy, g.input(1)));
+        return Status::ok();
+      });
+  add_differentiable(
+      t, make_op("Sub", spec + "Sub-14, C = A - B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+      [](GradContext& g) -> Status {
+        Value* dy = g.grad_output(0);
+        if (!dy) return Status::ok();
+        if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(dy, g.input(0)));
+        if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(g.emit1("Neg", {dy}), g.input(1)));
+        return Status::ok();
+      });
+  add_differentiable(
+      t, make_op("Mul", spec + "Mul-14, C = A * B with numpy broadcasting", 2, 2, infer_binary, P::follow_inputs),
+      [](GradContext& g) -> Status {
+        Value* dy = g.grad_output(0);
+        if (!dy) return Status::ok();
+        if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(g.emit1("Mul", {dy, g.input(1)}), g.input(0)));
+        if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(g.emit1("Mul", {dy, g.input(0)}), g.input(1)));
+        return Status::ok();
+      });
   add_differentiable(t,
-           make_op("Div", spec + "Div-14, C = A / B with numpy broadcasting (integers truncate toward zero)", 2, 2,
-                infer_binary, P::follow_inputs),
-           [](GradContext& g) -> Status {
-             Value* dy = g.grad_output(0);
-             if (!dy) return Status::ok();
-             Value* b = g.input(1);
-             if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(g.emit1("Div", {dy, b}), g.input(0)));
-             if (g.needs_grad(1)) {
-               // d(a/b)/db = -y / b
-               Value* t1 = g.emit1("Mul", {dy, g.emit1("Div", {g.output(0), b})});
-               g.set_grad_input(1, g.unbroadcast(g.emit1("Neg", {t1}), b));
-             }
-             return Status::ok();
-           });
-  add_differentiable(t,
-           make_op("Pow", spec + "Pow-15, Z = X ^ Y with numpy broadcasting; Y may have another numeric dtype", 2, 2,
-                [](InferContext& c) -> Status {
-                  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 0, 2, false));
-                  if (c.in[1].dtype == DType::boolean || c.in[0].dtype == DType::boolean)
-                    return c.fail("bool is not a Pow operand type");
-                  c.out[0] = {c.in[0].dtype, s};
-                  return Status::ok();
-                },
-                P::fp32),
-           [](GradContext& g) -> Status {
-             Value* dy = g.grad_output(0);
-             if (!dy) return Status::ok();
-             Value* a = g.input(0);
-             Value* b = g.input(1);
-             Value* y = g.output(0);
-             if (g.needs_grad(0)) {
-               Value* bb = emit_cast(g, b, a->dtype);
-               // dz/da = b * a^(b-1)
-               Value* p = g.emit1("Pow", {a, g.emit1("Sub", {bb, cst(g, 1.0, a)})});
-               Value* ga = g.emit1("Mul", {dy, g.emit1("Mul", {bb, p})});
-               g.set_grad_input(0, g.unbroadcast(ga, a));
-             }
-             if (g.needs_grad(1) && is_float(b->dtype)) {
-               // dz/db = z * log(a), defined as 0 where a == 0 (as PyTorch does)
-               Value* t1 = g.emit1("Mul", {dy, g.emit1("Mul", {y, g.emit1("Log", {a})})});
-               Value* is0 = g.emit1("Equal", {a, zero_of(g, a)});
-               Value* gb = g.emit1("Where", {is0, zero_of(g, t1), t1});
-               g.set_grad_input(1, g.unbroadcast(emit_cast(g, gb, b->dtype), b));
-             }
-             return Status::ok();
-           });
+                     make_op("Div", spec + "Div-14, C = A / B with numpy broadcasting (integers truncate toward zero)",
+                             2, 2, infer_binary, P::follow_inputs),
+                     [](GradContext& g) -> Status {
+                       Value* dy = g.grad_output(0);
+                       if (!dy) return Status::ok();
+                       Value* b = g.input(1);
+                       if (g.needs_grad(0)) g.set_grad_input(0, g.unbroadcast(g.emit1("Div", {dy, b}), g.input(0)));
+                       if (g.needs_grad(1)) {
+                         // d(a/b)/db = -y / b
+                         Value* t1 = g.emit1("Mul", {dy, g.emit1("Div", {g.output(0), b})});
+                         g.set_grad_input(1, g.unbroadcast(g.emit1("Neg", {t1}), b));
+                       }
+                       return Status::ok();
+                     });
+  add_differentiable(
+      t,
+      make_op(
+          "Pow", spec + "Pow-15, Z = X ^ Y with numpy broadcasting; Y may have another numeric dtype", 2, 2,
+          [](InferContext& c) -> Status {
+            KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 0, 2, false));
+            if (c.in[1].dtype == DType::boolean || c.in[0].dtype == DType::boolean)
+              return c.fail("bool is not a Pow operand type");
+            c.out[0] = {c.in[0].dtype, s};
+            return Status::ok();
+          },
+          P::fp32),
+      [](GradContext& g) -> Status {
+        Value* dy = g.grad_output(0);
+        if (!dy) return Status::ok();
+        Value* a = g.input(0);
+        Value* b = g.input(1);
+        Value* y = g.output(0);
+        if (g.needs_grad(0)) {
+          Value* bb = emit_cast(g, b, a->dtype);
+          // dz/da = b * a^(b-1)
+          Value* p = g.emit1("Pow", {a, g.emit1("Sub", {bb, cst(g, 1.0, a)})});
+          Value* ga = g.emit1("Mul", {dy, g.emit1("Mul", {bb, p})});
+          g.set_grad_input(0, g.unbroadcast(ga, a));
+        }
+        if (g.needs_grad(1) && is_float(b->dtype)) {
+          // dz/db = z * log(a), defined as 0 where a == 0 (as PyTorch does)
+          Value* t1 = g.emit1("Mul", {dy, g.emit1("Mul", {y, g.emit1("Log", {a})})});
+          Value* is0 = g.emit1("Equal", {a, zero_of(g, a)});
+          Value* gb = g.emit1("Where", {is0, zero_of(g, t1), t1});
+          g.set_grad_input(1, g.unbroadcast(emit_cast(g, gb, b->dtype), b));
+        }
+        return Status::ok();
+      });
 
   // ---- unary math
   add_differentiable(t, make_op("Neg", spec + "Neg-13, y = -x", 1, 1, infer_same, P::follow_inputs),
-           unary_grad([](GradContext& g, Value* dy) { return g.emit1("Neg", {dy}); }));
-  add_differentiable(t, make_op("Abs", spec + "Abs-13, y = |x|", 1, 1, infer_same, P::follow_inputs),
-           unary_grad([](GradContext& g, Value* dy) {
-             Value* x = g.input(0);
-             // sign(x) * dy, 0 at x == 0 (PyTorch)
-             Value* neg = g.emit1("Where", {g.emit1("Less", {x, zero_of(g, x)}), g.emit1("Neg", {dy}), zero_of(g, dy)});
-             return g.emit1("Where", {g.emit1("Greater", {x, zero_of(g, x)}), dy, neg});
-           }));
+                     unary_grad([](GradContext& g, Value* dy) { return g.emit1("Neg", {dy}); }));
+  add_differentiable(
+      t, make_op("Abs", spec + "Abs-13, y = |x|", 1, 1, infer_same, P::follow_inputs),
+      unary_grad([](GradContext& g, Value* dy) {
+        Value* x = g.input(0);
+        // sign(x) * dy, 0 at x == 0 (PyTorch)
+        Value* neg = g.emit1("Where", {g.emit1("Less", {x, zero_of(g, x)}), g.emit1("Neg", {dy}), zero_of(g, dy)});
+        return g.emit1("Where", {g.emit1("Greater", {x, zero_of(g, x)}), dy, neg});
+      }));
   add_differentiable(t, make_op("Sqrt", spec + "Sqrt-13, y = sqrt(x)", 1, 1, infer_float_unary, P::fp32),
-           unary_grad([](GradContext& g, Value* dy) {
-             Value* y = g.output(0);
-             return g.emit1("Div", {dy, g.emit1("Mul", {y, cst(g, 2.0, y)})});
-           }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       Value* y = g.output(0);
+                       return g.emit1("Div", {dy, g.emit1("Mul", {y, cst(g, 2.0, y)})});
+                     }));
   add_differentiable(t, make_op("Reciprocal", spec + "Reciprocal-13, y = 1 / x", 1, 1, infer_float_unary, P::fp32),
-           unary_grad([](GradContext& g, Value* dy) {
-             Value* y = g.output(0);
-             return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Mul", {y, y})})});
-           }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       Value* y = g.output(0);
+                       return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Mul", {y, y})})});
+                     }));
   add_differentiable(t, make_op("Exp", spec + "Exp-13, y = e^x", 1, 1, infer_float_unary, P::fp32),
-           unary_grad([](GradContext& g, Value* dy) { return g.emit1("Mul", {dy, g.output(0)}); }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       return g.emit1("Mul", {dy, g.output(0)});
+                     }));
   add_differentiable(t, make_op("Log", spec + "Log-13, y = ln(x)", 1, 1, infer_float_unary, P::fp32),
-           unary_grad([](GradContext& g, Value* dy) { return g.emit1("Div", {dy, g.input(0)}); }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       return g.emit1("Div", {dy, g.input(0)});
+                     }));
   add_differentiable(t, make_op("Tanh", spec + "Tanh-13, y = tanh(x)", 1, 1, infer_float_unary, P::follow_inputs),
-           unary_grad([](GradContext& g, Value* dy) {
-             Value* y = g.output(0);
-             return g.emit1("Mul", {dy, g.emit1("Sub", {cst(g, 1.0, y), g.emit1("Mul", {y, y})})});
-           }));
-  add_differentiable(t, make_op("Sigmoid", spec + "Sigmoid-13, y = 1 / (1 + e^-x)", 1, 1, infer_float_unary, P::follow_inputs),
-           unary_grad([](GradContext& g, Value* dy) {
-             Value* y = g.output(0);
-             return g.emit1("Mul", {dy, g.emit1("Mul", {y, g.emit1("Sub", {cst(g, 1.0, y), y})})});
-           }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       Value* y = g.output(0);
+                       return g.emit1("Mul", {dy, g.emit1("Sub", {cst(g, 1.0, y), g.emit1("Mul", {y, y})})});
+                     }));
+  add_differentiable(
+      t, make_op("Sigmoid", spec + "Sigmoid-13, y = 1 / (1 + e^-x)", 1, 1, infer_float_unary, P::follow_inputs),
+      unary_grad([](GradContext& g, Value* dy) {
+        Value* y = g.output(0);
+        return g.emit1("Mul", {dy, g.emit1("Mul", {y, g.emit1("Sub", {cst(g, 1.0, y), y})})});
+      }));
   add_differentiable(t, make_op("Relu", spec + "Relu-14, y = max(0, x)", 1, 1, infer_same, P::follow_inputs),
-           unary_grad([](GradContext& g, Value* dy) {
-             Value* y = g.output(0);
-             return g.emit1("Where", {g.emit1("Greater", {y, zero_of(g, y)}), dy, zero_of(g, dy)});
-           }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       Value* y = g.output(0);
+                       return g.emit1("Where", {g.emit1("Greater", {y, zero_of(g, y)}), dy, zero_of(g, dy)});
+                     }));
   {
     OpDef d = make_op("LeakyRelu", spec + "LeakyRelu-16, y = x if x >= 0 else alpha * x (alpha default 0.01)", 1, 1,
-                   infer_float_unary, P::follow_inputs);
+                      infer_float_unary, P::follow_inputs);
     d.attrs = {{"alpha", AttrKind::f}};
     add_differentiable(t, d, unary_grad([](GradContext& g, Value* dy) {
-               Value* x = g.input(0);
-               double alpha = g.node().attrs.get_float("alpha", 0.01);
-               Value* small = g.emit1("Mul", {dy, cst(g, alpha, dy)});
-               return g.emit1("Where", {g.emit1("Greater", {x, zero_of(g, x)}), dy, small});
-             }));
+                         Value* x = g.input(0);
+                         double alpha = g.node().attrs.get_float("alpha", 0.01);
+                         Value* small = g.emit1("Mul", {dy, cst(g, alpha, dy)});
+                         return g.emit1("Where", {g.emit1("Greater", {x, zero_of(g, x)}), dy, small});
+                       }));
   }
   add_differentiable(t, make_op("Erf", spec + "Erf-13, y = erf(x)", 1, 1, infer_float_unary, P::fp32),
-           unary_grad([](GradContext& g, Value* dy) {
-             Value* x = g.input(0);
-             // d erf(x)/dx = 2/sqrt(pi) * exp(-x^2)
-             Value* e = g.emit1("Exp", {g.emit1("Neg", {g.emit1("Mul", {x, x})})});
-             return g.emit1("Mul", {dy, g.emit1("Mul", {e, cst(g, 2.0 / std::sqrt(M_PI), x)})});
-           }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       Value* x = g.input(0);
+                       // d erf(x)/dx = 2/sqrt(pi) * exp(-x^2)
+                       Value* e = g.emit1("Exp", {g.emit1("Neg", {g.emit1("Mul", {x, x})})});
+                       return g.emit1("Mul", {dy, g.emit1("Mul", {e, cst(g, 2.0 / std::sqrt(M_PI), x)})});
+                     }));
   {
-    OpDef d = make_op("Gelu",
-                   spec + "Gelu-20, y = 0.5x(1+erf(x/sqrt2)); approximate='tanh': 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))",
-                   1, 1, infer_float_unary, P::follow_inputs);
+    OpDef d = make_op(
+        "Gelu", spec + "Gelu-20, y = 0.5x(1+erf(x/sqrt2)); approximate='tanh': 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))",
+        1, 1, infer_float_unary, P::follow_inputs);
     d.attrs = {{"approximate", AttrKind::s}};
     add_differentiable(t, d, unary_grad([](GradContext& g, Value* dy) {
-               Attributes a;
-               a.set("approximate", g.node().attrs.get_string("approximate", "none"));
-               return g.emit1("GeluGrad", {dy, g.input(0)}, a);
-             }));
+                         Attributes a;
+                         a.set("approximate", g.node().attrs.get_string("approximate", "none"));
+                         return g.emit1("GeluGrad", {dy, g.input(0)}, a);
+                       }));
   }
   {
     OpDef d = make_op("GeluGrad",
-                   "kiln-internal: dx = dy * Gelu'(x) (inputs dy, x; attr approximate none|tanh as ONNX Gelu-20)", 2,
-                   2, infer_binary, P::follow_inputs);
+                      "kiln-internal: dx = dy * Gelu'(x) (inputs dy, x; attr approximate none|tanh as ONNX Gelu-20)", 2,
+                      2, infer_binary, P::follow_inputs);
     d.attrs = {{"approximate", AttrKind::s}};
     d.onnx = false;
     t.add(d);
   }
-  add_differentiable(t, make_op("Softplus", spec + "Softplus-1, y = ln(exp(x) + 1)", 1, 1, infer_float_unary, P::follow_inputs),
-           unary_grad([](GradContext& g, Value* dy) {
-             return g.emit1("Mul", {dy, g.emit1("Sigmoid", {g.input(0)})});
-           }));
+  add_differentiable(
+      t, make_op("Softplus", spec + "Softplus-1, y = ln(exp(x) + 1)", 1, 1, infer_float_unary, P::follow_inputs),
+      unary_grad([](GradContext& g, Value* dy) {
+        return g.emit1("Mul", {dy, g.emit1("Sigmoid", {g.input(0)})});
+      }));
   add_differentiable(t, make_op("Sin", spec + "Sin-7, y = sin(x)", 1, 1, infer_float_unary, P::follow_inputs),
-           unary_grad([](GradContext& g, Value* dy) { return g.emit1("Mul", {dy, g.emit1("Cos", {g.input(0)})}); }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       return g.emit1("Mul", {dy, g.emit1("Cos", {g.input(0)})});
+                     }));
   add_differentiable(t, make_op("Cos", spec + "Cos-7, y = cos(x)", 1, 1, infer_float_unary, P::follow_inputs),
-           unary_grad([](GradContext& g, Value* dy) {
-             return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Sin", {g.input(0)})})});
-           }));
+                     unary_grad([](GradContext& g, Value* dy) {
+                       return g.emit1("Neg", {g.emit1("Mul", {dy, g.emit1("Sin", {g.input(0)})})});
+                     }));
 
   // ---- rounding, sign and classification (not differentiable: their derivative is 0
   // almost everywhere, which is what PyTorch's floor/ceil/round/sign backward returns)
   t.add(make_op("Floor", spec + "Floor-13, largest integer <= x", 1, 1, infer_float_unary, P::follow_inputs));
   t.add(make_op("Ceil", spec + "Ceil-13, smallest integer >= x", 1, 1, infer_float_unary, P::follow_inputs));
-  t.add(make_op("Round", spec + "Round-22, nearest integer, halves to even", 1, 1, infer_float_unary,
-                P::follow_inputs));
+  t.add(
+      make_op("Round", spec + "Round-22, nearest integer, halves to even", 1, 1, infer_float_unary, P::follow_inputs));
   t.add(make_op("Sign", spec + "Sign-13, -1 / 0 / 1 by the sign of x (NaN stays NaN)", 1, 1, infer_same,
                 P::follow_inputs));
-  t.add(make_op("IsNaN", spec + "IsNaN-20, bool y = (x is NaN)", 1, 1,
-                [](InferContext& c) -> Status {
-                  KILN_RETURN_IF_ERROR(infer_float_unary(c));
-                  c.out[0].dtype = DType::boolean;
-                  return Status::ok();
-                },
-                P::not_float));
+  t.add(make_op(
+      "IsNaN", spec + "IsNaN-20, bool y = (x is NaN)", 1, 1,
+      [](InferContext& c) -> Status {
+        KILN_RETURN_IF_ERROR(infer_float_unary(c));
+        c.out[0].dtype = DType::boolean;
+        return Status::ok();
+      },
+      P::not_float));
   {
-    OpDef d = make_op("IsInf",
-                      spec + "IsInf-20, bool y = (x is +inf and detect_positive) or (x is -inf and detect_negative)",
-                      1, 1,
-                      [](InferContext& c) -> Status {
-                        KILN_RETURN_IF_ERROR(infer_float_unary(c));
-                        c.out[0].dtype = DType::boolean;
-                        return Status::ok();
-                      },
-                      P::not_float);
+    OpDef d = make_op(
+        "IsInf", spec + "IsInf-20, bool y = (x is +inf and detect_positive) or (x is -inf and detect_negative)", 1, 1,
+        [](InferContext& c) -> Status {
+          KILN_RETURN_IF_ERROR(infer_float_unary(c));
+          c.out[0].dtype = DType::boolean;
+          return Status::ok();
+        },
+        P::not_float);
     d.attrs = {{"detect_negative", AttrKind::i}, {"detect_positive", AttrKind::i}};
     t.add(d);
   }
   {
     OpDef d = make_op("Mod",
-                      spec + "Mod-28, fmod=0: a - floor(a/b)*b (sign of b; integers, and floats since opset 28), "
-                             "fmod=1: a - trunc(a/b)*b (C fmod, sign of a); integer x mod 0 is 0",
+                      spec +
+                          "Mod-28, fmod=0: a - floor(a/b)*b (sign of b; integers, and floats since opset 28), "
+                          "fmod=1: a - trunc(a/b)*b (C fmod, sign of a); integer x mod 0 is 0",
                       2, 2, infer_binary, P::fp32);
     d.attrs = {{"fmod", AttrKind::i}};
     // PyTorch's remainder/fmod backward: da = dy, db = -dy * floor(a/b) (fmod: trunc(a/b)).
@@ -319,43 +330,44 @@ void register_elementwise_ops(OpTable& t) {
 
   // ---- Clip
   {
-    OpDef d = make_op("Clip",
-                   spec + "Clip-13, y = min(max(x, min), max); min/max optional scalar inputs (attrs min/max: Clip-6)",
-                   1, 3,
-                   [](InferContext& c) -> Status {
-                     KILN_RETURN_IF_ERROR(infer_same(c));
-                     for (int i = 1; i < 3; ++i)
-                       if (c.has_input(i) && c.in[i].shape.numel() > 1)
-                         return c.fail("min/max must be scalars, got shape " + c.in[i].shape.to_string());
-                     return Status::ok();
-                   },
-                   P::follow_inputs);
+    OpDef d = make_op(
+        "Clip", spec + "Clip-13, y = min(max(x, min), max); min/max optional scalar inputs (attrs min/max: Clip-6)", 1,
+        3,
+        [](InferContext& c) -> Status {
+          KILN_RETURN_IF_ERROR(infer_same(c));
+          for (int i = 1; i < 3; ++i)
+            if (c.has_input(i) && c.in[i].shape.numel() > 1)
+              return c.fail("min/max must be scalars, got shape " + c.in[i].shape.to_string());
+          return Status::ok();
+        },
+        P::follow_inputs);
     d.attrs = {{"min", AttrKind::f}, {"max", AttrKind::f}};
     // Gradient passes where min <= x <= max (PyTorch clamp); no gradient to min/max.
     add_differentiable(t, d, unary_grad([](GradContext& g, Value* dy) {
-               Value* x = g.input(0);
-               Value* lo = g.input(1);
-               Value* hi = g.input(2);
-               const Attributes& at = g.node().attrs;
-               if (!lo && at.has("min")) lo = cst(g, at.get_float("min", 0), x);
-               if (!hi && at.has("max")) hi = cst(g, at.get_float("max", 0), x);
-               Value* mask = nullptr;
-               if (lo) mask = g.emit1("GreaterOrEqual", {x, lo});
-               if (hi) {
-                 Value* m2 = g.emit1("LessOrEqual", {x, hi});
-                 mask = mask ? g.emit1("And", {mask, m2}) : m2;
-               }
-               if (!mask) return dy;
-               return g.emit1("Where", {mask, dy, zero_of(g, dy)});
-             }));
+                         Value* x = g.input(0);
+                         Value* lo = g.input(1);
+                         Value* hi = g.input(2);
+                         const Attributes& at = g.node().attrs;
+                         if (!lo && at.has("min")) lo = cst(g, at.get_float("min", 0), x);
+                         if (!hi && at.has("max")) hi = cst(g, at.get_float("max", 0), x);
+                         Value* mask = nullptr;
+                         if (lo) mask = g.emit1("GreaterOrEqual", {x, lo});
+                         if (hi) {
+                           Value* m2 = g.emit1("LessOrEqual", {x, hi});
+                           mask = mask ? g.emit1("And", {mask, m2}) : m2;
+                         }
+                         if (!mask) return dy;
+                         return g.emit1("Where", {mask, dy, zero_of(g, dy)});
+                       }));
   }
 
   // ---- variadic Max / Min
   for (const char* name : {"Max", "Min"}) {
     std::string nm = name;
-    OpDef d = make_op(nm, spec + nm + "-13, elementwise " + (nm == "Max" ? "maximum" : "minimum") +
-                           " of 1..N inputs with numpy broadcasting (NaN propagates)",
-                   1, kVariadic, infer_binary, P::follow_inputs);
+    OpDef d = make_op(nm,
+                      spec + nm + "-13, elementwise " + (nm == "Max" ? "maximum" : "minimum") +
+                          " of 1..N inputs with numpy broadcasting (NaN propagates)",
+                      1, kVariadic, infer_binary, P::follow_inputs);
     // Gradient: dy goes to the inputs equal to the result, split evenly between ties (PyTorch maximum/minimum).
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
@@ -382,27 +394,27 @@ void register_elementwise_ops(OpTable& t) {
   }
 
   // ---- Where
-  add_differentiable(t,
-           make_op("Where", spec + "Where-16, output = condition ? X : Y with numpy broadcasting of all three", 3, 3,
-                [](InferContext& c) -> Status {
-                  if (c.in[0].dtype != DType::boolean) return c.fail("condition must be bool");
-                  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 1, 2, true));
-                  auto b = broadcast_shapes(s, c.in[0].shape);
-                  if (!b) return c.fail(b.message());
-                  c.out[0] = {c.in[1].dtype, *b};
-                  return Status::ok();
-                },
-                P::follow_inputs),
-           [](GradContext& g) -> Status {
-             Value* dy = g.grad_output(0);
-             if (!dy) return Status::ok();
-             Value* c = g.input(0);
-             if (g.needs_grad(1))
-               g.set_grad_input(1, g.unbroadcast(g.emit1("Where", {c, dy, zero_of(g, dy)}), g.input(1)));
-             if (g.needs_grad(2))
-               g.set_grad_input(2, g.unbroadcast(g.emit1("Where", {c, zero_of(g, dy), dy}), g.input(2)));
-             return Status::ok();
-           });
+  add_differentiable(
+      t,
+      make_op(
+          "Where", spec + "Where-16, output = condition ? X : Y with numpy broadcasting of all three", 3, 3,
+          [](InferContext& c) -> Status {
+            if (c.in[0].dtype != DType::boolean) return c.fail("condition must be bool");
+            KILN_ASSIGN_OR_RETURN(Shape s, broadcast_inputs(c, 1, 2, true));
+            auto b = broadcast_shapes(s, c.in[0].shape);
+            if (!b) return c.fail(b.message());
+            c.out[0] = {c.in[1].dtype, *b};
+            return Status::ok();
+          },
+          P::follow_inputs),
+      [](GradContext& g) -> Status {
+        Value* dy = g.grad_output(0);
+        if (!dy) return Status::ok();
+        Value* c = g.input(0);
+        if (g.needs_grad(1)) g.set_grad_input(1, g.unbroadcast(g.emit1("Where", {c, dy, zero_of(g, dy)}), g.input(1)));
+        if (g.needs_grad(2)) g.set_grad_input(2, g.unbroadcast(g.emit1("Where", {c, zero_of(g, dy), dy}), g.input(2)));
+        return Status::ok();
+      });
 
   // ---- comparisons and logic (not differentiable)
   const char* cmp_doc[][2] = {{"Equal", "Equal-13, C = (A == B), bool output, numpy broadcasting"},
@@ -411,32 +423,34 @@ void register_elementwise_ops(OpTable& t) {
                               {"Greater", "Greater-13, C = (A > B), bool output, numpy broadcasting"},
                               {"GreaterOrEqual", "GreaterOrEqual-16, C = (A >= B), bool output, numpy broadcasting"}};
   for (auto& cd : cmp_doc) t.add(make_op(cd[0], spec + cd[1], 2, 2, infer_compare, P::follow_inputs));
-  t.add(make_op("And", spec + "And-7, logical and of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
+  t.add(
+      make_op("And", spec + "And-7, logical and of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
   t.add(make_op("Or", spec + "Or-7, logical or of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
-  t.add(make_op("Xor", spec + "Xor-7, logical xor of bool tensors, numpy broadcasting", 2, 2, infer_logic,
-             P::not_float));
-  t.add(make_op("Not", spec + "Not-1, logical not of a bool tensor", 1, 1,
-             [](InferContext& c) -> Status {
-               KILN_RETURN_IF_ERROR(infer_same(c));
-               if (c.in[0].dtype != DType::boolean) return c.fail("expects a bool input");
-               return Status::ok();
-             },
-             P::not_float));
+  t.add(
+      make_op("Xor", spec + "Xor-7, logical xor of bool tensors, numpy broadcasting", 2, 2, infer_logic, P::not_float));
+  t.add(make_op(
+      "Not", spec + "Not-1, logical not of a bool tensor", 1, 1,
+      [](InferContext& c) -> Status {
+        KILN_RETURN_IF_ERROR(infer_same(c));
+        if (c.in[0].dtype != DType::boolean) return c.fail("expects a bool input");
+        return Status::ok();
+      },
+      P::not_float));
 
   // ---- Cast / CastLike / Identity
   {
-    OpDef d = make_op("Cast",
-                   spec + "Cast-13, converts to dtype `to` (ONNX TensorProto type); float->int truncates toward zero",
-                   1, 1,
-                   [](InferContext& c) -> Status {
-                     if (!c.has_input(0)) return c.fail("missing input");
-                     if (!c.attrs().has("to")) return c.fail("missing attribute 'to'");
-                     auto dt = dtype_from_onnx(static_cast<int>(c.attrs().get_int("to", 0)));
-                     if (!dt) return c.fail(dt.message());
-                     c.out[0] = {*dt, c.in[0].shape};
-                     return Status::ok();
-                   },
-                   P::not_float);
+    OpDef d = make_op(
+        "Cast", spec + "Cast-13, converts to dtype `to` (ONNX TensorProto type); float->int truncates toward zero", 1,
+        1,
+        [](InferContext& c) -> Status {
+          if (!c.has_input(0)) return c.fail("missing input");
+          if (!c.attrs().has("to")) return c.fail("missing attribute 'to'");
+          auto dt = dtype_from_onnx(static_cast<int>(c.attrs().get_int("to", 0)));
+          if (!dt) return c.fail(dt.message());
+          c.out[0] = {*dt, c.in[0].shape};
+          return Status::ok();
+        },
+        P::not_float);
     // saturate (Cast-19) and round_mode (Cast-24) concern float8/float4 targets only,
     // which kiln has no dtype for (dtype_from_onnx refuses them by name).
     d.attrs = {{"to", AttrKind::i, true}, {"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};
@@ -449,13 +463,14 @@ void register_elementwise_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make_op("CastLike", spec + "CastLike-15, casts input to the dtype of target_type (second input)", 2, 2,
-                      [](InferContext& c) -> Status {
-                        if (!c.has_input(0) || !c.has_input(1)) return c.fail("missing input");
-                        c.out[0] = {c.in[1].dtype, c.in[0].shape};
-                        return Status::ok();
-                      },
-                      P::not_float);
+    OpDef d = make_op(
+        "CastLike", spec + "CastLike-15, casts input to the dtype of target_type (second input)", 2, 2,
+        [](InferContext& c) -> Status {
+          if (!c.has_input(0) || !c.has_input(1)) return c.fail("missing input");
+          c.out[0] = {c.in[1].dtype, c.in[0].shape};
+          return Status::ok();
+        },
+        P::not_float);
     d.attrs = {{"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};  // CastLike-19/-24: float8 targets only
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
@@ -465,15 +480,18 @@ void register_elementwise_ops(OpTable& t) {
       return Status::ok();
     });
   }
-  add_differentiable(t, make_op("Identity", spec + "Identity-16, y = x", 1, 1, infer_same, P::follow_inputs, FusionClass::view),
-           unary_grad([](GradContext&, Value* dy) { return dy; }));
+  add_differentiable(
+      t, make_op("Identity", spec + "Identity-16, y = x", 1, 1, infer_same, P::follow_inputs, FusionClass::view),
+      unary_grad([](GradContext&, Value* dy) { return dy; }));
 
   // ---- Dropout
   {
     OpDef d = make_op(
         "Dropout",
-        spec + "Dropout-13, inputs (data, ratio?, training_mode?), outputs (output, mask?); inference: output = data, "
-               "mask = ones; training: Philox mask keyed by (seed, kiln_rng_id or op id, step), kept values scaled 1/(1-ratio)",
+        spec +
+            "Dropout-13, inputs (data, ratio?, training_mode?), outputs (output, mask?); inference: output = data, "
+            "mask = ones; training: Philox mask keyed by (seed, kiln_rng_id or op id, step), kept values scaled "
+            "1/(1-ratio)",
         1, 3,
         [](InferContext& c) -> Status {
           KILN_RETURN_IF_ERROR(infer_float_unary(c));
@@ -660,7 +678,8 @@ void register_scalar_rules(OpTable& t) {
   set("Reciprocal", composite_unary([](SB& b, Ref x, DType c) { return b.apply(SO::div, {b.constant(1, c), x}, c); }));
   set("Sigmoid", composite_unary([](SB& b, Ref x, DType c) {
         Ref one = b.constant(1, c);
-        Ref pos = b.apply(SO::div, {one, b.apply(SO::add, {one, b.apply(SO::exp, {b.apply(SO::neg, {x}, c)}, c)}, c)}, c);
+        Ref pos =
+            b.apply(SO::div, {one, b.apply(SO::add, {one, b.apply(SO::exp, {b.apply(SO::neg, {x}, c)}, c)}, c)}, c);
         Ref e = b.apply(SO::exp, {x}, c);
         Ref neg = b.apply(SO::div, {e, b.apply(SO::add, {one, e}, c)}, c);
         Ref ge0 = b.apply(SO::ge, {x, b.constant(0, c)}, DType::boolean);
@@ -706,8 +725,8 @@ void register_scalar_rules(OpTable& t) {
       Ref inner = mul(beta, add(x, mul(mul(mul(kappa, x), x), x)));
       Ref th = b.apply(SO::tanh, {inner}, c);
       Ref left = mul(k(0.5), add(k(1), th));
-      Ref right = mul(mul(mul(mul(k(0.5), x), sub(k(1), mul(th, th))), beta),
-                      add(k(1), mul(mul(mul(k(3), kappa), x), x)));
+      Ref right =
+          mul(mul(mul(mul(k(0.5), x), sub(k(1), mul(th, th))), beta), add(k(1), mul(mul(mul(k(3), kappa), x), x)));
       d = add(left, right);
     } else {
       Ref cdf = mul(k(0.5), add(k(1), b.apply(SO::erf, {mul(x, k(M_SQRT1_2))}, c)));

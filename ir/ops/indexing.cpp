@@ -20,7 +20,8 @@ Status infer_gather_elements(InferContext& c) {
   const Shape& d = c.in[0].shape;
   const Shape& i = c.in[1].shape;
   if (!is_index_dtype(c.in[1].dtype)) return c.fail("indices must be i32 or i64");
-  if (d.rank() != i.rank()) return c.fail("data and indices ranks differ (" + d.to_string() + " vs " + i.to_string() + ")");
+  if (d.rank() != i.rank())
+    return c.fail("data and indices ranks differ (" + d.to_string() + " vs " + i.to_string() + ")");
   auto ax = normalize_axis(c.attrs().get_int("axis", 0), d.rank());
   if (!ax) return c.fail(ax.message());
   c.out[0] = {c.in[0].dtype, i};
@@ -72,7 +73,8 @@ Status infer_scatter_nd(InferContext& c) {
   if (c.in[2].dtype != c.in[0].dtype) return c.fail("updates dtype differs from data");
   if (i.rank() < 1 || !i.dims.back().is_static()) return c.fail("indices need rank >= 1 and a static last dim");
   const int64_t k = i.dims.back().value;
-  if (k > d.rank()) return c.fail("index length " + std::to_string(k) + " exceeds data rank " + std::to_string(d.rank()));
+  if (k > d.rank())
+    return c.fail("index length " + std::to_string(k) + " exceeds data rank " + std::to_string(d.rank()));
   const int want = i.rank() - 1 + d.rank() - static_cast<int>(k);
   if (c.in[2].shape.rank() != want)
     return c.fail("updates must have rank " + std::to_string(want) + " (indices.shape[:-1] + data.shape[k:]), got " +
@@ -141,9 +143,10 @@ void register_indexing_ops(OpTable& t) {
   using P = PrecisionPolicy;
   using F = FusionClass;
   {
-    OpDef d = make_op("GatherElements",
-                      kSpec + "GatherElements-13, out[i..] = data[i.. with index[i..] at axis], out shape = indices shape",
-                      2, 2, infer_gather_elements, P::follow_inputs, F::opaque);
+    OpDef d =
+        make_op("GatherElements",
+                kSpec + "GatherElements-13, out[i..] = data[i.. with index[i..] at axis], out shape = indices shape", 2,
+                2, infer_gather_elements, P::follow_inputs, F::opaque);
     d.attrs = {{"axis", AttrKind::i}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
@@ -156,22 +159,25 @@ void register_indexing_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make_op("ScatterElements",
-                      kSpec + "ScatterElements-18, copy of data with updates written (or combined by reduction "
-                              "add|mul|max|min) at index positions along axis",
-                      3, 3,
-                      [](InferContext& c) -> Status {
-                        KILN_RETURN_IF_ERROR(check_reduction(c));
-                        return infer_scatter_elements(c);
-                      },
-                      P::follow_inputs, F::opaque);
+    OpDef d = make_op(
+        "ScatterElements",
+        kSpec +
+            "ScatterElements-18, copy of data with updates written (or combined by reduction "
+            "add|mul|max|min) at index positions along axis",
+        3, 3,
+        [](InferContext& c) -> Status {
+          KILN_RETURN_IF_ERROR(check_reduction(c));
+          return infer_scatter_elements(c);
+        },
+        P::follow_inputs, F::opaque);
     d.attrs = {{"axis", AttrKind::i}, {"reduction", AttrKind::s}};
     add_differentiable(t, d, scatter_grad("ScatterElements", "GatherElements"));
   }
   {
     OpDef d = make_op("GatherND",
-                      kSpec + "GatherND-13, slices of data at the index tuples in the last dim of indices, after "
-                              "batch_dims shared leading dims",
+                      kSpec +
+                          "GatherND-13, slices of data at the index tuples in the last dim of indices, after "
+                          "batch_dims shared leading dims",
                       2, 2, infer_gather_nd, P::follow_inputs, F::opaque);
     d.attrs = {{"batch_dims", AttrKind::i}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
@@ -184,52 +190,57 @@ void register_indexing_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make_op("GatherNDGrad",
-                      "kiln-internal: scatter-add of dy into zeros of shape `shape` at GatherND(batch_dims) "
-                      "positions (inputs indices, dy, shape as 1-D i64; adjoint of ONNX GatherND-13)",
-                      3, 3,
-                      [](InferContext& c) -> Status {
-                        const Tensor* s = c.value(2);
-                        if (!s) return c.fail("shape input must be constant");
-                        c.out[0] = {c.in[1].dtype, Shape::of(s->to_i64_vector())};
-                        return Status::ok();
-                      },
-                      P::follow_inputs, F::opaque);
+    OpDef d = make_op(
+        "GatherNDGrad",
+        "kiln-internal: scatter-add of dy into zeros of shape `shape` at GatherND(batch_dims) "
+        "positions (inputs indices, dy, shape as 1-D i64; adjoint of ONNX GatherND-13)",
+        3, 3,
+        [](InferContext& c) -> Status {
+          const Tensor* s = c.value(2);
+          if (!s) return c.fail("shape input must be constant");
+          c.out[0] = {c.in[1].dtype, Shape::of(s->to_i64_vector())};
+          return Status::ok();
+        },
+        P::follow_inputs, F::opaque);
     d.attrs = {{"batch_dims", AttrKind::i}};
     d.onnx = false;
     t.add(d);
   }
   {
-    OpDef d = make_op("ScatterND",
-                      kSpec + "ScatterND-18, copy of data with the slices of updates written (or combined by "
-                              "reduction add|mul|max|min) at the index tuples of indices",
-                      3, 3,
-                      [](InferContext& c) -> Status {
-                        KILN_RETURN_IF_ERROR(check_reduction(c));
-                        return infer_scatter_nd(c);
-                      },
-                      P::follow_inputs, F::opaque);
+    OpDef d = make_op(
+        "ScatterND",
+        kSpec +
+            "ScatterND-18, copy of data with the slices of updates written (or combined by "
+            "reduction add|mul|max|min) at the index tuples of indices",
+        3, 3,
+        [](InferContext& c) -> Status {
+          KILN_RETURN_IF_ERROR(check_reduction(c));
+          return infer_scatter_nd(c);
+        },
+        P::follow_inputs, F::opaque);
     d.attrs = {{"reduction", AttrKind::s}};
     add_differentiable(t, d, scatter_grad("ScatterND", "GatherND"));
   }
   {
-    OpDef d = make_op("CumSum",
-                      kSpec + "CumSum-14, running sum along the axis input (exclusive: without the element itself; "
-                              "reverse: from the end); floats accumulate in double",
-                      2, 2,
-                      [](InferContext& c) -> Status {
-                        if (!c.has_input(0) || !c.has_input(1)) return c.fail("missing input");
-                        if (c.in[1].shape.numel() != 1) return c.fail("axis must be a scalar or a 1-element tensor");
-                        if (!is_index_dtype(c.in[1].dtype)) return c.fail("axis must be i32 or i64");
-                        if (c.in[0].dtype == DType::boolean) return c.fail("bool is not a CumSum type");
-                        if (const Tensor* a = c.value(1)) {
-                          auto ax = normalize_axis(a->get_i64(0), c.in[0].shape.rank());
-                          if (!ax) return c.fail(ax.message());
-                        }
-                        c.out[0] = c.in[0];
-                        return Status::ok();
-                      },
-                      P::fp32, F::opaque);
+    OpDef d = make_op(
+        "CumSum",
+        kSpec +
+            "CumSum-14, running sum along the axis input (exclusive: without the element itself; "
+            "reverse: from the end); floats accumulate in double",
+        2, 2,
+        [](InferContext& c) -> Status {
+          if (!c.has_input(0) || !c.has_input(1)) return c.fail("missing input");
+          if (c.in[1].shape.numel() != 1) return c.fail("axis must be a scalar or a 1-element tensor");
+          if (!is_index_dtype(c.in[1].dtype)) return c.fail("axis must be i32 or i64");
+          if (c.in[0].dtype == DType::boolean) return c.fail("bool is not a CumSum type");
+          if (const Tensor* a = c.value(1)) {
+            auto ax = normalize_axis(a->get_i64(0), c.in[0].shape.rank());
+            if (!ax) return c.fail(ax.message());
+          }
+          c.out[0] = c.in[0];
+          return Status::ok();
+        },
+        P::fp32, F::opaque);
     d.attrs = {{"exclusive", AttrKind::i}, {"reverse", AttrKind::i}};
     // The adjoint of a running sum is the running sum in the other direction.
     add_differentiable(t, d, [](GradContext& g) -> Status {

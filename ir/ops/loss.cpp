@@ -41,7 +41,8 @@ Expected<std::string> check_loss_inputs(const InferContext& c, int o) {
   if (c.has_input(o + 2)) {
     const Shape& w = c.in[o + 2].shape;
     if (c.in[o + 2].dtype != c.in[o].dtype) return c.fail("weights must have the dtype of the scores");
-    if (w.rank() != 1 || dims_conflict(w.dims[0], s.dims[1])) return c.fail("weights must be (C), got " + w.to_string());
+    if (w.rank() != 1 || dims_conflict(w.dims[0], s.dims[1]))
+      return c.fail("weights must be (C), got " + w.to_string());
   }
   std::string r = c.attrs().get_string("reduction", "mean");
   if (r != "none" && r != "sum" && r != "mean") return c.fail("reduction must be none, sum or mean, got '" + r + "'");
@@ -175,14 +176,14 @@ Status sce_rows_row(ScalarBuilder& b, std::vector<ScalarBuilder::Ref>& outs) {
 
 void register_loss_ops(OpTable& t) {
   OpDef sce = loss_def("SoftmaxCrossEntropyLoss",
-                       "Cross entropy of softmax(scores, axis 1) and integer labels (ONNX SoftmaxCrossEntropyLoss-13)", 2,
-                       3, 2, infer_loss);
+                       "Cross entropy of softmax(scores, axis 1) and integer labels (ONNX SoftmaxCrossEntropyLoss-13)",
+                       2, 3, 2, infer_loss);
   sce.diff = Differentiability::differentiable;
   sce.grad = grad_sce;
   t.add(std::move(sce));
   OpDef nll = loss_def("NegativeLogLikelihoodLoss",
-                       "loss = -input[n, target[n], d...] * weight[target] (ONNX NegativeLogLikelihoodLoss-13)", 2, 3, 1,
-                       infer_loss);
+                       "loss = -input[n, target[n], d...] * weight[target] (ONNX NegativeLogLikelihoodLoss-13)", 2, 3,
+                       1, infer_loss);
   nll.diff = Differentiability::differentiable;
   nll.grad = grad_nll;
   t.add(std::move(nll));
@@ -192,23 +193,24 @@ void register_loss_ops(OpTable& t) {
                       3, 4, 1, infer_loss_grad);
   sg.onnx = false;
   t.add(std::move(sg));
-  OpDef ng = loss_def("NegativeLogLikelihoodLossGrad",
-                      "kiln: dInput = -w * dLoss / denominator at the target class from (dLoss, input, target, weight?)", 3,
-                      4, 1, infer_loss_grad);
+  OpDef ng =
+      loss_def("NegativeLogLikelihoodLossGrad",
+               "kiln: dInput = -w * dLoss / denominator at the target class from (dLoss, input, target, weight?)", 3, 4,
+               1, infer_loss_grad);
   ng.onnx = false;
   t.add(std::move(ng));
 
   OpDef cl = make_op("CheckLabels",
-                  "kiln: the labels unchanged; error at a label outside [0, num_classes) that is not ignore_index", 1, 1,
-                  infer_check_labels, PrecisionPolicy::follow_inputs, FusionClass::opaque);
+                     "kiln: the labels unchanged; error at a label outside [0, num_classes) that is not ignore_index",
+                     1, 1, infer_check_labels, PrecisionPolicy::follow_inputs, FusionClass::opaque);
   // label_dims (optional): the labels' dims before they were flattened, for the message.
   cl.attrs = {{"num_classes", AttrKind::i}, {"ignore_index", AttrKind::i}, {"label_dims", AttrKind::ints}};
   cl.onnx = false;
   t.add(std::move(cl));
   OpDef rows = make_op("SoftmaxCrossEntropyRows",
-                    "kiln: per-row cross entropy log(sum(exp(scores))) - scores[label] (0 at ignore_index) from "
-                    "(scores (N, C), labels (N, 1), classes (C)), f64",
-                    3, 3, infer_sce_rows, PrecisionPolicy::fp32, FusionClass::reduction);
+                       "kiln: per-row cross entropy log(sum(exp(scores))) - scores[label] (0 at ignore_index) from "
+                       "(scores (N, C), labels (N, 1), classes (C)), f64",
+                       3, 3, infer_sce_rows, PrecisionPolicy::fp32, FusionClass::reduction);
   rows.attrs = {{"ignore_index", AttrKind::i}};
   rows.onnx = false;
   rows.row = sce_rows_row;

@@ -35,8 +35,8 @@ Expected<WindowGeometry> window_geometry(const Attributes& a, const std::vector<
   WindowGeometry g;
   g.kernel = kernel;
   if (kernel.size() != n)
-    return Status::error("kernel_shape has " + std::to_string(kernel.size()) + " dims, input has " +
-                         std::to_string(n) + " spatial dims");
+    return Status::error("kernel_shape has " + std::to_string(kernel.size()) + " dims, input has " + std::to_string(n) +
+                         " spatial dims");
   g.strides = a.get_ints("strides", std::vector<int64_t>(n, 1));
   g.dilations = a.get_ints("dilations", std::vector<int64_t>(n, 1));
   std::vector<int64_t> pads = a.get_ints("pads", std::vector<int64_t>(2 * n, 0));
@@ -178,7 +178,8 @@ Status infer_matmul(InferContext& c) {
   int ra = a.rank(), rb = b.rank();
   if (ra == 0 || rb == 0) return c.fail("MatMul operands must have rank >= 1");
   if (ra == 1 && rb == 1) {
-    if (dims_conflict(a.dims[0], b.dims[0])) return c.fail("inner dims differ: " + a.to_string() + " x " + b.to_string());
+    if (dims_conflict(a.dims[0], b.dims[0]))
+      return c.fail("inner dims differ: " + a.to_string() + " x " + b.to_string());
     c.out[0] = {c.in[0].dtype, Shape()};
     return Status::ok();
   }
@@ -239,13 +240,13 @@ Status grad_matmul(GradContext& c) {
       Attributes a;
       a.set("transA", int64_t(1));
       Value* A2 = c.emit1("Reshape", {A, c.const_i64({-1, K})});  // (rows, K)
-      c.set_grad_input(1, c.emit1("Gemm", {A2, g2}, a));           // (K, N)
+      c.set_grad_input(1, c.emit1("Gemm", {A2, g2}, a));          // (K, N)
     }
     return Status::ok();
   }
   Value* A2 = ra == 1 ? c.emit1("Unsqueeze", {A, c.const_i64({0})}) : A;  // (1, K)
   Value* B2 = rb == 1 ? c.emit1("Unsqueeze", {B, c.const_i64({1})}) : B;  // (K, 1)
-  Value* g = dY;                                                           // (..., M, N)
+  Value* g = dY;                                                          // (..., M, N)
   if (ra == 1) g = c.emit1("Unsqueeze", {g, c.const_i64({-2})});
   if (rb == 1) g = c.emit1("Unsqueeze", {g, c.const_i64({-1})});
   if (c.needs_grad(0)) {
@@ -270,7 +271,8 @@ Status infer_gemm(InferContext& c) {
   KILN_RETURN_IF_ERROR(need_float(c, 1, "B"));
   KILN_RETURN_IF_ERROR(same_dtype(c, 0, 1));
   const Shape &a = c.in[0].shape, &b = c.in[1].shape;
-  if (a.rank() != 2 || b.rank() != 2) return c.fail("Gemm needs 2-D A and B, got " + a.to_string() + " and " + b.to_string());
+  if (a.rank() != 2 || b.rank() != 2)
+    return c.fail("Gemm needs 2-D A and B, got " + a.to_string() + " and " + b.to_string());
   bool ta = c.attrs().get_int("transA", 0) != 0, tb = c.attrs().get_int("transB", 0) != 0;
   Dim m = ta ? a.dims[1] : a.dims[0], ka = ta ? a.dims[0] : a.dims[1];
   Dim kb = tb ? b.dims[1] : b.dims[0], n = tb ? b.dims[0] : b.dims[1];
@@ -313,10 +315,8 @@ Status grad_gemm(GradContext& c) {
     return c.emit1("Gemm", {x, y}, a);
   };
   // A' = op(A) (M, K), B' = op(B) (K, N); dA' = alpha dY B'^T, dB' = alpha A'^T dY.
-  if (c.needs_grad(0))
-    c.set_grad_input(0, ta ? gemm(c.input(1), dY, tb, 1) : gemm(dY, c.input(1), 0, !tb));
-  if (c.needs_grad(1))
-    c.set_grad_input(1, tb ? gemm(dY, c.input(0), 1, ta) : gemm(c.input(0), dY, !ta, 0));
+  if (c.needs_grad(0)) c.set_grad_input(0, ta ? gemm(c.input(1), dY, tb, 1) : gemm(dY, c.input(1), 0, !tb));
+  if (c.needs_grad(1)) c.set_grad_input(1, tb ? gemm(dY, c.input(0), 1, ta) : gemm(c.input(0), dY, !ta, 0));
   if (c.input(2) && c.needs_grad(2)) {
     Value* g = dY;
     if (beta != 1.0) g = c.emit1("Mul", {g, c.const_f(beta, dY->dtype)});
@@ -328,14 +328,15 @@ Status grad_gemm(GradContext& c) {
 // ---- Conv and its backward ops ----
 
 std::vector<AttrSpec> conv_attrs() {
-  return {{"auto_pad", AttrKind::s}, {"dilations", AttrKind::ints}, {"group", AttrKind::i},
-          {"kernel_shape", AttrKind::ints}, {"pads", AttrKind::ints}, {"strides", AttrKind::ints}};
+  return {{"auto_pad", AttrKind::s},        {"dilations", AttrKind::ints}, {"group", AttrKind::i},
+          {"kernel_shape", AttrKind::ints}, {"pads", AttrKind::ints},      {"strides", AttrKind::ints}};
 }
 
 /// Checks X (N, C, ...) against W (M, C/group, k...) and returns the output shape (N, M, out...).
 Expected<Shape> conv_out_shape(const InferContext& c, const Shape& x, const Shape& w) {
   if (x.rank() < 3) return c.fail("X must be (N, C, spatial...), got " + x.to_string());
-  if (w.rank() != x.rank()) return c.fail("W rank " + std::to_string(w.rank()) + " != X rank " + std::to_string(x.rank()));
+  if (w.rank() != x.rank())
+    return c.fail("W rank " + std::to_string(w.rank()) + " != X rank " + std::to_string(x.rank()));
   int64_t group = c.attrs().get_int("group", 1);
   if (group <= 0) return c.fail("group must be positive");
   std::vector<int64_t> kernel;
@@ -428,7 +429,8 @@ Status infer_conv_grad_weight(InferContext& c) {
   auto ys = conv_out_shape(c, x, w);
   if (!ys) return ys.status();
   for (int i = 0; i < ys->rank(); ++i)
-    if (dims_conflict(ys->dims[i], dy.dims[i])) return c.fail("dY " + dy.to_string() + " != conv output " + ys->to_string());
+    if (dims_conflict(ys->dims[i], dy.dims[i]))
+      return c.fail("dY " + dy.to_string() + " != conv output " + ys->to_string());
   c.out[0] = {c.in[0].dtype, w};
   return Status::ok();
 }
@@ -442,8 +444,10 @@ Status grad_conv(GradContext& c) {
   if (c.needs_grad(0)) {
     Attributes a = base;
     std::vector<Value*> ins = {dY, W};
-    if (X->shape.is_static()) a.set("input_shape", X->shape.to_vector());
-    else ins.push_back(X);
+    if (X->shape.is_static())
+      a.set("input_shape", X->shape.to_vector());
+    else
+      ins.push_back(X);
     c.set_grad_input(0, c.emit1("ConvGradInput", ins, a));
   }
   if (c.needs_grad(1)) {
@@ -470,14 +474,19 @@ Status grad_conv(GradContext& c) {
 // ---- Pools ----
 
 std::vector<AttrSpec> maxpool_attrs() {
-  return {{"auto_pad", AttrKind::s}, {"ceil_mode", AttrKind::i}, {"dilations", AttrKind::ints},
-          {"kernel_shape", AttrKind::ints, true}, {"pads", AttrKind::ints}, {"storage_order", AttrKind::i},
+  return {{"auto_pad", AttrKind::s},     {"ceil_mode", AttrKind::i},
+          {"dilations", AttrKind::ints}, {"kernel_shape", AttrKind::ints, true},
+          {"pads", AttrKind::ints},      {"storage_order", AttrKind::i},
           {"strides", AttrKind::ints}};
 }
 std::vector<AttrSpec> avgpool_attrs() {
   // dilations: ONNX opset 19; accepted here as a superset.
-  return {{"auto_pad", AttrKind::s}, {"ceil_mode", AttrKind::i}, {"count_include_pad", AttrKind::i},
-          {"dilations", AttrKind::ints}, {"kernel_shape", AttrKind::ints, true}, {"pads", AttrKind::ints},
+  return {{"auto_pad", AttrKind::s},
+          {"ceil_mode", AttrKind::i},
+          {"count_include_pad", AttrKind::i},
+          {"dilations", AttrKind::ints},
+          {"kernel_shape", AttrKind::ints, true},
+          {"pads", AttrKind::ints},
           {"strides", AttrKind::ints}};
 }
 
@@ -558,8 +567,10 @@ Status grad_maxpool(GradContext& c) {
 
 Value* avgpool_grad(GradContext& c, Value* dY, Value* X, Attributes a) {
   std::vector<Value*> ins = {dY};
-  if (X->shape.is_static()) a.set("input_shape", X->shape.to_vector());
-  else ins.push_back(X);
+  if (X->shape.is_static())
+    a.set("input_shape", X->shape.to_vector());
+  else
+    ins.push_back(X);
   return c.emit1("AveragePoolGrad", ins, a);
 }
 
@@ -720,7 +731,6 @@ GradFn grad_softmax_like(const char* grad_op) {
     return Status::ok();
   };
 }
-
 
 // ---- Row rules (code generation of the Softmax family and LayerNormalization) ----
 // The eager kernels compute in double. The rules do too, except for the Softmax family's
@@ -916,24 +926,25 @@ void register_nn_ops(OpTable& t) {
   using P = PrecisionPolicy;
   using F = FusionClass;
   {
-    OpDef d = with_grad(make("MatMul", "Numpy-style batched matrix product (ONNX MatMul-13); 1-D operands promoted and squeezed",
-                             2, 2, 1, 1, {}, infer_matmul, P::low_precision, F::library),
-                        grad_matmul);
+    OpDef d = with_grad(
+        make("MatMul", "Numpy-style batched matrix product (ONNX MatMul-13); 1-D operands promoted and squeezed", 2, 2,
+             1, 1, {}, infer_matmul, P::low_precision, F::library),
+        grad_matmul);
     d.cost = cost_matmul;
     t.add(std::move(d));
   }
   {
-    OpDef d = with_grad(make("Gemm", "Y = alpha * op(A) op(B) + beta * C (ONNX Gemm-13), C unidirectionally broadcast", 2, 3,
-                             1, 1,
-                             {{"alpha", AttrKind::f}, {"beta", AttrKind::f}, {"transA", AttrKind::i}, {"transB", AttrKind::i}},
-                             infer_gemm, P::low_precision, F::library),
-                        grad_gemm);
+    OpDef d = with_grad(
+        make("Gemm", "Y = alpha * op(A) op(B) + beta * C (ONNX Gemm-13), C unidirectionally broadcast", 2, 3, 1, 1,
+             {{"alpha", AttrKind::f}, {"beta", AttrKind::f}, {"transA", AttrKind::i}, {"transB", AttrKind::i}},
+             infer_gemm, P::low_precision, F::library),
+        grad_gemm);
     d.cost = cost_gemm;
     t.add(std::move(d));
   }
   {
-    OpDef d = with_grad(make("Conv", "N-D grouped, strided, dilated, padded cross-correlation (ONNX Conv-11)", 2, 3, 1, 1,
-                             conv_attrs(), infer_conv, P::low_precision, F::library),
+    OpDef d = with_grad(make("Conv", "N-D grouped, strided, dilated, padded cross-correlation (ONNX Conv-11)", 2, 3, 1,
+                             1, conv_attrs(), infer_conv, P::low_precision, F::library),
                         grad_conv);
     d.cost = cost_conv;
     t.add(std::move(d));
@@ -942,71 +953,77 @@ void register_nn_ops(OpTable& t) {
     auto attrs = conv_attrs();
     attrs.push_back({"input_shape", AttrKind::ints});
     OpDef d = internal(make("ConvGradInput",
-                            "kiln: dX of Conv from (dY, W, X? shape donor) with Conv's attributes (+ input_shape)", 2, 3,
-                            1, 1, attrs, infer_conv_grad_input, P::low_precision, F::library));
+                            "kiln: dX of Conv from (dY, W, X? shape donor) with Conv's attributes (+ input_shape)", 2,
+                            3, 1, 1, attrs, infer_conv_grad_input, P::low_precision, F::library));
     d.cost = [](const Node& n) { return Cost{conv_flops(n, n.input(0)->shape, n.input(1)->shape), io_bytes(n)}; };
     t.add(std::move(d));
   }
   {
-    OpDef d = internal(make("ConvGradWeight",
-                            "kiln: dW of Conv from (dY, X, W? shape donor) with Conv's attributes (kernel_shape needed without W)",
-                            2, 3, 1, 1, conv_attrs(), infer_conv_grad_weight, P::low_precision, F::library));
+    OpDef d = internal(
+        make("ConvGradWeight",
+             "kiln: dW of Conv from (dY, X, W? shape donor) with Conv's attributes (kernel_shape needed without W)", 2,
+             3, 1, 1, conv_attrs(), infer_conv_grad_weight, P::low_precision, F::library));
     d.cost = [](const Node& n) { return Cost{conv_flops(n, n.input(0)->shape, n.output(0)->shape), io_bytes(n)}; };
     t.add(std::move(d));
   }
-  t.add(with_grad(make("MaxPool", "N-D max pooling (ONNX MaxPool-12; float, int8, uint8) with ceil_mode, dilations and optional flat Indices (row- or column-major)", 1,
-                       1, 1, 2, maxpool_attrs(), infer_maxpool, P::follow_inputs, F::opaque),
+  t.add(with_grad(make("MaxPool",
+                       "N-D max pooling (ONNX MaxPool-12; float, int8, uint8) with ceil_mode, dilations and optional "
+                       "flat Indices (row- or column-major)",
+                       1, 1, 1, 2, maxpool_attrs(), infer_maxpool, P::follow_inputs, F::opaque),
                   grad_maxpool));
-  t.add(internal(make("MaxPoolGrad", "kiln: dX of MaxPool from (dY, X): dY routed to the first maximum of each window", 2, 2,
-                      1, 1, maxpool_attrs(), infer_maxpool_grad, P::follow_inputs, F::opaque)));
-  t.add(with_grad(make("AveragePool", "N-D average pooling (ONNX AveragePool-11) with ceil_mode and count_include_pad", 1, 1,
-                       1, 1, avgpool_attrs(), infer_avgpool, P::follow_inputs, F::opaque),
+  t.add(internal(make("MaxPoolGrad", "kiln: dX of MaxPool from (dY, X): dY routed to the first maximum of each window",
+                      2, 2, 1, 1, maxpool_attrs(), infer_maxpool_grad, P::follow_inputs, F::opaque)));
+  t.add(with_grad(make("AveragePool", "N-D average pooling (ONNX AveragePool-11) with ceil_mode and count_include_pad",
+                       1, 1, 1, 1, avgpool_attrs(), infer_avgpool, P::follow_inputs, F::opaque),
                   grad_avgpool));
   {
     auto attrs = avgpool_attrs();
     attrs.push_back({"input_shape", AttrKind::ints});
-    t.add(internal(make("AveragePoolGrad", "kiln: dX of AveragePool from (dY, X? shape donor) (+ input_shape)", 1, 2, 1, 1,
-                        attrs, infer_avgpool_grad, P::follow_inputs, F::opaque)));
+    t.add(internal(make("AveragePoolGrad", "kiln: dX of AveragePool from (dY, X? shape donor) (+ input_shape)", 1, 2, 1,
+                        1, attrs, infer_avgpool_grad, P::follow_inputs, F::opaque)));
   }
-  t.add(with_grad(make("GlobalAveragePool", "Mean over all spatial dims, kept as 1 (ONNX GlobalAveragePool-1)", 1, 1, 1, 1, {},
-                       infer_global_avgpool, P::follow_inputs, F::opaque),
+  t.add(with_grad(make("GlobalAveragePool", "Mean over all spatial dims, kept as 1 (ONNX GlobalAveragePool-1)", 1, 1, 1,
+                       1, {}, infer_global_avgpool, P::follow_inputs, F::opaque),
                   grad_global_avgpool));
-  t.add(with_grad(make("BatchNormalization",
-                       "Batch normalization (ONNX BatchNormalization-15); training mode (training_mode=1 or a training run) "
-                       "normalizes with batch statistics and outputs running stats updated with momentum, the running "
-                       "variance using the unbiased batch variance as PyTorch does",
-                       5, 5, 1, 5, {{"epsilon", AttrKind::f}, {"momentum", AttrKind::f}, {"training_mode", AttrKind::i}},
-                       infer_bn, P::fp32, F::opaque),
-                  grad_bn));
+  t.add(with_grad(
+      make("BatchNormalization",
+           "Batch normalization (ONNX BatchNormalization-15); training mode (training_mode=1 or a training run) "
+           "normalizes with batch statistics and outputs running stats updated with momentum, the running "
+           "variance using the unbiased batch variance as PyTorch does",
+           5, 5, 1, 5, {{"epsilon", AttrKind::f}, {"momentum", AttrKind::f}, {"training_mode", AttrKind::i}}, infer_bn,
+           P::fp32, F::opaque),
+      grad_bn));
   t.add(internal(make("BatchNormalizationGrad",
                       "kiln: (dX, dscale, dB) of BatchNormalization from (dY, X, scale, mean, var); batch statistics "
                       "recomputed from X in training mode",
                       5, 5, 1, 3, {{"epsilon", AttrKind::f}, {"training_mode", AttrKind::i}}, infer_bn_grad, P::fp32,
                       F::opaque)));
-  OpDef& ln = t.add(with_grad(make("LayerNormalization",
-                       "Layer normalization over dims [axis, rank) (ONNX LayerNormalization-17); Mean/InvStdDev are f32 "
-                       "(f64 for f64 X)",
-                       2, 3, 1, 3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}, {"stash_type", AttrKind::i}}, infer_ln,
-                       P::fp32, F::reduction),
-                  grad_ln));
-  t.add(internal(make("LayerNormalizationGrad",
-                      "kiln: (dX, dScale, dB) of LayerNormalization from (dY, X, Scale); statistics recomputed from X", 3, 3, 1,
-                      3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}}, infer_ln_grad, P::fp32, F::reduction)));
-  OpDef& lnig = t.add(internal(make("LayerNormalizationInputGrad",
-                      "kiln: (dX, Mean?, InvStdDev?) of LayerNormalization from (dY, X, Scale): the row part of "
-                      "LayerNormalizationGrad (statistics recomputed from X, f64)",
-                      3, 3, 1, 3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}}, infer_ln_input_grad, P::fp32,
-                      F::reduction)));
-  OpDef& sm = t.add(with_grad(make("Softmax", "exp(x) / sum(exp(x)) along one axis (ONNX Softmax-13)", 1, 1, 1, 1, {{"axis", AttrKind::i}},
-                       infer_softmax, P::fp32, F::reduction),
-                  grad_softmax_like("SoftmaxGrad")));
-  OpDef& lsm = t.add(with_grad(make("LogSoftmax", "x - log(sum(exp(x))) along one axis (ONNX LogSoftmax-13)", 1, 1, 1, 1,
-                       {{"axis", AttrKind::i}}, infer_softmax, P::fp32, F::reduction),
-                  grad_softmax_like("LogSoftmaxGrad")));
+  OpDef& ln = t.add(
+      with_grad(make("LayerNormalization",
+                     "Layer normalization over dims [axis, rank) (ONNX LayerNormalization-17); Mean/InvStdDev are f32 "
+                     "(f64 for f64 X)",
+                     2, 3, 1, 3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}, {"stash_type", AttrKind::i}},
+                     infer_ln, P::fp32, F::reduction),
+                grad_ln));
+  t.add(
+      internal(make("LayerNormalizationGrad",
+                    "kiln: (dX, dScale, dB) of LayerNormalization from (dY, X, Scale); statistics recomputed from X", 3,
+                    3, 1, 3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}}, infer_ln_grad, P::fp32, F::reduction)));
+  OpDef& lnig = t.add(internal(
+      make("LayerNormalizationInputGrad",
+           "kiln: (dX, Mean?, InvStdDev?) of LayerNormalization from (dY, X, Scale): the row part of "
+           "LayerNormalizationGrad (statistics recomputed from X, f64)",
+           3, 3, 1, 3, {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}}, infer_ln_input_grad, P::fp32, F::reduction)));
+  OpDef& sm = t.add(with_grad(make("Softmax", "exp(x) / sum(exp(x)) along one axis (ONNX Softmax-13)", 1, 1, 1, 1,
+                                   {{"axis", AttrKind::i}}, infer_softmax, P::fp32, F::reduction),
+                              grad_softmax_like("SoftmaxGrad")));
+  OpDef& lsm = t.add(with_grad(make("LogSoftmax", "x - log(sum(exp(x))) along one axis (ONNX LogSoftmax-13)", 1, 1, 1,
+                                    1, {{"axis", AttrKind::i}}, infer_softmax, P::fp32, F::reduction),
+                               grad_softmax_like("LogSoftmaxGrad")));
   OpDef& smg = t.add(internal(make("SoftmaxGrad", "kiln: dX = Y * (dY - sum(dY * Y, axis)) from (dY, Y)", 2, 2, 1, 1,
-                      {{"axis", AttrKind::i}}, infer_softmax_grad, P::fp32, F::reduction)));
+                                   {{"axis", AttrKind::i}}, infer_softmax_grad, P::fp32, F::reduction)));
   OpDef& lsmg = t.add(internal(make("LogSoftmaxGrad", "kiln: dX = dY - exp(Y) * sum(dY, axis) from (dY, Y)", 2, 2, 1, 1,
-                      {{"axis", AttrKind::i}}, infer_softmax_grad, P::fp32, F::reduction)));
+                                    {{"axis", AttrKind::i}}, infer_softmax_grad, P::fp32, F::reduction)));
   ln.row = ln_row;
   ln.row_dims = [](const Node& n) { return ln_row_dims(n, 0); };
   lnig.row = ln_input_grad_row;

@@ -30,7 +30,7 @@ Expected<WindowGeometry> window_geometry(const Attributes& a, const std::vector<
 struct ReduceSpec {
   std::vector<int> axes;  ///< sorted, unique, non-negative; every axis when the node reduces all
   bool keepdims = true;
-  bool noop = false;      ///< empty axes with noop_with_empty_axes=1: the op is the identity
+  bool noop = false;  ///< empty axes with noop_with_empty_axes=1: the op is the identity
 };
 
 /// Reads axes from the attribute `axes` (opsets <= 17) or from the constant input
@@ -66,8 +66,7 @@ struct SliceView {
   std::vector<int64_t> strides, dims;
 };
 Expected<SliceView> slice_view(const std::vector<int64_t>& dims, const std::vector<int64_t>& starts,
-                               const std::vector<int64_t>& ends, std::vector<int64_t> axes,
-                               std::vector<int64_t> steps);
+                               const std::vector<int64_t>& ends, std::vector<int64_t> axes, std::vector<int64_t> steps);
 
 /// How a guarded view op (ir::is_guarded_view_op) reads its data input `k` at the points
 /// of its output: inside the box [lo[d], hi[d]) the output element at index i is input

@@ -53,11 +53,9 @@ namespace {
 Status expect_type(const InferContext& c, int i, DType dt, int rank, const char* what) {
   if (!c.has_input(i)) return c.fail(std::string("missing input ") + what);
   const TypeInfo& t = c.in[i];
-  if (t.dtype != dt)
-    return c.fail(std::string(what) + " must be " + dtype_name(dt) + ", got " + dtype_name(t.dtype));
+  if (t.dtype != dt) return c.fail(std::string(what) + " must be " + dtype_name(dt) + ", got " + dtype_name(t.dtype));
   if (rank >= 0 && t.shape.rank() != rank)
-    return c.fail(std::string(what) + " must have rank " + std::to_string(rank) + ", got shape " +
-                  t.shape.to_string());
+    return c.fail(std::string(what) + " must have rank " + std::to_string(rank) + ", got shape " + t.shape.to_string());
   return Status::ok();
 }
 
@@ -87,8 +85,8 @@ Status expect_state(const InferContext& c, int codes, int absmax, int64_t n, int
                   std::to_string(n));
   if (dn.is_static() && db.is_static() && db.value != num_blocks_8bit(dn.value, bs))
     return c.fail(std::string(what) + " absmax has " + std::to_string(db.value) + " entries, expected ceil(" +
-                  std::to_string(dn.value) + "/" + std::to_string(bs) + ") = " +
-                  std::to_string(num_blocks_8bit(dn.value, bs)));
+                  std::to_string(dn.value) + "/" + std::to_string(bs) +
+                  ") = " + std::to_string(num_blocks_8bit(dn.value, bs)));
   return Status::ok();
 }
 
@@ -116,8 +114,7 @@ Status infer_adamw8bit(InferContext& c) {
   KILN_RETURN_IF_ERROR(expect_type(c, 0, DType::f32, -1, "param"));
   KILN_RETURN_IF_ERROR(expect_type(c, 1, DType::f32, -1, "grad"));
   if (!(c.in[1].shape == c.in[0].shape))
-    return c.fail("grad shape " + c.in[1].shape.to_string() + " differs from param shape " +
-                  c.in[0].shape.to_string());
+    return c.fail("grad shape " + c.in[1].shape.to_string() + " differs from param shape " + c.in[0].shape.to_string());
   int64_t n = c.in[0].shape.numel();
   if (n < 0) return c.fail("param needs a static shape, got " + c.in[0].shape.to_string());
   KILN_RETURN_IF_ERROR(expect_state(c, 2, 3, n, bs, "exp_avg"));
@@ -172,12 +169,12 @@ void register_optim8bit_ops(OpTable& t) {
     t.add(std::move(d));
   }
   {
-    OpDef d = make_op(
-        "AdamW8bitUpdate",
-        "kiln: fused 8-bit AdamW step (bitsandbytes blockwise Adam, Dettmers et al. 2021): dequantize exp_avg "
-        "(signed map) and exp_avg_sq (unsigned map), g = grad * clip_coef, torch.optim.AdamW update with "
-        "decoupled weight decay, requantize both moments with fresh per-block absmax",
-        11, 12, infer_adamw8bit, PrecisionPolicy::fp32, FusionClass::reduction);
+    OpDef d =
+        make_op("AdamW8bitUpdate",
+                "kiln: fused 8-bit AdamW step (bitsandbytes blockwise Adam, Dettmers et al. 2021): dequantize exp_avg "
+                "(signed map) and exp_avg_sq (unsigned map), g = grad * clip_coef, torch.optim.AdamW update with "
+                "decoupled weight decay, requantize both moments with fresh per-block absmax",
+                11, 12, infer_adamw8bit, PrecisionPolicy::fp32, FusionClass::reduction);
     // inputs: param, grad, exp_avg.q8, exp_avg.absmax, exp_avg_sq.q8, exp_avg_sq.absmax, qmap_signed,
     //         qmap_unsigned, lr, step_size (= lr / (1 - beta1^t)), sqrt(1 - beta2^t), [clip_coef]
     // outputs: param', exp_avg.q8', exp_avg.absmax', exp_avg_sq.q8', exp_avg_sq.absmax'

@@ -65,8 +65,10 @@ Shape reduced_shape(const Shape& x, const ReduceSpec& s) {
   Shape out;
   for (int i = 0; i < x.rank(); ++i) {
     bool r = std::binary_search(s.axes.begin(), s.axes.end(), i);
-    if (!r) out.dims.push_back(x.dims[i]);
-    else if (s.keepdims) out.dims.push_back(Dim(1));
+    if (!r)
+      out.dims.push_back(x.dims[i]);
+    else if (s.keepdims)
+      out.dims.push_back(Dim(1));
   }
   return out;
 }
@@ -94,8 +96,10 @@ Status infer_argmax(InferContext& c) {
   bool keep = c.attrs().get_int("keepdims", 1) != 0;
   Shape out;
   for (int i = 0; i < x.rank(); ++i) {
-    if (i != *ax) out.dims.push_back(x.dims[i]);
-    else if (keep) out.dims.push_back(Dim(1));
+    if (i != *ax)
+      out.dims.push_back(x.dims[i]);
+    else if (keep)
+      out.dims.push_back(Dim(1));
   }
   c.out[0] = {DType::i64, out};
   return Status::ok();
@@ -188,8 +192,8 @@ void register_reduction_ops(OpTable& t) {
   t.find_mutable("ReduceSum")->reduce_combine = ScalarOp::add;
   t.add(reduce_def("ReduceMean", "Mean over axes (ONNX ReduceMean-13 axes attribute / -18 axes input)", false,
                    PrecisionPolicy::fp32, grad_sum_or_mean(true)));
-  t.add(reduce_def("ReduceMax", "Max over axes (ONNX ReduceMax-13 axes attribute / -18 axes input / -20 bool: any)", false,
-                   PrecisionPolicy::follow_inputs, grad_max));
+  t.add(reduce_def("ReduceMax", "Max over axes (ONNX ReduceMax-13 axes attribute / -18 axes input / -20 bool: any)",
+                   false, PrecisionPolicy::follow_inputs, grad_max));
   t.find_mutable("ReduceMax")->reduce_combine = ScalarOp::max;  // NaN propagates, as the eager kernel
   OpDef a;
   a.name = "ArgMax";

@@ -41,7 +41,8 @@ Dim dim_product(const Shape& s, int b, int e) {
   int nonstatic = 0;
   Dim sym;
   for (int i = b; i < e; ++i) {
-    if (s.dims[i].is_static()) p *= s.dims[i].value;
+    if (s.dims[i].is_static())
+      p *= s.dims[i].value;
     else {
       ++nonstatic;
       sym = s.dims[i];
@@ -78,7 +79,8 @@ Status infer_reshape(InferContext& c) {
   for (size_t i = 0; i < tv->size(); ++i) {
     int64_t v = (*tv)[i];
     if (v == 0 && !allowzero) {
-      if (static_cast<int>(i) >= in.rank()) return c.fail("shape[" + std::to_string(i) + "] = 0 copies a missing input dim");
+      if (static_cast<int>(i) >= in.rank())
+        return c.fail("shape[" + std::to_string(i) + "] = 0 copies a missing input dim");
       out.dims.push_back(in.dims[i]);
     } else if (v == -1) {
       if (minus >= 0) return c.fail("more than one -1 in shape");
@@ -95,16 +97,22 @@ Status infer_reshape(InferContext& c) {
   std::vector<std::string> sym_in, sym_out;
   bool unknown = false;
   for (auto& d : in.dims) {
-    if (d.is_static()) p_in *= d.value;
-    else if (d.symbol.empty()) unknown = true;
-    else sym_in.push_back(d.symbol);
+    if (d.is_static())
+      p_in *= d.value;
+    else if (d.symbol.empty())
+      unknown = true;
+    else
+      sym_in.push_back(d.symbol);
   }
   for (int i = 0; i < out.rank(); ++i) {
     if (i == minus) continue;
     const Dim& d = out.dims[i];
-    if (d.is_static()) p_out *= d.value;
-    else if (d.symbol.empty()) unknown = true;
-    else sym_out.push_back(d.symbol);
+    if (d.is_static())
+      p_out *= d.value;
+    else if (d.symbol.empty())
+      unknown = true;
+    else
+      sym_out.push_back(d.symbol);
   }
   if (!unknown) {
     for (auto& s : sym_out) {
@@ -307,7 +315,8 @@ Expected<GuardedRead> as_strided_scatter_read(const Node& n, int k, const std::v
     int axis = -1;
     for (int a = 0; a < r; ++a)
       if (out[a] > 1 && dense[a] == stride[q]) axis = a;
-    if (axis < 0 || taken[axis]) return fail("src dim " + std::to_string(q) + " does not step along an axis of its own");
+    if (axis < 0 || taken[axis])
+      return fail("src dim " + std::to_string(q) + " does not step along an axis of its own");
     taken[axis] = true;
     ext[axis] = size[q];
     g.strides[axis] = src_dense[q];
@@ -475,8 +484,10 @@ Status infer_split(InferContext& c) {
   const int n = static_cast<int>(c.out.size());
   const Dim& d = in.dims[*ax];
   std::optional<std::vector<int64_t>> split;
-  if (c.has_input(1)) split = const_ints(c, 1);
-  else if (c.attrs().has("split")) split = c.attrs().get_ints("split");
+  if (c.has_input(1))
+    split = const_ints(c, 1);
+  else if (c.attrs().has("split"))
+    split = c.attrs().get_ints("split");
   if (c.attrs().has("num_outputs") && c.attrs().get_int("num_outputs", 0) != n)
     return c.fail("num_outputs = " + std::to_string(c.attrs().get_int("num_outputs", 0)) + " but the node has " +
                   std::to_string(n) + " outputs");
@@ -517,9 +528,12 @@ Status infer_pad(InferContext& c) {
   if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
     return c.fail("unknown mode '" + mode + "'");
   std::optional<std::vector<int64_t>> pads;
-  if (c.has_input(1)) pads = const_ints(c, 1);
-  else if (c.attrs().has("pads")) pads = c.attrs().get_ints("pads");  // Pad-2
-  else return c.fail("missing pads");
+  if (c.has_input(1))
+    pads = const_ints(c, 1);
+  else if (c.attrs().has("pads"))
+    pads = c.attrs().get_ints("pads");  // Pad-2
+  else
+    return c.fail("missing pads");
   std::optional<std::vector<int64_t>> axes;
   bool axes_known = true;
   if (c.has_input(3)) {
@@ -541,7 +555,8 @@ Status infer_pad(InferContext& c) {
     return Status::ok();
   }
   std::vector<int64_t> ax;
-  if (axes) ax = *axes;
+  if (axes)
+    ax = *axes;
   else
     for (int i = 0; i < r; ++i) ax.push_back(i);
   size_t na = ax.size();
@@ -577,7 +592,6 @@ GradFn reshape_back() {
   };
 }
 
-
 }  // namespace
 
 void register_shape_ops(OpTable& t) {
@@ -585,31 +599,33 @@ void register_shape_ops(OpTable& t) {
   using F = FusionClass;
 
   {
-    OpDef d = make_op("Reshape", kSpec + "Reshape-14, data reshaped to `shape` (0 copies a dim unless allowzero, -1 inferred)",
-                   1, 2, infer_reshape, P::follow_inputs, F::view);
+    OpDef d = make_op("Reshape",
+                      kSpec + "Reshape-14, data reshaped to `shape` (0 copies a dim unless allowzero, -1 inferred)", 1,
+                      2, infer_reshape, P::follow_inputs, F::view);
     d.attrs = {{"allowzero", AttrKind::i}, {"shape", AttrKind::ints}};
     add_differentiable(t, d, reshape_back());
   }
   {
-    OpDef d = make_op("Transpose", kSpec + "Transpose-13, permutes axes by `perm` (default: reversed)", 1, 1,
-                   [](InferContext& c) -> Status {
-                     const Shape& in = c.in[0].shape;
-                     int r = in.rank();
-                     std::vector<int64_t> perm = c.attrs().get_ints("perm");
-                     if (perm.empty())
-                       for (int i = r - 1; i >= 0; --i) perm.push_back(i);
-                     if (static_cast<int>(perm.size()) != r) return c.fail("perm length differs from rank");
-                     std::vector<bool> seen(r, false);
-                     Shape out;
-                     for (int64_t p : perm) {
-                       if (p < 0 || p >= r || seen[p]) return c.fail("perm is not a permutation");
-                       seen[p] = true;
-                       out.dims.push_back(in.dims[p]);
-                     }
-                     c.out[0] = {c.in[0].dtype, out};
-                     return Status::ok();
-                   },
-                   P::follow_inputs, F::view);
+    OpDef d = make_op(
+        "Transpose", kSpec + "Transpose-13, permutes axes by `perm` (default: reversed)", 1, 1,
+        [](InferContext& c) -> Status {
+          const Shape& in = c.in[0].shape;
+          int r = in.rank();
+          std::vector<int64_t> perm = c.attrs().get_ints("perm");
+          if (perm.empty())
+            for (int i = r - 1; i >= 0; --i) perm.push_back(i);
+          if (static_cast<int>(perm.size()) != r) return c.fail("perm length differs from rank");
+          std::vector<bool> seen(r, false);
+          Shape out;
+          for (int64_t p : perm) {
+            if (p < 0 || p >= r || seen[p]) return c.fail("perm is not a permutation");
+            seen[p] = true;
+            out.dims.push_back(in.dims[p]);
+          }
+          c.out[0] = {c.in[0].dtype, out};
+          return Status::ok();
+        },
+        P::follow_inputs, F::view);
     d.attrs = {{"perm", AttrKind::ints}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
@@ -627,65 +643,71 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make_op("Flatten", kSpec + "Flatten-13, 2-D [prod(dims[:axis]), prod(dims[axis:])], axis default 1", 1, 1,
-                   [](InferContext& c) -> Status {
-                     const Shape& in = c.in[0].shape;
-                     int r = in.rank();
-                     int64_t axis = c.attrs().get_int("axis", 1);
-                     if (axis < -r || axis > r) return c.fail("axis " + std::to_string(axis) + " out of range");
-                     if (axis < 0) axis += r;
-                     c.out[0] = {c.in[0].dtype,
-                                 Shape({dim_product(in, 0, static_cast<int>(axis)), dim_product(in, static_cast<int>(axis), r)})};
-                     return Status::ok();
-                   },
-                   P::follow_inputs, F::view);
+    OpDef d = make_op(
+        "Flatten", kSpec + "Flatten-13, 2-D [prod(dims[:axis]), prod(dims[axis:])], axis default 1", 1, 1,
+        [](InferContext& c) -> Status {
+          const Shape& in = c.in[0].shape;
+          int r = in.rank();
+          int64_t axis = c.attrs().get_int("axis", 1);
+          if (axis < -r || axis > r) return c.fail("axis " + std::to_string(axis) + " out of range");
+          if (axis < 0) axis += r;
+          c.out[0] = {c.in[0].dtype,
+                      Shape({dim_product(in, 0, static_cast<int>(axis)), dim_product(in, static_cast<int>(axis), r)})};
+          return Status::ok();
+        },
+        P::follow_inputs, F::view);
     d.attrs = {{"axis", AttrKind::i}};
     add_differentiable(t, d, reshape_back());
   }
   {
-    OpDef d = make_op("Squeeze", kSpec + "Squeeze-13, removes size-1 dims listed in the axes input (all if omitted)", 1, 2,
-                   infer_squeeze, P::follow_inputs, F::view);
+    OpDef d = make_op("Squeeze", kSpec + "Squeeze-13, removes size-1 dims listed in the axes input (all if omitted)", 1,
+                      2, infer_squeeze, P::follow_inputs, F::view);
     d.attrs = {{"axes", AttrKind::ints}};
     add_differentiable(t, d, reshape_back());
   }
   {
-    OpDef d = make_op("Unsqueeze", kSpec + "Unsqueeze-13, inserts size-1 dims at the axes input (of the output rank)", 1, 2,
-                   infer_unsqueeze, P::follow_inputs, F::view);
+    OpDef d = make_op("Unsqueeze", kSpec + "Unsqueeze-13, inserts size-1 dims at the axes input (of the output rank)",
+                      1, 2, infer_unsqueeze, P::follow_inputs, F::view);
     d.attrs = {{"axes", AttrKind::ints}};
     add_differentiable(t, d, reshape_back());
   }
   {
-    OpDef d = make_op("Concat", kSpec + "Concat-13, joins inputs along `axis` (negative allowed)", 1, kVariadic,
-                   [](InferContext& c) -> Status {
-                     int r = c.in[0].shape.rank();
-                     auto ax = normalize_axis(c.attrs().get_int("axis", 0), r);
-                     if (!ax) return c.fail(ax.message());
-                     Shape out = c.in[0].shape;
-                     int64_t sum = 0;
-                     bool unknown = false;
-                     for (int i = 0; i < c.num_inputs(); ++i) {
-                       if (!c.has_input(i)) return c.fail("missing input " + std::to_string(i));
-                       const Shape& s = c.in[i].shape;
-                       if (c.in[i].dtype != c.in[0].dtype) return c.fail("inputs have different dtypes");
-                       if (s.rank() != r) return c.fail("inputs have different ranks");
-                       for (int k = 0; k < r; ++k) {
-                         if (k == *ax) continue;
-                         const Dim& a = out.dims[k];
-                         const Dim& b = s.dims[k];
-                         if (a.is_static() && b.is_static() && a.value != b.value)
-                           return c.fail("input " + std::to_string(i) + " shape " + s.to_string() + " differs from " +
-                                         c.in[0].shape.to_string() + " outside the axis");
-                         if (!a.is_static() && b.is_static()) out.dims[k] = b;
-                       }
-                       if (s.dims[*ax].is_static()) sum += s.dims[*ax].value;
-                       else unknown = true;
-                     }
-                     if (c.num_inputs() == 1) unknown = false, out.dims[*ax] = c.in[0].shape.dims[*ax];
-                     else out.dims[*ax] = unknown ? Dim() : Dim(sum);
-                     c.out[0] = {c.in[0].dtype, out};
-                     return Status::ok();
-                   },
-                   P::follow_inputs, F::opaque);
+    OpDef d = make_op(
+        "Concat", kSpec + "Concat-13, joins inputs along `axis` (negative allowed)", 1, kVariadic,
+        [](InferContext& c) -> Status {
+          int r = c.in[0].shape.rank();
+          auto ax = normalize_axis(c.attrs().get_int("axis", 0), r);
+          if (!ax) return c.fail(ax.message());
+          Shape out = c.in[0].shape;
+          int64_t sum = 0;
+          bool unknown = false;
+          for (int i = 0; i < c.num_inputs(); ++i) {
+            if (!c.has_input(i)) return c.fail("missing input " + std::to_string(i));
+            const Shape& s = c.in[i].shape;
+            if (c.in[i].dtype != c.in[0].dtype) return c.fail("inputs have different dtypes");
+            if (s.rank() != r) return c.fail("inputs have different ranks");
+            for (int k = 0; k < r; ++k) {
+              if (k == *ax) continue;
+              const Dim& a = out.dims[k];
+              const Dim& b = s.dims[k];
+              if (a.is_static() && b.is_static() && a.value != b.value)
+                return c.fail("input " + std::to_string(i) + " shape " + s.to_string() + " differs from " +
+                              c.in[0].shape.to_string() + " outside the axis");
+              if (!a.is_static() && b.is_static()) out.dims[k] = b;
+            }
+            if (s.dims[*ax].is_static())
+              sum += s.dims[*ax].value;
+            else
+              unknown = true;
+          }
+          if (c.num_inputs() == 1)
+            unknown = false, out.dims[*ax] = c.in[0].shape.dims[*ax];
+          else
+            out.dims[*ax] = unknown ? Dim() : Dim(sum);
+          c.out[0] = {c.in[0].dtype, out};
+          return Status::ok();
+        },
+        P::follow_inputs, F::opaque);
     d.attrs = {{"axis", AttrKind::i, true}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
@@ -727,9 +749,10 @@ void register_shape_ops(OpTable& t) {
   }
   {
     OpDef d = make_op("Split",
-                   kSpec + "Split-18, splits along `axis` by the split input, or into num_outputs equal chunks "
-                           "(last one smaller)",
-                   1, 2, infer_split, P::follow_inputs, F::opaque);
+                      kSpec +
+                          "Split-18, splits along `axis` by the split input, or into num_outputs equal chunks "
+                          "(last one smaller)",
+                      1, 2, infer_split, P::follow_inputs, F::opaque);
     d.max_outputs = kVariadic;
     d.attrs = {{"axis", AttrKind::i}, {"num_outputs", AttrKind::i}, {"split", AttrKind::ints}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
@@ -751,8 +774,8 @@ void register_shape_ops(OpTable& t) {
   }
   {
     OpDef d = make_op("Slice",
-                   kSpec + "Slice-13, inputs (data, starts, ends, axes?, steps?), negative steps, indices clamped",
-                   1, 5, infer_slice, P::follow_inputs, F::view);
+                      kSpec + "Slice-13, inputs (data, starts, ends, axes?, steps?), negative steps, indices clamped",
+                      1, 5, infer_slice, P::follow_inputs, F::view);
     d.attrs = {{"starts", AttrKind::ints}, {"ends", AttrKind::ints}, {"axes", AttrKind::ints}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
@@ -771,43 +794,43 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make_op("SliceGrad",
-                   "kiln-internal: zeros of shape `shape` with dy written at Slice(starts, ends, axes?, steps?) "
-                   "positions (inputs dy, shape, starts, ends, axes?, steps?; ONNX Slice-13 clamping)",
-                   4, 6,
-                   [](InferContext& c) -> Status {
-                     auto s = const_ints(c, 1);
-                     if (s) {
-                       c.out[0] = {c.in[0].dtype, Shape::of(*s)};
-                       return Status::ok();
-                     }
-                     int64_t n = length_of_1d(c, 1);
-                     if (n < 0) return c.fail("shape input is not constant and its length is unknown");
-                     c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
-                     return Status::ok();
-                   },
-                   P::follow_inputs, F::opaque);
+    OpDef d = make_op(
+        "SliceGrad",
+        "kiln-internal: zeros of shape `shape` with dy written at Slice(starts, ends, axes?, steps?) "
+        "positions (inputs dy, shape, starts, ends, axes?, steps?; ONNX Slice-13 clamping)",
+        4, 6,
+        [](InferContext& c) -> Status {
+          auto s = const_ints(c, 1);
+          if (s) {
+            c.out[0] = {c.in[0].dtype, Shape::of(*s)};
+            return Status::ok();
+          }
+          int64_t n = length_of_1d(c, 1);
+          if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+          c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+          return Status::ok();
+        },
+        P::follow_inputs, F::opaque);
     d.onnx = false;
     t.add(d);
   }
   {
-    OpDef d = make_op("Gather",
-                   kSpec + "Gather-13, out = data.shape[:axis] + indices.shape + data.shape[axis+1:], negative indices wrap",
-                   2, 2,
-                   [](InferContext& c) -> Status {
-                     const Shape& s = c.in[0].shape;
-                     auto ax = normalize_axis(c.attrs().get_int("axis", 0), s.rank());
-                     if (!ax) return c.fail(ax.message());
-                     if (c.in[1].dtype != DType::i64 && c.in[1].dtype != DType::i32)
-                       return c.fail("indices must be i32 or i64");
-                     Shape out;
-                     for (int i = 0; i < *ax; ++i) out.dims.push_back(s.dims[i]);
-                     for (auto& d : c.in[1].shape.dims) out.dims.push_back(d);
-                     for (int i = *ax + 1; i < s.rank(); ++i) out.dims.push_back(s.dims[i]);
-                     c.out[0] = {c.in[0].dtype, out};
-                     return Status::ok();
-                   },
-                   P::follow_inputs, F::opaque);
+    OpDef d = make_op(
+        "Gather",
+        kSpec + "Gather-13, out = data.shape[:axis] + indices.shape + data.shape[axis+1:], negative indices wrap", 2, 2,
+        [](InferContext& c) -> Status {
+          const Shape& s = c.in[0].shape;
+          auto ax = normalize_axis(c.attrs().get_int("axis", 0), s.rank());
+          if (!ax) return c.fail(ax.message());
+          if (c.in[1].dtype != DType::i64 && c.in[1].dtype != DType::i32) return c.fail("indices must be i32 or i64");
+          Shape out;
+          for (int i = 0; i < *ax; ++i) out.dims.push_back(s.dims[i]);
+          for (auto& d : c.in[1].shape.dims) out.dims.push_back(d);
+          for (int i = *ax + 1; i < s.rank(); ++i) out.dims.push_back(s.dims[i]);
+          c.out[0] = {c.in[0].dtype, out};
+          return Status::ok();
+        },
+        P::follow_inputs, F::opaque);
     d.attrs = {{"axis", AttrKind::i}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
@@ -819,43 +842,45 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make_op("GatherGrad",
-                   "kiln-internal: scatter-add of dy into zeros of shape `shape` at Gather(axis) positions "
-                   "(inputs indices, dy, shape as 1-D i64; adjoint of ONNX Gather-13)",
-                   3, 3,
-                   [](InferContext& c) -> Status {
-                     auto s = const_ints(c, 2);
-                     if (s) {
-                       c.out[0] = {c.in[1].dtype, Shape::of(*s)};
-                       return Status::ok();
-                     }
-                     int64_t n = length_of_1d(c, 2);
-                     if (n < 0) return c.fail("shape input is not constant and its length is unknown");
-                     c.out[0] = {c.in[1].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
-                     return Status::ok();
-                   },
-                   P::follow_inputs, F::opaque);
+    OpDef d = make_op(
+        "GatherGrad",
+        "kiln-internal: scatter-add of dy into zeros of shape `shape` at Gather(axis) positions "
+        "(inputs indices, dy, shape as 1-D i64; adjoint of ONNX Gather-13)",
+        3, 3,
+        [](InferContext& c) -> Status {
+          auto s = const_ints(c, 2);
+          if (s) {
+            c.out[0] = {c.in[1].dtype, Shape::of(*s)};
+            return Status::ok();
+          }
+          int64_t n = length_of_1d(c, 2);
+          if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+          c.out[0] = {c.in[1].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+          return Status::ok();
+        },
+        P::follow_inputs, F::opaque);
     d.attrs = {{"axis", AttrKind::i}};
     d.onnx = false;
     t.add(d);
   }
   {
-    OpDef d = make_op("Expand", kSpec + "Expand-13, broadcasts data to `shape` (bidirectional numpy rules)", 2, 2,
-                   [](InferContext& c) -> Status {
-                     auto s = const_ints(c, 1);
-                     if (!s) {
-                       int64_t n = length_of_1d(c, 1);
-                       if (n < 0) return c.fail("shape input is not constant and its length is unknown");
-                       int r = std::max<int>(c.in[0].shape.rank(), static_cast<int>(n));
-                       c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(r), Dim()))};
-                       return Status::ok();
-                     }
-                     auto b = broadcast_shapes(c.in[0].shape, Shape::of(*s));
-                     if (!b) return c.fail(b.message());
-                     c.out[0] = {c.in[0].dtype, *b};
-                     return Status::ok();
-                   },
-                   P::follow_inputs, F::view);
+    OpDef d = make_op(
+        "Expand", kSpec + "Expand-13, broadcasts data to `shape` (bidirectional numpy rules)", 2, 2,
+        [](InferContext& c) -> Status {
+          auto s = const_ints(c, 1);
+          if (!s) {
+            int64_t n = length_of_1d(c, 1);
+            if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+            int r = std::max<int>(c.in[0].shape.rank(), static_cast<int>(n));
+            c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(r), Dim()))};
+            return Status::ok();
+          }
+          auto b = broadcast_shapes(c.in[0].shape, Shape::of(*s));
+          if (!b) return c.fail(b.message());
+          c.out[0] = {c.in[0].dtype, *b};
+          return Status::ok();
+        },
+        P::follow_inputs, F::view);
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
       if (!dy || !g.needs_grad(0)) return Status::ok();
@@ -864,113 +889,124 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make_op("Shape", kSpec + "Shape-15, 1-D i64 dims of the input, sliced by start/end (clamped)", 1, 1,
-                   [](InferContext& c) -> Status {
-                     int r = c.in[0].shape.rank();
-                     int64_t s = c.attrs().get_int("start", 0), e = c.attrs().get_int("end", r);
-                     if (s < 0) s += r;
-                     if (e < 0) e += r;
-                     s = std::clamp<int64_t>(s, 0, r);
-                     e = std::clamp<int64_t>(e, 0, r);
-                     c.out[0] = {DType::i64, Shape({Dim(std::max<int64_t>(0, e - s))})};
-                     return Status::ok();
-                   },
-                   P::not_float, F::opaque);
+    OpDef d = make_op(
+        "Shape", kSpec + "Shape-15, 1-D i64 dims of the input, sliced by start/end (clamped)", 1, 1,
+        [](InferContext& c) -> Status {
+          int r = c.in[0].shape.rank();
+          int64_t s = c.attrs().get_int("start", 0), e = c.attrs().get_int("end", r);
+          if (s < 0) s += r;
+          if (e < 0) e += r;
+          s = std::clamp<int64_t>(s, 0, r);
+          e = std::clamp<int64_t>(e, 0, r);
+          c.out[0] = {DType::i64, Shape({Dim(std::max<int64_t>(0, e - s))})};
+          return Status::ok();
+        },
+        P::not_float, F::opaque);
     d.attrs = {{"start", AttrKind::i}, {"end", AttrKind::i}};
     t.add(d);
   }
   {
-    OpDef d = make_op("ConstantOfShape",
-                   kSpec + "ConstantOfShape-9, tensor of shape `input` filled with `value` (1-element tensor, default f32 0)",
-                   1, 1,
-                   [](InferContext& c) -> Status {
-                     DType dt = DType::f32;
-                     if (const Tensor* v = c.attrs().get_tensor("value")) {
-                       if (v->numel() != 1) return c.fail("value must have one element");
-                       dt = v->dtype();
-                     }
-                     auto s = const_ints(c, 0);
-                     if (s) {
-                       for (int64_t d : *s)
-                         if (d < 0) return c.fail("negative dim in shape");
-                       c.out[0] = {dt, Shape::of(*s)};
-                       return Status::ok();
-                     }
-                     int64_t n = length_of_1d(c, 0);
-                     if (n < 0) return c.fail("shape input is not constant and its length is unknown");
-                     c.out[0] = {dt, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
-                     return Status::ok();
-                   },
-                   P::not_float, F::opaque);
+    OpDef d = make_op(
+        "ConstantOfShape",
+        kSpec + "ConstantOfShape-9, tensor of shape `input` filled with `value` (1-element tensor, default f32 0)", 1,
+        1,
+        [](InferContext& c) -> Status {
+          DType dt = DType::f32;
+          if (const Tensor* v = c.attrs().get_tensor("value")) {
+            if (v->numel() != 1) return c.fail("value must have one element");
+            dt = v->dtype();
+          }
+          auto s = const_ints(c, 0);
+          if (s) {
+            for (int64_t d : *s)
+              if (d < 0) return c.fail("negative dim in shape");
+            c.out[0] = {dt, Shape::of(*s)};
+            return Status::ok();
+          }
+          int64_t n = length_of_1d(c, 0);
+          if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+          c.out[0] = {dt, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+          return Status::ok();
+        },
+        P::not_float, F::opaque);
     d.attrs = {{"value", AttrKind::tensor}};
     t.add(d);
   }
   {
-    OpDef d = make_op("Constant",
-                   kSpec + "Constant-13, one of value / value_float(s) / value_int(s) (string and sparse forms unsupported)",
-                   0, 0,
-                   [](InferContext& c) -> Status {
-                     const Attributes& a = c.attrs();
-                     if (const Tensor* v = a.get_tensor("value")) c.out[0] = {v->dtype(), Shape::of(v->dims())};
-                     else if (a.has("value_float")) c.out[0] = {DType::f32, Shape()};
-                     else if (a.has("value_int")) c.out[0] = {DType::i64, Shape()};
-                     else if (a.has("value_floats"))
-                       c.out[0] = {DType::f32, Shape::of({static_cast<int64_t>(a.get_floats("value_floats").size())})};
-                     else if (a.has("value_ints"))
-                       c.out[0] = {DType::i64, Shape::of({static_cast<int64_t>(a.get_ints("value_ints").size())})};
-                     else return c.fail("no supported value attribute (string and sparse constants are unsupported)");
-                     return Status::ok();
-                   },
-                   P::not_float, F::opaque);
-    d.attrs = {{"value", AttrKind::tensor},       {"value_float", AttrKind::f},     {"value_floats", AttrKind::floats},
-               {"value_int", AttrKind::i},        {"value_ints", AttrKind::ints},   {"value_string", AttrKind::s},
+    OpDef d = make_op(
+        "Constant",
+        kSpec + "Constant-13, one of value / value_float(s) / value_int(s) (string and sparse forms unsupported)", 0, 0,
+        [](InferContext& c) -> Status {
+          const Attributes& a = c.attrs();
+          if (const Tensor* v = a.get_tensor("value"))
+            c.out[0] = {v->dtype(), Shape::of(v->dims())};
+          else if (a.has("value_float"))
+            c.out[0] = {DType::f32, Shape()};
+          else if (a.has("value_int"))
+            c.out[0] = {DType::i64, Shape()};
+          else if (a.has("value_floats"))
+            c.out[0] = {DType::f32, Shape::of({static_cast<int64_t>(a.get_floats("value_floats").size())})};
+          else if (a.has("value_ints"))
+            c.out[0] = {DType::i64, Shape::of({static_cast<int64_t>(a.get_ints("value_ints").size())})};
+          else
+            return c.fail("no supported value attribute (string and sparse constants are unsupported)");
+          return Status::ok();
+        },
+        P::not_float, F::opaque);
+    d.attrs = {{"value", AttrKind::tensor},          {"value_float", AttrKind::f},
+               {"value_floats", AttrKind::floats},   {"value_int", AttrKind::i},
+               {"value_ints", AttrKind::ints},       {"value_string", AttrKind::s},
                {"value_strings", AttrKind::strings}, {"sparse_value", AttrKind::tensor}};
     t.add(d);
   }
   {
-    OpDef d = make_op("Range",
-                   kSpec + "Range-27, [start, limit) by delta; n = max(ceil((limit-start)/delta), 0); "
-                           "out[i] = start + i * delta, for bf16/f16 computed in f32 (stash_type 1, the default)",
-                   3, 3,
-                   [](InferContext& c) -> Status {
-                     DType dt = c.in[0].dtype;
-                     if (c.in[1].dtype != dt || c.in[2].dtype != dt) return c.fail("inputs have different dtypes");
-                     if ((dt == DType::bf16 || dt == DType::f16) && c.attrs().get_int("stash_type", 1) != 1)
-                       return c.fail("stash_type " + std::to_string(c.attrs().get_int("stash_type", 1)) +
-                                     " is not supported (kiln computes bf16/f16 ranges in float: stash_type 1)");
-                     const Tensor *s = c.value(0), *l = c.value(1), *d = c.value(2);
-                     if (s && l && d && s->numel() == 1 && l->numel() == 1 && d->numel() == 1) {
-                       int64_t n;
-                       if (is_float(dt)) {
-                         double dv = d->get_f64(0);
-                         if (dv == 0) return c.fail("delta is 0");
-                         n = static_cast<int64_t>(std::ceil((l->get_f64(0) - s->get_f64(0)) / dv));
-                       } else {
-                         int64_t dv = d->get_i64(0), diff = l->get_i64(0) - s->get_i64(0);
-                         if (dv == 0) return c.fail("delta is 0");
-                         n = diff / dv + ((diff % dv != 0 && ((diff < 0) == (dv < 0))) ? 1 : 0);
-                       }
-                       c.out[0] = {dt, Shape::of({std::max<int64_t>(n, 0)})};
-                     } else {
-                       c.out[0] = {dt, Shape({Dim()})};
-                     }
-                     return Status::ok();
-                   },
-                   P::not_float, F::opaque);
+    OpDef d = make_op(
+        "Range",
+        kSpec +
+            "Range-27, [start, limit) by delta; n = max(ceil((limit-start)/delta), 0); "
+            "out[i] = start + i * delta, for bf16/f16 computed in f32 (stash_type 1, the default)",
+        3, 3,
+        [](InferContext& c) -> Status {
+          DType dt = c.in[0].dtype;
+          if (c.in[1].dtype != dt || c.in[2].dtype != dt) return c.fail("inputs have different dtypes");
+          if ((dt == DType::bf16 || dt == DType::f16) && c.attrs().get_int("stash_type", 1) != 1)
+            return c.fail("stash_type " + std::to_string(c.attrs().get_int("stash_type", 1)) +
+                          " is not supported (kiln computes bf16/f16 ranges in float: stash_type 1)");
+          const Tensor *s = c.value(0), *l = c.value(1), *d = c.value(2);
+          if (s && l && d && s->numel() == 1 && l->numel() == 1 && d->numel() == 1) {
+            int64_t n;
+            if (is_float(dt)) {
+              double dv = d->get_f64(0);
+              if (dv == 0) return c.fail("delta is 0");
+              n = static_cast<int64_t>(std::ceil((l->get_f64(0) - s->get_f64(0)) / dv));
+            } else {
+              int64_t dv = d->get_i64(0), diff = l->get_i64(0) - s->get_i64(0);
+              if (dv == 0) return c.fail("delta is 0");
+              n = diff / dv + ((diff % dv != 0 && ((diff < 0) == (dv < 0))) ? 1 : 0);
+            }
+            c.out[0] = {dt, Shape::of({std::max<int64_t>(n, 0)})};
+          } else {
+            c.out[0] = {dt, Shape({Dim()})};
+          }
+          return Status::ok();
+        },
+        P::not_float, F::opaque);
     d.attrs = {{"stash_type", AttrKind::i}};
     t.add(d);
   }
   {
-    OpDef d = make_op("Trilu",
-                   kSpec + "Trilu-14, keeps the upper (upper=1, default) or lower triangle of the last two dims, "
-                           "diagonal offset k input",
-                   1, 2,
-                   [](InferContext& c) -> Status {
-                     KILN_RETURN_IF_ERROR(infer_passthrough_same(c));
-                     if (c.in[0].shape.rank() < 2) return c.fail("input rank must be >= 2");
-                     return Status::ok();
-                   },
-                   P::follow_inputs, F::opaque);
+    OpDef d = make_op(
+        "Trilu",
+        kSpec +
+            "Trilu-14, keeps the upper (upper=1, default) or lower triangle of the last two dims, "
+            "diagonal offset k input",
+        1, 2,
+        [](InferContext& c) -> Status {
+          KILN_RETURN_IF_ERROR(infer_passthrough_same(c));
+          if (c.in[0].shape.rank() < 2) return c.fail("input rank must be >= 2");
+          return Status::ok();
+        },
+        P::follow_inputs, F::opaque);
     d.attrs = {{"upper", AttrKind::i}};
     add_differentiable(t, d, [](GradContext& g) -> Status {
       Value* dy = g.grad_output(0);
@@ -982,9 +1018,9 @@ void register_shape_ops(OpTable& t) {
     });
   }
   {
-    OpDef d = make_op("Pad",
-                   kSpec + "Pad-18, inputs (data, pads, constant_value?, axes?), mode constant|reflect|edge|wrap",
-                   1, 4, infer_pad, P::follow_inputs, F::opaque);
+    OpDef d =
+        make_op("Pad", kSpec + "Pad-18, inputs (data, pads, constant_value?, axes?), mode constant|reflect|edge|wrap",
+                1, 4, infer_pad, P::follow_inputs, F::opaque);
     d.attrs = {{"mode", AttrKind::s}, {"pads", AttrKind::ints}, {"value", AttrKind::f}};
     // Gradient (constant mode only): slice dy back to the input's region. Pads must be >= 0.
     add_differentiable(t, d, [](GradContext& g) -> Status {
@@ -999,8 +1035,10 @@ void register_shape_ops(OpTable& t) {
       Value* pads = n.input(1);
       Value* axes = n.input(3);
       std::optional<std::vector<int64_t>> pv;
-      if (pads && pads->data) pv = pads->data->to_i64_vector();
-      else if (!pads) pv = n.attrs.get_ints("pads");
+      if (pads && pads->data)
+        pv = pads->data->to_i64_vector();
+      else if (!pads)
+        pv = n.attrs.get_ints("pads");
       std::optional<std::vector<int64_t>> av;
       if (!axes) {
         av = std::vector<int64_t>();

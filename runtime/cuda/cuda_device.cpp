@@ -43,8 +43,8 @@ struct Driver {
   CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t) = nullptr;
   CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t) = nullptr;
   CUresult (*cuMemsetD32)(CUdeviceptr, unsigned int, size_t) = nullptr;
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             CUstream, void**, void**) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                             void**, void**) = nullptr;
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
   std::string error;  ///< why the driver is unusable ("" when loaded)
@@ -109,8 +109,8 @@ std::string result_text(CUresult r) {
 
 Status CudaDevice::check(int r, const char* call) const {
   if (r == 0) return Status::ok();
-  return Status::error(std::string("cuda: ") + call + " on device " + std::to_string(ordinal_) + " failed: " +
-                       result_text(r));
+  return Status::error(std::string("cuda: ") + call + " on device " + std::to_string(ordinal_) +
+                       " failed: " + result_text(r));
 }
 
 Expected<std::unique_ptr<CudaDevice>> CudaDevice::open(int ordinal) {
@@ -212,8 +212,7 @@ Status CudaDevice::launch(CudaModule* module, const codegen::CudaKernelInfo& inf
                          std::to_string(info.num_params) + " parameters");
   for (size_t i = 0; i < buffers.size(); ++i) {
     auto it = allocs_.find(buffers[i]);
-    if (it != allocs_.end() && i < info.param_bytes.size() &&
-        static_cast<int64_t>(it->second) < info.param_bytes[i])
+    if (it != allocs_.end() && i < info.param_bytes.size() && static_cast<int64_t>(it->second) < info.param_bytes[i])
       return Status::error(where + ": buffer " + std::to_string(i) + " holds " + std::to_string(it->second) +
                            " bytes, the kernel reaches " + std::to_string(info.param_bytes[i]));
   }
@@ -238,10 +237,10 @@ Status CudaDevice::launch(CudaModule* module, const codegen::CudaKernelInfo& inf
   std::vector<CUdeviceptr> vals(buffers.begin(), buffers.end());
   std::vector<void*> args;
   for (auto& v : vals) args.push_back(&v);
-  return check(d.cuLaunchKernel(fn, info.grid[0], info.grid[1], info.grid[2], info.block[0], info.block[1],
-                                info.block[2], info.shared_bytes, nullptr, args.empty() ? nullptr : args.data(),
-                                nullptr),
-               "cuLaunchKernel")
+  return check(
+             d.cuLaunchKernel(fn, info.grid[0], info.grid[1], info.grid[2], info.block[0], info.block[1], info.block[2],
+                              info.shared_bytes, nullptr, args.empty() ? nullptr : args.data(), nullptr),
+             "cuLaunchKernel")
       .with_context(info.name);
 }
 

@@ -22,8 +22,8 @@ using CudaDevicePtr = uint64_t;
 
 /// A loaded module (cubin or PTX) and its kernels; owned by the CudaDevice that loaded it.
 struct CudaModule {
-  void* handle = nullptr;                   ///< CUmodule
-  std::map<std::string, void*> functions;   ///< name -> CUfunction, filled on first use
+  void* handle = nullptr;                  ///< CUmodule
+  std::map<std::string, void*> functions;  ///< name -> CUfunction, filled on first use
 };
 
 /// One GPU with its primary context, made current on the calling thread by open().

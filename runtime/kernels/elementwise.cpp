@@ -2,13 +2,13 @@
 // Floats are computed in f32 (f32, bf16, f16) or f64 (f64) and stored with
 // round-to-nearest-even; integers in their own type. Binary ops broadcast with
 // numpy rules through for_each_strided (util.h); loops use OpenMP when large.
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-
-#include <omp.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -67,8 +67,9 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     for (int64_t i = 0; i < n; ++i) po[i] = f(load(pa[i]), bv);
     return;
   }
-  for_each_strided<2>(od, {broadcast_strides(a.dims(), od), broadcast_strides(b.dims(), od)},
-                      [&](int64_t o, const std::array<int64_t, 2>& off) { po[o] = f(load(pa[off[0]]), load(pb[off[1]])); });
+  for_each_strided<2>(
+      od, {broadcast_strides(a.dims(), od), broadcast_strides(b.dims(), od)},
+      [&](int64_t o, const std::array<int64_t, 2>& off) { po[o] = f(load(pa[off[0]]), load(pb[off[1]])); });
 }
 
 /// Same-dtype binary arithmetic: out = f(a, b) in the compute type.
@@ -134,9 +135,12 @@ Status pow_kernel(KernelContext& c) {
       using CE = compute_t<E>;
       binary_loop<T, E, T>(a, b, c.out(0), [](C x, CE e) {
         T r;
-        if constexpr (is_float_v<T>) r = store<T>(static_cast<C>(std::pow(x, static_cast<C>(e))));
-        else if constexpr (std::is_integral_v<CE>) r = int_pow<C>(x, static_cast<int64_t>(e));
-        else r = convert<T>(std::pow(static_cast<double>(x), static_cast<double>(e)));
+        if constexpr (is_float_v<T>)
+          r = store<T>(static_cast<C>(std::pow(x, static_cast<C>(e))));
+        else if constexpr (std::is_integral_v<CE>)
+          r = int_pow<C>(x, static_cast<int64_t>(e));
+        else
+          r = convert<T>(std::pow(static_cast<double>(x), static_cast<double>(e)));
         return r;
       });
     });
@@ -166,8 +170,10 @@ Status minmax_kernel(KernelContext& c) {
         C v = load(pk[off[0]]);
         C r;
         if constexpr (is_float_v<T>) {
-          if (std::isnan(acc) || std::isnan(v)) r = std::numeric_limits<C>::quiet_NaN();
-          else r = IsMax ? std::max(acc, v) : std::min(acc, v);
+          if (std::isnan(acc) || std::isnan(v))
+            r = std::numeric_limits<C>::quiet_NaN();
+          else
+            r = IsMax ? std::max(acc, v) : std::min(acc, v);
         } else {
           r = IsMax ? std::max(acc, v) : std::min(acc, v);
         }
@@ -187,10 +193,14 @@ Status clip_kernel(KernelContext& c) {
       lo = -std::numeric_limits<C>::infinity();
       hi = std::numeric_limits<C>::infinity();
     }
-    if (c.has_input(1) && c.in(1).numel() > 0) lo = load(c.in(1).data<T>()[0]);
-    else if (c.attrs().has("min")) lo = static_cast<C>(c.attrs().get_float("min", 0));
-    if (c.has_input(2) && c.in(2).numel() > 0) hi = load(c.in(2).data<T>()[0]);
-    else if (c.attrs().has("max")) hi = static_cast<C>(c.attrs().get_float("max", 0));
+    if (c.has_input(1) && c.in(1).numel() > 0)
+      lo = load(c.in(1).data<T>()[0]);
+    else if (c.attrs().has("min"))
+      lo = static_cast<C>(c.attrs().get_float("min", 0));
+    if (c.has_input(2) && c.in(2).numel() > 0)
+      hi = load(c.in(2).data<T>()[0]);
+    else if (c.attrs().has("max"))
+      hi = static_cast<C>(c.attrs().get_float("max", 0));
     const T* a = x.data<T>();
     T* o = c.out(0).data<T>();
     const int64_t n = x.numel();
@@ -215,12 +225,11 @@ Status where_kernel(KernelContext& c) {
     const T* px = c.in(1).data<T>();
     const T* py = c.in(2).data<T>();
     T* po = out.data<T>();
-    for_each_strided<3>(od,
-                        {broadcast_strides(cond.dims(), od), broadcast_strides(c.in(1).dims(), od),
-                         broadcast_strides(c.in(2).dims(), od)},
-                        [&](int64_t o, const std::array<int64_t, 3>& off) {
-                          po[o] = pc[off[0]] ? px[off[1]] : py[off[2]];
-                        });
+    for_each_strided<3>(
+        od,
+        {broadcast_strides(cond.dims(), od), broadcast_strides(c.in(1).dims(), od),
+         broadcast_strides(c.in(2).dims(), od)},
+        [&](int64_t o, const std::array<int64_t, 3>& off) { po[o] = pc[off[0]] ? px[off[1]] : py[off[2]]; });
   });
 }
 
@@ -264,7 +273,8 @@ Status copy_kernel(KernelContext& c) {
 constexpr int64_t kDropoutGroup = 128;
 
 /// 8 elements at `p` as f32 (T = float or bf16_t).
-template <typename T> __attribute__((target("avx2"))) inline __m256 load8_f32(const T* p) {
+template <typename T>
+__attribute__((target("avx2"))) inline __m256 load8_f32(const T* p) {
   if constexpr (std::is_same_v<T, float>) {
     return _mm256_loadu_ps(p);
   } else {
@@ -274,15 +284,17 @@ template <typename T> __attribute__((target("avx2"))) inline __m256 load8_f32(co
 }
 
 /// Stores 8 f32 values to `p` as T (bf16: round to nearest even, NaN quiet; ir::f32_to_bf16).
-template <typename T> __attribute__((target("avx2"))) inline void store8_f32(T* p, __m256 v) {
+template <typename T>
+__attribute__((target("avx2"))) inline void store8_f32(T* p, __m256 v) {
   if constexpr (std::is_same_v<T, float>) {
     _mm256_storeu_ps(p, v);
   } else {
     const __m256i u = _mm256_castps_si256(v);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
     const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
     const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane 0..0xffff
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
@@ -292,7 +304,7 @@ template <typename T> __attribute__((target("avx2"))) inline void store8_f32(T* 
 
 /// hi:lo = x * m per 32-bit lane (8 lanes): vpmuludq on the even lanes, then the odd ones.
 __attribute__((target("avx2"))) inline void mul32(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
-  const __m256i pe = _mm256_mul_epu32(x, m);                        // lanes 0, 2, 4, 6
+  const __m256i pe = _mm256_mul_epu32(x, m);                         // lanes 0, 2, 4, 6
   const __m256i po = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);  // lanes 1, 3, 5, 7
   lo = _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
   hi = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA);
@@ -300,7 +312,7 @@ __attribute__((target("avx2"))) inline void mul32(__m256i x, __m256i m, __m256i&
 
 template <typename T>
 __attribute__((target("avx2"))) void dropout_avx2(const T* a, T* o, uint8_t* pm, int64_t g0, int64_t g1, uint64_t seed,
-                                                 uint64_t sub, uint64_t offset, uint32_t thr, float s) {
+                                                  uint64_t sub, uint64_t offset, uint32_t thr, float s) {
   constexpr int NV = 4;
   const __m256i M0 = _mm256_set1_epi32(static_cast<int>(kPhiloxM0));
   const __m256i M1 = _mm256_set1_epi32(static_cast<int>(kPhiloxM1));
@@ -382,7 +394,7 @@ std::atomic<int> g_dropout_max_isa{2};
 /// hi:lo = x * m per 32-bit lane (16 lanes): vpmuludq on the even lanes and on the odd
 /// ones (shifted down), the halves merged by two dword permutes.
 KILN_DROPOUT_AVX512 inline void mul32x16(__m512i x, __m512i m, __m512i& hi, __m512i& lo) {
-  const __m512i pe = _mm512_mul_epu32(x, m);                        // lanes 0, 2, ...: 64-bit products
+  const __m512i pe = _mm512_mul_epu32(x, m);                         // lanes 0, 2, ...: 64-bit products
   const __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), m);  // lanes 1, 3, ...
   // dword 2i of pe is lo(lane 2i), 2i + 1 is hi(lane 2i); the same for po and lane 2i + 1.
   const __m512i lo_idx = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
@@ -454,8 +466,8 @@ KILN_DROPOUT_AVX512 inline void dropout_avx512_vectors(const T* a, T* o, uint8_t
         const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
         const __m512i u = _mm512_castps_si512(_mm512_maskz_mul_ps(keep, x, s_v));
         // round to nearest even, NaN kept quiet (ir::f32_to_bf16)
-        const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                      _mm512_set1_epi32(0x7f800000));
+        const __mmask16 nan =
+            _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
         const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
         const __m512i rounded =
             _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
@@ -487,7 +499,8 @@ Status dropout_kernel(KernelContext& c) {
   if (c.has_input(1) && c.in(1).numel() > 0) ratio = c.in(1).get_f64(0);
   bool training = c.training;
   if (c.has_input(2) && c.in(2).numel() > 0) training = c.in(2).get_i64(0) != 0;
-  if (!(ratio >= 0.0 && ratio <= 1.0)) return c.fail("ratio " + std::to_string(ratio) + " is outside [0, 1]");  // NaN too
+  if (!(ratio >= 0.0 && ratio <= 1.0))
+    return c.fail("ratio " + std::to_string(ratio) + " is outside [0, 1]");  // NaN too
   const int64_t n = x.numel();
   if (!training || ratio == 0.0) {
     KILN_RETURN_IF_ERROR(copy_kernel(c));
@@ -710,8 +723,10 @@ void register_elementwise_kernels(ir::OpTable& t) {
         } else {
           r = std::fmod(x, y);
           if (!trunc) {  // Mod-28: the sign of b, a zero takes b's sign
-            if (r != 0 && ((r < 0) != (y < 0))) r += y;
-            else if (r == 0) r = std::copysign(C(0), y);
+            if (r != 0 && ((r < 0) != (y < 0)))
+              r += y;
+            else if (r == 0)
+              r = std::copysign(C(0), y);
           }
         }
         return store<T>(r);

@@ -23,10 +23,18 @@ namespace {
 template <typename F>
 void with_word(size_t esize, F&& f) {
   switch (esize) {
-    case 1: f(uint8_t{}); break;
-    case 2: f(uint16_t{}); break;
-    case 4: f(uint32_t{}); break;
-    default: f(uint64_t{}); break;
+    case 1:
+      f(uint8_t{});
+      break;
+    case 2:
+      f(uint16_t{});
+      break;
+    case 4:
+      f(uint32_t{});
+      break;
+    default:
+      f(uint64_t{});
+      break;
   }
 }
 
@@ -71,8 +79,10 @@ void combine(T& dst, const T& u, const std::string& red) {
     return;
   }
   C a = load(dst), b = load(u);
-  C r = red == "add" ? static_cast<C>(a + b) : red == "mul" ? static_cast<C>(a * b) : red == "max" ? std::max(a, b)
-                                                                                                    : std::min(a, b);
+  C r = red == "add"   ? static_cast<C>(a + b)
+        : red == "mul" ? static_cast<C>(a * b)
+        : red == "max" ? std::max(a, b)
+                       : std::min(a, b);
   dst = store<T>(r);
 }
 

@@ -22,14 +22,20 @@ using ir::Tensor;
 
 namespace {
 
-template <typename T> inline double ld(const T* p, int64_t i) { return static_cast<double>(load(p[i])); }
-template <typename T> inline void st(T* p, int64_t i, double v) { p[i] = store<T>(static_cast<compute_t<T>>(v)); }
+template <typename T>
+inline double ld(const T* p, int64_t i) {
+  return static_cast<double>(load(p[i]));
+}
+template <typename T>
+inline void st(T* p, int64_t i, double v) {
+  p[i] = store<T>(static_cast<compute_t<T>>(v));
+}
 
 /// Labels, weights and reduction of a loss node, with inputs starting at `o`.
 struct LossSetup {
   int64_t N = 0, C = 0, D = 1;
-  std::vector<int64_t> labels;    // (N * D)
-  std::vector<double> pos_w;      // (N * D): w[label], 0 for ignored
+  std::vector<int64_t> labels;  // (N * D)
+  std::vector<double> pos_w;    // (N * D): w[label], 0 for ignored
   double wsum = 0;
   std::string reduction;
 };
@@ -37,7 +43,8 @@ struct LossSetup {
 /// Labels (any shape) against [0, C), ignore_index (attribute) exempt: the error names the
 /// first bad label and its flat position, and its index in `fed_dims` when given (the
 /// labels' dims before a flattening Reshape, CheckLabels' label_dims).
-Status check_label_range(const KernelContext& ctx, const Tensor& L, int64_t C, const std::vector<int64_t>& fed_dims = {}) {
+Status check_label_range(const KernelContext& ctx, const Tensor& L, int64_t C,
+                         const std::vector<int64_t>& fed_dims = {}) {
   const bool has_ignore = ctx.attrs().has("ignore_index");
   const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);
   for (int64_t i = 0; i < L.numel(); ++i) {
@@ -126,15 +133,15 @@ Status sce_kernel(KernelContext& ctx) {
     T* lpo = logp_out ? logp_out->data<T>() : nullptr;
 #pragma omp parallel if (X.numel() > kParallelThreshold)
     {
-    std::vector<double> row(static_cast<size_t>(s->C));  // one buffer per thread
+      std::vector<double> row(static_cast<size_t>(s->C));  // one buffer per thread
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < s->N * s->D; ++i) {
-      const int64_t n = i / s->D, d = i % s->D;
-      log_softmax_at(x, *s, n, d, row.data());
-      if (lpo)
-        for (int64_t c = 0; c < s->C; ++c) st(lpo, n * s->C * s->D + c * s->D + d, row[c]);
-      lp[i] = s->pos_w[i] == 0.0 ? 0.0 : -row[s->labels[i]] * s->pos_w[i];
-    }
+      for (int64_t i = 0; i < s->N * s->D; ++i) {
+        const int64_t n = i / s->D, d = i % s->D;
+        log_softmax_at(x, *s, n, d, row.data());
+        if (lpo)
+          for (int64_t c = 0; c < s->C; ++c) st(lpo, n * s->C * s->D + c * s->D + d, row[c]);
+        lp[i] = s->pos_w[i] == 0.0 ? 0.0 : -row[s->labels[i]] * s->pos_w[i];
+      }
     }
   });
   KILN_RETURN_IF_ERROR(st_);
@@ -175,28 +182,28 @@ Status sce_grad_kernel(KernelContext& ctx) {
     T* dx = ctx.out(0).data<T>();
 #pragma omp parallel if (X.numel() > kParallelThreshold)
     {
-    std::vector<double> e(static_cast<size_t>(s->C));  // exp(x - max) of one row, per thread
+      std::vector<double> e(static_cast<size_t>(s->C));  // exp(x - max) of one row, per thread
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < s->N * s->D; ++i) {
-      const int64_t n = i / s->D, d = i % s->D;
-      const int64_t base = n * s->C * s->D + d;
-      const double coef = grad_coef(*s, dL, i);
-      if (coef == 0.0) {
-        for (int64_t c = 0; c < s->C; ++c) st(dx, base + c * s->D, 0.0);
-        continue;
+      for (int64_t i = 0; i < s->N * s->D; ++i) {
+        const int64_t n = i / s->D, d = i % s->D;
+        const int64_t base = n * s->C * s->D + d;
+        const double coef = grad_coef(*s, dL, i);
+        if (coef == 0.0) {
+          for (int64_t c = 0; c < s->C; ++c) st(dx, base + c * s->D, 0.0);
+          continue;
+        }
+        // softmax = exp(x - max) / sum, each exponential computed once.
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t c = 0; c < s->C; ++c) m = std::max(m, ld(x, base + c * s->D));
+        double sum = 0;
+        for (int64_t c = 0; c < s->C; ++c) {
+          e[static_cast<size_t>(c)] = std::exp(ld(x, base + c * s->D) - m);
+          sum += e[static_cast<size_t>(c)];
+        }
+        const double scale = coef / sum;
+        for (int64_t c = 0; c < s->C; ++c)
+          st(dx, base + c * s->D, scale * e[static_cast<size_t>(c)] - (c == s->labels[i] ? coef : 0.0));
       }
-      // softmax = exp(x - max) / sum, each exponential computed once.
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t c = 0; c < s->C; ++c) m = std::max(m, ld(x, base + c * s->D));
-      double sum = 0;
-      for (int64_t c = 0; c < s->C; ++c) {
-        e[static_cast<size_t>(c)] = std::exp(ld(x, base + c * s->D) - m);
-        sum += e[static_cast<size_t>(c)];
-      }
-      const double scale = coef / sum;
-      for (int64_t c = 0; c < s->C; ++c)
-        st(dx, base + c * s->D, scale * e[static_cast<size_t>(c)] - (c == s->labels[i] ? coef : 0.0));
-    }
     }
   });
 }
@@ -217,8 +224,8 @@ Status nll_grad_kernel(KernelContext& ctx) {
 }
 
 Status check_labels_kernel(KernelContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_label_range(ctx, ctx.in(0), ctx.attrs().get_int("num_classes", 0),
-                                         ctx.attrs().get_ints("label_dims")));
+  KILN_RETURN_IF_ERROR(
+      check_label_range(ctx, ctx.in(0), ctx.attrs().get_int("num_classes", 0), ctx.attrs().get_ints("label_dims")));
   std::memcpy(ctx.out(0).raw(), ctx.in(0).raw(), ctx.in(0).nbytes());
   return Status::ok();
 }
@@ -231,8 +238,10 @@ Status sce_rows_kernel(KernelContext& ctx) {
   LossSetup geo;  // the (N, C) geometry log_softmax_at reads (input 2 is no weight tensor)
   geo.N = X.dim(0);
   geo.C = X.dim(1);
-  if (ctx.in(1).numel() != geo.N) return ctx.fail("labels " + ir::dims_to_string(ctx.in(1).dims()) + " do not match scores");
-  if (ctx.in(2).numel() != geo.C) return ctx.fail("classes " + ir::dims_to_string(ctx.in(2).dims()) + " do not match scores");
+  if (ctx.in(1).numel() != geo.N)
+    return ctx.fail("labels " + ir::dims_to_string(ctx.in(1).dims()) + " do not match scores");
+  if (ctx.in(2).numel() != geo.C)
+    return ctx.fail("classes " + ir::dims_to_string(ctx.in(2).dims()) + " do not match scores");
   KILN_RETURN_IF_ERROR(check_label_range(ctx, ctx.in(1), geo.C));
   const bool has_ignore = ctx.attrs().has("ignore_index");
   const int64_t ignore = ctx.attrs().get_int("ignore_index", 0);

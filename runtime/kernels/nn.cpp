@@ -6,13 +6,14 @@
 // the outer dimension, computing in f32 for f32/bf16/f16 (bf16 rounded to nearest
 // even on store) and in f64 for f64. N-D windowed ops run as 3-D by padding the
 // spatial dims with extent-1 dims in front.
+#include "ir/ops/nn.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 
-#include "ir/ops/nn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/onednn.h"
 #include "runtime/kernels/util.h"
@@ -27,8 +28,14 @@ namespace {
 
 bool use_onednn(DType t) { return t == DType::f32 || t == DType::bf16; }
 
-template <typename T> inline double ld(const T* p, int64_t i) { return static_cast<double>(load(p[i])); }
-template <typename T> inline void st(T* p, int64_t i, double v) { p[i] = store<T>(static_cast<compute_t<T>>(v)); }
+template <typename T>
+inline double ld(const T* p, int64_t i) {
+  return static_cast<double>(load(p[i]));
+}
+template <typename T>
+inline void st(T* p, int64_t i, double v) {
+  p[i] = store<T>(static_cast<compute_t<T>>(v));
+}
 
 // ---------------------------------------------------------------------------
 // MatMul / Gemm
@@ -146,8 +153,9 @@ Status matmul_kernel(KernelContext& ctx) {
   const std::vector<int64_t> as = strided ? padded_strides(va, true, s.cd.size()) : ir::strides_of(s.ad);
   const std::vector<int64_t> bs = strided ? padded_strides(vb, false, s.cd.size()) : ir::strides_of(s.bd);
   if (use_onednn(A.dtype())) {
-    Status st = onednn::matmul({A.raw(), s.ad, strided ? as : std::vector<int64_t>{}},
-                               {B.raw(), s.bd, strided ? bs : std::vector<int64_t>{}}, Y.raw(), s.cd, A.dtype(), Y.dtype());
+    Status st =
+        onednn::matmul({A.raw(), s.ad, strided ? as : std::vector<int64_t>{}},
+                       {B.raw(), s.bd, strided ? bs : std::vector<int64_t>{}}, Y.raw(), s.cd, A.dtype(), Y.dtype());
     return st.with_context("node '" + ctx.node.name + "' (MatMul)");
   }
   return dispatch_float(ctx, A.dtype(), [&](auto tag) {
@@ -200,7 +208,8 @@ Status gemm_kernel(KernelContext& ctx) {
   }
   if (use_onednn(A.dtype()) && K > 0) {
     std::vector<float> prod(static_cast<size_t>(M * N));
-    Status stt = onednn::matmul({A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, prod.data(), {M, N}, A.dtype(), DType::f32);
+    Status stt =
+        onednn::matmul({A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, prod.data(), {M, N}, A.dtype(), DType::f32);
     if (!stt) return stt.with_context("node '" + ctx.node.name + "' (Gemm)");
     return dispatch_float(ctx, A.dtype(), [&](auto tag) { finish(tag, prod.data()); });
   }
@@ -225,7 +234,8 @@ struct Win3 {
   int64_t in[3], out[3], k[3], s[3], d[3], pb[3], pe[3];
 };
 
-Win3 to_win3(const ir::WindowGeometry& g, const std::vector<int64_t>& in_spatial, const std::vector<int64_t>& out_spatial) {
+Win3 to_win3(const ir::WindowGeometry& g, const std::vector<int64_t>& in_spatial,
+             const std::vector<int64_t>& out_spatial) {
   Win3 w;
   int n = static_cast<int>(in_spatial.size()), off = 3 - n;
   for (int i = 0; i < 3; ++i) {
@@ -263,8 +273,8 @@ struct ConvProblem {
   onednn::ConvGeometry geo;
 };
 
-Expected<ConvProblem> conv_problem(const KernelContext& ctx, const std::vector<int64_t>& x, const std::vector<int64_t>& w,
-                                   const std::vector<int64_t>& y) {
+Expected<ConvProblem> conv_problem(const KernelContext& ctx, const std::vector<int64_t>& x,
+                                   const std::vector<int64_t>& w, const std::vector<int64_t>& y) {
   ConvProblem p;
   p.N = x[0];
   p.C = x[1];
@@ -446,8 +456,8 @@ struct PoolProblem {
   Win3 w;
 };
 
-Expected<PoolProblem> pool_problem(const KernelContext& ctx, const std::vector<int64_t>& x, const std::vector<int64_t>& y,
-                                   const std::vector<int64_t>& kernel) {
+Expected<PoolProblem> pool_problem(const KernelContext& ctx, const std::vector<int64_t>& x,
+                                   const std::vector<int64_t>& y, const std::vector<int64_t>& kernel) {
   auto g = geometry(ctx, x, kernel);
   if (!g) return g.status();
   if (g->out_static() != spatial(y)) return ctx.fail("output extents do not match the window geometry");
@@ -488,7 +498,8 @@ inline double avg_divisor(const Win3& q, bool include_pad, int64_t o0, int64_t o
   int64_t o[3] = {o0, o1, o2};
   double d = 1;
   for (int i = 0; i < 3; ++i)
-    d *= static_cast<double>(include_pad ? taps_in(q, i, o[i], -q.pb[i], q.in[i] + q.pe[i]) : taps_in(q, i, o[i], 0, q.in[i]));
+    d *= static_cast<double>(include_pad ? taps_in(q, i, o[i], -q.pb[i], q.in[i] + q.pe[i])
+                                         : taps_in(q, i, o[i], 0, q.in[i]));
   return d;
 }
 
@@ -530,8 +541,8 @@ struct TapRanges {
 /// window_argmax for f32 over precomputed tap ranges (no per-tap bounds checks, divisions
 /// or double conversions); the same taps in the same order, so the same first maximum
 /// (and the first NaN wins, as there).
-inline int64_t window_argmax_f32(const Win3& q, const TapRanges& t, const float* xs, int64_t o0, int64_t o1,
-                                 int64_t o2, float& best) {
+inline int64_t window_argmax_f32(const Win3& q, const TapRanges& t, const float* xs, int64_t o0, int64_t o1, int64_t o2,
+                                 float& best) {
   const int64_t lo[3] = {t.r[0][2 * o0], t.r[1][2 * o1], t.r[2][2 * o2]};
   const int64_t hi[3] = {t.r[0][2 * o0 + 1], t.r[1][2 * o1 + 1], t.r[2][2 * o2 + 1]};
   int64_t arg = -1;
@@ -781,11 +792,16 @@ Status bn_kernel(KernelContext& ctx) {
     if (!t.defined() || t.numel() != C) continue;
     for (int64_t c = 0; c < C; ++c) {
       double v;
-      if (!training) v = o == 1 || o == 3 ? in_mean[c] : in_var[c];
-      else if (o == 1) v = in_mean[c] * mom + mean[c] * (1 - mom);
-      else if (o == 2) v = in_var[c] * mom + (cnt > 1 ? var[c] * cnt / (cnt - 1) : var[c]) * (1 - mom);  // unbiased, as PyTorch
-      else if (o == 3) v = mean[c];
-      else v = var[c];  // saved_var (BatchNormalization-9): biased batch variance
+      if (!training)
+        v = o == 1 || o == 3 ? in_mean[c] : in_var[c];
+      else if (o == 1)
+        v = in_mean[c] * mom + mean[c] * (1 - mom);
+      else if (o == 2)
+        v = in_var[c] * mom + (cnt > 1 ? var[c] * cnt / (cnt - 1) : var[c]) * (1 - mom);  // unbiased, as PyTorch
+      else if (o == 3)
+        v = mean[c];
+      else
+        v = var[c];  // saved_var (BatchNormalization-9): biased batch variance
       t.set_f64(c, v);
     }
   }
@@ -1025,9 +1041,12 @@ Expected<AxisView> axis_view(const KernelContext& ctx, const std::vector<int64_t
   if (!ax) return ctx.fail(ax.message());
   AxisView v;
   for (int i = 0; i < static_cast<int>(dims.size()); ++i) {
-    if (i < *ax) v.outer *= dims[i];
-    else if (i == *ax) v.A = dims[i];
-    else v.inner *= dims[i];
+    if (i < *ax)
+      v.outer *= dims[i];
+    else if (i == *ax)
+      v.A = dims[i];
+    else
+      v.inner *= dims[i];
   }
   return v;
 }

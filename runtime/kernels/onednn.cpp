@@ -136,8 +136,8 @@ int64_t numel(const std::vector<int64_t>& d) {
 }
 
 std::string conv_key(const char* kind, const ConvGeometry& g, Dt dt, bool bias) {
-  std::string key = std::string(kind) + std::to_string(static_cast<int>(dt)) + (bias ? "b" : "") + 'g' +
-                    std::to_string(g.group);
+  std::string key =
+      std::string(kind) + std::to_string(static_cast<int>(dt)) + (bias ? "b" : "") + 'g' + std::to_string(g.group);
   key_add(key, g.x_dims);
   key_add(key, g.w_dims);
   key_add(key, g.y_dims);
@@ -175,8 +175,9 @@ ConvMds conv_mds(const ConvGeometry& g, Dt dt) {
 
 dnnl::convolution_forward::primitive_desc fwd_pd(const ConvMds& m, bool bias, dnnl::prop_kind pk) {
   using CF = dnnl::convolution_forward;
-  auto d = bias ? CF::desc(pk, dnnl::algorithm::convolution_direct, m.x, m.w, m.b, m.y, m.strides, m.dilates, m.pl, m.pr)
-                : CF::desc(pk, dnnl::algorithm::convolution_direct, m.x, m.w, m.y, m.strides, m.dilates, m.pl, m.pr);
+  auto d = bias
+               ? CF::desc(pk, dnnl::algorithm::convolution_direct, m.x, m.w, m.b, m.y, m.strides, m.dilates, m.pl, m.pr)
+               : CF::desc(pk, dnnl::algorithm::convolution_direct, m.x, m.w, m.y, m.strides, m.dilates, m.pl, m.pr);
   return CF::primitive_desc(d, engine());
 }
 
@@ -277,7 +278,9 @@ Status conv_forward(const ConvGeometry& g, const void* x, const void* w, const v
     return dnnl::primitive(dnnl::convolution_forward(fwd_pd(m, b != nullptr, dnnl::prop_kind::forward_inference)));
   });
   if (prim->ok) {
-    if (b) return run(*prim, {{DNNL_ARG_SRC, m.x, x}, {DNNL_ARG_WEIGHTS, m.w, w}, {DNNL_ARG_BIAS, m.b, b}, {DNNL_ARG_DST, m.y, y}});
+    if (b)
+      return run(*prim,
+                 {{DNNL_ARG_SRC, m.x, x}, {DNNL_ARG_WEIGHTS, m.w, w}, {DNNL_ARG_BIAS, m.b, b}, {DNNL_ARG_DST, m.y, y}});
     return run(*prim, {{DNNL_ARG_SRC, m.x, x}, {DNNL_ARG_WEIGHTS, m.w, w}, {DNNL_ARG_DST, m.y, y}});
   }
   if (dt != ir::DType::bf16) return unimplemented("convolution", *prim);

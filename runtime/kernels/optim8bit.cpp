@@ -64,7 +64,8 @@ Status check_qmap(KernelContext& c, const Tensor& q, const char* what) {
   if (q.numel() != ir::kQuantMapSize) return c.fail(std::string(what) + " must have 256 entries");
   const float* m = q.data<float>();
   for (int i = 1; i < ir::kQuantMapSize; ++i)
-    if (!(m[i - 1] <= m[i])) return c.fail(std::string(what) + " is not sorted ascending (entry " + std::to_string(i) + ")");
+    if (!(m[i - 1] <= m[i]))
+      return c.fail(std::string(what) + " is not sorted ascending (entry " + std::to_string(i) + ")");
   return Status::ok();
 }
 
@@ -85,8 +86,10 @@ class CodeFinder {
       uint32_t lo = key_of(-INFINITY), hi = key_of(INFINITY);  // code(hi) = 255 >= j
       while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (ir::nearest_code(qmap, float_of(mid)) >= j) hi = mid;
-        else lo = mid + 1;
+        if (ir::nearest_code(qmap, float_of(mid)) >= j)
+          hi = mid;
+        else
+          lo = mid + 1;
       }
       t_[j] = float_of(lo);
     }
@@ -166,8 +169,9 @@ class CodeFinder {
     const __m512i bits = _mm512_castps_si512(x);
     const __m512i key =
         _mm512_xor_si512(bits, _mm512_or_si512(_mm512_srai_epi32(bits, 31), _mm512_set1_epi32(INT32_MIN)));
-    const __m512i e = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), opaque_all_lanes(),
-                                                  _mm512_srli_epi32(key, 32 - kBits), packed_.data(), 4);  // see lookup16
+    const __m512i e =
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), opaque_all_lanes(), _mm512_srli_epi32(key, 32 - kBits),
+                                    packed_.data(), 4);  // see lookup16
     return _mm512_srli_epi32(_mm512_add_epi32(e, key), 16);
   }
   /// codes16 for x >= +0 (sign bit clear, not NaN), in the low byte of each lane only:
@@ -176,8 +180,9 @@ class CodeFinder {
   /// bit 15, above the code's byte (three integer operations fewer than codes16).
   KILN_AVX512 __m512i codes16_nonneg(__m512 x) const {
     const __m512i bits = _mm512_castps_si512(x);
-    const __m512i e = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), opaque_all_lanes(),
-                                                  _mm512_srli_epi32(bits, 32 - kBits), packed_.data() + kBuckets / 2, 4);
+    const __m512i e =
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), opaque_all_lanes(), _mm512_srli_epi32(bits, 32 - kBits),
+                                    packed_.data() + kBuckets / 2, 4);
     return _mm512_srli_epi32(_mm512_add_epi32(e, bits), 16);
   }
 #endif
@@ -213,7 +218,7 @@ class CodeFinder {
   }
   std::vector<float> map_;
   float t_[ir::kQuantMapSize + 1] = {};  // t_[j]: smallest float of code >= j (t_[0] unused)
-  uint8_t start_[kBuckets + 3] = {};  // + 3: the last bucket's 4-byte gather stays inside
+  uint8_t start_[kBuckets + 3] = {};     // + 3: the last bucket's 4-byte gather stays inside
   int max_steps_ = 0;
   bool recip_ok_ = true;
   /// Per bucket b, when max_steps_ <= 1: (start code << 16) + (0x10000 - the low 16 key
@@ -314,8 +319,8 @@ __attribute__((target("avx2,fma"))) inline float hmax8(__m256 v) {
 /// `any_nan` may come from the loop that produced x; a block that is not all finite with
 /// a positive absmax goes through quantize_block itself (its exact NaN and zero rules).
 __attribute__((target("avx2,fma"))) float quantize_block_avx2(const float* x, int64_t n, float mx, bool any_nan,
-                                                             const CodeFinder& code, uint8_t zero_code,
-                                                             uint8_t* codes) {
+                                                              const CodeFinder& code, uint8_t zero_code,
+                                                              uint8_t* codes) {
   if (any_nan || !(mx > 0.f && std::isfinite(mx))) return quantize_block(x, n, code, zero_code, codes);
   const __m256 d = _mm256_set1_ps(mx);
   int64_t i = 0;
@@ -350,7 +355,8 @@ Status dequantize_kernel(KernelContext& c) {
   KILN_RETURN_IF_ERROR(check_qmap(c, c.in(2), "qmap"));
   const float* qmap = c.in(2).data<float>();
   const int64_t n = codes.numel(), bs = blocksize(c), nb = ir::num_blocks_8bit(n, bs);
-  if (c.in(1).numel() != nb) return c.fail("absmax has " + std::to_string(c.in(1).numel()) + " entries, expected " + std::to_string(nb));
+  if (c.in(1).numel() != nb)
+    return c.fail("absmax has " + std::to_string(c.in(1).numel()) + " entries, expected " + std::to_string(nb));
   const uint8_t* q = codes.data<uint8_t>();
   const float* absmax = c.in(1).data<float>();
   float* y = c.out(0).data<float>();
@@ -424,9 +430,10 @@ inline void adam8bit_tail(const AdamConsts& k, const AdamBuffers& t, int64_t b, 
 /// the reciprocal of sqrt_bc2 when that lies in [2^-60, 1] (sqrt(v') is 0 or >= 2^-75,
 /// so the quotient is 0 or >= 2^-75; an infinite or NaN lane keeps the plain product,
 /// which is then the quotient's inf or NaN).
-__attribute__((target("avx2,fma"))) void adam8bit_block_avx2(const AdamConsts& k, const AdamBuffers& t, int64_t b, int64_t lo,
-                                                        int64_t len, const CodeFinder& fs, const CodeFinder& fu,
-                                                        uint8_t zs, uint8_t zu, float* m, float* v) {
+__attribute__((target("avx2,fma"))) void adam8bit_block_avx2(const AdamConsts& k, const AdamBuffers& t, int64_t b,
+                                                             int64_t lo, int64_t len, const CodeFinder& fs,
+                                                             const CodeFinder& fu, uint8_t zs, uint8_t zu, float* m,
+                                                             float* v) {
   const float am = t.a1[b], av = t.a2[b];
   const __m256 am8 = _mm256_set1_ps(am), av8 = _mm256_set1_ps(av);
   const __m256 b1 = _mm256_set1_ps(k.b1), omb1 = _mm256_set1_ps(k.omb1), b2 = _mm256_set1_ps(k.b2),
@@ -529,7 +536,8 @@ KILN_AVX512 float quantize_block_avx512(const float* x, int64_t n, float mx, boo
 /// write a zero (or copy one) to the destination first, which breaks the dependency.
 KILN_AVX512 inline __m512 lookup16(const float* map, const uint8_t* code) {
   return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), opaque_all_lanes(),
-                                  _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code))), map, 4);
+                                  _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code))), map,
+                                  4);
 }
 
 /// out[i] = div_rn16(a[i], b, RN(1 / b)) for n elements (n a multiple of 16); test hook.
@@ -658,8 +666,7 @@ Expected<ir::KernelPieces> adamw8bit_pieces(KernelContext& c) {
   KILN_RETURN_IF_ERROR(check_qmap(c, c.in(6), "qmap_signed"));
   KILN_RETURN_IF_ERROR(check_qmap(c, c.in(7), "qmap_unsigned"));
   const int64_t n = p.numel(), bs = blocksize(c), nb = ir::num_blocks_8bit(n, bs);
-  if (g.numel() != n || c.in(2).numel() != n || c.in(4).numel() != n || c.in(3).numel() != nb ||
-      c.in(5).numel() != nb)
+  if (g.numel() != n || c.in(2).numel() != n || c.in(4).numel() != n || c.in(3).numel() != nb || c.in(5).numel() != nb)
     return c.fail("state sizes do not match the parameter's " + std::to_string(n) + " elements");
   AdamConsts k{};
   const float lr = c.in(8).data<float>()[0];
@@ -680,10 +687,18 @@ Expected<ir::KernelPieces> adamw8bit_pieces(KernelContext& c) {
   const uint8_t zero_s = ir::nearest_code(qs, 0.f), zero_u = ir::nearest_code(qu, 0.f);
   const CodeFinder* find_s = &CodeFinder::get(qs);
   const CodeFinder* find_u = &CodeFinder::get(qu);
-  const AdamBuffers t{p.data<float>(),          g.data<float>(),          c.in(3).data<float>(),
-                      c.in(5).data<float>(),    qs,                       qu,
-                      c.in(2).data<uint8_t>(),  c.in(4).data<uint8_t>(),  c.out(0).data<float>(),
-                      c.out(2).data<float>(),   c.out(4).data<float>(),   c.out(1).data<uint8_t>(),
+  const AdamBuffers t{p.data<float>(),
+                      g.data<float>(),
+                      c.in(3).data<float>(),
+                      c.in(5).data<float>(),
+                      qs,
+                      qu,
+                      c.in(2).data<uint8_t>(),
+                      c.in(4).data<uint8_t>(),
+                      c.out(0).data<float>(),
+                      c.out(2).data<float>(),
+                      c.out(4).data<float>(),
+                      c.out(1).data<uint8_t>(),
                       c.out(3).data<uint8_t>()};
   const int isa = isa_level();
   ir::KernelPieces pieces;

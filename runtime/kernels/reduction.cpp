@@ -105,9 +105,7 @@ Status reduce_kernel(KernelContext& ctx) {
       seen_kept = seen_kept || !red;
     }
     leading = leading && seen_kept;
-    const int64_t parts = K != RKind::max && is_float_v<T> && leading
-                              ? ir::column_sum_partitions(nred, nout)
-                              : 0;
+    const int64_t parts = K != RKind::max && is_float_v<T> && leading ? ir::column_sum_partitions(nred, nout) : 0;
     if (parts > 0) {
 #pragma omp parallel for schedule(static) if (X.numel() > kParallelThreshold && nout > 1)
       for (int64_t o = 0; o < nout; ++o) {
@@ -139,8 +137,10 @@ Status reduce_kernel(KernelContext& ctx) {
         Acc v = static_cast<Acc>(load(x[off]));
         if constexpr (K == RKind::max) {
           if constexpr (is_float_v<T>) {
-            if (std::isnan(v) || std::isnan(acc)) acc = std::numeric_limits<double>::quiet_NaN();
-            else if (v > acc) acc = v;
+            if (std::isnan(v) || std::isnan(acc))
+              acc = std::numeric_limits<double>::quiet_NaN();
+            else if (v > acc)
+              acc = v;
           } else {
             if (v > acc) acc = v;
           }
@@ -155,8 +155,10 @@ Status reduce_kernel(KernelContext& ctx) {
         }
       }
       if constexpr (K == RKind::mean) {
-        if constexpr (is_float_v<T>) acc = nred ? acc / static_cast<double>(nred) : std::numeric_limits<double>::quiet_NaN();
-        else acc = nred ? acc / nred : 0;
+        if constexpr (is_float_v<T>)
+          acc = nred ? acc / static_cast<double>(nred) : std::numeric_limits<double>::quiet_NaN();
+        else
+          acc = nred ? acc / nred : 0;
       }
       y[o] = store<T>(static_cast<compute_t<T>>(acc));
     }
@@ -171,8 +173,10 @@ Status argmax_kernel(KernelContext& ctx) {
   const bool last = ctx.attrs().get_int("select_last_index", 0) != 0;
   int64_t outer = 1, A = X.rank() ? X.dim(*ax) : 1, inner = 1;
   for (int i = 0; i < X.rank(); ++i) {
-    if (i < *ax) outer *= X.dim(i);
-    else if (i > *ax) inner *= X.dim(i);
+    if (i < *ax)
+      outer *= X.dim(i);
+    else if (i > *ax)
+      inner *= X.dim(i);
   }
   if (A == 0 && outer * inner > 0) return ctx.fail("ArgMax over an empty axis");
   return dispatch_numeric(ctx, X.dtype(), [&](auto tag) {

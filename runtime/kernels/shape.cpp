@@ -21,10 +21,18 @@ namespace {
 template <typename F>
 void with_word(size_t esize, F&& f) {
   switch (esize) {
-    case 1: f(uint8_t{}); break;
-    case 2: f(uint16_t{}); break;
-    case 4: f(uint32_t{}); break;
-    default: f(uint64_t{}); break;
+    case 1:
+      f(uint8_t{});
+      break;
+    case 2:
+      f(uint16_t{});
+      break;
+    case 4:
+      f(uint32_t{});
+      break;
+    default:
+      f(uint64_t{});
+      break;
   }
 }
 
@@ -138,7 +146,8 @@ Status slice_kernel(KernelContext& c) {
   int64_t offset;
   std::vector<int64_t> strides, od;
   KILN_RETURN_IF_ERROR(slice_view(c, x.dims(), starts, ends, axes, steps, offset, strides, od));
-  if (od != y.dims()) return c.fail("slice shape " + ir::dims_to_string(od) + " differs from inferred " + ir::dims_to_string(y.dims()));
+  if (od != y.dims())
+    return c.fail("slice shape " + ir::dims_to_string(od) + " differs from inferred " + ir::dims_to_string(y.dims()));
   strided_copy(y.raw(), x.raw(), ir::dtype_size(x.dtype()), od, strides, offset);
   return Status::ok();
 }
@@ -150,7 +159,8 @@ Status slice_grad_kernel(KernelContext& c) {
   std::vector<int64_t> strides, od;
   KILN_RETURN_IF_ERROR(
       slice_view(c, out.dims(), ints_of(c, 2), ints_of(c, 3), ints_of(c, 4), ints_of(c, 5), offset, strides, od));
-  if (od != dy.dims()) return c.fail("dy shape " + ir::dims_to_string(dy.dims()) + " differs from the slice " + ir::dims_to_string(od));
+  if (od != dy.dims())
+    return c.fail("dy shape " + ir::dims_to_string(dy.dims()) + " differs from the slice " + ir::dims_to_string(od));
   with_word(ir::dtype_size(dy.dtype()), [&](auto w) {
     using W = decltype(w);
     const W* pd = dy.data<W>();
@@ -190,8 +200,7 @@ Status gather_kernel(KernelContext& c) {
   const size_t row = static_cast<size_t>(inner) * es;
 #pragma omp parallel for schedule(static) if (outer * ni * inner >= kParallelThreshold)
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < ni; ++j)
-      std::memcpy(py + (o * ni + j) * row, px + (o * n + ids[j]) * row, row);
+    for (int64_t j = 0; j < ni; ++j) std::memcpy(py + (o * ni + j) * row, px + (o * n + ids[j]) * row, row);
   return Status::ok();
 }
 
@@ -356,12 +365,16 @@ Status pad_kernel(KernelContext& c) {
     for (int64_t o = 0; o < out_d; ++o) {
       int64_t s = o - begin[d];
       if (s < 0 || s >= in_d) {
-        if (mode == "constant" || in_d == 0) s = -1;
-        else if (mode == "edge") s = std::clamp<int64_t>(s, 0, in_d - 1);
-        else if (mode == "wrap") s = ((s % in_d) + in_d) % in_d;
+        if (mode == "constant" || in_d == 0)
+          s = -1;
+        else if (mode == "edge")
+          s = std::clamp<int64_t>(s, 0, in_d - 1);
+        else if (mode == "wrap")
+          s = ((s % in_d) + in_d) % in_d;
         else {  // reflect (mirror without repeating the edge)
           int64_t period = 2 * (in_d - 1);
-          if (period == 0) s = 0;
+          if (period == 0)
+            s = 0;
           else {
             s = ((s % period) + period) % period;
             if (s >= in_d) s = period - s;
@@ -399,8 +412,10 @@ Status pad_kernel(KernelContext& c) {
         int64_t co = rem % y.dims()[d];
         rem /= y.dims()[d];
         int64_t s = map[d][co];
-        if (s < 0) outside = true;
-        else base += s * xs[d];
+        if (s < 0)
+          outside = true;
+        else
+          base += s * xs[d];
       }
       W* dst = py + row * inner;
       for (int64_t j = 0; j < inner; ++j) {

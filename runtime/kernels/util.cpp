@@ -16,7 +16,8 @@ template <typename W>
 static void strided_copy_typed(W* dst, const W* src, const std::vector<int64_t>& out_dims,
                                const std::vector<int64_t>& src_strides, int64_t src_offset) {
   const W* s = src + src_offset;
-  for_each_strided<1>(out_dims, {src_strides}, [&](int64_t o, const std::array<int64_t, 1>& off) { dst[o] = s[off[0]]; });
+  for_each_strided<1>(out_dims, {src_strides},
+                      [&](int64_t o, const std::array<int64_t, 1>& off) { dst[o] = s[off[0]]; });
 }
 
 void strided_copy(void* dst, const void* src, size_t esize, const std::vector<int64_t>& out_dims,

@@ -39,35 +39,58 @@ struct bool_t {
 
 /// Arithmetic type a storage type is computed in: float for f32/bf16/f16,
 /// double for f64, the integer itself for integers, bool for bool.
-template <typename T> struct compute_of { using type = T; };
-template <> struct compute_of<bf16_t> { using type = float; };
-template <> struct compute_of<f16_t> { using type = float; };
-template <> struct compute_of<bool_t> { using type = bool; };
-template <typename T> using compute_t = typename compute_of<T>::type;
+template <typename T>
+struct compute_of {
+  using type = T;
+};
+template <>
+struct compute_of<bf16_t> {
+  using type = float;
+};
+template <>
+struct compute_of<f16_t> {
+  using type = float;
+};
+template <>
+struct compute_of<bool_t> {
+  using type = bool;
+};
+template <typename T>
+using compute_t = typename compute_of<T>::type;
 
 /// True for the floating storage types (float, double, bf16_t, f16_t).
 template <typename T>
-inline constexpr bool is_float_v =
-    std::is_floating_point_v<T> || std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>;
+inline constexpr bool is_float_v = std::is_floating_point_v<T> || std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>;
 
 /// Reads one stored element as its compute type.
-template <typename T> inline compute_t<T> load(const T& v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return ir::bf16_to_f32(v.bits);
-  else if constexpr (std::is_same_v<T, f16_t>) return ir::f16_to_f32(v.bits);
-  else if constexpr (std::is_same_v<T, bool_t>) return v.v != 0;
-  else return v;
+template <typename T>
+inline compute_t<T> load(const T& v) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return ir::bf16_to_f32(v.bits);
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return ir::f16_to_f32(v.bits);
+  else if constexpr (std::is_same_v<T, bool_t>)
+    return v.v != 0;
+  else
+    return v;
 }
 /// Converts a compute value to the storage type (bf16: round to nearest even).
-template <typename T> inline T store(compute_t<T> v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return bf16_t{ir::f32_to_bf16(v)};
-  else if constexpr (std::is_same_v<T, f16_t>) return f16_t{ir::f32_to_f16(v)};
-  else if constexpr (std::is_same_v<T, bool_t>) return bool_t{static_cast<uint8_t>(v ? 1 : 0)};
-  else return v;
+template <typename T>
+inline T store(compute_t<T> v) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return bf16_t{ir::f32_to_bf16(v)};
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return f16_t{ir::f32_to_f16(v)};
+  else if constexpr (std::is_same_v<T, bool_t>)
+    return bool_t{static_cast<uint8_t>(v ? 1 : 0)};
+  else
+    return v;
 }
 
 /// Converts any arithmetic value to storage type T with ONNX Cast semantics:
 /// float -> int truncates toward zero (NaN -> 0, out of range saturates), x -> bool is x != 0.
-template <typename T, typename V> inline T convert(V v) {
+template <typename T, typename V>
+inline T convert(V v) {
   using C = compute_t<T>;
   if constexpr (std::is_same_v<T, bool_t>) {
     return bool_t{static_cast<uint8_t>(v != V(0) ? 1 : 0)};
@@ -90,20 +113,38 @@ Status dispatch(const ir::KernelContext& ctx, ir::DType t, F&& f) {
   using ir::DType;
   if constexpr (Floats) {
     switch (t) {
-      case DType::f32: f(float{}); return Status::ok();
-      case DType::f64: f(double{}); return Status::ok();
-      case DType::bf16: f(bf16_t{}); return Status::ok();
-      case DType::f16: f(f16_t{}); return Status::ok();
-      default: break;
+      case DType::f32:
+        f(float{});
+        return Status::ok();
+      case DType::f64:
+        f(double{});
+        return Status::ok();
+      case DType::bf16:
+        f(bf16_t{});
+        return Status::ok();
+      case DType::f16:
+        f(f16_t{});
+        return Status::ok();
+      default:
+        break;
     }
   }
   if constexpr (Ints) {
     switch (t) {
-      case DType::i64: f(int64_t{}); return Status::ok();
-      case DType::i32: f(int32_t{}); return Status::ok();
-      case DType::i8: f(int8_t{}); return Status::ok();
-      case DType::u8: f(uint8_t{}); return Status::ok();
-      default: break;
+      case DType::i64:
+        f(int64_t{});
+        return Status::ok();
+      case DType::i32:
+        f(int32_t{});
+        return Status::ok();
+      case DType::i8:
+        f(int8_t{});
+        return Status::ok();
+      case DType::u8:
+        f(uint8_t{});
+        return Status::ok();
+      default:
+        break;
     }
   }
   if constexpr (Bools) {
@@ -115,15 +156,18 @@ Status dispatch(const ir::KernelContext& ctx, ir::DType t, F&& f) {
   return ctx.fail(std::string("dtype ") + ir::dtype_name(t) + " is not supported by the eager kernel");
 }
 /// Float dtypes only (f32, f64, bf16, f16).
-template <typename F> Status dispatch_float(const ir::KernelContext& c, ir::DType t, F&& f) {
+template <typename F>
+Status dispatch_float(const ir::KernelContext& c, ir::DType t, F&& f) {
   return dispatch<true, false, false>(c, t, std::forward<F>(f));
 }
 /// Float and integer dtypes.
-template <typename F> Status dispatch_numeric(const ir::KernelContext& c, ir::DType t, F&& f) {
+template <typename F>
+Status dispatch_numeric(const ir::KernelContext& c, ir::DType t, F&& f) {
   return dispatch<true, true, false>(c, t, std::forward<F>(f));
 }
 /// Every dtype, bool included.
-template <typename F> Status dispatch_all(const ir::KernelContext& c, ir::DType t, F&& f) {
+template <typename F>
+Status dispatch_all(const ir::KernelContext& c, ir::DType t, F&& f) {
   return dispatch<true, true, true>(c, t, std::forward<F>(f));
 }
 
@@ -143,8 +187,7 @@ std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& in, const std
 /// in elements, one per output dim (0 = broadcast). Rows of the last dim are
 /// distributed over OpenMP threads when the output is large; f must be thread-safe.
 template <size_t N, typename F>
-void for_each_strided(const std::vector<int64_t>& out_dims, const std::array<std::vector<int64_t>, N>& strides,
-                      F&& f) {
+void for_each_strided(const std::vector<int64_t>& out_dims, const std::array<std::vector<int64_t>, N>& strides, F&& f) {
   const int r = static_cast<int>(out_dims.size());
   const int64_t total = ir::numel_of(out_dims);
   if (total == 0) return;
@@ -217,8 +260,8 @@ inline std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::arr
 /// key = seed (64 bits); counter = (block lo, block hi, offset lo 32 bits, subsequence lo 32 bits)
 /// with block = index / 4. Element `index` is word index % 4 of the block.
 inline std::array<uint32_t, 4> philox_block(uint64_t seed, uint64_t subsequence, uint64_t offset, uint64_t block) {
-  return philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                        static_cast<uint32_t>(offset), static_cast<uint32_t>(subsequence)},
+  return philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), static_cast<uint32_t>(offset),
+                        static_cast<uint32_t>(subsequence)},
                        {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
 }
 

@@ -20,10 +20,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -79,22 +79,36 @@ void fill(DType t, void* b, int64_t n, uint32_t seed) {
     if (i % 59 == 9) v = INFINITY;
     const int64_t iv = static_cast<int64_t>(g() % 9) - 4;
     switch (t) {
-      case DType::f32: static_cast<float*>(b)[i] = static_cast<float>(v); break;
-      case DType::f64: static_cast<double*>(b)[i] = v; break;
-      case DType::i64: static_cast<int64_t*>(b)[i] = iv; break;
-      case DType::i32: static_cast<int32_t*>(b)[i] = static_cast<int32_t>(iv); break;
-      default: FAIL() << "dtype not used here";
+      case DType::f32:
+        static_cast<float*>(b)[i] = static_cast<float>(v);
+        break;
+      case DType::f64:
+        static_cast<double*>(b)[i] = v;
+        break;
+      case DType::i64:
+        static_cast<int64_t*>(b)[i] = iv;
+        break;
+      case DType::i32:
+        static_cast<int32_t*>(b)[i] = static_cast<int32_t>(iv);
+        break;
+      default:
+        FAIL() << "dtype not used here";
     }
   }
 }
 
 double read(DType t, const void* b, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(b)[i];
-    case DType::f64: return static_cast<const double*>(b)[i];
-    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(b)[i]);
-    case DType::i32: return static_cast<const int32_t*>(b)[i];
-    default: return 0;
+    case DType::f32:
+      return static_cast<const float*>(b)[i];
+    case DType::f64:
+      return static_cast<const double*>(b)[i];
+    case DType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(b)[i]);
+    case DType::i32:
+      return static_cast<const int32_t*>(b)[i];
+    default:
+      return 0;
   }
 }
 
@@ -228,7 +242,8 @@ TEST(CpuObject, ObjectPathMatchesReferenceAndJit) {
   auto obj = compile_cpu_object(ks);
   ASSERT_TRUE(obj) << obj.message();
   ASSERT_GT(obj->object.size(), 4u);
-  EXPECT_EQ(obj->object.substr(0, 4), std::string("\x7f" "ELF"));
+  EXPECT_EQ(obj->object.substr(0, 4), std::string("\x7f"
+                                                  "ELF"));
   ASSERT_EQ(obj->kernels.size(), ks.size());
   ASSERT_EQ(obj->symbols.size(), ks.size());
   // Symbols: prefix + index + "_" + sanitized name; the twin shares kernel 0's symbol.
@@ -298,12 +313,14 @@ TEST(CpuObject, LinksIntoAnExecutableWithTheAotDataObject) {
     refs.push_back(bufs.back());
     ASSERT_TRUE(evaluate_reference(k, ptrs(refs.back())).is_ok());
     for (size_t p = 0; p < k.params.size(); ++p)
-      if (!k.params[p].is_output) blob.append(reinterpret_cast<const char*>(bufs.back()[p].data()), bufs.back()[p].size());
+      if (!k.params[p].is_output)
+        blob.append(reinterpret_cast<const char*>(bufs.back()[p].data()), bufs.back()[p].size());
   }
   auto data = emit_aot_data_object({{"kiln_blob_inputs", blob}, {"kiln_blob_empty", ""}}, "kiln_kernel_table",
                                    {obj->symbols[0], obj->symbols[1]});
   ASSERT_TRUE(data) << data.message();
-  EXPECT_EQ(data->substr(0, 4), std::string("\x7f" "ELF"));
+  EXPECT_EQ(data->substr(0, 4), std::string("\x7f"
+                                            "ELF"));
   write_file(fs::path(dir) / "kernels.o", obj->object);
   write_file(fs::path(dir) / "data.o", *data);
   // The driver: inputs from the blob, outputs written to out.bin.
@@ -326,8 +343,10 @@ TEST(CpuObject, LinksIntoAnExecutableWithTheAotDataObject) {
     c << "  { void* b[" << k.params.size() + 1 << "];\n";
     if (ok.scratch_bytes > 0) c << "    b[" << k.params.size() << "] = calloc(1, " << ok.scratch_bytes << ");\n";
     for (size_t p = 0; p < k.params.size(); ++p) {
-      if (k.params[p].is_output) c << "    b[" << p << "] = calloc(1, " << bufs[ki][p].size() << ");\n";
-      else c << "    b[" << p << "] = (void*)in; in += " << bufs[ki][p].size() << ";\n";
+      if (k.params[p].is_output)
+        c << "    b[" << p << "] = calloc(1, " << bufs[ki][p].size() << ");\n";
+      else
+        c << "    b[" << p << "] = (void*)in; in += " << bufs[ki][p].size() << ";\n";
     }
     c << "    ((fn_t)kiln_kernel_table[" << ki << "])(b, 0, " << ok.parallel_extent << ");\n";
     if (ok.split_parts > 0)
@@ -360,7 +379,8 @@ TEST(CpuObject, AotDataObjectRejectsBadSymbols) {
   EXPECT_FALSE(emit_aot_data_object({}, "t", {"f", "1bad"}));
   auto empty = emit_aot_data_object({}, "kiln_table", {});
   ASSERT_TRUE(empty) << empty.message();
-  EXPECT_EQ(empty->substr(0, 4), std::string("\x7f" "ELF"));
+  EXPECT_EQ(empty->substr(0, 4), std::string("\x7f"
+                                             "ELF"));
   EXPECT_NE(empty->find("kiln_table_count"), std::string::npos);
 }
 
@@ -404,8 +424,8 @@ std::map<std::string, ir::Tensor> feeds() {
   std::map<std::string, ir::Tensor> f;
   std::mt19937_64 gen(7);
   std::uniform_real_distribution<double> u(-2, 2);
-  for (auto [name, dims] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-           {"x", {6, 17}}, {"w", {17}}, {"b", {6, 1}}}) {
+  for (auto [name, dims] :
+       std::vector<std::pair<std::string, std::vector<int64_t>>>{{"x", {6, 17}}, {"w", {17}}, {"b", {6, 1}}}) {
     ir::Tensor t(DType::f32, dims);
     for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, u(gen));
     f[name] = t;
@@ -453,9 +473,7 @@ class CompileCache : public ::testing::Test {
     EXPECT_TRUE(r) << r.message();
     return r ? *r : std::map<std::string, ir::Tensor>{};
   }
-  static std::string bytes(const ir::Tensor& t) {
-    return std::string(static_cast<const char*>(t.raw()), t.nbytes());
-  }
+  static std::string bytes(const ir::Tensor& t) { return std::string(static_cast<const char*>(t.raw()), t.nbytes()); }
   void expect_same_outputs(const std::map<std::string, ir::Tensor>& a, const std::map<std::string, ir::Tensor>& b) {
     for (const char* n : {"y", "z"}) {
       ASSERT_TRUE(a.count(n) && b.count(n)) << n;
@@ -479,7 +497,15 @@ TEST_F(CompileCache, MissThenDiskHitThenMemoryHit) {
   const auto files = entries();
   ASSERT_EQ(files.size(), 1u);
   EXPECT_EQ(files[0].filename().string(), p1->cache_key + ".kcache");
-  EXPECT_GE(count_lines_with([&] { std::string s; for (auto& l : logs) if (l.first == "cache") s += l.second + "\n"; return s; }(), "miss"), 1);
+  EXPECT_GE(count_lines_with(
+                [&] {
+                  std::string s;
+                  for (auto& l : logs)
+                    if (l.first == "cache") s += l.second + "\n";
+                  return s;
+                }(),
+                "miss"),
+            1);
   int code_logs = 0;
   for (auto& l : logs) code_logs += l.first == "output_code";
   EXPECT_EQ(code_logs, 2);  // one kernel's kernel IR + the module's LLVM IR
@@ -527,9 +553,10 @@ TEST_F(CompileCache, MissThenDiskHitThenMemoryHit) {
 }
 
 /// Damages the entry with `damage`, then expects one warning, a rebuild and a valid entry.
-void check_bad_entry(CompileCache& t, std::shared_ptr<CpuProgram> (CompileCache::*compile)(
-                                          std::vector<std::pair<std::string, std::string>>*),
-                     const std::function<void(const fs::path&)>& damage, const std::string& reason) {
+void check_bad_entry(
+    CompileCache& t,
+    std::shared_ptr<CpuProgram> (CompileCache::*compile)(std::vector<std::pair<std::string, std::string>>*),
+    const std::function<void(const fs::path&)>& damage, const std::string& reason) {
   auto p1 = (t.*compile)(nullptr);
   ASSERT_TRUE(p1);
   ASSERT_EQ(p1->cache_status, "miss");
@@ -596,31 +623,40 @@ TEST_F(CompileCache, StorePrunesLeastRecentlyUsedEntriesBeyond512MiB) {
 }
 
 TEST_F(CompileCache, TruncatedEntryIsRebuilt) {
-  check_bad_entry(*this, &CompileCache::compile, [](const fs::path& f) {
-    const std::string s = read_file(f);
-    write_file(f, s.substr(0, s.size() / 2));
-  }, "truncated");
+  check_bad_entry(
+      *this, &CompileCache::compile,
+      [](const fs::path& f) {
+        const std::string s = read_file(f);
+        write_file(f, s.substr(0, s.size() / 2));
+      },
+      "truncated");
 }
 
 TEST_F(CompileCache, TruncatedHeaderIsRebuilt) {
-  check_bad_entry(*this, &CompileCache::compile, [](const fs::path& f) { write_file(f, read_file(f).substr(0, 10)); },
-                  "truncated");
+  check_bad_entry(
+      *this, &CompileCache::compile, [](const fs::path& f) { write_file(f, read_file(f).substr(0, 10)); }, "truncated");
 }
 
 TEST_F(CompileCache, FlippedPayloadByteIsRebuilt) {
-  check_bad_entry(*this, &CompileCache::compile, [](const fs::path& f) {
-    std::string s = read_file(f);
-    s[s.size() - 100] ^= 0x10;  // inside the object bytes
-    write_file(f, s);
-  }, "corrupt");
+  check_bad_entry(
+      *this, &CompileCache::compile,
+      [](const fs::path& f) {
+        std::string s = read_file(f);
+        s[s.size() - 100] ^= 0x10;  // inside the object bytes
+        write_file(f, s);
+      },
+      "corrupt");
 }
 
 TEST_F(CompileCache, OtherFormatVersionIsStale) {
-  check_bad_entry(*this, &CompileCache::compile, [](const fs::path& f) {
-    std::string s = read_file(f);
-    s[8] = static_cast<char>(s[8] + 1);  // format version, right after the 8-byte magic
-    write_file(f, s);
-  }, "stale");
+  check_bad_entry(
+      *this, &CompileCache::compile,
+      [](const fs::path& f) {
+        std::string s = read_file(f);
+        s[8] = static_cast<char>(s[8] + 1);  // format version, right after the 8-byte magic
+        write_file(f, s);
+      },
+      "stale");
 }
 
 TEST_F(CompileCache, UseCacheFalseWritesNothing) {
@@ -679,8 +715,9 @@ TEST_F(CompileCache, CompileTimesOfMissAndHit) {
   EXPECT_EQ(p2->cache_status, "disk hit");
   EXPECT_EQ(p3->cache_status, "memory hit");
   const auto& st = p1->module->stats();
-  std::printf("compile_graph_cpu: miss %.4f s (emit %.4f, O3 %.4f, object+link %.4f); disk hit %.4f s; memory hit %.5f s\n",
-              miss_s, st.emit_s, st.optimize_s, st.codegen_s, disk_s, mem_s);
+  std::printf(
+      "compile_graph_cpu: miss %.4f s (emit %.4f, O3 %.4f, object+link %.4f); disk hit %.4f s; memory hit %.5f s\n",
+      miss_s, st.emit_s, st.optimize_s, st.codegen_s, disk_s, mem_s);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@ namespace kiln::testing {
 /// FusedKernels compiled by codegen::compile_graph_cpu; the program goes to `prog` when
 /// given (for checks on its kernels). Errors: compile_graph_cpu's or run_graph's.
 inline Expected<std::map<std::string, ir::Tensor>> run_compiled(const ir::Graph& fused,
-                                                               const std::map<std::string, ir::Tensor>& feeds,
-                                                               std::shared_ptr<codegen::CpuProgram>* prog = nullptr) {
+                                                                const std::map<std::string, ir::Tensor>& feeds,
+                                                                std::shared_ptr<codegen::CpuProgram>* prog = nullptr) {
   auto p = codegen::compile_graph_cpu(fused);
   if (!p) return p.status();
   runtime::RunOptions ro;

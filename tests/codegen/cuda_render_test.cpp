@@ -62,7 +62,8 @@ struct Prog {
 };
 
 std::string prog_name(const Prog& p) {
-  std::string n = p.model + "_" + p.precision + "_" + p.optim + "_remat_" + p.remat + "_accum" + std::to_string(p.accum);
+  std::string n =
+      p.model + "_" + p.precision + "_" + p.optim + "_remat_" + p.remat + "_accum" + std::to_string(p.accum);
   for (char& c : n)
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
@@ -192,16 +193,16 @@ TEST_P(CudaRenderPrograms, EveryKernelCompilesForSm80AndSm90) {
     for (const codegen::CudaKernelInfo& i : src->kernels)
       EXPECT_TRUE(seen.count(i.name)) << i.name << " missing from ptxas' report for " << arch;
     char line[256];
-    std::snprintf(line, sizeof line, " | %s %.2f s, max %d regs, %d spilling kernels%s, max lmem %lld B, max stack %lld B",
-                  arch.c_str(), secs, max_regs, spilling, gpt ? (spilling_checked ? " (CHECKED ONES SPILL)" : "") : "",
+    std::snprintf(line, sizeof line,
+                  " | %s %.2f s, max %d regs, %d spilling kernels%s, max lmem %lld B, max stack %lld B", arch.c_str(),
+                  secs, max_regs, spilling, gpt ? (spilling_checked ? " (CHECKED ONES SPILL)" : "") : "",
                   static_cast<long long>(max_lmem), static_cast<long long>(max_stack));
     report += line;
   }
   std::string scheds;
   for (auto& [s, n] : by_schedule) scheds += (scheds.empty() ? "" : " ") + s + "=" + std::to_string(n);
-  std::printf("[cuda_render] %s: %zu kernels (train %d + eval %d; %s), %zu KiB source, build %.2f s%s\n",
-              name.c_str(), kernels.size(), n_train, n_eval, scheds.c_str(), src->source.size() / 1024, build_s,
-              report.c_str());
+  std::printf("[cuda_render] %s: %zu kernels (train %d + eval %d; %s), %zu KiB source, build %.2f s%s\n", name.c_str(),
+              kernels.size(), n_train, n_eval, scheds.c_str(), src->source.size() / 1024, build_s, report.c_str());
   std::fflush(stdout);
 }
 

@@ -16,8 +16,8 @@
 #include "codegen/lower.h"
 #include "ir/verifier.h"
 #include "passes/pass.h"
-#include "runtime/interpreter.h"
 #include "random_tensors.h"
+#include "runtime/interpreter.h"
 
 using namespace kiln;
 using ir::DType;

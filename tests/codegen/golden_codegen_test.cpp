@@ -97,7 +97,8 @@ void expect_golden(const std::string& path, const std::string& got) {
     return;
   }
   ASSERT_TRUE(fs::exists(path)) << "missing golden file " << path << " (KILN_UPDATE_GOLDEN=1 writes it; review it)";
-  EXPECT_EQ(got, read_text(path)) << path << ": the generated code changed; review the diff and rerun with "
+  EXPECT_EQ(got, read_text(path)) << path
+                                  << ": the generated code changed; review the diff and rerun with "
                                      "KILN_UPDATE_GOLDEN=1 if it is intended";
 }
 
@@ -134,9 +135,9 @@ TEST_P(GoldenCodegen, CudaCpp) {
   ASSERT_TRUE(mod) << name << ": " << mod.message();
   std::ostringstream os;
   for (const codegen::CudaKernelInfo& k : mod->kernels)
-    os << "// launch " << k.name << ": schedule " << k.schedule << ", grid (" << k.grid[0] << ", " << k.grid[1]
-       << ", " << k.grid[2] << "), block (" << k.block[0] << ", " << k.block[1] << ", " << k.block[2]
-       << "), shared " << k.shared_bytes << " bytes\n";
+    os << "// launch " << k.name << ": schedule " << k.schedule << ", grid (" << k.grid[0] << ", " << k.grid[1] << ", "
+       << k.grid[2] << "), block (" << k.block[0] << ", " << k.block[1] << ", " << k.block[2] << "), shared "
+       << k.shared_bytes << " bytes\n";
   os << mod->source;
   expect_golden(kGoldenDir + "/" + name + ".cu", os.str());
 #endif

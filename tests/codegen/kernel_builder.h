@@ -18,8 +18,7 @@ struct KB {
     k.domain = std::move(domain);
     k.reduced = std::move(reduced);
   }
-  int param(const std::string& name, ir::DType dt, std::vector<int64_t> strides, bool out = false,
-            int64_t offset = 0) {
+  int param(const std::string& name, ir::DType dt, std::vector<int64_t> strides, bool out = false, int64_t offset = 0) {
     return k.add_param(name, dt, std::move(strides), out, offset);
   }
   int load(int p) { return k.add_load(p); }
@@ -54,8 +53,7 @@ inline Kernel row_softmax_kernel(const std::string& name, int64_t rows, int64_t 
 /// LayerNormalization over the innermost dim with scale and bias in dtype t (computed in
 /// f32); params x, scale, bias, y, then Mean and InvStdDev (f32) as row stores ([rows]
 /// outputs, stride 0 along the row).
-inline Kernel row_layernorm_kernel(const std::string& name, int64_t rows, int64_t cols,
-                                   ir::DType t = ir::DType::f32) {
+inline Kernel row_layernorm_kernel(const std::string& name, int64_t rows, int64_t cols, ir::DType t = ir::DType::f32) {
   using ir::ScalarOp;
   const ir::DType f = ir::DType::f32;
   KB b(name, {rows, cols}, {false, true});

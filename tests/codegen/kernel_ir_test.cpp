@@ -1,12 +1,13 @@
 // Tests of the kernel IR utilities: printer, verifier, collapse_dims, and the reference
 // evaluator checked against hand-computed float64 math (so the emitter oracle is independent).
+#include "codegen/kernel_ir.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-#include "codegen/kernel_ir.h"
 #include "kernel_builder.h"
 
 namespace kiln::codegen {
@@ -247,7 +248,6 @@ TEST(KernelIr, ReferenceRejectsWrongBufferCount) {
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("fused_3"), std::string::npos);
 }
-
 
 TEST(KernelIr, ReferenceRowProgramMatchesFloat64Math) {
   // Softmax over rows of [3, 5] with reduce expressions, against double math (tolerance

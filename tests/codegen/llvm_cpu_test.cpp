@@ -4,6 +4,8 @@
 // equality, NaN == NaN) for the same arithmetic; 1e-6 relative for f32 transcendentals
 // (both sides call libm, so in practice exact), 1e-12 for f64; reductions 1e-5 relative
 // for f32 row sums (vectorized, reassociated), exact for column sums and maxima.
+#include "codegen/cpu/llvm_cpu.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include <map>
 #include <random>
 
-#include "codegen/cpu/llvm_cpu.h"
 #include "codegen/kernel_ir.h"
 #include "kernel_builder.h"
 
@@ -47,14 +48,22 @@ uint32_t hash32(uint32_t x) {
 
 double read(DType t, const void* b, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(b)[i];
-    case DType::f64: return static_cast<const double*>(b)[i];
-    case DType::bf16: return ir::bf16_to_f32(static_cast<const uint16_t*>(b)[i]);
-    case DType::f16: return ir::f16_to_f32(static_cast<const uint16_t*>(b)[i]);
-    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(b)[i]);
-    case DType::i32: return static_cast<const int32_t*>(b)[i];
-    case DType::i8: return static_cast<const int8_t*>(b)[i];
-    default: return static_cast<const uint8_t*>(b)[i];
+    case DType::f32:
+      return static_cast<const float*>(b)[i];
+    case DType::f64:
+      return static_cast<const double*>(b)[i];
+    case DType::bf16:
+      return ir::bf16_to_f32(static_cast<const uint16_t*>(b)[i]);
+    case DType::f16:
+      return ir::f16_to_f32(static_cast<const uint16_t*>(b)[i]);
+    case DType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(b)[i]);
+    case DType::i32:
+      return static_cast<const int32_t*>(b)[i];
+    case DType::i8:
+      return static_cast<const int8_t*>(b)[i];
+    default:
+      return static_cast<const uint8_t*>(b)[i];
   }
 }
 
@@ -65,23 +74,46 @@ void fill(DType t, void* b, int64_t n, uint32_t seed, bool specials) {
     const uint32_t h = hash32(static_cast<uint32_t>(i) * 2654435761u + seed);
     double v = (h % 100001) / 20000.0 - 2.5;
     if (specials) {
-      if (i % 97 == 3) v = NAN;
-      else if (i % 89 == 5) v = INFINITY;
-      else if (i % 83 == 7) v = -INFINITY;
-      else if (i % 79 == 11) v = -0.0;
-      else if (i % 73 == 13) v = 0.0;
+      if (i % 97 == 3)
+        v = NAN;
+      else if (i % 89 == 5)
+        v = INFINITY;
+      else if (i % 83 == 7)
+        v = -INFINITY;
+      else if (i % 79 == 11)
+        v = -0.0;
+      else if (i % 73 == 13)
+        v = 0.0;
     }
     const int64_t iv = static_cast<int64_t>(h % 21) - 10;
     switch (t) {
-      case DType::f32: static_cast<float*>(b)[i] = static_cast<float>(v); break;
-      case DType::f64: static_cast<double*>(b)[i] = v + 1e-9 * (h % 7); break;
-      case DType::bf16: static_cast<uint16_t*>(b)[i] = ir::f32_to_bf16(static_cast<float>(v)); break;
-      case DType::f16: static_cast<uint16_t*>(b)[i] = ir::f32_to_f16(static_cast<float>(v)); break;
-      case DType::i64: static_cast<int64_t*>(b)[i] = iv; break;
-      case DType::i32: static_cast<int32_t*>(b)[i] = static_cast<int32_t>(iv); break;
-      case DType::i8: static_cast<int8_t*>(b)[i] = static_cast<int8_t>(iv); break;
-      case DType::u8: static_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(h >> 8); break;
-      default: static_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(h & 1); break;
+      case DType::f32:
+        static_cast<float*>(b)[i] = static_cast<float>(v);
+        break;
+      case DType::f64:
+        static_cast<double*>(b)[i] = v + 1e-9 * (h % 7);
+        break;
+      case DType::bf16:
+        static_cast<uint16_t*>(b)[i] = ir::f32_to_bf16(static_cast<float>(v));
+        break;
+      case DType::f16:
+        static_cast<uint16_t*>(b)[i] = ir::f32_to_f16(static_cast<float>(v));
+        break;
+      case DType::i64:
+        static_cast<int64_t*>(b)[i] = iv;
+        break;
+      case DType::i32:
+        static_cast<int32_t*>(b)[i] = static_cast<int32_t>(iv);
+        break;
+      case DType::i8:
+        static_cast<int8_t*>(b)[i] = static_cast<int8_t>(iv);
+        break;
+      case DType::u8:
+        static_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(h >> 8);
+        break;
+      default:
+        static_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(h & 1);
+        break;
     }
   }
 }
@@ -139,15 +171,19 @@ void check(const std::vector<Kernel>& kernels, const std::vector<Tols>& tols = {
       for (size_t p = 0; p < k.params.size(); ++p) {
         if (!k.params[p].is_output) continue;
         const DType t = k.params[p].dtype;
-        const double tol = tols.size() > ki && tols[ki].count(static_cast<int>(p)) ? tols[ki].at(static_cast<int>(p)) : 0;
+        const double tol =
+            tols.size() > ki && tols[ki].count(static_cast<int>(p)) ? tols[ki].at(static_cast<int>(p)) : 0;
         const int64_t n = buffer_elems(k.params[p], k.domain);
         int bad = 0;
         for (int64_t i = 0; i < n && bad < 5; ++i) {
           const double a = read(t, got[p].data(), i), b = read(t, ref[p].data(), i);
           bool ok;
-          if (std::isnan(a) || std::isnan(b)) ok = std::isnan(a) && std::isnan(b);
-          else if (tol == 0) ok = a == b && std::signbit(a) == std::signbit(b);
-          else ok = a == b || std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b));
+          if (std::isnan(a) || std::isnan(b))
+            ok = std::isnan(a) && std::isnan(b);
+          else if (tol == 0)
+            ok = a == b && std::signbit(a) == std::signbit(b);
+          else
+            ok = a == b || std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b));
           if (!ok) {
             ++bad;
             ADD_FAILURE() << k.name << " output %" << k.params[p].name << "[" << i << "]: got " << a << " want " << b
@@ -161,15 +197,22 @@ void check(const std::vector<Kernel>& kernels, const std::vector<Tols>& tols = {
 
 const std::vector<ScalarOp> kBinary = {ScalarOp::add, ScalarOp::sub, ScalarOp::mul, ScalarOp::div,
                                        ScalarOp::pow, ScalarOp::max, ScalarOp::min, ScalarOp::fmod};
-const std::vector<ScalarOp> kUnaryFloat = {ScalarOp::neg, ScalarOp::abs, ScalarOp::exp,  ScalarOp::log,
-                                           ScalarOp::sqrt, ScalarOp::erf, ScalarOp::tanh, ScalarOp::sin,
-                                           ScalarOp::cos, ScalarOp::floor, ScalarOp::ceil, ScalarOp::round};
+const std::vector<ScalarOp> kUnaryFloat = {ScalarOp::neg,  ScalarOp::abs,   ScalarOp::exp,  ScalarOp::log,
+                                           ScalarOp::sqrt, ScalarOp::erf,   ScalarOp::tanh, ScalarOp::sin,
+                                           ScalarOp::cos,  ScalarOp::floor, ScalarOp::ceil, ScalarOp::round};
 
 bool transcendental(ScalarOp op) {
   switch (op) {
-    case ScalarOp::pow: case ScalarOp::exp: case ScalarOp::log: case ScalarOp::erf:
-    case ScalarOp::tanh: case ScalarOp::sin: case ScalarOp::cos: return true;
-    default: return false;
+    case ScalarOp::pow:
+    case ScalarOp::exp:
+    case ScalarOp::log:
+    case ScalarOp::erf:
+    case ScalarOp::tanh:
+    case ScalarOp::sin:
+    case ScalarOp::cos:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -224,8 +267,8 @@ TEST(LlvmCpu, F32TimesF64ScalarBySplitAndFmaIsRoundedOnce) {
   const int e = b.load(b.param("e", DType::f32, {1}));
   const int r = b.load(b.param("r", DType::f64, {1}));
   const int hi = b.op(ScalarOp::cast, {r}, DType::f32);
-  const int lo = b.op(ScalarOp::cast, {b.op(ScalarOp::sub, {r, b.op(ScalarOp::cast, {hi}, DType::f64)}, DType::f64)},
-                      DType::f32);
+  const int lo =
+      b.op(ScalarOp::cast, {b.op(ScalarOp::sub, {r, b.op(ScalarOp::cast, {hi}, DType::f64)}, DType::f64)}, DType::f32);
   b.out("y", b.op(ScalarOp::fma, {e, hi, b.op(ScalarOp::mul, {e, lo}, DType::f32)}, DType::f32), {1});
   b.out("y_naive", b.op(ScalarOp::mul, {e, hi}, DType::f32), {1});
   auto mod = compile_cpu({b.k});
@@ -236,7 +279,7 @@ TEST(LlvmCpu, F32TimesF64ScalarBySplitAndFmaIsRoundedOnce) {
   std::vector<double> rv(n);
   for (int64_t i = 0; i < n; ++i) {
     ev[static_cast<size_t>(i)] = static_cast<float>(std::exp(-20 * u(rng)));  // softmax numerators
-    rv[static_cast<size_t>(i)] = 1 / (1 + 200 * u(rng));                       // 1 / row sums
+    rv[static_cast<size_t>(i)] = 1 / (1 + 200 * u(rng));                      // 1 / row sums
   }
   void* ptrs[4] = {ev.data(), rv.data(), y.data(), yn.data()};
   (*mod)->kernels()[0].fn(ptrs, 0, n);
@@ -248,7 +291,8 @@ TEST(LlvmCpu, F32TimesF64ScalarBySplitAndFmaIsRoundedOnce) {
     EXPECT_LE(std::fabs(static_cast<double>(y[i]) - want), std::fabs(std::nextafter(want, 2.f * want + 1) - want))
         << ev[i] << " * " << rv[i];
   }
-  std::cout << "[ INFO ] split + fma: " << differ << " of " << n << " products differ from f32(f64(e) * r); f32 multiply by f32(r): " << naive_differ << "\n";
+  std::cout << "[ INFO ] split + fma: " << differ << " of " << n
+            << " products differ from f32(f64(e) * r); f32 multiply by f32(r): " << naive_differ << "\n";
   EXPECT_LE(differ, 2) << "of " << n;
   EXPECT_GT(naive_differ, n / 10) << "the naive product should differ visibly";
 }
@@ -266,7 +310,10 @@ TEST(LlvmCpu, FloatArithmeticMatchesFloat64Math) {
   // Independent of the reference: z = x * y + 1 over 7 elements in f32.
   KB b("fma_like", {7});
   int x = b.param("x", DType::f32, {1}), y = b.param("y", DType::f32, {1});
-  b.out("z", b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.load(x), b.load(y)}, DType::f32), b.cst(1, DType::f32)}, DType::f32), {1});
+  b.out(
+      "z",
+      b.op(ScalarOp::add, {b.op(ScalarOp::mul, {b.load(x), b.load(y)}, DType::f32), b.cst(1, DType::f32)}, DType::f32),
+      {1});
   auto mod = compile_cpu({b.k});
   ASSERT_TRUE(mod.has_value()) << mod.message();
   float xv[7] = {1, 2, 3, -4, 0.5f, 1e-3f, 7}, yv[7] = {2, 0.25f, -1, 3, 8, 1e3f, 0}, zv[7];
@@ -281,8 +328,8 @@ TEST(LlvmCpu, F64ExpIsWithinTwoUlpOfLongDouble) {
   // range, the subnormal tail, overflow, and NaN.
   std::vector<double> xs;
   for (int i = 0; i <= 20000; ++i) xs.push_back(-745.5 + (710.5 + 745.5) * i / 20000.0);
-  for (double v : {0.0, -0.0, 1e-300, -1e-20, 0.5, -0.3465735902799726, 0.34657359027997264, 1.0, 88.0, -88.0,
-                   709.78, 709.79, -708.3, -744.0, -745.2, 1e308, -1e308})
+  for (double v : {0.0, -0.0, 1e-300, -1e-20, 0.5, -0.3465735902799726, 0.34657359027997264, 1.0, 88.0, -88.0, 709.78,
+                   709.79, -708.3, -744.0, -745.2, 1e308, -1e308})
     xs.push_back(v);
   xs.push_back(std::numeric_limits<double>::infinity());
   xs.push_back(-std::numeric_limits<double>::infinity());
@@ -306,8 +353,9 @@ TEST(LlvmCpu, F64ExpIsWithinTwoUlpOfLongDouble) {
       continue;
     }
     // Normal results: 2 ulp relative; subnormal results: 2 subnormal spacings (absolute).
-    const double tol = ref >= std::numeric_limits<double>::min() ? 2 * std::numeric_limits<double>::epsilon() * static_cast<double>(ref)
-                                                                  : 2 * std::numeric_limits<double>::denorm_min();
+    const double tol = ref >= std::numeric_limits<double>::min()
+                           ? 2 * std::numeric_limits<double>::epsilon() * static_cast<double>(ref)
+                           : 2 * std::numeric_limits<double>::denorm_min();
     EXPECT_NEAR(ys[i], static_cast<double>(ref), tol) << "exp(" << xs[i] << ")";
   }
 }
@@ -505,11 +553,13 @@ TEST(LlvmCpu, ComparisonsLogicSelectCasts) {
   int bf = b.op(ScalarOp::cast, {x}, DType::bf16);
   b.out("f32_to_bf16", bf, {1});
   b.out("bf16_to_f32", b.op(ScalarOp::cast, {bf}, f), {1});
-  b.out("bf16_to_i64", b.op(ScalarOp::cast, {b.op(ScalarOp::mul, {bf, b.cst(7, DType::bf16)}, DType::bf16)}, DType::i64), {1});
+  b.out("bf16_to_i64",
+        b.op(ScalarOp::cast, {b.op(ScalarOp::mul, {bf, b.cst(7, DType::bf16)}, DType::bf16)}, DType::i64), {1});
   b.out("f32_to_f16", b.op(ScalarOp::cast, {x}, DType::f16), {1});
   int d = b.op(ScalarOp::cast, {x}, DType::f64);
   b.out("f32_to_f64", b.op(ScalarOp::mul, {d, b.cst(1.0 / 3.0, DType::f64)}, DType::f64), {1});
-  b.out("f64_to_bf16", b.op(ScalarOp::cast, {b.op(ScalarOp::mul, {d, b.cst(1.0 / 3.0, DType::f64)}, DType::f64)}, DType::bf16), {1});
+  b.out("f64_to_bf16",
+        b.op(ScalarOp::cast, {b.op(ScalarOp::mul, {d, b.cst(1.0 / 3.0, DType::f64)}, DType::f64)}, DType::bf16), {1});
   check({b.k});
 }
 
@@ -605,7 +655,9 @@ TEST(LlvmCpu, Reductions) {
 
 TEST(LlvmCpu, ScheduleAndVectorization) {
   KB a("vec_add", {4096});
-  a.out("z", a.op(ScalarOp::add, {a.load(a.param("x", DType::f32, {1})), a.load(a.param("y", DType::f32, {1}))}, DType::f32), {1});
+  a.out("z",
+        a.op(ScalarOp::add, {a.load(a.param("x", DType::f32, {1})), a.load(a.param("y", DType::f32, {1}))}, DType::f32),
+        {1});
   // f32 sums accumulate in double in index order (bit-equal to eager); an f64 row sum
   // may reassociate, so it vectorizes.
   KB r("row_sum", {64, 512}, {false, true});
@@ -676,15 +728,13 @@ TEST(LlvmCpu, ErrorsNameTheKernel) {
   EXPECT_NE(dup.message().find("dup"), std::string::npos);
 }
 
-
 // ---- Row programs (reduce expressions, kernel_ir.h): JIT against the reference, and
 // the reference against float64 math in kernel_ir_test.cpp.
 
 TEST(LlvmCpuRow, SoftmaxAndLayerNormMatchReference) {
-  std::vector<Kernel> ks = {row_softmax_kernel("softmax_f32", 37, 129, DType::f32),
-                            row_softmax_kernel("softmax_bf16", 5, 64, DType::bf16),
-                            row_softmax_kernel("softmax_f64", 4, 33, DType::f64),
-                            row_layernorm_kernel("layernorm", 9, 256)};
+  std::vector<Kernel> ks = {
+      row_softmax_kernel("softmax_f32", 37, 129, DType::f32), row_softmax_kernel("softmax_bf16", 5, 64, DType::bf16),
+      row_softmax_kernel("softmax_f64", 4, 33, DType::f64), row_layernorm_kernel("layernorm", 9, 256)};
   // exp through libm on both sides; sums reassociated (vectorized) in double.
   std::vector<Tols> tols = {{{1, 1e-6}}, {{1, 1e-2}}, {{1, 1e-12}}, {{3, 1e-5}, {4, 1e-6}, {5, 1e-5}}};
   check(ks, tols, 3, /*specials=*/false);
@@ -726,9 +776,11 @@ TEST(LlvmCpuRow, CompilingPrintsNothing) {
   int coef = b.load(b.param("coef", DType::f64, {1, 0}));
   int e = b.op(ScalarOp::exp, {b.op(ScalarOp::sub, {x, b.k.add_reduce(ReduceKind::max, x)}, DType::f64)}, DType::f64);
   int inv = b.op(ScalarOp::div, {b.cst(1, DType::f64), b.k.add_reduce(ReduceKind::sum, e)}, DType::f64);
-  int g = b.op(ScalarOp::sub, {b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {e, inv}, DType::f64), coef}, DType::f64),
-                               b.op(ScalarOp::select, {b.op(ScalarOp::eq, {iota, label}, DType::boolean), coef,
-                                                       b.cst(0, DType::f64)}, DType::f64)}, DType::f64);
+  int g = b.op(ScalarOp::sub,
+               {b.op(ScalarOp::mul, {b.op(ScalarOp::mul, {e, inv}, DType::f64), coef}, DType::f64),
+                b.op(ScalarOp::select, {b.op(ScalarOp::eq, {iota, label}, DType::boolean), coef, b.cst(0, DType::f64)},
+                     DType::f64)},
+               DType::f64);
   b.out("dlogits", b.op(ScalarOp::cast, {g}, DType::f32), {10, 1});
   ASSERT_TRUE(b.k.verify().is_ok()) << b.k.verify().message();
   ::testing::internal::CaptureStderr();

@@ -21,11 +21,11 @@
 #include <set>
 
 #include "codegen/cpu/program.h"
+#include "compiled_run.h"
 #include "ir/op_table.h"
 #include "ir/verifier.h"
 #include "passes/pass.h"
 #include "runtime/interpreter.h"
-#include "compiled_run.h"
 
 using namespace kiln;
 using ir::DType;
@@ -47,8 +47,8 @@ ir::Tensor random_tensor(DType dt, std::vector<int64_t> dims, double lo, double 
 struct OpCase {
   std::string op;
   DType dtype;
-  std::vector<DType> in_dtypes;           // per input
-  std::vector<std::vector<int64_t>> dims; // per input
+  std::vector<DType> in_dtypes;            // per input
+  std::vector<std::vector<int64_t>> dims;  // per input
   ir::Attributes attrs;
   double lo = -2, hi = 2;
   bool transcendental = false;
@@ -237,8 +237,8 @@ TEST_P(OpsCompiled, MatchesEager) {
       EXPECT_TRUE(std::isnan(x)) << "element " << i;
       continue;
     }
-    EXPECT_LE(std::fabs(x - r), tol * std::max(1.0, std::fabs(r))) << "element " << i << ": compiled " << x
-                                                                   << ", eager " << r;
+    EXPECT_LE(std::fabs(x - r), tol * std::max(1.0, std::fabs(r)))
+        << "element " << i << ": compiled " << x << ", eager " << r;
   }
 }
 

@@ -13,11 +13,11 @@
 #include <random>
 
 #include "codegen/cpu/program.h"
+#include "compiled_run.h"
 #include "ir/verifier.h"
 #include "passes/pass.h"
-#include "runtime/interpreter.h"
-#include "compiled_run.h"
 #include "random_tensors.h"
+#include "runtime/interpreter.h"
 
 using namespace kiln;
 using ir::DType;
@@ -121,15 +121,15 @@ TEST(ViewsCompiled, ReshapeWithTwoReadersOrAloneStaysAnEagerView) {
   ir::Graph g;
   ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({4, 6}));
   ir::Value* w = g.add_input("w", DType::f32, ir::Shape::of({4, 5}));
-  ir::Value* r =
-      g.add_node("Reshape", "reshape", {x, g.add_initializer("shape", ir::Tensor::from_i64({6, 4}))}, {"r"})
-          ->outputs[0];
+  ir::Value* r = g.add_node("Reshape", "reshape", {x, g.add_initializer("shape", ir::Tensor::from_i64({6, 4}))}, {"r"})
+                     ->outputs[0];
   ir::Value* a = g.add_node("Neg", "neg", {r}, {"a"})->outputs[0];
   ir::Value* b = g.add_node("MatMul", "mm", {r, w}, {"b"})->outputs[0];
   ir::Value* r2 =
       g.add_node("Reshape", "reshape2", {w, g.add_initializer("shape2", ir::Tensor::from_i64({20}))}, {"r2"})
           ->outputs[0];
-  g.outputs = {a, b, g.add_node("MatMul", "mm2", {r2, g.add_input("v", DType::f32, ir::Shape::of({20}))}, {"d"})->outputs[0]};
+  g.outputs = {a, b,
+               g.add_node("MatMul", "mm2", {r2, g.add_input("v", DType::f32, ir::Shape::of({20}))}, {"d"})->outputs[0]};
   ASSERT_TRUE(ir::infer_graph(g).is_ok());
   passes::PassContext ctx;
   ASSERT_TRUE(passes::run_pipeline(g, {"fusion"}, ctx).is_ok());
@@ -163,8 +163,12 @@ TEST(ViewsCompiled, ConcatReadsEachInputInsideItsBox) {
   ir::Value* cat3 = g.add_node("Concat", "cat3", {p, q, r}, {"cat3"}, one)->outputs[0];
   g.outputs = {y, g.add_node("Neg", "neg", {cat3}, {"z"})->outputs[0]};
   expect_views_fused(g,
-                     {{"a", random_f32({2, 3, 4}, 11)}, {"b", random_f32({2, 3, 4}, 12)}, {"c", random_f32({3, 4}, 13)},
-                      {"s", random_f32({3, 4}, 14)}, {"p", random_f32({2, 1, 4}, 15)}, {"q", random_f32({2, 3, 4}, 16)},
+                     {{"a", random_f32({2, 3, 4}, 11)},
+                      {"b", random_f32({2, 3, 4}, 12)},
+                      {"c", random_f32({3, 4}, 13)},
+                      {"s", random_f32({3, 4}, 14)},
+                      {"p", random_f32({2, 1, 4}, 15)},
+                      {"q", random_f32({2, 3, 4}, 16)},
                       {"r", random_f32({2, 2, 4}, 17)}},
                      2);
 }
@@ -188,13 +192,15 @@ TEST(ViewsCompiled, PadAndSliceGradFillOutsideTheirBox) {
                               g.add_initializer("ends", ir::Tensor::from_i64({3, 5}))},
                              {"sg"})
                       ->outputs[0];
-  ir::Value* z = g.add_node("Mul", "mul", {sg, g.add_initializer("three", ir::Tensor::scalar_f32(3.f))}, {"z"})->outputs[0];
+  ir::Value* z =
+      g.add_node("Mul", "mul", {sg, g.add_initializer("three", ir::Tensor::scalar_f32(3.f))}, {"z"})->outputs[0];
   ir::Value* w = g.add_input("w", DType::f32, ir::Shape::of({4, 6}));
-  ir::Value* crop = g.add_node("Pad", "crop", {w, g.add_initializer("cpads", ir::Tensor::from_i64({-1, 2, 0, -3}))},
-                               {"crop"})
-                        ->outputs[0];
+  ir::Value* crop =
+      g.add_node("Pad", "crop", {w, g.add_initializer("cpads", ir::Tensor::from_i64({-1, 2, 0, -3}))}, {"crop"})
+          ->outputs[0];
   g.outputs = {y, z, g.add_node("Neg", "neg", {crop}, {"v"})->outputs[0]};
-  expect_views_fused(g, {{"x", random_f32({3, 5}, 21)}, {"dy", random_f32({2, 3}, 22)}, {"w", random_f32({4, 6}, 23)}}, 3);
+  expect_views_fused(g, {{"x", random_f32({3, 5}, 21)}, {"dy", random_f32({2, 3}, 22)}, {"w", random_f32({4, 6}, 23)}},
+                     3);
 }
 
 TEST(ViewsCompiled, NegativeStepSliceStaysEager) {
@@ -202,13 +208,13 @@ TEST(ViewsCompiled, NegativeStepSliceStaysEager) {
   // Slice runs as its eager kernel and the result is still right.
   ir::Graph g;
   ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({8}));
-  ir::Value* s = g.add_node("Slice", "slice",
-                            {x, g.add_initializer("st", ir::Tensor::from_i64({6})),
-                             g.add_initializer("en", ir::Tensor::from_i64({0})),
-                             g.add_initializer("ax", ir::Tensor::from_i64({0})),
-                             g.add_initializer("sp", ir::Tensor::from_i64({-2}))},
-                            {"s"})
-                     ->outputs[0];
+  ir::Value* s =
+      g.add_node(
+           "Slice", "slice",
+           {x, g.add_initializer("st", ir::Tensor::from_i64({6})), g.add_initializer("en", ir::Tensor::from_i64({0})),
+            g.add_initializer("ax", ir::Tensor::from_i64({0})), g.add_initializer("sp", ir::Tensor::from_i64({-2}))},
+           {"s"})
+          ->outputs[0];
   g.outputs = {g.add_node("Neg", "neg", {s}, {"y"})->outputs[0]};
   ASSERT_TRUE(ir::infer_graph(g).is_ok());
   auto fused = g.clone();

@@ -326,7 +326,8 @@ TEST(Accumulation, TinyGptBf16LoopStructure) {
     std::cout << "[ NOTE ] rewrote " << golden << "\n";
   }
   std::ifstream f(golden);
-  ASSERT_TRUE(f.good()) << "missing golden file " << golden << " (set KILN_UPDATE_GOLDEN=1 to write it, then review it)";
+  ASSERT_TRUE(f.good()) << "missing golden file " << golden
+                        << " (set KILN_UPDATE_GOLDEN=1 to write it, then review it)";
   std::stringstream want;
   want << f.rdbuf();
   EXPECT_EQ(got, want.str()) << "the accumulation program changed; review the diff and rerun with KILN_UPDATE_GOLDEN=1";

@@ -29,9 +29,9 @@
 #include <sstream>
 
 #include "codegen/cpu/llvm_cpu.h"
+#include "e2e_util.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
-#include "e2e_util.h"
 
 namespace fs = std::filesystem;
 
@@ -75,7 +75,8 @@ int count_lines_with(const std::string& text, const std::string& needle) {
 }
 
 const std::string kModel = kSrc + "/examples/tiny_gpt/model.onnx";
-const std::string kTrainFlags = " --train_data " + kSrc + "/data/text/train.bin --block_size 64 --per_device_train_batch_size 4 "
+const std::string kTrainFlags = " --train_data " + kSrc +
+                                "/data/text/train.bin --block_size 64 --per_device_train_batch_size 4 "
                                 "--learning_rate 1e-3 --logging_steps 1 --seed 7";
 
 void require_data() {
@@ -88,9 +89,9 @@ const std::string& compiled_dir() {
   static std::string dir;
   if (dir.empty()) {
     dir = tmpdir("gpt");
-    ShellRun r = sh("'" + kBin + "' compile " + kModel + kTrainFlags + " --max_steps 6 --cache_dir " + dir + "/cache -o " + dir +
-                   "/out",
-               kSrc);
+    ShellRun r = sh("'" + kBin + "' compile " + kModel + kTrainFlags + " --max_steps 6 --cache_dir " + dir +
+                        "/cache -o " + dir + "/out",
+                    kSrc);
     EXPECT_EQ(r.code, 0) << r.out << r.err;
   }
   return dir;
@@ -101,8 +102,8 @@ void expect_close_losses(const std::map<int64_t, double>& got, const std::map<in
   ASSERT_EQ(want.size(), steps);
   for (auto& [step, w] : want) {
     ASSERT_TRUE(got.count(step)) << "step " << step;
-    EXPECT_LE(std::fabs(got.at(step) - w), 1e-5 * std::fabs(w)) << "step " << step << ": binary " << got.at(step)
-                                                                 << ", kiln train " << w;
+    EXPECT_LE(std::fabs(got.at(step) - w), 1e-5 * std::fabs(w))
+        << "step " << step << ": binary " << got.at(step) << ", kiln train " << w;
   }
 }
 
@@ -113,8 +114,8 @@ TEST(AotCompile, BinaryCopiedAloneReproducesKilnTrain) {
   const std::string dir = compiled_dir();
   ASSERT_TRUE(fs::exists(dir + "/out/train"));
   // Reference: kiln train, same flags.
-  ShellRun ref = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 6 --no_cache --output_dir " + dir + "/ref",
-               kSrc);
+  ShellRun ref = sh(
+      "'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 6 --no_cache --output_dir " + dir + "/ref", kSrc);
   ASSERT_EQ(ref.code, 0) << ref.err;
   // The binary alone in another folder (no model.onnx, no build tree beside it).
   const std::string alone = dir + "/elsewhere";
@@ -131,13 +132,15 @@ TEST(AotCompile, BinaryCopiedAloneReproducesKilnTrain) {
 TEST(AotCompile, ExternalDataIsEmbeddedInTheBinary) {
   const std::string d = kSrc + "/tests/data/hf/gpt2/";
   ASSERT_TRUE(fs::exists(d + "logits_dynamo.onnx.data"));
-  const std::string flags = " --shape batch=2,seq=8 --train_data input_ids=" + d + "input_ids.npy --train_data labels=" +
-                            d + "logit_labels.npy --per_device_train_batch_size 2 --max_steps 3 --logging_steps 1";
+  const std::string flags = " --shape batch=2,seq=8 --train_data input_ids=" + d +
+                            "input_ids.npy --train_data labels=" + d +
+                            "logit_labels.npy --per_device_train_batch_size 2 --max_steps 3 --logging_steps 1";
   const std::string dir = tmpdir("external");
-  ShellRun c = sh("'" + kBin + "' compile " + d + "logits_dynamo.onnx" + flags + " --no_cache -o " + dir + "/out", kSrc);
+  ShellRun c =
+      sh("'" + kBin + "' compile " + d + "logits_dynamo.onnx" + flags + " --no_cache -o " + dir + "/out", kSrc);
   ASSERT_EQ(c.code, 0) << c.out << c.err;
-  ShellRun ref = sh("'" + kBin + "' train " + d + "logits_dynamo.onnx" + flags + " --no_cache --output_dir " + dir + "/ref",
-                    kSrc);
+  ShellRun ref =
+      sh("'" + kBin + "' train " + d + "logits_dynamo.onnx" + flags + " --no_cache --output_dir " + dir + "/ref", kSrc);
   ASSERT_EQ(ref.code, 0) << ref.err;
   // Alone, beside a file named as the model's data file that holds garbage: the binary
   // must neither need the real one nor read this one.
@@ -156,8 +159,8 @@ TEST(AotCompile, ExternalDataIsEmbeddedInTheBinary) {
 TEST(AotCompile, RunTimeMaxStepsMatchesKilnTrain) {
   require_data();
   const std::string dir = compiled_dir();
-  ShellRun ref = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 4 --no_cache --output_dir " + dir + "/ref4",
-               kSrc);
+  ShellRun ref = sh(
+      "'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 4 --no_cache --output_dir " + dir + "/ref4", kSrc);
   ASSERT_EQ(ref.code, 0) << ref.err;
   ShellRun r = sh("'" + dir + "/out/train' --max_steps 4 --output_dir " + dir + "/run4", kSrc);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
@@ -166,10 +169,14 @@ TEST(AotCompile, RunTimeMaxStepsMatchesKilnTrain) {
   // "kiln: warning:".
   ShellRun a = sh("'" + dir + "/out/train' --max_steps 2 --save_steps 2 --output_dir " + dir + "/resume", kSrc);
   ASSERT_EQ(a.code, 0) << a.out << a.err;
-  ShellRun b = sh("'" + dir + "/out/train' --max_steps 3 --save_steps 2 --seed 7 --resume_from_checkpoint latest "
-                  "--output_dir " + dir + "/resume", kSrc);
+  ShellRun b = sh("'" + dir +
+                      "/out/train' --max_steps 3 --save_steps 2 --seed 7 --resume_from_checkpoint latest "
+                      "--output_dir " +
+                      dir + "/resume",
+                  kSrc);
   ASSERT_EQ(b.code, 0) << b.out << b.err;
-  EXPECT_NE(b.err.find("train: warning: resuming from a run with --max_steps 2 (this run: 3)"), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("train: warning: resuming from a run with --max_steps 2 (this run: 3)"), std::string::npos)
+      << b.err;
   EXPECT_EQ(b.err.find("kiln:"), std::string::npos) << b.err;
 }
 
@@ -210,7 +217,8 @@ TEST(AotCompile, ArtifactsAreProducedAndParse) {
   // Report.
   nlohmann::json rep;
   ASSERT_NO_THROW(rep = nlohmann::json::parse(slurp(out + "/compile_report.json")));
-  for (const char* k : {"passes", "fusion", "lower_to_kernel_ir", "llvm_ir", "llvm_o3", "machine_code", "link", "total"})
+  for (const char* k :
+       {"passes", "fusion", "lower_to_kernel_ir", "llvm_ir", "llvm_o3", "machine_code", "link", "total"})
     EXPECT_TRUE(rep["seconds"].contains(k)) << k;
   const int train_kernels = rep["programs"]["train"]["kernels"].get<int>();
   const int eval_kernels = rep["programs"]["eval"]["kernels"].get<int>();
@@ -244,7 +252,8 @@ TEST(AotCompile, CacheHitAndTruncatedEntryRebuilt) {
     auto rep = nlohmann::json::parse(slurp(out + "/compile_report.json"));
     return rep["programs"]["train"]["compile_cache"].get<std::string>();
   };
-  const std::string cmd = "'" + kBin + "' compile " + kModel + kTrainFlags + " --max_steps 6 --cache_dir " + dir + "/cache -o ";
+  const std::string cmd =
+      "'" + kBin + "' compile " + kModel + kTrainFlags + " --max_steps 6 --cache_dir " + dir + "/cache -o ";
   ShellRun hit = sh(cmd + dir + "/out2", kSrc);
   ASSERT_EQ(hit.code, 0) << hit.err;
   EXPECT_EQ(cache_status(dir + "/out2"), "disk hit");
@@ -266,8 +275,9 @@ TEST(AotCompile, CacheHitAndTruncatedEntryRebuilt) {
 TEST(AotCompile, KilnLogsTopics) {
   require_data();
   const std::string dir = tmpdir("logs");
-  ShellRun r = sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 1 --no_cache --output_dir " + dir + "/o", kSrc,
-             "KILN_LOGS=fusion,recompiles,memory,bogus");
+  ShellRun r =
+      sh("'" + kBin + "' train " + kModel + kTrainFlags + " --max_steps 1 --no_cache --output_dir " + dir + "/o", kSrc,
+         "KILN_LOGS=fusion,recompiles,memory,bogus");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_GT(count_lines_with(r.err, "[kiln:fusion] "), 10);
   EXPECT_EQ(count_lines_with(r.err, "[kiln:recompiles] "), 2);  // train and eval programs
@@ -300,7 +310,8 @@ TEST(AotCompile, BinaryLoadsItsProgramWithTheModelDeletedAndRunsNoPass) {
 TEST(AotCompile, KilnTrainProgramCacheHitRunsNoImportAndNoPass) {
   require_data();
   const std::string dir = tmpdir("program_cache");
-  const std::string cmd = "'" + kBin + "' train " + kModel + kTrainFlags + " --backend compiled --cache_dir " + dir + "/cache";
+  const std::string cmd =
+      "'" + kBin + "' train " + kModel + kTrainFlags + " --backend compiled --cache_dir " + dir + "/cache";
   ShellRun first = sh(cmd + " --max_steps 3 --output_dir " + dir + "/a", kSrc, "KILN_LOGS=passes,cache");
   ASSERT_EQ(first.code, 0) << first.err;
   EXPECT_EQ(count_lines_with(first.err, "[kiln:passes] import"), 1) << first.err;

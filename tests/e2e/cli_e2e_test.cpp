@@ -5,8 +5,8 @@
 //   - the README demo's runs reach their targets: digits MLP eval_accuracy >= 0.95,
 //     tiny GPT eval_loss < ln(256) / 2.
 // Real data comes from tools/prepare_test_data.sh (run by tools/test.sh).
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,38 +64,41 @@ nlohmann::json last_eval(const std::string& dir) {
   return last;
 }
 
-const std::string kMlpData =
-    "--train_data input=data/digits/x_train.npy --train_data labels=data/digits/y_train.npy ";
+const std::string kMlpData = "--train_data input=data/digits/x_train.npy --train_data labels=data/digits/y_train.npy ";
 const std::string kGptData = "--train_data data/text/train.bin --block_size 64 ";
 
 }  // namespace
 
 TEST(WholeModelGradcheck, MlpDigits) {
-  auto r = kiln_cmd("gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
-                "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy --elements_per_parameter 8");
+  auto r = kiln_cmd(
+      "gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+      "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy --elements_per_parameter 8");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("gradcheck: ok"), std::string::npos) << r.out;
 }
 
 TEST(WholeModelGradcheck, CnnBatchNorm) {
-  auto r = kiln_cmd("gradcheck examples/cnn_bn/model.onnx --train_data input=examples/cnn_bn/fixtures/batch_input.npy "
-                "--train_data labels=examples/cnn_bn/fixtures/batch_labels.npy --elements_per_parameter 6");
+  auto r = kiln_cmd(
+      "gradcheck examples/cnn_bn/model.onnx --train_data input=examples/cnn_bn/fixtures/batch_input.npy "
+      "--train_data labels=examples/cnn_bn/fixtures/batch_labels.npy --elements_per_parameter 6");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("gradcheck: ok"), std::string::npos) << r.out;
 }
 
 TEST(WholeModelGradcheck, TinyGptWithDropout) {
-  auto r = kiln_cmd("gradcheck examples/tiny_gpt/model.onnx --train_data input=examples/tiny_gpt/fixtures/batch_input.npy "
-                "--train_data labels=examples/tiny_gpt/fixtures/batch_labels.npy --per_device_train_batch_size 2 "
-                "--elements_per_parameter 3");
+  auto r = kiln_cmd(
+      "gradcheck examples/tiny_gpt/model.onnx --train_data input=examples/tiny_gpt/fixtures/batch_input.npy "
+      "--train_data labels=examples/tiny_gpt/fixtures/batch_labels.npy --per_device_train_batch_size 2 "
+      "--elements_per_parameter 3");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("gradcheck: ok"), std::string::npos) << r.out;
 }
 
 TEST(WholeModelGradcheck, ReportsAWrongGradientAsFailure) {
   // A tolerance no float64 difference quotient can meet: the command must fail, not pass.
-  auto r = kiln_cmd("gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
-                "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy --tolerance 1e-30");
+  auto r = kiln_cmd(
+      "gradcheck examples/mlp_digits/model.onnx --train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+      "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy --tolerance 1e-30");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("gradcheck failed"), std::string::npos) << r.out;
 }
@@ -107,10 +110,10 @@ void check_resume(const std::string& model, const std::string& data, int n, cons
   auto a = kiln_cmd(common + "--max_steps " + std::to_string(2 * n) + " --output_dir " + full);
   ASSERT_EQ(a.code, 0) << a.out;
   auto b = kiln_cmd(common + "--max_steps " + std::to_string(2 * n) + " --save_steps " + std::to_string(n) +
-                " --output_dir " + half);
+                    " --output_dir " + half);
   ASSERT_EQ(b.code, 0) << b.out;
   auto c = kiln_cmd(common + "--max_steps " + std::to_string(2 * n) + " --resume_from_checkpoint " + half +
-                "/checkpoint-" + std::to_string(n) + " --output_dir " + resumed);
+                    "/checkpoint-" + std::to_string(n) + " --output_dir " + resumed);
   ASSERT_EQ(c.code, 0) << c.out;
   auto la = train_losses(full), lc = train_losses(resumed);
   ASSERT_EQ(la.size(), static_cast<size_t>(2 * n));
@@ -134,22 +137,24 @@ TEST(Resume, TinyGptWithDropoutEqualsUninterruptedRun) {
 TEST(Resume, CheckpointPastMaxStepsTrainsNothingAndSaysSo) {
   require_data();
   const std::string half = tmpdir("mlp_past_half"), again = tmpdir("mlp_past_again");
-  const std::string common = "train examples/mlp_digits/model.onnx " + std::string(kMlpData) +
-                             "--per_device_train_batch_size 32 --seed 7 ";
+  const std::string common =
+      "train examples/mlp_digits/model.onnx " + std::string(kMlpData) + "--per_device_train_batch_size 32 --seed 7 ";
   auto a = kiln_cmd(common + "--max_steps 4 --save_steps 4 --output_dir " + half);
   ASSERT_EQ(a.code, 0) << a.out;
   auto b = kiln_cmd(common + "--max_steps 2 --resume_from_checkpoint " + half + "/checkpoint-4 --output_dir " + again);
   EXPECT_EQ(b.code, 0) << b.out;
   EXPECT_NE(b.out.find("nothing to train"), std::string::npos) << b.out;
   EXPECT_NE(b.out.find("no training step ran"), std::string::npos) << b.out;
-  EXPECT_EQ(b.out.find("kiln: warning: resuming"), std::string::npos) << "no value applies when nothing trains: " << b.out;
+  EXPECT_EQ(b.out.find("kiln: warning: resuming"), std::string::npos)
+      << "no value applies when nothing trains: " << b.out;
   EXPECT_EQ(b.out.find("measured - planned"), std::string::npos) << "planned vs measured of no step\n" << b.out;
 }
 
 TEST(Demo, DigitsMlpReaches95PercentEvalAccuracy) {
   require_data();
   std::string out = tmpdir("demo_mlp");
-  auto r = kiln_cmd("train examples/mlp_digits/model.onnx --config examples/mlp_digits/train_demo.json --output_dir " + out);
+  auto r =
+      kiln_cmd("train examples/mlp_digits/model.onnx --config examples/mlp_digits/train_demo.json --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   auto e = last_eval(out);
   ASSERT_TRUE(e.contains("eval_accuracy")) << r.out;
@@ -160,7 +165,8 @@ TEST(Demo, DigitsMlpReaches95PercentEvalAccuracy) {
 TEST(Demo, TinyGptEvalLossBelowHalfLnVocab) {
   require_data();
   std::string out = tmpdir("demo_gpt");
-  auto r = kiln_cmd("train examples/tiny_gpt/model.onnx --config examples/tiny_gpt/train_demo.json --output_dir " + out);
+  auto r =
+      kiln_cmd("train examples/tiny_gpt/model.onnx --config examples/tiny_gpt/train_demo.json --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   auto e = last_eval(out);
   ASSERT_TRUE(e.contains("eval_loss")) << r.out;
@@ -187,14 +193,15 @@ void expect_one_line_error(const Run& r, const std::string& needle) {
 TEST(Resume, ChangedFlagsAreNamed) {
   require_data();
   const std::string a = tmpdir("resume_flags_a"), b = tmpdir("resume_flags_b");
-  const std::string base = "train examples/mlp_digits/model.onnx " + kMlpData +
-                           "--per_device_train_batch_size 32 --seed 7 --backend eager ";
+  const std::string base =
+      "train examples/mlp_digits/model.onnx " + kMlpData + "--per_device_train_batch_size 32 --seed 7 --backend eager ";
   auto r = kiln_cmd(base + "--max_steps 2 --save_steps 2 --freeze 'fc1.*' --output_dir " + a);
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string ck = a + "/checkpoint-2";
   const std::string resume = "--max_steps 4 --resume_from_checkpoint " + ck + " --output_dir " + b + " ";
   expect_one_line_error(kiln_cmd(base + resume), "written with --freeze fc1.* (this run: none)");
-  expect_one_line_error(kiln_cmd(base + resume + "--freeze 'fc1.*' --fp16"), "written with --fp16 false (this run: true)");
+  expect_one_line_error(kiln_cmd(base + resume + "--freeze 'fc1.*' --fp16"),
+                        "written with --fp16 false (this run: true)");
   auto sgd = kiln_cmd(base + resume + "--freeze 'fc1.*' --optim sgd");
   expect_one_line_error(sgd, "written with --optim adamw_torch (this run: sgd)");
   EXPECT_EQ(sgd.out.find("--freeze"), std::string::npos) << "an unchanged flag named: " << sgd.out;
@@ -205,7 +212,8 @@ TEST(Resume, ChangedFlagsAreNamed) {
   const size_t w = lr.out.find("kiln: warning: resuming from a run with ");
   ASSERT_NE(w, std::string::npos) << lr.out;
   const std::string line = lr.out.substr(w, lr.out.find('\n', w) - w);
-  for (const char* f : {"--bf16 false (this run: true)", "--seed 7 (this run: 8)", "--learning_rate 5e-05 (this run: 0.01)"})
+  for (const char* f :
+       {"--bf16 false (this run: true)", "--seed 7 (this run: 8)", "--learning_rate 5e-05 (this run: 0.01)"})
     EXPECT_NE(line.find(f), std::string::npos) << f << " not in: " << line;
   EXPECT_EQ(lr.out.find("kiln: warning", w + 1), std::string::npos) << "one warning line: " << lr.out;
   // --output_dir = the checkpoint: refused, and the checkpoint stays as it was.
@@ -217,9 +225,9 @@ TEST(Resume, ChangedFlagsAreNamed) {
   expect_one_line_error(kiln_cmd(base + "--freeze 'fc1.*' --max_steps 6 --save_steps 2 --resume_from_checkpoint " + ck +
                                  " --output_dir " + ck),
                         "is the checkpoint this run resumes from");
-  expect_one_line_error(kiln_cmd(base + "--freeze 'fc1.*' --max_steps 6 --resume_from_checkpoint " + ck +
-                                 " --output_dir " + ck + "/sub"),
-                        "is inside the checkpoint this run resumes from");
+  expect_one_line_error(
+      kiln_cmd(base + "--freeze 'fc1.*' --max_steps 6 --resume_from_checkpoint " + ck + " --output_dir " + ck + "/sub"),
+      "is inside the checkpoint this run resumes from");
   EXPECT_EQ(read(ck + "/model.safetensors"), weights);
   EXPECT_FALSE(fs::exists(ck + "/model.onnx"));
   EXPECT_FALSE(fs::exists(ck + "/.kiln.lock")) << "the refusal came after the output folder was locked";
@@ -265,21 +273,17 @@ const std::string kBad = "tests/data/bad_models/";
 
 TEST(BadInput, ModelFilesGiveOneLine) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"bad_truncated.onnx", "bad_truncated.onnx"},
-      {"bad_text.onnx", "bad_text.onnx"},
-      {"bad_random.onnx", "bad_random.onnx"},
-      {"bad_unsupported_op.onnx", "unsupported op 'Foo'"},
-      {"bad_missing_initializer.onnx", "missing"},
-      {"bad_external_absolute.onnx", "bad_external_absolute.onnx"},
-      {"bad_external_dotdot.onnx", ".."},
-      {"bad_opset29.onnx", "opset"},
+      {"bad_truncated.onnx", "bad_truncated.onnx"}, {"bad_text.onnx", "bad_text.onnx"},
+      {"bad_random.onnx", "bad_random.onnx"},       {"bad_unsupported_op.onnx", "unsupported op 'Foo'"},
+      {"bad_missing_initializer.onnx", "missing"},  {"bad_external_absolute.onnx", "bad_external_absolute.onnx"},
+      {"bad_external_dotdot.onnx", ".."},           {"bad_opset29.onnx", "opset"},
   };
   for (auto& [file, needle] : cases) {
     SCOPED_TRACE(file);
     expect_one_line_error(kiln_cmd("inspect " + kBad + file), needle);
     std::string out = tmpdir("bad_run");
-    expect_one_line_error(kiln_cmd("run " + kBad + file + " --input x=examples/mlp_digits/input.npy --output_dir " + out),
-                          needle);
+    expect_one_line_error(
+        kiln_cmd("run " + kBad + file + " --input x=examples/mlp_digits/input.npy --output_dir " + out), needle);
   }
 }
 
@@ -287,15 +291,18 @@ TEST(BadInput, RunInputOfWrongDtypeOrShape) {
   std::string out = tmpdir("bad_npy");
   // int64 tokens fed to the MLP's float input: wrong dtype.
   expect_one_line_error(kiln_cmd("run examples/mlp_digits/model.onnx --input input=examples/tiny_gpt/input.npy "
-                             "--output_dir " + out),
+                                 "--output_dir " +
+                                 out),
                         "input");
   // CNN images [4,1,8,8] fed to the MLP's [batch, 64] input: wrong shape.
   expect_one_line_error(kiln_cmd("run examples/mlp_digits/model.onnx --input input=examples/cnn_bn/input.npy "
-                             "--output_dir " + out),
+                                 "--output_dir " +
+                                 out),
                         "input");
   // A file that is not .npy at all.
   expect_one_line_error(kiln_cmd("run examples/mlp_digits/model.onnx --input input=examples/mlp_digits/meta.json "
-                             "--output_dir " + out),
+                                 "--output_dir " +
+                                 out),
                         "meta.json");
 }
 
@@ -304,22 +311,25 @@ TEST(BadInput, ReviewedCrashesGiveOneLine) {
   std::string out = tmpdir("reviewed");
   // libonnx's pooling shape inference divided by a zero stride: SIGFPE.
   expect_one_line_error(kiln_cmd("inspect " + kBad + "bad_pool_stride0.onnx"), "strides has 0");
-  expect_one_line_error(kiln_cmd("train " + kBad + "bad_conv_stride0.onnx " + kMlpData + "--max_steps 1 --output_dir " + out),
-                        "strides has 0");
+  expect_one_line_error(
+      kiln_cmd("train " + kBad + "bad_conv_stride0.onnx " + kMlpData + "--max_steps 1 --output_dir " + out),
+      "strides has 0");
   // A device was read without end (memory grew until the machine ran out).
   expect_one_line_error(kiln_cmd("inspect /dev/zero"), "not a regular file");
   expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx --train_data input=/dev/zero "
-                                 "--train_data labels=data/digits/y_train.npy --max_steps 1 --output_dir " + out),
+                                 "--train_data labels=data/digits/y_train.npy --max_steps 1 --output_dir " +
+                                 out),
                         "not a regular file");
-  expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--config /dev/zero --output_dir " + out),
-                        "not a regular file");
+  expect_one_line_error(
+      kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--config /dev/zero --output_dir " + out),
+      "not a regular file");
   // 2^31 x 2^31 floats: the byte count wrapped to 0 and `kiln run` wrote a header-only .npy.
   expect_one_line_error(kiln_cmd("run " + kBad + "bad_huge_constant.onnx --output_dir " + out), "out of memory");
   EXPECT_FALSE(fs::exists(out + "/huge.npy"));
   // The step count overflowed to a negative number and training "finished" at step 0.
-  expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData +
-                                 "--num_train_epochs 1e30 --output_dir " + out),
-                        "optimizer steps");
+  expect_one_line_error(
+      kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--num_train_epochs 1e30 --output_dir " + out),
+      "optimizer steps");
 }
 
 TEST(BadInput, ModelValuesNamedLikeKilnsInputsAreRefused) {
@@ -328,20 +338,27 @@ TEST(BadInput, ModelValuesNamedLikeKilnsInputsAreRefused) {
   // --label_input naming an intermediate value, or a model input named
   // num_items_in_batch, gave contradictory errors or failed at step 1.
   std::string out = tmpdir("label_names");
-  const std::string train = "train " + kBad + "bad_labels_initializer.onnx " + kMlpData + "--max_steps 2 --output_dir " + out;
+  const std::string train =
+      "train " + kBad + "bad_labels_initializer.onnx " + kMlpData + "--max_steps 2 --output_dir " + out;
   expect_one_line_error(kiln_cmd(train), "already has a value named 'labels' (a parameter or constant)");
-  expect_one_line_error(kiln_cmd("train " + kBad + "bad_labels_initializer.onnx --train_data input=data/digits/x_train.npy "
-                                 "--train_data h=data/digits/y_train.npy --label_input h --max_steps 2 --output_dir " + out),
+  expect_one_line_error(kiln_cmd("train " + kBad +
+                                 "bad_labels_initializer.onnx --train_data input=data/digits/x_train.npy "
+                                 "--train_data h=data/digits/y_train.npy --label_input h --max_steps 2 --output_dir " +
+                                 out),
                         "already has a value named 'h' (computed by node '/MatMul')");
   EXPECT_FALSE(fs::exists(out + "/model.safetensors"));
-  expect_one_line_error(kiln_cmd("train " + kBad + "bad_num_items_input.onnx --train_data num_items_in_batch=data/digits/x_train.npy "
-                                 "--train_data labels=data/digits/y_train.npy --max_steps 2 --output_dir " + out),
+  expect_one_line_error(kiln_cmd("train " + kBad +
+                                 "bad_num_items_input.onnx --train_data num_items_in_batch=data/digits/x_train.npy "
+                                 "--train_data labels=data/digits/y_train.npy --max_steps 2 --output_dir " +
+                                 out),
                         "value named 'num_items_in_batch'");
   // mse labels shaped like a scalar output: "expected shape [] (first dim = rows)".
-  expect_one_line_error(kiln_cmd("train " + kBad + "bad_scalar_output.onnx " + kMlpData + "--loss mse --max_steps 1 --output_dir " + out),
-                        "the graph input is a scalar");
+  expect_one_line_error(
+      kiln_cmd("train " + kBad + "bad_scalar_output.onnx " + kMlpData + "--loss mse --max_steps 1 --output_dir " + out),
+      "the graph input is a scalar");
   // kiln grad runs the eager gradient graph: --backend compiled only compiled code it never ran.
-  expect_one_line_error(kiln_cmd("grad examples/mlp_digits/model.onnx " + kMlpData + "--backend compiled --out " + out + "/g.safetensors"),
+  expect_one_line_error(kiln_cmd("grad examples/mlp_digits/model.onnx " + kMlpData + "--backend compiled --out " + out +
+                                 "/g.safetensors"),
                         "eager reference interpreter");
 }
 
@@ -351,7 +368,8 @@ TEST(BadInput, SecondReviewFindings) {
   // Parameters that do not reach the loss (here the Constant outputs of good_constants,
   // two of its three outputs unused by the loss) get a zero gradient Expand(0, shape),
   // which the compiled backend failed to lower ("reads a value computed in the kernel").
-  auto r = kiln_cmd("bench " + kBad + "good_constants.onnx --per_device_train_batch_size 2 --bench_steps 2 "
+  auto r = kiln_cmd("bench " + kBad +
+                    "good_constants.onnx --per_device_train_batch_size 2 --bench_steps 2 "
                     "--backend eager,compiled");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("error"), std::string::npos) << r.out;
@@ -363,22 +381,26 @@ TEST(BadInput, SecondReviewFindings) {
   const kiln::ir::Tensor aux0 = *(*model)->find_value("aux.weight")->data;
   for (const char* backend : {"eager", "compiled"}) {
     const std::string dir = out + "/unused_" + backend;
-    auto t = kiln_cmd("train " + kBad + "good_unused_head.onnx " + kMlpData + "--weight_decay 0.5 --learning_rate 0.1 "
-                      "--max_steps 3 --backend " + backend + " --output_dir " + dir);
+    auto t = kiln_cmd("train " + kBad + "good_unused_head.onnx " + kMlpData +
+                      "--weight_decay 0.5 --learning_rate 0.1 "
+                      "--max_steps 3 --backend " +
+                      backend + " --output_dir " + dir);
     ASSERT_EQ(t.code, 0) << t.out;
     auto st = kiln::runtime::io::load_safetensors(dir + "/model.safetensors");
     ASSERT_TRUE(st) << st.message();
     ASSERT_TRUE(st->count("aux.weight") && st->count("W")) << backend;
     const kiln::ir::Tensor& aux = st->at("aux.weight");
     ASSERT_EQ(aux.numel(), aux0.numel());
-    for (int64_t i = 0; i < aux.numel(); ++i) ASSERT_EQ(aux.get_f64(i), aux0.get_f64(i)) << backend << " aux.weight[" << i << "]";
+    for (int64_t i = 0; i < aux.numel(); ++i)
+      ASSERT_EQ(aux.get_f64(i), aux0.get_f64(i)) << backend << " aux.weight[" << i << "]";
   }
   // The --freeze error sends the user to `kiln inspect MODEL` for the parameter names,
   // which it did not print.
   auto insp = kiln_cmd("inspect examples/mlp_digits/model.onnx");
   ASSERT_EQ(insp.code, 0) << insp.out;
   for (const char* name : {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"})
-    EXPECT_NE(insp.out.find(std::string("\n  ") + name + "  f32 ["), std::string::npos) << name << " not in:\n" << insp.out;
+    EXPECT_NE(insp.out.find(std::string("\n  ") + name + "  f32 ["), std::string::npos) << name << " not in:\n"
+                                                                                        << insp.out;
   // kiln compile baked --resume_from_checkpoint in and the binary then ignored it.
   expect_one_line_error(kiln_cmd("compile examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 2 -o " + out +
                                  "/bin --resume_from_checkpoint " + out + "/checkpoint-1"),
@@ -403,8 +425,10 @@ TEST(Resume, LogHistoryComesFromTheCheckpoint) {
   // checkpoint then spliced that run's log lines before its own. The checkpoint now
   // carries the history (as HF's trainer_state.json log_history).
   std::string out = tmpdir("log_history");
-  const std::string base = "train examples/mlp_digits/model.onnx " + kMlpData + "--save_steps 5 --logging_steps 1 "
-                           "--output_dir " + out + " ";
+  const std::string base = "train examples/mlp_digits/model.onnx " + kMlpData +
+                           "--save_steps 5 --logging_steps 1 "
+                           "--output_dir " +
+                           out + " ";
   ASSERT_EQ(kiln_cmd(base + "--max_steps 10").code, 0);
   const auto first = train_losses(out);
   ASSERT_EQ(first.size(), 10u);
@@ -435,20 +459,26 @@ TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
   fs::create_directories(out + "/checkpoint-14.tmp");  // a save that was interrupted
   auto fresh = kiln_cmd(base + "--max_steps 4 --overwrite_output_dir");
   ASSERT_EQ(fresh.code, 0) << fresh.out;
-  EXPECT_NE(fresh.out.find("--overwrite_output_dir: deleted checkpoint-10, checkpoint-12"), std::string::npos) << fresh.out;
+  EXPECT_NE(fresh.out.find("--overwrite_output_dir: deleted checkpoint-10, checkpoint-12"), std::string::npos)
+      << fresh.out;
   EXPECT_TRUE(fs::exists(out + "/checkpoint-2"));
   EXPECT_TRUE(fs::exists(out + "/checkpoint-4"));
   EXPECT_FALSE(fs::exists(out + "/checkpoint-12"));
   EXPECT_FALSE(fs::exists(out + "/checkpoint-14.tmp"));
   // A run that reaches no multiple of --save_steps writes nothing: not refused.
-  auto nosave = kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--save_steps 100 --max_steps 3 --output_dir " + out);
+  auto nosave = kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData +
+                         "--save_steps 100 --max_steps 3 --output_dir " + out);
   EXPECT_EQ(nosave.code, 0) << nosave.out;
   // Resuming another folder's checkpoint: every checkpoint here is another run's
   // (--save_total_limit deleted checkpoint-2 and -4 of this folder's run).
   std::string other = tmpdir("ckpt_guard_other");
-  ASSERT_EQ(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 6 --save_steps 6 --output_dir " + other).code, 0);
-  expect_one_line_error(kiln_cmd(base + "--max_steps 8 --save_total_limit 1 --resume_from_checkpoint " + other + "/checkpoint-6"),
-                        "already holds checkpoint-2, checkpoint-4 of another run");
+  ASSERT_EQ(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 6 --save_steps 6 --output_dir " +
+                     other)
+                .code,
+            0);
+  expect_one_line_error(
+      kiln_cmd(base + "--max_steps 8 --save_total_limit 1 --resume_from_checkpoint " + other + "/checkpoint-6"),
+      "already holds checkpoint-2, checkpoint-4 of another run");
   EXPECT_TRUE(fs::exists(out + "/checkpoint-2"));
   // A folder named checkpoint-N.old is the user's (kiln's saves never leave one now): kept.
   fs::create_directories(out + "/checkpoint-2.old");
@@ -468,8 +498,10 @@ TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
   // A file named like a checkpoint is not overwritten.
   std::string filed = tmpdir("ckpt_guard_file");
   std::ofstream(filed + "/checkpoint-2") << "not a checkpoint\n";
-  expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 2 --save_steps 2 "
-                                 "--output_dir " + filed),
+  expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData +
+                                 "--max_steps 2 --save_steps 2 "
+                                 "--output_dir " +
+                                 filed),
                         "holds a file named checkpoint-2");
   std::ifstream kept(filed + "/checkpoint-2");
   std::string line;
@@ -483,8 +515,9 @@ TEST(BadInput, CheckpointsOfAnotherRunAreNotRotatedAway) {
 
 TEST(BadInput, CliArgumentsGiveOneLine) {
   const std::string mlp = "examples/mlp_digits/model.onnx";
-  const std::string fx = "--train_data input=examples/mlp_digits/fixtures/batch_input.npy "
-                         "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy ";
+  const std::string fx =
+      "--train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+      "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy ";
   expect_one_line_error(kiln_cmd("frobnicate"), "unknown subcommand 'frobnicate'");
   expect_one_line_error(kiln_cmd("inspect " + mlp + " --shape batch=0"), "must be > 0");
   expect_one_line_error(kiln_cmd("inspect " + mlp + " --shape foo=3"), "no input dim named 'foo'");
@@ -497,27 +530,34 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
                         "--elements_per_parameter");
   expect_one_line_error(kiln_cmd("grad " + mlp + " " + fx + "--out examples"), "is a directory");
   std::string out = tmpdir("dup_input");
-  expect_one_line_error(kiln_cmd("run " + mlp + " --input input=examples/mlp_digits/input.npy "
-                             "--input input=examples/mlp_digits/input.npy --output_dir " + out),
+  expect_one_line_error(kiln_cmd("run " + mlp +
+                                 " --input input=examples/mlp_digits/input.npy "
+                                 "--input input=examples/mlp_digits/input.npy --output_dir " +
+                                 out),
                         "given twice");
-  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --print-ir-after nosuchpass --output_dir " + out),
-                        "nosuchpass");
+  expect_one_line_error(
+      kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --print-ir-after nosuchpass --output_dir " + out),
+      "nosuchpass");
   // Flags kiln lacks are named (CLI11 said "The following arguments were not expected:
   // steps --eval_strategy"): Hugging Face ones with what kiln does instead, others with
   // the closest flag.
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --eval_strategy steps"),
                         "unknown flag --eval_strategy (a Hugging Face flag kiln does not take: kiln evaluates");
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--save_strategy=epoch"), "unknown flag --save_strategy");
-  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--lr 1e-3"), "unknown flag --lr (did you mean --learning_rate?)");
-  expect_one_line_error(kiln_cmd("bench " + mlp + " --bench_step 3"), "unknown flag --bench_step (did you mean --bench_steps?)");
-  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--frobnicate"), "unknown flag --frobnicate (--help lists");
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--lr 1e-3"),
+                        "unknown flag --lr (did you mean --learning_rate?)");
+  expect_one_line_error(kiln_cmd("bench " + mlp + " --bench_step 3"),
+                        "unknown flag --bench_step (did you mean --bench_steps?)");
+  expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--frobnicate"),
+                        "unknown flag --frobnicate (--help lists");
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--fp32"), "kiln trains in fp32 unless --bf16 or --fp16");
   // A flag without its value took the next flag for it (trained into a folder "--bf16").
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --output_dir --bf16"),
                         "--output_dir needs a value (the next argument is the flag --bf16)");
   EXPECT_FALSE(fs::exists(kSrc + "/--bf16"));
-  expect_one_line_error(kiln_cmd("run " + mlp + " --input input=examples/mlp_digits/input.npy --output_dir --shape batch=4"),
-                        "--output_dir needs a value");
+  expect_one_line_error(
+      kiln_cmd("run " + mlp + " --input input=examples/mlp_digits/input.npy --output_dir --shape batch=4"),
+      "--output_dir needs a value");
   expect_one_line_error(kiln_cmd("--max_steps 3 train " + mlp), "the subcommand comes first");
   expect_one_line_error(kiln_cmd("train " + mlp + " " + fx + "--max_steps 1 --output_dir -h"),
                         "--output_dir needs a value (the next argument is the flag -h)");
@@ -534,7 +574,8 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
                      tmpdir("bf16_true"));
   EXPECT_EQ(hf.code, 0) << hf.out;
   // Flags that turn bench's refused features off are harmless.
-  auto off = kiln_cmd("bench " + mlp + " --save_steps 0 --overwrite_output_dir=false --bench_steps 1 --warmup_steps_bench 0");
+  auto off =
+      kiln_cmd("bench " + mlp + " --save_steps 0 --overwrite_output_dir=false --bench_steps 1 --warmup_steps_bench 0");
   EXPECT_EQ(off.code, 0) << off.out;
 }
 
@@ -547,22 +588,26 @@ TEST(BadInput, CliArgumentsGiveOneLine) {
 TEST(BadInput, ThirdReviewFixes) {
   require_data();
   const std::string mlp = "examples/mlp_digits/model.onnx";
-  const std::string fx = "--train_data input=examples/mlp_digits/fixtures/batch_input.npy "
-                         "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy ";
+  const std::string fx =
+      "--train_data input=examples/mlp_digits/fixtures/batch_input.npy "
+      "--train_data labels=examples/mlp_digits/fixtures/batch_labels.npy ";
   // A fixed batch dim of 2 (the model's initializers as exported, input [2, 64]).
   const std::string dir = tmpdir("static_batch");
   const std::string fixed = dir + "/mlp_static.onnx";
   const std::string py = "/usr/bin/python3 -c \"import onnx; m = onnx.load('" + kSrc + "/" + mlp +
                          "'); d = m.graph.input[0].type.tensor_type.shape.dim[0]; d.Clear(); d.dim_value = 2; "
-                         "onnx.save(m, '" + fixed + "')\"";
+                         "onnx.save(m, '" +
+                         fixed + "')\"";
   ASSERT_EQ(std::system(py.c_str()), 0) << "python3-onnx is needed to make the fixed-batch model";
   expect_one_line_error(kiln_cmd("bench " + fixed + " --bench_steps 1"),
                         "--per_device_train_batch_size 8: the model's input 'input' has a fixed batch dim of 2");
   expect_one_line_error(kiln_cmd("compile " + fixed + " --max_steps 2 -o " + dir + "/bin"),
                         "pass --per_device_train_batch_size 2");
-  EXPECT_EQ(kiln_cmd("bench " + fixed + " --bench_steps 1 --warmup_steps_bench 0 --per_device_train_batch_size 2").code, 0);
+  EXPECT_EQ(kiln_cmd("bench " + fixed + " --bench_steps 1 --warmup_steps_bench 0 --per_device_train_batch_size 2").code,
+            0);
 
-  expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--bf16"), "--bf16: kiln gradcheck checks the float64");
+  expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--bf16"),
+                        "--bf16: kiln gradcheck checks the float64");
   expect_one_line_error(kiln_cmd("gradcheck " + mlp + " " + fx + "--fp16"), "--fp16: kiln gradcheck");
   expect_one_line_error(kiln_cmd("inspect " + mlp + " --print-ir-after fusion"),
                         "--print-ir-after: kiln inspect runs the passes only with --memory or --precision");
@@ -583,19 +628,29 @@ TEST(BadInput, ThirdReviewFixes) {
   EXPECT_TRUE(fs::exists(dd + "/notes.txt")) << "a file that is not a dump was removed";
 
   // 1438 rows in steps of 8: 6 rows of each epoch are left out, and the run says so.
-  auto tr = kiln_cmd("train " + mlp + " --train_data input=data/digits/x_train.npy --train_data "
-                     "labels=data/digits/y_train.npy --max_steps 1 --output_dir " + tmpdir("partial_note"));
+  auto tr = kiln_cmd("train " + mlp +
+                     " --train_data input=data/digits/x_train.npy --train_data "
+                     "labels=data/digits/y_train.npy --max_steps 1 --output_dir " +
+                     tmpdir("partial_note"));
   EXPECT_EQ(tr.code, 0) << tr.out;
   EXPECT_NE(tr.out.find("note: each epoch trains on 1432 of the 1438 rows"), std::string::npos) << tr.out;
 
   // A resume refused for a new batch size named --train_data as changed too when the same
   // files were given once relative, once absolute.
   const std::string run = tmpdir("resume_abs");
-  ASSERT_EQ(kiln_cmd("train " + mlp + " " + fx + "--max_steps 2 --save_steps 2 --per_device_train_batch_size 4 "
-                     "--output_dir " + run).code, 0);
-  auto abs = kiln_cmd("train " + mlp + " --train_data input=" + kSrc + "/examples/mlp_digits/fixtures/batch_input.npy "
-                      "--train_data labels=" + kSrc + "/examples/mlp_digits/fixtures/batch_labels.npy --max_steps 4 "
-                      "--per_device_train_batch_size 2 --resume_from_checkpoint latest --output_dir " + run);
+  ASSERT_EQ(kiln_cmd("train " + mlp + " " + fx +
+                     "--max_steps 2 --save_steps 2 --per_device_train_batch_size 4 "
+                     "--output_dir " +
+                     run)
+                .code,
+            0);
+  auto abs = kiln_cmd("train " + mlp + " --train_data input=" + kSrc +
+                      "/examples/mlp_digits/fixtures/batch_input.npy "
+                      "--train_data labels=" +
+                      kSrc +
+                      "/examples/mlp_digits/fixtures/batch_labels.npy --max_steps 4 "
+                      "--per_device_train_batch_size 2 --resume_from_checkpoint latest --output_dir " +
+                      run);
   expect_one_line_error(abs, "written with --per_device_train_batch_size 4 (this run: 2)");
   EXPECT_EQ(abs.out.find("--train_data"), std::string::npos) << abs.out;
   // ... but another file whose path ends the same way is another file (a suffix match,
@@ -603,9 +658,11 @@ TEST(BadInput, ThirdReviewFixes) {
   const std::string other = tmpdir("other_data") + "/examples/mlp_digits/fixtures";
   fs::create_directories(other);
   fs::copy_file(kSrc + "/examples/mlp_digits/fixtures/batch_input.npy", other + "/batch_input.npy");
-  auto moved = kiln_cmd("train " + mlp + " --train_data input=" + other + "/batch_input.npy --train_data "
+  auto moved = kiln_cmd("train " + mlp + " --train_data input=" + other +
+                        "/batch_input.npy --train_data "
                         "labels=examples/mlp_digits/fixtures/batch_labels.npy --max_steps 4 "
-                        "--per_device_train_batch_size 2 --resume_from_checkpoint latest --output_dir " + run);
+                        "--per_device_train_batch_size 2 --resume_from_checkpoint latest --output_dir " +
+                        run);
   EXPECT_NE(moved.out.find("--train_data input=examples/mlp_digits/fixtures/batch_input.npy"), std::string::npos)
       << moved.out;
 
@@ -613,14 +670,18 @@ TEST(BadInput, ThirdReviewFixes) {
   // embedding model exported without dynamic_axes) slipped through the check.
   const std::string emb = dir + "/emb_fixed16.onnx";
   const std::string mk =
-      "/usr/bin/python3 -c \"import numpy as np, onnx, onnx.numpy_helper; from onnx import helper as h, TensorProto as T; "
+      "/usr/bin/python3 -c \"import numpy as np, onnx, onnx.numpy_helper; from onnx import helper as h, TensorProto as "
+      "T; "
       "g = h.make_graph([h.make_node('Gather', ['emb', 'ids'], ['e']), h.make_node('MatMul', ['e', 'w'], ['logits'])], "
-      "'emb', [h.make_tensor_value_info('ids', T.INT64, [16])], [h.make_tensor_value_info('logits', T.FLOAT, [16, 10])], "
+      "'emb', [h.make_tensor_value_info('ids', T.INT64, [16])], [h.make_tensor_value_info('logits', T.FLOAT, [16, "
+      "10])], "
       "[onnx.numpy_helper.from_array(np.ones((10, 8), np.float32), 'emb'), "
       "onnx.numpy_helper.from_array(np.ones((8, 10), np.float32), 'w')]); "
-      "onnx.save(h.make_model(g, opset_imports=[h.make_opsetid('', 17)]), '" + emb + "')\"";
+      "onnx.save(h.make_model(g, opset_imports=[h.make_opsetid('', 17)]), '" +
+      emb + "')\"";
   ASSERT_EQ(std::system(mk.c_str()), 0);
-  expect_one_line_error(kiln_cmd("inspect " + emb + " --memory"), "the model's input 'ids' has a fixed batch dim of 16");
+  expect_one_line_error(kiln_cmd("inspect " + emb + " --memory"),
+                        "the model's input 'ids' has a fixed batch dim of 16");
   // ... and a valid pass that this pipeline does not run printed nothing, silently.
   auto unrun = kiln_cmd("inspect " + mlp + " --memory --print-ir-after autocast");
   EXPECT_EQ(unrun.code, 0) << unrun.out;

@@ -78,7 +78,8 @@ TEST_P(CompiledVsEager, LossesAndStateAgree) {
       continue;
     }
     const std::string suffix = "attn.c_attn.bias";
-    if (c.optim != "sgd" && name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    if (c.optim != "sgd" && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       // The key third of the fused q|k|v bias has an exactly zero gradient (softmax is
       // invariant to the per-query constant q.b_k), so its computed gradient is rounding
       // noise, and Adam's m / sqrt(v) turns any noise into steps of about lr: eager and
@@ -135,8 +136,8 @@ TEST(CompiledPeak, NoHigherThanEagerOnTheBenchmarkExamples) {
       auto pe = driver::executor_plan(*eager);
       auto pc = driver::executor_plan(*compiled);
       ASSERT_TRUE(pe && pc) << model;
-      std::cout << model << " " << prec << " " << c.optim << ": planned peak eager " << pe->peak_bytes << " B, compiled "
-                << pc->peak_bytes << " B (" << pc->donated_outputs << " state outputs donated, "
+      std::cout << model << " " << prec << " " << c.optim << ": planned peak eager " << pe->peak_bytes
+                << " B, compiled " << pc->peak_bytes << " B (" << pc->donated_outputs << " state outputs donated, "
                 << pc->donated_bytes << " B)\n";
       EXPECT_LE(pc->peak_bytes, pe->peak_bytes) << model << " " << prec;
       int64_t state = 0;

@@ -2,7 +2,6 @@
 // and run training steps with the eager interpreter.
 #pragma once
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,8 +15,8 @@
 #include <vector>
 
 #include "ir/graph.h"
-#include "runtime/interpreter.h"
 #include "runtime/data.h"
+#include "runtime/interpreter.h"
 #include "runtime/io.h"
 #include "tools/driver/driver.h"
 
@@ -91,7 +90,8 @@ inline std::map<int64_t, double> train_losses(const std::string& dir) {
 
 /// Bitwise equality of two state maps (same names, dtypes, dims and bytes); reports the
 /// first differing tensor.
-inline void expect_bitwise_equal(const std::map<std::string, ir::Tensor>& a, const std::map<std::string, ir::Tensor>& b) {
+inline void expect_bitwise_equal(const std::map<std::string, ir::Tensor>& a,
+                                 const std::map<std::string, ir::Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (auto& [name, t] : a) {
     ASSERT_TRUE(b.count(name)) << name;
@@ -139,8 +139,8 @@ struct ExampleCase {
 
 /// "tiny_gpt_bf16_adamw_8bit_remat_blocks_accum2" (a gtest name: alphanumerics and '_').
 inline std::string example_case_name(const ExampleCase& c) {
-  std::string n = c.model + "_" + c.precision + "_" + c.optim + "_remat_" + c.remat + "_accum" +
-                  std::to_string(c.accum);
+  std::string n =
+      c.model + "_" + c.precision + "_" + c.optim + "_remat_" + c.remat + "_accum" + std::to_string(c.accum);
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;

@@ -27,5 +27,4 @@ TEST_P(ExampleForward, MatchesPyTorch) {
   EXPECT_LT(e, 1e-5) << model << ": relative L2 error " << e;
 }
 
-INSTANTIATE_TEST_SUITE_P(Examples, ExampleForward,
-                         ::testing::Values("mlp_digits", "cnn_bn", "tiny_gpt", "resnet18"));
+INSTANTIATE_TEST_SUITE_P(Examples, ExampleForward, ::testing::Values("mlp_digits", "cnn_bn", "tiny_gpt", "resnet18"));

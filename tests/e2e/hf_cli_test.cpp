@@ -72,10 +72,11 @@ int64_t pytorch_parameter_count(const std::string& model) {
 
 TEST(HfCli, TrainWritesAModelThatReinspectsWithPyTorchsParameters) {
   const std::string d = kHf + "bert/", out = kiln::testing::fresh_tmpdir("hf_cli_bert");
-  CliRun r = kiln("train " + d + "loss_dynamo.onnx --loss model --train_data input_ids=" + d +
-               "input_ids.npy --train_data attention_mask=" + d + "attention_mask.npy --train_data token_type_ids=" + d +
-               "token_type_ids.npy --train_data labels=" + d +
-               "labels.npy --shape batch=2,seq=8 --per_device_train_batch_size 2 --max_steps 3 --output_dir " + out);
+  CliRun r =
+      kiln("train " + d + "loss_dynamo.onnx --loss model --train_data input_ids=" + d +
+           "input_ids.npy --train_data attention_mask=" + d + "attention_mask.npy --train_data token_type_ids=" + d +
+           "token_type_ids.npy --train_data labels=" + d +
+           "labels.npy --shape batch=2,seq=8 --per_device_train_batch_size 2 --max_steps 3 --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "Linear weights that the exporter stored transposed"), 1) << r.out;
   ASSERT_TRUE(fs::exists(out + "/model.onnx"));
@@ -123,7 +124,8 @@ TEST(HfCli, UntiedCopiesStayParametersOfTheTrainedModel) {
     const std::string d = kHf + "gpt2/", out = kiln::testing::fresh_tmpdir("hf_cli_untie");
     const std::string shape = " --shape batch=2,seq=8";
     // The dynamo export drops the unused attention_mask input; the TorchScript one keeps it.
-    const std::string mask = file == "logits_torchscript.onnx" ? " --train_data attention_mask=" + d + "attention_mask.npy" : "";
+    const std::string mask =
+        file == "logits_torchscript.onnx" ? " --train_data attention_mask=" + d + "attention_mask.npy" : "";
     CliRun apart = kiln("inspect " + d + file + shape + " --untie_initializers");
     ASSERT_EQ(apart.code, 0) << apart.out;
     CliRun t = kiln("train " + d + file + shape + " --untie_initializers --train_data input_ids=" + d +
@@ -141,11 +143,14 @@ TEST(HfCli, ModelLossWithGradientAccumulationTrainsLikeOneBatch) {
   const std::string d = kHf + "gpt2/";
   const std::string data = " --loss model --train_data input_ids=" + d + "input_ids.npy --train_data labels=" + d +
                            "labels.npy --max_steps 3 --logging_steps 1 --output_dir ";
-  const std::string one = kiln::testing::fresh_tmpdir("hf_cli_accum1"), two = kiln::testing::fresh_tmpdir("hf_cli_accum2");
+  const std::string one = kiln::testing::fresh_tmpdir("hf_cli_accum1"),
+                    two = kiln::testing::fresh_tmpdir("hf_cli_accum2");
   CliRun a = kiln("train " + d + "loss_dynamo.onnx --shape batch=2,seq=8 --per_device_train_batch_size 2" + data + one);
   ASSERT_EQ(a.code, 0) << a.out;
-  CliRun b = kiln("train " + d + "loss_dynamo.onnx --shape batch=1,seq=8 --per_device_train_batch_size 1 "
-                  "--gradient_accumulation_steps 2" + data + two);
+  CliRun b = kiln("train " + d +
+                  "loss_dynamo.onnx --shape batch=1,seq=8 --per_device_train_batch_size 1 "
+                  "--gradient_accumulation_steps 2" +
+                  data + two);
   ASSERT_EQ(b.code, 0) << b.out;
   const auto la = kiln::testing::train_losses(one), lb = kiln::testing::train_losses(two);
   ASSERT_EQ(la.size(), 3u);
@@ -156,7 +161,8 @@ TEST(HfCli, ModelLossWithGradientAccumulationTrainsLikeOneBatch) {
 TEST(HfCli, ALossExportWithoutLossModelSaysWhatToDo) {
   const std::string d = kHf + "gpt2/";
   CliRun r = kiln("train " + d + "loss_dynamo.onnx --shape batch=2,seq=8 --train_data input_ids=" + d +
-                  "input_ids.npy --train_data labels=" + d + "labels.npy --per_device_train_batch_size 2 --max_steps 1 --output_dir " +
+                  "input_ids.npy --train_data labels=" + d +
+                  "labels.npy --per_device_train_batch_size 2 --max_steps 1 --output_dir " +
                   kiln::testing::fresh_tmpdir("hf_cli_scalar"));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("output 'loss' is a scalar"), std::string::npos) << r.out;
@@ -169,8 +175,10 @@ TEST(HfCli, BatchOfOneCompilesLikeEager) {
   // in the kernel"). Compiled and eager losses agree.
   const std::string d = kHf + "t5/";
   for (const std::string file : {"loss_dynamo.onnx", "loss_torchscript.onnx"}) {
-    const std::string args = "train " + d + file + " --loss model --shape seq=8 --per_device_train_batch_size 1 "
-                             "--train_data input_ids=" + d + "input_ids.npy --train_data attention_mask=" + d +
+    const std::string args = "train " + d + file +
+                             " --loss model --shape seq=8 --per_device_train_batch_size 1 "
+                             "--train_data input_ids=" +
+                             d + "input_ids.npy --train_data attention_mask=" + d +
                              "attention_mask.npy --train_data labels=" + d +
                              "labels.npy --max_steps 2 --logging_steps 1 --output_dir ";
     const std::string c = kiln::testing::fresh_tmpdir("hf_cli_b1c"), e = kiln::testing::fresh_tmpdir("hf_cli_b1e");

@@ -91,8 +91,9 @@ std::map<std::string, ir::Tensor> batch_feeds(const Fixture& f, const driver::Tr
 
 /// Losses of `steps` training steps of p on the same batch, from the initial state;
 /// `final_state` (if given) receives the state after the last step.
-std::vector<double> losses_on_one_batch(const driver::TrainingProgram& p, const std::map<std::string, ir::Tensor>& batch,
-                                        int64_t steps, std::map<std::string, ir::Tensor>* final_state = nullptr) {
+std::vector<double> losses_on_one_batch(const driver::TrainingProgram& p,
+                                        const std::map<std::string, ir::Tensor>& batch, int64_t steps,
+                                        std::map<std::string, ir::Tensor>* final_state = nullptr) {
   std::vector<double> losses;
   auto state = initial_state(*p.train_step);
   runtime::RunOptions ro;
@@ -151,8 +152,10 @@ TEST_P(HfFixture, ParametersForwardAndGradients) {
     if (sb.kind == "parameter") got[sb.input->name] = sb.input->shape.to_vector();
   for (auto& [n, s] : want) {
     auto it = got.find(n);
-    if (it == got.end()) ADD_FAILURE() << "PyTorch parameter " << n << " is not trained by kiln";
-    else EXPECT_EQ(it->second, s) << n;
+    if (it == got.end())
+      ADD_FAILURE() << "PyTorch parameter " << n << " is not trained by kiln";
+    else
+      EXPECT_EQ(it->second, s) << n;
   }
   for (auto& [n, s] : got) EXPECT_TRUE(want.count(n)) << "kiln trains " << n << ", which PyTorch does not list";
 
@@ -260,11 +263,40 @@ TEST_P(HfFixture, NewOpsRunInGeneratedKernels) {
   ASSERT_TRUE(p) << p.message();
   std::map<std::string, int> ops;
   eager_ops(*p->train_step, ops);
-  static const std::set<std::string> kNew = {
-      "IsNaN", "IsInf", "Sign", "Floor", "Ceil", "Round", "Mod", "GatherElements", "GatherND", "ScatterElements",
-      "ScatterND", "CumSum", "Trilu", "Einsum", "Attention", "RotaryEmbedding", "RMSNormalization", "Gelu", "GeluGrad",
-      "Split", "AsStrided", "AsStridedScatter", "Where", "Cast", "Expand", "Concat", "Pad", "SliceGrad", "ReduceMean",
-      "ReduceMax", "Softmax", "SoftmaxGrad", "Range", "Trilu"};
+  static const std::set<std::string> kNew = {"IsNaN",
+                                             "IsInf",
+                                             "Sign",
+                                             "Floor",
+                                             "Ceil",
+                                             "Round",
+                                             "Mod",
+                                             "GatherElements",
+                                             "GatherND",
+                                             "ScatterElements",
+                                             "ScatterND",
+                                             "CumSum",
+                                             "Trilu",
+                                             "Einsum",
+                                             "Attention",
+                                             "RotaryEmbedding",
+                                             "RMSNormalization",
+                                             "Gelu",
+                                             "GeluGrad",
+                                             "Split",
+                                             "AsStrided",
+                                             "AsStridedScatter",
+                                             "Where",
+                                             "Cast",
+                                             "Expand",
+                                             "Concat",
+                                             "Pad",
+                                             "SliceGrad",
+                                             "ReduceMean",
+                                             "ReduceMax",
+                                             "Softmax",
+                                             "SoftmaxGrad",
+                                             "Range",
+                                             "Trilu"};
   std::string listed;
   for (auto& [op, count] : ops) {
     listed += " " + op + "x" + std::to_string(count);
@@ -329,10 +361,13 @@ TEST(HfFixtures, ManifestListsEveryRoute) {
   auto m = read_json(kRoot + "manifest.json");
   int exported = 0;
   for (auto& e : m["fixtures"]) {
-    if (e["exported"].get<bool>()) ++exported;
-    else std::cout << "[ NOTE ] " << e["file"].get<std::string>() << " not exported: " << e["reason"] << "\n";
+    if (e["exported"].get<bool>())
+      ++exported;
+    else
+      std::cout << "[ NOTE ] " << e["file"].get<std::string>() << " not exported: " << e["reason"] << "\n";
   }
-  std::cout << "[ INFO ] " << exported << " of " << m["fixtures"].size() << " exports (" << m["versions"].dump() << ")\n";
+  std::cout << "[ INFO ] " << exported << " of " << m["fixtures"].size() << " exports (" << m["versions"].dump()
+            << ")\n";
   EXPECT_EQ(m["fixtures"].size(), 48u);
   EXPECT_GE(exported, 32);
 }

@@ -79,7 +79,8 @@ TEST_P(MultiTensor, UpdatesFormOneGroupWithDisjointBuffersAndRunAsInSequence) {
         ++donated;
         const ir::Value* in = a->inputs[static_cast<size_t>(d[j])];
         for (const ir::Node* b : members)
-          for (const ir::Value* v : b->inputs) EXPECT_TRUE(b == a || v != in) << b->name << " reads " << in->name << ", donated to " << a->name;
+          for (const ir::Value* v : b->inputs)
+            EXPECT_TRUE(b == a || v != in) << b->name << " reads " << in->name << ", donated to " << a->name;
         EXPECT_LT(range.count(o), 1u) << o->name << " is donated and also in the arena";
         continue;
       }
@@ -118,7 +119,8 @@ TEST_P(MultiTensor, UpdatesFormOneGroupWithDisjointBuffersAndRunAsInSequence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, MultiTensor,
-                         ::testing::Values(ExampleCase{"tiny_gpt"}, ExampleCase{"tiny_gpt", "bf16", "adamw_8bit", "none", 2},
+                         ::testing::Values(ExampleCase{"tiny_gpt"},
+                                           ExampleCase{"tiny_gpt", "bf16", "adamw_8bit", "none", 2},
                                            ExampleCase{"resnet18", "fp32", "sgd"}, ExampleCase{"mlp_digits"}),
                          [](const ::testing::TestParamInfo<ExampleCase>& i) { return example_case_name(i.param); });
 

@@ -8,12 +8,12 @@
 //     SHA-256 are refused with one line or load, never crash;
 //   - kiln train imports its model once per run (with evaluation); on a program-cache hit
 //     it imports nothing and its losses equal the first run's.
+#include <openssl/evp.h>
+
 #include <cmath>
 #include <optional>
 #include <random>
 #include <sstream>
-
-#include <openssl/evp.h>
 
 #include "e2e_util.h"
 #include "ir/printer.h"
@@ -95,12 +95,14 @@ std::vector<std::pair<ExampleCase, std::string>> round_trip_cases() {
   return {{gpt, "compiled"}, {mlp, "compiled"}, {cnn, "compiled"}, {cnn, "eager"}};
 }
 
-INSTANTIATE_TEST_SUITE_P(Examples, ProgramFileRoundTrip, ::testing::ValuesIn(round_trip_cases()),
-                         [](const auto& info) { return example_case_name(info.param.first) + "_" + info.param.second; });
+INSTANTIATE_TEST_SUITE_P(Examples, ProgramFileRoundTrip, ::testing::ValuesIn(round_trip_cases()), [](const auto& info) {
+  return example_case_name(info.param.first) + "_" + info.param.second;
+});
 
 /// A small compiled program's file bytes, built once.
 const std::string& small_program() {
-  static const std::string bytes = build_and_save({"mlp_digits", "fp32", "adamw_torch", "none", 1, 2}, "compiled").bytes;
+  static const std::string bytes =
+      build_and_save({"mlp_digits", "fp32", "adamw_torch", "none", 1, 2}, "compiled").bytes;
   return bytes;
 }
 
@@ -160,7 +162,9 @@ TEST(ProgramFile, PayloadsCorruptedBehindAValidHashNeverCrash) {
   // on some malformed objects).
   const std::string& bytes = small_program();
   const std::string payload = bytes.substr(52);
-  const size_t object_at = payload.find("\x7f" "ELF");
+  const size_t object_at = payload.find(
+      "\x7f"
+      "ELF");
   ASSERT_NE(object_at, std::string::npos);
   std::mt19937 rng(11);
   int refused = 0;

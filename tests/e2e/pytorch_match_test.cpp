@@ -27,7 +27,8 @@ runtime::TrainConfig base_config(const std::string& model, int64_t batch) {
 
 void check_grads(const std::string& model, bool f64) {
   auto meta = read_json(example_path(model, "fixtures/grads.json"));
-  std::string gfile = meta[f64 ? "grads_f64" : "grads_f32"].is_string() ? meta[f64 ? "grads_f64" : "grads_f32"].get<std::string>() : "";
+  std::string gfile =
+      meta[f64 ? "grads_f64" : "grads_f32"].is_string() ? meta[f64 ? "grads_f64" : "grads_f32"].get<std::string>() : "";
   if (gfile.empty()) {
     std::cout << "[ NOTE ] " << model << ": no " << (f64 ? "float64" : "float32")
               << " gradient fixture: " << meta.value("grads_f64_skipped_reason", nlohmann::json()).dump() << "\n";
@@ -114,8 +115,8 @@ void check_trajectory(const std::string& model, const std::string& which) {
   for (int64_t i = 0; i < steps; ++i) {
     double loss = losses[static_cast<size_t>(i)];
     double ref = spec["losses"][i].get<double>();
-    EXPECT_LT(std::abs(loss - ref) / std::abs(ref), 1e-4) << model << " " << which << " step " << i << ": " << loss
-                                                          << " vs PyTorch " << ref;
+    EXPECT_LT(std::abs(loss - ref) / std::abs(ref), 1e-4)
+        << model << " " << which << " step " << i << ": " << loss << " vs PyTorch " << ref;
   }
 }
 

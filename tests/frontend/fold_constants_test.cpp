@@ -46,7 +46,6 @@ const kiln::ir::Value* find_init(const Graph& g, const std::string& name) {
 
 }  // namespace
 
-
 TEST(FoldConstants, PyTorchShapeSubgraphFoldsOnceDimsAreBound) {
   kiln::frontend::ImportOptions o;
   o.bind_dims = {{"batch", 2}, {"seq", 3}};
@@ -128,8 +127,8 @@ TEST(FoldConstants, GuardsParametersRandomOpsLargeResultsAndMissingKernels) {
   auto* x = g.add_input("x", DType::f32, kiln::ir::Shape::of({3}));
   auto* a = g.add_initializer("/a", Tensor::from_i64({1, 2, 3}));
   auto* b = g.add_initializer("/b", Tensor::scalar_i64(2));
-  auto* W = g.add_initializer("W", Tensor::from_f32({1, 2, 3, 4}, {2, 2}));           // a parameter
-  auto* Wc = g.add_initializer("/Wc", Tensor::from_f32({1, 2, 3, 4}, {2, 2}));        // a constant
+  auto* W = g.add_initializer("W", Tensor::from_f32({1, 2, 3, 4}, {2, 2}));     // a parameter
+  auto* Wc = g.add_initializer("/Wc", Tensor::from_f32({1, 2, 3, 4}, {2, 2}));  // a constant
   auto* d = g.add_initializer("/d", Tensor::from_f32({1, 2, 3, 4}, {4}));
   auto* big = g.add_initializer("/big", Tensor(DType::f32, {(1 << 20) + 1}));
   auto* e = g.add_initializer("/e", Tensor::from_f32({-1, 2}, {2}));

@@ -1,10 +1,10 @@
 // Helpers shared by the frontend tests: fixture paths (written by tools/make_bad_models.py)
 // and graph comparison.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "ir/graph.h"
 #include "ir/printer.h"
@@ -17,14 +17,13 @@ inline std::string fixture(const std::string& name) {
 }
 
 /// Scratch folder for files written by a test (inside the build dir).
-inline std::string scratch(const std::string& name) {
-  return std::string(KILN_BINARY_DIR) + "/" + name;
-}
+inline std::string scratch(const std::string& name) { return std::string(KILN_BINARY_DIR) + "/" + name; }
 
 /// Bytewise equality of dtype, dims and data.
 inline ::testing::AssertionResult tensors_equal(const ir::Tensor& a, const ir::Tensor& b) {
   if (a.dtype() != b.dtype())
-    return ::testing::AssertionFailure() << "dtype " << ir::dtype_name(a.dtype()) << " vs " << ir::dtype_name(b.dtype());
+    return ::testing::AssertionFailure() << "dtype " << ir::dtype_name(a.dtype()) << " vs "
+                                         << ir::dtype_name(b.dtype());
   if (a.dims() != b.dims())
     return ::testing::AssertionFailure() << "dims " << ir::dims_to_string(a.dims()) << " vs "
                                          << ir::dims_to_string(b.dims());

@@ -23,6 +23,9 @@
 //    (numpy has no bfloat16): when the graph declares a bf16 input/output and the .pb is
 //    UINT16, the bits are reinterpreted as bf16.
 #include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+#include <onnx/version_converter/convert.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -30,10 +33,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-
-#include <onnx/onnx_pb.h>
-#include <onnx/shape_inference/implementation.h>
-#include <onnx/version_converter/convert.h>
 
 #include "frontend/onnx_import.h"
 #include "frontend/onnx_lower.h"
@@ -176,8 +175,10 @@ std::string run_one(const fs::path& dir, const onnx::ModelProto& m) {
       auto t = load_pb(p, elem_type(*ins[k]));
       if (!t) return "input: " + t.message();
       // Shape-like inputs are compile-time constants for kiln (static shapes).
-      if (t->dtype() == ir::DType::i64 && t->rank() <= 1) opts.constant_inputs[ins[k]->name()] = *t;
-      else feeds[ins[k]->name()] = *t;
+      if (t->dtype() == ir::DType::i64 && t->rank() <= 1)
+        opts.constant_inputs[ins[k]->name()] = *t;
+      else
+        feeds[ins[k]->name()] = *t;
       // Symbolic dims are bound from the data (kiln compiles for static shapes).
       const auto& dims = ins[k]->type().tensor_type().shape().dim();
       for (int d = 0; d < dims.size() && d < t->rank(); ++d)
@@ -205,8 +206,9 @@ void run_folder(const std::string& folder, const std::string& data_root = kDataR
   runtime::register_eager_kernels();
   fs::path root = fs::path(data_root) / folder;
   if (!fs::exists(root))
-    FAIL() << root << " does not exist: install libonnx-testdata (tools/install_deps.sh), or run "
-                      "tools/make_onnx_node_tests.sh for tests/data/onnx_node";
+    FAIL() << root
+           << " does not exist: install libonnx-testdata (tools/install_deps.sh), or run "
+              "tools/make_onnx_node_tests.sh for tests/data/onnx_node";
   std::vector<fs::path> dirs;
   for (auto& e : fs::directory_iterator(root))
     if (fs::exists(e.path() / "model.onnx")) dirs.push_back(e.path());
@@ -225,7 +227,8 @@ void run_folder(const std::string& folder, const std::string& data_root = kDataR
     if (!why.empty()) {
       ++c.unsupported;
       ++unsupported_why[why];
-      if (verbose) std::printf("[onnx-backend] unsupported %s/%s: %s\n", folder.c_str(), d.filename().c_str(), why.c_str());
+      if (verbose)
+        std::printf("[onnx-backend] unsupported %s/%s: %s\n", folder.c_str(), d.filename().c_str(), why.c_str());
       continue;
     }
     std::string name = folder + "/" + d.filename().string();

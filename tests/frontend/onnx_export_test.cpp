@@ -3,11 +3,10 @@
 // checked independently from disk, symbolic dims become dim_param, kiln_* attributes are
 // dropped, kiln-internal ops are refused.
 #include <gtest/gtest.h>
-
-#include <fstream>
-
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
+
+#include <fstream>
 
 #include "frontend/onnx_import.h"
 #include "frontend_test_util.h"
@@ -32,8 +31,8 @@ void round_trip(const std::string& name, kiln::frontend::ImportOptions opts = {}
   auto g = kiln::frontend::import_onnx(fixture(name), opts);
   ASSERT_TRUE(g) << g.message();
   // One file per test: ctest may run the tests of this binary in parallel.
-  std::string out = scratch(std::string("export_") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
-                            "_" + name);
+  std::string out =
+      scratch(std::string("export_") + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name);
   kiln::Status s = kiln::frontend::export_onnx(**g, out);
   ASSERT_TRUE(s.is_ok()) << s.message();
   if ((*g)->opset <= 17) {

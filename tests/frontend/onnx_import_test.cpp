@@ -2,17 +2,17 @@
 // fixtures of tools/make_bad_models.py: good models (structure, dtypes, values against
 // the formulas/numbers the script used), and every bad input (one-line error with the
 // expected key words).
+#include "frontend/onnx_import.h"
+
 #include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
 
 #include <cmath>
 #include <fstream>
 #include <iterator>
 #include <random>
 
-#include <onnx/onnx_pb.h>
-
 #include "frontend/model_bytes.h"
-#include "frontend/onnx_import.h"
 #include "frontend/tensor_proto.h"
 #include "frontend_test_util.h"
 #include "ir/op_table.h"
@@ -115,9 +115,9 @@ TEST(OnnxImport, AllDtypesTypedAndRaw) {
     const char* name;
     DType dt;
   };
-  const Case cases[] = {{"f32", DType::f32}, {"f64", DType::f64}, {"i64", DType::i64}, {"i32", DType::i32},
-                        {"i8", DType::i8},   {"u8", DType::u8},   {"bool", DType::boolean},
-                        {"f16", DType::f16}, {"bf16", DType::bf16}};
+  const Case cases[] = {{"f32", DType::f32},      {"f64", DType::f64}, {"i64", DType::i64},
+                        {"i32", DType::i32},      {"i8", DType::i8},   {"u8", DType::u8},
+                        {"bool", DType::boolean}, {"f16", DType::f16}, {"bf16", DType::bf16}};
   int checked = 0;
   for (const auto& c : cases) {
     for (const char* form : {"_typed", "_raw"}) {
@@ -133,11 +133,16 @@ TEST(OnnxImport, AllDtypesTypedAndRaw) {
                         : c.dt == DType::boolean ? static_cast<double>(i % 2)
                                                  : static_cast<double>(i - 3);
         double got;
-        if (c.dt == DType::f16) got = kiln::ir::f16_to_f32(t.data<uint16_t>()[i]);
-        else if (c.dt == DType::bf16) got = kiln::ir::bf16_to_f32(t.data<uint16_t>()[i]);
-        else if (c.dt == DType::i8) got = t.data<int8_t>()[i];
-        else if (c.dt == DType::u8 || c.dt == DType::boolean) got = t.data<uint8_t>()[i];
-        else got = t.get_f64(i);
+        if (c.dt == DType::f16)
+          got = kiln::ir::f16_to_f32(t.data<uint16_t>()[i]);
+        else if (c.dt == DType::bf16)
+          got = kiln::ir::bf16_to_f32(t.data<uint16_t>()[i]);
+        else if (c.dt == DType::i8)
+          got = t.data<int8_t>()[i];
+        else if (c.dt == DType::u8 || c.dt == DType::boolean)
+          got = t.data<uint8_t>()[i];
+        else
+          got = t.get_f64(i);
         EXPECT_EQ(got, expect) << name << "[" << i << "]";
       }
       ++checked;

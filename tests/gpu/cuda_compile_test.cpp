@@ -59,11 +59,16 @@ TEST(CudaEmit, SchedulesAndLaunchInfo) {
     const char* name;
     const char* schedule;
   };
-  const Want wants[] = {{"f32_binary_1000003", "pointwise"},   {"row_reduce_1000x257", "row_warp"},
-                        {"row_reduce_3x1000003", "row_block"}, {"all_reduce_1000003", "row_block"},
-                        {"row_reduce_7x7", "column"},          {"col_reduce_513x1000", "column_atomic"},
-                        {"col_max_40x20000", "column_atomic"}, {"int_bf16_reduce_4099x33", "column"},
-                        {"mid_reduce_17x1001x33", "column_atomic"}, {"col_f64_1000x300", "column_atomic"}};
+  const Want wants[] = {{"f32_binary_1000003", "pointwise"},
+                        {"row_reduce_1000x257", "row_warp"},
+                        {"row_reduce_3x1000003", "row_block"},
+                        {"all_reduce_1000003", "row_block"},
+                        {"row_reduce_7x7", "column"},
+                        {"col_reduce_513x1000", "column_atomic"},
+                        {"col_max_40x20000", "column_atomic"},
+                        {"int_bf16_reduce_4099x33", "column"},
+                        {"mid_reduce_17x1001x33", "column_atomic"},
+                        {"col_f64_1000x300", "column_atomic"}};
   for (const Want& w : wants) {
     const CudaKernelInfo* i = info_of(w.name);
     ASSERT_NE(i, nullptr) << w.name;

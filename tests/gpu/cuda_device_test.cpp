@@ -11,6 +11,8 @@
 //   f64 sums: 1e-12 relative.
 // Output buffers start filled with a sentinel byte on both sides, so writes outside the
 // kernel's elements are caught. Without a CUDA device every test here is skipped with one line.
+#include "runtime/cuda/cuda_device.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +23,6 @@
 
 #include "codegen/cuda/cuda_emitter.h"
 #include "codegen/cuda/nvrtc.h"
-#include "runtime/cuda/cuda_device.h"
 #include "tests/gpu/gpu_cases.h"
 
 namespace kiln::gputest {
@@ -39,7 +40,8 @@ int64_t extent(const Kernel& k, const KernelParam& p) {
   return hi + 1;
 }
 
-void fill_random(DType dt, std::vector<uint8_t>& buf, int64_t n, std::pair<double, double> range, std::mt19937_64& rng) {
+void fill_random(DType dt, std::vector<uint8_t>& buf, int64_t n, std::pair<double, double> range,
+                 std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(range.first, range.second);
   auto ri = [&]() {
     std::uniform_int_distribution<int64_t> d(static_cast<int64_t>(std::ceil(range.first)),
@@ -48,15 +50,33 @@ void fill_random(DType dt, std::vector<uint8_t>& buf, int64_t n, std::pair<doubl
   };
   for (int64_t i = 0; i < n; ++i) {
     switch (dt) {
-      case DType::f32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(u(rng)); break;
-      case DType::f64: reinterpret_cast<double*>(buf.data())[i] = u(rng); break;
-      case DType::bf16: reinterpret_cast<uint16_t*>(buf.data())[i] = ir::f32_to_bf16(static_cast<float>(u(rng))); break;
-      case DType::f16: reinterpret_cast<uint16_t*>(buf.data())[i] = ir::f32_to_f16(static_cast<float>(u(rng))); break;
-      case DType::i64: reinterpret_cast<int64_t*>(buf.data())[i] = ri(); break;
-      case DType::i32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(ri()); break;
-      case DType::i8: reinterpret_cast<int8_t*>(buf.data())[i] = static_cast<int8_t>(ri()); break;
-      case DType::u8: case DType::boolean: buf[i] = static_cast<uint8_t>(ri()); break;
-      default: break;
+      case DType::f32:
+        reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(u(rng));
+        break;
+      case DType::f64:
+        reinterpret_cast<double*>(buf.data())[i] = u(rng);
+        break;
+      case DType::bf16:
+        reinterpret_cast<uint16_t*>(buf.data())[i] = ir::f32_to_bf16(static_cast<float>(u(rng)));
+        break;
+      case DType::f16:
+        reinterpret_cast<uint16_t*>(buf.data())[i] = ir::f32_to_f16(static_cast<float>(u(rng)));
+        break;
+      case DType::i64:
+        reinterpret_cast<int64_t*>(buf.data())[i] = ri();
+        break;
+      case DType::i32:
+        reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(ri());
+        break;
+      case DType::i8:
+        reinterpret_cast<int8_t*>(buf.data())[i] = static_cast<int8_t>(ri());
+        break;
+      case DType::u8:
+      case DType::boolean:
+        buf[i] = static_cast<uint8_t>(ri());
+        break;
+      default:
+        break;
     }
   }
 }
@@ -109,9 +129,8 @@ class CudaDeviceTest : public ::testing::TestWithParam<int> {
       return;
     }
     device_ = std::move(*d);
-    std::printf("[ gpu      ] %s, %s, %d SMs, driver %d, NVRTC %s\n", device_->name().c_str(),
-                device_->arch().c_str(), device_->multiprocessors(), device_->driver_version(),
-                codegen::nvrtc_version().c_str());
+    std::printf("[ gpu      ] %s, %s, %d SMs, driver %d, NVRTC %s\n", device_->name().c_str(), device_->arch().c_str(),
+                device_->multiprocessors(), device_->driver_version(), codegen::nvrtc_version().c_str());
     std::vector<Kernel> ks;
     for (Case& c : cases()) ks.push_back(c.k);
     auto src = codegen::emit_cuda(ks);
@@ -270,13 +289,16 @@ TEST_P(CudaDeviceTest, MatchesReference) {
           if (!ok) report(i, std::to_string(g), std::to_string(r));
           break;
         }
-        case DType::bf16: case DType::f16: {
+        case DType::bf16:
+        case DType::f16: {
           uint16_t g, r;
           std::memcpy(&g, got[p].data() + 2 * i, 2);
           std::memcpy(&r, host[p].data() + 2 * i, 2);
           const bool bf = kp.dtype == DType::bf16;
-          const float gf = bf ? ir::bf16_to_f32(g) : ir::f16_to_f32(g), rf = bf ? ir::bf16_to_f32(r) : ir::f16_to_f32(r);
-          const bool ok = g == r || (std::isnan(gf) && std::isnan(rf)) || std::abs(ordered16(g) - ordered16(r)) <= c.ulps;
+          const float gf = bf ? ir::bf16_to_f32(g) : ir::f16_to_f32(g),
+                      rf = bf ? ir::bf16_to_f32(r) : ir::f16_to_f32(r);
+          const bool ok =
+              g == r || (std::isnan(gf) && std::isnan(rf)) || std::abs(ordered16(g) - ordered16(r)) <= c.ulps;
           if (!ok) report(i, std::to_string(gf), std::to_string(rf));
           break;
         }
@@ -298,8 +320,8 @@ TEST_P(CudaDeviceTest, MatchesReference) {
 
 std::string case_name(const ::testing::TestParamInfo<int>& i) { return CudaDeviceTest::cases()[i.param].k.name; }
 
-INSTANTIATE_TEST_SUITE_P(Corpus, CudaDeviceTest,
-                         ::testing::Range(0, static_cast<int>(CudaDeviceTest::cases().size())), case_name);
+INSTANTIATE_TEST_SUITE_P(Corpus, CudaDeviceTest, ::testing::Range(0, static_cast<int>(CudaDeviceTest::cases().size())),
+                         case_name);
 
 }  // namespace
 }  // namespace kiln::gputest

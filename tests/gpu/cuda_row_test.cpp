@@ -26,22 +26,22 @@
 #include <random>
 #include <set>
 
+#include "../codegen/kernel_builder.h"
 #include "codegen/cuda/cuda_emitter.h"
 #include "codegen/cuda/nvrtc.h"
 #include "runtime/cuda/cuda_device.h"
-#include "../codegen/kernel_builder.h"
 
 namespace kiln::gputest {
 namespace {
 
 using codegen::Kernel;
 using codegen::ReduceKind;
+using codegen::testing::row_layernorm_kernel;
+using codegen::testing::row_softmax_kernel;
 using ir::DType;
 using ir::ScalarOp;
 using runtime::CudaDevice;
 using runtime::CudaDevicePtr;
-using codegen::testing::row_layernorm_kernel;
-using codegen::testing::row_softmax_kernel;
 
 /// One row kernel, its expected schedule, input ranges and tolerances.
 struct RowCase {
@@ -120,8 +120,8 @@ std::vector<RowCase> row_cases() {
   v.push_back({row_layernorm_kernel("layernorm_f32_9x256", 9, 256), "row_warp", {-2.5, 2.5}, false, 1e-5, 1e-5});
   v.push_back({row_layernorm_kernel("layernorm_f32_4x8192", 4, 8192), "row_block", {-2.5, 2.5}, false, 1e-5, 1e-5});
   v.push_back({row_layernorm_kernel("layernorm_f32_5x20", 5, 20), "column", {-2.5, 2.5}, false, 1e-5, 1e-5});
-  v.push_back({row_layernorm_kernel("layernorm_bf16_6x300", 6, 300, DType::bf16), "row_warp", {-2.5, 2.5}, false, 2e-2,
-               2e-2});
+  v.push_back(
+      {row_layernorm_kernel("layernorm_bf16_6x300", 6, 300, DType::bf16), "row_warp", {-2.5, 2.5}, false, 2e-2, 2e-2});
   // Positive inputs (sums without cancellation); dx = y * (dy - s) with s >> dy.
   v.push_back({mixed_kernel("mixed_outer_24x10", 24, 10, 0), "column", {0.5, 1.5}, false, 1e-5, 1e-6});
   v.push_back({mixed_kernel("mixed_outer_300x40", 300, 40, 0), "column", {0.5, 1.5}, false, 1e-5, 1e-6});
@@ -206,27 +206,56 @@ void fill_inputs(DType dt, std::vector<uint8_t>& buf, int64_t n, const RowCase& 
   for (int64_t i = 0; i < n; ++i) {
     double v = u(rng);
     if (c.specials) {
-      if (i % 97 == 3) v = NAN;
-      else if (i % 89 == 5) v = INFINITY;
-      else if (i % 83 == 7) v = -INFINITY;
-      else if (i % 79 == 11) v = -0.0;
+      if (i % 97 == 3)
+        v = NAN;
+      else if (i % 89 == 5)
+        v = INFINITY;
+      else if (i % 83 == 7)
+        v = -INFINITY;
+      else if (i % 79 == 11)
+        v = -0.0;
     }
     switch (dt) {
-      case DType::f32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v); break;
-      case DType::f64: reinterpret_cast<double*>(buf.data())[i] = v; break;
-      case DType::bf16: reinterpret_cast<uint16_t*>(buf.data())[i] = ir::f32_to_bf16(static_cast<float>(v)); break;
-      case DType::i32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(ui(rng)); break;
-      default: FAIL() << "fill_inputs: no filler for " << ir::dtype_name(dt);
+      case DType::f32:
+        reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v);
+        break;
+      case DType::f64:
+        reinterpret_cast<double*>(buf.data())[i] = v;
+        break;
+      case DType::bf16:
+        reinterpret_cast<uint16_t*>(buf.data())[i] = ir::f32_to_bf16(static_cast<float>(v));
+        break;
+      case DType::i32:
+        reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(ui(rng));
+        break;
+      default:
+        FAIL() << "fill_inputs: no filler for " << ir::dtype_name(dt);
     }
   }
 }
 
 double read(DType t, const std::vector<uint8_t>& b, size_t i) {
   switch (t) {
-    case DType::f32: { float f; std::memcpy(&f, b.data() + 4 * i, 4); return f; }
-    case DType::f64: { double d; std::memcpy(&d, b.data() + 8 * i, 8); return d; }
-    case DType::bf16: { uint16_t h; std::memcpy(&h, b.data() + 2 * i, 2); return ir::bf16_to_f32(h); }
-    default: { int32_t v; std::memcpy(&v, b.data() + 4 * i, 4); return v; }
+    case DType::f32: {
+      float f;
+      std::memcpy(&f, b.data() + 4 * i, 4);
+      return f;
+    }
+    case DType::f64: {
+      double d;
+      std::memcpy(&d, b.data() + 8 * i, 8);
+      return d;
+    }
+    case DType::bf16: {
+      uint16_t h;
+      std::memcpy(&h, b.data() + 2 * i, 2);
+      return ir::bf16_to_f32(h);
+    }
+    default: {
+      int32_t v;
+      std::memcpy(&v, b.data() + 4 * i, 4);
+      return v;
+    }
   }
 }
 
@@ -332,10 +361,14 @@ TEST_P(CudaRowDevice, MatchesReference) {
       if (std::memcmp(got[p].data() + sz * i, host[p].data() + sz * i, sz) == 0) continue;  // bit-equal (sentinels too)
       const double g = read(kp.dtype, got[p], i), r = read(kp.dtype, host[p], i);
       bool ok;
-      if (kp.dtype == DType::i32) ok = false;
-      else if (std::isnan(r) || std::isnan(g)) ok = std::isnan(r) && std::isnan(g);
-      else if (std::isinf(r) || std::isinf(g)) ok = g == r;
-      else ok = std::fabs(g - r) <= c.rel * std::fabs(r) + c.abs;
+      if (kp.dtype == DType::i32)
+        ok = false;
+      else if (std::isnan(r) || std::isnan(g))
+        ok = std::isnan(r) && std::isnan(g);
+      else if (std::isinf(r) || std::isinf(g))
+        ok = g == r;
+      else
+        ok = std::fabs(g - r) <= c.rel * std::fabs(r) + c.abs;
       if (!ok && ++bad <= 5)
         first += "\n  [" + std::to_string(i) + "] gpu " + std::to_string(g) + " ref " + std::to_string(r);
     }

@@ -13,8 +13,8 @@
 namespace kiln::gputest {
 
 using codegen::Kernel;
-using codegen::KExpr;
 using codegen::KernelParam;
+using codegen::KExpr;
 using codegen::KStore;
 using codegen::ReduceKind;
 using ir::DType;
@@ -109,8 +109,8 @@ inline Case f32_unary(int64_t n) {
   KB b("f32_unary_" + std::to_string(n), {n});
   const int x = b.load(b.in("x", DType::f32, {-3, 3}));
   const int xp = b.load(b.in("xp", DType::f32, {0.01, 10}));
-  const ScalarOp ops[] = {ScalarOp::neg, ScalarOp::abs, ScalarOp::exp, ScalarOp::erf, ScalarOp::tanh,
-                          ScalarOp::sin, ScalarOp::cos, ScalarOp::floor};
+  const ScalarOp ops[] = {ScalarOp::neg,  ScalarOp::abs, ScalarOp::exp, ScalarOp::erf,
+                          ScalarOp::tanh, ScalarOp::sin, ScalarOp::cos, ScalarOp::floor};
   for (ScalarOp o : ops) b.out(ir::scalar_op_name(o), b.op(o, {x}, DType::f32));
   b.out("log", b.op(ScalarOp::log, {xp}, DType::f32));
   b.out("sqrt", b.op(ScalarOp::sqrt, {xp}, DType::f32));
@@ -175,8 +175,8 @@ inline Case lowp_ops(DType dt, int64_t n) {
   const ScalarOp bin[] = {ScalarOp::add, ScalarOp::sub, ScalarOp::mul, ScalarOp::div, ScalarOp::max, ScalarOp::min};
   for (ScalarOp o : bin) b.out(ir::scalar_op_name(o), b.op(o, {a, c}, dt));
   b.out("pow", b.op(ScalarOp::pow, {p, c}, dt));
-  const ScalarOp un[] = {ScalarOp::neg, ScalarOp::abs, ScalarOp::exp, ScalarOp::erf, ScalarOp::tanh,
-                         ScalarOp::sin, ScalarOp::cos, ScalarOp::floor};
+  const ScalarOp un[] = {ScalarOp::neg,  ScalarOp::abs, ScalarOp::exp, ScalarOp::erf,
+                         ScalarOp::tanh, ScalarOp::sin, ScalarOp::cos, ScalarOp::floor};
   for (ScalarOp o : un) b.out(ir::scalar_op_name(o), b.op(o, {a}, dt));
   b.out("log", b.op(ScalarOp::log, {p}, dt));
   b.out("sqrt", b.op(ScalarOp::sqrt, {p}, dt));
@@ -260,7 +260,7 @@ inline Case broadcast(int64_t m, int64_t n) {
 /// Transposed read, an offset slice of a wider buffer, and a strided output (gaps stay untouched).
 inline Case transposed(int64_t m, int64_t n) {
   KB b("transposed_" + std::to_string(m) + "x" + std::to_string(n), {m, n});
-  const int xt = b.load(b.param("xt", DType::f32, {1, m}));          // x is [n, m] in memory
+  const int xt = b.load(b.param("xt", DType::f32, {1, m}));                   // x is [n, m] in memory
   const int sl = b.load(b.param("slice", DType::f32, {n + 3, 1}, false, 5));  // [m, n+3] buffer, offset 5
   const int e = b.op(ScalarOp::sub, {xt, sl}, DType::f32);
   const int p = b.param("y_strided", DType::f32, {2 * n + 1, 2}, true, 1);

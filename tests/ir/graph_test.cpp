@@ -1,10 +1,11 @@
 // IR core: printer output (hand-written golden text), verifier errors, clone,
 // topological sort, dead-code elimination, symbolic dims, bf16/f16 conversions.
+#include "ir/graph.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "ir/graph.h"
 #include "ir/op_table.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"

@@ -1,7 +1,8 @@
 // Walks the op table and fails when an entry lacks a field (DESIGN.md convention 1).
+#include "ir/op_table.h"
+
 #include <gtest/gtest.h>
 
-#include "ir/op_table.h"
 #include "runtime/interpreter.h"
 
 using namespace kiln::ir;

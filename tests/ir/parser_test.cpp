@@ -43,8 +43,8 @@ TEST(IrParser, TrainingProgramsRoundTrip) {
     int64_t accum;
     bool compiled;
   };
-  for (const Case& c : {Case{"tiny_gpt", false, 1, false}, Case{"tiny_gpt", true, 2, true}, Case{"mlp_digits", false, 2, true},
-                        Case{"cnn_bn", false, 1, true}}) {
+  for (const Case& c : {Case{"tiny_gpt", false, 1, false}, Case{"tiny_gpt", true, 2, true},
+                        Case{"mlp_digits", false, 2, true}, Case{"cnn_bn", false, 1, true}}) {
     const std::string what = std::string(c.model) + (c.bf16 ? " bf16" : "") + " accum " + std::to_string(c.accum) +
                              (c.compiled ? " compiled" : " eager");
     auto prog = driver::build_training_program(program_config(c.model, c.bf16, c.accum, c.compiled));

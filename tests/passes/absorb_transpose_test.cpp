@@ -98,8 +98,10 @@ TEST(AbsorbTranspose, AttentionAndLinearTransposesBecomeStridedOperands) {
     ir::Value* z = g.add_node("Gemm", "gemm", {transpose(g, w, {1, 0}, "tw2"), w2}, {"z"})->outputs[0];
     g.outputs = {s, y, r, z};
     ASSERT_TRUE(ir::infer_graph(g).is_ok());
-    std::map<std::string, ir::Tensor> feeds = {{"q", random(dt, {B, T, H, D}, 1)}, {"k", random(dt, {B, T, H, D}, 2)},
-                                               {"x", random(dt, {B, T, C}, 3)},    {"w", random(dt, {O, C}, 4)},
+    std::map<std::string, ir::Tensor> feeds = {{"q", random(dt, {B, T, H, D}, 1)},
+                                               {"k", random(dt, {B, T, H, D}, 2)},
+                                               {"x", random(dt, {B, T, C}, 3)},
+                                               {"w", random(dt, {O, C}, 4)},
                                                {"w2", random(dt, {O, 7}, 5)}};
     passes::PassContext ctx;
     ctx.verify_each = true;
@@ -128,16 +130,34 @@ TEST(AbsorbTranspose, AttentionAndLinearTransposesBecomeStridedOperands) {
     const double rel = dt == DType::f64 ? 1e-12 : 2e-6;
     const ir::Tensor &fq = feeds["q"], &fk = feeds["k"], &fx = feeds["x"], &fw = feeds["w"], &fw2 = feeds["w2"];
     expect_near_all(out->at("s"),
-                    ref4(B, H, T, D, T, [&](int64_t b, int64_t h, int64_t t, int64_t d) { return at(fq, {b, t, h, d}); },
-                         [&](int64_t b, int64_t h, int64_t d, int64_t t) { return at(fk, {b, t, h, d}); }),
+                    ref4(
+                        B, H, T, D, T,
+                        [&](int64_t b, int64_t h, int64_t t, int64_t d) {
+                          return at(fq, {b, t, h, d});
+                        },
+                        [&](int64_t b, int64_t h, int64_t d, int64_t t) {
+                          return at(fk, {b, t, h, d});
+                        }),
                     rel, "scores");
     expect_near_all(out->at("y"),
-                    ref4(1, B, T, C, O, [&](int64_t, int64_t b, int64_t t, int64_t c) { return at(fx, {b, t, c}); },
-                         [&](int64_t, int64_t, int64_t c, int64_t o) { return at(fw, {o, c}); }),
+                    ref4(
+                        1, B, T, C, O,
+                        [&](int64_t, int64_t b, int64_t t, int64_t c) {
+                          return at(fx, {b, t, c});
+                        },
+                        [&](int64_t, int64_t, int64_t c, int64_t o) {
+                          return at(fw, {o, c});
+                        }),
                     rel, "linear");
     expect_near_all(out->at("z"),
-                    ref4(1, 1, C, O, 7, [&](int64_t, int64_t, int64_t c, int64_t o) { return at(fw, {o, c}); },
-                         [&](int64_t, int64_t, int64_t o, int64_t j) { return at(fw2, {o, j}); }),
+                    ref4(
+                        1, 1, C, O, 7,
+                        [&](int64_t, int64_t, int64_t c, int64_t o) {
+                          return at(fw, {o, c});
+                        },
+                        [&](int64_t, int64_t, int64_t o, int64_t j) {
+                          return at(fw2, {o, j});
+                        }),
                     rel, "gemm");
     std::vector<double> relu;
     for (int64_t c = 0; c < C; ++c)

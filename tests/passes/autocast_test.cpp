@@ -223,9 +223,9 @@ double tail_loss(const std::string& args, const std::string& tag, int seed) {
   fs::path dir = fs::temp_directory_path() / ("kiln_autocast_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   std::string out;
-  int rc = kiln(args + " --max_steps 200 --logging_steps 1 --seed " + std::to_string(seed) + " --output_dir " +
-                    dir.string(),
-                &out);
+  int rc =
+      kiln(args + " --max_steps 200 --logging_steps 1 --seed " + std::to_string(seed) + " --output_dir " + dir.string(),
+           &out);
   EXPECT_EQ(rc, 0) << out;
   std::map<int64_t, double> losses;
   std::ifstream f(dir / "metrics.jsonl");
@@ -263,23 +263,26 @@ void compare_bf16(const std::string& args, const std::string& tag, const std::ve
 }  // namespace
 
 TEST(Bf16Numerics, MlpDigits200StepsWithin2Percent) {
-  compare_bf16("train examples/mlp_digits/model.onnx --train_data input=data/digits/x_train.npy "
-               "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 32 --learning_rate 2e-3",
-               "mlp");
+  compare_bf16(
+      "train examples/mlp_digits/model.onnx --train_data input=data/digits/x_train.npy "
+      "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 32 --learning_rate 2e-3",
+      "mlp");
 }
 
 // 2 x 200 steps: about 17 s on an idle 2-core machine (minutes when it is shared).
 // Measured gap 0.40% (fp32 3.2247, bf16 3.2374).
 TEST(Bf16Numerics, TinyGpt200StepsWithin2Percent) {
-  compare_bf16("train examples/tiny_gpt/model.onnx --train_data data/text/train.bin --block_size 64 "
-               "--per_device_train_batch_size 4 --learning_rate 3e-3",
-               "gpt");
+  compare_bf16(
+      "train examples/tiny_gpt/model.onnx --train_data data/text/train.bin --block_size 64 "
+      "--per_device_train_batch_size 4 --learning_rate 3e-3",
+      "gpt");
 }
 
 TEST(Bf16Numerics, CnnBn200StepsWithin2Percent) {
-  compare_bf16("train examples/cnn_bn/model.onnx --train_data input=data/digits/x_train_img.npy "
-               "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 32 --learning_rate 2e-3",
-               "cnn_bn");
+  compare_bf16(
+      "train examples/cnn_bn/model.onnx --train_data input=data/digits/x_train_img.npy "
+      "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 32 --learning_rate 2e-3",
+      "cnn_bn");
 }
 
 // ResNet-18 at 32x32 on upsampled digits, batch 8, averaged over three seeds at lr 1e-4.
@@ -291,7 +294,8 @@ TEST(Bf16Numerics, CnnBn200StepsWithin2Percent) {
 // and the 3-seed bf16 gap measured 0.07-0.86% (docs/performance.md, issue 4); a bf16 run
 // learning at half the rate ends about 11% higher and fails.
 TEST(Bf16Numerics, ResNet18_200StepsWithin2Percent) {
-  compare_bf16("train examples/resnet18/model.onnx --train_data input=data/digits/x_train_rgb32.npy "
-               "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 8 --learning_rate 1e-4",
-               "resnet18", {7, 8, 9});
+  compare_bf16(
+      "train examples/resnet18/model.onnx --train_data input=data/digits/x_train_rgb32.npy "
+      "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 8 --learning_rate 1e-4",
+      "resnet18", {7, 8, 9});
 }

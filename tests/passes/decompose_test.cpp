@@ -250,7 +250,7 @@ void check_sce(const std::string& reduction, int64_t N, int64_t C, bool ignore, 
     total += per_row[r];
     count += 1;
   }
-  std::vector<double> ref = reduction == "none" ? per_row
+  std::vector<double> ref = reduction == "none"  ? per_row
                             : reduction == "sum" ? std::vector<double>{total}
                                                  : std::vector<double>{total / count};
   const char* way[] = {"original", "decomposed eager", "decomposed compiled"};
@@ -441,8 +441,12 @@ int64_t offset_of(const std::vector<int64_t>& c, const std::vector<int64_t>& dim
 TEST(Decompose, GatherWithAffineConstantIndicesIsAStridedView) {
   // Gather-13 axis 1: out[a, i, j, b] = data[a, idx[i, j], b], idx = 2 + 3i + j (one
   // negative, wrapped: -6 + 10 = 4).
-  IndexCase c{"Gather", {3, 10, 4}, index_tensor({2, 3}, [](int64_t e) { return e == 2 ? -6 : 2 + 3 * (e / 3) + e % 3; }),
-              {}, passes::make_attrs({{"axis", int64_t(1)}}), {}};
+  IndexCase c{"Gather",
+              {3, 10, 4},
+              index_tensor({2, 3}, [](int64_t e) { return e == 2 ? -6 : 2 + 3 * (e / 3) + e % 3; }),
+              {},
+              passes::make_attrs({{"axis", int64_t(1)}}),
+              {}};
   const std::vector<int64_t> od = {3, 2, 3, 4}, dd = {3, 10, 4};
   for (int64_t e = 0; e < 3 * 2 * 3 * 4; ++e) {
     auto o = coords(e, od);
@@ -457,19 +461,28 @@ TEST(Decompose, GatherWithAffineConstantIndicesIsAStridedView) {
 
 TEST(Decompose, GatherElementsAndGatherNDWithAffineIndicesAreStridedViews) {
   // GatherElements-13 axis 0: out[i, j] = data[idx[i, j], j], idx[i, j] = i + 1.
-  IndexCase ge{"GatherElements", {5, 4}, index_tensor({3, 4}, [](int64_t e) { return e / 4 + 1; }), {},
-               passes::make_attrs({{"axis", int64_t(0)}}), {}};
+  IndexCase ge{"GatherElements",
+               {5, 4},
+               index_tensor({3, 4}, [](int64_t e) { return e / 4 + 1; }),
+               {},
+               passes::make_attrs({{"axis", int64_t(0)}}),
+               {}};
   for (int64_t e = 0; e < 12; ++e) ge.want.push_back(static_cast<double>((e / 4 + 1) * 4 + e % 4));
   run_index_case(ge, true);
   // GatherND-13 over broadcast aranges (the attention-mask indexing of BERT's export):
   // idx[i, 0, 0, l] = (i, l) on data [2, 8] -> out [2, 1, 1, 8] = data[i, l].
-  IndexCase nd{"GatherND", {2, 8}, index_tensor({2, 1, 1, 8, 2}, [](int64_t e) { return e % 2 ? (e / 2) % 8 : e / 16; }),
-               {}, {}, {}};
+  IndexCase nd{
+      "GatherND", {2, 8}, index_tensor({2, 1, 1, 8, 2}, [](int64_t e) { return e % 2 ? (e / 2) % 8 : e / 16; }),
+      {},         {},     {}};
   for (int64_t e = 0; e < 16; ++e) nd.want.push_back(static_cast<double>(e));
   run_index_case(nd, true);
   // batch_dims 1: out[b, j, :] = data[b, idx[b, j, 0], :], idx = j + 1.
-  IndexCase nb{"GatherND", {2, 5, 3}, index_tensor({2, 4, 1}, [](int64_t e) { return e % 4 + 1; }), {},
-               passes::make_attrs({{"batch_dims", int64_t(1)}}), {}};
+  IndexCase nb{"GatherND",
+               {2, 5, 3},
+               index_tensor({2, 4, 1}, [](int64_t e) { return e % 4 + 1; }),
+               {},
+               passes::make_attrs({{"batch_dims", int64_t(1)}}),
+               {}};
   for (int64_t e = 0; e < 2 * 4 * 3; ++e) {
     auto o = coords(e, {2, 4, 3});
     nb.want.push_back(static_cast<double>(offset_of({o[0], o[1] + 1, o[2]}, {2, 5, 3})));
@@ -483,9 +496,14 @@ TEST(Decompose, ScattersWithAffineIndicesAreGuardedViews) {
   for (int64_t e = 0; e < 18; ++e) nd.want.push_back(e < 3 ? static_cast<double>(e) : -static_cast<double>(e - 3) - 1);
   Results r = run_index_case(nd, true);
   // ScatterElements-18 axis 1: column 0 of data [3, 5] replaced (a select assignment).
-  IndexCase se{"ScatterElements", {3, 5}, index_tensor({3, 1}, [](int64_t) { return 0; }), {3, 1},
-               passes::make_attrs({{"axis", int64_t(1)}}), {}};
-  for (int64_t e = 0; e < 15; ++e) se.want.push_back(e % 5 == 0 ? -static_cast<double>(e / 5) - 1 : static_cast<double>(e));
+  IndexCase se{"ScatterElements",
+               {3, 5},
+               index_tensor({3, 1}, [](int64_t) { return 0; }),
+               {3, 1},
+               passes::make_attrs({{"axis", int64_t(1)}}),
+               {}};
+  for (int64_t e = 0; e < 15; ++e)
+    se.want.push_back(e % 5 == 0 ? -static_cast<double>(e / 5) - 1 : static_cast<double>(e));
   run_index_case(se, true);
 }
 
@@ -493,8 +511,12 @@ TEST(Decompose, IndicesThatAreNotAffineStayGathers) {
   IndexCase g{"Gather", {10, 4}, index_tensor({4}, [](int64_t e) { return (e * e) % 10; }), {}, {}, {}};
   run_index_case(g, false);
   // A scatter with a reduction is not a placement.
-  IndexCase a{"ScatterND", {6, 3}, index_tensor({5, 1}, [](int64_t e) { return e + 1; }), {5, 3},
-              passes::make_attrs({{"reduction", std::string("add")}}), {}};
+  IndexCase a{"ScatterND",
+              {6, 3},
+              index_tensor({5, 1}, [](int64_t e) { return e + 1; }),
+              {5, 3},
+              passes::make_attrs({{"reduction", std::string("add")}}),
+              {}};
   run_index_case(a, false);
 }
 

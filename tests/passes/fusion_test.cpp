@@ -76,8 +76,9 @@ TEST_P(FusionKeepsFunction, OneStepBitIdentical) {
         row_op = bn.get();
       }
     EXPECT_EQ(row, row_op != nullptr) << n->name;
-    const ir::Shape dom = row_op ? row_op->inputs[0]->shape
-                          : reduction ? body.nodes().back()->inputs[0]->shape : body.outputs[0]->shape;
+    const ir::Shape dom = row_op      ? row_op->inputs[0]->shape
+                          : reduction ? body.nodes().back()->inputs[0]->shape
+                                      : body.outputs[0]->shape;
     for (auto& bn : body.nodes()) {
       const ir::OpDef* d = ir::OpTable::get().find(bn->op);
       ASSERT_NE(d, nullptr);

@@ -100,7 +100,8 @@ TEST(GemmWidening, F16ProductsWidenWithTheirOwnOption) {
   ir::Value* w = g.add_input("w", DType::f16, ir::Shape::of({32, 12}));
   ir::Value* b = g.add_input("b", DType::bf16, ir::Shape::of({4, 8}));
   ir::Value* y = g.add_node("MatMul", "mm", {a, w}, {"y"})->outputs[0];
-  ir::Value* z = g.add_node("MatMul", "mm_bf16", {b, g.add_input("c", DType::bf16, ir::Shape::of({8, 4}))}, {"z"})->outputs[0];
+  ir::Value* z =
+      g.add_node("MatMul", "mm_bf16", {b, g.add_input("c", DType::bf16, ir::Shape::of({8, 4}))}, {"z"})->outputs[0];
   g.outputs = {y, z};
   ASSERT_TRUE(ir::infer_graph(g).is_ok());
   std::map<std::string, ir::Tensor> feeds = {{"a", random_bf16({3, 7, 32}, 4, DType::f16)},

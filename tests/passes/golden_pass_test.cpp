@@ -154,17 +154,28 @@ std::string case_name(const std::string& path) {
 Status set_option(passes::PassOptions& o, const std::string& k, const std::string& v) {
   const double d = std::strtod(v.c_str(), nullptr);
   const int64_t i = std::strtoll(v.c_str(), nullptr, 10);
-  if (k == "gradient_accumulation_steps") o.accumulation.gradient_accumulation_steps = i;
-  else if (k == "learning_rate") o.optimizer.learning_rate = d;
-  else if (k == "weight_decay") o.optimizer.weight_decay = d;
-  else if (k == "max_grad_norm") o.optimizer.max_grad_norm = d;
-  else if (k == "lr_scheduler_type") o.optimizer.lr_scheduler_type = v;
-  else if (k == "optim") o.optimizer.optim = v;
-  else if (k == "loss") o.loss.loss = v;
-  else if (k == "mode") o.mode = v == "eval" ? passes::Mode::eval : passes::Mode::train;
-  else if (k == "remat_policy") o.remat.policy = v;
-  else if (k == "widen_bf16_gemm") o.lowering.widen_bf16_gemm = v == "1";
-  else return Status::error("unknown option '" + k + "' (add it to set_option)");
+  if (k == "gradient_accumulation_steps")
+    o.accumulation.gradient_accumulation_steps = i;
+  else if (k == "learning_rate")
+    o.optimizer.learning_rate = d;
+  else if (k == "weight_decay")
+    o.optimizer.weight_decay = d;
+  else if (k == "max_grad_norm")
+    o.optimizer.max_grad_norm = d;
+  else if (k == "lr_scheduler_type")
+    o.optimizer.lr_scheduler_type = v;
+  else if (k == "optim")
+    o.optimizer.optim = v;
+  else if (k == "loss")
+    o.loss.loss = v;
+  else if (k == "mode")
+    o.mode = v == "eval" ? passes::Mode::eval : passes::Mode::train;
+  else if (k == "remat_policy")
+    o.remat.policy = v;
+  else if (k == "widen_bf16_gemm")
+    o.lowering.widen_bf16_gemm = v == "1";
+  else
+    return Status::error("unknown option '" + k + "' (add it to set_option)");
   return Status::ok();
 }
 

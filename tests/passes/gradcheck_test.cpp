@@ -1,6 +1,8 @@
 // Every differentiable op of the op table passes a float64 central-difference
 // gradient check on random inputs, relative error (L2 norm per input) < 1e-6
 // (DESIGN.md convention 9). A differentiable op without a case here fails the suite.
+#include "tools/driver/gradcheck.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -9,7 +11,6 @@
 #include "ir/op_table.h"
 #include "passes/training_util.h"
 #include "runtime/interpreter.h"
-#include "tools/driver/gradcheck.h"
 
 using namespace kiln;
 using namespace kiln::ir;
@@ -69,7 +70,12 @@ std::vector<Case> cases() {
   un("Softplus", R({3, 4}));
   un("Sin", R({3, 4}));
   un("Cos", R({3, 4}));
-  c.push_back({"Clip", "Clip", {R({3, 4}), Tensor::scalar_f32(-0.5).cast(DType::f64), Tensor::scalar_f32(0.5).cast(DType::f64)}, {}, 1, {0}});
+  c.push_back({"Clip",
+               "Clip",
+               {R({3, 4}), Tensor::scalar_f32(-0.5).cast(DType::f64), Tensor::scalar_f32(0.5).cast(DType::f64)},
+               {},
+               1,
+               {0}});
   bin("Max", R({3, 4}), R({4}, 2));
   bin("Min", R({3, 4}), R({4}, 2));
   {
@@ -95,51 +101,105 @@ std::vector<Case> cases() {
   c.push_back({"Trilu", "Trilu", {R({4, 4})}, make_attrs({{"upper", int64_t(0)}})});
   bin("MatMul", R({2, 3, 4}), R({4, 5}, 2));
   c.push_back({"MatMul_1d", "MatMul", {R({4}), R({2, 4, 3}, 2)}, {}});
-  c.push_back({"Gemm", "Gemm", {R({3, 4}), R({5, 4}, 2), R({5}, 3)},
+  c.push_back({"Gemm",
+               "Gemm",
+               {R({3, 4}), R({5, 4}, 2), R({5}, 3)},
                make_attrs({{"transB", int64_t(1)}, {"alpha", 0.7}, {"beta", 1.3}})});
-  c.push_back({"Conv", "Conv", {R({2, 4, 5, 5}), R({6, 2, 3, 3}, 2), R({6}, 3)},
-               make_attrs({{"group", int64_t(2)}, {"strides", std::vector<int64_t>{2, 1}},
-                           {"pads", std::vector<int64_t>{1, 0, 1, 1}}, {"dilations", std::vector<int64_t>{1, 2}}})});
-  c.push_back({"MaxPool", "MaxPool", {R({2, 2, 5, 5})},
+  c.push_back({"Conv",
+               "Conv",
+               {R({2, 4, 5, 5}), R({6, 2, 3, 3}, 2), R({6}, 3)},
+               make_attrs({{"group", int64_t(2)},
+                           {"strides", std::vector<int64_t>{2, 1}},
+                           {"pads", std::vector<int64_t>{1, 0, 1, 1}},
+                           {"dilations", std::vector<int64_t>{1, 2}}})});
+  c.push_back({"MaxPool",
+               "MaxPool",
+               {R({2, 2, 5, 5})},
                make_attrs({{"kernel_shape", std::vector<int64_t>{2, 2}}, {"strides", std::vector<int64_t>{2, 2}}})});
-  c.push_back({"AveragePool", "AveragePool", {R({2, 2, 5, 5})},
-               make_attrs({{"kernel_shape", std::vector<int64_t>{3, 3}}, {"pads", std::vector<int64_t>{1, 1, 1, 1}},
+  c.push_back({"AveragePool",
+               "AveragePool",
+               {R({2, 2, 5, 5})},
+               make_attrs({{"kernel_shape", std::vector<int64_t>{3, 3}},
+                           {"pads", std::vector<int64_t>{1, 1, 1, 1}},
                            {"strides", std::vector<int64_t>{2, 2}}})});
   un("GlobalAveragePool", R({2, 3, 4, 4}));
-  c.push_back({"BatchNormalization", "BatchNormalization", {R({4, 3, 2, 2}), P({3}, 2), R({3}, 3), R({3}, 4), P({3}, 5)},
-               make_attrs({{"training_mode", int64_t(1)}}), 1, {0, 1, 2}});  // running stats: not differentiable
-  c.push_back({"LayerNormalization", "LayerNormalization", {R({2, 3, 8}), P({8}, 2), R({8}, 3)},
-               make_attrs({{"axis", int64_t(-1)}}), 1});
+  c.push_back({"BatchNormalization",
+               "BatchNormalization",
+               {R({4, 3, 2, 2}), P({3}, 2), R({3}, 3), R({3}, 4), P({3}, 5)},
+               make_attrs({{"training_mode", int64_t(1)}}),
+               1,
+               {0, 1, 2}});  // running stats: not differentiable
+  c.push_back({"LayerNormalization",
+               "LayerNormalization",
+               {R({2, 3, 8}), P({8}, 2), R({8}, 3)},
+               make_attrs({{"axis", int64_t(-1)}}),
+               1});
   c.push_back({"Softmax", "Softmax", {R({3, 5})}, make_attrs({{"axis", int64_t(-1)}})});
   c.push_back({"LogSoftmax", "LogSoftmax", {R({3, 5})}, make_attrs({{"axis", int64_t(1)}})});
   c.push_back({"ReduceSum", "ReduceSum", {R({2, 3, 4}), I({1})}, make_attrs({{"keepdims", int64_t(0)}}), 1, {0}});
-  c.push_back({"ReduceMean", "ReduceMean", {R({2, 3, 4})},
+  c.push_back({"ReduceMean",
+               "ReduceMean",
+               {R({2, 3, 4})},
                make_attrs({{"axes", std::vector<int64_t>{0, 2}}, {"keepdims", int64_t(1)}})});
   c.push_back({"ReduceMax", "ReduceMax", {R({2, 3, 4})}, make_attrs({{"axes", std::vector<int64_t>{2}}})});
-  c.push_back({"SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLoss", {R({4, 5}), I({1, -100, 4, 0})},
-               make_attrs({{"ignore_index", int64_t(-100)}, {"reduction", std::string("mean")}}), 1, {0}});
-  c.push_back({"SoftmaxCrossEntropyLoss_3d", "SoftmaxCrossEntropyLoss", {R({2, 5, 3}), I({1, 2, 0, 4, 3, 3}).reshaped({2, 3})},
-               make_attrs({{"reduction", std::string("sum")}}), 1, {0}});
-  c.push_back({"NegativeLogLikelihoodLoss", "NegativeLogLikelihoodLoss", {R({4, 5}), I({1, 3, 4, 0})},
-               make_attrs({{"reduction", std::string("mean")}}), 1, {0}});
+  c.push_back({"SoftmaxCrossEntropyLoss",
+               "SoftmaxCrossEntropyLoss",
+               {R({4, 5}), I({1, -100, 4, 0})},
+               make_attrs({{"ignore_index", int64_t(-100)}, {"reduction", std::string("mean")}}),
+               1,
+               {0}});
+  c.push_back({"SoftmaxCrossEntropyLoss_3d",
+               "SoftmaxCrossEntropyLoss",
+               {R({2, 5, 3}), I({1, 2, 0, 4, 3, 3}).reshaped({2, 3})},
+               make_attrs({{"reduction", std::string("sum")}}),
+               1,
+               {0}});
+  c.push_back({"NegativeLogLikelihoodLoss",
+               "NegativeLogLikelihoodLoss",
+               {R({4, 5}), I({1, 3, 4, 0})},
+               make_attrs({{"reduction", std::string("mean")}}),
+               1,
+               {0}});
   // Indexing ops (ir/ops/indexing.cpp): repeated indices check the scatter-add adjoints.
   c.push_back({"CumSum", "CumSum", {R({3, 4}), I({1})}, {}, 1, {0}});
-  c.push_back({"CumSum_exclusive_reverse", "CumSum", {R({3, 4}), I({-2})},
-               make_attrs({{"exclusive", int64_t(1)}, {"reverse", int64_t(1)}}), 1, {0}});
-  c.push_back({"GatherElements", "GatherElements", {R({3, 4}), I({0, 2, 1, 2, 1, 1, 0, -1}).reshaped({2, 4})},
-               make_attrs({{"axis", int64_t(0)}}), 1, {0}});
+  c.push_back({"CumSum_exclusive_reverse",
+               "CumSum",
+               {R({3, 4}), I({-2})},
+               make_attrs({{"exclusive", int64_t(1)}, {"reverse", int64_t(1)}}),
+               1,
+               {0}});
+  c.push_back({"GatherElements",
+               "GatherElements",
+               {R({3, 4}), I({0, 2, 1, 2, 1, 1, 0, -1}).reshaped({2, 4})},
+               make_attrs({{"axis", int64_t(0)}}),
+               1,
+               {0}});
   c.push_back({"GatherND", "GatherND", {R({3, 4, 2}), I({0, 1, 2, 3, 0, 1}).reshaped({3, 2})}, {}, 1, {0}});
-  c.push_back({"GatherND_batch_dims", "GatherND", {R({2, 3, 4}), I({1, 0, 2, 1}).reshaped({2, 2, 1})},
-               make_attrs({{"batch_dims", int64_t(1)}}), 1, {0}});
-  c.push_back({"ScatterElements", "ScatterElements",
+  c.push_back({"GatherND_batch_dims",
+               "GatherND",
+               {R({2, 3, 4}), I({1, 0, 2, 1}).reshaped({2, 2, 1})},
+               make_attrs({{"batch_dims", int64_t(1)}}),
+               1,
+               {0}});
+  c.push_back({"ScatterElements",
+               "ScatterElements",
                {R({3, 4}), I({0, 2, 1, 2, 1, 0, 2, 0}).reshaped({2, 4}), R({2, 4}, 2)},
-               make_attrs({{"axis", int64_t(0)}}), 1, {0, 2}});
-  c.push_back({"ScatterElements_add", "ScatterElements",
+               make_attrs({{"axis", int64_t(0)}}),
+               1,
+               {0, 2}});
+  c.push_back({"ScatterElements_add",
+               "ScatterElements",
                {R({3, 4}), I({0, 2, 1, 2, 0, 2, 1, 2}).reshaped({2, 4}), R({2, 4}, 2)},
-               make_attrs({{"axis", int64_t(0)}, {"reduction", std::string("add")}}), 1, {0, 2}});
+               make_attrs({{"axis", int64_t(0)}, {"reduction", std::string("add")}}),
+               1,
+               {0, 2}});
   c.push_back({"ScatterND", "ScatterND", {R({4, 3}), I({1, 3}).reshaped({2, 1}), R({2, 3}, 2)}, {}, 1, {0, 2}});
-  c.push_back({"ScatterND_add", "ScatterND", {R({4, 3}), I({1, 1}).reshaped({2, 1}), R({2, 3}, 2)},
-               make_attrs({{"reduction", std::string("add")}}), 1, {0, 2}});
+  c.push_back({"ScatterND_add",
+               "ScatterND",
+               {R({4, 3}), I({1, 1}).reshaped({2, 1}), R({2, 3}, 2)},
+               make_attrs({{"reduction", std::string("add")}}),
+               1,
+               {0, 2}});
   // fmod / floor mod: d/da = 1, d/db = -trunc(a/b) or -floor(a/b) (random points lie far
   // from the jumps at integer a/b).
   c.push_back({"Mod_fmod", "Mod", {R({3, 4}), P({3, 4}, 2)}, make_attrs({{"fmod", int64_t(1)}}), 1, {0, 1}});

@@ -10,22 +10,21 @@
 
 #include <gtest/gtest.h>
 
-#include <unordered_set>
-
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <set>
+#include <unordered_set>
 
 #include "ir/op_table.h"
+#include "measure_util.h"
 #include "passes/passes.h"
 #include "passes/training_util.h"
-#include "runtime/interpreter.h"
 #include "runtime/data.h"
+#include "runtime/interpreter.h"
 #include "runtime/io.h"
 #include "tools/driver/driver.h"
-#include "measure_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
@@ -197,8 +196,8 @@ TEST(MemoryPlan, PointwiseChainRunsInOneBuffer) {
   EXPECT_EQ(p->in_place_reuses, 3);
   ASSERT_EQ(p->buffers.size(), 1u);
   EXPECT_EQ(p->buffers[0].values.size(), 4u);
-  EXPECT_EQ(p->peak_bytes, 8000);  // x + one 4000-byte buffer
-  EXPECT_EQ(p->arena_bytes, 4032); // 4000 rounded up to 64
+  EXPECT_EQ(p->peak_bytes, 8000);   // x + one 4000-byte buffer
+  EXPECT_EQ(p->arena_bytes, 4032);  // 4000 rounded up to 64
   auto e = passes::plan_memory(*g, PlanOptions::eager());
   ASSERT_TRUE(e) << e.message();
   EXPECT_EQ(e->peak_bytes, 12000);  // x + input + output of each op
@@ -310,8 +309,8 @@ void measure_example(const std::string& model, bool bf16, StepMeasure& m, int64_
   m.plan = std::move(*plan);
   std::cout << "[ MEMORY ] " << model << (bf16 ? " --bf16" : "") << (fp16 ? " --fp16" : "") << " --optim " << optim
             << " microbatch " << micro
-            << (accum > 1 ? " --gradient_accumulation_steps " + std::to_string(accum) : std::string()) << ": planned " << m.planned << " B ("
-            << passes::human_bytes(m.planned) << "), measured " << m.measured << " B, diff "
+            << (accum > 1 ? " --gradient_accumulation_steps " + std::to_string(accum) : std::string()) << ": planned "
+            << m.planned << " B (" << passes::human_bytes(m.planned) << "), measured " << m.measured << " B, diff "
             << 100.0 * double(m.planned - m.measured) / double(m.measured) << "%; compiled plan (in-place) "
             << planned_compiled->peak_bytes << " B, arena " << planned_compiled->arena_bytes << " B, "
             << planned_compiled->in_place_reuses << " in-place reuses; saved activations "
@@ -398,7 +397,6 @@ TEST(MemoryPlan, TinyGptBf16SavedActivationsAtMost55PercentOfFp32) {
   if (HasFatalFailure()) return;
   EXPECT_LE(ratio, 0.55);
 }
-
 
 // ---------------------------------------------------------------- gradient accumulation
 
@@ -549,9 +547,10 @@ TEST_P(AccumulatedMemory, PlannedPeakMatchesMeasuredWithFourMicrobatches) {
   EXPECT_GE(m4.plan.max_by_category[static_cast<int>(MemoryCategory::gradients)], 4 * m4.plan.parameter_elements);
   EXPECT_GT(m4.plan.in_place_reuses, 0);  // the kiln_inplace accumulator Adds
   EXPECT_DOUBLE_EQ(m4.plan.optimizer_state_bytes_per_param_element(), 8.0);
-  std::cout << "[ MEMORY ] " << GetParam() << " N=4 vs N=1 at microbatch " << "fixture: planned " << m4.planned
-            << " / " << m1.planned << " = " << double(m4.planned) / double(m1.planned) << ", measured " << m4.measured
-            << " / " << m1.measured << " = " << double(m4.measured) / double(m1.measured) << "\n";
+  std::cout << "[ MEMORY ] " << GetParam() << " N=4 vs N=1 at microbatch "
+            << "fixture: planned " << m4.planned << " / " << m1.planned << " = "
+            << double(m4.planned) / double(m1.planned) << ", measured " << m4.measured << " / " << m1.measured << " = "
+            << double(m4.measured) / double(m1.measured) << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, AccumulatedMemory, ::testing::Values("mlp_digits", "tiny_gpt"),

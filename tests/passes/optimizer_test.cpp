@@ -142,9 +142,8 @@ void compare(const Run& a, const Run& ref) {
   for (int i = 0; i < 2; ++i) EXPECT_NEAR(a.b[i], ref.b[i], 1e-10);
 }
 
-passes::OptimizerOptions opts(const std::string& optim, const std::string& sched, double lr, double wd,
-                              double max_norm, int64_t total, int64_t warm, double momentum = 0,
-                              bool nesterov = false) {
+passes::OptimizerOptions opts(const std::string& optim, const std::string& sched, double lr, double wd, double max_norm,
+                              int64_t total, int64_t warm, double momentum = 0, bool nesterov = false) {
   passes::OptimizerOptions o;
   o.optim = optim;
   o.lr_scheduler_type = sched;

@@ -22,6 +22,7 @@
 //     detection is read from the "[remat] blocks ..." line the pass writes under
 //     --time-passes.
 #include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
 
 #include <chrono>
 #include <cmath>
@@ -31,17 +32,15 @@
 #include <regex>
 #include <sstream>
 
-#include <onnx/onnx_pb.h>
-
 #include "frontend/model_bytes.h"
 #include "ir/op_table.h"
+#include "measure_util.h"
 #include "passes/memory_plan.h"
 #include "runtime/data.h"
 #include "runtime/interpreter.h"
 #include "runtime/io.h"
 #include "runtime/train_config.h"
 #include "tools/driver/driver.h"
-#include "measure_util.h"
 
 using namespace kiln;
 using namespace kiln::ir;
@@ -179,7 +178,8 @@ TEST_P(RematEquivalence, GradientsAndStepEqualNoRemat) {
   // the saved bytes (checked below): ties go to the cut nearer the backward, so in the
   // MLP, CNN and ResNet, whose cheap ops' inputs are as large as their outputs, it keeps
   // everything; in the GPT it recomputes layer norms and GELUs.
-  if (policy != "min-cut" || model == "tiny_gpt") EXPECT_GT(cloned, 0) << model << " " << policy << ": nothing recomputed";
+  if (policy != "min-cut" || model == "tiny_gpt")
+    EXPECT_GT(cloned, 0) << model << " " << policy << ": nothing recomputed";
   if (policy == "min-cut")
     for (auto& n : rem->grads->nodes())
       if (is_remat_node(*n)) {
@@ -197,13 +197,16 @@ TEST_P(RematEquivalence, GradientsAndStepEqualNoRemat) {
   auto pb = passes::plan_memory(*rem->grads, passes::PlanOptions::eager());
   ASSERT_TRUE(pa && pb);
   std::cout << "[ REMAT ] " << model << " " << policy << ": " << cloned << " nodes recomputed ("
-            << remat_flops(*rem->grads) << " FLOPs); grads bitwise " << bit << "/" << ga.size() << ", step outputs bitwise "
-            << bit_step << "/" << sa.size() << "; planned peak " << pa->peak_bytes << " -> " << pb->peak_bytes
-            << " B, saved activations " << pa->saved_activation_bytes << " -> " << pb->saved_activation_bytes << " B\n";
+            << remat_flops(*rem->grads) << " FLOPs); grads bitwise " << bit << "/" << ga.size()
+            << ", step outputs bitwise " << bit_step << "/" << sa.size() << "; planned peak " << pa->peak_bytes
+            << " -> " << pb->peak_bytes << " B, saved activations " << pa->saved_activation_bytes << " -> "
+            << pb->saved_activation_bytes << " B\n";
   EXPECT_LE(pb->saved_activation_bytes, pa->saved_activation_bytes);
   if (policy == "min-cut") {
-    if (cloned > 0) EXPECT_LT(pb->saved_activation_bytes, pa->saved_activation_bytes) << "recomputed for no saving";
-    else EXPECT_EQ(pb->saved_activation_bytes, pa->saved_activation_bytes);
+    if (cloned > 0)
+      EXPECT_LT(pb->saved_activation_bytes, pa->saved_activation_bytes) << "recomputed for no saving";
+    else
+      EXPECT_EQ(pb->saved_activation_bytes, pa->saved_activation_bytes);
   }
 }
 
@@ -316,26 +319,26 @@ TEST(Remat, BlocksCutSavedActivationsUnderMixedPrecision) {
   // activations as much (they were split in two, only the casts were recomputed and
   // resnet18 saved exactly as many bytes as without checkpointing).
   for (const char* model : {"tiny_gpt", "resnet18"})
-  for (const char* precision : {"fp32", "bf16", "fp16"}) {
-    Batch b = load_batch(model);
-    if (HasFailure()) return;
-    auto saved = [&](const std::string& policy) -> int64_t {
-      auto c = config(model, b.x.dim(0), policy);
-      c.bf16 = std::string(precision) == "bf16";
-      c.fp16 = std::string(precision) == "fp16";
-      auto p = driver::build_training_program(c, nullptr, true);
-      EXPECT_TRUE(p) << p.message();
-      if (!p) return -1;
-      auto m = passes::plan_memory(*p->grads, passes::PlanOptions::eager());
-      EXPECT_TRUE(m) << m.message();
-      return m ? m->saved_activation_bytes : -1;
-    };
-    const int64_t none = saved("none"), blocks = saved("blocks");
-    std::cout << "[ REMAT ] " << model << " " << precision << " saved activations: none " << none << ", blocks "
-              << blocks << "\n";
-    // fp32 measured: tiny_gpt 9605120 -> 1478656, resnet18 409920 -> 211264 (0.52).
-    EXPECT_LT(blocks, none * 6 / 10) << model << " " << precision;
-  }
+    for (const char* precision : {"fp32", "bf16", "fp16"}) {
+      Batch b = load_batch(model);
+      if (HasFailure()) return;
+      auto saved = [&](const std::string& policy) -> int64_t {
+        auto c = config(model, b.x.dim(0), policy);
+        c.bf16 = std::string(precision) == "bf16";
+        c.fp16 = std::string(precision) == "fp16";
+        auto p = driver::build_training_program(c, nullptr, true);
+        EXPECT_TRUE(p) << p.message();
+        if (!p) return -1;
+        auto m = passes::plan_memory(*p->grads, passes::PlanOptions::eager());
+        EXPECT_TRUE(m) << m.message();
+        return m ? m->saved_activation_bytes : -1;
+      };
+      const int64_t none = saved("none"), blocks = saved("blocks");
+      std::cout << "[ REMAT ] " << model << " " << precision << " saved activations: none " << none << ", blocks "
+                << blocks << "\n";
+      // fp32 measured: tiny_gpt 9605120 -> 1478656, resnet18 409920 -> 211264 (0.52).
+      EXPECT_LT(blocks, none * 6 / 10) << model << " " << precision;
+    }
 }
 
 /// Planned (eager semantics) vs measured peak of one training step with remat.
@@ -806,7 +809,8 @@ TEST(RematBench, DISABLED_DeepGptTable) {
     ASSERT_TRUE(plan) << plan.message();
     double fwd = 0, rem = 0;
     for (auto& n : g.nodes()) {
-      if (is_remat_node(*n)) rem += node_cost(*n).flops;
+      if (is_remat_node(*n))
+        rem += node_cost(*n).flops;
       else if (n->name.find("/grad") == std::string::npos && n->name.rfind("optimizer", 0) != 0)
         fwd += node_cost(*n).flops;
     }
@@ -839,21 +843,27 @@ TEST(RematBench, DISABLED_DeepGptTable) {
       times.push_back(std::chrono::duration<double>(t1 - t0).count());
     }
     std::sort(times.begin(), times.end());
-    Row r{policy, plan->peak_bytes, measured, plan->saved_activation_bytes, fwd > 0 ? 100.0 * rem / fwd : 0,
+    Row r{policy,
+          plan->peak_bytes,
+          measured,
+          plan->saved_activation_bytes,
+          fwd > 0 ? 100.0 * rem / fwd : 0,
           times[times.size() / 2]};
     if (policy == "none") none_peak = r.planned;
     if (policy == "blocks") blocks_peak = r.planned;
     rows.push_back(r);
     std::cout << "[ BENCH ] " << policy << " done: " << r.seconds << " s/step\n" << std::flush;
   }
-  std::cout << "| policy | planned peak | measured peak | saved activations | recompute FLOPs (% of forward) | step time (ratio) |\n"
+  std::cout << "| policy | planned peak | measured peak | saved activations | recompute FLOPs (% of forward) | step "
+               "time (ratio) |\n"
             << "|---|---|---|---|---|---|\n";
   for (auto& r : rows) {
     char buf[512];
-    std::snprintf(buf, sizeof buf, "| %s | %s | %s | %s | %.1f%% | %.2f s (%.2fx) |\n",
-                  (r.policy == "budget" ? "budget " + passes::human_bytes((none_peak + blocks_peak) / 2) : r.policy).c_str(),
-                  passes::human_bytes(r.planned).c_str(), passes::human_bytes(r.measured).c_str(),
-                  passes::human_bytes(r.saved).c_str(), r.flops_pct, r.seconds, r.seconds / rows[0].seconds);
+    std::snprintf(
+        buf, sizeof buf, "| %s | %s | %s | %s | %.1f%% | %.2f s (%.2fx) |\n",
+        (r.policy == "budget" ? "budget " + passes::human_bytes((none_peak + blocks_peak) / 2) : r.policy).c_str(),
+        passes::human_bytes(r.planned).c_str(), passes::human_bytes(r.measured).c_str(),
+        passes::human_bytes(r.saved).c_str(), r.flops_pct, r.seconds, r.seconds / rows[0].seconds);
     std::cout << buf;
   }
 }

@@ -137,16 +137,18 @@ double check_round_trip(const std::vector<float>& xs, bool is_signed, const std:
       const double err = std::fabs(static_cast<double>(xs[i]) - y.get_f64(i));
       const double bound = half_gap * a + 4 * ulp;
       EXPECT_LE(err, bound) << "element " << i << " x=" << xs[i] << " y=" << y.get_f64(i) << " absmax=" << a;
-      if (a > 0) worst = std::max(worst, err / bound);
-      else EXPECT_EQ(y.get_f64(i), 0.0) << "zero block must dequantize to 0";
+      if (a > 0)
+        worst = std::max(worst, err / bound);
+      else
+        EXPECT_EQ(y.get_f64(i), 0.0) << "zero block must dequantize to 0";
       if (a > 0) {
         // nearest code: no map entry is closer than the chosen one (beyond rounding slack)
         const double t = static_cast<double>(xs[i]) / a;
         const int c = static_cast<int>(q.codes.get_i64(i));
         const int r = ref_nearest(map, t);
         EXPECT_LE(std::fabs(map[c] - t), std::fabs(map[r] - t) + 2e-7)
-            << "element " << i << ": code " << c << " (" << map[c] << "), nearest " << r << " (" << map[r]
-            << ") for " << t;
+            << "element " << i << ": code " << c << " (" << map[c] << "), nearest " << r << " (" << map[r] << ") for "
+            << t;
       }
     }
   }
@@ -182,8 +184,8 @@ TEST(Optim8bit, DynamicMapsMatchFloat64Reference) {
 TEST(Optim8bit, DynamicMapsMatchBitsandbytesTorchFixture) {
   // Fixture: the real bitsandbytes create_dynamic_map run with torch 1.13 (f32 linspace).
   for (bool s : {true, false}) {
-    std::string path = std::string(KILN_SOURCE_DIR) + "/tests/data/optim8bit/bnb_dynamic_map_" +
-                       (s ? "signed" : "unsigned") + ".npy";
+    std::string path =
+        std::string(KILN_SOURCE_DIR) + "/tests/data/optim8bit/bnb_dynamic_map_" + (s ? "signed" : "unsigned") + ".npy";
     auto fx = runtime::io::load_npy(path);
     ASSERT_TRUE(fx) << fx.message() << " (regenerate with /usr/bin/python3 tools/make_optim8bit_fixtures.py)";
     ASSERT_EQ(fx->numel(), 256);
@@ -343,9 +345,9 @@ TEST(Optim8bit, FusedUpdateMatchesFloat64Reference) {
   at.set("beta2", h.b2);
   at.set("eps", h.eps);
   at.set("weight_decay", h.wd);
-  auto r = run_op("AdamW8bitUpdate",
-                  {&p, &g, &s1.codes, &s1.absmax, &s2.codes, &s2.absmax, &qs, &qu, &t_lr, &t_ss, &t_sb, &t_coef}, 5,
-                  at);
+  auto r =
+      run_op("AdamW8bitUpdate",
+             {&p, &g, &s1.codes, &s1.absmax, &s2.codes, &s2.absmax, &qs, &qu, &t_lr, &t_ss, &t_sb, &t_coef}, 5, at);
   ASSERT_TRUE(r) << r.message();
   const Tensor &p1 = (*r)[0], &q1 = (*r)[1], &a1 = (*r)[2], &q2 = (*r)[3], &a2 = (*r)[4];
   EXPECT_EQ(p1.dims(), p.dims());
@@ -354,7 +356,8 @@ TEST(Optim8bit, FusedUpdateMatchesFloat64Reference) {
 
   std::vector<double> rp = as_f64(p), rg = as_f64(g), ra1 = as_f64(s1.absmax), ra2 = as_f64(s2.absmax);
   std::vector<int> rq1(n), rq2(n);
-  for (int64_t i = 0; i < n; ++i) rq1[i] = static_cast<int>(s1.codes.get_i64(i)), rq2[i] = static_cast<int>(s2.codes.get_i64(i));
+  for (int64_t i = 0; i < n; ++i)
+    rq1[i] = static_cast<int>(s1.codes.get_i64(i)), rq2[i] = static_cast<int>(s2.codes.get_i64(i));
   const std::vector<double> p_before = rp;
   ref_step(rp, rg, rq1, ra1, rq2, ra2, ms, mu, h);
 
@@ -503,8 +506,11 @@ static void check_codes_equal_binary_search() {
       ASSERT_EQ(r.absmax.data<float>()[i / 256], 1.0f);
       uint8_t want = ir::nearest_code(q, blocks[static_cast<size_t>(i)]);
       if (r.codes.data<uint8_t>()[i] != want && ++diffs < 5)
-        ADD_FAILURE() << (which == 2 ? "clustered" : is_signed ? "signed" : "unsigned") << " x=" << blocks[static_cast<size_t>(i)]
-                      << " kernel code " << int(r.codes.data<uint8_t>()[i]) << " reference " << int(want);
+        ADD_FAILURE() << (which == 2  ? "clustered"
+                          : is_signed ? "signed"
+                                      : "unsigned")
+                      << " x=" << blocks[static_cast<size_t>(i)] << " kernel code " << int(r.codes.data<uint8_t>()[i])
+                      << " reference " << int(want);
     }
     EXPECT_EQ(diffs, 0);
     // The second moment's path (non-negative values only, unsigned and clustered maps).
@@ -603,15 +609,17 @@ static void check_fused_update_bitwise() {
         bool nan = false;
         for (float e : x) nan = nan || e != e, mx = std::max(mx, std::fabs(e));
         const float got_a = (*r)[2 + 2 * k].data<float>()[b];
-        if (nan) EXPECT_TRUE(got_a != got_a) << "block " << b << " moment " << k << ": absmax must be NaN";
-        else EXPECT_TRUE(same(got_a, mx)) << "block " << b << " moment " << k << ": absmax " << got_a << " want " << mx;
+        if (nan)
+          EXPECT_TRUE(got_a != got_a) << "block " << b << " moment " << k << ": absmax must be NaN";
+        else
+          EXPECT_TRUE(same(got_a, mx)) << "block " << b << " moment " << k << ": absmax " << got_a << " want " << mx;
         const bool coded = !nan && mx > 0.f && std::isfinite(mx);
         for (size_t j = 0; j < x.size(); ++j) {
           const uint8_t want = coded ? ir::nearest_code(map, x[j] / mx) : ir::nearest_code(map, 0.f);
           const uint8_t got = (*r)[1 + 2 * k].data<uint8_t>()[lo + static_cast<int64_t>(j)];
           if (got != want && ++bad < 5)
-            ADD_FAILURE() << "block " << b << " moment " << k << " element " << j << ": code " << int(got)
-                          << " want " << int(want);
+            ADD_FAILURE() << "block " << b << " moment " << k << " element " << j << ": code " << int(got) << " want "
+                          << int(want);
         }
       }
     }

@@ -1,12 +1,13 @@
 // Tests of the trainer's data loader: shuffling determinism, drop-last, dtype/shape
 // errors naming the file, i32 label conversion, token windows, accumulation layout.
+#include "runtime/data.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <set>
 
-#include "runtime/data.h"
 #include "runtime/io.h"
 
 using namespace kiln;
@@ -60,7 +61,8 @@ TEST(Data, PermutationIsDeterministicPerSeedAndEpoch) {
 }
 
 TEST(Data, EpochVisitsEachRowOnceAndDropsLastPartialBatch) {
-  auto ds = Dataset::from_arrays({{"x", "x.npy", rows_f32(10, 3)}, {"labels", "y.npy", labels_i64(10)}}, specs_xy(), {});
+  auto ds =
+      Dataset::from_arrays({{"x", "x.npy", rows_f32(10, 3)}, {"labels", "y.npy", labels_i64(10)}}, specs_xy(), {});
   ASSERT_TRUE(ds) << ds.message();
   EXPECT_EQ(ds->steps_per_epoch(3), 3);  // 10 rows, batch 3: the 10th row is dropped
   std::set<int64_t> seen;
@@ -86,8 +88,8 @@ TEST(Data, EpochVisitsEachRowOnceAndDropsLastPartialBatch) {
 }
 
 TEST(Data, FloatLabelsForCrossEntropyNameTheFile) {
-  auto ds = Dataset::from_arrays({{"x", "x.npy", rows_f32(4, 3)}, {"labels", "y_float.npy", rows_f32(4, 1).reshaped({4})}},
-                                 specs_xy(), {});
+  auto ds = Dataset::from_arrays(
+      {{"x", "x.npy", rows_f32(4, 3)}, {"labels", "y_float.npy", rows_f32(4, 1).reshaped({4})}}, specs_xy(), {});
   ASSERT_FALSE(ds);
   EXPECT_NE(ds.message().find("y_float.npy"), std::string::npos) << ds.message();
   EXPECT_NE(ds.message().find("integer"), std::string::npos) << ds.message();
@@ -105,8 +107,8 @@ TEST(Data, Int32LabelsBecomeInt64) {
 
 TEST(Data, DtypeAndShapeErrors) {
   // Wrong dtype for x.
-  auto d1 = Dataset::from_arrays({{"x", "x64.npy", rows_f32(4, 3).cast(DType::i64)}, {"labels", "y.npy", labels_i64(4)}},
-                                 specs_xy(), {});
+  auto d1 = Dataset::from_arrays(
+      {{"x", "x64.npy", rows_f32(4, 3).cast(DType::i64)}, {"labels", "y.npy", labels_i64(4)}}, specs_xy(), {});
   ASSERT_FALSE(d1);
   EXPECT_NE(d1.message().find("x64.npy"), std::string::npos);
   EXPECT_NE(d1.message().find("expected dtype f32, got i64"), std::string::npos) << d1.message();
@@ -119,8 +121,8 @@ TEST(Data, DtypeAndShapeErrors) {
   EXPECT_NE(d2.message().find("expected shape [rows, 3]"), std::string::npos) << d2.message();
   // A 1-D file for a 2-D input (it passed this check, its one dim taken for an
   // accumulation dim, and failed at step 1 without the file's name).
-  auto d1d = Dataset::from_arrays({{"x", "x1d.npy", rows_f32(4, 3).reshaped({12})}, {"labels", "y.npy", labels_i64(12)}},
-                                  specs_xy(), {});
+  auto d1d = Dataset::from_arrays(
+      {{"x", "x1d.npy", rows_f32(4, 3).reshaped({12})}, {"labels", "y.npy", labels_i64(12)}}, specs_xy(), {});
   ASSERT_FALSE(d1d);
   EXPECT_NE(d1d.message().find("x1d.npy"), std::string::npos) << d1d.message();
   EXPECT_NE(d1d.message().find("got [12]"), std::string::npos) << d1d.message();
@@ -156,8 +158,9 @@ TEST(Data, OpensNpyFilesAndReportsMissingFile) {
 TEST(Data, TokenWindowsShiftLabelsByOne) {
   auto toks = std::make_shared<std::vector<uint16_t>>(1000);
   for (int i = 0; i < 1000; ++i) (*toks)[i] = static_cast<uint16_t>(i);
-  std::vector<DataInputSpec> specs = {{"idx", DType::i64, ir::Shape({ir::Dim(std::string("batch")), ir::Dim(int64_t{16})})},
-                                      {"labels", DType::i64, ir::Shape({ir::Dim(std::string("batch")), ir::Dim(int64_t{16})})}};
+  std::vector<DataInputSpec> specs = {
+      {"idx", DType::i64, ir::Shape({ir::Dim(std::string("batch")), ir::Dim(int64_t{16})})},
+      {"labels", DType::i64, ir::Shape({ir::Dim(std::string("batch")), ir::Dim(int64_t{16})})}};
   auto ds = Dataset::from_tokens(toks, "train.bin", specs, {});
   ASSERT_TRUE(ds) << ds.message();
   EXPECT_EQ(ds->steps_per_epoch(4), 1000 / (4 * 16));  // n_tokens / (B*T)

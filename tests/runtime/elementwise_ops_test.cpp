@@ -4,12 +4,12 @@
 // broadcasting, f64, bf16 and integer cases; Philox is checked against the
 // Random123 known-answer vectors; gradient rules go through the f64 central-
 // difference checker (tools/driver/gradcheck.h).
-#include <limits>
-#include <cstring>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -136,8 +136,7 @@ TEST(ElementwiseOps, UnaryFloatOps) {
       {"LeakyRelu", [](double x) { return x >= 0 ? x : 0.2 * x; }, -3, 3, leaky},
       {"Erf", [](double x) { return std::erf(x); }, -3, 3, {}},
       {"Gelu", [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }, -4, 4, {}},
-      {"Gelu", [k](double x) { return 0.5 * x * (1 + std::tanh(k * (x + 0.044715 * x * x * x))); }, -4, 4,
-       tanh_approx},
+      {"Gelu", [k](double x) { return 0.5 * x * (1 + std::tanh(k * (x + 0.044715 * x * x * x))); }, -4, 4, tanh_approx},
       {"Softplus", [](double x) { return std::log(std::exp(x) + 1); }, -10, 10, {}},
       {"Sin", [](double x) { return std::sin(x); }, -4, 4, {}},
       {"Cos", [](double x) { return std::cos(x); }, -4, 4, {}},
@@ -182,8 +181,8 @@ TEST(ElementwiseOps, Clip) {
   expect_close(run_op("Clip", {x, lo})[0], {-1.5, -1, 0, 0.5, 3, 10}, 0, 0, "Clip min only");
   expect_close(run_op("Clip", {x})[0], values(x), 0, 0, "Clip none");
   // min > max gives max (ONNX reference: min(max(x, min), max)).
-  expect_close(run_op("Clip", {x, make(DType::f32, {}, {3}), make(DType::f32, {}, {1})})[0], {1, 1, 1, 1, 1, 1}, 0,
-               0, "Clip min>max");
+  expect_close(run_op("Clip", {x, make(DType::f32, {}, {3}), make(DType::f32, {}, {1})})[0], {1, 1, 1, 1, 1, 1}, 0, 0,
+               "Clip min>max");
   Tensor xi = make(DType::i64, {4}, {-9, 0, 4, 12});
   expect_close(run_op("Clip", {xi, make(DType::i64, {}, {-2}), make(DType::i64, {}, {5})})[0], {-2, 0, 4, 5}, 0, 0,
                "Clip i64");
@@ -406,39 +405,41 @@ TEST(ElementwiseOps, DropoutF32AndBf16AreBitExactAgainstPhiloxReference) {
     ~Restore() { kiln::runtime::kernels::dropout_testing::set_max_isa(level); }
   } restore{dt_hooks::set_max_isa(2)};
   for (int isa = best; isa >= 0; --isa)
-  for (DType dt : {DType::f32, DType::bf16})
-  for (const float ratio : {0.3f, 1.0f / 3.0f})
-  for (int64_t n : {int64_t(128 * 5 + 37), int64_t(1) << 18}) {
-    dt_hooks::set_max_isa(isa);
-    ASSERT_EQ(dt_hooks::active_isa(), isa);
-    SCOPED_TRACE(std::string(dtype_name(dt)) + " ratio " + std::to_string(ratio) + " path " + std::to_string(isa));
-    Tensor x = rnd(dt, {n}, -3, 3, 21);
-    x.set_f64(3, std::numeric_limits<double>::infinity());
-    x.set_f64(200, -std::numeric_limits<double>::infinity());
-    x.set_f64(641, std::numeric_limits<double>::quiet_NaN());
-    RunOptions tr;
-    tr.training = true;
-    tr.seed = 0x0123456789abcdefull;
-    tr.step = 9;
-    Attributes a;
-    a.set("kiln_rng_id", int64_t(5));
-    auto o = run_op("Dropout", {x, make(DType::f32, {}, {ratio})}, a, 2, tr);
-    const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(ratio)));
-    for (int64_t i = 0; i < n; ++i) {
-      const bool keep = kiln::runtime::kernels::philox_uniform(tr.seed, 5, 9, static_cast<uint64_t>(i)) >= ratio;
-      ASSERT_EQ(o[1].get_i64(i) != 0, keep) << "mask element " << i << " of " << n;
-      if (dt == DType::f32) {
-        const float want = keep ? x.data<float>()[i] * scale : 0.0f;
-        const float got = o[0].data<float>()[i];
-        ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "element " << i << " of " << n << ": " << got << " vs " << want;
-      } else {
-        const uint16_t* xb = static_cast<const uint16_t*>(x.raw());
-        const uint16_t want = keep ? ir::f32_to_bf16(ir::bf16_to_f32(xb[i]) * scale) : uint16_t(0);
-        const uint16_t got = static_cast<const uint16_t*>(o[0].raw())[i];
-        ASSERT_EQ(got, want) << "bf16 element " << i << " of " << n << ": bits " << got << " vs " << want;
-      }
-    }
-  }
+    for (DType dt : {DType::f32, DType::bf16})
+      for (const float ratio : {0.3f, 1.0f / 3.0f})
+        for (int64_t n : {int64_t(128 * 5 + 37), int64_t(1) << 18}) {
+          dt_hooks::set_max_isa(isa);
+          ASSERT_EQ(dt_hooks::active_isa(), isa);
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " ratio " + std::to_string(ratio) + " path " +
+                       std::to_string(isa));
+          Tensor x = rnd(dt, {n}, -3, 3, 21);
+          x.set_f64(3, std::numeric_limits<double>::infinity());
+          x.set_f64(200, -std::numeric_limits<double>::infinity());
+          x.set_f64(641, std::numeric_limits<double>::quiet_NaN());
+          RunOptions tr;
+          tr.training = true;
+          tr.seed = 0x0123456789abcdefull;
+          tr.step = 9;
+          Attributes a;
+          a.set("kiln_rng_id", int64_t(5));
+          auto o = run_op("Dropout", {x, make(DType::f32, {}, {ratio})}, a, 2, tr);
+          const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(ratio)));
+          for (int64_t i = 0; i < n; ++i) {
+            const bool keep = kiln::runtime::kernels::philox_uniform(tr.seed, 5, 9, static_cast<uint64_t>(i)) >= ratio;
+            ASSERT_EQ(o[1].get_i64(i) != 0, keep) << "mask element " << i << " of " << n;
+            if (dt == DType::f32) {
+              const float want = keep ? x.data<float>()[i] * scale : 0.0f;
+              const float got = o[0].data<float>()[i];
+              ASSERT_EQ(std::memcmp(&got, &want, 4), 0)
+                  << "element " << i << " of " << n << ": " << got << " vs " << want;
+            } else {
+              const uint16_t* xb = static_cast<const uint16_t*>(x.raw());
+              const uint16_t want = keep ? ir::f32_to_bf16(ir::bf16_to_f32(xb[i]) * scale) : uint16_t(0);
+              const uint16_t got = static_cast<const uint16_t*>(o[0].raw())[i];
+              ASSERT_EQ(got, want) << "bf16 element " << i << " of " << n << ": bits " << got << " vs " << want;
+            }
+          }
+        }
 }
 
 TEST(ElementwiseOps, GeluGradMatchesFiniteDifferences) {
@@ -468,7 +469,8 @@ namespace {
 /// f64 gradient check of `op` (seed 1000 + op name length), see check_op_grad.
 void check_grad(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}, int n_out = 1,
                 std::vector<int> wrt = {}, bool training = false, double tol = 1e-6, double eps = 1e-6) {
-  check_op_grad(op, ins, attrs, {.seed_base = 1000, .n_out = n_out, .wrt = wrt, .training = training, .tolerance = tol, .eps = eps});
+  check_op_grad(op, ins, attrs,
+                {.seed_base = 1000, .n_out = n_out, .wrt = wrt, .training = training, .tolerance = tol, .eps = eps});
 }
 }  // namespace
 
@@ -486,8 +488,8 @@ TEST(ElementwiseGrad, BinaryWithBroadcast) {
 TEST(ElementwiseGrad, Unary) {
   Tensor x = rnd(DType::f64, {3, 5}, -2, 2, 41);
   Tensor pos = rnd(DType::f64, {3, 5}, 0.3, 2, 42);
-  for (const char* op : {"Neg", "Abs", "Exp", "Tanh", "Sigmoid", "Relu", "Erf", "Gelu", "Softplus", "Sin", "Cos",
-                         "Identity"})
+  for (const char* op :
+       {"Neg", "Abs", "Exp", "Tanh", "Sigmoid", "Relu", "Erf", "Gelu", "Softplus", "Sin", "Cos", "Identity"})
     check_grad(op, {x});
   for (const char* op : {"Sqrt", "Reciprocal", "Log"}) check_grad(op, {pos});
   Attributes leaky;

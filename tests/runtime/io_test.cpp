@@ -65,7 +65,10 @@ void expect_same(const Tensor& a, const Tensor& b) {
 // ----------------------------------------------------------------------------- .npy
 TEST_F(IoTest, NpyReadsNumpyFilesOfEveryDtype) {
   // make_npy.py: arange(6).reshape(2,3); floats * 0.5 - 1; bool = i % 2 == 1.
-  struct Case { const char* file; DType dt; };
+  struct Case {
+    const char* file;
+    DType dt;
+  };
   for (Case c : {Case{"good_f4.npy", DType::f32}, Case{"good_f8.npy", DType::f64}, Case{"good_f2.npy", DType::f16},
                  Case{"good_i8.npy", DType::i64}, Case{"good_i4.npy", DType::i32}, Case{"good_i1.npy", DType::i8},
                  Case{"good_u1.npy", DType::u8}, Case{"good_b1.npy", DType::boolean}}) {
@@ -111,8 +114,8 @@ TEST_F(IoTest, NpyWriterMatchesNumpyByteForByte) {
 
 TEST_F(IoTest, NpyRoundTripEveryDtype) {
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::i64, DType::i32, DType::i8, DType::u8, DType::boolean}) {
-    for (auto dims : {std::vector<int64_t>{}, std::vector<int64_t>{7}, std::vector<int64_t>{3, 0},
-                      std::vector<int64_t>{2, 3, 5}}) {
+    for (auto dims :
+         {std::vector<int64_t>{}, std::vector<int64_t>{7}, std::vector<int64_t>{3, 0}, std::vector<int64_t>{2, 3, 5}}) {
       SCOPED_TRACE(std::string(kiln::ir::dtype_name(dt)) + " " + kiln::ir::dims_to_string(dims));
       Tensor t = pattern(dt, dims);
       ASSERT_TRUE(io::save_npy(tmp("rt.npy"), t).is_ok());
@@ -132,7 +135,10 @@ TEST_F(IoTest, NpyRoundTripEveryDtype) {
 }
 
 TEST_F(IoTest, NpyErrorsNameTheFileAndTheProblem) {
-  struct Case { const char* file; const char* needle; };
+  struct Case {
+    const char* file;
+    const char* needle;
+  };
   for (Case c : {Case{"bad_fortran.npy", "fortran_order"}, Case{"bad_bigendian.npy", "big-endian"},
                  Case{"bad_u2.npy", "unsupported .npy dtype '<u2'"}, Case{"bad_truncated.npy", "truncated"},
                  Case{"bad_trailing.npy", "bytes after the data"}, Case{"bad_magic.npy", "bad magic"},
@@ -186,8 +192,8 @@ TEST_F(IoTest, ReadsExampleArraysWrittenByExportScript) {
 // ----------------------------------------------------------------------------- safetensors
 TEST_F(IoTest, SafetensorsRoundTripEveryDtypeWithMetadata) {
   std::map<std::string, Tensor> m;
-  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i64, DType::i32, DType::i8, DType::u8,
-                   DType::boolean})
+  for (DType dt :
+       {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i64, DType::i32, DType::i8, DType::u8, DType::boolean})
     m[std::string("t.") + kiln::ir::dtype_name(dt)] = pattern(dt, {3, 5});
   m["scalar"] = Tensor::scalar_f32(2.5f);
   m["empty"] = Tensor(DType::f32, {0, 4});
@@ -254,7 +260,11 @@ std::string st_file(const std::string& header, const std::string& data) {
 
 TEST_F(IoTest, SafetensorsMalformedFilesGiveErrors) {
   const std::string d8(8, '\1');
-  struct Case { const char* name; std::string bytes; const char* needle; };
+  struct Case {
+    const char* name;
+    std::string bytes;
+    const char* needle;
+  };
   std::vector<Case> cases = {
       {"short", std::string("\x10\0\0", 3), "shorter than"},
       {"huge_header", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}", "exceeds 100 MB"},
@@ -268,8 +278,11 @@ TEST_F(IoTest, SafetensorsMalformedFilesGiveErrors) {
       {"reversed", st_file(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[8,0]}})", d8), "reversed"},
       {"negative_dim", st_file(R"({"a":{"dtype":"U8","shape":[-8],"data_offsets":[0,8]}})", d8), "non-negative"},
       {"hole", st_file(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", d8), "hole"},
-      {"overlap", st_file(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
-                          R"("b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", d8), "overlapping"},
+      {"overlap",
+       st_file(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
+               R"("b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+               d8),
+       "overlapping"},
       {"trailing", st_file(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", d8), "after the last tensor"},
       {"bad_metadata", st_file(R"({"__metadata__":{"k":1}})", ""), "not a string"},
   };

@@ -75,14 +75,20 @@ TEST(KernelWrites, FlaggedKernelsWriteEveryOutputElement) {
       {"Split", {rnd(DType::f32, {2, 6, 2}, -1, 1, 9)}, split, 3},
       // Indexing ops (ir/ops/indexing.cpp): every output element is gathered, copied or summed.
       {"CumSum", {rnd(DType::f32, {3, 4}, -1, 1, 16), Tensor::from_i64({1})}, {}},
-      {"GatherElements", {rnd(DType::f32, {3, 4}, -1, 1, 17), Tensor::from_i64({0, 2, 1, 2, 1, 1, 0, 2}).reshaped({2, 4})}},
+      {"GatherElements",
+       {rnd(DType::f32, {3, 4}, -1, 1, 17), Tensor::from_i64({0, 2, 1, 2, 1, 1, 0, 2}).reshaped({2, 4})}},
       {"GatherND", {rnd(DType::f32, {3, 4}, -1, 1, 18), Tensor::from_i64({2, 0, 1}).reshaped({3, 1})}},
       {"ScatterElements",
-       {rnd(DType::f32, {3, 4}, -1, 1, 19), Tensor::from_i64({0, 2, 1, 2}).reshaped({1, 4}), rnd(DType::f32, {1, 4}, -1, 1, 20)}},
-      {"ScatterND", {rnd(DType::f32, {4, 3}, -1, 1, 21), Tensor::from_i64({3, 0}).reshaped({2, 1}), rnd(DType::f32, {2, 3}, -1, 1, 22)}},
+       {rnd(DType::f32, {3, 4}, -1, 1, 19), Tensor::from_i64({0, 2, 1, 2}).reshaped({1, 4}),
+        rnd(DType::f32, {1, 4}, -1, 1, 20)}},
+      {"ScatterND",
+       {rnd(DType::f32, {4, 3}, -1, 1, 21), Tensor::from_i64({3, 0}).reshaped({2, 1}),
+        rnd(DType::f32, {2, 3}, -1, 1, 22)}},
       // Their strided forms (passes/decompose.cpp): a transposed window; rows 1..2 replaced.
       {"AsStrided", {rnd(DType::f32, {3, 4}, -1, 1, 23)}, strided({2, 3}, {1, 4}, 1)},
-      {"AsStridedScatter", {rnd(DType::f32, {4, 3}, -1, 1, 24), rnd(DType::f32, {2, 3}, -1, 1, 25)}, strided({2, 3}, {3, 1}, 3)},
+      {"AsStridedScatter",
+       {rnd(DType::f32, {4, 3}, -1, 1, 24), rnd(DType::f32, {2, 3}, -1, 1, 25)},
+       strided({2, 3}, {3, 1}, 3)},
   };
   // 8-bit optimizer state: 1000 elements = 3 full blocks of 256 and one of 232 (the AVX2
   // path's 8-wide groups, a tail), one block of zeros (the zero-code rule).

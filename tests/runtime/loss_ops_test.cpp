@@ -32,13 +32,13 @@ Expected<std::vector<Tensor>> run_loss(const std::string& op, const std::vector<
 }
 
 struct Ref {
-  std::vector<double> loss;     // reduced (1 value) or per position
+  std::vector<double> loss;  // reduced (1 value) or per position
   std::vector<double> log_prob;
 };
 
 /// Reference of both losses: `nll` uses the scores directly as log-probabilities.
-Ref ref_loss(const Tensor& s, const Tensor& lab, const Tensor* w, const std::string& red, bool has_ignore, int64_t ignore,
-             bool nll) {
+Ref ref_loss(const Tensor& s, const Tensor& lab, const Tensor* w, const std::string& red, bool has_ignore,
+             int64_t ignore, bool nll) {
   int64_t N = s.dim(0), C = s.dim(1), D = s.numel() / (N * C);
   Ref r;
   r.log_prob.assign(s.numel(), 0);
@@ -49,7 +49,8 @@ Ref ref_loss(const Tensor& s, const Tensor& lab, const Tensor* w, const std::str
       double z = 0;
       for (int64_t c = 0; c < C; ++c) z += std::exp(s.get_f64((n * C + c) * D + d));
       for (int64_t c = 0; c < C; ++c)
-        r.log_prob[(n * C + c) * D + d] = nll ? s.get_f64((n * C + c) * D + d) : s.get_f64((n * C + c) * D + d) - std::log(z);
+        r.log_prob[(n * C + c) * D + d] =
+            nll ? s.get_f64((n * C + c) * D + d) : s.get_f64((n * C + c) * D + d) - std::log(z);
       int64_t l = lab.get_i64(n * D + d);
       if (has_ignore && l == ignore) {
         per[n * D + d] = 0;
@@ -60,9 +61,12 @@ Ref ref_loss(const Tensor& s, const Tensor& lab, const Tensor* w, const std::str
       tot += per[n * D + d];
       wsum += wt;
     }
-  if (red == "none") r.loss = per;
-  else if (red == "sum") r.loss = {tot};
-  else r.loss = {tot / wsum};
+  if (red == "none")
+    r.loss = per;
+  else if (red == "sum")
+    r.loss = {tot};
+  else
+    r.loss = {tot / wsum};
   return r;
 }
 

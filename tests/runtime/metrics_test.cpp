@@ -1,12 +1,12 @@
 // Console lines of the trainer (runtime/metrics.h): numbers formatted as documented, and
 // every NaN spelled "nan" (glibc's printf writes "-nan" for a NaN with the sign bit set,
 // which 0/0 gives; a mean loss over batches whose labels are all ignored is such a NaN).
+#include "runtime/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
-
-#include "runtime/metrics.h"
 
 using namespace kiln;
 

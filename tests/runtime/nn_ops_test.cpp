@@ -34,7 +34,8 @@ std::pair<double, double> tol(DType dt) {
 /// f64 gradient check of `op` (seed 2000 + op name length, step 1e-6), see check_op_grad.
 void check_grad(const std::string& op, const std::vector<Tensor>& ins, Attributes attrs = {}, int n_out = 1,
                 std::vector<int> wrt = {}, bool training = false, double tolerance = 1e-6) {
-  check_op_grad(op, ins, attrs, {.seed_base = 2000, .n_out = n_out, .wrt = wrt, .training = training, .tolerance = tolerance});
+  check_op_grad(op, ins, attrs,
+                {.seed_base = 2000, .n_out = n_out, .wrt = wrt, .training = training, .tolerance = tolerance});
 }
 
 // ---- references ----
@@ -100,7 +101,8 @@ std::vector<double> ref_conv2d(const Tensor& X, const Tensor& Wt, const Tensor* 
               for (int64_t kw = 0; kw < KW; ++kw) {
                 int64_t ih = oh * c.sh - c.pt + kh * c.dh, iw = ow * c.sw - c.pl + kw * c.dw;
                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                s += X.get_f64(((n * C + g * Cg + ci) * H + ih) * W + iw) * Wt.get_f64(((m * Cg + ci) * KH + kh) * KW + kw);
+                s += X.get_f64(((n * C + g * Cg + ci) * H + ih) * W + iw) *
+                     Wt.get_f64(((m * Cg + ci) * KH + kh) * KW + kw);
               }
           y[((n * M + m) * OH + oh) * OW + ow] = s;
         }
@@ -138,7 +140,8 @@ TEST(NnOps, MatMulShapesAndDtypes) {
       EXPECT_EQ(y[0].dims(), od);
       EXPECT_EQ(y[0].dtype(), dt);
       auto [at, rt] = tol(dt);
-      expect_close(y[0], ref, at, rt, std::string("MatMul ") + dtype_name(dt) + dims_to_string(c.a) + dims_to_string(c.b));
+      expect_close(y[0], ref, at, rt,
+                   std::string("MatMul ") + dtype_name(dt) + dims_to_string(c.a) + dims_to_string(c.b));
     }
   }
   EXPECT_NE(run_error("MatMul", {rnd(DType::f32, {3, 4}, 0, 1, 1), rnd(DType::f32, {5, 2}, 0, 1, 2)}), "");
@@ -475,7 +478,8 @@ TEST(NnOps, BatchNormalizationInferenceAndTraining) {
       for (int64_t c = 0; c < C; ++c)
         for (int64_t s = 0; s < S; ++s) {
           int64_t i = (n * C + c) * S + s;
-          ref[i] = (X.get_f64(i) - mean.get_f64(c)) / std::sqrt(var.get_f64(c) + 1e-3) * scale.get_f64(c) + B.get_f64(c);
+          ref[i] =
+              (X.get_f64(i) - mean.get_f64(c)) / std::sqrt(var.get_f64(c) + 1e-3) * scale.get_f64(c) + B.get_f64(c);
         }
     expect_close(y[0], ref, at, rt, "BN inference");
     // training (attribute), 3 outputs: batch statistics, running stats with unbiased variance
@@ -597,8 +601,9 @@ TEST(NnGrad, MatMulAndGemm) {
 
 TEST(NnGrad, Conv) {
   Conv2dCfg cfg{2, 2, 1, 1, 2, 1, 0, 1, 2};
-  check_grad("Conv", {rnd(DType::f64, {2, 4, 6, 5}, -1, 1, 20), rnd(DType::f64, {4, 2, 2, 2}, -1, 1, 21),
-                      rnd(DType::f64, {4}, -1, 1, 22)},
+  check_grad("Conv",
+             {rnd(DType::f64, {2, 4, 6, 5}, -1, 1, 20), rnd(DType::f64, {4, 2, 2, 2}, -1, 1, 21),
+              rnd(DType::f64, {4}, -1, 1, 22)},
              conv_attrs(cfg));
   check_grad("Conv", {rnd(DType::f64, {1, 2, 5, 5}, -1, 1, 23), rnd(DType::f64, {3, 2, 3, 3}, -1, 1, 24)});
   Attributes same;
@@ -629,10 +634,10 @@ TEST(NnGrad, Normalization) {
   Tensor mean = rnd(DType::f64, {2}, -0.5, 0.5, 43), var = rnd(DType::f64, {2}, 0.5, 2, 44);
   Attributes bn;
   bn.set("epsilon", 1e-3);
-  check_grad("BatchNormalization", {X, scale, B, mean, var}, bn, 1, {0, 1, 2});          // inference
-  check_grad("BatchNormalization", {X, scale, B, mean, var}, bn, 1, {0, 1, 2}, true);    // training run
+  check_grad("BatchNormalization", {X, scale, B, mean, var}, bn, 1, {0, 1, 2});        // inference
+  check_grad("BatchNormalization", {X, scale, B, mean, var}, bn, 1, {0, 1, 2}, true);  // training run
   bn.set("training_mode", int64_t(1));
-  check_grad("BatchNormalization", {X, scale, B, mean, var}, bn, 1, {0, 1, 2});          // training attribute
+  check_grad("BatchNormalization", {X, scale, B, mean, var}, bn, 1, {0, 1, 2});  // training attribute
   Attributes ln;
   ln.set("axis", int64_t(1));
   ln.set("epsilon", 1e-3);
@@ -711,9 +716,11 @@ TEST(NnOps, MaxPoolF32PathEqualsGenericPath) {
     int64_t bad = 0;
     for (int64_t i = 0; i < y32[0].numel(); ++i) {
       if (!same(y32[0].data<float>()[i], y64[0].data<double>()[i]) && ++bad < 4)
-        ADD_FAILURE() << "MaxPool output " << i << ": " << y32[0].data<float>()[i] << " vs " << y64[0].data<double>()[i];
+        ADD_FAILURE() << "MaxPool output " << i << ": " << y32[0].data<float>()[i] << " vs "
+                      << y64[0].data<double>()[i];
       if (y32[1].data<int64_t>()[i] != y64[1].data<int64_t>()[i] && ++bad < 4)
-        ADD_FAILURE() << "MaxPool index " << i << ": " << y32[1].data<int64_t>()[i] << " vs " << y64[1].data<int64_t>()[i];
+        ADD_FAILURE() << "MaxPool index " << i << ": " << y32[1].data<int64_t>()[i] << " vs "
+                      << y64[1].data<int64_t>()[i];
     }
     Tensor dY = rnd(DType::f32, y32[0].dims(), -1, 1, seed++);
     auto g32 = run_op("MaxPoolGrad", {dY, X}, a);

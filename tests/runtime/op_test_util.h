@@ -161,8 +161,8 @@ inline void expect_close(const ir::Tensor& t, const std::vector<double>& ref, do
     if (!ok && bad++ == 0) first = i;
   }
   if (bad > 0)
-    ADD_FAILURE() << what << ": " << bad << " of " << t.numel() << " elements outside atol " << atol << " rtol "
-                  << rtol << "; first [" << first << "] got " << t.get_f64(first) << " want "
+    ADD_FAILURE() << what << ": " << bad << " of " << t.numel() << " elements outside atol " << atol << " rtol " << rtol
+                  << "; first [" << first << "] got " << t.get_f64(first) << " want "
                   << ref[static_cast<size_t>(first)];
 }
 
@@ -173,17 +173,18 @@ inline void expect_eq(const ir::Tensor& t, const std::vector<double>& ref, const
     return;
   }
   ASSERT_EQ(t.numel(), static_cast<int64_t>(ref.size())) << what;
-  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.get_f64(i), ref[static_cast<size_t>(i)]) << what << " [" << i << "]";
+  for (int64_t i = 0; i < t.numel(); ++i)
+    EXPECT_EQ(t.get_f64(i), ref[static_cast<size_t>(i)]) << what << " [" << i << "]";
 }
 
 /// Settings of check_op_grad; the seed is seed_base + op name length.
 struct GradCheckOptions {
   uint64_t seed_base = 0;
-  int n_out = 1;              ///< outputs entering the random linear loss
-  std::vector<int> wrt;       ///< inputs differentiated (all float inputs when empty)
-  bool training = false;      ///< Dropout/BatchNorm training behaviour
-  double tolerance = 1e-6;    ///< bound on GradcheckResult::max_rel_error
-  double eps = 1e-6;          ///< central-difference step
+  int n_out = 1;            ///< outputs entering the random linear loss
+  std::vector<int> wrt;     ///< inputs differentiated (all float inputs when empty)
+  bool training = false;    ///< Dropout/BatchNorm training behaviour
+  double tolerance = 1e-6;  ///< bound on GradcheckResult::max_rel_error
+  double eps = 1e-6;        ///< central-difference step
 };
 
 /// Checks the gradient rule of `op` in float64 by central differences

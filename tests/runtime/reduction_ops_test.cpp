@@ -39,8 +39,10 @@ std::vector<double> ref_reduce(const Tensor& x, std::vector<int> axes, bool keep
   for (int d = 0; d < r; ++d) kd.push_back(reduced(d) ? 1 : x.dim(d));
   od.clear();
   for (int d = 0; d < r; ++d)
-    if (!reduced(d)) od.push_back(x.dim(d));
-    else if (keep) od.push_back(1);
+    if (!reduced(d))
+      od.push_back(x.dim(d));
+    else if (keep)
+      od.push_back(1);
   int64_t no = numel_of(kd);
   std::vector<double> acc(no, k == K::max ? -INFINITY : 0.0);
   std::vector<int64_t> cnt(no, 0);
@@ -67,7 +69,8 @@ TEST(ReductionOps, AxesKeepdimsDtypes) {
   for (DType dt : {DType::f32, DType::f64, DType::bf16})
     for (auto& axes : axes_cases)
       for (int keep = 0; keep < 2; ++keep)
-        for (auto [op, k] : {std::pair{"ReduceSum", K::sum}, std::pair{"ReduceMean", K::mean}, std::pair{"ReduceMax", K::max}}) {
+        for (auto [op, k] :
+             {std::pair{"ReduceSum", K::sum}, std::pair{"ReduceMean", K::mean}, std::pair{"ReduceMax", K::max}}) {
           Tensor x = rnd(dt, {3, 4, 5}, -2, 2, 7 + keep);
           std::vector<int> ax;
           for (int64_t a : axes) ax.push_back(static_cast<int>(a < 0 ? a + 3 : a));
@@ -106,12 +109,13 @@ TEST(ReductionOps, NoopIntegerAndErrors) {
   Tensor xi = rnd(DType::i64, {2, 3}, -5, 5, 2);
   auto yi = run1("ReduceSum", xi, Tensor::from_i64({1}), {});
   ASSERT_TRUE(yi.has_value()) << yi.message();
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(yi->get_i64(r), xi.get_i64(r * 3) + xi.get_i64(r * 3 + 1) + xi.get_i64(r * 3 + 2));
-  EXPECT_FALSE(run1("ReduceSum", x, Tensor::from_i64({2}), {}).has_value());     // out of range
-  EXPECT_FALSE(run1("ReduceMean", x, Tensor::from_i64({1, -1}), {}).has_value()); // repeated
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(yi->get_i64(r), xi.get_i64(r * 3) + xi.get_i64(r * 3 + 1) + xi.get_i64(r * 3 + 2));
+  EXPECT_FALSE(run1("ReduceSum", x, Tensor::from_i64({2}), {}).has_value());       // out of range
+  EXPECT_FALSE(run1("ReduceMean", x, Tensor::from_i64({1, -1}), {}).has_value());  // repeated
   Attributes both;
   both.set("axes", std::vector<int64_t>{0});
-  EXPECT_FALSE(run1("ReduceMax", x, Tensor::from_i64({0}), both).has_value());   // axes twice
+  EXPECT_FALSE(run1("ReduceMax", x, Tensor::from_i64({0}), both).has_value());  // axes twice
 }
 
 TEST(ReductionOps, ArgMax) {

@@ -96,7 +96,8 @@ TEST(ScheduleCache, GraphWithoutInferredTypesStillInfersPerRun) {
   runtime::register_eager_kernels();
   ir::Graph g;
   ir::Value* x = g.add_input("x", DType::f32, ir::Shape::of({6}));
-  g.outputs.push_back(g.add_node("Neg", "neg", {g.add_node("Relu", "relu", {x}, {"r"})->outputs[0]}, {"y"})->outputs[0]);
+  g.outputs.push_back(
+      g.add_node("Neg", "neg", {g.add_node("Relu", "relu", {x}, {"r"})->outputs[0]}, {"y"})->outputs[0]);
   runtime::ScheduleCache cache;
   runtime::RunOptions ro;
   ro.schedule = &cache;

@@ -34,8 +34,10 @@ Expected<Shape> infer_shape(const std::string& op, const std::vector<std::pair<S
   Graph g;
   std::vector<Value*> vs;
   for (size_t i = 0; i < ins.size(); ++i) {
-    if (ins[i].second.defined()) vs.push_back(g.add_initializer("c" + std::to_string(i), ins[i].second));
-    else vs.push_back(g.add_input("x" + std::to_string(i), DType::f32, ins[i].first));
+    if (ins[i].second.defined())
+      vs.push_back(g.add_initializer("c" + std::to_string(i), ins[i].second));
+    else
+      vs.push_back(g.add_input("x" + std::to_string(i), DType::f32, ins[i].first));
   }
   Node* n = g.add_node(op, "n", vs, {"y"}, std::move(attrs));
   KILN_RETURN_IF_ERROR(infer_node(*n));
@@ -190,9 +192,9 @@ TEST(ShapeOps, SliceMatchesReference) {
     std::vector<int64_t> starts, ends, axes, steps;
   };
   std::vector<Case> cases = {
-      {{1, 0}, {3, 10}, {0, 2}, {1, 2}},         {{-1}, {SMALL}, {1}, {-1}},     {{4, 5}, {-6, 1}, {0, 1}, {-2, -3}},
-      {{0}, {BIG}, {-1}, {3}},                   {{2}, {2}, {0}, {1}},           {{-100}, {100}, {2}, {1}},
-      {{10}, {-10}, {2}, {-1}},                  {{1, 1, 1}, {4, 5, 6}, {}, {}}, {{3}, {0}, {-3}, {-1}},
+      {{1, 0}, {3, 10}, {0, 2}, {1, 2}}, {{-1}, {SMALL}, {1}, {-1}},     {{4, 5}, {-6, 1}, {0, 1}, {-2, -3}},
+      {{0}, {BIG}, {-1}, {3}},           {{2}, {2}, {0}, {1}},           {{-100}, {100}, {2}, {1}},
+      {{10}, {-10}, {2}, {-1}},          {{1, 1, 1}, {4, 5, 6}, {}, {}}, {{3}, {0}, {-3}, {-1}},
   };
   // Independent reference: per axis, enumerate the kept indices by walking the ONNX definition.
   auto kept = [](int64_t d, int64_t s, int64_t e, int64_t st) {
@@ -229,7 +231,8 @@ TEST(ShapeOps, SliceMatchesReference) {
       if (!cs.axes.empty()) ins.push_back(ints(cs.axes));
       if (!cs.steps.empty()) ins.push_back(ints(cs.steps));
       auto y = run_op("Slice", ins)[0];
-      EXPECT_EQ(y.dims(), (std::vector<int64_t>{(int64_t)sel[0].size(), (int64_t)sel[1].size(), (int64_t)sel[2].size()}));
+      EXPECT_EQ(y.dims(),
+                (std::vector<int64_t>{(int64_t)sel[0].size(), (int64_t)sel[1].size(), (int64_t)sel[2].size()}));
       expect_eq(y, ref, "Slice case starts[0]=" + std::to_string(cs.starts[0]));
     }
   }
@@ -301,7 +304,8 @@ TEST(ShapeOps, ExpandShapeConstantOfShapeConstant) {
 }
 
 TEST(ShapeOps, Range) {
-  auto r = run_op("Range", {make(DType::f32, {}, {1}), make(DType::f32, {}, {2.5}), make(DType::f32, {}, {0.4})}, {}, 1, {}, Feed::none)[0];
+  auto r = run_op("Range", {make(DType::f32, {}, {1}), make(DType::f32, {}, {2.5}), make(DType::f32, {}, {0.4})}, {}, 1,
+                  {}, Feed::none)[0];
   expect_eq(r, {1.0f + 0 * 0.4f, 1.0f + 1 * 0.4f, 1.0f + 2 * 0.4f, 1.0f + 3 * 0.4f}, "Range f32");
   auto ri = run_op("Range", {make(DType::i64, {}, {10}), make(DType::i64, {}, {3}), make(DType::i64, {}, {-3})})[0];
   expect_eq(ri, {10, 7, 4}, "Range i64 negative delta");
@@ -343,9 +347,12 @@ TEST(ShapeOps, PadModes) {
           c[d] = s;
           continue;
         }
-        if (mode == "constant") outside = true;
-        else if (mode == "edge") s = s < 0 ? 0 : n - 1;
-        else if (mode == "wrap") s = ((s % n) + n) % n;
+        if (mode == "constant")
+          outside = true;
+        else if (mode == "edge")
+          s = s < 0 ? 0 : n - 1;
+        else if (mode == "wrap")
+          s = ((s % n) + n) % n;
         else
           while (s < 0 || s >= n) s = s < 0 ? -s : 2 * (n - 1) - s;  // reflect
         c[d] = s;

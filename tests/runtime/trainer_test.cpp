@@ -3,19 +3,20 @@
 // loss sequence against a float64 reference loop, metrics.jsonl keys and means,
 // eval metrics, checkpoint round trip / atomic replacement / rotation, exact resume,
 // unwritable output_dir, and the config (validate, JSON, HF step arithmetic).
+#include "runtime/trainer.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <set>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ir/op_table.h"
 #include "runtime/checkpoint.h"
 #include "runtime/interpreter.h"
-#include "runtime/trainer.h"
 
 using namespace kiln;
 using namespace kiln::runtime;
@@ -29,12 +30,15 @@ constexpr int64_t D = 3, C = 4, N = 22;
 
 /// Deterministic "dropout-like" factor of (seed, step), so a wrong step index fed on
 /// resume changes the result.
-double step_factor(uint64_t seed, uint64_t step) { return 1.0 + 0.25 * static_cast<double>(mix_seed(seed, step) % 1000) / 1000.0; }
+double step_factor(uint64_t seed, uint64_t step) {
+  return 1.0 + 0.25 * static_cast<double>(mix_seed(seed, step) % 1000) / 1000.0;
+}
 
 /// One float64 reference step: softmax regression, mean CE, SGD with momentum,
 /// linear lr decay over `total` steps. W, M: (D, C); x: (B, D); y: (B).
-double ref_step(std::vector<double>& W, std::vector<double>& M, const std::vector<double>& x, const std::vector<int64_t>& y,
-                double lr0, double mom, int64_t total, int64_t step, uint64_t seed, double* gnorm, double* lr_out) {
+double ref_step(std::vector<double>& W, std::vector<double>& M, const std::vector<double>& x,
+                const std::vector<int64_t>& y, double lr0, double mom, int64_t total, int64_t step, uint64_t seed,
+                double* gnorm, double* lr_out) {
   const int64_t B = static_cast<int64_t>(y.size());
   std::vector<double> g(D * C, 0.0);
   double loss = 0;
@@ -196,7 +200,8 @@ Data make_data(int64_t n, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) {
     int64_t label = static_cast<int64_t>(rng() % C);
     d.y.data<int64_t>()[i] = label;
-    for (int64_t k = 0; k < D; ++k) d.x.data<float>()[i * D + k] = static_cast<float>(nd(rng) + (k == label % D ? 1.5 : 0));
+    for (int64_t k = 0; k < D; ++k)
+      d.x.data<float>()[i * D + k] = static_cast<float>(nd(rng) + (k == label % D ? 1.5 : 0));
   }
   return d;
 }
@@ -657,7 +662,8 @@ TEST(TrainConfig, FlagValuesAndUnknownFlagHints) {
   EXPECT_EQ(unknown_flag_hint("x", {"h", "o"}), "");
   EXPECT_EQ(unknown_flag_hint("per-device-train-batch-size", known), "did you mean --per_device_train_batch_size?");
   EXPECT_EQ(unknown_flag_hint("lr", known, /*as_key=*/true), "did you mean 'learning_rate'?");
-  EXPECT_NE(unknown_flag_hint("do_eval", known).find("kiln train evaluates when --eval_data is given"), std::string::npos);
+  EXPECT_NE(unknown_flag_hint("do_eval", known).find("kiln train evaluates when --eval_data is given"),
+            std::string::npos);
   // The value of a known flag is skipped ("--freeze -lr --bogus 1" named -lr).
   const std::set<std::string> vf = {"freeze"};
   EXPECT_EQ(unknown_flag_message({"--freeze", "-lr", "--bogus", "1"}, {"freeze", "learning_rate"}, nullptr, &vf),

@@ -32,14 +32,17 @@ void write_model(const std::string& path) {
   m.add_opset_import()->set_version(17);
   auto* g = m.mutable_graph();
   g->set_name("linear");
-  auto add_vi = [](onnx::ValueInfoProto* vi, const std::string& name, std::vector<std::string> sym, std::vector<int64_t> dims) {
+  auto add_vi = [](onnx::ValueInfoProto* vi, const std::string& name, std::vector<std::string> sym,
+                   std::vector<int64_t> dims) {
     vi->set_name(name);
     auto* tt = vi->mutable_type()->mutable_tensor_type();
     tt->set_elem_type(onnx::TensorProto::FLOAT);
     for (size_t i = 0; i < dims.size(); ++i) {
       auto* d = tt->mutable_shape()->add_dim();
-      if (!sym[i].empty()) d->set_dim_param(sym[i]);
-      else d->set_dim_value(dims[i]);
+      if (!sym[i].empty())
+        d->set_dim_param(sym[i]);
+      else
+        d->set_dim_value(dims[i]);
     }
   };
   add_vi(g->add_input(), "x", {"batch", ""}, {0, D});
@@ -111,7 +114,8 @@ class Cli : public ::testing::Test {
     ir::Tensor x(ir::DType::f32, {N, D}), y(ir::DType::i64, {N});
     for (int64_t i = 0; i < N; ++i) {
       y.data<int64_t>()[i] = i % C;
-      for (int64_t j = 0; j < D; ++j) x.data<float>()[i * D + j] = static_cast<float>(std::sin(0.7 * i + j) + (j == i % C ? 1.0 : 0.0));
+      for (int64_t j = 0; j < D; ++j)
+        x.data<float>()[i * D + j] = static_cast<float>(std::sin(0.7 * i + j) + (j == i % C ? 1.0 : 0.0));
     }
     ASSERT_TRUE(runtime::io::save_npy(dir + "/x.npy", x).is_ok());
     ASSERT_TRUE(runtime::io::save_npy(dir + "/y.npy", y).is_ok());
@@ -156,8 +160,9 @@ TEST_F(Cli, ContradictoryMemoryFlags) {
 TEST_F(Cli, PrecisionFlagErrors) {
   expect_one_error_line(run_kiln("train " + model + data() + " --bf16 --fp16 --output_dir " + dir + "/o", dir), 2,
                         "--fp16");
-  expect_one_error_line(run_kiln("train " + model + data() + " --fp16 --fp16_init_scale 0 --output_dir " + dir + "/o", dir),
-                        2, "--fp16_init_scale: must be a finite number > 0");
+  expect_one_error_line(
+      run_kiln("train " + model + data() + " --fp16 --fp16_init_scale 0 --output_dir " + dir + "/o", dir), 2,
+      "--fp16_init_scale: must be a finite number > 0");
   expect_one_error_line(run_kiln("inspect " + model + " --precision --fp16 --fp16_growth_interval 0", dir), 2,
                         "--fp16_growth_interval: must be > 0");
 }
@@ -166,14 +171,16 @@ TEST_F(Cli, BackendFlagErrors) {
   expect_one_error_line(run_kiln("train " + model + data() + " --backend jit --output_dir " + dir + "/o", dir), 2,
                         "--backend: unknown value 'jit'");
   expect_one_error_line(run_kiln("bench " + model + " --backend eager,foo", dir), 2, "--backend: unknown value 'foo'");
-  expect_one_error_line(run_kiln("train " + model + data() + " --backend eager,compiled --output_dir " + dir + "/o", dir),
-                        2, "one backend per program");
+  expect_one_error_line(
+      run_kiln("train " + model + data() + " --backend eager,compiled --output_dir " + dir + "/o", dir), 2,
+      "one backend per program");
 }
 
 /// kiln bench --remat_policy a,b: one program per policy (times backend), steps
 /// interleaved, one row per variant; train takes one policy only.
 TEST_F(Cli, BenchRematPolicyList) {
-  const std::string base = "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 1 --bench_steps 2";
+  const std::string base =
+      "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 1 --bench_steps 2";
   auto r = run_kiln(base + " --backend eager --remat_policy none,sqrt", dir);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("steps alternate between variants"), std::string::npos) << r.out;
@@ -193,14 +200,16 @@ TEST_F(Cli, BenchRematPolicyList) {
   expect_one_error_line(run_kiln(base + " --remat_policy none,bogus", dir), 2, "--remat_policy: unknown value 'bogus'");
   expect_one_error_line(run_kiln(base + " --remat_policy none,", dir), 2, "--remat_policy: empty item");
   expect_one_error_line(run_kiln(base + " --backend ,eager", dir), 2, "--backend: empty item");
-  expect_one_error_line(run_kiln("train " + model + data() + " --remat_policy none,sqrt --output_dir " + dir + "/o", dir),
-                        2, "one policy per program");
+  expect_one_error_line(
+      run_kiln("train " + model + data() + " --remat_policy none,sqrt --output_dir " + dir + "/o", dir), 2,
+      "one policy per program");
 }
 
 /// `kiln bench --optim a,b`: one program per optimizer, steps alternating, a row and a
 /// profile section each; other commands take one optimizer.
 TEST_F(Cli, BenchOptimList) {
-  const std::string base = "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 1 --bench_steps 2";
+  const std::string base =
+      "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 1 --bench_steps 2";
   auto r = run_kiln(base + " --backend eager --optim sgd,adamw_torch --profile", dir);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("steps alternate between variants"), std::string::npos) << r.out;
@@ -211,8 +220,9 @@ TEST_F(Cli, BenchOptimList) {
   for (const char* v : {"\neager/sgd ", "\neager/adamw_torch ", "\ncompiled/sgd ", "\ncompiled/adamw_torch "})
     EXPECT_NE(both.out.find(v), std::string::npos) << v << " missing in\n" << both.out;
   expect_one_error_line(run_kiln(base + " --optim sgd,adam", dir), 2, "--optim: unknown value 'adam'");
-  expect_one_error_line(run_kiln("train " + model + data() + " --optim sgd,adamw_torch --output_dir " + dir + "/o", dir),
-                        2, "one optimizer per program");
+  expect_one_error_line(
+      run_kiln("train " + model + data() + " --optim sgd,adamw_torch --output_dir " + dir + "/o", dir), 2,
+      "one optimizer per program");
 }
 
 /// Resuming with another optimizer would drop the checkpoint's optimizer state: refused,
@@ -221,12 +231,16 @@ TEST_F(Cli, ResumeWithAnotherOptimizerIsRefused) {
   // Trains 2 steps with `first` into `out`, then resumes with `second`: one error line.
   auto refused = [&](const std::string& first, const std::string& second, const std::string& out,
                      const std::string& expected) {
-    auto r = run_kiln("train " + model + data() + " --optim " + first + " --per_device_train_batch_size 4 --max_steps 2"
-                      " --save_steps 2 --output_dir " + out, dir);
+    auto r = run_kiln("train " + model + data() + " --optim " + first +
+                          " --per_device_train_batch_size 4 --max_steps 2"
+                          " --save_steps 2 --output_dir " +
+                          out,
+                      dir);
     ASSERT_EQ(r.code, 0) << r.err << r.out;
     expect_one_error_line(run_kiln("train " + model + data() + " --optim " + second +
-                                   " --per_device_train_batch_size 4 --max_steps 4 --output_dir " + out +
-                                   " --resume_from_checkpoint latest", dir),
+                                       " --per_device_train_batch_size 4 --max_steps 4 --output_dir " + out +
+                                       " --resume_from_checkpoint latest",
+                                   dir),
                           1, expected);
   };
   std::string out = dir + "/run";
@@ -271,9 +285,10 @@ TEST_F(Cli, EvalStepsWithoutEvalData) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.find("eval_loss"), std::string::npos) << r.out;
   // An empty item empties the list whatever came before it on the command line.
-  auto r2 = run_kiln("train " + model + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" + dir +
-                         "/y.npy --eval_data '' --max_steps 2 --per_device_train_batch_size 4 --output_dir " + dir + "/o4",
-                     dir);
+  auto r2 =
+      run_kiln("train " + model + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" + dir +
+                   "/y.npy --eval_data '' --max_steps 2 --per_device_train_batch_size 4 --output_dir " + dir + "/o4",
+               dir);
   EXPECT_EQ(r2.code, 0) << r2.err;
   EXPECT_EQ(r2.out.find("eval_loss"), std::string::npos) << r2.out;
   // ... and with --eval_steps also on the command line, the contradiction is refused.
@@ -286,20 +301,21 @@ TEST_F(Cli, EvalStepsWithoutEvalData) {
 TEST_F(Cli, ShapeBatchMustBeTheBatchSize) {
   // --shape batch=N fixes the batch dim: with another batch size the run is refused
   // before anything compiles, naming both flags; the same value is accepted.
-  expect_one_error_line(run_kiln("train " + model + data() + " --per_device_train_batch_size 4 --shape batch=16 " +
-                                     "--output_dir " + dir + "/o",
-                                 dir),
-                        1, "--shape batch=16: 'batch' is the batch dim of input 'x', and --per_device_train_batch_size is 4");
+  expect_one_error_line(
+      run_kiln("train " + model + data() + " --per_device_train_batch_size 4 --shape batch=16 " + "--output_dir " +
+                   dir + "/o",
+               dir),
+      1, "--shape batch=16: 'batch' is the batch dim of input 'x', and --per_device_train_batch_size is 4");
   // The same value works (the eval batch size, default 8, matters only with eval data).
   auto ok = run_kiln("train " + model + data() + " --per_device_train_batch_size 4 --shape batch=4 --max_steps 2 " +
                          "--output_dir " + dir + "/o2",
                      dir);
   EXPECT_EQ(ok.code, 0) << ok.err;
-  expect_one_error_line(run_kiln("train " + model + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" +
-                                     dir + "/y.npy --per_device_train_batch_size 4 --shape batch=4 --output_dir " + dir +
-                                     "/o3",
-                                 dir),
-                        1, "and --per_device_eval_batch_size is 8");
+  expect_one_error_line(
+      run_kiln("train " + model + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" + dir +
+                   "/y.npy --per_device_train_batch_size 4 --shape batch=4 --output_dir " + dir + "/o3",
+               dir),
+      1, "and --per_device_eval_batch_size is 8");
 }
 
 TEST_F(Cli, FreezeMatchingNothingIsRefused) {
@@ -330,15 +346,15 @@ TEST_F(Cli, LabelsOutsideTheClassesFailBeforeTraining) {
   ASSERT_TRUE(runtime::io::save_npy(dir + "/y_ignored.npy", bad).is_ok());
   bad.data<int64_t>()[7] = C;
   ASSERT_TRUE(runtime::io::save_npy(dir + "/y_bad.npy", bad).is_ok());
-  const std::string base = "train " + model + " --max_steps 50 --per_device_train_batch_size 4 --output_dir " + dir + "/o";
+  const std::string base =
+      "train " + model + " --max_steps 50 --per_device_train_batch_size 4 --output_dir " + dir + "/o";
   auto r = run_kiln(base + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" + dir + "/y_bad.npy", dir);
   expect_one_error_line(r, 1, "--eval_data: labels=" + dir + "/y_bad.npy: label " + std::to_string(C) + " at row 7");
   EXPECT_EQ(r.out.find("step"), std::string::npos) << "trained before refusing:\n" << r.out;
   auto t = run_kiln(base + " --train_data x=" + dir + "/x.npy --train_data labels=" + dir + "/y_bad.npy", dir);
   expect_one_error_line(t, 1, "--train_data: labels=" + dir + "/y_bad.npy: label " + std::to_string(C));
-  auto ok = run_kiln(base + " --max_steps 2 --train_data x=" + dir + "/x.npy --train_data labels=" + dir +
-                         "/y_ignored.npy",
-                     dir);
+  auto ok = run_kiln(
+      base + " --max_steps 2 --train_data x=" + dir + "/x.npy --train_data labels=" + dir + "/y_ignored.npy", dir);
   EXPECT_EQ(ok.code, 0) << ok.err;
 }
 
@@ -384,7 +400,8 @@ TEST_F(Cli, TrainWritesMetricsCheckpointsAndModel) {
   std::string out = dir + "/run";
   auto r = run_kiln("train " + model + data() + " --eval_data x=" + dir + "/x.npy --eval_data labels=" + dir +
                         "/y.npy --optim sgd --learning_rate 0.5 --per_device_train_batch_size 4 --max_steps 12"
-                        " --logging_steps 3 --save_steps 6 --save_total_limit 1 --output_dir " + out,
+                        " --logging_steps 3 --save_steps 6 --save_total_limit 1 --output_dir " +
+                        out,
                     dir);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));
@@ -427,7 +444,8 @@ TEST_F(Cli, GradMatchesFloat64Reference) {
   }
   for (bool f64 : {true, false}) {
     std::string out = dir + (f64 ? "/g64.safetensors" : "/g32.safetensors");
-    auto r = run_kiln("grad " + model + data() + " --per_device_train_batch_size 8 --out " + out + (f64 ? " --float64" : ""), dir);
+    auto r = run_kiln(
+        "grad " + model + data() + " --per_device_train_batch_size 8 --out " + out + (f64 ? " --float64" : ""), dir);
     ASSERT_EQ(r.code, 0) << r.err;
     auto g = runtime::io::load_safetensors(out);
     ASSERT_TRUE(g) << g.message();
@@ -444,22 +462,22 @@ TEST_F(Cli, GradMatchesFloat64Reference) {
 /// half-written is reported as a success.
 TEST_F(Cli, CompileFlagErrors) {
   expect_one_error_line(run_kiln("compile " + model + " --max_steps 2", dir), 2, "-o DIR is required");
-  expect_one_error_line(run_kiln("compile " + model + " -o " + dir + "/c", dir), 1,
-                        "give --max_steps or --train_data");
+  expect_one_error_line(run_kiln("compile " + model + " -o " + dir + "/c", dir), 1, "give --max_steps or --train_data");
   expect_one_error_line(run_kiln("compile " + model + " --backend eager --max_steps 2 -o " + dir + "/c", dir), 2,
                         "--backend eager cannot be compiled ahead of time");
-  expect_one_error_line(run_kiln("compile " + model + " --max_steps 2 --train_data x=" + dir + "/x5.npy --train_data labels=" +
-                                     dir + "/y.npy -o " + dir + "/c",
+  expect_one_error_line(run_kiln("compile " + model + " --max_steps 2 --train_data x=" + dir +
+                                     "/x5.npy --train_data labels=" + dir + "/y.npy -o " + dir + "/c",
                                  dir),
                         1, "--train_data");
-  expect_one_error_line(run_kiln("compile " + dir + "/none.onnx --max_steps 2 -o " + dir + "/c", dir), 1, "no such file");
+  expect_one_error_line(run_kiln("compile " + dir + "/none.onnx --max_steps 2 -o " + dir + "/c", dir), 1,
+                        "no such file");
   EXPECT_FALSE(fs::exists(dir + "/c/train"));
 }
 
 /// The linear model compiled ahead of time: the binary trains and writes kiln train's outputs.
 TEST_F(Cli, CompiledLinearBinaryTrains) {
-  auto c = run_kiln("compile " + model + data() + " --max_steps 3 --per_device_train_batch_size 8 --no_cache -o " + dir + "/c",
-                    dir);
+  auto c = run_kiln(
+      "compile " + model + data() + " --max_steps 3 --per_device_train_batch_size 8 --no_cache -o " + dir + "/c", dir);
   ASSERT_EQ(c.code, 0) << c.err;
   ASSERT_TRUE(fs::exists(dir + "/c/train"));
   const std::string cmd = dir + "/c/train --output_dir " + dir + "/run >" + dir + "/b.out 2>" + dir + "/b.err";
@@ -488,7 +506,8 @@ TEST_F(Cli, CompileRefusesForeignOutputFolder) {
 
 /// A cache entry that is a folder is reported in one warning line and the compile goes on.
 TEST_F(Cli, CompileCacheEntryThatIsAFolder) {
-  auto first = run_kiln("compile " + model + data() + " --max_steps 2 --cache_dir " + dir + "/cache -o " + dir + "/o1", dir);
+  auto first =
+      run_kiln("compile " + model + data() + " --max_steps 2 --cache_dir " + dir + "/cache -o " + dir + "/o1", dir);
   ASSERT_EQ(first.code, 0) << first.err;
   int entries = 0;
   for (auto& e : fs::directory_iterator(dir + "/cache"))
@@ -498,7 +517,8 @@ TEST_F(Cli, CompileCacheEntryThatIsAFolder) {
       ++entries;
     }
   ASSERT_GT(entries, 0);
-  auto r = run_kiln("compile " + model + data() + " --max_steps 2 --cache_dir " + dir + "/cache -o " + dir + "/o2", dir);
+  auto r =
+      run_kiln("compile " + model + data() + " --max_steps 2 --cache_dir " + dir + "/cache -o " + dir + "/o2", dir);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("is not a regular file; rebuilding"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
@@ -529,7 +549,8 @@ TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
     if (hdr == std::string::npos || row == std::string::npos) return -1;
     return std::atoll(out.c_str() + row + 8);
   };
-  const std::string base = "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 2 --profile";
+  const std::string base =
+      "bench " + model + data() + " --per_device_train_batch_size 4 --warmup_steps_bench 2 --profile";
   auto both = run_kiln(base + " --backend eager,compiled --bench_steps 3", dir);
   ASSERT_EQ(both.code, 0) << both.err << both.out;
   const long long eager3 = matmul_calls(both.out, "eager"), compiled3 = matmul_calls(both.out, "compiled");
@@ -543,12 +564,15 @@ TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
   EXPECT_EQ(matmul_calls(six.out, "eager"), 2 * eager3) << six.out;
   EXPECT_LT(six.out.find("median step time"), six.out.find("profile (eager)")) << six.out;
   // Without --profile, no table.
-  auto plain = run_kiln("bench " + model + data() + " --per_device_train_batch_size 4 --backend eager --bench_steps 1", dir);
+  auto plain =
+      run_kiln("bench " + model + data() + " --per_device_train_batch_size 4 --backend eager --bench_steps 1", dir);
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(plain.out.find("profile ("), std::string::npos) << plain.out;
   // --profile_by node (implies --profile): rows per node; generated kernels list what they fuse.
-  auto nodes = run_kiln("bench " + model + data() + " --per_device_train_batch_size 4 --backend compiled --bench_steps 1 "
-                        "--profile_by node", dir);
+  auto nodes = run_kiln("bench " + model + data() +
+                            " --per_device_train_batch_size 4 --backend compiled --bench_steps 1 "
+                            "--profile_by node",
+                        dir);
   ASSERT_EQ(nodes.code, 0) << nodes.err << nodes.out;
   EXPECT_NE(nodes.out.find("profile (compiled)"), std::string::npos) << nodes.out;
   EXPECT_NE(nodes.out.find(" FusedKernel[pointwise] (generated): "), std::string::npos) << nodes.out;
@@ -569,7 +593,8 @@ TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
   auto rows = [](const std::string& out) {
     const size_t sec = out.find("profile (compiled)"), end = out.find("\ntotal ", sec);
     int n = 0;
-    for (size_t at = out.find("\n", out.find("-----", sec)); at != std::string::npos && at < end; at = out.find("\n", at + 1))
+    for (size_t at = out.find("\n", out.find("-----", sec)); at != std::string::npos && at < end;
+         at = out.find("\n", at + 1))
       ++n;
     return n;
   };

@@ -3,6 +3,8 @@
 // name is refused before anything runs, `kiln inspect --pipeline` lists the passes in
 // order with the options they read, and the trainer reads its batch shapes from the
 // program's signature rather than the flags.
+#include "tools/driver/pipeline.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,7 +22,6 @@
 #include "runtime/program.h"
 #include "runtime/trainer.h"
 #include "tools/driver/driver.h"
-#include "tools/driver/pipeline.h"
 #include "tools/driver/train_run.h"
 
 using namespace kiln;
@@ -40,7 +41,8 @@ struct CmdResult {
 
 /// Runs kiln from the source directory.
 CmdResult kiln_cmd(const std::string& args) {
-  const std::string log = (fs::temp_directory_path() / ("kiln_pipeline_" + std::to_string(::getpid()) + ".log")).string();
+  const std::string log =
+      (fs::temp_directory_path() / ("kiln_pipeline_" + std::to_string(::getpid()) + ".log")).string();
   const std::string cmd = "cd '" + kSrc + "' && '" + kBin + "' " + args + " > '" + log + "' 2>&1";
   const int st = std::system(cmd.c_str());
   std::stringstream ss;
@@ -56,8 +58,8 @@ Names passes_of(const driver::ProgramPipeline& p) {
   return v;
 }
 
-const Names kLowering = {"gemm_widening", "absorb_transpose", "decompose", "fusion", "fused_inplace", "multi_tensor",
-                          "arena_plan"};
+const Names kLowering = {"gemm_widening", "absorb_transpose", "decompose", "fusion",
+                         "fused_inplace", "multi_tensor",     "arena_plan"};
 
 Names concat(Names a, const Names& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -187,14 +189,14 @@ TEST(Pipeline, InspectListsThePassesInOrder) {
     got[program].push_back(pass);
     line_of[program + " " + pass] = line;
   }
-  EXPECT_EQ(got["train"], concat({"fold_constants", "canonicalize", "attach_loss", "autocast", "cast_simplify",
-                                  "autodiff", "autocast_grad", "cast_simplify", "canonicalize", "optimizer",
-                                  "accumulation", "canonicalize"},
-                                 kLowering))
-      << r.out;
-  EXPECT_EQ(got["eval"],
-            concat({"fold_constants", "canonicalize", "attach_loss", "autocast", "cast_simplify", "canonicalize"},
+  EXPECT_EQ(got["train"],
+            concat({"fold_constants", "canonicalize", "attach_loss", "autocast", "cast_simplify", "autodiff",
+                    "autocast_grad", "cast_simplify", "canonicalize", "optimizer", "accumulation", "canonicalize"},
                    kLowering))
+      << r.out;
+  EXPECT_EQ(
+      got["eval"],
+      concat({"fold_constants", "canonicalize", "attach_loss", "autocast", "cast_simplify", "canonicalize"}, kLowering))
       << r.out;
   // Each pass with the options it reads.
   EXPECT_NE(line_of["train accumulation"].find("gradient_accumulation_steps=2"), std::string::npos) << r.out;

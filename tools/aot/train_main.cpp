@@ -28,9 +28,17 @@ using namespace kiln;
 
 /// TrainConfig fields a compiled binary lets the user change.
 const std::set<std::string>& changeable() {
-  static const std::set<std::string> s = {"train_data",    "eval_data",    "max_steps",  "num_train_epochs",
-                                          "output_dir",    "logging_steps", "eval_steps", "save_steps",
-                                          "save_total_limit", "seed",      "resume_from_checkpoint",
+  static const std::set<std::string> s = {"train_data",
+                                          "eval_data",
+                                          "max_steps",
+                                          "num_train_epochs",
+                                          "output_dir",
+                                          "logging_steps",
+                                          "eval_steps",
+                                          "save_steps",
+                                          "save_total_limit",
+                                          "seed",
+                                          "resume_from_checkpoint",
                                           "overwrite_output_dir"};
   return s;
 }
@@ -54,8 +62,9 @@ int real_main(int argc, char** argv) {
   s = runtime::config_from_json_text(info->config_json, origin, cfg);
   if (!s) return fail(1, s.message());
 
-  CLI::App app{"a kiln training binary (built by kiln compile): trains the model it holds with the configuration "
-               "it was compiled with; the flags below may change per run"};
+  CLI::App app{
+      "a kiln training binary (built by kiln compile): trains the model it holds with the configuration "
+      "it was compiled with; the flags below may change per run"};
   std::map<std::string, std::vector<std::string>> values;
   std::map<std::string, CLI::Option*> options;
   for (auto& f : runtime::config_fields(cfg)) {
@@ -93,9 +102,10 @@ int real_main(int argc, char** argv) {
   for (auto& f : runtime::config_fields(cfg)) {
     if (options.at(f.name)->count() == 0) continue;
     if (!changeable().count(f.name))
-      return fail(2, "--" + f.name + " is fixed when the binary is compiled (shapes, passes or the generated kernels' constants "
-                     "depend on it); run kiln "
-                     "compile again with the new value");
+      return fail(2, "--" + f.name +
+                         " is fixed when the binary is compiled (shapes, passes or the generated kernels' constants "
+                         "depend on it); run kiln "
+                         "compile again with the new value");
     given[f.name] = values.at(f.name);
   }
   Status applied = runtime::apply_flag_values(cfg, given);

@@ -11,39 +11,39 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <iostream>
-#include <new>
 #include <functional>
+#include <iostream>
 #include <map>
+#include <new>
 #include <sstream>
 
 #include "frontend/onnx_import.h"
 #include "frontend/onnx_lower.h"
 #include "ir/op_table.h"
 #include "ir/tensor.h"
-#include "passes/pass.h"
 #include "passes/memory_plan.h"
+#include "passes/pass.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/interpreter.h"
 #include "runtime/io.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
+#include "tools/driver/aot_build.h"
 #include "tools/driver/bench.h"
 #include "tools/driver/driver.h"
 #include "tools/driver/export_trained.h"
 #include "tools/driver/gradcheck.h"
 #include "tools/driver/pipeline.h"
 #include "tools/driver/train_run.h"
-#include "tools/driver/aot_build.h"
 
 namespace {
 
 using namespace kiln;
-using runtime::TrainConfig;
 using driver::data_options;
 using driver::eager_plan;
 using driver::forward_specs;
+using runtime::TrainConfig;
 namespace fs = std::filesystem;
 
 /// A failure with its exit code (2: usage, 1: run time).
@@ -102,7 +102,8 @@ struct ConfigFlags {
     TrainConfig cfg;
     cfg.backend = "compiled";  // the command line's default (TrainConfig's own is eager, the reference)
     if (!config_file.empty()) {
-      if (std::error_code ec; !fs::exists(config_file, ec)) throw Failure{2, "--config: " + config_file + ": no such file"};
+      if (std::error_code ec; !fs::exists(config_file, ec))
+        throw Failure{2, "--config: " + config_file + ": no such file"};
       Status s = runtime::load_config_json(config_file, cfg);
       if (!s) throw Failure{2, s.message()};
     }
@@ -121,8 +122,8 @@ struct ConfigFlags {
     if (!backend_list && cfg.optim.find(',') != std::string::npos)
       throw Failure{2, "--optim: one optimizer per program (a list such as '" + cfg.optim + "' is for kiln bench)"};
     if (!backend_list && cfg.remat_policy.find(',') != std::string::npos)
-      throw Failure{2, "--remat_policy: one policy per program (a list such as '" + cfg.remat_policy +
-                           "' is for kiln bench)"};
+      throw Failure{
+          2, "--remat_policy: one policy per program (a list such as '" + cfg.remat_policy + "' is for kiln bench)"};
     if (std::error_code ec; !fs::exists(cfg.model, ec))
       throw Failure{1, cfg.model + (ec ? ": " + ec.message() : std::string(": no such file"))};
     return cfg;
@@ -138,7 +139,8 @@ struct ConfigFlags {
           near += (near.empty() ? "" : " or ") + n;
         for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
         throw Failure{2, "--print-ir-after " + print_ir_after + ": no such pass" +
-                             (near.empty() ? std::string() : " (did you mean " + near + "?)") + "; passes: all, " + all};
+                             (near.empty() ? std::string() : " (did you mean " + near + "?)") + "; passes: all, " +
+                             all};
       }
     }
     // Passes of the compiled pipeline only: asking for them with --backend eager prints nothing.
@@ -227,8 +229,9 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   // The gradients come from the eager interpreter running the gradient graph (the
   // reference); building the compiled program as well would only cost its LLVM time.
   if (flags.options.count("backend") && flags.options.at("backend")->count() > 0 && cfg.backend != "eager")
-    throw Failure{2, "--backend " + cfg.backend + ": kiln grad and gradcheck compute gradients with the eager "
-                     "reference interpreter; omit --backend (or give --backend eager)"};
+    throw Failure{2, "--backend " + cfg.backend +
+                         ": kiln grad and gradcheck compute gradients with the eager "
+                         "reference interpreter; omit --backend (or give --backend eager)"};
   cfg.backend = "eager";
   runtime::RawData raw = unwrap(runtime::load_raw_data(cfg.train_data), "--train_data");
   passes::PassContext dbg = flags.pass_context();
@@ -273,7 +276,8 @@ int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
   std::map<std::string, ir::Tensor> result;
   for (auto& [name, t] : outs) {
     const std::string suffix = ".grad";
-    if (name == "loss") result["loss"] = t;
+    if (name == "loss")
+      result["loss"] = t;
     else if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
       result[name.substr(0, name.size() - suffix.size())] = t;
   }
@@ -281,8 +285,8 @@ int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
   fs::path op(out);
   if (op.has_parent_path()) check(runtime::prepare_output_dir(op.parent_path().string()), "--out");
   check(runtime::io::save_safetensors(out, result), "--out");
-  std::cout << "loss " << fmt("%.6f", result["loss"].get_f64(0)) << " | " << result.size() - 1 << " gradients -> " << out
-            << "\n";
+  std::cout << "loss " << fmt("%.6f", result["loss"].get_f64(0)) << " | " << result.size() - 1 << " gradients -> "
+            << out << "\n";
   return 0;
 }
 
@@ -300,14 +304,16 @@ int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol, double ep
   if (cfg.bf16 || cfg.fp16)
     throw Failure{2, std::string(cfg.bf16 ? "--bf16" : "--fp16") +
                          ": kiln gradcheck checks the float64 gradients of the fp32 program; omit it (kiln grad "
-                         "gives the " + (cfg.bf16 ? "bf16" : "fp16") + " program's gradients)"};
+                         "gives the " +
+                         (cfg.bf16 ? "bf16" : "fp16") + " program's gradients)"};
   GradSetup setup = grad_setup(flags, cfg, /*f64=*/true);
   auto r = unwrap(driver::gradcheck_graph(*setup.prog.grads, setup.feeds, per_param, cfg.seed, eps));
   std::cout << "gradcheck: " << r.elements_checked << " elements of " << setup.prog.parameters.size()
-            << " parameters, max relative error " << fmt("%.3e", r.max_rel_error) << " (worst: " << r.worst
-            << ", seed " << r.seed << ", tolerance " << fmt("%.1e", tol) << ")\n";
+            << " parameters, max relative error " << fmt("%.3e", r.max_rel_error) << " (worst: " << r.worst << ", seed "
+            << r.seed << ", tolerance " << fmt("%.1e", tol) << ")\n";
   if (r.elements_checked == 0) throw Failure{1, "gradcheck checked no element (no trainable parameter?)"};
-  if (!(r.max_rel_error < tol)) throw Failure{1, "gradcheck failed: relative error " + fmt("%.3e", r.max_rel_error) + " on " + r.worst};
+  if (!(r.max_rel_error < tol))
+    throw Failure{1, "gradcheck failed: relative error " + fmt("%.3e", r.max_rel_error) + " on " + r.worst};
   std::cout << "gradcheck: ok\n";
   return 0;
 }
@@ -321,21 +327,22 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
   // on the command line that would resume, save or evaluate is refused rather than
   // silently ignored (the same keys of a --config file, shared with kiln train, are
   // ignored; values that turn them off, such as --save_steps 0, are accepted).
-  const std::pair<const char*, bool> active[] = {
-      {"resume_from_checkpoint", !cfg.resume_from_checkpoint.empty()},
-      {"output_dir", true},
-      {"save_steps", cfg.save_steps > 0},
-      {"save_total_limit", cfg.save_total_limit > 0},
-      {"overwrite_output_dir", cfg.overwrite_output_dir},
-      {"eval_data", !cfg.eval_data.empty()},
-      {"eval_steps", cfg.eval_steps > 0}};
+  const std::pair<const char*, bool> active[] = {{"resume_from_checkpoint", !cfg.resume_from_checkpoint.empty()},
+                                                 {"output_dir", true},
+                                                 {"save_steps", cfg.save_steps > 0},
+                                                 {"save_total_limit", cfg.save_total_limit > 0},
+                                                 {"overwrite_output_dir", cfg.overwrite_output_dir},
+                                                 {"eval_data", !cfg.eval_data.empty()},
+                                                 {"eval_steps", cfg.eval_steps > 0}};
   for (const auto& [f, on] : active) {
     auto it = flags.values.find(f);
     if (on && it != flags.values.end() && !it->second.empty())
-      throw Failure{2, std::string("--") + f + ": kiln bench times training steps from the model's initial weights "
-                       "and writes and evaluates nothing (use kiln train)"};
+      throw Failure{2, std::string("--") + f +
+                           ": kiln bench times training steps from the model's initial weights "
+                           "and writes and evaluates nothing (use kiln train)"};
   }
-  if (row_limit < 0) throw Failure{2, "--profile_row_limit must be >= 0 (0: every row), got " + std::to_string(row_limit)};
+  if (row_limit < 0)
+    throw Failure{2, "--profile_row_limit must be >= 0 (0: every row), got " + std::to_string(row_limit)};
   driver::BenchOptions opts;
   opts.config = cfg;
   opts.warmup = warmup;
@@ -369,9 +376,11 @@ int cmd_inspect(ConfigFlags flags, const std::string& model) {
   auto g = unwrap(driver::load_model(model, cfg.shape, false, nullptr, cfg.untie_initializers));
   std::cout << "model " << model << " (opset " << g->opset << ")\n";
   std::cout << "inputs:\n";
-  for (ir::Value* v : g->inputs) std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
+  for (ir::Value* v : g->inputs)
+    std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
   std::cout << "outputs:\n";
-  for (ir::Value* v : g->outputs) std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
+  for (ir::Value* v : g->outputs)
+    std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "\n";
   // Trainable parameters (the names --freeze and --trainable match), then the other
   // float tensors of more than one element: buffers and constants, each with its role
   // and where the role came from (frontend/initializers.h).
@@ -393,13 +402,14 @@ int cmd_inspect(ConfigFlags flags, const std::string& model) {
               << source(v) << ")\n";
   std::vector<const ir::Value*> others;
   for (const ir::Value* v : g->initializers)
-    if (ir::is_float(v->dtype) && v->data->numel() > 1 &&
-        std::find(params.begin(), params.end(), v) == params.end())
+    if (ir::is_float(v->dtype) && v->data->numel() > 1 && std::find(params.begin(), params.end(), v) == params.end())
       others.push_back(v);
   if (!others.empty()) {
     std::cout << "buffers and constants (float, more than one element): " << others.size() << "\n";
     for (const ir::Value* v : others) {
-      const char* role = bn_stats.count(v) ? "buffer" : v->role == ir::InitRole::unknown ? "constant" : ir::init_role_name(v->role);
+      const char* role = bn_stats.count(v)                  ? "buffer"
+                         : v->role == ir::InitRole::unknown ? "constant"
+                                                            : ir::init_role_name(v->role);
       std::cout << "  " << v->name << "  " << ir::dtype_name(v->dtype) << " " << v->shape.to_string() << "  " << role
                 << " (" << source(v) << ")\n";
     }
@@ -412,16 +422,18 @@ int cmd_inspect(ConfigFlags flags, const std::string& model) {
     bool static_shapes = true;
     for (ir::Value* o : n->outputs)
       if (o && !o->shape.is_static()) static_shapes = false;
-    if (!static_shapes) flops_known = false;
-    else flops += ir::node_cost(*n).flops;
+    if (!static_shapes)
+      flops_known = false;
+    else
+      flops += ir::node_cost(*n).flops;
   }
   std::cout << "ops (" << g->nodes().size() << " nodes):\n";
   std::vector<std::pair<int, std::string>> sorted;
   for (auto& [op, c] : hist) sorted.push_back({-c, op});
   std::sort(sorted.begin(), sorted.end());
   for (auto& [c, op] : sorted) std::cout << "  " << op << " " << -c << "\n";
-  std::cout << "forward FLOPs: " << fmt("%.4g", flops) << (flops_known ? "" : " (partial: bind symbolic dims with --shape)")
-            << "\n";
+  std::cout << "forward FLOPs: " << fmt("%.4g", flops)
+            << (flops_known ? "" : " (partial: bind symbolic dims with --shape)") << "\n";
   return 0;
 }
 
@@ -486,8 +498,9 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
   passes::PassContext dbg = flags.pass_context();
   auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
   note_unrun_pass(dbg);
-  std::cout << "precision plan (--" << (cfg.fp16 ? "fp16" : "bf16") << (assumed ? " assumed: neither --bf16 nor --fp16 given" : "") << ", batch " << cfg.per_device_train_batch_size
-            << ") of " << model << ": node, compute / accumulate / store, rule\n";
+  std::cout << "precision plan (--" << (cfg.fp16 ? "fp16" : "bf16")
+            << (assumed ? " assumed: neither --bf16 nor --fp16 given" : "") << ", batch "
+            << cfg.per_device_train_batch_size << ") of " << model << ": node, compute / accumulate / store, rule\n";
   std::function<void(const ir::Graph&, int)> print = [&](const ir::Graph& g, int indent) {
     for (auto& n : g.nodes()) {
       const ir::OpDef* d = ir::OpTable::get().find(n->op);
@@ -528,9 +541,11 @@ int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
   std::cout << "training step of " << model << ": batch " << cfg.per_device_train_batch_size;
   if (cfg.gradient_accumulation_steps > 1)
     std::cout << " x " << cfg.gradient_accumulation_steps << " accumulated microbatches";
-  std::cout << ", " << (cfg.bf16 ? "bf16 mixed precision" : cfg.fp16 ? "fp16 mixed precision" : "fp32") << ", optim "
-            << cfg.optim << ", backend "
-            << cfg.backend << "\n";
+  std::cout << ", "
+            << (cfg.bf16   ? "bf16 mixed precision"
+                : cfg.fp16 ? "fp16 mixed precision"
+                           : "fp32")
+            << ", optim " << cfg.optim << ", backend " << cfg.backend << "\n";
   std::cout << passes::format_memory_plan(eager);
   std::cout << "with in-place reuse (a compiled program's arena): peak " << passes::human_bytes(compiled.peak_bytes)
             << " (" << compiled.peak_bytes << " B), arena " << passes::human_bytes(compiled.arena_bytes) << " ("
@@ -572,7 +587,8 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
   std::map<std::string, std::string> files;
   for (auto& s : inputs) {
     auto eq = s.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) throw Failure{2, "--input '" + s + "': expected NAME=FILE.npy"};
+    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
+      throw Failure{2, "--input '" + s + "': expected NAME=FILE.npy"};
     if (files.count(s.substr(0, eq))) throw Failure{2, "--input " + s.substr(0, eq) + " given twice"};
     files[s.substr(0, eq)] = s.substr(eq + 1);
   }
@@ -588,7 +604,8 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
       auto t = runtime::io::load_npy(f->second);
       if (!t) continue;
       for (int i = 0; i < v->shape.rank() && i < t->rank(); ++i)
-        if (!v->shape.dims[i].is_static() && !v->shape.dims[i].symbol.empty()) shape[v->shape.dims[i].symbol] = t->dim(i);
+        if (!v->shape.dims[i].is_static() && !v->shape.dims[i].symbol.empty())
+          shape[v->shape.dims[i].symbol] = t->dim(i);
     }
   }
   auto g = unwrap(driver::load_inference_model(model, shape));
@@ -613,7 +630,8 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
     std::replace(safe.begin(), safe.end(), '/', '_');
     std::string path = (fs::path(out_dir) / (safe + ".npy")).string();
     check(runtime::io::save_npy(path, t.dtype() == ir::DType::bf16 ? t.cast(ir::DType::f32) : t));
-    std::cout << name << " " << ir::dtype_name(t.dtype()) << " " << ir::dims_to_string(t.dims()) << " -> " << path << "\n";
+    std::cout << name << " " << ir::dtype_name(t.dtype()) << " " << ir::dims_to_string(t.dims()) << " -> " << path
+              << "\n";
   }
   return 0;
 }
@@ -626,10 +644,12 @@ int real_main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train a model (Hugging Face Trainer options)");
   train_flags.add_to(train);
   ConfigFlags compile_flags;
-  auto* compile = app.add_subcommand("compile", "compile a training program ahead of time into DIR/train (a standalone binary)");
+  auto* compile =
+      app.add_subcommand("compile", "compile a training program ahead of time into DIR/train (a standalone binary)");
   compile_flags.add_to(compile);
   std::string compile_out;
-  compile->add_option("-o,--output", compile_out, "output folder: train binary, ir/, kernels/, memory_plan.txt, compile_report.json");
+  compile->add_option("-o,--output", compile_out,
+                      "output folder: train binary, ir/, kernels/, memory_plan.txt, compile_report.json");
   auto* grad = app.add_subcommand("grad", "loss and parameter gradients of one batch -> safetensors");
   grad_flags.add_to(grad);
   std::string grad_out;
@@ -651,12 +671,14 @@ int real_main(int argc, char** argv) {
   bench->add_option("--warmup_steps_bench", bench_warmup, "untimed warm-up steps");
   bench->add_option("--bench_steps", bench_steps, "timed steps");
   bool bench_profile = false;
-  bench->add_flag("--profile", bench_profile,
-                  "per-op table of the timed steps (calls, total ms, mean us, % of op time), after each backend's timing");
+  bench->add_flag(
+      "--profile", bench_profile,
+      "per-op table of the timed steps (calls, total ms, mean us, % of op time), after each backend's timing");
   std::string bench_profile_by = "op";
-  bench->add_option("--profile_by", bench_profile_by,
-                    "op (default: one row per op type) | node (one row per node or generated kernel, with the IR "
-                    "nodes it fuses); implies --profile")
+  bench
+      ->add_option("--profile_by", bench_profile_by,
+                   "op (default: one row per op type) | node (one row per node or generated kernel, with the IR "
+                   "nodes it fuses); implies --profile")
       ->check(CLI::IsMember({"op", "node"}));
   int bench_row_limit = 25;
   bench->add_option("--profile_row_limit", bench_row_limit,
@@ -670,8 +692,9 @@ int real_main(int argc, char** argv) {
   ConfigFlags inspect_flags;
   inspect_flags.add_to(inspect, /*with_model=*/false);
   bool inspect_precision = false, inspect_memory = false, inspect_pipeline = false;
-  inspect->add_flag("--precision", inspect_precision,
-                    "print the precision plan (--bf16, or --fp16) of every node of the training step for the given training flags");
+  inspect->add_flag(
+      "--precision", inspect_precision,
+      "print the precision plan (--bf16, or --fp16) of every node of the training step for the given training flags");
   inspect->add_flag("--memory", inspect_memory,
                     "print the static memory plan of one training step for the given training flags (not run)");
   inspect->add_flag("--pipeline", inspect_pipeline,
@@ -746,15 +769,16 @@ int real_main(int argc, char** argv) {
     if (*compile) return cmd_compile(compile_flags, compile_out);
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);
-    if (*bench) return cmd_bench(bench_flags, bench_warmup, bench_steps,
-                                  bench_profile || bench->count("--profile_by") > 0 ||
-                                      bench->count("--profile_row_limit") > 0,
-                                  bench_profile_by, bench_row_limit);
+    if (*bench)
+      return cmd_bench(bench_flags, bench_warmup, bench_steps,
+                       bench_profile || bench->count("--profile_by") > 0 || bench->count("--profile_row_limit") > 0,
+                       bench_profile_by, bench_row_limit);
     if (*inspect && inspect_memory && inspect_precision)
       throw Failure{2, "inspect: give one of --memory and --precision"};
     if (*inspect && inspect_pipeline && (inspect_memory || inspect_precision))
-      throw Failure{2, "inspect: --pipeline lists the passes without running them: give it without --memory and "
-                       "--precision"};
+      throw Failure{2,
+                    "inspect: --pipeline lists the passes without running them: give it without --memory and "
+                    "--precision"};
     if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model);
     if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_flags, inspect_model);
     if (*inspect) {
@@ -767,8 +791,9 @@ int real_main(int argc, char** argv) {
                               : f.stop_after >= 0       ? "--stop-after"
                                                         : nullptr;
       if (pass_flag)
-        return report({2, std::string(pass_flag) + ": kiln inspect runs the passes only with --memory or --precision "
-                                                   "(the training program); add one of them" +
+        return report({2, std::string(pass_flag) +
+                              ": kiln inspect runs the passes only with --memory or --precision "
+                              "(the training program); add one of them" +
                               (inspect_pipeline ? " (--pipeline lists the passes without running them)" : "")});
       if (inspect_pipeline) return cmd_inspect_pipeline(inspect_flags, inspect_model);
       return cmd_inspect(inspect_flags, inspect_model);
@@ -791,7 +816,8 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::bad_alloc&) {
     std::cerr << "kiln: error: out of memory (an allocation failed: lower the batch size, or raise the "
-                 "process's memory limit)" << std::endl;
+                 "process's memory limit)"
+              << std::endl;
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "kiln: error: internal error: " << one_line(e.what()) << std::endl;

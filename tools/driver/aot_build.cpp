@@ -58,7 +58,8 @@ Expected<std::vector<std::string>> link_inputs() {
   if (ec) return Status::error("cannot locate the kiln executable (/proc/self/exe): " + ec.message());
   fs::path file = exe.parent_path().parent_path() / "lib" / "kiln_aot_link.txt";
   std::ifstream in(file);
-  if (!in) return Status::error(file.string() + ": missing (kiln compile needs the build tree's lib/ folder next to bin/)");
+  if (!in)
+    return Status::error(file.string() + ": missing (kiln compile needs the build tree's lib/ folder next to bin/)");
   std::vector<std::string> items;
   std::string line;
   while (std::getline(in, line)) {
@@ -84,7 +85,8 @@ struct ProgramReport {
 int count_fused_ops(const ir::Graph& g) {
   int n = 0;
   for (auto& node : g.nodes()) {
-    if (ir::has_trait(*node, ir::OpTrait::fused_kernel) && !node->regions.empty()) n += static_cast<int>(node->regions[0]->nodes().size());
+    if (ir::has_trait(*node, ir::OpTrait::fused_kernel) && !node->regions.empty())
+      n += static_cast<int>(node->regions[0]->nodes().size());
     else
       for (auto& r : node->regions) n += count_fused_ops(*r);
   }
@@ -99,11 +101,13 @@ Status check_compile_flags(const TrainConfig& cfg) {
                          " cannot be compiled ahead of time (kiln compile builds the compiled backend; " + cfg.backend +
                          " is for kiln train and bench)");
   if (cfg.overwrite_output_dir)
-    return Status::error("--overwrite_output_dir deletes checkpoints: it is a per-run flag of DIR/train, not "
-                         "compiled into the binary (give it when running DIR/train)");
+    return Status::error(
+        "--overwrite_output_dir deletes checkpoints: it is a per-run flag of DIR/train, not "
+        "compiled into the binary (give it when running DIR/train)");
   if (!cfg.resume_from_checkpoint.empty())  // was accepted and then ignored: the binary trained from step 0
-    return Status::error("--resume_from_checkpoint is a per-run flag of DIR/train, not compiled into the binary "
-                         "(give it when running DIR/train)");
+    return Status::error(
+        "--resume_from_checkpoint is a per-run flag of DIR/train, not compiled into the binary "
+        "(give it when running DIR/train)");
   return Status::ok();
 }
 
@@ -152,7 +156,8 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
       auto inlined = frontend::inline_external_data(model, fs::path(cfg.model).parent_path().string());
       if (!inlined) return Status::error(cfg.model + ": " + inlined.message());
       if (model.ByteSizeLong() > size_t{INT32_MAX})
-        return Status::error(cfg.model + ": with its external data the model has " + std::to_string(model.ByteSizeLong()) +
+        return Status::error(cfg.model + ": with its external data the model has " +
+                             std::to_string(model.ByteSizeLong()) +
                              " bytes, more than the 2 GiB one embedded ONNX model can hold");
       model_bytes = model.SerializeAsString();
     }
@@ -171,7 +176,8 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
   }
   fs::create_directories(dir, ec);
   if (ec) return Status::error(out_dir + ": cannot create: " + ec.message());
-  KILN_RETURN_IF_ERROR(write_file(marker, "kiln compile output; kiln compile may replace ir/ kernels/ obj/ train here\n"));
+  KILN_RETURN_IF_ERROR(
+      write_file(marker, "kiln compile output; kiln compile may replace ir/ kernels/ obj/ train here\n"));
   for (const char* sub : {"ir", "kernels", "obj"}) {
     fs::remove_all(dir / sub, ec);
     fs::create_directories(dir / sub, ec);
@@ -241,10 +247,9 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
   KILN_ASSIGN_OR_RETURN(std::string program_file, runtime::serialize_program(prog, info));
   KILN_RETURN_IF_ERROR(write_file(dir / "program.kiln", program_file));
   nlohmann::json manifest = {{"format", aot::kManifestFormat}, {"kiln_version", KILN_VERSION}, {"symbols", fn_symbols}};
-  KILN_ASSIGN_OR_RETURN(std::string data_obj,
-                        codegen::emit_aot_data_object({{aot::kManifestSymbol, manifest.dump()},
-                                                       {aot::kProgramSymbol, program_file}},
-                                                      aot::kFunctionTableSymbol, fn_symbols));
+  KILN_ASSIGN_OR_RETURN(std::string data_obj, codegen::emit_aot_data_object({{aot::kManifestSymbol, manifest.dump()},
+                                                                             {aot::kProgramSymbol, program_file}},
+                                                                            aot::kFunctionTableSymbol, fn_symbols));
   objects.push_back(dir / "obj" / "data.o");
   KILN_RETURN_IF_ERROR(write_file(objects.back(), data_obj));
 
@@ -288,32 +293,31 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
                     {"top_level_nodes", r.top_level_nodes},
                     {"compile_cache", r.cache}};
   const double total_s = since(t_all);
-  nlohmann::json report = {
-      {"model", cfg.model},
-      {"kiln_version", KILN_VERSION},
-      {"cpu", codegen::host_cpu_description()},
-      {"binary", (dir / "train").string()},
-      {"binary_bytes", static_cast<int64_t>(fs::file_size(dir / "train", ec))},
-      {"optimizer_steps", total},
-      {"seconds",
-       {{"passes", passes_s},
-        {"fusion", dbg.pass_seconds.count("fusion") ? dbg.pass_seconds.at("fusion") : 0.0},
-        {"lower_to_kernel_ir", lower_s},
-        {"llvm_ir", emit_s},
-        {"llvm_o3", opt_s},
-        {"machine_code", mc_s},
-        {"build_program_total", build_s},
-        {"link", link_s},
-        {"total", total_s}}},
-      {"programs", progs},
-      {"planned_peak_bytes", plan->peak_bytes},
-      {"planned_peak_bytes_by_category", cats}};
+  nlohmann::json report = {{"model", cfg.model},
+                           {"kiln_version", KILN_VERSION},
+                           {"cpu", codegen::host_cpu_description()},
+                           {"binary", (dir / "train").string()},
+                           {"binary_bytes", static_cast<int64_t>(fs::file_size(dir / "train", ec))},
+                           {"optimizer_steps", total},
+                           {"seconds",
+                            {{"passes", passes_s},
+                             {"fusion", dbg.pass_seconds.count("fusion") ? dbg.pass_seconds.at("fusion") : 0.0},
+                             {"lower_to_kernel_ir", lower_s},
+                             {"llvm_ir", emit_s},
+                             {"llvm_o3", opt_s},
+                             {"machine_code", mc_s},
+                             {"build_program_total", build_s},
+                             {"link", link_s},
+                             {"total", total_s}}},
+                           {"programs", progs},
+                           {"planned_peak_bytes", plan->peak_bytes},
+                           {"planned_peak_bytes_by_category", cats}};
   KILN_RETURN_IF_ERROR(write_file(dir / "compile_report.json", report.dump(2) + "\n"));
 
   char line[256];
   std::snprintf(line, sizeof line, "compiled %s: %d train + %d eval kernels in %.2f s (program %.2f s, link %.2f s)\n",
-                (dir / "train").string().c_str(), reports["train"].kernels, reports.count("eval") ? reports["eval"].kernels : 0,
-                total_s, build_s, link_s);
+                (dir / "train").string().c_str(), reports["train"].kernels,
+                reports.count("eval") ? reports["eval"].kernels : 0, total_s, build_s, link_s);
   out << line << "wrote " << (dir / "ir").string() << "/, " << (dir / "kernels").string() << "/, "
       << (dir / "memory_plan.txt").string() << ", " << (dir / "compile_report.json").string() << "\n";
   return Status::ok();

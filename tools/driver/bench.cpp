@@ -57,9 +57,12 @@ Expected<runtime::Batch> synthetic_batch(const std::vector<runtime::DataInputSpe
     }
     ir::Tensor t(s.dtype, dims);
     for (int64_t i = 0; i < t.numel(); ++i) {
-      if (ir::is_float(s.dtype)) t.set_f64(i, nd(rng));
-      else if (s.name == label) t.set_f64(i, static_cast<double>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, classes))));
-      else t.set_f64(i, static_cast<double>(rng() % 2));
+      if (ir::is_float(s.dtype))
+        t.set_f64(i, nd(rng));
+      else if (s.name == label)
+        t.set_f64(i, static_cast<double>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, classes))));
+      else
+        t.set_f64(i, static_cast<double>(rng() % 2));
     }
     b[s.name] = t;
   }
@@ -199,8 +202,8 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
           << " distinct); import " << fmt("%.3f", bt.import_s) << " s, training passes " << fmt("%.3f", bt.passes_s)
           << " s, fusion passes " << fmt("%.3f", bt.fusion_s) << " s, lower " << fmt("%.3f", k->lower_s)
           << " s, LLVM IR " << fmt("%.3f", st.emit_s) << " s, O3 " << fmt("%.3f", st.optimize_s)
-          << " s, machine code + JIT link " << fmt("%.3f", st.codegen_s) << " s, arena plan "
-          << fmt("%.3f", bt.arena_s) << " s\n";
+          << " s, machine code + JIT link " << fmt("%.3f", st.codegen_s) << " s, arena plan " << fmt("%.3f", bt.arena_s)
+          << " s\n";
     }
   for (int i = 0; i < warmup; ++i)
     for (auto& r : runs)
@@ -257,8 +260,7 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
   if (runs.size() == 1) {
     Run& r = runs[0];
     const double med = median(r.times);
-    out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << r.backend
-        << ")\n";
+    out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << r.backend << ")\n";
     out << "precision " << precision << " | median step time " << fmt("%.6f", med) << " s | "
         << fmt("%.1f", med > 0 ? rows / med : 0.0) << " samples/s\n";
     out << "peak memory: "
@@ -269,22 +271,22 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
     print_profile(r);
     return Status::ok();
   }
-  out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision "
-      << precision << ", OpenMP threads: " << omp_get_max_threads() << "; steps alternate between "
+  out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision " << precision
+      << ", OpenMP threads: " << omp_get_max_threads() << "; steps alternate between "
       << (by_policy ? "variants" : "backends") << "\n";
   size_t label_w = 10;
   for (auto& r : runs) label_w = std::max(label_w, r.backend.size() + 2);
   const size_t vs_w = std::max<size_t>(14, runs[0].backend.size() + 5);
   out << pad(by_policy ? "variant" : "backend", label_w, true) << pad("median s/step", 16) << pad("samples/s", 12)
-      << pad("vs " + runs[0].backend, vs_w) << pad("peak measured", 16) << pad("peak planned", 16)
-      << pad("build s", 10) << "\n";
+      << pad("vs " + runs[0].backend, vs_w) << pad("peak measured", 16) << pad("peak planned", 16) << pad("build s", 10)
+      << "\n";
   const double base = median(runs[0].times);
   for (auto& r : runs) {
     const double med = median(r.times);
-    out << pad(r.backend, label_w, true) << pad(fmt("%.6f", med), 16) << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12)
-        << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), vs_w) << pad(passes::human_bytes(r.peak), 16)
-        << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16) << pad(fmt("%.2f", r.compile_s), 10)
-        << "\n";
+    out << pad(r.backend, label_w, true) << pad(fmt("%.6f", med), 16)
+        << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12) << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), vs_w)
+        << pad(passes::human_bytes(r.peak), 16) << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16)
+        << pad(fmt("%.2f", r.compile_s), 10) << "\n";
   }
   print_allocations();
   for (auto& r : runs) print_profile(r);

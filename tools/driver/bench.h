@@ -20,8 +20,8 @@ struct BenchOptions {
   /// comma lists: one program per combination (a variant). With train_data empty the
   /// steps run on a synthetic batch (normal floats, random class ids) from `seed`.
   runtime::TrainConfig config;
-  int warmup = 3;  ///< untimed warm-up steps (>= 0; raised to 1 with several variants)
-  int steps = 10;  ///< timed steps (>= 1)
+  int warmup = 3;                 ///< untimed warm-up steps (>= 0; raised to 1 with several variants)
+  int steps = 10;                 ///< timed steps (>= 1)
   bool profile = false;           ///< print a profile table per variant of the timed steps
   std::string profile_by = "op";  ///< profile rows per "op" or per "node"
   int profile_row_limit = 25;     ///< profile rows before the rest is summed (0: every row)

@@ -3,13 +3,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <iostream>
-
 #include <functional>
+#include <iostream>
 #include <set>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
-#include <sstream>
 
 #include "frontend/onnx_import.h"
 #include "ir/op_table.h"
@@ -118,8 +117,8 @@ Expected<std::unique_ptr<Graph>> specialize_model(const Graph& module, const std
     if (!syms.count(name)) {
       std::string known;
       for (auto& s : syms) known += (known.empty() ? "" : ", ") + s;
-      return Status::error("--shape " + name + "=" + std::to_string(v) + ": the model has no input dim named '" +
-                           name + "' (symbolic dims: " + (known.empty() ? "none" : known) + ")");
+      return Status::error("--shape " + name + "=" + std::to_string(v) + ": the model has no input dim named '" + name +
+                           "' (symbolic dims: " + (known.empty() ? "none" : known) + ")");
     }
   std::unique_ptr<Graph> g = module.clone();
   KILN_RETURN_IF_ERROR(bind_dims(*g, shape).with_context(path));
@@ -245,8 +244,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
                                                  const Graph* module_in) {
   if (total_steps <= 0) total_steps = cfg.max_steps > 0 ? cfg.max_steps : 1;
   if (cfg.backend.find(',') != std::string::npos)
-    return Status::error("--backend: one backend per program (a list such as '" + cfg.backend +
-                         "' is for kiln bench)");
+    return Status::error("--backend: one backend per program (a list such as '" + cfg.backend + "' is for kiln bench)");
   TrainingProgram prog;
   // The pipelines as data (tools/driver/pipeline.h): what runs below, stage by stage.
   const Pipeline pipe = training_pipeline(pipeline_options(cfg, total_steps, to_f64));
@@ -293,8 +291,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   if (want_grads) {
     prog.grads = train->clone();
     // The gradient program accumulates over the same microbatches as the step.
-    for (const PipelineStage& s : pipe.grads.stages)
-      KILN_RETURN_IF_ERROR(run_stage(*prog.grads, pipe.grads, s.name));
+    for (const PipelineStage& s : pipe.grads.stages) KILN_RETURN_IF_ERROR(run_stage(*prog.grads, pipe.grads, s.name));
   }
   // Optimizer, GradScaler update and the accumulation loop (stage "update").
   KILN_RETURN_IF_ERROR(run_stage(*train, pipe.train, "update"));

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "codegen/cpu/program.h"
-#include "runtime/program.h"
 #include "ir/graph.h"
 #include "ir/status.h"
 #include "passes/memory_plan.h"
 #include "passes/pass.h"
 #include "runtime/arena.h"
+#include "runtime/program.h"
 #include "runtime/train_config.h"
 
 namespace kiln::driver {
@@ -27,7 +27,6 @@ bool host_has_native_bf16();
 /// "lowering" of tools/driver/pipeline.h: gemm_widening ... multi_tensor); the eager
 /// backend runs none of them.
 const std::vector<std::string>& compiled_pipeline();
-
 
 /// Imports an ONNX model, binds dim_params (`shape`), folds shape computations
 /// and canonicalizes. With `to_f64`, every float initializer and input becomes f64
@@ -95,8 +94,8 @@ Expected<passes::MemoryPlan> plan_step_arena_layout(const ir::Graph& g);
 /// `module` (optional): the model as import_model returned it, so that a run imports its
 /// model once; null: imported here.
 Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg, passes::PassContext* dbg = nullptr,
-                                                 bool want_grads = false, bool to_f64 = false,
-                                                 int64_t total_steps = -1, const ir::Graph* module = nullptr);
+                                                 bool want_grads = false, bool to_f64 = false, int64_t total_steps = -1,
+                                                 const ir::Graph* module = nullptr);
 
 /// The signature facts of the forward model `forward` (the model with --shape bound) for
 /// `cfg`: its data specs (runtime/program.h ProgramSignature), the Gather tables data

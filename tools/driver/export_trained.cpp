@@ -1,21 +1,20 @@
 // export_trained_model: the original ONNX ModelProto with trained initializers.
 #include "tools/driver/export_trained.h"
 
-#include "frontend/initializers.h"
-#include "frontend/model_bytes.h"
-#include "frontend/tensor_proto.h"
-#include "runtime/io.h"
-
+#include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
-#include <onnx/checker.h>
 #include <set>
 #include <sstream>
+
+#include "frontend/initializers.h"
+#include "frontend/model_bytes.h"
+#include "frontend/tensor_proto.h"
+#include "runtime/io.h"
 
 namespace kiln::driver {
 
@@ -25,13 +24,15 @@ namespace {
 Expected<ir::Tensor> view_of(const ir::Tensor& w, const std::string& view, const std::vector<int64_t>& dims) {
   ir::Tensor out(w.dtype(), dims);
   if (view.empty()) {
-    if (w.dims() != dims) return Status::error("shape " + ir::dims_to_string(dims) + ", the trained weight " +
-                                               ir::dims_to_string(w.dims()));
+    if (w.dims() != dims)
+      return Status::error("shape " + ir::dims_to_string(dims) + ", the trained weight " +
+                           ir::dims_to_string(w.dims()));
     return w;
   }
   if (view == "transpose") {
     if (w.rank() != 2 || dims.size() != 2 || dims[0] != w.dims()[1] || dims[1] != w.dims()[0])
-      return Status::error("shape " + ir::dims_to_string(dims) + " is not the transpose of " + ir::dims_to_string(w.dims()));
+      return Status::error("shape " + ir::dims_to_string(dims) + " is not the transpose of " +
+                           ir::dims_to_string(w.dims()));
     return frontend::transpose_2d(w);
   }
   if (view == "slice") {  // the leading elements (a leading slice along the first non-unit dim)
@@ -74,7 +75,7 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
   std::map<std::string, int> inits;
   for (int i = 0; i < graph->initializer_size(); ++i) inits[graph->initializer(i).name()] = i;
   std::vector<std::pair<int, std::string>> adds;  // (node, bias initializer): an Add after the node
-  std::set<int> dropped;                           // Identity aliases replaced by their own parameter
+  std::set<int> dropped;                          // Identity aliases replaced by their own parameter
   for (auto& [name, w] : weights) {
     std::vector<ir::InitializerOrigin> places = {{name, "", -1, -1}};
     if (auto o = origins.find(name); o != origins.end()) places = o->second;
@@ -89,9 +90,12 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
         set_raw(*tp, w);
         frontend::declare_parameter(model, name);
         onnx::NodeProto* n = graph->mutable_node(p.node);
-        if (p.input == ir::InitializerOrigin::kReplacesNode) dropped.insert(p.node);  // the alias it was
-        else if (p.input < 0) adds.push_back({p.node, name});
-        else if (p.input < n->input_size()) n->set_input(p.input, name);
+        if (p.input == ir::InitializerOrigin::kReplacesNode)
+          dropped.insert(p.node);  // the alias it was
+        else if (p.input < 0)
+          adds.push_back({p.node, name});
+        else if (p.input < n->input_size())
+          n->set_input(p.input, name);
         else {
           while (n->input_size() < p.input) n->add_input("");
           n->add_input(name);
@@ -105,7 +109,8 @@ Status export_trained_model(const std::string& original_onnx, const std::map<std
       onnx::TensorProto& tp = *graph->mutable_initializer(it->second);
       std::vector<int64_t> dims(tp.dims().begin(), tp.dims().end());
       auto v = view_of(w, p.view, dims);
-      if (!v) return Status::error(original_onnx + ": initializer '" + p.onnx_name + "' for '" + name + "': " + v.message());
+      if (!v)
+        return Status::error(original_onnx + ": initializer '" + p.onnx_name + "' for '" + name + "': " + v.message());
       auto orig = ir::dtype_from_onnx(tp.data_type());
       if (!orig) return Status::error(original_onnx + ": initializer '" + p.onnx_name + "': " + orig.message());
       set_raw(tp, v->dtype() == *orig ? *v : v->cast(*orig));

@@ -11,10 +11,10 @@ namespace kiln::driver {
 
 /// Outcome of a gradient check.
 struct GradcheckResult {
-  double max_rel_error = 0;   ///< max over checked tensors of ||analytic - numeric|| / max(||numeric||, 1e-12)
-  std::string worst;          ///< name of the tensor with the largest error
+  double max_rel_error = 0;  ///< max over checked tensors of ||analytic - numeric|| / max(||numeric||, 1e-12)
+  std::string worst;         ///< name of the tensor with the largest error
   int64_t elements_checked = 0;
-  uint64_t seed = 0;          ///< seed used for inputs/weights (print it on failure)
+  uint64_t seed = 0;  ///< seed used for inputs/weights (print it on failure)
 };
 
 /// Checks the gradient rule of one op. `inputs` are the op's inputs (nullptr-free;
@@ -31,8 +31,7 @@ Expected<GradcheckResult> gradcheck_op(const std::string& op, const std::vector<
 /// (the driver's grads program, in f64): at most `per_param` randomly chosen elements
 /// of each parameter are perturbed. `feeds` hold the data inputs and every state input.
 /// Error per parameter: ||analytic - numeric|| / max(||numeric||, 1e-3 * ||all numeric||).
-Expected<GradcheckResult> gradcheck_graph(const ir::Graph& grads_program,
-                                          std::map<std::string, ir::Tensor> feeds, int per_param, uint64_t seed,
-                                          double eps = 1e-6);
+Expected<GradcheckResult> gradcheck_graph(const ir::Graph& grads_program, std::map<std::string, ir::Tensor> feeds,
+                                          int per_param, uint64_t seed, double eps = 1e-6);
 
 }  // namespace kiln::driver

@@ -46,8 +46,10 @@ void load_locked() {
     }
     bool known = false;
     for (auto& t : log_topics()) known = known || t == word;
-    if (known) s.on.insert(word);
-    else unknown += (unknown.empty() ? "'" : ", '") + word + "'";
+    if (known)
+      s.on.insert(word);
+    else
+      unknown += (unknown.empty() ? "'" : ", '") + word + "'";
   }
   if (!unknown.empty()) {
     std::string names;
@@ -73,14 +75,16 @@ void collect_fused(const ir::Graph& g, const std::string& where, std::ostringstr
       os << "\n";
     }
     for (auto& r : n->regions)
-      if (!ir::has_trait(*n, ir::OpTrait::fused_kernel)) collect_fused(*r, " (in " + n->name + ")", os, kernels, absorbed);
+      if (!ir::has_trait(*n, ir::OpTrait::fused_kernel))
+        collect_fused(*r, " (in " + n->name + ")", os, kernels, absorbed);
   }
 }
 
 }  // namespace
 
 const std::vector<std::string>& log_topics() {
-  static const std::vector<std::string> t = {"graph", "fusion", "output_code", "memory", "recompiles", "cache", "passes"};
+  static const std::vector<std::string> t = {"graph",      "fusion", "output_code", "memory",
+                                             "recompiles", "cache",  "passes"};
   return t;
 }
 

@@ -36,8 +36,7 @@ PipelineOptions pipeline_options(const runtime::TrainConfig& cfg, int64_t total_
   o.optimizer.total_steps = total_steps;
   o.optimizer.warmup_steps = cfg.warmup(total_steps);
   o.remat.policy = cfg.effective_remat_policy();  // passes/remat.cpp
-  if (auto b = runtime::parse_byte_size(cfg.memory_budget); !cfg.memory_budget.empty() && b)
-    o.remat.memory_budget = *b;
+  if (auto b = runtime::parse_byte_size(cfg.memory_budget); !cfg.memory_budget.empty() && b) o.remat.memory_budget = *b;
   o.accumulation.gradient_accumulation_steps = cfg.gradient_accumulation_steps;
   o.accumulation.normalization = cfg.accumulation_normalization;
   if (cfg.fp16) {  // passes/autocast.cpp + passes/grad_scaler.cpp
@@ -67,11 +66,16 @@ enum class When { always, low_precision, fp16, remat, compiled };
 
 bool holds(When w, const PipelineOptions& o) {
   switch (w) {
-    case When::always: return true;
-    case When::low_precision: return o.bf16 || o.fp16;
-    case When::fp16: return o.fp16;
-    case When::remat: return o.passes.remat.policy != "none";
-    case When::compiled: return o.compiled;
+    case When::always:
+      return true;
+    case When::low_precision:
+      return o.bf16 || o.fp16;
+    case When::fp16:
+      return o.fp16;
+    case When::remat:
+      return o.passes.remat.policy != "none";
+    case When::compiled:
+      return o.compiled;
   }
   return false;
 }
@@ -106,29 +110,29 @@ struct Entry {
 // (arena_plan).
 constexpr Entry kTable[] = {
     // pass                 runs when            train       grads           eval
-    {"attach_loss",         When::always,        "step",     nullptr,        "forward"},
-    {"autocast",            When::low_precision, "step",     nullptr,        "forward"},
-    {"cast_simplify",       When::low_precision, "step",     nullptr,        "forward"},
-    {"loss_scale",          When::fp16,          "step",     nullptr,        nullptr},
-    {"autodiff",            When::always,        "step",     nullptr,        nullptr},
-    {"grad_unscale",        When::fp16,          "step",     nullptr,        nullptr},
-    {"autocast_grad",       When::low_precision, "step",     nullptr,        nullptr},
-    {"cast_simplify",       When::low_precision, "step",     nullptr,        nullptr},
-    {"remat",               When::remat,         "step",     nullptr,        nullptr},
-    {"canonicalize",        When::always,        "step",     nullptr,        "forward"},
-    {"accumulation",        When::always,        nullptr,    "accumulation", nullptr},
-    {"canonicalize",        When::always,        nullptr,    "accumulation", nullptr},
-    {"optimizer",           When::always,        "update",   nullptr,        nullptr},
-    {"grad_scaler_update",  When::fp16,          "update",   nullptr,        nullptr},
-    {"accumulation",        When::always,        "update",   nullptr,        nullptr},
-    {"canonicalize",        When::always,        "update",   nullptr,        nullptr},
-    {"gemm_widening",       When::compiled,      "lowering", nullptr,        "forward"},
-    {"absorb_transpose",    When::compiled,      "lowering", nullptr,        "forward"},
-    {"decompose",           When::compiled,      "lowering", nullptr,        "forward"},
-    {"fusion",              When::compiled,      "lowering", nullptr,        "forward"},
-    {"fused_inplace",       When::compiled,      "lowering", nullptr,        "forward"},
-    {"multi_tensor",        When::compiled,      "lowering", nullptr,        "forward"},
-    {"arena_plan",          When::compiled,      "lowering", nullptr,        "forward"},
+    {"attach_loss", When::always, "step", nullptr, "forward"},
+    {"autocast", When::low_precision, "step", nullptr, "forward"},
+    {"cast_simplify", When::low_precision, "step", nullptr, "forward"},
+    {"loss_scale", When::fp16, "step", nullptr, nullptr},
+    {"autodiff", When::always, "step", nullptr, nullptr},
+    {"grad_unscale", When::fp16, "step", nullptr, nullptr},
+    {"autocast_grad", When::low_precision, "step", nullptr, nullptr},
+    {"cast_simplify", When::low_precision, "step", nullptr, nullptr},
+    {"remat", When::remat, "step", nullptr, nullptr},
+    {"canonicalize", When::always, "step", nullptr, "forward"},
+    {"accumulation", When::always, nullptr, "accumulation", nullptr},
+    {"canonicalize", When::always, nullptr, "accumulation", nullptr},
+    {"optimizer", When::always, "update", nullptr, nullptr},
+    {"grad_scaler_update", When::fp16, "update", nullptr, nullptr},
+    {"accumulation", When::always, "update", nullptr, nullptr},
+    {"canonicalize", When::always, "update", nullptr, nullptr},
+    {"gemm_widening", When::compiled, "lowering", nullptr, "forward"},
+    {"absorb_transpose", When::compiled, "lowering", nullptr, "forward"},
+    {"decompose", When::compiled, "lowering", nullptr, "forward"},
+    {"fusion", When::compiled, "lowering", nullptr, "forward"},
+    {"fused_inplace", When::compiled, "lowering", nullptr, "forward"},
+    {"multi_tensor", When::compiled, "lowering", nullptr, "forward"},
+    {"arena_plan", When::compiled, "lowering", nullptr, "forward"},
 };
 
 void add(ProgramPipeline& p, const std::string& stage, const std::string& pass) {
@@ -182,14 +186,12 @@ std::string format_pipeline(const Pipeline& p, bool with_grads) {
   progs.push_back(&p.eval);
   for (const ProgramPipeline* q : progs) {
     if (!q->from_program.empty())
-      os << q->program << "  (starts from a copy of " << q->from_program << " after stage " << q->after_stage
-         << ")\n";
+      os << q->program << "  (starts from a copy of " << q->from_program << " after stage " << q->after_stage << ")\n";
     for (const PipelineStage& s : q->stages)
       for (const std::string& name : s.passes) {
         auto pass = passes::make_pass(name);
         const std::string opts = pass ? pass->describe_options(q->options) : std::string("(unknown pass)");
-        os << std::left << std::setw(6) << q->program << " " << std::setw(11) << s.name << " " << std::setw(19)
-           << name;
+        os << std::left << std::setw(6) << q->program << " " << std::setw(11) << s.name << " " << std::setw(19) << name;
         os << (opts.empty() ? "" : " " + opts);
         os << "\n";
       }

@@ -41,8 +41,8 @@ struct PipelineStage {
 
 /// The stages of one program and the options its passes read.
 struct ProgramPipeline {
-  std::string program;           ///< "train", "grads" or "eval"
-  passes::PassOptions options;   ///< what every pass of this program reads
+  std::string program;          ///< "train", "grads" or "eval"
+  passes::PassOptions options;  ///< what every pass of this program reads
   std::vector<PipelineStage> stages;
   /// The stage (if any) this program starts from a copy of `from_program` after.
   std::string from_program, after_stage;

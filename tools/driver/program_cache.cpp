@@ -42,10 +42,20 @@ Expected<std::shared_ptr<codegen::CpuProgram>> jit_bind(const std::string& which
 
 /// TrainConfig fields that never change the program: read by the trainer per run.
 const std::vector<std::string>& per_run_fields() {
-  static const std::vector<std::string> f = {"train_data",    "eval_data",        "output_dir",   "num_train_epochs",
-                                             "max_steps",     "seed",             "logging_steps", "eval_steps",
-                                             "save_steps",    "save_total_limit", "resume_from_checkpoint",
-                                             "overwrite_output_dir", "cache_dir", "no_cache"};
+  static const std::vector<std::string> f = {"train_data",
+                                             "eval_data",
+                                             "output_dir",
+                                             "num_train_epochs",
+                                             "max_steps",
+                                             "seed",
+                                             "logging_steps",
+                                             "eval_steps",
+                                             "save_steps",
+                                             "save_total_limit",
+                                             "resume_from_checkpoint",
+                                             "overwrite_output_dir",
+                                             "cache_dir",
+                                             "no_cache"};
   return f;
 }
 
@@ -140,7 +150,8 @@ void store_cached_program(const runtime::TrainConfig& cfg, const runtime::Progra
     return;
   }
   if (static_cast<int64_t>(bytes->size()) > kProgramCacheBytes / 4) {
-    log_text("cache", "program cache: not stored (" + std::to_string(bytes->size()) + " bytes, over a quarter of the cache)");
+    log_text("cache",
+             "program cache: not stored (" + std::to_string(bytes->size()) + " bytes, over a quarter of the cache)");
     return;
   }
   const fs::path path = program_cache_path(cfg, *key);

@@ -5,13 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <sstream>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <sstream>
 
-#include "ir/tensor.h"
 #include "ir/op_table.h"
+#include "ir/tensor.h"
 #include "runtime/checkpoint.h"
 #include "runtime/io.h"
 #include "tools/driver/export_trained.h"
@@ -51,8 +51,9 @@ runtime::DataOptions data_options(const TrainConfig& cfg) {
 }
 
 runtime::TrainGraphs graphs_of(const TrainingProgram& p) {
-  runtime::TrainGraphs g{p.train_step.get(), p.eval.get(), p.data_inputs, p.label_input, p.logits_output,
-                         p.train_kernels.get(), p.eval_kernels.get(), p.train_arena.get(), p.eval_arena.get()};
+  runtime::TrainGraphs g{p.train_step.get(),   p.eval.get(),        p.data_inputs,
+                         p.label_input,        p.logits_output,     p.train_kernels.get(),
+                         p.eval_kernels.get(), p.train_arena.get(), p.eval_arena.get()};
   // The batch shapes the trainer reads come from the program, not the flags.
   g.microbatch_rows = p.signature.microbatch_rows;
   g.accumulation_steps = p.signature.gradient_accumulation_steps;
@@ -186,8 +187,9 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
       for (int64_t i = 0; i < n; ++i) {
         const int64_t v = a.data.get_i64(i);
         if (v < -it->second || v >= it->second)
-          return fail(a.input + "=" + a.file + ": index " + std::to_string(v) + " at row " + std::to_string(i / per_row) +
-                      " is outside [-" + std::to_string(it->second) + ", " + std::to_string(it->second) +
+          return fail(a.input + "=" + a.file + ": index " + std::to_string(v) + " at row " +
+                      std::to_string(i / per_row) + " is outside [-" + std::to_string(it->second) + ", " +
+                      std::to_string(it->second) +
                       ") (the table the model looks it up in; ONNX Gather counts negative indices from the end)");
       }
     }
@@ -195,9 +197,9 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
       for (int64_t i = 0; i < n; ++i) {
         const int64_t v = a.data.get_i64(i);
         if (v != cfg.ignore_index && (v < 0 || v >= classes))
-          return fail(a.input + "=" + a.file + ": label " + std::to_string(v) + " at row " + std::to_string(i / per_row) +
-                      " is outside [0, " + std::to_string(classes) + ") (the model's classes; " +
-                      std::to_string(cfg.ignore_index) + " is ignored)");
+          return fail(a.input + "=" + a.file + ": label " + std::to_string(v) + " at row " +
+                      std::to_string(i / per_row) + " is outside [0, " + std::to_string(classes) +
+                      ") (the model's classes; " + std::to_string(cfg.ignore_index) + " is ignored)");
       }
     }
   }
@@ -238,9 +240,9 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     cfg.resume_from_checkpoint = all.back().second;
   }
   if (!cfg.resume_from_checkpoint.empty() && !fs::is_directory(cfg.resume_from_checkpoint))
-    return Status::error("--resume_from_checkpoint: " + cfg.resume_from_checkpoint +
-                         (fs::exists(cfg.resume_from_checkpoint) ? ": a file, not a checkpoint-N directory"
-                                                                 : ": no such directory"));
+    return Status::error(
+        "--resume_from_checkpoint: " + cfg.resume_from_checkpoint +
+        (fs::exists(cfg.resume_from_checkpoint) ? ": a file, not a checkpoint-N directory" : ": no such directory"));
 
   // The program: given (DIR/train loads its own), from the program cache (no import, no
   // pass), or built from the model, imported once.
