@@ -112,11 +112,20 @@ Storage::Storage(size_t nbytes, bool zero) : nbytes_(nbytes) {
 Storage::Storage(void* data, size_t nbytes, std::shared_ptr<Storage> owner, int held_refs)
     : data_(data), nbytes_(nbytes), owner_(std::move(owner)), held_refs_(held_refs) {}
 
+Storage::Storage(Device device, void* address, size_t nbytes, std::function<void(void*)> release)
+    : data_(address), nbytes_(nbytes), device_(device), release_(std::move(release)) {}
+
 Storage::~Storage() {
+  if (release_) {  // another device's block: its backend frees it
+    release_(data_);
+    return;
+  }
   if (owner_) return;  // a view: the owner's block is freed with the owner
   g_current.fetch_sub(static_cast<int64_t>(nbytes_));
   std::free(data_);
 }
+
+std::string Device::str() const { return kind == Kind::cpu ? std::string("cpu") : "cuda:" + std::to_string(ordinal); }
 
 int64_t numel_of(const std::vector<int64_t>& dims) {
   int64_t n = 1;

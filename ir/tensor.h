@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,23 @@ class OutOfMemory : public std::runtime_error {
   size_t bytes_;
 };
 
+/// Where a buffer's bytes live. Host memory ("cpu") is what kiln's generated CPU kernels,
+/// oneDNN and the eager interpreter read; a buffer of another device (a CUDA allocation)
+/// is allocated, filled and read back only by that device's backend (runtime/backend.h),
+/// and its address must never be dereferenced on the host.
+struct Device {
+  enum class Kind : uint8_t { cpu, cuda };
+  Kind kind = Kind::cpu;
+  int ordinal = 0;  ///< which device of its kind (0 for the host)
+  static Device cpu() { return {}; }
+  static Device cuda(int ordinal) { return {Kind::cuda, ordinal}; }
+  bool is_cpu() const { return kind == Kind::cpu; }
+  /// "cpu", "cuda:0" (PyTorch's spelling).
+  std::string str() const;
+  bool operator==(const Device& o) const { return kind == o.kind && ordinal == o.ordinal; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+
 /// Contiguous byte buffer, 64-byte aligned, zero-initialised unless `zero` is false (for
 /// outputs a kernel overwrites entirely). Counted in MemoryStats.
 class Storage {
@@ -50,6 +68,10 @@ class Storage {
   /// this Storage held by its owner's bookkeeping, not by tensors (Tensor::storage_unique
   /// discounts them).
   Storage(void* data, size_t nbytes, std::shared_ptr<Storage> owner, int held_refs = 0);
+  /// A block of another device's memory at `address` (e.g. a CUdeviceptr), owned by this
+  /// Storage: `release(address)` is called once when it dies. Not counted in MemoryStats
+  /// (host bytes); never dereferenced on the host.
+  Storage(Device device, void* address, size_t nbytes, std::function<void(void*)> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -58,9 +80,13 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   /// References held by bookkeeping (see the view constructor); 0 for owned blocks.
   int held_refs() const { return held_refs_; }
+  /// The device the bytes live on (cpu for every block but a backend's device memory).
+  const Device& device() const { return device_; }
 
  private:
   void* data_ = nullptr;
+  Device device_;
+  std::function<void(void*)> release_;  ///< device memory: frees data_
   size_t nbytes_ = 0;
   std::shared_ptr<Storage> owner_;  ///< set for views: the block they lie in
   int held_refs_ = 0;
@@ -91,6 +117,10 @@ class Tensor {
   int64_t numel() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   bool defined() const { return storage_ != nullptr || dtype_ != DType::undefined; }
+  /// Where the storage lives (cpu for a tensor without storage). Only cpu tensors may be
+  /// read through raw()/data() on the host; clone, cast and the element accessors
+  /// require cpu.
+  Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
 
   void* raw() { return storage_ ? storage_->data() : nullptr; }
   const void* raw() const { return storage_ ? storage_->data() : nullptr; }

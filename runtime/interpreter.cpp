@@ -15,6 +15,9 @@ namespace kiln::runtime {
 using namespace kiln::ir;
 
 Status check_feed(const Value& input, const Tensor& t) {
+  if (!t.device().is_cpu())
+    return Status::error("input '" + input.name + "': the tensor is on " + t.device().str() +
+                         ", this executor runs on cpu (copy it with its backend's to_host)");
   if (t.dtype() != input.dtype)
     return Status::error("input '" + input.name + "': expected dtype " + dtype_name(input.dtype) + ", got " +
                          dtype_name(t.dtype()));

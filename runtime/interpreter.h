@@ -109,7 +109,7 @@ kiln::Status accumulation_loop_kernel(ir::KernelContext& ctx);
 /// Eager kernel of FusedKernel: runs the body op by op (the oracle of the generated kernel).
 kiln::Status fused_kernel_eager(ir::KernelContext& ctx);
 
-/// Checks a fed tensor against a graph input's dtype and static dims.
+/// Checks a fed tensor against a graph input's device (host memory), dtype and static dims.
 kiln::Status check_feed(const ir::Value& input, const Tensor& t);
 
 }  // namespace kiln::runtime

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "runtime/backend.h"
 #include "runtime/interpreter.h"
 
 namespace kiln::runtime {
@@ -198,8 +199,17 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
   t.train_ = train_data;
   t.eval_ = eval_data;
   t.opts_ = opts;
-  t.schedule_ = std::make_shared<ScheduleCache>();
   const ir::Graph& g = *graphs.train_step;
+  // The backend that runs the program (runtime/backend.h): the one the graphs name, else
+  // the host's compiled backend when they come with kernels or an arena, else the
+  // reference (eager). Both host backends run a graph without kernels the same way.
+  const std::string backend_name =
+      !graphs.backend.empty() ? graphs.backend : (graphs.train_program || graphs.train_arena ? "compiled" : "eager");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(backend_name));
+  t.backend_ = std::move(backend);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> train_exec,
+                        t.backend_->load(g, ProgramParts{graphs.train_program, graphs.train_arena}));
+  t.train_exec_ = std::move(train_exec);
 
   // State, from the graph's bindings.
   for (const ir::StateBinding& sb : g.state) {
@@ -426,12 +436,9 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   ro.training = true;
   ro.seed = cfg_.seed;
   ro.step = static_cast<uint64_t>(global_step_);
-  ro.program = g_.train_program;
-  ro.arena = g_.train_arena;
   ro.results_in_arena = true;  // the new state is copied out below
   ro.donate_state = true;      // state_ was cloned for this trainer: kiln_donate updates it in place
   ro.profile = opts_.profile;
-  ro.schedule = schedule_.get();
   if (stream)
     // One gather per microbatch: its tensors are handed out one input at a time and
     // leave this cache as they go, so nothing of microbatch t outlives its iteration.
@@ -459,7 +466,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   // The loss scale this step used: read before the step, whose update kernel may write
   // the next scale into the same buffer (RunOptions::donate_state).
   const double loss_scale_used = state_.count("loss_scale") ? state_.at("loss_scale").get_f64(0) : 0.0;
-  auto outs = run_graph(g, feeds, ro);
+  auto outs = backend_->run(*train_exec_, feeds, ro);
   feeds.clear();  // the old state is held by state_ alone again
   if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
   StepResult r;
@@ -521,11 +528,15 @@ Expected<std::map<std::string, double>> Trainer::evaluate() {
     ro.training = false;
     ro.seed = cfg_.seed;
     ro.step = static_cast<uint64_t>(global_step_);
-    ro.program = g_.eval_program;
-    ro.arena = eg == g_.eval ? g_.eval_arena : nullptr;  // planned for g_.eval's own values
-    ro.results_in_arena = true;                          // read below, before the next batch runs
-    ro.schedule = schedule_.get();
-    auto outs = run_graph(*eg, feeds, ro);
+    ro.results_in_arena = true;  // read below, before the next batch runs
+    if (!eval_exec_) {
+      // The eval step's arena is planned for g_.eval's own values, not its clone's.
+      KILN_ASSIGN_OR_RETURN(
+          std::unique_ptr<Executable> ex,
+          backend_->load(*eg, ProgramParts{g_.eval_program, eg == g_.eval ? g_.eval_arena : nullptr}));
+      eval_exec_ = std::move(ex);
+    }
+    auto outs = backend_->run(*eval_exec_, feeds, ro);
     if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
     loss_sum += scalar_of(*outs, "loss");
     if (acc_ok) {

@@ -34,7 +34,8 @@ struct CpuProgram;
 
 namespace kiln::runtime {
 
-class ScheduleCache;
+class Backend;
+class Executable;
 
 /// The graphs the trainer runs (filled by the CLI from driver::TrainingProgram, so
 /// the runtime does not depend on tools/).
@@ -58,6 +59,9 @@ struct TrainGraphs {
   int64_t microbatch_rows = 0;
   int64_t accumulation_steps = 0;
   int64_t eval_rows = 0;
+  /// The backend that runs the graphs (runtime/backend.h make_backend: "compiled",
+  /// "eager", "cuda"); empty: "compiled" when kernels or an arena are given, else "eager".
+  std::string backend;
 };
 
 /// Console and behaviour switches of a run (not part of the HF config).
@@ -163,9 +167,10 @@ class Trainer {
   /// Eval graph whose parameters are initializers (not inputs): a clone whose
   /// initializer data the trainer points at the current state before each eval.
   std::shared_ptr<ir::Graph> eval_clone_;
-  /// Executor facts of the train and eval graphs, computed on their first run
-  /// (RunOptions::schedule; shared_ptr: the type is complete only in trainer.cpp).
-  std::shared_ptr<ScheduleCache> schedule_;
+  /// The backend running the program and the train and eval graphs it loaded (the eval
+  /// graph on the first evaluation). shared_ptr: the types are complete only in trainer.cpp.
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<Executable> train_exec_, eval_exec_;
   TrainerState acc_;  ///< logging accumulators (persisted in checkpoints)
   bool resumed_ = false;
   std::string resumed_from_;    ///< the checkpoint folder restore() read

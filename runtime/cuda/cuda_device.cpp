@@ -41,6 +41,7 @@ struct Driver {
   CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
   CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t) = nullptr;
   CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t) = nullptr;
   CUresult (*cuMemsetD32)(CUdeviceptr, unsigned int, size_t) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
@@ -85,6 +86,7 @@ const Driver& driver() {
     bind(lib, d.cuMemFree, "cuMemFree_v2", err);
     bind(lib, d.cuMemcpyHtoD, "cuMemcpyHtoD_v2", err);
     bind(lib, d.cuMemcpyDtoH, "cuMemcpyDtoH_v2", err);
+    bind(lib, d.cuMemcpyDtoD, "cuMemcpyDtoD_v2", err);
     bind(lib, d.cuMemsetD8, "cuMemsetD8_v2", err);
     bind(lib, d.cuMemsetD32, "cuMemsetD32_v2", err);
     bind(lib, d.cuLaunchKernel, "cuLaunchKernel", err);
@@ -179,6 +181,11 @@ Status CudaDevice::copy_to_device(CudaDevicePtr dst, const void* src, size_t byt
 Status CudaDevice::copy_to_host(void* dst, CudaDevicePtr src, size_t bytes) {
   if (bytes == 0) return Status::ok();
   return check(driver().cuMemcpyDtoH(dst, src, bytes), "cuMemcpyDtoH");
+}
+
+Status CudaDevice::copy_on_device(CudaDevicePtr dst, CudaDevicePtr src, size_t bytes) {
+  if (bytes == 0) return Status::ok();
+  return check(driver().cuMemcpyDtoD(dst, src, bytes), "cuMemcpyDtoD");
 }
 
 Status CudaDevice::memset8(CudaDevicePtr dst, uint8_t value, size_t bytes) {

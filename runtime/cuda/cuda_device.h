@@ -51,6 +51,8 @@ class CudaDevice {
   Status free(CudaDevicePtr p);
   Status copy_to_device(CudaDevicePtr dst, const void* src, size_t bytes);
   Status copy_to_host(void* dst, CudaDevicePtr src, size_t bytes);
+  /// Copies `bytes` bytes between two allocations of this device.
+  Status copy_on_device(CudaDevicePtr dst, CudaDevicePtr src, size_t bytes);
   /// Fills `bytes` bytes with `value`.
   Status memset8(CudaDevicePtr dst, uint8_t value, size_t bytes);
   /// Fills `count` 32-bit words (dst 4-byte aligned) with `value`.
