@@ -285,7 +285,7 @@ TEST(Faults, KillAtRandomMomentsAndResumeEndsBitIdentical) {
       // model.safetensors), and a metrics.jsonl rewrite when resuming.
       const int steps_left = kSteps - from, saves_left = steps_left / kSaveEvery, writes_left = 4 * saves_left + 1;
       std::vector<std::string> modes = {"time", "write", "publish"};
-      if (steps_left > 0) modes.insert(modes.end(), {"time", "step", "step", "checkpoint", "checkpoint"});
+      if (steps_left > 0) modes.insert(modes.end(), {"time", "log", "log", "step", "step", "checkpoint", "checkpoint"});
       if (from > 0) modes.insert(modes.end(), {"metrics", "metrics"});
       const std::string mode = modes[static_cast<size_t>(uniform(0, static_cast<int>(modes.size()) - 1))];
       Plan plan = plan_env();
@@ -295,6 +295,18 @@ TEST(Faults, KillAtRandomMomentsAndResumeEndsBitIdentical) {
         const double s = std::uniform_real_distribution<double>(0, 0.9)(rng) * train_s * steps_left / kSteps;
         plan.kill_after_training_s = s;
         moment = "time +" + std::to_string(static_cast<int64_t>(s * 1e6)) + " us after 'training:'";
+      } else if (mode == "log") {
+        // Inside the step after a logged one (or its save), at a random microsecond.
+        const int k = uniform(from + 1, kSteps);
+        const int us = uniform(0, 300);
+        const std::string line = "step " + std::to_string(k) + "/";
+        plan.on_output = [line, us](pid_t pid, const std::string& out) {
+          if (out.find(line) == std::string::npos) return false;
+          ::usleep(static_cast<useconds_t>(us));
+          ::kill(pid, SIGKILL);
+          return true;
+        };
+        moment = "SIGKILL " + std::to_string(us) + " us after the log line of step " + std::to_string(k);
       } else {
         const int n = mode == "step"         ? uniform(1, steps_left)
                       : mode == "checkpoint" ? uniform(1, saves_left)
@@ -308,7 +320,7 @@ TEST(Faults, KillAtRandomMomentsAndResumeEndsBitIdentical) {
                (res.exited ? "exit " + std::to_string(res.code) : "signal " + std::to_string(res.signal)) + "\n";
       if (res.exited) {
         // A timed kill that came after the run ended (rare): the run finished normally.
-        ASSERT_EQ(mode, "time") << story << res.text();
+        ASSERT_TRUE(mode == "time" || mode == "log") << story << res.text();
         ASSERT_EQ(res.code, 0) << story << res.text();
         ++landed["missed (run ended first)"];
         continue;
@@ -317,7 +329,7 @@ TEST(Faults, KillAtRandomMomentsAndResumeEndsBitIdentical) {
       ++kills;
       // Where it landed, from what it left behind.
       const auto tmps = tmp_leftovers(dir);
-      std::string where = mode == "time" ? "timed: " : "hook " + mode + ": ";
+      std::string where = mode == "time" ? "timed: " : mode == "log" ? "after a log line: " : "hook " + mode + ": ";
       bool in_ckpt = false, in_metrics = false, in_file = false;
       for (auto& t : tmps) {
         if (t.rfind("checkpoint-", 0) == 0)
