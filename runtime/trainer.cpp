@@ -700,11 +700,16 @@ Expected<TrainResult> Trainer::run() {
     // Stopped by a signal: the state of the last whole step is saved (when the run saves
     // at all); no final evaluation or summary, the run is not done.
     std::string saved;
-    if (opts_.write_files && cfg_.save_steps > 0 && global_step_ > first_step) {
+    const std::string ck =
+        (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(global_step_))).string();
+    // Only a run that reaches a multiple of --save_steps had output_dir checked for other
+    // runs' checkpoints (guard_later_checkpoints), which a save could replace or rotate away.
+    const bool saves = cfg_.save_steps > 0 && total_steps_ / cfg_.save_steps > first_step / cfg_.save_steps;
+    if (opts_.write_files && cfg_.save_steps > 0 && global_step_ > first_step && !saves) {
+      saved = "; not saved (this run's steps reach no multiple of --save_steps)";
+    } else if (opts_.write_files && cfg_.save_steps > 0 && global_step_ > first_step) {
       if (last_save != global_step_) KILN_RETURN_IF_ERROR(save());
-      saved = "; saved " +
-              (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(global_step_))).string() +
-              " (continue with --resume_from_checkpoint latest)";
+      saved = "; saved " + ck + " (continue with --resume_from_checkpoint latest)";
     } else if (opts_.write_files && cfg_.save_steps > 0) {
       saved = "; no step ran since the start, nothing saved";
     } else {

@@ -488,6 +488,14 @@ TEST(Faults, SigintWithoutSaveStepsStopsAndSaysNothingWasSaved) {
   EXPECT_NE(err[0].find("; no checkpoint saved (--save_steps is 0)"), std::string::npos) << err[0];
   EXPECT_TRUE(kiln::runtime::list_checkpoints(dir).empty());
   EXPECT_FALSE(fs::exists(dir + "/model.onnx"));
+  // A run whose steps reach no multiple of --save_steps does not save either (its output
+  // folder was not checked for other runs' checkpoints, which a save could replace).
+  const std::string dir2 = kiln::testing::fresh_tmpdir("faults_sigint_nosave");
+  Result r2 = run_kiln(long_args(dir2, "--max_steps 10000000 --save_steps 20000000"), p);
+  EXPECT_EQ(r2.code, 128 + SIGINT) << r2.text();
+  EXPECT_NE(r2.err.find("; not saved (this run's steps reach no multiple of --save_steps)"), std::string::npos)
+      << r2.text();
+  EXPECT_TRUE(kiln::runtime::list_checkpoints(dir2).empty());
 }
 
 TEST(Faults, SecondSignalEndsTheProcessAtOnce) {
