@@ -261,7 +261,7 @@ std::vector<std::string> remove_interrupted_saves(const std::string& output_dir)
   std::sort(found.begin(), found.end());
   for (const fs::path& p : found) {
     fs::remove_all(p, ec);
-    notes.push_back("removed " + p.string() + " (a save that was interrupted)");
+    notes.push_back("removed " + p.string() + " (a save or a deletion that was interrupted)");
   }
   return notes;
 }
@@ -294,8 +294,15 @@ Status rotate_checkpoints(const std::string& output_dir, int64_t limit) {
   auto all = list_checkpoints(output_dir);
   std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(limit) < all.size(); ++i) {
-    fs::remove_all(all[i].second, ec);
+    // Renamed out of the checkpoints first: a kill during the deletion leaves
+    // checkpoint-N.tmp (removed by the next run that saves), never a checkpoint-N with
+    // some of its files gone.
+    const std::string gone = all[i].second + ".tmp";
+    fs::remove_all(gone, ec);
+    fs::rename(all[i].second, gone, ec);
     if (ec) return Status::error("checkpoint '" + all[i].second + "': cannot delete (" + ec.message() + ")");
+    fs::remove_all(gone, ec);
+    if (ec) return Status::error("checkpoint '" + gone + "': cannot delete (" + ec.message() + ")");
   }
   return Status::ok();
 }
