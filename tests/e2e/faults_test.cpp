@@ -64,6 +64,7 @@ struct Plan {
   std::map<std::string, std::string> env;  ///< set in the child
   double kill_after_training_s = -1;       ///< >= 0: SIGKILL this long after "training:" appears
   rlim_t fsize_limit = RLIM_INFINITY;      ///< RLIMIT_FSIZE of the child
+  std::string binary = kBin;               ///< the program run (a `kiln compile` binary)
   double timeout_s = 300;                  ///< then SIGKILL (a test that failed to stop it)
   /// Called with the child's pid and its stdout so far, each time more arrives; returns
   /// true when it has done its part (then no longer called).
@@ -77,7 +78,7 @@ Result run_kiln(const std::vector<std::string>& args, const Plan& plan = {}) {
     ADD_FAILURE() << "pipe failed";
     return {};
   }
-  std::vector<std::string> argv_s = {kBin};
+  std::vector<std::string> argv_s = {plan.binary};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -94,7 +95,7 @@ Result run_kiln(const std::vector<std::string>& args, const Plan& plan = {}) {
       };
       ::setrlimit(RLIMIT_FSIZE, &rl);
     }
-    ::execv(kBin.c_str(), argv.data());
+    ::execv(plan.binary.c_str(), argv.data());
     ::_exit(127);
   }
   ::close(out_pipe[1]);
@@ -510,6 +511,31 @@ TEST(Faults, SigintWithoutSaveStepsStopsAndSaysNothingWasSaved) {
   EXPECT_NE(r2.err.find("; not saved (this run's steps reach no multiple of --save_steps)"), std::string::npos)
       << r2.text();
   EXPECT_TRUE(kiln::runtime::list_checkpoints(dir2).empty());
+}
+
+TEST(Faults, CompiledTrainingBinaryStopsOnSigtermToo) {
+  const std::string bin = kiln::testing::fresh_tmpdir("faults_aot") + "/bin";
+  Result c = run_kiln(split("compile examples/mlp_digits/model.onnx --train_data "
+                            "input=examples/mlp_digits/fixtures/batch_input.npy --train_data "
+                            "labels=examples/mlp_digits/fixtures/batch_labels.npy --per_device_train_batch_size 4 "
+                            "--logging_steps 10 -o " +
+                            bin),
+                      plan_env());
+  ASSERT_EQ(c.code, 0) << c.text();
+  const std::string dir = kiln::testing::fresh_tmpdir("faults_aot_out");
+  Plan p = plan_env();
+  p.binary = bin + "/train";
+  p.on_output = signal_after_steps({SIGTERM});
+  Result r = run_kiln(split("--max_steps 10000000 --save_steps 1000000 --output_dir " + dir), p);
+  ASSERT_TRUE(r.exited) << r.text();
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.text();
+  const auto err = lines(r.err);
+  ASSERT_EQ(err.size(), 1u) << r.text();
+  const int n = logged_last_step(err[0]);
+  EXPECT_NE(err[0].find("train: SIGTERM: stopped after step " + std::to_string(n) + " of 10000000; saved "),
+            std::string::npos)
+      << err[0];
+  EXPECT_TRUE(static_cast<bool>(kiln::runtime::load_checkpoint(dir + "/checkpoint-" + std::to_string(n))));
 }
 
 TEST(Faults, SecondSignalEndsTheProcessAtOnce) {
