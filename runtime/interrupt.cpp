@@ -1,4 +1,5 @@
-// SIGINT/SIGTERM: stop after the current step; a second one ends the process (see interrupt.h).
+// SIGINT/SIGTERM: stop after the current step; a second one ends the process. SIGXFSZ
+// ignored. The KILN_FAULT_KILL test hook. See interrupt.h.
 #include "runtime/interrupt.h"
 
 #include <signal.h>
@@ -58,10 +59,6 @@ const char* signal_name(int sig) {
 }
 
 void ignore_file_size_signal() { ::signal(SIGXFSZ, SIG_IGN); }
-
-}  // namespace kiln::runtime
-
-namespace kiln::runtime {
 
 namespace {
 struct FaultPlan {
