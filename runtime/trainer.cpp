@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "runtime/interpreter.h"
 #include "runtime/interrupt.h"
@@ -836,7 +837,8 @@ Status guard_output_outside_checkpoint(const TrainConfig& cfg) {
 
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts) {
-  StopOnSignal stop_on_signal;  // SIGINT/SIGTERM: stop after the current step
+  std::optional<StopOnSignal> stop_on_signal;  // SIGINT/SIGTERM: stop after the current step
+  stop_on_signal.emplace();
   KILN_ASSIGN_OR_RETURN(Trainer t, Trainer::create(cfg, graphs, &train_data, eval_data, opts));
   if (!cfg.resume_from_checkpoint.empty()) {
     KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));
@@ -846,7 +848,12 @@ Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, c
   // (Not when nothing is left to train: no value applies then.)
   if (const std::string w = t.take_resume_warning(); !w.empty() && opts.out && t.global_step() < t.total_steps())
     std::cerr << w << "\n";
-  return t.run();
+  Expected<TrainResult> res = t.run();
+  stop_on_signal.reset();
+  // A signal during the last step or the final evaluation: the run finished all the same
+  // (stop_signal() is what the commands' exit codes read).
+  if (res && res->stopped_by_signal == 0) clear_stop_signal();
+  return res;
 }
 
 }  // namespace kiln::runtime

@@ -205,7 +205,9 @@ const std::string& message_prefix();
 /// After a restore, ir::MemoryStats' peak restarts at the current bytes, so a measured
 /// step peak does not count the checkpoint's load (old and new state held together).
 /// SIGINT/SIGTERM handlers (StopOnSignal) are installed while it runs: the run stops
-/// after the current step (TrainResult::stopped_by_signal).
+/// after the current step (TrainResult::stopped_by_signal; stop_signal() stays set). A
+/// signal that comes during the last step or the final evaluation is forgotten: the run
+/// is complete.
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts = {});
 
