@@ -431,6 +431,63 @@ TEST(Faults, SaveThatHitsTheFileSizeLimitKeepsThePreviousCheckpoint) {
   EXPECT_EQ(read_bytes(dir + "/model.safetensors"), read_bytes(whole + "/model.safetensors"));
 }
 
+TEST(Faults, SaveOnAFullTmpfsKeepsThePreviousCheckpoint) {
+  // A real full disk: a small tmpfs, mounted in a private mount namespace (root only;
+  // skipped elsewhere). Checkpoint-2 and -4 are saved, then the tmpfs is shrunk to what
+  // they use plus room for model.safetensors, and the resumed run's save at step 6 runs
+  // out of space (ENOSPC) in optimizer.safetensors.
+  auto eight = [](const std::string& out) {
+    std::string a;
+    for (auto& w : mlp_args(out)) a += (a.empty() ? "" : " ") + (w == std::to_string(kSteps) ? std::string("8") : w);
+    return a;
+  };
+  const std::string ref = kiln::testing::fresh_tmpdir("faults_tmpfs_ref");
+  std::vector<std::string> ref_args = split(eight(ref));
+  Result w = run_kiln(ref_args, plan_env());
+  ASSERT_EQ(w.code, 0) << w.text();
+  const std::string dir = kiln::testing::fresh_tmpdir("faults_tmpfs");
+  const std::string m = dir + "/mnt", out = m + "/out";
+  const std::string script = "M=" + m +
+                             "; mkdir -p $M; mount -t tmpfs -o size=4m kiln_faults $M 2>/dev/null || exit 77\n"
+                             "KILN_FAULT_KILL=step:5 '" +
+                             kBin + "' " + eight(out) +
+                             " >/dev/null 2>&1\n"
+                             "used=$(df -B1 --output=used $M | tail -1 | tr -d ' ')\n"
+                             "mount -o remount,size=$((used + 100 * 1024)) $M || exit 3\n"
+                             "'" +
+                             kBin + "' " + eight(out) + " --resume_from_checkpoint latest > " + dir + "/run.out 2> " +
+                             dir +
+                             "/run.err\n"
+                             "echo $? > " +
+                             dir +
+                             "/run.code\n"
+                             "cp -a " +
+                             out + " " + dir +
+                             "/copy\n"
+                             "umount $M\n";
+  Plan p = plan_env();
+  p.binary = "/usr/bin/unshare";
+  Result r = run_kiln({"-m", "--propagation", "private", "sh", "-c", script}, p);
+  if (r.exited && (r.code == 77 || r.code == 127 || r.code == 1) && !fs::exists(dir + "/run.code"))
+    GTEST_SKIP() << "no private tmpfs here (needs root and unshare): " << r.text();
+  ASSERT_EQ(r.code, 0) << r.text();
+  const std::string err = read_bytes(dir + "/run.err");
+  EXPECT_EQ(read_bytes(dir + "/run.code"), "1\n") << err;
+  ASSERT_EQ(lines(err).size(), 1u) << err;
+  EXPECT_NE(err.find("kiln: error: checkpoint '" + out + "/checkpoint-6' not saved: "), std::string::npos) << err;
+  EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+  const std::string copy = dir + "/copy";
+  EXPECT_FALSE(fs::exists(copy + "/checkpoint-6"));
+  EXPECT_EQ(tmp_leftovers(copy), std::vector<std::string>{});
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(read_bytes(copy + "/checkpoint-4/" + f), read_bytes(ref + "/checkpoint-4/" + f)) << f;
+  // The checkpoint left loads and ends where the uninterrupted run does.
+  Result c = run_kiln(with(split(eight(copy)), "--resume_from_checkpoint latest"), plan_env());
+  ASSERT_EQ(c.code, 0) << c.text();
+  EXPECT_NE(c.out.find("resuming at step 4"), std::string::npos) << c.text();
+  EXPECT_EQ(read_bytes(copy + "/model.safetensors"), read_bytes(ref + "/model.safetensors"));
+}
+
 // ------------------------------------------------------------------ SIGTERM / SIGINT
 namespace {
 /// A run long enough to be signalled mid-training (constant LR: the schedule does not
