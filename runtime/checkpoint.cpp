@@ -2,6 +2,7 @@
 #include "runtime/checkpoint.h"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "runtime/interrupt.h"
 #include "runtime/io.h"
 #include "runtime/train_config.h"
 
@@ -130,6 +132,23 @@ Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const st
   return s;
 }
 
+namespace {
+// The files of a checkpoint, written into the folder `tmp` (each fsynced; the folder too).
+Status write_checkpoint_files(const fs::path& tmp, const Checkpoint& ckpt) {
+  KILN_RETURN_IF_ERROR(io::save_safetensors((tmp / "model.safetensors").string(), ckpt.model));
+  KILN_RETURN_IF_ERROR(io::save_safetensors((tmp / "optimizer.safetensors").string(), ckpt.optimizer));
+  KILN_RETURN_IF_ERROR(
+      io::save_bytes((tmp / "trainer_state.json").string(), trainer_state_to_json(ckpt.state).dump(2) + "\n"));
+  std::error_code ec;
+  if (!ckpt.log_history.empty() && fs::is_regular_file(ckpt.log_history, ec)) {
+    KILN_ASSIGN_OR_RETURN(std::string log, io::read_file(ckpt.log_history));
+    KILN_RETURN_IF_ERROR(io::save_bytes((tmp / "metrics.jsonl").string(), log));
+  }
+  io::sync_to_disk(tmp.string());
+  return Status::ok();
+}
+}  // namespace
+
 Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
   std::error_code ec;
   fs::path final_dir(dir);
@@ -139,21 +158,14 @@ Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
   fs::remove_all(tmp, ec);  // leftover of a crashed save
   fs::create_directories(tmp, ec);
   if (ec) return Status::error("checkpoint '" + tmp.string() + "': cannot create directory (" + ec.message() + ")");
-  KILN_RETURN_IF_ERROR(io::save_safetensors((tmp / "model.safetensors").string(), ckpt.model));
-  KILN_RETURN_IF_ERROR(io::save_safetensors((tmp / "optimizer.safetensors").string(), ckpt.optimizer));
-  {
-    std::ofstream f(tmp / "trainer_state.json");
-    f << trainer_state_to_json(ckpt.state).dump(2) << "\n";
-    f.flush();
-    if (!f) return Status::error("checkpoint '" + tmp.string() + "': cannot write trainer_state.json");
+  if (Status s = write_checkpoint_files(tmp, ckpt); !s) {
+    // A full disk, a file-size limit, an I/O error: the half-written folder goes, the
+    // checkpoints already saved stay as they are.
+    fs::remove_all(tmp, ec);
+    return Status::error("checkpoint '" + final_dir.string() + "' not saved: " + s.message() +
+                         "; the previous checkpoints are kept");
   }
-  if (!ckpt.log_history.empty() && fs::is_regular_file(ckpt.log_history, ec)) {
-    fs::copy_file(ckpt.log_history, tmp / "metrics.jsonl", fs::copy_options::overwrite_existing, ec);
-    if (ec) return Status::error("checkpoint '" + tmp.string() + "': cannot copy metrics.jsonl (" + ec.message() + ")");
-    io::sync_to_disk((tmp / "metrics.jsonl").string());
-  }
-  io::sync_to_disk((tmp / "trainer_state.json").string());  // the safetensors files were synced when written
-  io::sync_to_disk(tmp.string());
+  fault_point("checkpoint");  // complete, not yet renamed (tests)
   // Replace an existing checkpoint only once the new one is complete.
   fs::path old = final_dir;
   old += ".old";
@@ -163,19 +175,27 @@ Status save_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
     return Status::error("checkpoint '" + final_dir.string() +
                          "': a file of that name is in the way (not a checkpoint directory); move it away");
   }
-  if (had_old) {
-    fs::remove_all(old, ec);
-    fs::rename(final_dir, old, ec);
-    if (ec)
-      return Status::error("checkpoint '" + final_dir.string() + "': cannot move the previous one aside (" +
-                           ec.message() + ")");
+  if (had_old && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    // Swapped in one step: a kill now leaves the new checkpoint-N and the old one as
+    // checkpoint-N.tmp, which the next run removes.
+    fs::remove_all(tmp, ec);
+  } else {
+    // A file system without RENAME_EXCHANGE (or nothing to replace): move the old one
+    // aside first.
+    if (had_old) {
+      fs::remove_all(old, ec);
+      fs::rename(final_dir, old, ec);
+      if (ec)
+        return Status::error("checkpoint '" + final_dir.string() + "': cannot move the previous one aside (" +
+                             ec.message() + ")");
+    }
+    fs::rename(tmp, final_dir, ec);
+    if (ec) {
+      if (had_old) fs::rename(old, final_dir, ec);
+      return Status::error("checkpoint '" + final_dir.string() + "': rename from .tmp failed (" + ec.message() + ")");
+    }
+    if (had_old) fs::remove_all(old, ec);
   }
-  fs::rename(tmp, final_dir, ec);
-  if (ec) {
-    if (had_old) fs::rename(old, final_dir, ec);
-    return Status::error("checkpoint '" + final_dir.string() + "': rename from .tmp failed (" + ec.message() + ")");
-  }
-  if (had_old) fs::remove_all(old, ec);
   io::sync_to_disk(final_dir.parent_path().empty() ? std::string(".") : final_dir.parent_path().string());
   return Status::ok();
 }
@@ -241,7 +261,7 @@ std::vector<std::string> remove_interrupted_saves(const std::string& output_dir)
   std::sort(found.begin(), found.end());
   for (const fs::path& p : found) {
     fs::remove_all(p, ec);
-    notes.push_back("removed " + p.string() + " (a save that was interrupted)");
+    notes.push_back("removed " + p.string() + " (a save or a deletion that was interrupted)");
   }
   return notes;
 }
@@ -274,8 +294,15 @@ Status rotate_checkpoints(const std::string& output_dir, int64_t limit) {
   auto all = list_checkpoints(output_dir);
   std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(limit) < all.size(); ++i) {
-    fs::remove_all(all[i].second, ec);
+    // Renamed out of the checkpoints first: a kill during the deletion leaves
+    // checkpoint-N.tmp (removed by the next run that saves), never a checkpoint-N with
+    // some of its files gone.
+    const std::string gone = all[i].second + ".tmp";
+    fs::remove_all(gone, ec);
+    fs::rename(all[i].second, gone, ec);
     if (ec) return Status::error("checkpoint '" + all[i].second + "': cannot delete (" + ec.message() + ")");
+    fs::remove_all(gone, ec);
+    if (ec) return Status::error("checkpoint '" + gone + "': cannot delete (" + ec.message() + ")");
   }
   return Status::ok();
 }

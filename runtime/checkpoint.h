@@ -62,7 +62,8 @@ int64_t checkpoint_step(const std::string& name, const std::string& suffix = "")
 
 /// checkpoint-N directories of `output_dir`, sorted by N (complete ones only, not *.tmp).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir);
-/// Deletes the oldest checkpoints so that at most `limit` remain (limit 0: keep all).
+/// Deletes the oldest checkpoints so that at most `limit` remain (limit 0: keep all); each
+/// is renamed to checkpoint-N.tmp before its files are deleted.
 Status rotate_checkpoints(const std::string& output_dir, int64_t limit);
 
 /// Removes the checkpoint-N.tmp folders of output_dir: saves that were interrupted (a

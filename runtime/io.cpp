@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "runtime/interrupt.h"
 
 namespace kiln::runtime::io {
 
@@ -50,6 +53,7 @@ void sync_to_disk(const std::string& path) {
 
 Status publish_file(const std::string& tmp, const std::string& path) {
   sync_to_disk(tmp);
+  fault_point("publish");  // complete, not yet renamed (tests)
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
@@ -64,26 +68,56 @@ Status publish_file(const std::string& tmp, const std::string& path) {
 
 namespace {
 
-// Writes `bytes` to path.tmp and publishes it over path (publish_file).
+// Writes head, body and `more` to path.tmp with write(2), fsyncs and closes it (each
+// checked: a full disk may show only at fsync or close), then publishes it over path
+// (publish_file). On an error path.tmp is removed and the error names path and errno's
+// text ("No space left on device", "File too large" past RLIMIT_FSIZE).
 Status write_file_atomic(const std::string& path, const std::string& head, const void* body, size_t body_bytes,
                          const std::vector<std::pair<const void*, size_t>>& more = {}) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::error(path + ": cannot open '" + tmp + "' for writing");
-    f.write(head.data(), static_cast<std::streamsize>(head.size()));
-    if (body_bytes) f.write(static_cast<const char*>(body), static_cast<std::streamsize>(body_bytes));
-    for (auto& [p, n] : more)
-      if (n) f.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      return Status::error(path + ": write failed (disk full?)");
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) return Status::error(path + ": cannot open '" + tmp + "' for writing (" + std::strerror(errno) + ")");
+  auto fail = [&](const char* what, int err) {
+    ::close(fd);
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    return Status::error(path + ": " + what + " failed (" + std::strerror(err) + ")");
+  };
+  auto put = [&](const void* p, size_t n) -> int {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      const ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t{1} << 30));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return errno;
+      if (w == 0) return ENOSPC;
+      c += w;
+      n -= static_cast<size_t>(w);
     }
+    return 0;
+  };
+  int err = put(head.data(), head.size());
+  fault_point("write");  // a half-written file (tests)
+  if (!err && body_bytes) err = put(body, body_bytes);
+  for (auto& [p, n] : more)
+    if (!err && n) err = put(p, n);
+  if (err) return fail("write", err);
+  if (::fsync(fd) != 0) return fail("write (fsync)", errno);
+  if (::close(fd) != 0) {
+    err = errno;
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    return Status::error(path + ": write (close) failed (" + std::strerror(err) + ")");
   }
   return publish_file(tmp, path);
 }
+
+}  // namespace
+
+Status save_bytes(const std::string& path, const std::string& bytes) {
+  return write_file_atomic(path, bytes, nullptr, 0);
+}
+
+namespace {
 
 // numel * elem_size, or -1 on a negative dim or overflow past int64.
 int64_t checked_nbytes(const std::vector<int64_t>& dims, size_t elem) {

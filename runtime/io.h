@@ -38,6 +38,11 @@ void sync_to_disk(const std::string& path);
 /// rename). Error naming the reason (errno text); `tmp` is removed then.
 Status publish_file(const std::string& tmp, const std::string& path);
 
+/// Writes `bytes` to `path`.tmp (write, fsync and close each checked), then publishes it
+/// over `path` (publish_file). Errors name `path` and the reason, e.g. "write failed (No
+/// space left on device)"; `path`.tmp is removed then and an existing `path` is untouched.
+Status save_bytes(const std::string& path, const std::string& bytes);
+
 /// The bytes of the regular file `path`, read into a buffer sized from the file (a failed
 /// allocation throws std::bad_alloc instead of looking like a short file). Errors: a
 /// directory, a device, FIFO or socket (which would be read without end or block), an

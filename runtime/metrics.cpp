@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "runtime/interrupt.h"
 #include "runtime/io.h"
 
 namespace kiln::runtime {
@@ -86,6 +87,7 @@ Status MetricsWriter::open(const std::string& path, bool resume, int64_t keep_up
       t.flush();
       if (!t) return Status::error(tmp + ": write failed");
     }
+    fault_point("metrics");  // the history rewritten, not yet renamed (tests)
     KILN_RETURN_IF_ERROR(io::publish_file(tmp, path));
     out_.open(path, std::ios::out | std::ios::app);
   } else {

@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "runtime/backend.h"
 #include "runtime/interpreter.h"
+#include "runtime/interrupt.h"
 
 namespace kiln::runtime {
 
@@ -32,6 +34,10 @@ Expected<std::vector<DataInputSpec>> data_input_specs(const ir::Graph& g, const 
 }
 
 namespace {
+
+/// A finite loss above this (in magnitude) gets one warning: no real loss comes near it
+/// (garbage weights or unscaled inputs give 1e30 where a cross entropy starts near ln V).
+constexpr double kImplausibleLoss = 1e20;
 
 /// A config field's value as a flag would spell it: strings and lists as written (an empty
 /// one as "none"), numbers and booleans as JSON prints them.
@@ -634,9 +640,16 @@ Expected<TrainResult> Trainer::run() {
     return Status::ok();
   };
   double last_grad_norm = std::nan(""), last_lr = std::nan("");
-  bool warned_nonfinite = false;
+  bool warned_nonfinite = false, warned_huge = false;
+  int64_t last_save = -1;
   while (global_step_ < total_steps_) {
+    // SIGINT/SIGTERM (StopOnSignal): stop between steps, after the last one's log, eval and save.
+    if (stop_signal() != 0) {
+      res.stopped_by_signal = stop_signal();
+      break;
+    }
     KILN_ASSIGN_OR_RETURN(StepResult r, step());
+    fault_point("step");  // between steps, before the log and save (tests)
     res.step_losses.push_back(r.loss);
     acc_.log_loss_sum += r.loss;
     acc_.log_loss_count += 1;
@@ -652,6 +665,16 @@ Expected<TrainResult> Trainer::run() {
                 << " (check the data for NaN/inf, batches whose labels are all ignore_index, and the learning rate); "
                    "training continues\n";
       warned_nonfinite = true;
+    } else if (std::isfinite(r.loss) && std::fabs(r.loss) > kImplausibleLoss && !warned_huge) {
+      // Finite but far beyond any real loss (a cross entropy of V classes starts near ln V):
+      // garbage weights or inputs, which a NaN often follows only much later.
+      bar.clear();
+      char v[32];
+      std::snprintf(v, sizeof v, "%.3g", r.loss);
+      std::cerr << message_prefix() << ": warning: loss is " << v << " at step " << global_step_
+                << ", implausibly large (check the model's initial weights, the inputs' scale and the learning rate); "
+                   "training continues\n";
+      warned_huge = true;
     }
     if (r.skipped) {  // as torch's GradScaler: no optimizer step, scale backed off
       char msg[160];
@@ -681,9 +704,36 @@ Expected<TrainResult> Trainer::run() {
     if (eval_ && cfg_.eval_steps > 0 && global_step_ % cfg_.eval_steps == 0) KILN_RETURN_IF_ERROR(do_eval());
     if (opts_.write_files && cfg_.save_steps > 0 && global_step_ % cfg_.save_steps == 0) {
       KILN_RETURN_IF_ERROR(save());
+      last_save = global_step_;
     }
   }
   bar.clear();
+  if (res.stopped_by_signal != 0) {
+    // Stopped by a signal: the state of the last whole step is saved (when the run saves
+    // at all); no final evaluation or summary, the run is not done.
+    std::string saved;
+    const std::string ck =
+        (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(global_step_))).string();
+    // Only a run that reaches a multiple of --save_steps had output_dir checked for other
+    // runs' checkpoints (guard_later_checkpoints), which a save could replace or rotate away.
+    const bool saves = cfg_.save_steps > 0 && total_steps_ / cfg_.save_steps > first_step / cfg_.save_steps;
+    if (opts_.write_files && cfg_.save_steps > 0 && global_step_ > first_step && !saves) {
+      saved = "; not saved (this run's steps reach no multiple of --save_steps)";
+    } else if (opts_.write_files && cfg_.save_steps > 0 && global_step_ > first_step) {
+      if (last_save != global_step_) KILN_RETURN_IF_ERROR(save());
+      saved = "; saved " + ck + " (continue with --resume_from_checkpoint latest)";
+    } else if (opts_.write_files && cfg_.save_steps > 0) {
+      saved = "; no step ran since the start, nothing saved";
+    } else {
+      saved = "; no checkpoint saved (--save_steps is 0)";
+    }
+    std::cerr << message_prefix() << ": " << signal_name(res.stopped_by_signal) << ": stopped after step "
+              << global_step_ << " of " << total_steps_ << saved << std::endl;
+    res.global_step = global_step_;
+    res.epoch = epoch_now();
+    res.train_loss = global_step_ > 0 ? acc_.total_loss_sum / static_cast<double>(global_step_) : 0.0;
+    return res;
+  }
   if (eval_ && last_eval != global_step_) KILN_RETURN_IF_ERROR(do_eval());
   double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
   res.global_step = global_step_;
@@ -798,6 +848,8 @@ Status guard_output_outside_checkpoint(const TrainConfig& cfg) {
 
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts) {
+  std::optional<StopOnSignal> stop_on_signal;  // SIGINT/SIGTERM: stop after the current step
+  stop_on_signal.emplace();
   KILN_ASSIGN_OR_RETURN(Trainer t, Trainer::create(cfg, graphs, &train_data, eval_data, opts));
   if (!cfg.resume_from_checkpoint.empty()) {
     KILN_RETURN_IF_ERROR(t.restore(cfg.resume_from_checkpoint));
@@ -807,7 +859,12 @@ Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, c
   // (Not when nothing is left to train: no value applies then.)
   if (const std::string w = t.take_resume_warning(); !w.empty() && opts.out && t.global_step() < t.total_steps())
     std::cerr << w << "\n";
-  return t.run();
+  Expected<TrainResult> res = t.run();
+  stop_on_signal.reset();
+  // A signal during the last step or the final evaluation: the run finished all the same
+  // (stop_signal() is what the commands' exit codes read).
+  if (res && res->stopped_by_signal == 0) clear_stop_signal();
+  return res;
 }
 
 }  // namespace kiln::runtime

@@ -93,6 +93,10 @@ struct TrainResult {
   std::vector<double> step_losses;             ///< loss of each step run by this process, in order
   std::map<std::string, double> eval_metrics;  ///< final eval_loss / eval_accuracy (when eval data given)
   std::map<std::string, ir::Tensor> weights;   ///< final parameters and buffers by initializer name
+  /// SIGINT/SIGTERM stopped the run after step global_step (StopOnSignal; 0: it ran to
+  /// its end). A checkpoint of that step was saved when --save_steps is set; no final
+  /// evaluation, no summary line in metrics.jsonl.
+  int stopped_by_signal = 0;
 };
 
 /// Data-input specs (name, dtype, shape) of `names` in graph `g`. Error for a missing name.
@@ -205,6 +209,10 @@ const std::string& message_prefix();
 /// output_dir after guard_output_outside_checkpoint) + the resume warning + run.
 /// After a restore, ir::MemoryStats' peak restarts at the current bytes, so a measured
 /// step peak does not count the checkpoint's load (old and new state held together).
+/// SIGINT/SIGTERM handlers (StopOnSignal) are installed while it runs: the run stops
+/// after the current step (TrainResult::stopped_by_signal; stop_signal() stays set). A
+/// signal that comes during the last step or the final evaluation is forgotten: the run
+/// is complete.
 Expected<TrainResult> train(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset& train_data,
                             const Dataset* eval_data, TrainerOptions opts = {});
 

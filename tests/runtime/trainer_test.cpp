@@ -367,6 +367,19 @@ TEST(Checkpoint, RoundTripAtomicReplaceAndRotation) {
   ASSERT_TRUE(save_checkpoint(out + "/checkpoint-7", c).is_ok());
   EXPECT_EQ(load_checkpoint(out + "/checkpoint-7")->optimizer.at("step").get_i64(0), 8);
   EXPECT_FALSE(fs::exists(out + "/checkpoint-7/garbage"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-7.tmp"));  // the old one, swapped out and deleted
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-7.old"));
+  // A save that fails (here a tensor it cannot write) removes its .tmp and keeps the
+  // checkpoint of that name as it was.
+  Checkpoint broken = c;
+  broken.optimizer["__metadata__"] = Tensor::scalar_i64(1);
+  Status failed = save_checkpoint(out + "/checkpoint-7", broken);
+  ASSERT_FALSE(failed.is_ok());
+  EXPECT_NE(failed.message().find("checkpoint '" + out + "/checkpoint-7' not saved: "), std::string::npos)
+      << failed.message();
+  EXPECT_NE(failed.message().find("; the previous checkpoints are kept"), std::string::npos) << failed.message();
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-7.tmp"));
+  EXPECT_EQ(load_checkpoint(out + "/checkpoint-7")->optimizer.at("step").get_i64(0), 8);
   // Rotation keeps the newest.
   for (int s : {2, 12, 30}) ASSERT_TRUE(save_checkpoint(out + "/checkpoint-" + std::to_string(s), c).is_ok());
   ASSERT_TRUE(rotate_checkpoints(out, 2).is_ok());
@@ -374,6 +387,7 @@ TEST(Checkpoint, RoundTripAtomicReplaceAndRotation) {
   ASSERT_EQ(left.size(), 2u);
   EXPECT_EQ(left[0].first, 12);
   EXPECT_EQ(left[1].first, 30);
+  for (int s : {2, 7}) EXPECT_FALSE(fs::exists(out + "/checkpoint-" + std::to_string(s) + ".tmp"));
   // Missing files are named.
   fs::remove(out + "/checkpoint-30/optimizer.safetensors");
   auto bad = load_checkpoint(out + "/checkpoint-30");

@@ -18,6 +18,7 @@
 
 #include "frontend/model_bytes.h"
 #include "ir/tensor.h"
+#include "runtime/interrupt.h"
 #include "runtime/train_config.h"
 #include "tools/aot/aot_kernels.h"
 #include "tools/driver/train_run.h"
@@ -126,6 +127,7 @@ int real_main(int argc, char** argv) {
   frontend::register_model_bytes(cfg.model, info->model_bytes);
   s = driver::run_training(cfg, nullptr, std::cout, &*prog);
   if (!s) return fail(1, s.message());
+  if (const int sig = runtime::stop_signal()) return 128 + sig;  // stopped after a step (runtime/interrupt.h)
   return 0;
 }
 
@@ -133,6 +135,7 @@ int real_main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   kiln::runtime::set_message_prefix("train");  // the Trainer's warnings, as this binary's errors
+  kiln::runtime::ignore_file_size_signal();    // a write past RLIMIT_FSIZE is an error naming the file
   try {
     return real_main(argc, argv);
   } catch (const kiln::ir::OutOfMemory& e) {

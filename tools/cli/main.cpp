@@ -26,6 +26,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/interpreter.h"
+#include "runtime/interrupt.h"
 #include "runtime/io.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
@@ -195,6 +196,9 @@ int cmd_train(const ConfigFlags& flags) {
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
   passes::PassContext dbg = flags.pass_context();
   check(driver::run_training(cfg, &dbg, std::cout));
+  // Stopped by SIGINT/SIGTERM after a step (runtime/interrupt.h): 128 + the signal, as a
+  // shell reports a process the signal ended, so that scripts see the run did not finish.
+  if (const int sig = runtime::stop_signal()) return 128 + sig;
   note_unrun_pass(dbg);
   return 0;
 }
@@ -809,6 +813,7 @@ int real_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  runtime::ignore_file_size_signal();  // a write past RLIMIT_FSIZE is an error naming the file
   try {
     return real_main(argc, argv);
   } catch (const ir::OutOfMemory& e) {

@@ -308,6 +308,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   ir::MemoryStats::reset_peak();
   KILN_ASSIGN_OR_RETURN(auto res, runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr));
   const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
+  if (res.stopped_by_signal) return Status::ok();  // not done: no trained model (the caller exits 128 + signal)
 
   // The weights first (they need nothing but themselves), then the ONNX file.
   KILN_RETURN_IF_ERROR(
