@@ -339,9 +339,14 @@ class Importer {
       const auto& n = graph.node(i);
       std::string name = n.name().empty() ? n.op_type() + "_" + std::to_string(i) : n.name();
       std::string label = node_label(n, name);
-      if (!is_default_domain(n.domain()))
-        return fail("unsupported op '" + n.op_type() + "' of domain '" + n.domain() + "' (node '" + name + "', opset " +
-                    std::to_string(opset_) + ")");
+      if (!is_default_domain(n.domain())) {
+        // The domain's own version (a com.microsoft op is opset 1 of com.microsoft).
+        std::string version = "no opset_import for that domain";
+        for (const auto& op : model_.opset_import())
+          if (op.domain() == n.domain()) version = "opset " + std::to_string(op.version()) + " of that domain";
+        return fail("unsupported op '" + n.op_type() + "' of domain '" + n.domain() + "' (node '" + name + "', " +
+                    version + ")");
+      }
       if (const OnnxOpInfo* info = onnx_op_info(n.op_type()); info && info->constant) {
         auto t = constant_value(n, model_dir_, label);
         if (!t) return fail(t.message());

@@ -594,6 +594,7 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
   }
   if (std::error_code ec; !fs::exists(model, ec))
     throw Failure{1, model + (ec ? ": " + ec.message() : std::string(": no such file"))};
+  driver::OutputGuard guard(out_dir);  // a refused run leaves no folder or file it created
   check(runtime::prepare_output_dir(out_dir));
   // Bind still-symbolic leading dims from the given arrays (e.g. batch from input.npy).
   if (shape.empty()) {
@@ -633,6 +634,7 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
     std::cout << name << " " << ir::dtype_name(t.dtype()) << " " << ir::dims_to_string(t.dims()) << " -> " << path
               << "\n";
   }
+  guard.keep();
   return 0;
 }
 

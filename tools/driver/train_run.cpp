@@ -216,14 +216,51 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
   return Status::ok();
 }
 
+OutputGuard::OutputGuard(std::string dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  if (dir_.empty()) return;
+  // The folders create_directories would make: dir_ and its missing parents.
+  for (fs::path p = fs::absolute(dir_, ec).lexically_normal(); !ec && !p.empty(); p = p.parent_path()) {
+    if (p.filename().empty()) p = p.parent_path();  // "a/b/" -> "a/b"
+    if (fs::exists(fs::symlink_status(p, ec)) || p == p.parent_path()) break;
+    created_dirs_.push_back(p.string());
+  }
+  if (!created_dirs_.empty()) return;
+  for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    before_.push_back(it->path().filename().string());
+  std::sort(before_.begin(), before_.end());
+}
+
+OutputGuard::~OutputGuard() {
+  if (!keep_ && !dir_.empty()) {
+    std::error_code ec;
+    std::vector<fs::path> fresh;
+    bool progress = false;
+    for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (std::binary_search(before_.begin(), before_.end(), name)) continue;
+      fresh.push_back(it->path());
+      if (runtime::checkpoint_step(name) >= 0) progress = true;
+    }
+    for (const fs::path& p : fresh)
+      if (!progress || p.filename() == ".kiln.lock") fs::remove_all(p, ec);
+    for (const std::string& d : created_dirs_) fs::remove(d, ec);  // only while empty
+    for (const std::string& f : extra_) fs::remove(f, ec);
+  }
+  lock_.reset();
+}
+
 Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out, runtime::Program* loaded) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
   // Before anything is created in output_dir (its lock file, its folders).
   KILN_RETURN_IF_ERROR(runtime::guard_output_outside_checkpoint(cfg));
+  // Whatever this run creates in output_dir goes again if it fails.
+  OutputGuard guard(cfg.output_dir);
   KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
   // One training run per output_dir at a time (checkpoints, metrics.jsonl, model files).
   KILN_ASSIGN_OR_RETURN(auto dir_lock, runtime::OutputDirLock::acquire(cfg.output_dir));
+  guard.hold(std::move(dir_lock));
   auto ctx = [](const Status& s, const std::string& what) { return Status::error(what + ": " + s.message()); };
   auto train_raw = runtime::load_raw_data(cfg.train_data);
   if (!train_raw) return ctx(train_raw.status(), "--train_data");
@@ -282,7 +319,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     KILN_ASSIGN_OR_RETURN(auto built, build_training_program(cfg, dbg, false, false, total, module.get()));
     module.reset();
 #ifndef KILN_AOT
-    store_cached_program(cfg, built);
+    if (std::string stored = store_cached_program(cfg, built); !stored.empty()) guard.remove_on_failure(stored);
 #endif
     have = std::move(built);
   }
@@ -331,6 +368,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   else if (planned_peak >= 0)
     out << "peak memory: " << planned_vs_measured(planned_peak, mem_measured)
         << (eval_ds ? " (planned: the training step; measured: training and evaluation steps)" : "") << "\n";
+  guard.keep();
   return Status::ok();
 }
 

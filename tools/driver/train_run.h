@@ -3,6 +3,7 @@
 // the training program, train (runtime::train), write model.onnx and
 // model.safetensors to output_dir, print planned against measured peak memory.
 #pragma once
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -12,6 +13,7 @@
 #include "ir/status.h"
 #include "passes/memory_plan.h"
 #include "passes/pass.h"
+#include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
@@ -69,6 +71,36 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
 /// As above against a program's signature (model_signature of the forward model).
 Status check_data_values(const runtime::RawData& raw, const std::string& flag, const runtime::ProgramSignature& sig,
                          const runtime::TrainConfig& cfg);
+
+/// What a command creates in its output folder, removed again when the command fails
+/// (architecture decision 35): a refused run leaves no folder, lock file, metrics.jsonl or
+/// cache entry it created, and a folder that existed before as it was. Construct it
+/// before the folder is created; call keep() once the command succeeded. On failure
+/// (destroyed without keep()) it removes the top-level entries of `dir` that were not
+/// there at construction, then the folders it created (deepest first, if empty), then
+/// the files registered with remove_on_failure(); the held lock is released last, so the
+/// lock file is unlinked while still locked. When the failed run wrote a checkpoint-N
+/// (training progress to resume from), only the lock file it created is removed.
+class OutputGuard {
+ public:
+  explicit OutputGuard(std::string dir);
+  ~OutputGuard();
+  OutputGuard(const OutputGuard&) = delete;
+  OutputGuard& operator=(const OutputGuard&) = delete;
+  /// Holds `lock` until after the cleanup.
+  void hold(std::unique_ptr<runtime::OutputDirLock> lock) { lock_ = std::move(lock); }
+  /// A file outside `dir` this command created (a cache entry): removed on failure.
+  void remove_on_failure(std::string path) { extra_.push_back(std::move(path)); }
+  void keep() { keep_ = true; }
+
+ private:
+  std::string dir_;
+  std::vector<std::string> created_dirs_;  ///< missing at construction, deepest first
+  std::vector<std::string> before_;        ///< names of dir_'s entries at construction (sorted)
+  std::vector<std::string> extra_;
+  std::unique_ptr<runtime::OutputDirLock> lock_;
+  bool keep_ = false;
+};
 
 /// Trains with `cfg` (train_data required; resume_from_checkpoint "latest"/"true"
 /// resolved to the newest checkpoint in output_dir), then writes output_dir/model.onnx
