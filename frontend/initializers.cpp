@@ -454,9 +454,10 @@ class Resolver {
     // A naive export (eval mode, constant folding) writes parameters as Identity aliases
     // of others: trained tied, which the model's author may not have meant.
     if (!aliases.empty())
-      note("warning: initializers that are Identity aliases of other initializers are trained tied, as one "
-           "parameter: " +
-           list(aliases) + " (--untie_initializers trains them separately)");
+      note(
+          "warning: initializers that are Identity aliases of other initializers are trained tied, as one "
+          "parameter: " +
+          list(aliases) + " (--untie_initializers trains them separately)");
     if (!merged.empty())
       note(
           "the exporter merged equal-valued parameters (a freshly initialized model) through Identity aliases; "

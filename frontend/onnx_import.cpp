@@ -376,9 +376,21 @@ class Importer {
           continue;
         }
         auto it = values_.find(in);
-        if (it == values_.end())
+        if (it == values_.end()) {
+          // Computed by a node at or after this one: a cycle, or nodes out of order.
+          for (int later = i; later < graph.node_size(); ++later)
+            for (const auto& o : graph.node(later).output())
+              if (o == in) {
+                const auto& ln = graph.node(later);
+                const std::string lname = ln.name().empty() ? ln.op_type() + "_" + std::to_string(later) : ln.name();
+                if (later == i)
+                  return fail("value '" + in + "' used by " + label + " is that node's own output (a cycle)");
+                return fail("value '" + in + "' used by " + label + " is computed by " + node_label(ln, lname) +
+                            ", which comes after it: a cycle, or nodes not in topological order as ONNX requires");
+              }
           return fail("missing initializer or value '" + in + "' used by " + label +
                       " (not a graph input, initializer or output of an earlier node)");
+        }
         ins.push_back(it->second);
       }
       ir::Attributes attrs;

@@ -88,8 +88,8 @@ Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const st
   s.epoch = j["epoch"].get<double>();
   KILN_RETURN_IF_ERROR(count(j, "", "total_steps", false, s.total_steps));
   if (s.total_steps > 0 && s.global_step > s.total_steps)
-    return bad("global_step", "at most total_steps " + std::to_string(s.total_steps) + ", got " +
-                                  std::to_string(s.global_step));
+    return bad("global_step",
+               "at most total_steps " + std::to_string(s.total_steps) + ", got " + std::to_string(s.global_step));
   if (!j.contains("data") || !j["data"].is_object()) return bad("data", "an object");
   const auto& d = j["data"];
   if (!d.contains("seed") || !d["seed"].is_number_unsigned()) return bad("data.seed", "a non-negative integer");
@@ -102,8 +102,8 @@ Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const st
     KILN_RETURN_IF_ERROR(count(d, "data.", "epoch", false, data_epoch));
     KILN_RETURN_IF_ERROR(count(d, "data.", "batch_index", false, batch_index));
     if (batch_index >= s.steps_per_epoch)
-      return bad("data.batch_index", "less than data.steps_per_epoch " + std::to_string(s.steps_per_epoch) +
-                                         ", got " + std::to_string(batch_index));
+      return bad("data.batch_index", "less than data.steps_per_epoch " + std::to_string(s.steps_per_epoch) + ", got " +
+                                         std::to_string(batch_index));
     if (data_epoch != s.global_step / s.steps_per_epoch || batch_index != s.global_step % s.steps_per_epoch)
       return Status::error(origin + ": malformed trainer state: data position epoch " + std::to_string(data_epoch) +
                            ", batch " + std::to_string(batch_index) + " is not global_step " +

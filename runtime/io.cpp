@@ -39,7 +39,6 @@ std::string json_nesting_error(const char* begin, const char* end, int max_depth
   return "";
 }
 
-
 static_assert(std::endian::native == std::endian::little, "kiln's file formats assume a little-endian host");
 
 using ir::DType;

@@ -136,10 +136,10 @@ std::optional<runtime::Program> load_cached_program(const runtime::TrainConfig& 
   return std::move(*p);
 }
 
-std::string store_cached_program(const runtime::TrainConfig& cfg, const runtime::Program& p) {
-  if (cfg.no_cache) return "";
+void store_cached_program(const runtime::TrainConfig& cfg, const runtime::Program& p) {
+  if (cfg.no_cache) return;
   auto key = program_cache_key(cfg);
-  if (!key) return "";
+  if (!key) return;
   runtime::ProgramFileInfo info;
   info.kiln_version = KILN_VERSION;
   info.cpu = codegen::host_cpu_description();
@@ -147,23 +147,20 @@ std::string store_cached_program(const runtime::TrainConfig& cfg, const runtime:
   auto bytes = runtime::serialize_program(p, info);
   if (!bytes) {
     warn("program cache: not stored: " + bytes.message());
-    return "";
+    return;
   }
   if (static_cast<int64_t>(bytes->size()) > kProgramCacheBytes / 4) {
     log_text("cache",
              "program cache: not stored (" + std::to_string(bytes->size()) + " bytes, over a quarter of the cache)");
-    return "";
+    return;
   }
   const fs::path path = program_cache_path(cfg, *key);
-  std::error_code ec;
-  const bool existed = fs::exists(path, ec);
   if (std::string err = codegen::write_cache_file(path.string(), *bytes); !err.empty()) {
     warn("program cache: " + err);
-    return "";
+    return;
   }
   log_text("cache", "program cache store: " + path.string());
   codegen::prune_cache_files(path.parent_path().string(), ".kiln", kProgramCacheBytes, path.string());
-  return existed ? "" : path.string();
 }
 
 }  // namespace kiln::driver

@@ -38,8 +38,7 @@ std::string program_cache_path(const runtime::TrainConfig& cfg, const std::strin
 std::optional<runtime::Program> load_cached_program(const runtime::TrainConfig& cfg, const passes::PassContext* dbg);
 
 /// Stores `p` (built for `cfg`) in the cache; never fails the run (one warning line).
-/// Returns the path of the entry it created ("" when none was stored or it existed).
-std::string store_cached_program(const runtime::TrainConfig& cfg, const runtime::Program& p);
+void store_cached_program(const runtime::TrainConfig& cfg, const runtime::Program& p);
 
 /// kiln's version string (KILN_VERSION).
 const char* kiln_version();
