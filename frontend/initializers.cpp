@@ -430,7 +430,7 @@ class Resolver {
     // deduplicates equal-valued parameters into Identity aliases: an alias of a tensor
     // whose elements are all equal (a fresh model's ones and zeros) is such a merge, not
     // a tie, and becomes a parameter of its own, as with --untie_initializers.
-    std::vector<std::string> merged;
+    std::vector<std::string> merged, aliases;
     for (ir::Node* n : node_list()) {
       if (!ir::has_trait(*n, ir::OpTrait::identity) || n->inputs.size() != 1 || !n->inputs[0] ||
           !is_param(n->inputs[0]))
@@ -438,7 +438,7 @@ class Resolver {
       Value* src = n->inputs[0];
       const bool fill = uniform(*src->data);
       if (!untie_ && !fill) {
-        tied.push_back("'" + n->outputs[0]->name + "' is an Identity alias of '" + src->name + "'");
+        aliases.push_back("'" + n->outputs[0]->name + "' of '" + src->name + "'");
         continue;
       }
       const std::string why =
@@ -451,6 +451,13 @@ class Resolver {
     if (!tied.empty())
       note("tied initializers trained as one parameter, as in PyTorch: " + list(tied) +
            " (--untie_initializers keeps them apart)");
+    // A naive export (eval mode, constant folding) writes parameters as Identity aliases
+    // of others: trained tied, which the model's author may not have meant.
+    if (!aliases.empty())
+      note(
+          "warning: initializers that are Identity aliases of other initializers are trained tied, as one "
+          "parameter: " +
+          list(aliases) + " (--untie_initializers trains them separately)");
     if (!merged.empty())
       note(
           "the exporter merged equal-valued parameters (a freshly initialized model) through Identity aliases; "

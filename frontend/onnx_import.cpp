@@ -339,9 +339,14 @@ class Importer {
       const auto& n = graph.node(i);
       std::string name = n.name().empty() ? n.op_type() + "_" + std::to_string(i) : n.name();
       std::string label = node_label(n, name);
-      if (!is_default_domain(n.domain()))
-        return fail("unsupported op '" + n.op_type() + "' of domain '" + n.domain() + "' (node '" + name + "', opset " +
-                    std::to_string(opset_) + ")");
+      if (!is_default_domain(n.domain())) {
+        // The domain's own version (a com.microsoft op is opset 1 of com.microsoft).
+        std::string version = "no opset_import for that domain";
+        for (const auto& op : model_.opset_import())
+          if (op.domain() == n.domain()) version = "opset " + std::to_string(op.version()) + " of that domain";
+        return fail("unsupported op '" + n.op_type() + "' of domain '" + n.domain() + "' (node '" + name + "', " +
+                    version + ")");
+      }
       if (const OnnxOpInfo* info = onnx_op_info(n.op_type()); info && info->constant) {
         auto t = constant_value(n, model_dir_, label);
         if (!t) return fail(t.message());
@@ -371,9 +376,21 @@ class Importer {
           continue;
         }
         auto it = values_.find(in);
-        if (it == values_.end())
+        if (it == values_.end()) {
+          // Computed by a node at or after this one: a cycle, or nodes out of order.
+          for (int later = i; later < graph.node_size(); ++later)
+            for (const auto& o : graph.node(later).output())
+              if (o == in) {
+                const auto& ln = graph.node(later);
+                const std::string lname = ln.name().empty() ? ln.op_type() + "_" + std::to_string(later) : ln.name();
+                if (later == i)
+                  return fail("value '" + in + "' used by " + label + " is that node's own output (a cycle)");
+                return fail("value '" + in + "' used by " + label + " is computed by " + node_label(ln, lname) +
+                            ", which comes after it: a cycle, or nodes not in topological order as ONNX requires");
+              }
           return fail("missing initializer or value '" + in + "' used by " + label +
                       " (not a graph input, initializer or output of an earlier node)");
+        }
         ins.push_back(it->second);
       }
       ir::Attributes attrs;

@@ -41,22 +41,60 @@ bool is_absolute_location(const std::string& p) {
   return false;
 }
 
+// A decimal integer >= 0 (all of the text, as ONNX writes offset and length); errors
+// name the entry.
+Status parse_external_int(const std::string& who, const std::string& key, const std::string& v, int64_t& out) {
+  bool digits = !v.empty();
+  for (char c : v) digits = digits && c >= '0' && c <= '9';
+  if (!digits) {
+    if (v.size() > 1 && v[0] == '-' && v.find_first_not_of("0123456789", 1) == std::string::npos)
+      return Status::error(who + ": external data " + key + " " + v + " is negative");
+    return Status::error(who + ": external data entry '" + key + "' has a non-integer value '" + v + "'");
+  }
+  int64_t r = 0;
+  for (char c : v) {
+    if (r > (INT64_MAX - (c - '0')) / 10)
+      return Status::error(who + ": external data " + key + " " + v + " is out of range (more than " +
+                           std::to_string(INT64_MAX) + ")");
+    r = r * 10 + (c - '0');
+  }
+  out = r;
+  return Status::ok();
+}
+
+// What a path that is not a regular file is, for error lines.
+std::string file_kind(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  switch (st.type()) {
+    case fs::file_type::directory:
+      return "a directory";
+    case fs::file_type::fifo:
+      return "a FIFO";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::block:
+    case fs::file_type::character:
+      return "a device";
+    default:
+      return "";
+  }
+}
+
 // Checks the external-data entries of `tp`, then allocates `t` (dtype/dims) and reads it.
+// The file must lie inside the model's folder after symlinks are resolved (the ONNX
+// external-data path-traversal class: '..', absolute paths, symlinks out of the folder).
 Status read_external(const onnx::TensorProto& tp, const std::string& model_dir, const std::string& who, ir::DType dt,
                      const std::vector<int64_t>& dims, size_t nbytes, ir::Tensor& t) {
   std::string location;
   int64_t offset = 0, length = -1;
   for (const auto& e : tp.external_data()) {
-    try {
-      if (e.key() == "location")
-        location = e.value();
-      else if (e.key() == "offset")
-        offset = std::stoll(e.value());
-      else if (e.key() == "length")
-        length = std::stoll(e.value());
-    } catch (const std::exception&) {
-      return Status::error(who + ": external data entry '" + e.key() + "' has a non-integer value '" + e.value() + "'");
-    }
+    if (e.key() == "location")
+      location = e.value();
+    else if (e.key() == "offset")
+      KILN_RETURN_IF_ERROR(parse_external_int(who, "offset", e.value(), offset));
+    else if (e.key() == "length")
+      KILN_RETURN_IF_ERROR(parse_external_int(who, "length", e.value(), length));
   }
   if (location.empty()) return Status::error(who + ": external data has no 'location'");
   if (is_absolute_location(location))
@@ -66,12 +104,32 @@ Status read_external(const onnx::TensorProto& tp, const std::string& model_dir, 
     if (c == "..")
       return Status::error(who + ": external data path '" + location +
                            "' contains '..'; only paths inside the model's folder are allowed");
-  if (offset < 0) return Status::error(who + ": external data offset " + std::to_string(offset) + " is negative");
-  fs::path file = model_dir.empty() ? fs::path(location) : fs::path(model_dir) / location;
+  const fs::path dir = model_dir.empty() ? fs::path(".") : fs::path(model_dir);
+  fs::path file = dir / location;
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec))
+  if (!fs::exists(file, ec)) {
+    if (fs::is_symlink(fs::symlink_status(file, ec)))
+      return Status::error(who + ": external data file '" + location + "' is a dangling symlink");
     return Status::error(who + ": external data file '" + location + "' not found (looked for '" + file.string() +
                          "')");
+  }
+  {
+    const fs::path real_dir = fs::canonical(dir, ec);
+    const fs::path real_file = ec ? fs::path() : fs::canonical(file, ec);
+    if (ec) return Status::error(who + ": cannot resolve external data path '" + file.string() + "'");
+    auto d = real_dir.begin();
+    auto f = real_file.begin();
+    for (; d != real_dir.end() && f != real_file.end() && *d == *f; ++d, ++f) {
+    }
+    if (d != real_dir.end() || f == real_file.end())
+      return Status::error(who + ": external data path '" + location +
+                           "' leads out of the model's folder through a symlink; only files inside it are read");
+  }
+  if (!fs::is_regular_file(file, ec)) {
+    const std::string kind = file_kind(file);
+    return Status::error(who + ": external data path '" + location + "' is " +
+                         (kind.empty() ? std::string("not a regular file") : kind + ", not a file"));
+  }
   auto fsize = static_cast<int64_t>(fs::file_size(file, ec));
   if (ec) return Status::error(who + ": cannot read external data file '" + file.string() + "'");
   if (offset > fsize)

@@ -89,12 +89,29 @@ Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const st
   if (!j.contains("epoch") || !j["epoch"].is_number()) return bad("epoch", "a number");
   s.epoch = j["epoch"].get<double>();
   KILN_RETURN_IF_ERROR(count(j, "", "total_steps", false, s.total_steps));
+  if (s.total_steps > 0 && s.global_step > s.total_steps)
+    return bad("global_step",
+               "at most total_steps " + std::to_string(s.total_steps) + ", got " + std::to_string(s.global_step));
   if (!j.contains("data") || !j["data"].is_object()) return bad("data", "an object");
   const auto& d = j["data"];
   if (!d.contains("seed") || !d["seed"].is_number_unsigned()) return bad("data.seed", "a non-negative integer");
   s.seed = d["seed"].get<uint64_t>();
   KILN_RETURN_IF_ERROR(count(d, "data.", "steps_per_epoch", true, s.steps_per_epoch));
   KILN_RETURN_IF_ERROR(count(d, "data.", "rows_per_step", true, s.rows_per_step));
+  // The data position (written from global_step; a resume recomputes it): must agree.
+  if (s.steps_per_epoch > 0) {
+    int64_t data_epoch = s.global_step / s.steps_per_epoch, batch_index = s.global_step % s.steps_per_epoch;
+    KILN_RETURN_IF_ERROR(count(d, "data.", "epoch", false, data_epoch));
+    KILN_RETURN_IF_ERROR(count(d, "data.", "batch_index", false, batch_index));
+    if (batch_index >= s.steps_per_epoch)
+      return bad("data.batch_index", "less than data.steps_per_epoch " + std::to_string(s.steps_per_epoch) + ", got " +
+                                         std::to_string(batch_index));
+    if (data_epoch != s.global_step / s.steps_per_epoch || batch_index != s.global_step % s.steps_per_epoch)
+      return Status::error(origin + ": malformed trainer state: data position epoch " + std::to_string(data_epoch) +
+                           ", batch " + std::to_string(batch_index) + " is not global_step " +
+                           std::to_string(s.global_step) + " at " + std::to_string(s.steps_per_epoch) +
+                           " steps per epoch");
+  }
   if (j.contains("log_accumulators")) {
     const auto& a = j["log_accumulators"];
     if (!a.is_object()) return bad("log_accumulators", "an object");
@@ -219,6 +236,7 @@ Expected<Checkpoint> load_checkpoint(const std::string& dir) {
   KILN_ASSIGN_OR_RETURN(c.optimizer, io::load_safetensors((fs::path(dir) / "optimizer.safetensors").string()));
   std::string sp = (fs::path(dir) / "trainer_state.json").string();
   KILN_ASSIGN_OR_RETURN(std::string text, io::read_file(sp));
+  if (std::string deep = io::json_nesting_error(text); !deep.empty()) return Status::error(sp + ": " + deep);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

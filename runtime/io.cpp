@@ -21,6 +21,27 @@
 
 namespace kiln::runtime::io {
 
+std::string json_nesting_error(const char* begin, const char* end, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (const char* p = begin; p < end; ++p) {
+    const char c = *p;
+    if (in_string) {
+      if (c == '\\')
+        ++p;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return "JSON nested more than " + std::to_string(max_depth) + " levels deep";
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return "";
+}
+
 static_assert(std::endian::native == std::endian::little, "kiln's file formats assume a little-endian host");
 
 using ir::DType;
@@ -403,6 +424,10 @@ Expected<std::map<std::string, Tensor>> load_safetensors(const std::string& path
   if (8 + hlen > buf.size())
     return Status::error(path + ": truncated safetensors file: header of " + std::to_string(hlen) +
                          " bytes, file has " + std::to_string(buf.size()) + " bytes");
+  if (std::string deep = json_nesting_error(reinterpret_cast<const char*>(buf.data()) + 8,
+                                            reinterpret_cast<const char*>(buf.data()) + 8 + hlen);
+      !deep.empty())
+    return Status::error(path + ": safetensors header: " + deep);
   nlohmann::json h;
   try {
     h = nlohmann::json::parse(buf.begin() + 8, buf.begin() + 8 + static_cast<std::ptrdiff_t>(hlen));

@@ -49,6 +49,15 @@ Status save_bytes(const std::string& path, const std::string& bytes);
 /// unopenable or short read.
 Expected<std::string> read_file(const std::string& path);
 
+/// Deepest nesting of JSON arrays and objects that kiln's readers accept (nlohmann's
+/// dump and comparisons recurse, so a hostile file nested a million levels deep would
+/// overflow the stack). Returns "" or "JSON nested more than N levels deep".
+constexpr int kMaxJsonDepth = 100;
+std::string json_nesting_error(const char* begin, const char* end, int max_depth = kMaxJsonDepth);
+inline std::string json_nesting_error(const std::string& text, int max_depth = kMaxJsonDepth) {
+  return json_nesting_error(text.data(), text.data() + text.size(), max_depth);
+}
+
 // ----------------------------------------------------------------------------- safetensors
 /// Writes a safetensors file (huggingface/safetensors format: u64 little-endian header
 /// length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}},

@@ -396,6 +396,8 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
 }
 
 Status config_from_json_text(const std::string& text, const std::string& origin, TrainConfig& cfg) {
+  if (std::string deep = io::json_nesting_error(text); !deep.empty())
+    return Status::error(origin + ": invalid JSON (" + deep + ")");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -417,7 +419,9 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
     }
     const auto& v = it.value();
     auto type_err = [&](const char* want) {
-      return Status::error(origin + ": key '" + it.key() + "': expected " + want + ", got " + v.dump());
+      std::string got = v.dump();
+      if (got.size() > 60) got = got.substr(0, 57) + "...";
+      return Status::error(origin + ": key '" + it.key() + "': expected " + want + ", got " + got);
     };
     switch (f->kind) {
       case Kind::str:

@@ -278,10 +278,21 @@ void warn(const std::string& line) {
 }
 
 /// Writes `bytes` to `path` atomically (temp file in the same dir, then rename); "" or the error.
+std::mutex g_created_mutex;
+std::vector<std::string> g_created;  // cache folders and files this process created, in order
+
 std::string write_atomic(const fs::path& path, const std::string& bytes) {
   std::error_code ec;
+  std::vector<std::string> new_dirs;  // outermost first
+  for (fs::path p = path.parent_path(); !p.empty() && p != p.parent_path() && !fs::exists(p, ec); p = p.parent_path())
+    new_dirs.insert(new_dirs.begin(), p.string());
   fs::create_directories(path.parent_path(), ec);
   if (ec) return "cannot create " + path.parent_path().string() + ": " + ec.message();
+  {
+    std::lock_guard<std::mutex> lock(g_created_mutex);
+    for (std::string& d : new_dirs) g_created.push_back(std::move(d));
+  }
+  const bool existed = fs::exists(path, ec);
   static std::atomic<uint64_t> counter{0};
   const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   {
@@ -299,6 +310,10 @@ std::string write_atomic(const fs::path& path, const std::string& bytes) {
     std::error_code ec2;
     fs::remove(tmp, ec2);
     return "cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message();
+  }
+  if (!existed) {
+    std::lock_guard<std::mutex> lock(g_created_mutex);
+    g_created.push_back(path.string());
   }
   return "";
 }
@@ -534,6 +549,11 @@ Expected<std::shared_ptr<CpuProgram>> compile_graph_cpu(const ir::Graph& g, cons
 std::string kiln_build_id() { return code_generator_build_id(); }
 
 std::string write_cache_file(const std::string& path, const std::string& bytes) { return write_atomic(path, bytes); }
+
+std::vector<std::string> cache_paths_created() {
+  std::lock_guard<std::mutex> lock(g_created_mutex);
+  return g_created;
+}
 
 int prune_cache_files(const std::string& dir, const std::string& ext, int64_t max_bytes, const std::string& keep) {
   return prune_cache_dir(dir, keep, ext, static_cast<uintmax_t>(max_bytes));

@@ -82,6 +82,11 @@ std::string kiln_build_id();
 /// folder is created): "" or the error. For cache entries (kernels, programs).
 std::string write_cache_file(const std::string& path, const std::string& bytes);
 
+/// The cache folders and entries this process created (write_cache_file and the compile
+/// cache's stores; folders before the files in them, in creation order): a command that
+/// fails removes the ones created since it began (driver::OutputGuard).
+std::vector<std::string> cache_paths_created();
+
 /// Removes the least recently used files of `dir` with extension `ext` (oldest
 /// modification time first) until the rest hold at most `max_bytes`, never `keep`.
 /// Returns how many were removed; errors (a file vanishing meanwhile) are ignored.

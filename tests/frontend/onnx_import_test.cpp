@@ -539,3 +539,60 @@ TEST(OnnxImport, ConstantInputsBecomeInitializers) {
   ASSERT_FALSE(bad);
   EXPECT_HAS(bad.message(), "constant input 'axes'");
 }
+
+// A naive export (eval mode, constant folding) writes a parameter as an Identity alias of
+// another: one warning names the aliases and says they train tied; --untie_initializers
+// trains them as parameters of their own.
+TEST(OnnxImport, IdentityAliasOfAParameterWarnsAndUnties) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  onnx::GraphProto* g = m.mutable_graph();
+  g->set_name("g");
+  auto* w = g->add_initializer();
+  w->set_name("fc1.weight");
+  w->set_data_type(onnx::TensorProto::FLOAT);
+  w->add_dims(3);
+  w->add_dims(3);
+  for (int i = 0; i < 9; ++i) w->add_float_data(0.1f * static_cast<float>(i) - 0.3f);
+  auto node = [&](const char* op, std::vector<std::string> in, const char* out, const char* name) {
+    auto* n = g->add_node();
+    n->set_op_type(op);
+    n->set_name(name);
+    for (auto& s : in) n->add_input(s);
+    n->add_output(out);
+  };
+  node("Identity", {"fc1.weight"}, "fc2.weight", "/Identity");
+  node("MatMul", {"x", "fc1.weight"}, "h", "/fc1/MatMul");
+  node("MatMul", {"h", "fc2.weight"}, "y", "/fc2/MatMul");
+  for (auto [name, list] : {std::pair{"x", g->add_input()}, std::pair{"y", g->add_output()}}) {
+    list->set_name(name);
+    auto* t = list->mutable_type()->mutable_tensor_type();
+    t->set_elem_type(onnx::TensorProto::FLOAT);
+    t->mutable_shape()->add_dim()->set_dim_value(2);
+    t->mutable_shape()->add_dim()->set_dim_value(3);
+  }
+  static const std::string bytes = m.SerializeAsString();
+  kiln::frontend::register_model_bytes("embedded:identity_alias.onnx", bytes);
+  auto count_warnings = [](const Graph& gr) {
+    int n = 0;
+    for (const std::string& s : gr.import_notes)
+      if (s.rfind("warning: ", 0) == 0 && s.find("Identity aliases") != std::string::npos) {
+        ++n;
+        EXPECT_NE(s.find("'fc2.weight' of 'fc1.weight'"), std::string::npos) << s;
+        EXPECT_NE(s.find("trained tied"), std::string::npos) << s;
+        EXPECT_NE(s.find("--untie_initializers"), std::string::npos) << s;
+      }
+    return n;
+  };
+  auto tied = kiln::frontend::import_onnx("embedded:identity_alias.onnx");
+  ASSERT_TRUE(tied) << tied.message();
+  EXPECT_EQ(count_warnings(**tied), 1);
+  EXPECT_EQ(kiln::ir::trainable_initializers(**tied).size(), 1u);
+  kiln::frontend::ImportOptions apart;
+  apart.untie_initializers = true;
+  auto untied = kiln::frontend::import_onnx("embedded:identity_alias.onnx", apart);
+  ASSERT_TRUE(untied) << untied.message();
+  EXPECT_EQ(count_warnings(**untied), 0);
+  EXPECT_EQ(kiln::ir::trainable_initializers(**untied).size(), 2u);
+}

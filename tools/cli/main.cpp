@@ -53,8 +53,39 @@ struct Failure {
   std::string msg;
 };
 
-std::string one_line(std::string s) {
-  std::replace(s.begin(), s.end(), '\n', ' ');
+/// Length of the valid UTF-8 sequence at s[i] (0: not one).
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+  if (n == 0 || c > 0xF4 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+/// One line of valid UTF-8: newlines become spaces; other control bytes and bytes that
+/// are not UTF-8 (names read from a corrupt file) are written as \xNN.
+std::string one_line(const std::string& in) {
+  std::string s;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const auto c = static_cast<unsigned char>(in[i]);
+    if (c == '\n' || c == '\r' || c == '\t') {
+      s += ' ';
+    } else if (c < 0x20 || c == 0x7F) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02X", c);
+      s += b;
+    } else if (c < 0x80) {
+      s += static_cast<char>(c);
+    } else if (const size_t n = utf8_length(in, i)) {
+      s.append(in, i, n);
+      i += n - 1;
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02X", c);
+      s += b;
+    }
+  }
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
 }
@@ -598,6 +629,7 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
   }
   if (std::error_code ec; !fs::exists(model, ec))
     throw Failure{1, model + (ec ? ": " + ec.message() : std::string(": no such file"))};
+  driver::OutputGuard guard(out_dir);  // a refused run leaves no folder or file it created
   check(runtime::prepare_output_dir(out_dir));
   // Bind still-symbolic leading dims from the given arrays (e.g. batch from input.npy).
   if (shape.empty()) {
@@ -637,6 +669,7 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
     std::cout << name << " " << ir::dtype_name(t.dtype()) << " " << ir::dims_to_string(t.dims()) << " -> " << path
               << "\n";
   }
+  guard.keep();
   return 0;
 }
 

@@ -107,6 +107,30 @@ Expected<std::unique_ptr<Graph>> import_model(const std::string& path, bool unti
   return g;
 }
 
+/// Every static shape of `g` (inputs, initializers, node outputs) holds at most
+/// 2^62 bytes: element counts and byte sizes (int64 throughout kiln: FLOPs, the memory
+/// plan, allocation) cannot overflow.
+static Status check_value_sizes(const Graph& g) {
+  auto check = [](const Value* v) -> Status {
+    if (!v || !v->shape.is_static()) return Status::ok();
+    const int64_t limit = (int64_t{1} << 62) / static_cast<int64_t>(std::max<size_t>(1, ir::dtype_size(v->dtype)));
+    int64_t n = 1;
+    for (const ir::Dim& d : v->shape.dims) {
+      if (d.value == 0) return Status::ok();
+      if (d.value < 0 || n > limit / d.value)
+        return Status::error("value '" + v->name + "' of shape " + v->shape.to_string() +
+                             " has more elements than kiln can count (more than 2^62 bytes)");
+      n *= d.value;
+    }
+    return Status::ok();
+  };
+  for (const Value* v : g.inputs) KILN_RETURN_IF_ERROR(check(v));
+  for (const Value* v : g.initializers) KILN_RETURN_IF_ERROR(check(v));
+  for (const auto& n : g.nodes())
+    for (const Value* o : n->outputs) KILN_RETURN_IF_ERROR(check(o));
+  return Status::ok();
+}
+
 Expected<std::unique_ptr<Graph>> specialize_model(const Graph& module, const std::string& path,
                                                   const std::map<std::string, int64_t>& shape, bool to_f64,
                                                   passes::PassContext* dbg) {
@@ -123,6 +147,7 @@ Expected<std::unique_ptr<Graph>> specialize_model(const Graph& module, const std
   std::unique_ptr<Graph> g = module.clone();
   KILN_RETURN_IF_ERROR(bind_dims(*g, shape).with_context(path));
   KILN_RETURN_IF_ERROR(run_passes(*g, specialize_pipeline(to_f64), dbg, {}).with_context(path));
+  KILN_RETURN_IF_ERROR(check_value_sizes(*g).with_context(path));
   return g;
 }
 

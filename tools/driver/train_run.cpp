@@ -16,6 +16,7 @@
 #include "runtime/io.h"
 #include "tools/driver/export_trained.h"
 #ifndef KILN_AOT
+#include "codegen/cpu/program.h"
 #include "tools/driver/program_cache.h"
 #endif
 
@@ -216,14 +217,80 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
   return Status::ok();
 }
 
+Status check_finite_parameters(const ir::Graph& g) {
+  for (const ir::Value* v : ir::trainable_initializers(g)) {
+    if (!v->data || !ir::is_float(v->dtype)) continue;
+    const ir::Tensor& t = *v->data;
+    const int64_t n = t.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = t.dtype() == ir::DType::f32 ? static_cast<double>(t.data<float>()[i]) : t.get_f64(i);
+      if (!std::isfinite(x))
+        return Status::error("parameter '" + v->name + "' holds " +
+                             (std::isnan(x) ? "NaN"
+                              : x > 0       ? "inf"
+                                            : "-inf") +
+                             " (element " + std::to_string(i) + " of " + ir::dtype_name(v->dtype) +
+                             v->shape.to_string() + "); training from it gives a NaN loss at every step");
+    }
+  }
+  return Status::ok();
+}
+
+OutputGuard::OutputGuard(std::string output_dir) : dir_(std::move(output_dir)) {
+#ifndef KILN_AOT
+  cache_mark_ = codegen::cache_paths_created().size();
+#endif
+  if (dir_.empty()) return;
+  // The folders create_directories would make: dir_ and its missing parents.
+  std::error_code ec;
+  fs::path p = fs::absolute(dir_, ec).lexically_normal();
+  if (!ec && p.filename().empty()) p = p.parent_path();  // "a/b/" -> "a/b"
+  for (; !ec && !p.empty() && p != p.parent_path(); p = p.parent_path()) {
+    std::error_code st;
+    if (fs::exists(fs::symlink_status(p, st))) break;
+    created_.push_back(p.string());
+  }
+  if (created_.empty())
+    for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+      before_.push_back(it->path().filename().string());
+  std::sort(before_.begin(), before_.end());
+}
+
+OutputGuard::~OutputGuard() {
+  if (!keep_) {
+    std::error_code ec;
+    if (!dir_.empty()) {
+      std::vector<fs::path> fresh;
+      bool progress = false;
+      for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (std::binary_search(before_.begin(), before_.end(), name)) continue;
+        fresh.push_back(it->path());
+        if (runtime::checkpoint_step(name) >= 0) progress = true;
+      }
+      for (const fs::path& p : fresh)
+        if (!progress || p.filename() == ".kiln.lock") fs::remove_all(p, ec);
+      for (const std::string& d : created_) fs::remove(d, ec);  // only while empty
+    }
+#ifndef KILN_AOT
+    const std::vector<std::string> cache = codegen::cache_paths_created();
+    for (size_t i = cache.size(); i > cache_mark_; --i) fs::remove(cache[i - 1], ec);  // folders only while empty
+#endif
+  }
+  lock_.reset();
+}
+
 Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out, runtime::Program* loaded) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
   // Before anything is created in output_dir (its lock file, its folders).
   KILN_RETURN_IF_ERROR(runtime::guard_output_outside_checkpoint(cfg));
+  // Whatever this run creates in output_dir goes again if it fails.
+  OutputGuard guard(cfg.output_dir);
   KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
   // One training run per output_dir at a time (checkpoints, metrics.jsonl, model files).
   KILN_ASSIGN_OR_RETURN(auto dir_lock, runtime::OutputDirLock::acquire(cfg.output_dir));
+  guard.hold(std::move(dir_lock));
   auto ctx = [](const Status& s, const std::string& what) { return Status::error(what + ": " + s.message()); };
   auto train_raw = runtime::load_raw_data(cfg.train_data);
   if (!train_raw) return ctx(train_raw.status(), "--train_data");
@@ -260,6 +327,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   } else {
     KILN_ASSIGN_OR_RETURN(module, import_model(cfg.model, cfg.untie_initializers));
     KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(*module, cfg.model, cfg.shape, false, nullptr));
+    KILN_RETURN_IF_ERROR(check_finite_parameters(*forward).with_context(cfg.model));
     sig = model_signature(*forward, cfg);
   }
   // Check the data against the model before compiling (shapes and dtypes; labels and
@@ -282,7 +350,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     KILN_ASSIGN_OR_RETURN(auto built, build_training_program(cfg, dbg, false, false, total, module.get()));
     module.reset();
 #ifndef KILN_AOT
-    store_cached_program(cfg, built);
+    store_cached_program(cfg, built);  // removed again by the guard if the run fails
 #endif
     have = std::move(built);
   }
@@ -332,6 +400,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   else if (planned_peak >= 0)
     out << "peak memory: " << planned_vs_measured(planned_peak, mem_measured)
         << (eval_ds ? " (planned: the training step; measured: training and evaluation steps)" : "") << "\n";
+  guard.keep();
   return Status::ok();
 }
 

@@ -3,6 +3,7 @@
 // the training program, train (runtime::train), write model.onnx and
 // model.safetensors to output_dir, print planned against measured peak memory.
 #pragma once
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -12,6 +13,7 @@
 #include "ir/status.h"
 #include "passes/memory_plan.h"
 #include "passes/pass.h"
+#include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
@@ -69,6 +71,40 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
 /// As above against a program's signature (model_signature of the forward model).
 Status check_data_values(const runtime::RawData& raw, const std::string& flag, const runtime::ProgramSignature& sig,
                          const runtime::TrainConfig& cfg);
+
+/// Every trainable float parameter of `g` is finite. Error (one line): "parameter 'W'
+/// holds NaN (element 5 of f32[4, 3]); ...".
+Status check_finite_parameters(const ir::Graph& g);
+
+/// What a command creates in its output folder and caches, removed again when the command
+/// fails (architecture decision 35): a refused run leaves no folder, lock file,
+/// metrics.jsonl or cache entry it created, and a folder that existed before as it was.
+/// Construct it before the output folder is created; call keep() once the command
+/// succeeded. Destroyed without keep(), it removes the entries of the output folder that
+/// were not there at construction, then the folders (and parents) it created, if empty,
+/// then the cache entries and folders this process created since (compile and program
+/// caches: codegen::cache_paths_created; never another process's); the held lock is
+/// released last, so the lock file is unlinked while still locked. When the failed run
+/// wrote a checkpoint-N (training progress to resume from), only the lock file it created
+/// goes from the output folder.
+class OutputGuard {
+ public:
+  explicit OutputGuard(std::string output_dir);
+  ~OutputGuard();
+  OutputGuard(const OutputGuard&) = delete;
+  OutputGuard& operator=(const OutputGuard&) = delete;
+  /// Holds `lock` until after the cleanup.
+  void hold(std::unique_ptr<runtime::OutputDirLock> lock) { lock_ = std::move(lock); }
+  void keep() { keep_ = true; }
+
+ private:
+  std::string dir_;
+  std::vector<std::string> created_;  ///< folders missing at construction, deepest first
+  std::vector<std::string> before_;   ///< names of dir_'s entries at construction (sorted)
+  size_t cache_mark_ = 0;             ///< codegen::cache_paths_created().size() at construction
+  std::unique_ptr<runtime::OutputDirLock> lock_;
+  bool keep_ = false;
+};
 
 /// Trains with `cfg` (train_data required; resume_from_checkpoint "latest"/"true"
 /// resolved to the newest checkpoint in output_dir), then writes output_dir/model.onnx
