@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ir/status.h"
@@ -43,6 +45,22 @@ Status publish_file(const std::string& tmp, const std::string& path);
 /// directory, a device, FIFO or socket (which would be read without end or block), an
 /// unopenable or short read.
 Expected<std::string> read_file(const std::string& path);
+
+// ----------------------------------------------------------------------------- JSON
+/// The deepest nesting of arrays and objects that parse_json_untrusted accepts.
+inline constexpr int kMaxJsonDepth = 64;
+
+/// nlohmann::json::parse of JSON that a user hands kiln (--config files, trainer_state.json,
+/// safetensors headers, program meta, metrics.jsonl lines), with arrays and objects nested
+/// at most kMaxJsonDepth deep: deeper text throws std::invalid_argument ("JSON nested
+/// deeper than 64 levels"), as malformed JSON throws nlohmann's parse_error, so that no
+/// later dump or walk of the value recurses without bound (a million nested objects
+/// overflowed the stack in an error message's dump).
+nlohmann::json parse_json_untrusted(std::string_view text);
+
+/// A JSON value for an error message: compact JSON cut to `max_chars` characters
+/// (then "..." appended); never recurses deeper than it prints.
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 60);
 
 // ----------------------------------------------------------------------------- safetensors
 /// Writes a safetensors file (huggingface/safetensors format: u64 little-endian header

@@ -398,7 +398,7 @@ Status set_config_field(const ConfigField& f, const std::string& text) {
 Status config_from_json_text(const std::string& text, const std::string& origin, TrainConfig& cfg) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = io::parse_json_untrusted(text);
   } catch (const std::exception& e) {
     std::string what = e.what();
     return Status::error(origin + ": invalid JSON (" + what.substr(0, what.find('\n')) + ")");
@@ -417,7 +417,7 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
     }
     const auto& v = it.value();
     auto type_err = [&](const char* want) {
-      return Status::error(origin + ": key '" + it.key() + "': expected " + want + ", got " + v.dump());
+      return Status::error(origin + ": key '" + it.key() + "': expected " + want + ", got " + io::json_excerpt(v));
     };
     switch (f->kind) {
       case Kind::str:

@@ -7,7 +7,8 @@
 # TARGET: onnx npy safetensors trainer_state config tokens program.
 # Builds with Debian's clang-14 (-fsanitize=fuzzer,address,undefined) into build-fuzz/
 # (fuzz/CMakeLists.txt; ccache when installed). Seeds: fuzz/seeds/TARGET/ plus the test
-# fixtures of that format (tests/data, examples/; files up to 64 KB), gathered into
+# fixtures of that format (tests/data, examples/; files up to 64 KB; JSON targets use
+# the dictionary fuzz/dicts/json.dict), gathered into
 # build-fuzz/seeds/TARGET/ on each run; the corpus the fuzzer grows is kept in
 # build-fuzz/corpus/TARGET/ across runs. A crash, leak, timeout (10 s) or sanitizer report
 # ends the run with exit status 1 and writes the input to build-fuzz/crashes/TARGET/;
@@ -17,10 +18,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGETS=(onnx npy safetensors trainer_state config tokens program)
-if [ $# -lt 2 ]; then
+build_only=()
+if [ "${1:-}" = --build ]; then  # tools/fuzz.sh --build CMAKE_TARGET...: only build (tools/sanitize.sh --quick)
+  shift
+  build_only=("$@")
+  [ ${#build_only[@]} -gt 0 ] || { echo "usage: tools/fuzz.sh --build CMAKE_TARGET..." >&2; exit 2; }
+  run=()
+elif [ $# -lt 2 ]; then
   echo "usage: tools/fuzz.sh TARGET|all SECONDS [libFuzzer flags...]   (targets: ${TARGETS[*]})" >&2
   exit 2
 fi
+if [ ${#build_only[@]} -gt 0 ]; then
+  :
+else
 target=$1
 seconds=$2
 shift 2
@@ -31,6 +41,7 @@ else
     *" $target "*) run=("$target") ;;
     *) echo "tools/fuzz.sh: unknown target '$target' (targets: ${TARGETS[*]} all)" >&2; exit 2 ;;
   esac
+fi
 fi
 
 CXX=$(command -v clang++-14 || command -v clang++ || true)
@@ -50,14 +61,18 @@ rm -f /tmp/kiln-fuzz-probe.$$ /tmp/kiln-fuzz-probe.$$.log
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 mkdir -p build-fuzz
-if [ ! -f build-fuzz/CMakeCache.txt ]; then
-  cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER="$CXX" "${launcher[@]}" > build-fuzz/build.log 2>&1 ||
-    { cat build-fuzz/build.log; exit 1; }
-fi
+# One build at a time in build-fuzz/ (a fuzz run and tools/sanitize.sh --quick side by side).
+exec 9> build-fuzz/build.lock
+flock 9
+cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER="$CXX" "${launcher[@]}" > build-fuzz/build.log 2>&1 ||
+  { cat build-fuzz/build.log; exit 1; }
 build_targets=()
 for t in "${run[@]}"; do build_targets+=(--target "fuzz_$t"); done
+for t in "${build_only[@]}"; do build_targets+=(--target "$t"); done
 cmake --build build-fuzz -j"${KILN_JOBS:-2}" "${build_targets[@]}" >> build-fuzz/build.log 2>&1 ||
   { tail -50 build-fuzz/build.log; exit 1; }
+[ ${#build_only[@]} -gt 0 ] && exit 0
+exec 9>&-
 
 # Seed files of a target: checked-in seeds, then fixtures of its format (up to 64 KB).
 seed_files() {
@@ -86,9 +101,13 @@ for t in "${run[@]}"; do
   done < <(seed_files "$t")
   echo "fuzz $t: ${seconds}s, $n seed files, corpus build-fuzz/corpus/$t ($(find "build-fuzz/corpus/$t" -type f | wc -l) files)"
   log=build-fuzz/fuzz_$t.log
+  # Program payloads with kernels run to ~120 KB (fuzz/seeds/program); others stay small.
+  opts=(-max_len=65536)
+  [ "$t" = program ] && opts=(-max_len=262144)
+  case $t in config | trainer_state) opts+=(-dict=fuzz/dicts/json.dict) ;; esac
   # -rss_limit_mb: the readers refuse sizes they cannot allocate; more than 2 GB is a finding.
   if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-    "build-fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    "build-fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 "${opts[@]}" \
     -print_final_stats=1 -artifact_prefix="build-fuzz/crashes/$t/" "$@" \
     "build-fuzz/corpus/$t" "$seeds" > "$log" 2>&1; then
     tail -60 "$log"
