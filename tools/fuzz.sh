@@ -59,7 +59,13 @@ fi
 rm -f /tmp/kiln-fuzz-probe.$$ /tmp/kiln-fuzz-probe.$$.log
 
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # Paths hashed relative to the checkout, and -g objects shared between checkouts (CI's
+  # clone, git worktrees): a rebuild elsewhere hits the cache (debug info then names the
+  # first checkout's paths).
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+fi
 mkdir -p build-fuzz
 # One build at a time in build-fuzz/ (a fuzz run and tools/sanitize.sh --quick side by side).
 exec 9> build-fuzz/build.lock
