@@ -233,6 +233,21 @@ class Importer {
     return Status::ok();
   }
 
+  // Every graph output of the main graph is a graph input, an initializer or a node
+  // output: the message of the import's own check (opset >= 13), which the version
+  // converter would not reach. (Subgraph outputs do not crash the converter.)
+  Status check_graph_outputs_defined(const onnx::GraphProto& g) const {
+    std::set<std::string> defined;
+    for (const auto& v : g.input()) defined.insert(v.name());
+    for (const auto& t : g.initializer()) defined.insert(t.name());
+    for (const auto& n : g.node())
+      for (const auto& o : n.output()) defined.insert(o);
+    for (const auto& o : g.output())
+      if (!defined.count(o.name()))
+        return fail("graph output '" + o.name() + "' is not produced by any node, input or initializer");
+    return Status::ok();
+  }
+
   // Upgrades an opset < 13 model to opset 13 with libonnx's version converter, which
   // rewrites the ops whose signature changed (e.g. Split/Squeeze/ReduceSum attributes ->
   // inputs, Upsample -> Resize) and fails for ops it has no adapter for.
@@ -243,6 +258,9 @@ class Importer {
                   " (ONNX version converter): " + why);
     };
     if (has_external_) return conversion_failed("initializers with external data are not supported by the converter");
+    // libonnx 1.12's converter dereferences a null value for a graph output that nothing
+    // defines (SIGSEGV in onnx::graphProtoToGraph; found by fuzz/ onnx): refused first.
+    if (Status s = check_graph_outputs_defined(model_.graph()); !s) return s;
     try {
       // Shapes first: libonnx 1.12's converter needs input shapes for some adapters (Add/Gemm
       // broadcast, Softmax) and, without this, misses those of scalar Constant outputs.

@@ -265,6 +265,10 @@ Status lower_attention(LowerContext& c) {
   Value* bias = nullptr;
   auto add_bias = [&](Value* b) { bias = bias ? c.emit1("Add", {bias, b}) : b; };
   if (mask) {
+    // bool or a float type (ONNX's U); -inf in an integer dtype was undefined behavior
+    // (found by fuzz/ onnx under UBSan).
+    if (mask->dtype != DType::boolean && !ir::is_float(mask->dtype))
+      return c.fail("attn_mask must be a bool or float tensor, not " + std::string(ir::dtype_name(mask->dtype)));
     const int64_t skv = static_dim(k, 2), ml = static_dim(mask, -1);
     const int mr = rank_of(mask);
     if (mr < 1) return c.fail("attn_mask needs a known rank >= 1");

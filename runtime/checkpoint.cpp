@@ -75,13 +75,13 @@ Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const st
     const auto& v = obj[key];
     if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > (uint64_t{1} << 62)) ||
         (!v.is_number_unsigned() && v.get<int64_t>() < 0))
-      return bad(path + key, "a non-negative integer, got " + v.dump());
+      return bad(path + key, "a non-negative integer, got " + io::json_excerpt(v));
     out = v.get<int64_t>();
     return Status::ok();
   };
   auto number = [&](const nlohmann::json& obj, const std::string& path, const char* key, double& out) -> Status {
     if (!obj.contains(key)) return Status::ok();
-    if (!obj[key].is_number()) return bad(path + key, "a number, got " + obj[key].dump());
+    if (!obj[key].is_number()) return bad(path + key, "a number, got " + io::json_excerpt(obj[key]));
     out = obj[key].get<double>();
     return Status::ok();
   };
@@ -142,7 +142,7 @@ Expected<TrainerState> trainer_state_from_json(const nlohmann::json& j, const st
           : f.kind == Kind::f64      ? std::make_pair(v.is_number(), "a number")
           : f.kind == Kind::boolean  ? std::make_pair(v.is_boolean(), "true or false")
                                      : std::make_pair(v.is_object(), "an object");
-      if (!check.first) return bad("config." + f.name, std::string(check.second) + ", got " + v.dump());
+      if (!check.first) return bad("config." + f.name, std::string(check.second) + ", got " + io::json_excerpt(v));
     }
     s.config_json = cfg.dump();
   }
@@ -239,7 +239,7 @@ Expected<Checkpoint> load_checkpoint(const std::string& dir) {
   if (std::string deep = io::json_nesting_error(text); !deep.empty()) return Status::error(sp + ": " + deep);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = io::parse_json_untrusted(text);
   } catch (const std::exception& e) {
     return Status::error(sp + ": invalid JSON");
   }

@@ -430,7 +430,7 @@ Expected<std::map<std::string, Tensor>> load_safetensors(const std::string& path
     return Status::error(path + ": safetensors header: " + deep);
   nlohmann::json h;
   try {
-    h = nlohmann::json::parse(buf.begin() + 8, buf.begin() + 8 + static_cast<std::ptrdiff_t>(hlen));
+    h = parse_json_untrusted(std::string_view(buf.data() + 8, static_cast<size_t>(hlen)));
   } catch (const std::exception& e) {
     std::string w = e.what();
     return Status::error(path + ": safetensors header is not valid JSON (" + w.substr(0, w.find('\n')) + ")");
@@ -568,6 +568,53 @@ Expected<std::vector<int64_t>> sample_token_starts(const TokenFile& f, int64_t b
 Expected<TokenBatch> sample_token_batch(const TokenFile& f, int64_t batch, int64_t seq, std::mt19937_64& rng) {
   KILN_ASSIGN_OR_RETURN(auto starts, sample_token_starts(f, batch, seq, rng));
   return token_windows(f, starts, seq);
+}
+
+// ----------------------------------------------------------------------------- JSON
+nlohmann::json parse_json_untrusted(std::string_view text) {
+  // Nesting is refused before the parser (iterative itself) builds a value that a
+  // recursive dump could not print.
+  if (std::string deep = json_nesting_error(text.data(), text.data() + text.size()); !deep.empty())
+    throw std::invalid_argument(deep);
+  return nlohmann::json::parse(text.begin(), text.end());
+}
+
+namespace {
+void excerpt_into(const nlohmann::json& v, std::string& out, size_t max_chars) {
+  if (out.size() > max_chars) return;
+  auto scalar = [](const nlohmann::json& x) {
+    return x.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end() && out.size() <= max_chars; ++it) {
+      out += first ? "" : ",";
+      first = false;
+      out += scalar(nlohmann::json(it.key())) + ":";
+      excerpt_into(it.value(), out, max_chars);
+    }
+    out += '}';
+  } else if (v.is_array()) {
+    out += '[';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end() && out.size() <= max_chars; ++it) {
+      out += first ? "" : ",";
+      first = false;
+      excerpt_into(*it, out, max_chars);
+    }
+    out += ']';
+  } else {
+    out += scalar(v);
+  }
+}
+}  // namespace
+
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars) {
+  std::string out;
+  excerpt_into(v, out, max_chars);
+  if (out.size() > max_chars) out = out.substr(0, max_chars) + "...";
+  return out;
 }
 
 }  // namespace kiln::runtime::io

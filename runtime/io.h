@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ir/status.h"
@@ -49,14 +51,28 @@ Status save_bytes(const std::string& path, const std::string& bytes);
 /// unopenable or short read.
 Expected<std::string> read_file(const std::string& path);
 
+// ----------------------------------------------------------------------------- JSON
 /// Deepest nesting of JSON arrays and objects that kiln's readers accept (nlohmann's
 /// dump and comparisons recurse, so a hostile file nested a million levels deep would
-/// overflow the stack). Returns "" or "JSON nested more than N levels deep".
-constexpr int kMaxJsonDepth = 100;
+/// overflow the stack in an error message's dump).
+inline constexpr int kMaxJsonDepth = 100;
+
+/// "" when `[begin, end)` nests arrays and objects at most `max_depth` deep (strings and
+/// escapes skipped), else "JSON nested more than N levels deep". Linear, no recursion.
 std::string json_nesting_error(const char* begin, const char* end, int max_depth = kMaxJsonDepth);
 inline std::string json_nesting_error(const std::string& text, int max_depth = kMaxJsonDepth) {
   return json_nesting_error(text.data(), text.data() + text.size(), max_depth);
 }
+
+/// nlohmann::json::parse of JSON that a user hands kiln (--config files, trainer_state.json,
+/// safetensors headers, program meta, metrics.jsonl lines): text nested deeper than
+/// kMaxJsonDepth throws std::invalid_argument (json_nesting_error's line), as malformed
+/// JSON throws nlohmann's parse_error, so no later dump or walk recurses without bound.
+nlohmann::json parse_json_untrusted(std::string_view text);
+
+/// A JSON value for an error message: compact JSON cut to `max_chars` characters
+/// (then "..." appended); never recurses deeper than it prints.
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 60);
 
 // ----------------------------------------------------------------------------- safetensors
 /// Writes a safetensors file (huggingface/safetensors format: u64 little-endian header

@@ -11,6 +11,7 @@
 
 #include "ir/serialize.h"
 #include "ir/verifier.h"
+#include "runtime/io.h"
 
 namespace kiln::runtime {
 
@@ -199,7 +200,7 @@ Status read_meta(ir::ByteReader& r, const std::string& origin, ProgramFileInfo& 
   if (!r.str(text) || !r.str(info.model_bytes))
     return Status::error(origin + ": malformed program file (meta section)");
   try {
-    meta = nlohmann::json::parse(text);
+    meta = io::parse_json_untrusted(text);
     info.kiln_version = meta.at("kiln_version").get<std::string>();
     info.cpu = meta.at("cpu").get<std::string>();
     info.config_json = meta.at("config").dump();

@@ -400,7 +400,7 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
     return Status::error(origin + ": invalid JSON (" + deep + ")");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = io::parse_json_untrusted(text);
   } catch (const std::exception& e) {
     std::string what = e.what();
     return Status::error(origin + ": invalid JSON (" + what.substr(0, what.find('\n')) + ")");
@@ -419,9 +419,7 @@ Status config_from_json_text(const std::string& text, const std::string& origin,
     }
     const auto& v = it.value();
     auto type_err = [&](const char* want) {
-      std::string got = v.dump();
-      if (got.size() > 60) got = got.substr(0, 57) + "...";
-      return Status::error(origin + ": key '" + it.key() + "': expected " + want + ", got " + got);
+      return Status::error(origin + ": key '" + it.key() + "': expected " + want + ", got " + io::json_excerpt(v));
     };
     switch (f->kind) {
       case Kind::str:

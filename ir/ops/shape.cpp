@@ -676,6 +676,9 @@ void register_shape_ops(OpTable& t) {
         "Concat", kSpec + "Concat-13, joins inputs along `axis` (negative allowed)", 1, kVariadic,
         [](InferContext& c) -> Status {
           int r = c.in[0].shape.rank();
+          // normalize_axis takes axis 0 of a scalar; Concat has no axis to join scalars on
+          // (indexing the empty dims crashed: found by fuzz/ onnx).
+          if (r < 1) return c.fail("inputs are scalars (rank 0); Concat needs inputs of rank >= 1");
           auto ax = normalize_axis(c.attrs().get_int("axis", 0), r);
           if (!ax) return c.fail(ax.message());
           Shape out = c.in[0].shape;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
@@ -394,4 +395,31 @@ TEST_F(IoTest, ReadsPreparedTokenFileFormatFromFixtures) {
     ASSERT_EQ(w->inputs.get_i64(i), x->get_i64(i));
     ASSERT_EQ(w->targets.get_i64(i), y->get_i64(i));
   }
+}
+
+// ---------------------------------------------------------------- untrusted JSON (issue 36)
+TEST(UntrustedJson, NestingUpToTheLimitParsesDeeperIsRefused) {
+  auto nested = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_NO_THROW(io::parse_json_untrusted(nested(io::kMaxJsonDepth)));
+  EXPECT_NO_THROW(io::parse_json_untrusted("{\"a\": " + nested(io::kMaxJsonDepth - 1) + "}"));
+  try {
+    io::parse_json_untrusted(nested(io::kMaxJsonDepth + 1));
+    FAIL() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("JSON nested more than 100 levels deep"), std::string::npos) << e.what();
+  }
+  // A million levels (the --config that overflowed the stack): refused, not a crash.
+  EXPECT_THROW(io::parse_json_untrusted(nested(1'000'000)), std::exception);
+  EXPECT_THROW(io::parse_json_untrusted("{\"a\": [1,"), std::exception);  // still refuses bad JSON
+  EXPECT_EQ(io::parse_json_untrusted("{\"a\": [1, 2.5, \"x\"]}")["a"][2], "x");
+}
+
+TEST(UntrustedJson, ExcerptIsCompactAndCut) {
+  EXPECT_EQ(io::json_excerpt(nlohmann::json::parse("{\"a\": [1, true, null, \"s\"]}")), "{\"a\":[1,true,null,\"s\"]}");
+  EXPECT_EQ(io::json_excerpt(nlohmann::json(2.5)), "2.5");
+  nlohmann::json deep = nlohmann::json::array();
+  for (int i = 0; i < 200; ++i) deep = nlohmann::json::array({std::move(deep)});
+  const std::string e = io::json_excerpt(deep, 60);
+  EXPECT_EQ(e, std::string(60, '[') + "...");
+  EXPECT_EQ(io::json_excerpt(nlohmann::json(std::string(500, 'x')), 10), "\"xxxxxxxxx...");
 }
