@@ -153,138 +153,149 @@ Status flatten(const Graph& g, const Node* loop, std::vector<Entry>& tl, std::ve
   return Status::ok();
 }
 
-}  // namespace
+/// The planner's state over one schedule: plan_memory runs its phases in order (each a
+/// member below), each reading what the earlier ones wrote.
+class Planner {
+ public:
+  Planner(const Graph& g, const PlanOptions& opts) : g_(g), opts_(opts) { plan_.options = opts; }
 
-Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
-  MemoryPlan plan;
-  plan.options = opts;
-  std::vector<Entry> tl;
-  std::vector<LoopInfo> loops;
-  KILN_RETURN_IF_ERROR(flatten(g, nullptr, tl, loops));
-  const int N = static_cast<int>(tl.size());
-  plan.num_nodes = N;
-  plan.accumulation_loops = static_cast<int>(loops.size());
-  for (auto& li : loops) plan.trip_count = std::max(plan.trip_count, li.node->attrs.get_int("trip_count", 1));
-  const bool in_place = opts.in_place && !opts.eager_semantics;
+  Expected<MemoryPlan> run() {
+    KILN_RETURN_IF_ERROR(schedule());
+    KILN_RETURN_IF_ERROR(collect_values());
+    liveness();
+    categorize();
+    optimizer_groups();
+    assign_buffers();
+    widen_multi_tensor_groups();
+    place_offsets();
+    account();
+    return std::move(plan_);
+  }
 
-  std::unordered_map<const Node*, int> node_pos;  // node -> schedule position
-  for (int p = 0; p < N; ++p) node_pos[tl[p].node] = p;
-  std::unordered_map<const Node*, const LoopInfo*> loop_of;
-  for (auto& li : loops) loop_of[li.node] = &li;
-  std::unordered_map<const Value*, std::pair<const LoopInfo*, size_t>> body_input_slot;
-  for (auto& li : loops)
-    for (size_t j = 0; j < li.body->inputs.size(); ++j) body_input_slot[li.body->inputs[j]] = {&li, j};
+ private:
+  // ---- schedule: the flattened node order, loops and the lookups over them
+  Status schedule() {
+    KILN_RETURN_IF_ERROR(flatten(g_, nullptr, tl_, loops_));
+    N_ = static_cast<int>(tl_.size());
+    plan_.num_nodes = N_;
+    plan_.accumulation_loops = static_cast<int>(loops_.size());
+    for (auto& li : loops_) plan_.trip_count = std::max(plan_.trip_count, li.node->attrs.get_int("trip_count", 1));
+    in_place_ = opts_.in_place && !opts_.eager_semantics;
+    for (int p = 0; p < N_; ++p) node_pos_[tl_[p].node] = p;
+    for (auto& li : loops_) loop_of_[li.node] = &li;
+    for (auto& li : loops_)
+      for (size_t j = 0; j < li.body->inputs.size(); ++j) body_input_slot_[li.body->inputs[j]] = {&li, j};
+    return Status::ok();
+  }
 
-  std::unordered_map<const Value*, int> idx;  // value -> index into plan.values
-  std::unordered_map<const Value*, const Graph*> owner;
-  auto bytes_of = [](const Value* v) -> Expected<int64_t> {
+  static Expected<int64_t> bytes_of(const Value* v) {
     if (v->dtype == DType::undefined) return int64_t(0);
     int64_t n = v->shape.numel();
     if (n < 0)
       return Status::error("memory plan: value '" + v->name + "' has non-static shape " + v->shape.to_string() +
                            " (bind symbolic dims with --shape)");
     return n * static_cast<int64_t>(dtype_size(v->dtype));
-  };
-  auto add_value = [&](const Value* v, const Graph* gr, bool persistent, int def) -> Status {
-    if (!v || idx.count(v)) return Status::ok();
+  }
+
+  Status add_value(const Value* v, const Graph* gr, bool persistent, int def) {
+    if (!v || idx_.count(v)) return Status::ok();
     KILN_ASSIGN_OR_RETURN(int64_t b, bytes_of(v));
     ValuePlan vp;
     vp.value = v;
     vp.bytes = b;
     vp.persistent = persistent;
     vp.def = def;
-    idx[v] = static_cast<int>(plan.values.size());
-    owner[v] = gr;
-    plan.values.push_back(vp);
+    idx_[v] = static_cast<int>(plan_.values.size());
+    owner_[v] = gr;
+    plan_.values.push_back(vp);
     return Status::ok();
-  };
-  // Where each graph's run ends (a body: its last node, i.e. the end of one iteration)
-  // and what it pins (graph outputs and constants; a body: its outputs).
-  std::unordered_map<const Graph*, int> graph_end;
-  std::unordered_map<const Graph*, std::unordered_set<const Value*>> pinned;
-  graph_end[&g] = N - 1;
-  pinned[&g].insert(g.outputs.begin(), g.outputs.end());
-  pinned[&g].insert(g.initializers.begin(), g.initializers.end());
-  for (auto& li : loops) {
-    graph_end[li.body] = li.end - 1;
-    pinned[li.body].insert(li.body->outputs.begin(), li.body->outputs.end());
-  }
-  for (Value* v : g.inputs) KILN_RETURN_IF_ERROR(add_value(v, &g, true, -1));
-  if (opts.streamed_microbatches)  // streamed scan inputs are never resident whole (see PlanOptions)
-    for (const Value* v : ir::streamable_scan_inputs(g)) plan.values[idx.at(v)].bytes = 0;
-  for (Value* v : g.initializers) KILN_RETURN_IF_ERROR(add_value(v, &g, true, -1));
-  std::vector<Phase> phase(N);
-  std::unordered_map<const Value*, int> last_use;
-  for (int i = 0; i < N; ++i) {
-    for (auto& li : loops)
-      if (li.body_start == i) {
-        // Carried values and scan slices exist before the body's first node runs;
-        // body constants live in the graph (resident).
-        for (Value* v : li.body->inputs) KILN_RETURN_IF_ERROR(add_value(v, li.body, false, i));
-        for (Value* v : li.body->initializers) KILN_RETURN_IF_ERROR(add_value(v, li.body, true, -1));
-      }
-    const Node& n = *tl[i].node;
-    phase[i] = phase_of(n);
-    for (Value* in : n.inputs) {
-      if (!in) continue;
-      if (!idx.count(in) && !in->producer)
-        return Status::error("memory plan: node '" + n.name + "' reads '" + in->name +
-                             "', which is neither a graph input, an initializer nor a node output");
-      last_use[in] = std::max(last_use.count(in) ? last_use[in] : -1, i);
-    }
-    if (loop_of.count(&n)) {  // the interpreter releases captured values after the loop
-      std::unordered_set<const Value*> caps;
-      collect_captures(*n.regions[0], caps);
-      for (const Value* v : caps) last_use[v] = std::max(last_use.count(v) ? last_use[v] : -1, i);
-    }
-    for (Value* o : n.outputs) KILN_RETURN_IF_ERROR(add_value(o, tl[i].graph, false, i));
   }
 
-  // ---- liveness
-  for (auto& vp : plan.values) {
-    if (vp.persistent) {
-      vp.def = 0;
-      vp.end = N - 1;
-      continue;
+  // ---- values: every input, initializer and node output, with its definition and last use
+  Status collect_values() {
+    // Where each graph's run ends (a body: its last node, i.e. the end of one iteration)
+    // and what it pins (graph outputs and constants; a body: its outputs).
+    graph_end_[&g_] = N_ - 1;
+    pinned_[&g_].insert(g_.outputs.begin(), g_.outputs.end());
+    pinned_[&g_].insert(g_.initializers.begin(), g_.initializers.end());
+    for (auto& li : loops_) {
+      graph_end_[li.body] = li.end - 1;
+      pinned_[li.body].insert(li.body->outputs.begin(), li.body->outputs.end());
     }
-    const Graph* gr = owner.at(vp.value);
-    const int ge = graph_end.at(gr);
-    auto lu = last_use.find(vp.value);
-    if (pinned[gr].count(vp.value))
-      vp.end = ge;
-    else if (lu != last_use.end())
-      vp.end = std::max(lu->second, vp.def);
-    else
-      vp.end = opts.eager_semantics ? ge : vp.def;
+    for (Value* v : g_.inputs) KILN_RETURN_IF_ERROR(add_value(v, &g_, true, -1));
+    if (opts_.streamed_microbatches)  // streamed scan inputs are never resident whole (see PlanOptions)
+      for (const Value* v : ir::streamable_scan_inputs(g_)) plan_.values[idx_.at(v)].bytes = 0;
+    for (Value* v : g_.initializers) KILN_RETURN_IF_ERROR(add_value(v, &g_, true, -1));
+    phase_.assign(N_, Phase::forward);
+    for (int i = 0; i < N_; ++i) {
+      for (auto& li : loops_)
+        if (li.body_start == i) {
+          // Carried values and scan slices exist before the body's first node runs;
+          // body constants live in the graph (resident).
+          for (Value* v : li.body->inputs) KILN_RETURN_IF_ERROR(add_value(v, li.body, false, i));
+          for (Value* v : li.body->initializers) KILN_RETURN_IF_ERROR(add_value(v, li.body, true, -1));
+        }
+      const Node& n = *tl_[i].node;
+      phase_[i] = phase_of(n);
+      for (Value* in : n.inputs) {
+        if (!in) continue;
+        if (!idx_.count(in) && !in->producer)
+          return Status::error("memory plan: node '" + n.name + "' reads '" + in->name +
+                               "', which is neither a graph input, an initializer nor a node output");
+        bump_last_use(in, i);
+      }
+      if (loop_of_.count(&n)) {  // the interpreter releases captured values after the loop
+        std::unordered_set<const Value*> caps;
+        collect_captures(*n.regions[0], caps);
+        for (const Value* v : caps) bump_last_use(v, i);
+      }
+      for (Value* o : n.outputs) KILN_RETURN_IF_ERROR(add_value(o, tl_[i].graph, false, i));
+    }
+    return Status::ok();
   }
-  // The interpreter moves a loop's carried inputs into the loop when every one of them
-  // is last used by the loop, none is pinned and none repeats.
-  for (auto& li : loops) {
-    const Node& n = *li.node;
-    const auto& pin = pinned[node_pos.count(&n) ? tl[li.end].graph : &g];
-    li.steal = true;
-    for (size_t c = 0; c < li.carried; ++c) {
-      const Value* v = n.inputs[c];
-      auto lu = v ? last_use.find(v) : last_use.end();
-      if (!v || lu == last_use.end() || lu->second != li.end || pin.count(v)) li.steal = false;
-      for (size_t c2 = 0; c2 < c; ++c2)
-        if (n.inputs[c2] == v) li.steal = false;
+
+  void bump_last_use(const Value* v, int i) { last_use_[v] = std::max(last_use_.count(v) ? last_use_[v] : -1, i); }
+
+  // ---- liveness: each value's last position; which loops take their carried inputs over
+  void liveness() {
+    for (auto& vp : plan_.values) {
+      if (vp.persistent) {
+        vp.def = 0;
+        vp.end = N_ - 1;
+        continue;
+      }
+      const Graph* gr = owner_.at(vp.value);
+      const int ge = graph_end_.at(gr);
+      auto lu = last_use_.find(vp.value);
+      if (pinned_[gr].count(vp.value))
+        vp.end = ge;
+      else if (lu != last_use_.end())
+        vp.end = std::max(lu->second, vp.def);
+      else
+        vp.end = opts_.eager_semantics ? ge : vp.def;
+    }
+    // The interpreter moves a loop's carried inputs into the loop when every one of them
+    // is last used by the loop, none is pinned and none repeats.
+    for (auto& li : loops_) {
+      const Node& n = *li.node;
+      const auto& pin = pinned_[node_pos_.count(&n) ? tl_[li.end].graph : &g_];
+      li.steal = true;
+      for (size_t c = 0; c < li.carried; ++c) {
+        const Value* v = n.inputs[c];
+        auto lu = v ? last_use_.find(v) : last_use_.end();
+        if (!v || lu == last_use_.end() || lu->second != li.end || pin.count(v)) li.steal = false;
+        for (size_t c2 = 0; c2 < c; ++c2)
+          if (n.inputs[c2] == v) li.steal = false;
+      }
     }
   }
 
   // ---- categories
-  std::unordered_map<const Value*, std::string> state_kind;
-  std::unordered_set<const Value*> params;
-  for (const auto& sb : g.state) {
-    if (sb.input) state_kind[sb.input] = sb.kind;
-    if (sb.output) state_kind[sb.output] = sb.kind;
-    if (sb.kind == "parameter" && sb.input) params.insert(sb.input);
-  }
-  auto phase_of_value = [&](const Value* v) -> int {
+  int phase_of_value(const Value* v) const {
     const Node* p = v ? v->producer : nullptr;
     if (!p) return -1;
-    auto k = node_pos.find(p);
-    if (k == node_pos.end()) return -1;
+    auto k = node_pos_.find(p);
+    if (k == node_pos_.end()) return -1;
     // An output of a fused group is in the phase of the body node that makes it: the
     // kernel's own phase is its latest node's (a gradient cast fused with the clipping
     // norm's square sum is a backward value, not an optimizer temporary).
@@ -293,152 +304,175 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       const Value* bo = p->regions[0]->outputs[static_cast<size_t>(v->producer_output)];
       if (bo && bo->producer) return static_cast<int>(phase_of(*bo->producer));
     }
-    return static_cast<int>(phase[k->second]);
-  };
-  // Low-precision weight copies: a forward node whose only non-constant input is a parameter,
-  // producing an equally sized tensor of a narrower dtype.
-  std::unordered_set<const Value*> weight_copies;
-  std::unordered_set<std::string> grad_scopes;  // parameters and their copies: "<name>/grad..."
-  for (const Value* p : params) grad_scopes.insert(p->name);
-  for (int i = 0; i < N; ++i) {
-    const Node& n = *tl[i].node;
-    if (phase[i] != Phase::forward) continue;
-    const Value* only = nullptr;
-    int nonconst = 0;
-    for (Value* in : n.inputs)
-      if (in && !in->is_initializer()) ++nonconst, only = in;
-    if (nonconst != 1 || !params.count(only)) continue;
-    for (Value* o : n.outputs)
-      if (o && is_float(o->dtype) && o->shape.numel() == only->shape.numel() &&
-          dtype_size(o->dtype) < dtype_size(only->dtype)) {
-        weight_copies.insert(o);
-        grad_scopes.insert(o->name);
-      }
+    return static_cast<int>(phase_[k->second]);
   }
-  // Gradients: backward values read by the optimizer or listed as graph outputs, then
-  // followed back through the parameter's "/grad" scope and single-input copies; an
-  // AccumulationLoop output accumulating a backward value is a gradient too, with its
-  // whole accumulator chain (zero init, body input, in-place Add, body output).
-  std::unordered_set<const Value*> grads;
-  std::vector<const Value*> work;
-  auto is_bwd_value = [&](const Value* v) { return v && phase_of_value(v) == static_cast<int>(Phase::backward); };
-  auto accumulates_bwd = [&](const Value* v) {
-    if (!v || !v->producer || !loop_of.count(v->producer)) return false;
-    const LoopInfo& li = *loop_of.at(v->producer);
+
+  /// Low-precision weight copies: a forward node whose only non-constant input is a
+  /// parameter, producing an equally sized tensor of a narrower dtype. Adds the copies'
+  /// names to `grad_scopes` (their gradients sum under "<copy>/grad...").
+  std::unordered_set<const Value*> weight_copies(std::unordered_set<std::string>& grad_scopes) const {
+    std::unordered_set<const Value*> copies;
+    for (int i = 0; i < N_; ++i) {
+      const Node& n = *tl_[i].node;
+      if (phase_[i] != Phase::forward) continue;
+      const Value* only = nullptr;
+      int nonconst = 0;
+      for (Value* in : n.inputs)
+        if (in && !in->is_initializer()) ++nonconst, only = in;
+      if (nonconst != 1 || !params_.count(only)) continue;
+      for (Value* o : n.outputs)
+        if (o && is_float(o->dtype) && o->shape.numel() == only->shape.numel() &&
+            dtype_size(o->dtype) < dtype_size(only->dtype)) {
+          copies.insert(o);
+          grad_scopes.insert(o->name);
+        }
+    }
+    return copies;
+  }
+
+  bool is_bwd_value(const Value* v) const { return v && phase_of_value(v) == static_cast<int>(Phase::backward); }
+
+  /// An AccumulationLoop output whose body output accumulates a backward value.
+  bool accumulates_bwd(const Value* v) const {
+    if (!v || !v->producer || !loop_of_.count(v->producer)) return false;
+    const LoopInfo& li = *loop_of_.at(v->producer);
     const Value* bo = li.body->outputs[v->producer_output];
     if (!bo || !bo->producer) return false;
     for (Value* in : bo->producer->inputs)
       if (is_bwd_value(in)) return true;
     return false;
-  };
-  auto bwd_like = [&](const Value* v) { return is_bwd_value(v) || accumulates_bwd(v); };
-  auto mark = [&](const Value* v) {
-    if (v && grads.insert(v).second) work.push_back(v);
-  };
-  for (int i = 0; i < N; ++i) {
-    if (phase[i] != Phase::optimizer) continue;
-    for (Value* in : tl[i].node->inputs)
-      if (bwd_like(in)) mark(in);
   }
-  for (Value* o : g.outputs)
-    if (bwd_like(o)) mark(o);
-  while (!work.empty()) {
-    const Value* v = work.back();
-    work.pop_back();
-    const Node* p = v->producer;
-    if (!p) {
-      auto bi = body_input_slot.find(v);
-      if (bi != body_input_slot.end() && bi->second.second < bi->second.first->carried)
-        mark(bi->second.first->node->inputs[bi->second.second]);
-      continue;
-    }
-    if (loop_of.count(p)) {
-      mark(loop_of.at(p)->body->outputs[v->producer_output]);
-      continue;
-    }
-    if (p->attrs.has("kiln_inplace")) {  // accumulator update: acc + microbatch value
-      for (Value* in : p->inputs)
-        if (in && !in->is_initializer() && is_float(in->dtype) && in->shape.numel() == v->shape.numel()) mark(in);
-      continue;
-    }
-    std::vector<const Value*> cands;
-    int nonconst = 0;
-    for (Value* in : p->inputs) {
-      if (!in || in->is_initializer()) continue;
-      ++nonconst;
-      if (is_bwd_value(in) && is_float(in->dtype) && in->shape.numel() == v->shape.numel()) cands.push_back(in);
-    }
-    size_t pos = grad_scope_pos(p->name);
-    bool param_scope = pos != std::string::npos && grad_scopes.count(p->name.substr(0, pos));
-    if (param_scope || (nonconst == 1 && cands.size() == 1))
-      for (const Value* c : cands) mark(c);
-  }
-  std::unordered_set<const Value*> read_by_backward;
-  for (int i = 0; i < N; ++i)
-    if (phase[i] == Phase::backward)
-      for (Value* in : tl[i].node->inputs)
-        if (in) read_by_backward.insert(in);
 
-  auto category_of_state = [](const std::string& kind) {
+  /// Gradients: backward values read by the optimizer or listed as graph outputs, then
+  /// followed back through the parameter's "/grad" scope and single-input copies; an
+  /// AccumulationLoop output accumulating a backward value is a gradient too, with its
+  /// whole accumulator chain (zero init, body input, in-place Add, body output).
+  std::unordered_set<const Value*> gradients(const std::unordered_set<std::string>& grad_scopes) const {
+    std::unordered_set<const Value*> grads;
+    std::vector<const Value*> work;
+    auto bwd_like = [&](const Value* v) { return is_bwd_value(v) || accumulates_bwd(v); };
+    auto mark = [&](const Value* v) {
+      if (v && grads.insert(v).second) work.push_back(v);
+    };
+    for (int i = 0; i < N_; ++i) {
+      if (phase_[i] != Phase::optimizer) continue;
+      for (Value* in : tl_[i].node->inputs)
+        if (bwd_like(in)) mark(in);
+    }
+    for (Value* o : g_.outputs)
+      if (bwd_like(o)) mark(o);
+    while (!work.empty()) {
+      const Value* v = work.back();
+      work.pop_back();
+      const Node* p = v->producer;
+      if (!p) {
+        auto bi = body_input_slot_.find(v);
+        if (bi != body_input_slot_.end() && bi->second.second < bi->second.first->carried)
+          mark(bi->second.first->node->inputs[bi->second.second]);
+        continue;
+      }
+      if (loop_of_.count(p)) {
+        mark(loop_of_.at(p)->body->outputs[v->producer_output]);
+        continue;
+      }
+      if (p->attrs.has("kiln_inplace")) {  // accumulator update: acc + microbatch value
+        for (Value* in : p->inputs)
+          if (in && !in->is_initializer() && is_float(in->dtype) && in->shape.numel() == v->shape.numel()) mark(in);
+        continue;
+      }
+      std::vector<const Value*> cands;
+      int nonconst = 0;
+      for (Value* in : p->inputs) {
+        if (!in || in->is_initializer()) continue;
+        ++nonconst;
+        if (is_bwd_value(in) && is_float(in->dtype) && in->shape.numel() == v->shape.numel()) cands.push_back(in);
+      }
+      size_t pos = grad_scope_pos(p->name);
+      bool param_scope = pos != std::string::npos && grad_scopes.count(p->name.substr(0, pos));
+      if (param_scope || (nonconst == 1 && cands.size() == 1))
+        for (const Value* c : cands) mark(c);
+    }
+    return grads;
+  }
+
+  static MemoryCategory category_of_state(const std::string& kind) {
     return kind == "parameter"         ? MemoryCategory::parameters
            : kind == "optimizer_state" ? MemoryCategory::optimizer_state
                                        : MemoryCategory::data_and_buffers;
-  };
-  for (auto& vp : plan.values) {
-    const Value* v = vp.value;
-    auto sk = state_kind.find(v);
-    if (sk != state_kind.end()) {
-      vp.category = category_of_state(sk->second);
-    } else if (vp.persistent) {
-      vp.category = MemoryCategory::data_and_buffers;
-    } else if (weight_copies.count(v)) {
-      vp.category = MemoryCategory::low_precision_weights;
-    } else if (grads.count(v)) {
-      vp.category = MemoryCategory::gradients;
-    } else if (phase_of_value(v) == static_cast<int>(Phase::forward) && read_by_backward.count(v)) {
-      vp.category = MemoryCategory::saved_activations;
-    } else {
-      vp.category = MemoryCategory::temporaries;
-    }
   }
-  // Loop bodies: scan slices are data; a carried state (BatchNorm statistics) keeps the
-  // category of the loop output it becomes.
-  for (auto& li : loops)
-    for (size_t j = 0; j < li.body->inputs.size(); ++j) {
-      auto it = idx.find(li.body->inputs[j]);
-      if (it == idx.end()) continue;
-      if (j >= li.carried) {
-        plan.values[it->second].category = MemoryCategory::data_and_buffers;
+
+  void categorize() {
+    for (const auto& sb : g_.state) {
+      if (sb.input) state_kind_[sb.input] = sb.kind;
+      if (sb.output) state_kind_[sb.output] = sb.kind;
+      if (sb.kind == "parameter" && sb.input) params_.insert(sb.input);
+    }
+    std::unordered_set<std::string> grad_scopes;  // parameters and their copies: "<name>/grad..."
+    for (const Value* p : params_) grad_scopes.insert(p->name);
+    const std::unordered_set<const Value*> copies = weight_copies(grad_scopes);
+    const std::unordered_set<const Value*> grads = gradients(grad_scopes);
+    std::unordered_set<const Value*> read_by_backward;
+    for (int i = 0; i < N_; ++i)
+      if (phase_[i] == Phase::backward)
+        for (Value* in : tl_[i].node->inputs)
+          if (in) read_by_backward.insert(in);
+
+    for (auto& vp : plan_.values) {
+      const Value* v = vp.value;
+      auto sk = state_kind_.find(v);
+      if (sk != state_kind_.end()) {
+        vp.category = category_of_state(sk->second);
+      } else if (vp.persistent) {
+        vp.category = MemoryCategory::data_and_buffers;
+      } else if (copies.count(v)) {
+        vp.category = MemoryCategory::low_precision_weights;
+      } else if (grads.count(v)) {
+        vp.category = MemoryCategory::gradients;
+      } else if (phase_of_value(v) == static_cast<int>(Phase::forward) && read_by_backward.count(v)) {
+        vp.category = MemoryCategory::saved_activations;
       } else {
-        auto sk = state_kind.find(li.node->outputs[j]);
-        if (sk != state_kind.end()) plan.values[it->second].category = category_of_state(sk->second);
+        vp.category = MemoryCategory::temporaries;
       }
     }
-  for (const auto& vp : plan.values)
-    if (vp.category == MemoryCategory::saved_activations) plan.saved_activation_bytes += vp.bytes;
+    // Loop bodies: scan slices are data; a carried state (BatchNorm statistics) keeps the
+    // category of the loop output it becomes.
+    for (auto& li : loops_)
+      for (size_t j = 0; j < li.body->inputs.size(); ++j) {
+        auto it = idx_.find(li.body->inputs[j]);
+        if (it == idx_.end()) continue;
+        if (j >= li.carried) {
+          plan_.values[it->second].category = MemoryCategory::data_and_buffers;
+        } else {
+          auto sk = state_kind_.find(li.node->outputs[j]);
+          if (sk != state_kind_.end()) plan_.values[it->second].category = category_of_state(sk->second);
+        }
+      }
+    for (const auto& vp : plan_.values)
+      if (vp.category == MemoryCategory::saved_activations) plan_.saved_activation_bytes += vp.bytes;
+  }
 
   // ---- optimizer state per parameter (state "<param>.<slot>" belongs to <param>)
-  {
+  void optimizer_groups() {
     std::map<std::string, std::pair<int64_t, bool>> per_param;  // name -> (state bytes, has 8-bit codes)
-    for (const auto& sb : g.state) {
+    for (const auto& sb : g_.state) {
       if (!sb.input) continue;
-      auto it = idx.find(sb.input);
-      if (it == idx.end()) continue;
-      if (sb.kind == "parameter") plan.parameter_elements += std::max<int64_t>(0, sb.input->shape.numel());
+      auto it = idx_.find(sb.input);
+      if (it == idx_.end()) continue;
+      if (sb.kind == "parameter") plan_.parameter_elements += std::max<int64_t>(0, sb.input->shape.numel());
       if (sb.kind != "optimizer_state") continue;
-      plan.optimizer_state_bytes += plan.values[it->second].bytes;
+      plan_.optimizer_state_bytes += plan_.values[it->second].bytes;
       const Value* best = nullptr;
-      for (const Value* p : params)
+      for (const Value* p : params_)
         if (sb.input->name.rfind(p->name + ".", 0) == 0 && (!best || p->name.size() > best->name.size())) best = p;
       if (!best) continue;
       auto& e = per_param[best->name];
-      e.first += plan.values[it->second].bytes;
+      e.first += plan_.values[it->second].bytes;
       if (sb.input->dtype == DType::u8 || sb.input->dtype == DType::i8) e.second = true;
     }
-    for (const Value* p : params) {
+    for (const Value* p : params_) {
       auto it = per_param.find(p->name);
       if (it == per_param.end()) continue;
-      OptimizerGroup& grp = it->second.second ? plan.optim_8bit : plan.optim_other;
+      OptimizerGroup& grp = it->second.second ? plan_.optim_8bit : plan_.optim_other;
       ++grp.tensors;
       grp.param_elements += std::max<int64_t>(0, p->shape.numel());
       grp.state_bytes += it->second.first;
@@ -446,126 +480,141 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
   }
 
   // ---- buffers and in-place reuse (schedule order)
-  std::vector<int> acct_start(plan.values.size()), acct_end(plan.values.size());
-  for (size_t k = 0; k < plan.values.size(); ++k) acct_start[k] = plan.values[k].def, acct_end[k] = plan.values[k].end;
-  auto holds_buffer = [&](int vi) {
-    const ValuePlan& v = plan.values[vi];
-    return !v.persistent && v.buffer >= 0 && plan.buffers[v.buffer].values.back() == vi;
-  };
-  auto new_buffer = [&](int vi, int first) {
-    ValuePlan& ov = plan.values[vi];
+  bool holds_buffer(int vi) const {
+    const ValuePlan& v = plan_.values[vi];
+    return !v.persistent && v.buffer >= 0 && plan_.buffers[v.buffer].values.back() == vi;
+  }
+
+  void new_buffer(int vi, int first) {
+    ValuePlan& ov = plan_.values[vi];
     BufferPlan b;
-    b.size = align_up(ov.bytes, opts.alignment);
+    b.size = align_up(ov.bytes, opts_.alignment);
     b.first = first;
     b.last = ov.end;
     b.values.push_back(vi);
-    ov.buffer = static_cast<int>(plan.buffers.size());
-    plan.buffers.push_back(std::move(b));
-  };
-  // `vi` takes over the buffer of `from` from position `at` on (in place, or a move).
-  auto take_over = [&](int vi, int from, int at, bool count_reuse) {
-    ValuePlan& ov = plan.values[vi];
-    ValuePlan& iv = plan.values[from];
+    ov.buffer = static_cast<int>(plan_.buffers.size());
+    plan_.buffers.push_back(std::move(b));
+  }
+
+  /// `vi` takes over the buffer of `from` from position `at` on (in place, or a move).
+  void take_over(int vi, int from, int at, bool count_reuse) {
+    ValuePlan& ov = plan_.values[vi];
+    ValuePlan& iv = plan_.values[from];
     ov.buffer = iv.buffer;
     ov.reuses = iv.value;
-    acct_end[from] = std::min(acct_end[from], at - 1);
-    BufferPlan& b = plan.buffers[iv.buffer];
+    acct_end_[from] = std::min(acct_end_[from], at - 1);
+    BufferPlan& b = plan_.buffers[iv.buffer];
     b.values.push_back(vi);
     b.last = std::max(b.last, ov.end);
-    if (count_reuse) ++plan.in_place_reuses;
-  };
-  for (int i = 0; i < N; ++i) {
-    for (auto& li : loops) {
-      if (li.body_start != i) continue;
-      for (size_t j = 0; j < li.body->inputs.size(); ++j) {
-        int vi = idx.at(li.body->inputs[j]);
-        if (plan.values[vi].bytes == 0) continue;
-        int from = -1;
-        if (j < li.carried && li.steal) {  // a stolen carried input moves into the body
-          auto it = idx.find(li.node->inputs[j]);
-          if (it != idx.end() && holds_buffer(it->second) && plan.values[it->second].bytes == plan.values[vi].bytes)
-            from = it->second;
-        }
-        if (from >= 0)
-          take_over(vi, from, i, false);
-        else
-          new_buffer(vi, i);
+    if (count_reuse) ++plan_.in_place_reuses;
+  }
+
+  /// A loop body's inputs at its first position: stolen carried inputs move in, the rest
+  /// get buffers of their own.
+  void place_body_inputs(const LoopInfo& li, int i) {
+    for (size_t j = 0; j < li.body->inputs.size(); ++j) {
+      int vi = idx_.at(li.body->inputs[j]);
+      if (plan_.values[vi].bytes == 0) continue;
+      int from = -1;
+      if (j < li.carried && li.steal) {  // a stolen carried input moves into the body
+        auto it = idx_.find(li.node->inputs[j]);
+        if (it != idx_.end() && holds_buffer(it->second) && plan_.values[it->second].bytes == plan_.values[vi].bytes)
+          from = it->second;
       }
+      if (from >= 0)
+        take_over(vi, from, i, false);
+      else
+        new_buffer(vi, i);
     }
-    const Node& n = *tl[i].node;
-    const Graph* ng = tl[i].graph;
+  }
+
+  /// Loop outputs are the last iteration's carried values (the body outputs' buffers).
+  void place_loop_outputs(const Node& n, int i) {
+    const LoopInfo& li = *loop_of_.at(&n);
     std::unordered_set<int> taken;
-    if (loop_of.count(&n)) {  // loop outputs are the last iteration's carried values
-      const LoopInfo& li = *loop_of.at(&n);
-      for (int k = 0; k < n.num_outputs(); ++k) {
-        int oi = idx.at(n.outputs[k]);
-        if (plan.values[oi].bytes == 0) continue;
-        auto it = idx.find(li.body->outputs[k]);
-        if (it != idx.end() && owner.at(li.body->outputs[k]) == li.body && holds_buffer(it->second) &&
-            plan.values[it->second].bytes == plan.values[oi].bytes && !taken.count(plan.values[it->second].buffer)) {
-          taken.insert(plan.values[it->second].buffer);
-          take_over(oi, it->second, i, false);
-        } else {
-          new_buffer(oi, i);
-        }
+    for (int k = 0; k < n.num_outputs(); ++k) {
+      int oi = idx_.at(n.outputs[k]);
+      if (plan_.values[oi].bytes == 0) continue;
+      auto it = idx_.find(li.body->outputs[k]);
+      if (it != idx_.end() && owner_.at(li.body->outputs[k]) == li.body && holds_buffer(it->second) &&
+          plan_.values[it->second].bytes == plan_.values[oi].bytes && !taken.count(plan_.values[it->second].buffer)) {
+        taken.insert(plan_.values[it->second].buffer);
+        take_over(oi, it->second, i, false);
+      } else {
+        new_buffer(oi, i);
       }
-      continue;
     }
+  }
+
+  /// Input k's value index when output 0 of the node at `i` may take its buffer, as the
+  /// interpreter allows it: last use here, not pinned, storage unique (a node output or body
+  /// input of this graph, not a resident or captured value), the same dtype, read once by
+  /// this node; -1 otherwise.
+  int dying_input(const Node& n, int i, int64_t k) {
+    const Graph* ng = tl_[i].graph;
+    if (k < 0 || k >= n.num_inputs() || !n.inputs[k] || n.num_outputs() == 0 || !n.outputs[0]) return -1;
+    const Value* v = n.inputs[k];
+    auto it = idx_.find(v);
+    if (it == idx_.end() || owner_.at(v) != ng || plan_.values[it->second].persistent || last_use_[v] != i ||
+        pinned_[ng].count(v) || !holds_buffer(it->second) || v->dtype != n.outputs[0]->dtype)
+      return -1;
+    for (int j = 0; j < n.num_inputs(); ++j)
+      if (j != k && n.inputs[j] == v) return -1;
+    return it->second;
+  }
+
+  /// kiln_donate: output j is written into the resident buffer of the state input d[j]
+  /// (its last reader is this node): no buffer, no bytes of its own. Returns, per output,
+  /// whether it was donated.
+  std::vector<bool> donate_outputs(const Node& n, int i) {
+    std::vector<bool> donated(static_cast<size_t>(n.num_outputs()), false);
+    if (!opts_.donate_state) return donated;
+    const std::vector<int64_t> d = n.attrs.get_ints("kiln_donate");
+    for (size_t j = 0; j < d.size() && j < donated.size(); ++j) {
+      if (d[j] < 0 || d[j] >= n.num_inputs() || !n.inputs[d[j]] || !n.outputs[j]) continue;
+      const Value* v = n.inputs[d[j]];
+      auto it = idx_.find(v);
+      if (it == idx_.end() || !plan_.values[it->second].persistent || owner_.at(v) != &g_ || last_use_[v] != i ||
+          pinned_[&g_].count(v))
+        continue;
+      ValuePlan& ov = plan_.values[idx_.at(n.outputs[j])];
+      plan_.donated_bytes += ov.bytes;
+      ++plan_.donated_outputs;
+      ov.bytes = 0;
+      ov.reuses = v;
+      donated[j] = true;
+    }
+    return donated;
+  }
+
+  /// The outputs of an ordinary node: in place (kiln_inplace, views, pointwise reuse of a
+  /// dying input), donated, or new buffers.
+  void place_node_outputs(const Node& n, int i) {
+    const Graph* ng = tl_[i].graph;
+    std::unordered_set<int> taken;
     const OpDef* def = OpTable::get().find(n.op);
-    const bool pointwise = in_place && def && def->fusion == FusionClass::pointwise;
-    // Input k's value index when output 0 may take its buffer, as the interpreter allows
-    // it: last use here, not pinned, storage unique (a node output or body input of this
-    // graph, not a resident or captured value), the same dtype, read once by this node.
-    auto dying_input = [&](int64_t k) -> int {
-      if (k < 0 || k >= n.num_inputs() || !n.inputs[k] || n.num_outputs() == 0 || !n.outputs[0]) return -1;
-      const Value* v = n.inputs[k];
-      auto it = idx.find(v);
-      if (it == idx.end() || owner.at(v) != ng || plan.values[it->second].persistent || last_use[v] != i ||
-          pinned[ng].count(v) || !holds_buffer(it->second) || v->dtype != n.outputs[0]->dtype)
-        return -1;
-      for (int j = 0; j < n.num_inputs(); ++j)
-        if (j != k && n.inputs[j] == v) return -1;
-      return it->second;
-    };
+    const bool pointwise = in_place_ && def && def->fusion == FusionClass::pointwise;
     // kiln_inplace = k: output 0 writes into input k (same dims).
     int inplace_from = -1;
-    if (opts.honor_inplace_attr) {
+    if (opts_.honor_inplace_attr) {
       const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
-      const int from = dying_input(ip);
+      const int from = dying_input(n, i, ip);
       if (from >= 0 && n.inputs[ip]->shape.to_vector() == n.outputs[0]->shape.to_vector()) inplace_from = from;
     }
-    // kiln_donate: output j is written into the resident buffer of the state input d[j]
-    // (its last reader is this node): no buffer, no bytes of its own.
-    std::vector<bool> donated(static_cast<size_t>(n.num_outputs()), false);
-    if (opts.donate_state) {
-      const std::vector<int64_t> d = n.attrs.get_ints("kiln_donate");
-      for (size_t j = 0; j < d.size() && j < donated.size(); ++j) {
-        if (d[j] < 0 || d[j] >= n.num_inputs() || !n.inputs[d[j]] || !n.outputs[j]) continue;
-        const Value* v = n.inputs[d[j]];
-        auto it = idx.find(v);
-        if (it == idx.end() || !plan.values[it->second].persistent || owner.at(v) != &g || last_use[v] != i ||
-            pinned[&g].count(v))
-          continue;
-        ValuePlan& ov = plan.values[idx.at(n.outputs[j])];
-        plan.donated_bytes += ov.bytes;
-        ++plan.donated_outputs;
-        ov.bytes = 0;
-        ov.reuses = v;
-        donated[j] = true;
-      }
-    }
+    const std::vector<bool> donated = donate_outputs(n, i);
     // Reshape-family views (ir::is_view_op): the output shares its input's buffer when
     // the input dies here, as runtime/interpreter.cpp does (no copy, no new buffer).
     if (inplace_from < 0 && is_view_op(n.op) && n.num_outputs() == 1) {
-      const int from = dying_input(0);
-      auto ot = n.outputs[0] ? idx.find(n.outputs[0]) : idx.end();
-      if (from >= 0 && ot != idx.end() && plan.values[from].bytes == plan.values[ot->second].bytes) inplace_from = from;
+      const int from = dying_input(n, i, 0);
+      auto ot = n.outputs[0] ? idx_.find(n.outputs[0]) : idx_.end();
+      if (from >= 0 && ot != idx_.end() && plan_.values[from].bytes == plan_.values[ot->second].bytes)
+        inplace_from = from;
     }
     for (int k = 0; k < n.num_outputs(); ++k) {
       Value* o = n.outputs[k];
       if (!o) continue;
-      int oi = idx.at(o);
-      ValuePlan& ov = plan.values[oi];
+      int oi = idx_.at(o);
+      ValuePlan& ov = plan_.values[oi];
       if (ov.bytes == 0 || donated[static_cast<size_t>(k)]) continue;
       int reuse = -1;
       if (k == 0 && inplace_from >= 0)
@@ -573,16 +622,16 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       else if (pointwise)
         for (Value* in : n.inputs) {
           if (!in) continue;
-          int ii = idx.at(in);
-          const ValuePlan& iv = plan.values[ii];
-          if (iv.persistent || owner.at(in) != ng || iv.end != i || iv.bytes != ov.bytes || !holds_buffer(ii) ||
-              taken.count(iv.buffer) || pinned[ng].count(in))
+          int ii = idx_.at(in);
+          const ValuePlan& iv = plan_.values[ii];
+          if (iv.persistent || owner_.at(in) != ng || iv.end != i || iv.bytes != ov.bytes || !holds_buffer(ii) ||
+              taken.count(iv.buffer) || pinned_[ng].count(in))
             continue;
           reuse = ii;
           break;
         }
-      if (reuse >= 0 && !taken.count(plan.values[reuse].buffer)) {
-        taken.insert(plan.values[reuse].buffer);
+      if (reuse >= 0 && !taken.count(plan_.values[reuse].buffer)) {
+        taken.insert(plan_.values[reuse].buffer);
         take_over(oi, reuse, i, true);
       } else {
         new_buffer(oi, i);
@@ -590,15 +639,31 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
     }
   }
 
+  void assign_buffers() {
+    acct_start_.resize(plan_.values.size());
+    acct_end_.resize(plan_.values.size());
+    for (size_t k = 0; k < plan_.values.size(); ++k)
+      acct_start_[k] = plan_.values[k].def, acct_end_[k] = plan_.values[k].end;
+    for (int i = 0; i < N_; ++i) {
+      for (auto& li : loops_)
+        if (li.body_start == i) place_body_inputs(li, i);
+      const Node& n = *tl_[i].node;
+      if (loop_of_.count(&n))
+        place_loop_outputs(n, i);
+      else
+        place_node_outputs(n, i);
+    }
+  }
+
   // ---- multi-tensor groups (passes/multi_tensor.cpp): members run concurrently, so a
   // buffer born or dying at a member is live over the whole group (positions lo..hi of
   // the group's members), and so are the values it holds for the accounting.
-  {
+  void widen_multi_tensor_groups() {
     std::map<std::pair<const Graph*, int64_t>, std::pair<int, int>> span;
-    for (int i = 0; i < N; ++i) {
-      const int64_t gid = tl[i].node->attrs.get_int("kiln_multi_tensor_group", -1);
+    for (int i = 0; i < N_; ++i) {
+      const int64_t gid = tl_[i].node->attrs.get_int("kiln_multi_tensor_group", -1);
       if (gid < 0) continue;
-      auto [it, fresh] = span.try_emplace({tl[i].graph, gid}, i, i);
+      auto [it, fresh] = span.try_emplace({tl_[i].graph, gid}, i, i);
       if (!fresh) it->second.first = std::min(it->second.first, i), it->second.second = std::max(it->second.second, i);
     }
     std::vector<std::pair<int, int>> groups;  // (lo, hi) of groups of two or more positions
@@ -610,42 +675,35 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
         if (last >= lo && last <= hi) last = hi;
       }
     };
-    for (auto& b : plan.buffers) widen(b.first, b.last);
-    for (size_t k = 0; k < plan.values.size(); ++k) {
-      const ValuePlan& vp = plan.values[k];
-      if (vp.persistent || vp.bytes == 0 || vp.def < 0 || acct_end[k] < vp.def) continue;
-      widen(acct_start[k], acct_end[k]);
+    for (auto& b : plan_.buffers) widen(b.first, b.last);
+    for (size_t k = 0; k < plan_.values.size(); ++k) {
+      const ValuePlan& vp = plan_.values[k];
+      if (vp.persistent || vp.bytes == 0 || vp.def < 0 || acct_end_[k] < vp.def) continue;
+      widen(acct_start_[k], acct_end_[k]);
     }
     // A buffer's values follow one another (in-place chains, moves): after widening, a
     // value is counted only until its successor in the buffer is, or the group would
     // count the one buffer twice (SGD's kiln_inplace updates: each new parameter takes
     // its dying gradient's buffer; resnet18 planned 2.13 MiB against 1.77 measured).
-    for (const auto& b : plan.buffers)
+    for (const auto& b : plan_.buffers)
       for (size_t q = 0; q + 1 < b.values.size(); ++q) {
         const int a = b.values[q], c = b.values[q + 1];
-        if (acct_start[c] <= acct_end[a]) acct_end[a] = std::max(acct_start[a] - 1, acct_start[c] - 1);
+        if (acct_start_[c] <= acct_end_[a]) acct_end_[a] = std::max(acct_start_[a] - 1, acct_start_[c] - 1);
       }
   }
 
-  // ---- offsets: best fit in a given order; greedy by size (largest first) unless
-  // placing buffers by their start (then size) gives a smaller arena (the two orders
-  // TFLite's arena planner and XLA's heap simulator offer; neither wins always: chains
-  // of in-place buffers live long and fragment size order).
-  for (auto& b : plan.buffers)
-    if (opts.heap_values && !b.values.empty() && opts.heap_values->count(plan.values[b.values.front()].value)) {
-      b.in_arena = false;
-      b.offset = -1;
-    }
-  auto place = [&](const std::vector<int>& order, std::vector<int64_t>& offset) {
-    offset.assign(plan.buffers.size(), -1);
+  /// Best-fit placement of the arena buffers in `order`; writes `offset` and returns the
+  /// arena's top (bytes).
+  int64_t place(const std::vector<int>& order, std::vector<int64_t>& offset) const {
+    offset.assign(plan_.buffers.size(), -1);
     int64_t top = 0;
     std::vector<int> placed;
     for (int bi : order) {
-      const BufferPlan& b = plan.buffers[bi];
+      const BufferPlan& b = plan_.buffers[bi];
       if (!b.in_arena) continue;
       std::vector<std::pair<int64_t, int64_t>> overlap;  // (offset, size) of placed buffers live with b
       for (int pi : placed) {
-        const BufferPlan& q = plan.buffers[pi];
+        const BufferPlan& q = plan_.buffers[pi];
         if (q.first <= b.last && b.first <= q.last) overlap.push_back({offset[pi], q.size});
       }
       std::sort(overlap.begin(), overlap.end());
@@ -660,75 +718,112 @@ Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) {
       placed.push_back(bi);
     }
     return top;
-  };
-  std::vector<int> by_size(plan.buffers.size());
-  for (size_t k = 0; k < by_size.size(); ++k) by_size[k] = static_cast<int>(k);
-  std::vector<int> by_start = by_size;
-  std::stable_sort(by_size.begin(), by_size.end(), [&](int a, int b) {
-    const BufferPlan &x = plan.buffers[a], &y = plan.buffers[b];
-    if (x.size != y.size) return x.size > y.size;
-    return x.first < y.first;
-  });
-  std::stable_sort(by_start.begin(), by_start.end(), [&](int a, int b) {
-    const BufferPlan &x = plan.buffers[a], &y = plan.buffers[b];
-    if (x.first != y.first) return x.first < y.first;
-    return x.size > y.size;
-  });
-  std::vector<int64_t> off_size, off_start;
-  const int64_t top_size = place(by_size, off_size), top_start = place(by_start, off_start);
-  const std::vector<int64_t>& chosen = top_start < top_size ? off_start : off_size;
-  plan.arena_bytes = std::min(top_size, top_start);
-  for (size_t k = 0; k < plan.buffers.size(); ++k)
-    if (plan.buffers[k].in_arena) plan.buffers[k].offset = chosen[k];
-  for (auto& vp : plan.values)
-    if (vp.buffer >= 0) vp.offset = plan.buffers[vp.buffer].offset;  // -1 for heap buffers
+  }
 
-  // ---- accounting
-  for (auto& vp : plan.values)
-    if (vp.persistent) plan.persistent_bytes += vp.bytes;
-  const int T = std::max(N, 1);
-  std::vector<CategoryBytes> diff(T + 1, CategoryBytes{});
-  for (size_t k = 0; k < plan.values.size(); ++k) {
-    const ValuePlan& vp = plan.values[k];
-    if (vp.bytes == 0) continue;
-    int a = vp.persistent ? 0 : acct_start[k], e = vp.persistent ? T - 1 : acct_end[k];
-    if (e < a) continue;
-    diff[a][static_cast<int>(vp.category)] += vp.bytes;
-    diff[e + 1][static_cast<int>(vp.category)] -= vp.bytes;
+  // ---- offsets: best fit in a given order; greedy by size (largest first) unless
+  // placing buffers by their start (then size) gives a smaller arena (the two orders
+  // TFLite's arena planner and XLA's heap simulator offer; neither wins always: chains
+  // of in-place buffers live long and fragment size order).
+  void place_offsets() {
+    for (auto& b : plan_.buffers)
+      if (opts_.heap_values && !b.values.empty() && opts_.heap_values->count(plan_.values[b.values.front()].value)) {
+        b.in_arena = false;
+        b.offset = -1;
+      }
+    std::vector<int> by_size(plan_.buffers.size());
+    for (size_t k = 0; k < by_size.size(); ++k) by_size[k] = static_cast<int>(k);
+    std::vector<int> by_start = by_size;
+    std::stable_sort(by_size.begin(), by_size.end(), [&](int a, int b) {
+      const BufferPlan &x = plan_.buffers[a], &y = plan_.buffers[b];
+      if (x.size != y.size) return x.size > y.size;
+      return x.first < y.first;
+    });
+    std::stable_sort(by_start.begin(), by_start.end(), [&](int a, int b) {
+      const BufferPlan &x = plan_.buffers[a], &y = plan_.buffers[b];
+      if (x.first != y.first) return x.first < y.first;
+      return x.size > y.size;
+    });
+    std::vector<int64_t> off_size, off_start;
+    const int64_t top_size = place(by_size, off_size), top_start = place(by_start, off_start);
+    const std::vector<int64_t>& chosen = top_start < top_size ? off_start : off_size;
+    plan_.arena_bytes = std::min(top_size, top_start);
+    for (size_t k = 0; k < plan_.buffers.size(); ++k)
+      if (plan_.buffers[k].in_arena) plan_.buffers[k].offset = chosen[k];
+    for (auto& vp : plan_.values)
+      if (vp.buffer >= 0) vp.offset = plan_.buffers[vp.buffer].offset;  // -1 for heap buffers
   }
-  if (opts.eager_semantics || opts.count_kernel_scratch)
-    for (int t = 0; t < N; ++t) {
-      const int64_t s = eager_kernel_scratch_bytes(*tl[t].node);
-      if (s <= 0) continue;
-      diff[t][static_cast<int>(MemoryCategory::temporaries)] += s;
-      diff[t + 1][static_cast<int>(MemoryCategory::temporaries)] -= s;
-      plan.kernel_scratch_bytes = std::max(plan.kernel_scratch_bytes, s);
+
+  // ---- accounting: live bytes per position and category, the peak and where it is
+  void account() {
+    for (auto& vp : plan_.values)
+      if (vp.persistent) plan_.persistent_bytes += vp.bytes;
+    const int T = std::max(N_, 1);
+    std::vector<CategoryBytes> diff(T + 1, CategoryBytes{});
+    for (size_t k = 0; k < plan_.values.size(); ++k) {
+      const ValuePlan& vp = plan_.values[k];
+      if (vp.bytes == 0) continue;
+      int a = vp.persistent ? 0 : acct_start_[k], e = vp.persistent ? T - 1 : acct_end_[k];
+      if (e < a) continue;
+      diff[a][static_cast<int>(vp.category)] += vp.bytes;
+      diff[e + 1][static_cast<int>(vp.category)] -= vp.bytes;
     }
-  CategoryBytes cur{};
-  plan.peak_bytes = -1;
-  for (int t = 0; t < T; ++t) {
-    int64_t total = 0;
-    for (int c = 0; c < kNumMemoryCategories; ++c) {
-      cur[c] += diff[t][c];
-      total += cur[c];
-      plan.max_by_category[c] = std::max(plan.max_by_category[c], cur[c]);
+    if (opts_.eager_semantics || opts_.count_kernel_scratch)
+      for (int t = 0; t < N_; ++t) {
+        const int64_t s = eager_kernel_scratch_bytes(*tl_[t].node);
+        if (s <= 0) continue;
+        diff[t][static_cast<int>(MemoryCategory::temporaries)] += s;
+        diff[t + 1][static_cast<int>(MemoryCategory::temporaries)] -= s;
+        plan_.kernel_scratch_bytes = std::max(plan_.kernel_scratch_bytes, s);
+      }
+    CategoryBytes cur{};
+    plan_.peak_bytes = -1;
+    for (int t = 0; t < T; ++t) {
+      int64_t total = 0;
+      for (int c = 0; c < kNumMemoryCategories; ++c) {
+        cur[c] += diff[t][c];
+        total += cur[c];
+        plan_.max_by_category[c] = std::max(plan_.max_by_category[c], cur[c]);
+      }
+      if (total > plan_.peak_bytes) {
+        plan_.peak_bytes = total;
+        plan_.at_peak = cur;
+        plan_.peak_node = N_ > 0 ? t : -1;
+      }
     }
-    if (total > plan.peak_bytes) {
-      plan.peak_bytes = total;
-      plan.at_peak = cur;
-      plan.peak_node = N > 0 ? t : -1;
+    if (plan_.peak_node >= 0) {
+      const Entry& e = tl_[plan_.peak_node];
+      plan_.peak_node_name = e.node->name + " (" + e.node->op + ")";
+      if (e.loop)
+        plan_.peak_node_name += ", inside the body of " + e.loop->name + " (each of " +
+                                std::to_string(e.loop->attrs.get_int("trip_count", 1)) + " iterations)";
+      plan_.peak_in_loop_body = e.loop != nullptr;
     }
   }
-  if (plan.peak_node >= 0) {
-    const Entry& e = tl[plan.peak_node];
-    plan.peak_node_name = e.node->name + " (" + e.node->op + ")";
-    if (e.loop)
-      plan.peak_node_name += ", inside the body of " + e.loop->name + " (each of " +
-                             std::to_string(e.loop->attrs.get_int("trip_count", 1)) + " iterations)";
-    plan.peak_in_loop_body = e.loop != nullptr;
-  }
-  return plan;
-}
+
+  const Graph& g_;
+  const PlanOptions& opts_;
+  MemoryPlan plan_;
+  std::vector<Entry> tl_;  ///< the schedule
+  std::vector<LoopInfo> loops_;
+  int N_ = 0;                                      ///< schedule length
+  bool in_place_ = false;                          ///< pointwise in-place reuse (off with eager semantics)
+  std::unordered_map<const Node*, int> node_pos_;  ///< node -> schedule position
+  std::unordered_map<const Node*, const LoopInfo*> loop_of_;
+  std::unordered_map<const Value*, std::pair<const LoopInfo*, size_t>> body_input_slot_;
+  std::unordered_map<const Value*, int> idx_;  ///< value -> index into plan_.values
+  std::unordered_map<const Value*, const Graph*> owner_;
+  std::unordered_map<const Graph*, int> graph_end_;
+  std::unordered_map<const Graph*, std::unordered_set<const Value*>> pinned_;
+  std::vector<Phase> phase_;
+  std::unordered_map<const Value*, int> last_use_;
+  std::unordered_map<const Value*, std::string> state_kind_;
+  std::unordered_set<const Value*> params_;
+  std::vector<int> acct_start_, acct_end_;  ///< positions each value is counted over
+};
+
+}  // namespace
+
+Expected<MemoryPlan> plan_memory(const Graph& g, const PlanOptions& opts) { return Planner(g, opts).run(); }
 
 std::string human_bytes(int64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -26,6 +26,10 @@ struct Case {
   int exit_code = 0;
 };
 
+// gtest prints a parameter in test listings (and so in ctest's names); the case's name says
+// which file it is.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 std::vector<Case> load_cases() {
   std::vector<Case> out;
   std::ifstream f(kCorpus + "/manifest.json");
