@@ -186,6 +186,12 @@ TEST(AotCompile, FixedFlagRefusedWithOneLine) {
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("--bf16 is fixed when the binary is compiled"), std::string::npos) << r.err;
+  // The value it was compiled with is no change: accepted (the next flag's bad value then
+  // is what the run refuses).
+  ShellRun same = sh("'" + dir + "/out/train' --bf16 false --max_steps abc", kSrc);
+  EXPECT_EQ(same.code, 2) << same.err;
+  EXPECT_EQ(same.err.find("--bf16"), std::string::npos) << same.err;
+  EXPECT_NE(same.err.find("max_steps"), std::string::npos) << same.err;
   ShellRun u = sh("'" + dir + "/out/train' --no_such_flag 1", kSrc);
   EXPECT_EQ(u.code, 2) << u.err;
   EXPECT_NE(u.err.find("unknown flag --no_such_flag"), std::string::npos) << u.err;

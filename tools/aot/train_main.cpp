@@ -102,11 +102,15 @@ int real_main(int argc, char** argv) {
   std::map<std::string, std::vector<std::string>> given;
   for (auto& f : runtime::config_fields(cfg)) {
     if (options.at(f.name)->count() == 0) continue;
-    if (!changeable().count(f.name))
+    if (!changeable().count(f.name)) {
+      // The compiled value itself is accepted (a command line copied from `kiln train`).
+      runtime::TrainConfig probe = cfg;
+      const Status same = runtime::apply_flag_values(probe, {{f.name, values.at(f.name)}});
+      if (same && runtime::config_to_json(probe) == runtime::config_to_json(cfg)) continue;
       return fail(2, "--" + f.name +
                          " is fixed when the binary is compiled (shapes, passes or the generated kernels' constants "
-                         "depend on it); run kiln "
-                         "compile again with the new value");
+                         "depend on it); run kiln compile again with the new value");
+    }
     given[f.name] = values.at(f.name);
   }
   Status applied = runtime::apply_flag_values(cfg, given);
