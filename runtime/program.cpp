@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 #include "ir/serialize.h"
 #include "ir/verifier.h"
@@ -20,7 +21,7 @@ namespace {
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'R', 'G', '\0'};
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 32;
 
-std::string sha256_raw(const std::string& bytes) {
+std::string sha256_raw(std::string_view bytes) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
@@ -186,7 +187,7 @@ Status check_header(const std::string& bytes, const std::string& origin, Program
   if (have > len)
     return Status::error(origin + ": corrupt program file (" + std::to_string(have - len) +
                          " bytes after the payload)");
-  const std::string digest = sha256_raw(bytes.substr(kHeaderSize));
+  const std::string digest = sha256_raw(std::string_view(bytes).substr(kHeaderSize));  // no copy of the payload
   if (std::memcmp(digest.data(), bytes.data() + 20, 32) != 0)
     return Status::error(origin + ": corrupt program file (payload SHA-256 mismatch)");
   info.format = version;

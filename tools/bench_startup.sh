@@ -38,21 +38,38 @@ PY
 DATA=(--train_data input=$W/x.npy --train_data labels=$W/y.npy --max_steps 1)
 FLAGS=("${DATA[@]}" --loss cross_entropy --bf16 --per_device_train_batch_size 8 --learning_rate 1e-3
        --weight_decay 0.01)
-now() { date +%s.%N; }
-secs() { python3 -c "print(f'{$2 - $1:.3f}')"; }
+# Each run is traced (strace --seccomp-bpf: only execve and openat stop the process, so the
+# trace costs microseconds): "to step 1" is from the execve to the openat of
+# model.safetensors.tmp, the first file the final save opens (step 1's metrics line is
+# written before it); "to exit" is the whole process.
+command -v strace >/dev/null || { echo "bench_startup: strace is not installed (apt-get install strace)" >&2; exit 2; }
+traced() {  # traced NAME COMMAND...: runs COMMAND, prints "TO_STEP1 TO_EXIT" in seconds
+  local name=$1
+  shift
+  local t0 t1
+  t0=$(date +%s.%N)
+  strace -f --seccomp-bpf -ttt -e trace=execve,openat -o "$W/$name.trace" "$@" > "$W/$name.log" 2>&1 ||
+    { cat "$W/$name.log" >&2; exit 1; }
+  t1=$(date +%s.%N)
+  python3 - "$W/$name.trace" "$t0" "$t1" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next(float(l.split()[1]) for l in lines if " execve(" in l)
+save = next(float(l.split()[1]) for l in lines if "model.safetensors.tmp" in l)
+print(f"{save - start:.3f} {float(sys.argv[3]) - float(sys.argv[2]):.3f}")
+PY
+}
 build/bin/kiln compile "$M" -o "$W/prog" "${FLAGS[@]}" > "$W/compile.log" 2>&1 ||
   { cat "$W/compile.log"; exit 1; }
-echo "round cold_s cache_hit_s dir_train_s dir/cold"
+echo "round | to end of step 1: cold, cache hit, DIR/train, DIR/cold | to exit: cold, cache hit, DIR/train, DIR/cold"
 for r in $(seq 1 "$ROUNDS"); do
   rm -rf "$W/cache" "$W/o1" "$W/o2" "$W/o3"
-  t0=$(now); build/bin/kiln train "$M" "${FLAGS[@]}" --cache_dir "$W/cache" --output_dir "$W/o1" > "$W/cold.log" 2>&1 ||
-    { cat "$W/cold.log"; exit 1; }
-  t1=$(now); build/bin/kiln train "$M" "${FLAGS[@]}" --cache_dir "$W/cache" --output_dir "$W/o2" > "$W/hit.log" 2>&1 ||
-    { cat "$W/hit.log"; exit 1; }
-  t2=$(now); "$W/prog/train" "${DATA[@]}" --output_dir "$W/o3" > "$W/dir.log" 2>&1 || { cat "$W/dir.log"; exit 1; }
-  t3=$(now)
-  cold=$(secs "$t0" "$t1"); hit=$(secs "$t1" "$t2"); dir=$(secs "$t2" "$t3")
-  echo "$r $cold $hit $dir $(python3 -c "print(f'{$dir / $cold:.3f}')")"
+  read -r c1 ce < <(traced cold build/bin/kiln train "$M" "${FLAGS[@]}" --cache_dir "$W/cache" --output_dir "$W/o1")
+  read -r h1 he < <(traced hit build/bin/kiln train "$M" "${FLAGS[@]}" --cache_dir "$W/cache" --output_dir "$W/o2")
+  read -r d1 de < <(traced dir "$W/prog/train" "${DATA[@]}" --output_dir "$W/o3")
+  python3 -c "print(f'$r | $c1 $h1 $d1 {$d1 / $c1:.3f} | $ce $he $de {$de / $ce:.3f}')"
 done
-echo "step 1 loss: cold $(grep -o '"train_loss":[0-9.e+-]*' "$W/o1/metrics.jsonl" | head -1), cache hit $(grep -o '"train_loss":[0-9.e+-]*' "$W/o2/metrics.jsonl" | head -1), DIR/train $(grep -o '"train_loss":[0-9.e+-]*' "$W/o3/metrics.jsonl" | head -1)"
-echo "step 1 alone (train_runtime of each run's metrics.jsonl): cold $(grep -o '"train_runtime":[0-9.]*' "$W/o1/metrics.jsonl" | cut -d: -f2) s, DIR/train $(grep -o '"train_runtime":[0-9.]*' "$W/o3/metrics.jsonl" | cut -d: -f2) s"
+loss() { grep -o '"train_loss":[0-9.e+-]*' "$1/metrics.jsonl" | head -1 | cut -d: -f2; }
+runtime() { grep -o '"train_runtime":[0-9.]*' "$1/metrics.jsonl" | cut -d: -f2; }
+echo "step 1 loss: cold $(loss "$W/o1"), cache hit $(loss "$W/o2"), DIR/train $(loss "$W/o3")"
+echo "step 1 alone (train_runtime in metrics.jsonl): cold $(runtime "$W/o1") s, cache hit $(runtime "$W/o2") s, DIR/train $(runtime "$W/o3") s"

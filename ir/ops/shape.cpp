@@ -96,9 +96,10 @@ Status infer_reshape(InferContext& c) {
   int64_t p_in = 1, p_out = 1;
   std::vector<std::string> sym_in, sym_out;
   bool unknown = false;
+  bool overflow = false;  // a product past int64 (fuzz/ onnx: shape values near 2^62)
   for (auto& d : in.dims) {
     if (d.is_static())
-      p_in *= d.value;
+      overflow |= __builtin_mul_overflow(p_in, d.value, &p_in);
     else if (d.symbol.empty())
       unknown = true;
     else
@@ -108,12 +109,15 @@ Status infer_reshape(InferContext& c) {
     if (i == minus) continue;
     const Dim& d = out.dims[i];
     if (d.is_static())
-      p_out *= d.value;
+      overflow |= __builtin_mul_overflow(p_out, d.value, &p_out);
     else if (d.symbol.empty())
       unknown = true;
     else
       sym_out.push_back(d.symbol);
   }
+  if (overflow)
+    return c.fail("cannot reshape " + in.to_string() + " into " + dims_to_string(*tv) +
+                  ": the element count overflows int64");
   if (!unknown) {
     for (auto& s : sym_out) {
       auto it = std::find(sym_in.begin(), sym_in.end(), s);
