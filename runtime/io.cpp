@@ -305,13 +305,15 @@ Expected<DType> st_dtype(const std::string& s, const std::string& where) {
 }  // namespace
 
 // ============================================================================= .npy
-Expected<Tensor> load_npy(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::string buf, read_file(path));
+namespace {
+/// Where the header dict of the .npy bytes `buf` lies (magic and version checked):
+/// [hstart, hstart + hlen). `buf` may be only the file's first 12 bytes: the caller checks
+/// that the header is there.
+Status locate_npy_header(const std::string& buf, const std::string& path, size_t& hstart, size_t& hlen) {
   static const char kMagic[] = "\x93NUMPY";
   if (buf.size() < 10 || std::memcmp(buf.data(), kMagic, 6) != 0)
     return Status::error(path + ": not a .npy file (bad magic)");
   int major = static_cast<unsigned char>(buf[6]);
-  size_t hlen = 0, hstart = 0;
   if (major == 1) {
     hlen = static_cast<unsigned char>(buf[8]) | (static_cast<size_t>(static_cast<unsigned char>(buf[9])) << 8);
     hstart = 10;
@@ -324,6 +326,32 @@ Expected<Tensor> load_npy(const std::string& path) {
   } else {
     return Status::error(path + ": unsupported .npy format version " + std::to_string(major));
   }
+  return Status::ok();
+}
+}  // namespace
+
+Expected<std::vector<int64_t>> npy_shape(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::error(path + ": cannot open the .npy file");
+  std::string buf(12, '\0');
+  f.read(buf.data(), 12);
+  buf.resize(static_cast<size_t>(f.gcount()));
+  size_t hstart = 0, hlen = 0;
+  KILN_RETURN_IF_ERROR(locate_npy_header(buf, path, hstart, hlen));
+  if (hlen > (size_t(1) << 20))  // numpy's own limit is 2^16 bytes unless told otherwise
+    return Status::error(path + ": malformed .npy header (" + std::to_string(hlen) + " bytes long)");
+  buf.resize(hstart + hlen);
+  f.seekg(0);
+  f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  if (static_cast<size_t>(f.gcount()) != buf.size()) return Status::error(path + ": truncated .npy header");
+  KILN_ASSIGN_OR_RETURN(NpyHeader h, parse_npy_header(buf.substr(hstart, hlen), path));
+  return h.shape;
+}
+
+Expected<Tensor> load_npy(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::string buf, read_file(path));
+  size_t hlen = 0, hstart = 0;
+  KILN_RETURN_IF_ERROR(locate_npy_header(buf, path, hstart, hlen));
   if (hstart + hlen > buf.size()) return Status::error(path + ": truncated .npy header");
   KILN_ASSIGN_OR_RETURN(NpyHeader h, parse_npy_header(buf.substr(hstart, hlen), path));
   if (h.fortran)

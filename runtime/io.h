@@ -25,6 +25,10 @@ namespace kiln::runtime::io {
 /// implies (truncated). Trailing bytes after the data are an error too.
 Expected<ir::Tensor> load_npy(const std::string& path);
 
+/// The shape of a .npy file, from its header only (the data is not read: binding a model's
+/// symbolic dims from the data files costs no load). Errors: those of load_npy's header.
+Expected<std::vector<int64_t>> npy_shape(const std::string& path);
+
 /// Writes `t` as a .npy file, format 1.0 (2.0 if the header needs it), little-endian,
 /// C order, header padded to a multiple of 64 bytes as numpy does. bf16 has no .npy
 /// dtype: error (cast to f32 first). Written to `path.tmp` and renamed over `path`.

@@ -10,7 +10,8 @@
 //     batch 2 (GPT-2's rows have equal label counts, so the mean of microbatch means is the
 //     batch mean, HF's microbatch normalization);
 //   - batch 1 compiles (T5's label shift scatters a one-element constant) like eager;
-//   - kiln ops lists the ops the new opsets brought with the ONNX versions implemented.
+//   - kiln ops lists the ops the new opsets brought with the ONNX versions implemented;
+//   - symbolic dims are bound from the .npy data (no --shape needed), or named when nothing binds them.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -156,6 +157,33 @@ TEST(HfCli, ModelLossWithGradientAccumulationTrainsLikeOneBatch) {
   ASSERT_EQ(la.size(), 3u);
   ASSERT_EQ(lb.size(), 3u);
   for (auto& [step, loss] : la) EXPECT_NEAR(lb.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+}
+
+TEST(HfCli, SymbolicDimsAreBoundFromTheData) {
+  // Issue 31: a model exported with dynamic_axes (input_ids [batch, seq]) trained on .npy
+  // data needed --shape seq=N ("cross_entropy needs static logits ... got [?, ?, ?]"); the
+  // data's (2, 8) now binds seq = 8, and the run trains the losses of --shape seq=8.
+  const std::string d = kHf + "gpt2/";
+  const std::string data = " --train_data input_ids=" + d + "input_ids.npy --train_data labels=" + d +
+                           "labels.npy --per_device_train_batch_size 2 --max_steps 2 --logging_steps 1 --output_dir ";
+  const std::string bound = kiln::testing::fresh_tmpdir("hf_cli_dims_shape"),
+                    from_data = kiln::testing::fresh_tmpdir("hf_cli_dims_data");
+  CliRun a = kiln("train " + d + "logits_dynamo.onnx --shape seq=8" + data + bound);
+  ASSERT_EQ(a.code, 0) << a.out;
+  CliRun b = kiln("train " + d + "logits_dynamo.onnx" + data + from_data);
+  ASSERT_EQ(b.code, 0) << b.out;
+  const auto la = kiln::testing::train_losses(bound), lb = kiln::testing::train_losses(from_data);
+  ASSERT_EQ(la.size(), 2u);
+  ASSERT_EQ(lb.size(), 2u);
+  for (auto& [step, loss] : la) EXPECT_EQ(lb.at(step), loss) << "step " << step;
+  // Nothing binds seq without data (kiln bench's synthetic batches): one line naming the
+  // dim and both ways to bind it.
+  CliRun c = kiln("bench " + d + "logits_dynamo.onnx --per_device_train_batch_size 2");
+  EXPECT_NE(c.code, 0);
+  EXPECT_NE(c.out.find("kiln: error: input 'input_ids' dim 1 ('seq', shape [batch, seq]) is bound by nothing: give "
+                       "data for it (--train_data input_ids=FILE.npy) or its value (--shape seq=N)\n"),
+            std::string::npos)
+      << c.out;
 }
 
 TEST(HfCli, ALossExportWithoutLossModelSaysWhatToDo) {

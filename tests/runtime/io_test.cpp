@@ -135,6 +135,31 @@ TEST_F(IoTest, NpyRoundTripEveryDtype) {
   EXPECT_EQ(back->rank(), 25000);
 }
 
+TEST_F(IoTest, NpyShapeReadsTheHeaderOnly) {
+  // The files written by numpy (make_npy.py): each header's shape, version 1 and 2, and the
+  // shape of a file whose data is truncated (only the header is read).
+  struct Case {
+    const char* file;
+    std::vector<int64_t> dims;
+  };
+  for (const Case& c : {Case{"good_f4.npy", {2, 3}}, Case{"v2_f4.npy", {2, 3}}, Case{"scalar_f8.npy", {}},
+                        Case{"empty_f4.npy", {0, 3}}, Case{"vec_i8.npy", {3}}}) {
+    SCOPED_TRACE(c.file);
+    auto d = io::npy_shape(npy(c.file));
+    ASSERT_TRUE(d.has_value()) << d.message();
+    EXPECT_EQ(*d, c.dims);
+    auto t = io::load_npy(npy(c.file));  // the reference: the whole file's tensor
+    ASSERT_TRUE(t.has_value()) << t.message();
+    EXPECT_EQ(*d, t->dims());
+  }
+  EXPECT_TRUE(io::npy_shape(npy("bad_truncated.npy")).has_value());
+  for (const char* f : {"bad_magic.npy", "bad_short.npy", "bad_header.npy", "does_not_exist.npy"}) {
+    auto d = io::npy_shape(npy(f));
+    ASSERT_FALSE(d.has_value()) << f;
+    EXPECT_NE(d.message().find(f), std::string::npos) << d.message();
+  }
+}
+
 TEST_F(IoTest, NpyErrorsNameTheFileAndTheProblem) {
   struct Case {
     const char* file;

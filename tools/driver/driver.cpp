@@ -18,6 +18,7 @@
 #include "passes/passes.h"
 #include "runtime/data.h"
 #include "runtime/interpreter.h"
+#include "runtime/io.h"
 #include "runtime/trainer.h"
 #include "tools/driver/logs.h"
 #include "tools/driver/pipeline.h"
@@ -218,13 +219,17 @@ Expected<std::shared_ptr<runtime::StepArena>> plan_step_arena(const Graph& g) {
   return arena_of_plan(plan);
 }
 
-/// Batch-size bindings: user --shape first, then the first symbolic dim of each model input.
-/// dim_param bindings of a program whose data batch is `batch` rows: --shape's, plus each
-/// input's symbolic dim 0 bound to `batch` and, when the training data is a token file,
-/// the symbolic dim 1 of integer (batch, seq) inputs bound to --block_size. `flag` names the batch-size flag; with
-/// `enforce`, a --shape value for a batch dim other than `batch` is an error.
+/// dim_param bindings of a program whose data batch is `batch` rows, in order of precedence:
+/// --shape's; each input's symbolic dim 0 bound to `batch`; when the training data is a token
+/// file, the symbolic dim 1 of integer (batch, seq) inputs bound to --block_size; each
+/// other symbolic dim k of an input fed by NAME=FILE.npy bound to the file's dim k (the
+/// files in `data` first, then the training data's: an eval program without eval data
+/// takes the training data's lengths). `flag` names the batch-size flag; with `enforce`, a
+/// --shape value for a batch dim other than `batch` is an error, and so is a named
+/// symbolic dim of an input that nothing binds (one line naming the dim and the flags).
 static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::TrainConfig& cfg, const Graph& module,
-                                                               int64_t batch, const char* flag, bool enforce) {
+                                                               const std::vector<std::string>& data, int64_t batch,
+                                                               const char* flag, bool enforce) {
   std::map<std::string, int64_t> b = cfg.shape;
   const bool token_data = runtime::is_token_file(cfg.train_data);  // windows of --block_size
   for (Value* in : module.inputs) {
@@ -252,6 +257,36 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
       if (!in->shape.dims[1].is_static() && !seq.empty() && !b.count(seq)) b[seq] = cfg.block_size;
     }
   }
+  // .npy data: dim k >= 1 of the file fed to an input is that input's dim k (dim 0 is the
+  // file's rows; the batch comes from the batch size). A file that cannot be read is left
+  // to the data loader, which names it in its own line.
+  std::vector<std::string> files = data;
+  if (&data != &cfg.train_data) files.insert(files.end(), cfg.train_data.begin(), cfg.train_data.end());
+  for (const std::string& spec : files) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) continue;
+    const Value* in = nullptr;
+    for (const Value* v : module.inputs)
+      if (v->name == spec.substr(0, eq)) in = v;
+    if (!in) continue;
+    auto dims = runtime::io::npy_shape(spec.substr(eq + 1));
+    if (!dims || static_cast<int>(dims->size()) != in->shape.rank()) continue;
+    for (int k = 1; k < in->shape.rank(); ++k) {
+      const ir::Dim& d = in->shape.dims[k];
+      if (!d.is_static() && !d.symbol.empty() && !b.count(d.symbol)) b[d.symbol] = (*dims)[static_cast<size_t>(k)];
+    }
+  }
+  if (enforce)
+    for (const Value* in : module.inputs)
+      for (int k = 0; k < in->shape.rank(); ++k) {
+        const ir::Dim& d = in->shape.dims[k];
+        if (d.is_static() || d.symbol.empty() || b.count(d.symbol)) continue;
+        return Status::error("input '" + in->name + "' dim " + std::to_string(k) + " ('" + d.symbol + "', shape " +
+                             in->shape.to_string() + ") is bound by nothing: give data for it (--train_data " +
+                             in->name + "=FILE.npy" +
+                             (runtime::is_token_file(cfg.train_data) ? ", or --block_size" : "") +
+                             ") or its value (--shape " + d.symbol + "=N)");
+      }
   return b;
 }
 
@@ -289,10 +324,10 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     module_in = own_module.get();
   }
   const Graph& module = *module_in;
-  KILN_ASSIGN_OR_RETURN(auto train_dims, batch_bindings(cfg, module, cfg.per_device_train_batch_size,
+  KILN_ASSIGN_OR_RETURN(auto train_dims, batch_bindings(cfg, module, cfg.train_data, cfg.per_device_train_batch_size,
                                                         "--per_device_train_batch_size", true));
   // The eval batch size matters only with eval data.
-  KILN_ASSIGN_OR_RETURN(auto eval_dims, batch_bindings(cfg, module, cfg.per_device_eval_batch_size,
+  KILN_ASSIGN_OR_RETURN(auto eval_dims, batch_bindings(cfg, module, cfg.eval_data, cfg.per_device_eval_batch_size,
                                                        "--per_device_eval_batch_size", !cfg.eval_data.empty()));
   {
     KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(module, cfg.model, cfg.shape, false, nullptr));

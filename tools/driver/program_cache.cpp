@@ -12,6 +12,7 @@
 #include "codegen/cpu/program.h"
 #include "frontend/model_bytes.h"
 #include "runtime/data.h"
+#include "runtime/io.h"
 #include "tools/driver/logs.h"
 
 #ifndef KILN_VERSION
@@ -100,6 +101,19 @@ Expected<std::string> program_cache_key(const runtime::TrainConfig& cfg) {
   key["config"] = c;
   key["token_data"] = runtime::is_token_file(cfg.train_data);
   key["eval_data"] = !cfg.eval_data.empty();
+  // Symbolic dims are bound from the .npy files' shapes (driver.cpp's batch_bindings):
+  // each file's dims past its rows are part of the key, the row count is not.
+  nlohmann::json shapes = nlohmann::json::array();
+  for (const auto* list : {&cfg.train_data, &cfg.eval_data})
+    for (const std::string& spec : *list) {
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos) continue;
+      auto dims = runtime::io::npy_shape(spec.substr(eq + 1));
+      if (!dims) continue;  // the data loader refuses it with its own line
+      if (!dims->empty()) dims->erase(dims->begin());
+      shapes.push_back({list == &cfg.train_data ? "train" : "eval", spec.substr(0, eq), *dims});
+    }
+  key["data_shapes"] = shapes;
   return runtime::sha256_hex(key.dump());
 }
 

@@ -5,7 +5,8 @@
 // names), and every TrainConfig field that can change the program (all but the per-run
 // fields: data paths, step and epoch counts, output and logging settings, seed; the LR
 // schedule reads its step counts at run time), plus whether the training data is a token
-// file and whether eval data is given. A hit skips import, passes and code generation.
+// file, whether eval data is given, and the dims past the rows of each .npy data file
+// (they bind the model's symbolic dims). A hit skips import, passes and code generation.
 // Entries live in <cache_dir>/programs/<key>.kiln (cache_dir as for the kernel cache,
 // codegen::default_cache_dir); at most kProgramCacheBytes are kept, least recently used
 // first out; a program larger than a quarter of that is not stored. An unusable entry
