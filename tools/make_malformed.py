@@ -563,6 +563,22 @@ def make_misc():
     case("out_is_file", train("mlp.onnx", out="mlp.onnx"))
 
 
+def make_fuzz_findings():
+    """Every input a fuzz target found (tests/data/fuzz_regressions) that kiln's command
+    line reads: the ONNX models through kiln inspect, the --config JSON through kiln train."""
+    reg = os.path.join(ROOT, "tests", "data", "fuzz_regressions")
+    for f in sorted(os.listdir(os.path.join(reg, "onnx"))):
+        with open(os.path.join(reg, "onnx", f), "rb") as src:
+            write_bytes("fuzz/" + f, src.read())
+        case("fuzz_" + f[:-len(".onnx")], inspect("fuzz/" + f))
+    for f in sorted(os.listdir(os.path.join(reg, "config"))):
+        with open(os.path.join(reg, "config", f), "rb") as src:
+            write_bytes("fuzz/config_" + f, src.read())
+        case("fuzz_config_" + f[:-len(".json")],
+             ["train", "mlp.onnx", "--config", "fuzz/config_" + f, "--train_data", "x=x.npy", "--train_data",
+              "labels=labels.npy", "--output_dir", "out"])
+
+
 def record(kiln):
     """Runs every case as the test does and writes manifest.json."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -622,6 +638,7 @@ def main():
     make_config()
     make_misc()
     make_checkpoints(kiln)
+    make_fuzz_findings()
     nfiles = sum(len(f) for _, _, f in os.walk(OUT))
     print(f"wrote {nfiles} files, {len(CASES)} cases to {OUT}")
     if a.record:
