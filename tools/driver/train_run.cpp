@@ -374,7 +374,11 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   const int64_t mem_base =
       ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step) - step_arena_bytes(prog);
   ir::MemoryStats::reset_peak();
-  KILN_ASSIGN_OR_RETURN(auto res, runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr));
+  runtime::TrainerOptions topts;
+  topts.planned_peak_bytes = planned_peak;
+  topts.memory_base_bytes = mem_base;
+  KILN_ASSIGN_OR_RETURN(auto res,
+                        runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr, topts));
   const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
   if (res.stopped_by_signal) return Status::ok();  // not done: no trained model (the caller exits 128 + signal)
 
