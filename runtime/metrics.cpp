@@ -8,11 +8,14 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "runtime/interrupt.h"
@@ -288,6 +291,47 @@ void ProgressBar::close() {
     clear();
   }
   total_ = 0;
+}
+
+struct ElapsedIndicator::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool drawn = false;
+  std::thread thread;
+};
+
+ElapsedIndicator::ElapsedIndicator(std::ostream& out, bool enabled, std::string desc, double delay)
+    : out_(out), enabled_(enabled), desc_(std::move(desc)), delay_(delay) {}
+
+ElapsedIndicator::~ElapsedIndicator() { stop(); }
+
+void ElapsedIndicator::start() {
+  if (!enabled_ || state_) return;
+  state_ = std::make_unique<State>();
+  State* st = state_.get();
+  const double t0 = now_s();
+  st->thread = std::thread([this, st, t0] {
+    std::unique_lock<std::mutex> lock(st->mu);
+    if (st->cv.wait_for(lock, std::chrono::duration<double>(delay_), [st] { return st->done; })) return;
+    while (!st->done) {
+      out_ << "\r" << desc_ << ": [" << format_interval(now_s() - t0) << "]" << std::flush;
+      st->drawn = true;
+      st->cv.wait_for(lock, std::chrono::milliseconds(100), [st] { return st->done; });
+    }
+  });
+}
+
+void ElapsedIndicator::stop() {
+  if (!state_) return;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->done = true;
+  }
+  state_->cv.notify_all();
+  state_->thread.join();
+  if (state_->drawn) out_ << "\r\033[K" << std::flush;
+  state_.reset();
 }
 
 }  // namespace kiln::runtime

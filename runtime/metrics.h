@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
@@ -99,6 +100,30 @@ class ProgressBar {
   int64_t total_ = 0, initial_ = 0, done_ = 0;
   double loss_ = std::nan("");
   double t0_ = 0, last_draw_ = -1, min_interval_ = 0.1;
+};
+
+/// tqdm's bar without a total for work whose length is unknown (a compile): from
+/// `delay` seconds after start() until stop(), a background thread redraws
+/// "desc: [MM:SS]" every 0.1 s; stop() erases it. Nothing is drawn when not `enabled`
+/// or when the work ends within `delay` (HF's Trainer shows no bar for short work either).
+class ElapsedIndicator {
+ public:
+  ElapsedIndicator(std::ostream& out, bool enabled, std::string desc, double delay = 1.0);
+  ~ElapsedIndicator();
+  ElapsedIndicator(const ElapsedIndicator&) = delete;
+  ElapsedIndicator& operator=(const ElapsedIndicator&) = delete;
+  /// Starts the clock (and the thread, when enabled).
+  void start();
+  /// Stops the thread and erases the line if one was drawn. Idempotent.
+  void stop();
+
+ private:
+  struct State;
+  std::ostream& out_;
+  bool enabled_;
+  std::string desc_;
+  double delay_;
+  std::unique_ptr<State> state_;
 };
 
 /// "1h02m03s" / "2m05s" / "7s".

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 using namespace kiln;
 
@@ -129,6 +131,30 @@ TEST(Metrics, ProgressBarRedrawsOverOneLineAndLeavesTheLast) {
   eval.close();  // erased: carriage return and erase-line
   EXPECT_NE(ev.str().find("eval:  50%|"), std::string::npos) << ev.str();
   EXPECT_EQ(ev.str().substr(ev.str().size() - 4), "\r\033[K");
+}
+
+TEST(Metrics, ElapsedIndicatorDrawsAfterItsDelayAndErasesItself) {
+  std::ostringstream quick;
+  {
+    runtime::ElapsedIndicator ind(quick, true, "compiling", /*delay=*/30);
+    ind.start();
+    ind.stop();  // done within the delay: nothing drawn
+  }
+  EXPECT_EQ(quick.str(), "");
+  std::ostringstream slow;
+  runtime::ElapsedIndicator ind(slow, true, "compiling", /*delay=*/0.01);
+  ind.start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ind.stop();
+  const std::string s = slow.str();
+  EXPECT_EQ(s.rfind("\rcompiling: [00:00]", 0), 0u) << s;
+  EXPECT_EQ(s.substr(s.size() - 4), "\r\033[K") << s;
+  std::ostringstream off;
+  runtime::ElapsedIndicator none(off, false, "compiling", 0);
+  none.start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  none.stop();
+  EXPECT_EQ(off.str(), "");
 }
 
 }  // namespace
