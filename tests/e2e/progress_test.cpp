@@ -147,6 +147,13 @@ TEST(Progress, BadReportingFlagsAreOneLineErrors) {
     EXPECT_NE(out.find(flags.substr(0, flags.find(' '))), std::string::npos) << out;
     EXPECT_FALSE(fs::exists("/tmp/kiln_progress_never"));
   }
+  // kiln bench writes nothing: TensorBoard files are refused rather than silently not written.
+  auto [code, out] = sh("cd '" + kSrc + "' && '" + kBin +
+                        "' bench examples/mlp_digits/model.onnx --train_data input=data/digits/x_train.npy "
+                        "--train_data labels=data/digits/y_train.npy --report_to tensorboard");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_EQ(out.rfind("kiln: error: --report_to: kiln bench", 0), 0u) << out;
+  EXPECT_EQ(lines_of(out).size(), 1u) << out;
 }
 
 }  // namespace

@@ -370,7 +370,9 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
                                                  {"save_total_limit", cfg.save_total_limit > 0},
                                                  {"overwrite_output_dir", cfg.overwrite_output_dir},
                                                  {"eval_data", !cfg.eval_data.empty()},
-                                                 {"eval_steps", cfg.eval_steps > 0}};
+                                                 {"eval_steps", cfg.eval_steps > 0},
+                                                 {"report_to", cfg.reports_tensorboard()},
+                                                 {"logging_dir", !cfg.logging_dir.empty()}};
   for (const auto& [f, on] : active) {
     auto it = flags.values.find(f);
     if (on && it != flags.values.end() && !it->second.empty())
