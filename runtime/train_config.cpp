@@ -171,7 +171,28 @@ Status TrainConfig::validate() const {
     return bad("remat_policy", "'none' contradicts --gradient_checkpointing (drop one of them)");
   if (any_budget && memory_budget.empty())
     return bad("memory_budget", "--remat_policy budget needs --memory_budget (e.g. 800MB, 24GiB)");
+  {
+    const std::vector<std::string> items = comma_list(report_to);
+    for (const std::string& item : items) {
+      if (item.empty())
+        return bad("report_to", "empty item in '" + report_to + "' (expected none, tensorboard or all)");
+      if (item != "none" && item != "tensorboard" && item != "all")
+        return bad("report_to", "unknown value '" + item +
+                                    "' (expected one of: none, tensorboard, all; kiln writes TensorBoard event files "
+                                    "and metrics.jsonl, no other integration)");
+      if (item == "none" && items.size() > 1)
+        return bad("report_to", "'none' in a list with others: '" + report_to + "'");
+    }
+  }
+  if (!logging_dir.empty() && !reports_tensorboard())
+    return bad("logging_dir", "only applies with --report_to tensorboard (or all)");
   return Status::ok();
+}
+
+bool TrainConfig::reports_tensorboard() const {
+  for (const std::string& item : comma_list(report_to))
+    if (item == "tensorboard" || item == "all") return true;
+  return false;
 }
 
 std::vector<std::string> comma_list(const std::string& text) {
@@ -276,6 +297,11 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
        "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes; bench takes a list: none,blocks"},
       {"memory_budget", Kind::str, &c.memory_budget,
        "planned peak budget for --remat_policy budget: bytes, 800MB, 24GiB"},
+      {"disable_tqdm", Kind::boolean, &c.disable_tqdm,
+       "no live progress bar on a terminal: plain log lines every --logging_steps steps"},
+      {"report_to", Kind::str, &c.report_to,
+       "none | tensorboard | all: also write TensorBoard event files under --logging_dir"},
+      {"logging_dir", Kind::str, &c.logging_dir, "TensorBoard log folder (default OUTPUT_DIR/runs/<date>_<host>)"},
   };
 }
 
@@ -520,8 +546,6 @@ std::string unknown_flag_hint(const std::string& name_in, const std::set<std::st
       {"load_best_model_at_end", "kiln keeps no best checkpoint; each checkpoint's metrics.jsonl holds its eval lines"},
       {"metric_for_best_model", "kiln keeps no best checkpoint; each checkpoint's metrics.jsonl holds its eval lines"},
       {"greater_is_better", "kiln keeps no best checkpoint; each checkpoint's metrics.jsonl holds its eval lines"},
-      {"report_to", "kiln logs to stdout and to OUTPUT_DIR/metrics.jsonl only"},
-      {"logging_dir", "kiln logs to stdout and to OUTPUT_DIR/metrics.jsonl only"},
       {"dataloader_num_workers", "kiln reads its data files in-process"},
       {"dataloader_pin_memory", "kiln reads its data files in-process"},
       {"push_to_hub", "kiln saves to --output_dir only"},
@@ -543,7 +567,6 @@ std::string unknown_flag_hint(const std::string& name_in, const std::set<std::st
       {"half_precision_backend", "--bf16 and --fp16 are kiln's own"},
       {"torch_compile", "kiln compiles by default (--backend compiled)"},
       {"run_name", "kiln names a run by its --output_dir"},
-      {"disable_tqdm", "kiln prints one log line every --logging_steps steps"},
       {"log_level", "kiln prints one log line every --logging_steps steps"},
       {"remove_unused_columns", "kiln feeds the graph inputs named by --train_data NAME=FILE"},
       {"label_names", "--label_input names the label input"},

@@ -85,6 +85,18 @@ struct TrainConfig {
   /// kiln: planned-peak budget of a training step for remat_policy budget: "24GiB", "800MB",
   /// "123456" (bytes). Parsed by parse_byte_size.
   std::string memory_budget;
+  // --- reporting ---
+  /// Hugging Face's flag: no live progress bar on a terminal (plain log lines only).
+  bool disable_tqdm = false;
+  /// Hugging Face's flag: where metrics go besides stdout and metrics.jsonl: "none"
+  /// (default), "tensorboard", "all" (= tensorboard, the one integration kiln has); a
+  /// comma list of those.
+  std::string report_to = "none";
+  /// Hugging Face's flag: the TensorBoard log folder ("" = OUTPUT_DIR/runs/<Mon><DD>_<HH>-<MM>-<SS>_<host>).
+  std::string logging_dir;
+  /// Whether report_to asks for TensorBoard event files.
+  bool reports_tensorboard() const;
+
   /// The remat policy in effect (remat_policy, else "blocks" with gradient_checkpointing).
   std::string effective_remat_policy() const {
     if (!remat_policy.empty()) return remat_policy;

@@ -15,6 +15,8 @@
 #include "runtime/backend.h"
 #include "runtime/interpreter.h"
 #include "runtime/interrupt.h"
+#include "runtime/metrics.h"
+#include "runtime/tensorboard.h"
 
 namespace kiln::runtime {
 
@@ -513,7 +515,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   return r;
 }
 
-Expected<std::map<std::string, double>> Trainer::evaluate() {
+Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
   if (!eval_ || !g_.eval) return Status::error("evaluate: no eval data or eval graph");
   const ir::Graph* eg = g_.eval;
   if (eval_clone_) {
@@ -527,7 +529,9 @@ Expected<std::map<std::string, double>> Trainer::evaluate() {
   double loss_sum = 0;
   int64_t correct = 0, counted = 0;
   bool acc_ok = cfg_.loss == "cross_entropy" && !g_.label_input.empty();
+  if (bar) bar->start(nb);
   for (int64_t i = 0; i < nb; ++i) {
+    if (bar && i > 0) bar->update(i);
     KILN_ASSIGN_OR_RETURN(Batch batch, eval_->eval_batch(i, eval_rows_));
     KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(*eg, batch, eval_specs_));
     RunOptions ro;
@@ -588,15 +592,32 @@ Status Trainer::save() {
 
 Expected<TrainResult> Trainer::run() {
   std::ostream& out = opts_.out ? *opts_.out : std::cout;
-  bool progress = opts_.progress == 1 || (opts_.progress == -1 && opts_.out == &std::cout && isatty(fileno(stdout)));
+  // tqdm's bar on a terminal (Hugging Face's --disable_tqdm turns it off); plain log
+  // lines only otherwise (CI logs, files).
+  const bool progress = opts_.progress == 1 || (opts_.progress == -1 && !cfg_.disable_tqdm && opts_.out == &std::cout &&
+                                                isatty(fileno(stdout)));
   ProgressBar bar(out, progress);
-  MetricsWriter metrics;
+  ProgressBar eval_bar(out, progress, "eval", /*leave=*/false);
+  MetricsWriter metrics_file;
+  TensorBoardWriter tensorboard;
   if (opts_.write_files) {
     KILN_RETURN_IF_ERROR(prepare_output_dir(cfg_.output_dir));
-    KILN_RETURN_IF_ERROR(metrics.open(
+    KILN_RETURN_IF_ERROR(metrics_file.open(
         (std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string(), resumed_, global_step_,
         resumed_from_.empty() ? std::string() : (std::filesystem::path(resumed_from_) / "metrics.jsonl").string()));
+    if (cfg_.reports_tensorboard())
+      KILN_RETURN_IF_ERROR(
+          tensorboard.open(cfg_.logging_dir.empty() ? default_logging_dir(cfg_.output_dir) : cfg_.logging_dir));
   }
+  // Each metrics line goes to metrics.jsonl and, with --report_to tensorboard, to the event file.
+  struct {
+    MetricsWriter& file;
+    TensorBoardWriter& tb;
+    Status write(const nlohmann::json& j) {
+      KILN_RETURN_IF_ERROR(file.write(j));
+      return tb.write_metrics(j);
+    }
+  } metrics{metrics_file, tensorboard};
   if (eval_) {
     int64_t used = eval_->num_eval_batches(eval_rows_) * eval_rows_;
     const int64_t whole = eval_->num_rows() / eval_rows_ * eval_rows_;
@@ -627,13 +648,17 @@ Expected<TrainResult> Trainer::run() {
   const int64_t first_step = global_step_;
   int64_t last_eval = -1;
   auto do_eval = [&]() -> Status {
-    KILN_ASSIGN_OR_RETURN(auto m, evaluate());
+    bar.clear();
+    auto mr = evaluate(&eval_bar);
+    eval_bar.close();
+    if (!mr) return mr.status();
+    auto& m = *mr;
     nlohmann::json j;
     j["step"] = global_step_;
     j["epoch"] = epoch_now();
     for (auto& [k, v] : m) j[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-    bar.clear();
     out << format_eval_line(j) << std::endl;
+    bar.refresh();
     KILN_RETURN_IF_ERROR(metrics.write(j));
     res.eval_metrics = m;
     last_eval = global_step_;
@@ -642,6 +667,7 @@ Expected<TrainResult> Trainer::run() {
   double last_grad_norm = std::nan(""), last_lr = std::nan("");
   bool warned_nonfinite = false, warned_huge = false;
   int64_t last_save = -1;
+  bar.start(total_steps_, global_step_);
   while (global_step_ < total_steps_) {
     // SIGINT/SIGTERM (StopOnSignal): stop between steps, after the last one's log, eval and save.
     if (stop_signal() != 0) {
@@ -683,7 +709,7 @@ Expected<TrainResult> Trainer::run() {
       bar.clear();
       out << msg << std::endl;
     }
-    bar.update(global_step_, total_steps_, acc_.log_time_sum / static_cast<double>(acc_.log_loss_count));
+    bar.update(global_step_, r.loss);
     if (global_step_ % cfg_.logging_steps == 0) {
       LogEntry e;
       e.step = global_step_;
@@ -696,6 +722,7 @@ Expected<TrainResult> Trainer::run() {
       e.samples_per_second = e.step_time_s > 0 ? static_cast<double>(rows_per_step_) / e.step_time_s : 0;
       bar.clear();
       out << format_log_line(e) << std::endl;  // flushed: progress shows through pipes too
+      bar.refresh();
       KILN_RETURN_IF_ERROR(metrics.write(log_entry_json(e)));
       acc_.log_loss_sum = 0;
       acc_.log_loss_count = 0;
@@ -707,7 +734,7 @@ Expected<TrainResult> Trainer::run() {
       last_save = global_step_;
     }
   }
-  bar.clear();
+  bar.close();  // the last state stays (tqdm's leave=True)
   if (res.stopped_by_signal != 0) {
     // Stopped by a signal: the state of the last whole step is saved (when the run saves
     // at all); no final evaluation or summary, the run is not done.
@@ -747,11 +774,15 @@ Expected<TrainResult> Trainer::run() {
   int64_t ran = global_step_ - first_step;
   summary["train_samples_per_second"] = runtime > 0 ? static_cast<double>(ran * rows_per_step_) / runtime : 0.0;
   summary["train_steps_per_second"] = runtime > 0 ? static_cast<double>(ran) / runtime : 0.0;
+  if (opts_.planned_peak_bytes >= 0) summary["planned_peak_bytes"] = opts_.planned_peak_bytes;
+  if (opts_.memory_base_bytes >= 0 && ran > 0)
+    summary["measured_peak_bytes"] = ir::MemoryStats::peak_bytes() - opts_.memory_base_bytes;
   KILN_RETURN_IF_ERROR(metrics.write(summary));
   char loss[32], buf[160];
   std::snprintf(loss, sizeof loss, "%.4f", res.train_loss);
-  std::snprintf(buf, sizeof buf, "done: step %lld | epoch %.2f | train_loss %s | train_runtime %.2f s",
-                static_cast<long long>(global_step_), res.epoch, std::isnan(res.train_loss) ? "nan" : loss, runtime);
+  std::snprintf(buf, sizeof buf, "done: step %lld | epoch %.2f | train_loss %s | train_runtime %s",
+                static_cast<long long>(global_step_), res.epoch, std::isnan(res.train_loss) ? "nan" : loss,
+                format_time(runtime).c_str());
   out << buf << "\n";  // one spelling of NaN everywhere (glibc prints "-nan" for most)
   res.weights = weights();
   return res;

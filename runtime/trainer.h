@@ -34,6 +34,8 @@ struct CpuProgram;
 
 namespace kiln::runtime {
 
+class ProgressBar;
+
 class Backend;
 class Executable;
 
@@ -67,8 +69,15 @@ struct TrainGraphs {
 /// Console and behaviour switches of a run (not part of the HF config).
 struct TrainerOptions {
   std::ostream* out = &std::cout;  ///< log lines and the progress bar
-  int progress = -1;               ///< progress bar: 1 on, 0 off, -1 when stdout is a TTY
-  bool write_files = true;         ///< metrics.jsonl and checkpoints under output_dir
+  /// progress bar: 1 on, 0 off, -1 when stdout is a terminal (and --disable_tqdm not given)
+  int progress = -1;
+  bool write_files = true;  ///< metrics.jsonl and checkpoints under output_dir
+  /// The training step's planned peak (the memory plan; < 0: unknown), added to the final
+  /// metrics line as planned_peak_bytes.
+  int64_t planned_peak_bytes = -1;
+  /// ir::MemoryStats bytes resident before the run that are not step memory (< 0: no
+  /// measurement): the final metrics line's measured_peak_bytes is the run's peak less these.
+  int64_t memory_base_bytes = -1;
   /// Op-level profile of the train steps (RunOptions::profile; null: off). kiln bench
   /// --profile sets it after the warm-up steps with Trainer::set_profile.
   OpProfile* profile = nullptr;
@@ -134,7 +143,8 @@ class Trainer {
   /// One optimizer step on the next batch (or on `batch` when given); advances global_step.
   Expected<StepResult> step(const Batch* batch = nullptr);
   /// Evaluates on the eval data: {"eval_loss", "eval_accuracy" (class-id labels)}.
-  Expected<std::map<std::string, double>> evaluate();
+  /// `bar` (optional) is started for the eval batches and updated after each.
+  Expected<std::map<std::string, double>> evaluate(ProgressBar* bar = nullptr);
   /// Writes output_dir/checkpoint-<global_step>, then applies save_total_limit.
   Status save();
   /// The whole loop: steps, logging, eval, checkpoints; returns the final metrics.

@@ -558,7 +558,7 @@ TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
   EXPECT_EQ(eager3 % 3, 0) << both.out;
   EXPECT_EQ(compiled3, eager3) << both.out;  // MatMul is a library op: never fused
   // The tables follow the timing lines.
-  EXPECT_LT(both.out.find("median s/step"), both.out.find("profile (eager)")) << both.out;
+  EXPECT_LT(both.out.find("median step"), both.out.find("profile (eager)")) << both.out;
   auto six = run_kiln(base + " --backend eager --bench_steps 6", dir);
   ASSERT_EQ(six.code, 0) << six.err << six.out;
   EXPECT_EQ(matmul_calls(six.out, "eager"), 2 * eager3) << six.out;

@@ -8,7 +8,7 @@
 //
 // Flags that may change: data paths, max_steps, num_train_epochs, output_dir,
 // logging/eval/save steps, save_total_limit, seed, resume_from_checkpoint,
-// overwrite_output_dir. Any other
+// overwrite_output_dir, and the reporting flags (disable_tqdm, report_to, logging_dir). Any other
 // training flag (shapes, precision, optimizer, passes) is fixed at compile time and is
 // refused with one line. Exit codes: 0 ok, 2 bad usage, 1 failure at run time.
 #include <CLI/CLI.hpp>
@@ -40,7 +40,10 @@ const std::set<std::string>& changeable() {
                                           "save_total_limit",
                                           "seed",
                                           "resume_from_checkpoint",
-                                          "overwrite_output_dir"};
+                                          "overwrite_output_dir",
+                                          "disable_tqdm",
+                                          "report_to",
+                                          "logging_dir"};
   return s;
 }
 

@@ -36,6 +36,7 @@
 #include "tools/driver/export_trained.h"
 #include "tools/driver/gradcheck.h"
 #include "tools/driver/pipeline.h"
+#include "tools/driver/plot.h"
 #include "tools/driver/train_run.h"
 
 namespace {
@@ -98,6 +99,7 @@ int report(const Failure& f) {
 /// Raw text of every config flag, bound to CLI11 options; applied after parsing.
 struct ConfigFlags {
   bool backend_list = false;  ///< --backend and --remat_policy may be lists (kiln bench only)
+  bool remat_list = false;    ///< --remat_policy may be a list (kiln inspect --memory: one plan per policy)
   std::map<std::string, std::vector<std::string>> values;
   std::map<std::string, CLI::Option*> options;
   std::string config_file;
@@ -153,7 +155,7 @@ struct ConfigFlags {
       throw Failure{2, "--backend: one backend per program (a list such as '" + cfg.backend + "' is for kiln bench)"};
     if (!backend_list && cfg.optim.find(',') != std::string::npos)
       throw Failure{2, "--optim: one optimizer per program (a list such as '" + cfg.optim + "' is for kiln bench)"};
-    if (!backend_list && cfg.remat_policy.find(',') != std::string::npos)
+    if (!backend_list && !remat_list && cfg.remat_policy.find(',') != std::string::npos)
       throw Failure{
           2, "--remat_policy: one policy per program (a list such as '" + cfg.remat_policy + "' is for kiln bench)"};
     if (std::error_code ec; !fs::exists(cfg.model, ec))
@@ -368,7 +370,9 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
                                                  {"save_total_limit", cfg.save_total_limit > 0},
                                                  {"overwrite_output_dir", cfg.overwrite_output_dir},
                                                  {"eval_data", !cfg.eval_data.empty()},
-                                                 {"eval_steps", cfg.eval_steps > 0}};
+                                                 {"eval_steps", cfg.eval_steps > 0},
+                                                 {"report_to", cfg.reports_tensorboard()},
+                                                 {"logging_dir", !cfg.logging_dir.empty()}};
   for (const auto& [f, on] : active) {
     auto it = flags.values.find(f);
     if (on && it != flags.values.end() && !it->second.empty())
@@ -561,12 +565,9 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
   return 0;
 }
 
-/// `kiln inspect MODEL --memory [train flags]`: builds the training program for those
-/// flags and prints its static memory plan without running it: one row per category
-/// (bytes at the peak and max over the step), for the backend that would run it.
-int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
-  flags.model_pos = model;
-  TrainConfig cfg = flags.build();
+/// One policy's part of `kiln inspect --memory`: builds the program of `cfg`, prints its
+/// plan, and returns its memory profile for --plot.
+driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlags& flags, const std::string& model) {
   passes::PassContext dbg = flags.pass_context();
   auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
   note_unrun_pass(dbg);
@@ -580,7 +581,8 @@ int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
             << (cfg.bf16   ? "bf16 mixed precision"
                 : cfg.fp16 ? "fp16 mixed precision"
                            : "fp32")
-            << ", optim " << cfg.optim << ", backend " << cfg.backend << "\n";
+            << ", optim " << cfg.optim << ", backend " << cfg.backend << ", remat policy "
+            << cfg.effective_remat_policy() << "\n";
   std::cout << passes::format_memory_plan(eager);
   std::cout << "with in-place reuse (a compiled program's arena): peak " << passes::human_bytes(compiled.peak_bytes)
             << " (" << compiled.peak_bytes << " B), arena " << passes::human_bytes(compiled.arena_bytes) << " ("
@@ -611,6 +613,43 @@ int cmd_inspect_memory(ConfigFlags flags, const std::string& model) {
       std::cout << line << v->name << "\n";
     }
   }
+  return driver::memory_profile(g, eager, "remat " + cfg.effective_remat_policy());
+}
+
+/// `kiln inspect MODEL --memory [train flags] [--plot FILE.svg]`: builds the training
+/// program for those flags and prints its static memory plan without running it: one
+/// row per category (bytes at the peak and max over the step), for the backend that
+/// would run it. A --remat_policy list plans each policy in turn; --plot draws the live
+/// bytes of each plan over its schedule, side by side, into an SVG file.
+int cmd_inspect_memory(ConfigFlags flags, const std::string& model, const std::string& plot) {
+  flags.model_pos = model;
+  const TrainConfig base = flags.build();
+  std::vector<std::string> policies = runtime::comma_list(base.remat_policy);
+  if (policies.size() > 1 && plot.empty())
+    throw Failure{2, "--remat_policy: a list ('" + base.remat_policy +
+                         "') plans each policy for --plot; give --plot FILE.svg, or one policy"};
+  std::vector<driver::MemoryProfile> profiles;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    TrainConfig cfg = base;
+    cfg.remat_policy = policies[i];
+    if (i > 0) std::cout << "\n";
+    profiles.push_back(inspect_memory_of(cfg, flags, model));
+  }
+  if (!plot.empty()) {
+    check(driver::write_text_file(plot, driver::memory_svg(profiles)), "--plot");
+    std::cout << "wrote " << plot << "\n";
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------ plot
+/// `kiln plot OUTPUT_DIR... -o curves.svg`: training loss, eval loss, learning rate and
+/// grad norm of each run's metrics.jsonl, the runs overlaid.
+int cmd_plot(const std::vector<std::string>& dirs, const std::string& out) {
+  std::vector<driver::RunCurves> runs;
+  for (const std::string& d : dirs) runs.push_back(unwrap(driver::read_run_curves(d)));
+  check(driver::write_text_file(out, driver::curves_svg(runs)), "-o");
+  std::cout << "wrote " << out << "\n";
   return 0;
 }
 
@@ -727,7 +766,12 @@ int real_main(int argc, char** argv) {
   // Training flags (--shape, --loss, --bf16, --per_device_train_batch_size, ...) shape
   // the program that --memory plans; --shape and --loss also serve the other views.
   ConfigFlags inspect_flags;
+  inspect_flags.remat_list = true;
   inspect_flags.add_to(inspect, /*with_model=*/false);
+  std::string inspect_plot;
+  inspect->add_option("--plot", inspect_plot,
+                      "with --memory: draw the live bytes over the step's schedule, stacked by category, into an SVG "
+                      "file (a --remat_policy list such as none,blocks,sqrt: one panel per policy)");
   bool inspect_precision = false, inspect_memory = false, inspect_pipeline = false;
   inspect->add_flag(
       "--precision", inspect_precision,
@@ -737,6 +781,12 @@ int real_main(int argc, char** argv) {
   inspect->add_flag("--pipeline", inspect_pipeline,
                     "print the passes of the train and eval programs for the given training flags, in order, with "
                     "the options each pass reads (nothing runs)");
+  auto* plot = app.add_subcommand("plot", "training curves of runs (metrics.jsonl) as an SVG file");
+  std::vector<std::string> plot_dirs;
+  std::string plot_out;
+  plot->add_option("output_dir", plot_dirs, "kiln train --output_dir folders (several: their runs overlaid)")
+      ->required();
+  plot->add_option("-o,--output", plot_out, "the SVG file to write")->required();
   auto* ops = app.add_subcommand("ops", "the ONNX ops kiln imports, with the ONNX versions it implements");
   bool ops_names = false;
   ops->add_flag("--names", ops_names, "print only the op names, one per line");
@@ -816,7 +866,16 @@ int real_main(int argc, char** argv) {
       throw Failure{2,
                     "inspect: --pipeline lists the passes without running them: give it without --memory and "
                     "--precision"};
-    if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model);
+    if (*inspect && !inspect_plot.empty() && !inspect_memory)
+      throw Failure{2, "inspect: --plot draws the memory plan: give it with --memory"};
+    if (*inspect && inspect_memory) return cmd_inspect_memory(inspect_flags, inspect_model, inspect_plot);
+    if (*inspect && inspect_flags.remat_list && inspect_flags.values.count("remat_policy") &&
+        inspect_flags.options.at("remat_policy")->count() > 0) {
+      for (const std::string& v : inspect_flags.values.at("remat_policy"))
+        if (v.find(',') != std::string::npos)
+          throw Failure{2, "--remat_policy: a list ('" + v + "') is for kiln inspect --memory --plot"};
+    }
+    if (*plot) return cmd_plot(plot_dirs, plot_out);
     if (*inspect && inspect_precision) return cmd_inspect_precision(inspect_flags, inspect_model);
     if (*inspect) {
       // Plain inspect reads the ONNX graph only: no pass runs, so nothing would be printed.

@@ -16,6 +16,7 @@
 #include "ir/op_table.h"
 #include "passes/memory_plan.h"
 #include "runtime/data.h"
+#include "runtime/metrics.h"
 #include "runtime/program.h"
 #include "tools/aot/aot_manifest.h"
 #include "tools/driver/driver.h"
@@ -314,10 +315,11 @@ Status compile_training_binary(const TrainConfig& cfg_in, passes::PassContext& d
                            {"planned_peak_bytes_by_category", cats}};
   KILN_RETURN_IF_ERROR(write_file(dir / "compile_report.json", report.dump(2) + "\n"));
 
-  char line[256];
-  std::snprintf(line, sizeof line, "compiled %s: %d train + %d eval kernels in %.2f s (program %.2f s, link %.2f s)\n",
+  char line[512];
+  std::snprintf(line, sizeof line, "compiled %s: %d train + %d eval kernels in %s (program %s, link %s)\n",
                 (dir / "train").string().c_str(), reports["train"].kernels,
-                reports.count("eval") ? reports["eval"].kernels : 0, total_s, build_s, link_s);
+                reports.count("eval") ? reports["eval"].kernels : 0, runtime::format_time(total_s).c_str(),
+                runtime::format_time(build_s).c_str(), runtime::format_time(link_s).c_str());
   out << line << "wrote " << (dir / "ir").string() << "/, " << (dir / "kernels").string() << "/, "
       << (dir / "memory_plan.txt").string() << ", " << (dir / "compile_report.json").string() << "\n";
   return Status::ok();

@@ -15,6 +15,7 @@
 #include "ir/tensor.h"
 #include "passes/memory_plan.h"
 #include "runtime/data.h"
+#include "runtime/metrics.h"
 #include "runtime/profile.h"
 #include "runtime/trainer.h"
 #include "tools/driver/driver.h"
@@ -261,7 +262,7 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
     Run& r = runs[0];
     const double med = median(r.times);
     out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << r.backend << ")\n";
-    out << "precision " << precision << " | median step time " << fmt("%.6f", med) << " s | "
+    out << "precision " << precision << " | median step time " << runtime::format_time(med) << " | "
         << fmt("%.1f", med > 0 ? rows / med : 0.0) << " samples/s\n";
     out << "peak memory: "
         << (r.plan ? planned_vs_measured(r.plan->peak_bytes, r.peak)
@@ -277,16 +278,16 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
   size_t label_w = 10;
   for (auto& r : runs) label_w = std::max(label_w, r.backend.size() + 2);
   const size_t vs_w = std::max<size_t>(14, runs[0].backend.size() + 5);
-  out << pad(by_policy ? "variant" : "backend", label_w, true) << pad("median s/step", 16) << pad("samples/s", 12)
-      << pad("vs " + runs[0].backend, vs_w) << pad("peak measured", 16) << pad("peak planned", 16) << pad("build s", 10)
+  out << pad(by_policy ? "variant" : "backend", label_w, true) << pad("median step", 16) << pad("samples/s", 12)
+      << pad("vs " + runs[0].backend, vs_w) << pad("peak measured", 16) << pad("peak planned", 16) << pad("build", 10)
       << "\n";
   const double base = median(runs[0].times);
   for (auto& r : runs) {
     const double med = median(r.times);
-    out << pad(r.backend, label_w, true) << pad(fmt("%.6f", med), 16)
+    out << pad(r.backend, label_w, true) << pad(runtime::format_time(med), 16)
         << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12) << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), vs_w)
         << pad(passes::human_bytes(r.peak), 16) << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16)
-        << pad(fmt("%.2f", r.compile_s), 10) << "\n";
+        << pad(runtime::format_time(r.compile_s), 10) << "\n";
   }
   print_allocations();
   for (auto& r : runs) print_profile(r);

@@ -56,7 +56,10 @@ const std::vector<std::string>& per_run_fields() {
                                              "resume_from_checkpoint",
                                              "overwrite_output_dir",
                                              "cache_dir",
-                                             "no_cache"};
+                                             "no_cache",
+                                             "disable_tqdm",
+                                             "report_to",
+                                             "logging_dir"};
   return f;
 }
 

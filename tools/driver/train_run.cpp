@@ -1,6 +1,8 @@
 // One training run as `kiln train` does it; see train_run.h.
 #include "tools/driver/train_run.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include "ir/tensor.h"
 #include "runtime/checkpoint.h"
 #include "runtime/io.h"
+#include "runtime/metrics.h"
 #include "tools/driver/export_trained.h"
 #ifndef KILN_AOT
 #include "codegen/cpu/program.h"
@@ -347,7 +350,13 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
                                                  " optimizer steps; give fewer epochs or --max_steps");
 
   if (!have) {
-    KILN_ASSIGN_OR_RETURN(auto built, build_training_program(cfg, dbg, false, false, total, module.get()));
+    // On a terminal, a compile that takes over a second shows its elapsed time (erased after).
+    runtime::ElapsedIndicator compiling(std::cout, !cfg.disable_tqdm && isatty(fileno(stdout)) != 0,
+                                        "compiling the training program");
+    compiling.start();
+    auto built_or = build_training_program(cfg, dbg, false, false, total, module.get());
+    compiling.stop();
+    KILN_ASSIGN_OR_RETURN(auto built, std::move(built_or));
     module.reset();
 #ifndef KILN_AOT
     store_cached_program(cfg, built);  // removed again by the guard if the run fails
@@ -374,7 +383,11 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   const int64_t mem_base =
       ir::MemoryStats::current_bytes() - initializer_bytes(*prog.train_step) - step_arena_bytes(prog);
   ir::MemoryStats::reset_peak();
-  KILN_ASSIGN_OR_RETURN(auto res, runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr));
+  runtime::TrainerOptions topts;
+  topts.planned_peak_bytes = planned_peak;
+  topts.memory_base_bytes = mem_base;
+  KILN_ASSIGN_OR_RETURN(auto res,
+                        runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr, topts));
   const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
   if (res.stopped_by_signal) return Status::ok();  // not done: no trained model (the caller exits 128 + signal)
 

@@ -1,0 +1,59 @@
+// SVG pictures of a run (issue 34), written by hand (no plotting dependency): standalone
+// SVG 1.1 documents that browsers open and xmllint validates.
+//   - training curves from metrics.jsonl (`kiln plot OUTPUT_DIR... -o curves.svg`):
+//     training loss, eval loss, learning rate and grad norm, several runs overlaid;
+//   - the live bytes of a training step's memory plan over its schedule, stacked by
+//     category, the peak and the forward/backward/optimizer phases marked
+//     (`kiln inspect MODEL --memory --plot memory.svg`), one panel per remat policy.
+// Elements carry ids (panel-*, series-*, area-*, peak-*, phase-*) that tests count.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/status.h"
+#include "passes/memory_plan.h"
+
+namespace kiln::driver {
+
+/// One metric of one run: (step, value) points in step order.
+struct Series {
+  std::vector<std::pair<double, double>> points;
+};
+
+/// The curves of one run, read from its metrics.jsonl.
+struct RunCurves {
+  std::string name;  ///< the legend's label (the output folder)
+  Series loss, eval_loss, learning_rate, grad_norm;
+};
+
+/// Reads DIR/metrics.jsonl (lines with "loss", "eval_loss", "learning_rate",
+/// "grad_norm"; null values skipped). Error: no such file, or a line that is not JSON.
+Expected<RunCurves> read_run_curves(const std::string& output_dir);
+
+/// A 2x2 grid of panels (train loss, eval loss, learning rate, grad norm), one colored
+/// polyline per run and panel, a legend naming the runs.
+std::string curves_svg(const std::vector<RunCurves>& runs);
+
+/// Live bytes per schedule position of one plan, by category.
+struct MemoryProfile {
+  std::string label;                           ///< the panel's title ("remat none")
+  std::vector<passes::CategoryBytes> by_node;  ///< per node of the schedule
+  int64_t peak_bytes = 0;
+  int peak_node = -1;
+  int backward_start = -1, optimizer_start = -1;  ///< the phases' first nodes (-1: none)
+};
+
+/// The profile of `plan` over the top-level schedule of `g` (the graph it plans): each
+/// value counts from its def to its end node (persistent ones over the whole step);
+/// phases from the node names ("<node>/grad/...": backward, "optimizer/...": optimizer).
+MemoryProfile memory_profile(const ir::Graph& g, const passes::MemoryPlan& plan, const std::string& label);
+
+/// Stacked areas (one per category that holds bytes) of each profile side by side, peak
+/// lines, phase lines, a legend of the categories.
+std::string memory_svg(const std::vector<MemoryProfile>& profiles);
+
+/// Writes `text` to `path`. Error: cannot write.
+Status write_text_file(const std::string& path, const std::string& text);
+
+}  // namespace kiln::driver
