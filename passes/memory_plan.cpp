@@ -777,6 +777,7 @@ class Planner {
       }
     CategoryBytes cur{};
     plan_.peak_bytes = -1;
+    plan_.live.reserve(static_cast<size_t>(N_));
     for (int t = 0; t < T; ++t) {
       int64_t total = 0;
       for (int c = 0; c < kNumMemoryCategories; ++c) {
@@ -784,6 +785,9 @@ class Planner {
         total += cur[c];
         plan_.max_by_category[c] = std::max(plan_.max_by_category[c], cur[c]);
       }
+      if (t < N_) plan_.live.push_back(cur);
+      if (t < N_ && phase_[t] == Phase::backward && plan_.backward_start < 0) plan_.backward_start = t;
+      if (t < N_ && phase_[t] == Phase::optimizer && plan_.optimizer_start < 0) plan_.optimizer_start = t;
       if (total > plan_.peak_bytes) {
         plan_.peak_bytes = total;
         plan_.at_peak = cur;

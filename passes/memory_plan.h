@@ -121,9 +121,14 @@ struct MemoryPlan {
   int peak_node = -1;               ///< schedule position where peak_bytes is reached (-1: no nodes)
   CategoryBytes at_peak{};          ///< bytes per category live at peak_node
   CategoryBytes max_by_category{};  ///< max over nodes of each category's live bytes
-  int64_t persistent_bytes = 0;     ///< graph inputs + initializers
-  int64_t arena_bytes = 0;          ///< arena size from the offsets (alignment and fragmentation included)
-  int in_place_reuses = 0;          ///< outputs that took over an input's buffer
+  /// Per schedule position (num_nodes entries): the bytes live there by category, as the
+  /// accounting counts them (peak_bytes is the largest sum; kernel scratch included).
+  std::vector<CategoryBytes> live;
+  /// First schedule position of the backward and optimizer phases (-1: no such phase).
+  int backward_start = -1, optimizer_start = -1;
+  int64_t persistent_bytes = 0;  ///< graph inputs + initializers
+  int64_t arena_bytes = 0;       ///< arena size from the offsets (alignment and fragmentation included)
+  int in_place_reuses = 0;       ///< outputs that took over an input's buffer
   /// State outputs written into their state input's buffer (kiln_donate): no bytes of their own.
   int donated_outputs = 0;
   int64_t donated_bytes = 0;           ///< their bytes (what a step without donation holds in addition)

@@ -613,7 +613,7 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlag
       std::cout << line << v->name << "\n";
     }
   }
-  return driver::memory_profile(g, eager, "remat " + cfg.effective_remat_policy());
+  return driver::memory_profile(eager, "remat " + cfg.effective_remat_policy());
 }
 
 /// `kiln inspect MODEL --memory [train flags] [--plot FILE.svg]`: builds the training

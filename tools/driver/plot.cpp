@@ -193,55 +193,15 @@ std::string curves_svg(const std::vector<RunCurves>& runs) {
   return os.str();
 }
 
-MemoryProfile memory_profile(const ir::Graph& g, const passes::MemoryPlan& plan, const std::string& label) {
+MemoryProfile memory_profile(const passes::MemoryPlan& plan, const std::string& label) {
   MemoryProfile mp;
   mp.label = label;
-  const int N = std::max(plan.num_nodes, 1);
-  // Per-category difference arrays over the schedule.
-  std::vector<passes::CategoryBytes> diff(static_cast<size_t>(N) + 1);
-  for (auto& d : diff) d.fill(0);
-  for (const passes::ValuePlan& v : plan.values) {
-    if (v.bytes <= 0) continue;
-    const int from = v.persistent || v.def < 0 ? 0 : std::min(v.def, N - 1);
-    const int to = v.persistent || v.end < 0 ? N - 1 : std::min(v.end, N - 1);
-    if (to < from) continue;
-    const int c = static_cast<int>(v.category);
-    diff[static_cast<size_t>(from)][c] += v.bytes;
-    diff[static_cast<size_t>(to) + 1][c] -= v.bytes;
-  }
-  passes::CategoryBytes cur{};
-  mp.by_node.resize(static_cast<size_t>(N));
-  for (int i = 0; i < N; ++i) {
-    for (int c = 0; c < passes::kNumMemoryCategories; ++c) cur[c] += diff[static_cast<size_t>(i)][c];
-    mp.by_node[static_cast<size_t>(i)] = cur;
-  }
+  mp.by_node = plan.live;
+  if (mp.by_node.empty()) mp.by_node.push_back(passes::CategoryBytes{});  // a graph without nodes
   mp.peak_bytes = plan.peak_bytes;
   mp.peak_node = plan.peak_node;
-  // Phases: the schedule flattened as the planner does (a loop's body, then the loop node;
-  // a fused kernel is one node, in the latest phase of the nodes it holds).
-  std::function<int(const ir::Node&)> phase = [&](const ir::Node& n) {
-    if (ir::has_trait(n, ir::OpTrait::fused_kernel) && n.regions.size() == 1) {
-      int p = 0;
-      for (auto& b : n.regions[0]->nodes()) p = std::max(p, phase(*b));
-      return p;
-    }
-    if (n.name.rfind("optimizer/", 0) == 0 || n.name == "optimizer") return 2;
-    return ir::in_grad_scope(n.name) ? 1 : 0;
-  };
-  std::vector<int> phases;
-  std::function<void(const ir::Graph&)> walk = [&](const ir::Graph& gr) {
-    for (auto& np : gr.nodes()) {
-      if (!np->regions.empty() && !ir::has_trait(*np, ir::OpTrait::fused_kernel))
-        for (auto& r : np->regions) walk(*r);
-      phases.push_back(phase(*np));
-    }
-  };
-  walk(g);
-  if (static_cast<int>(phases.size()) == plan.num_nodes)
-    for (int i = 0; i < plan.num_nodes; ++i) {
-      if (phases[static_cast<size_t>(i)] == 1 && mp.backward_start < 0) mp.backward_start = i;
-      if (phases[static_cast<size_t>(i)] == 2 && mp.optimizer_start < 0) mp.optimizer_start = i;
-    }
+  mp.backward_start = plan.backward_start;
+  mp.optimizer_start = plan.optimizer_start;
   return mp;
 }
 

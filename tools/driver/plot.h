@@ -44,10 +44,9 @@ struct MemoryProfile {
   int backward_start = -1, optimizer_start = -1;  ///< the phases' first nodes (-1: none)
 };
 
-/// The profile of `plan` over the top-level schedule of `g` (the graph it plans): each
-/// value counts from its def to its end node (persistent ones over the whole step);
-/// phases from the node names ("<node>/grad/...": backward, "optimizer/...": optimizer).
-MemoryProfile memory_profile(const ir::Graph& g, const passes::MemoryPlan& plan, const std::string& label);
+/// The profile of `plan`: its live bytes per schedule position and category and its phase
+/// boundaries, exactly as the planner accounts them (passes::MemoryPlan::live).
+MemoryProfile memory_profile(const passes::MemoryPlan& plan, const std::string& label);
 
 /// Stacked areas (one per category that holds bytes) of each profile side by side, peak
 /// lines, phase lines, a legend of the categories.
