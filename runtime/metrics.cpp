@@ -36,10 +36,17 @@ std::string fmt(const char* f, double v) {
 nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 }  // namespace
 
+std::string format_metric(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  const double a = std::fabs(v);
+  return fmt(a == 0 || (a >= 1e-4 && a < 1e6) ? "%.4f" : "%.4e", v);
+}
+
 std::string format_log_line(const LogEntry& e) {
   std::ostringstream os;
   os << "step " << e.step << "/" << e.total_steps << " | epoch " << fmt("%.2f", e.epoch) << " | loss "
-     << fmt("%.4f", e.loss);
+     << format_metric(e.loss);
   if (!std::isnan(e.grad_norm)) os << " | grad_norm " << fmt("%.4g", e.grad_norm);
   if (!std::isnan(e.learning_rate)) os << " | lr " << fmt("%.1e", e.learning_rate);
   os << " | " << format_time(e.step_time_s) << "/step | " << fmt("%.1f", e.samples_per_second) << " samples/s";
@@ -64,7 +71,7 @@ std::string format_eval_line(const nlohmann::json& j) {
   for (const char* k : {"eval_loss", "eval_accuracy"})
     if (j.contains(k)) {
       const auto& v = j[k];
-      os << " | " << k << " " << (v.is_number() ? fmt("%.4f", v.get<double>()) : std::string("nan"));
+      os << " | " << k << " " << (v.is_number() ? format_metric(v.get<double>()) : std::string("nan"));
     }
   return os.str();
 }

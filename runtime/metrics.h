@@ -52,6 +52,11 @@ class MetricsWriter {
 /// time kiln prints goes through it.
 std::string format_time(double seconds);
 
+/// A loss or metric value as log lines print it: 4 decimals ("0.2924") when
+/// 1e-4 <= |v| < 1e6 or v is 0, otherwise 4 decimals in scientific notation ("1.0490e+29",
+/// "3.2000e-06"), so that a diverged or tiny loss stays readable; "nan", "inf", "-inf".
+std::string format_metric(double v);
+
 /// tqdm's format_interval: "MM:SS", or "H:MM:SS" from one hour on.
 std::string format_interval(double seconds);
 

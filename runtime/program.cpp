@@ -291,16 +291,27 @@ Expected<Program> deserialize_program(const std::string& bytes, const std::strin
   auto arena_of = [&](const ir::Graph& g, const char* which) -> Expected<std::shared_ptr<StepArena>> {
     if (g.arena_bytes < 0) return std::shared_ptr<StepArena>();
     Status bad_slot = Status::ok();
+    int64_t end = 0;  // where the last placed value ends: the planner's block ends there too
+    auto slot = [&](const ir::Value* v) {
+      if (!v->arena.placed()) return;
+      if (v->arena.bytes > g.arena_bytes || v->arena.offset > g.arena_bytes - v->arena.bytes)
+        bad_slot = Status::error(std::string(which) + " arena: value '" + v->name + "' lies outside the block");
+      else
+        end = std::max(end, v->arena.offset + v->arena.bytes);
+    };
     std::function<void(const ir::Graph&)> check = [&](const ir::Graph& gr) {
+      for (const ir::Value* in : gr.inputs) slot(in);
       for (const auto& n : gr.nodes()) {
-        for (const ir::Value* o : n->outputs)
-          if (o->arena.placed() && (o->arena.bytes > g.arena_bytes || o->arena.offset > g.arena_bytes - o->arena.bytes))
-            bad_slot = Status::error(std::string(which) + " arena: value '" + o->name + "' lies outside the block");
+        for (const ir::Value* o : n->outputs) slot(o);
         for (const auto& r : n->regions) check(*r);
       }
     };
     check(g);
-    if (!bad_slot) return bad_slot;
+    if (!bad_slot) return malformed(bad_slot.message());
+    // A block larger than its values (a corrupted size) would only allocate memory nothing uses.
+    if (g.arena_bytes > end)
+      return malformed(std::string(which) + " arena: the block is " + std::to_string(g.arena_bytes) +
+                       " bytes, its values end at " + std::to_string(end));
     return StepArena::of_graph(g);
   };
   {

@@ -778,10 +778,9 @@ Expected<TrainResult> Trainer::run() {
   if (opts_.memory_base_bytes >= 0 && ran > 0)
     summary["measured_peak_bytes"] = ir::MemoryStats::peak_bytes() - opts_.memory_base_bytes;
   KILN_RETURN_IF_ERROR(metrics.write(summary));
-  char loss[32], buf[160];
-  std::snprintf(loss, sizeof loss, "%.4f", res.train_loss);
+  char buf[200];
   std::snprintf(buf, sizeof buf, "done: step %lld | epoch %.2f | train_loss %s | train_runtime %s",
-                static_cast<long long>(global_step_), res.epoch, std::isnan(res.train_loss) ? "nan" : loss,
+                static_cast<long long>(global_step_), res.epoch, format_metric(res.train_loss).c_str(),
                 format_time(runtime).c_str());
   out << buf << "\n";  // one spelling of NaN everywhere (glibc prints "-nan" for most)
   res.weights = weights();

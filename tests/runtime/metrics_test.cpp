@@ -158,3 +158,15 @@ TEST(Metrics, ElapsedIndicatorDrawsAfterItsDelayAndErasesItself) {
 }
 
 }  // namespace
+
+TEST(Metrics, LossesStayReadableAtEveryMagnitude) {
+  // A diverged run printed "loss 104898694540773550773015412736.0000" and a cut
+  // "train_loss 644891053613294618066722750464."; a tiny loss printed "0.0000".
+  EXPECT_EQ(kiln::runtime::format_metric(0.29244), "0.2924");
+  EXPECT_EQ(kiln::runtime::format_metric(0.0), "0.0000");
+  EXPECT_EQ(kiln::runtime::format_metric(999999.0), "999999.0000");
+  EXPECT_EQ(kiln::runtime::format_metric(1.0489869454077355e29), "1.0490e+29");
+  EXPECT_EQ(kiln::runtime::format_metric(-3.2e-6), "-3.2000e-06");
+  EXPECT_EQ(kiln::runtime::format_metric(std::nan("")), "nan");
+  EXPECT_EQ(kiln::runtime::format_metric(-std::numeric_limits<double>::infinity()), "-inf");
+}

@@ -247,7 +247,9 @@ int cmd_compile(const ConfigFlags& flags, const std::string& out_dir) {
   // The binary would refuse every run without --eval_data.
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
   passes::PassContext dbg = flags.pass_context();
+  driver::OutputGuard guard(out_dir);  // a refused compile leaves no folder or file it created
   check(driver::compile_training_binary(cfg, dbg, out_dir, std::cout), "compile");
+  guard.keep();
   note_unrun_pass(dbg);
   return 0;
 }

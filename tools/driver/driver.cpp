@@ -273,7 +273,13 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
     if (!dims || static_cast<int>(dims->size()) != in->shape.rank()) continue;
     for (int k = 1; k < in->shape.rank(); ++k) {
       const ir::Dim& d = in->shape.dims[k];
-      if (!d.is_static() && !d.symbol.empty() && !b.count(d.symbol)) b[d.symbol] = (*dims)[static_cast<size_t>(k)];
+      if (d.is_static() || d.symbol.empty() || b.count(d.symbol)) continue;
+      const int64_t v = (*dims)[static_cast<size_t>(k)];
+      if (v <= 0)
+        return Status::error(spec.substr(eq + 1) + ": shape " + ir::dims_to_string(*dims) + " gives input '" +
+                             in->name + "' dim " + std::to_string(k) + " ('" + d.symbol + "') the length " +
+                             std::to_string(v) + "; each dim must be > 0");
+      b[d.symbol] = v;
     }
   }
   if (enforce)

@@ -121,6 +121,8 @@ Expected<RunCurves> read_run_curves(const std::string& output_dir) {
     try {
       j = nlohmann::json::parse(line);
     } catch (const std::exception&) {
+      // The last line of a run still writing may be cut (no newline yet): plot the rest.
+      if (f.eof()) break;
       return Status::error(path + ":" + std::to_string(n) + ": not a JSON line");
     }
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) continue;
@@ -226,7 +228,9 @@ std::string memory_svg(const std::vector<MemoryProfile>& profiles) {
       for (const auto& b : p.by_node) any = any || b[k] > 0;
     categories += any;
   }
-  const double legend_h = 24.0 * ((categories + 2) / 3) + 16;
+  // Legend columns of 200 px that fit the width (one panel holds two).
+  const int per_row = std::max(1, std::min(3, static_cast<int>((W - kLeft) / 200.0)));
+  const double legend_h = 24.0 * ((categories + per_row - 1) / per_row) + 16;
   const double H = kPanelH + legend_h;
   std::ostringstream os;
   os << svg_open(W, H, "kiln-memory", "kiln memory plan: live bytes over the training step");
@@ -308,7 +312,7 @@ std::string memory_svg(const std::vector<MemoryProfile>& profiles) {
   int shown = 0;
   for (int k = 0; k < passes::kNumMemoryCategories; ++k) {
     if (!used[static_cast<size_t>(k)]) continue;
-    const double x = kLeft + (shown % 3) * 200.0, y = kPanelH + 10 + (shown / 3) * 24.0;
+    const double x = kLeft + (shown % per_row) * 200.0, y = kPanelH + 10 + (shown / per_row) * 24.0;
     const std::string cat = passes::memory_category_name(static_cast<passes::MemoryCategory>(k));
     os << "<rect class=\"swatch\" x=\"" << num(x) << "\" y=\"" << num(y) << "\" width=\"14\" height=\"14\" fill=\""
        << kCatColors[k] << "\"/>\n";

@@ -239,7 +239,8 @@ Status check_finite_parameters(const ir::Graph& g) {
   return Status::ok();
 }
 
-OutputGuard::OutputGuard(std::string output_dir) : dir_(std::move(output_dir)) {
+OutputGuard::OutputGuard(std::string output_dir, std::string progress_dir)
+    : dir_(std::move(output_dir)), progress_dir_(std::move(progress_dir)) {
 #ifndef KILN_AOT
   cache_mark_ = codegen::cache_paths_created().size();
 #endif
@@ -271,6 +272,11 @@ OutputGuard::~OutputGuard() {
         fresh.push_back(it->path());
         if (runtime::checkpoint_step(name) >= 0) progress = true;
       }
+      if (!progress && !progress_dir_.empty())
+        for (auto it = fs::directory_iterator(progress_dir_, ec); !ec && it != fs::directory_iterator();
+             it.increment(ec))
+          if (runtime::checkpoint_step(it->path().filename().string()) >= 0) progress = true;
+      ec.clear();
       for (const fs::path& p : fresh)
         if (!progress || p.filename() == ".kiln.lock") fs::remove_all(p, ec);
       for (const std::string& d : created_) fs::remove(d, ec);  // only while empty
@@ -290,6 +296,8 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   KILN_RETURN_IF_ERROR(runtime::guard_output_outside_checkpoint(cfg));
   // Whatever this run creates in output_dir goes again if it fails.
   OutputGuard guard(cfg.output_dir);
+  // The same for an explicit --logging_dir (TensorBoard's event files) outside output_dir.
+  OutputGuard log_guard(cfg.reports_tensorboard() ? cfg.logging_dir : "", cfg.output_dir);
   KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
   // One training run per output_dir at a time (checkpoints, metrics.jsonl, model files).
   KILN_ASSIGN_OR_RETURN(auto dir_lock, runtime::OutputDirLock::acquire(cfg.output_dir));
@@ -389,7 +397,11 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   KILN_ASSIGN_OR_RETURN(auto res,
                         runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr, topts));
   const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
-  if (res.stopped_by_signal) return Status::ok();  // not done: no trained model (the caller exits 128 + signal)
+  if (res.stopped_by_signal) {  // not done: no trained model (the caller exits 128 + signal)
+    // What the steps wrote (metrics.jsonl, event files) is the record of the stopped run.
+    if (!res.step_losses.empty()) guard.keep(), log_guard.keep();
+    return Status::ok();
+  }
 
   // The weights first (they need nothing but themselves), then the ONNX file.
   KILN_RETURN_IF_ERROR(
@@ -401,9 +413,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   if (!res.eval_metrics.empty()) {
     out << "final";
     for (auto& [k, v] : res.eval_metrics) {
-      char b[64];
-      std::snprintf(b, sizeof b, "%.4f", v);
-      out << " | " << k << " " << (std::isnan(v) ? "nan" : b);  // glibc prints "-nan" for most NaNs
+      out << " | " << k << " " << runtime::format_metric(v);
     }
     out << "\n";
   }
@@ -414,6 +424,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     out << "peak memory: " << planned_vs_measured(planned_peak, mem_measured)
         << (eval_ds ? " (planned: the training step; measured: training and evaluation steps)" : "") << "\n";
   guard.keep();
+  log_guard.keep();
   return Status::ok();
 }
 

@@ -86,10 +86,11 @@ Status check_finite_parameters(const ir::Graph& g);
 /// caches: codegen::cache_paths_created; never another process's); the held lock is
 /// released last, so the lock file is unlinked while still locked. When the failed run
 /// wrote a checkpoint-N (training progress to resume from), only the lock file it created
-/// goes from the output folder.
+/// goes from the output folder; `progress_dir` (another command's output folder, such as
+/// the run's whose TensorBoard files this guard covers) counts its checkpoints too.
 class OutputGuard {
  public:
-  explicit OutputGuard(std::string output_dir);
+  explicit OutputGuard(std::string output_dir, std::string progress_dir = "");
   ~OutputGuard();
   OutputGuard(const OutputGuard&) = delete;
   OutputGuard& operator=(const OutputGuard&) = delete;
@@ -99,6 +100,7 @@ class OutputGuard {
 
  private:
   std::string dir_;
+  std::string progress_dir_;          ///< a folder whose checkpoint-N entries also count as progress
   std::vector<std::string> created_;  ///< folders missing at construction, deepest first
   std::vector<std::string> before_;   ///< names of dir_'s entries at construction (sorted)
   size_t cache_mark_ = 0;             ///< codegen::cache_paths_created().size() at construction
