@@ -117,6 +117,12 @@ bool read_tensor_bytes(ByteReader& r, Tensor& out, std::string& why) {
   uint64_t n;
   if (!r.u64(n)) return why = "truncated tensor size", false;
   const DType dtype = static_cast<DType>(dt);
+  // Bytes as Tensor counts them (dims in order, from the dtype size: a 0 after a huge dim
+  // does not save a product that overflows on the way).
+  int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t d : dims)
+    if (__builtin_mul_overflow(bytes, d, &bytes))
+      return why = "tensor dims " + dims_to_string(dims) + " overflow", false;
   if (numel > static_cast<int64_t>(r.left() / std::max<size_t>(1, dtype_size(dtype))) ||
       n != static_cast<uint64_t>(numel) * dtype_size(dtype))
     return why = "tensor of " + dims_to_string(dims) + " " + dtype_name(dtype) + " with " + std::to_string(n) +

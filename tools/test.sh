@@ -10,4 +10,7 @@ bash tools/build.sh
 bash tools/prepare_test_data.sh
 (cd build && ctest --output-on-failure -j"${KILN_JOBS:-2}" --timeout 900)
 bash tools/sanitize.sh --quick
-bash tools/fuzz.sh all "${KILN_FUZZ_SECONDS:-20}"
+# A fixed libFuzzer seed: from the same seeds and an empty corpus (a fresh clone), a slower
+# machine runs a prefix of the inputs a faster one runs, so CI does not fail on a finding
+# that chance brought up; discovery is the job of the long runs by hand (docs/robustness.md).
+bash tools/fuzz.sh all "${KILN_FUZZ_SECONDS:-20}" -seed=1

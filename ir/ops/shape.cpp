@@ -503,7 +503,7 @@ Status infer_split(InferContext& c) {
     for (int i = 0; i < n; ++i) {
       if ((*split)[i] < 0) return c.fail("negative split size");
       sizes[i] = Dim((*split)[i]);
-      sum += (*split)[i];
+      if (__builtin_add_overflow(sum, (*split)[i], &sum)) return c.fail("split sizes sum past int64");
     }
     if (d.is_static() && sum != d.value)
       return c.fail("split sizes sum to " + std::to_string(sum) + ", dim is " + std::to_string(d.value));
@@ -575,7 +575,9 @@ Status infer_pad(InferContext& c) {
       if (b != 0 || e != 0) out.dims[*a] = Dim();
       continue;
     }
-    int64_t v = d.value + b + e;
+    int64_t v = 0;
+    if (__builtin_add_overflow(d.value, b, &v) || __builtin_add_overflow(v, e, &v))
+      return c.fail("pads " + std::to_string(b) + ", " + std::to_string(e) + " overflow the dim");
     if (v < 0) return c.fail("negative output dim after padding");
     if ((mode == "reflect") && (b > 0 || e > 0) && (b >= d.value || e >= d.value) && d.value > 0)
       return c.fail("reflect pads must be smaller than the dim");
