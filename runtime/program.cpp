@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <string_view>
 
 #include "ir/serialize.h"
@@ -45,12 +46,22 @@ nlohmann::json spec_json(const DataInputSpec& s) {
   return {{"name", s.name}, {"dtype", ir::dtype_name(s.dtype)}, {"dims", dims}};
 }
 
+/// `j` as an int64, which it must be (nlohmann's get<int64_t> converts a double such as
+/// 1.7e64 by a cast whose result is undefined: found by fuzz/ program under UBSan).
+/// Throws std::runtime_error otherwise (the readers turn it into a one-line error).
+int64_t json_int(const nlohmann::json& j) {
+  if (!j.is_number_integer()) throw std::runtime_error("expected an integer, got " + io::json_excerpt(j));
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw std::runtime_error("integer " + j.dump() + " is past int64");
+  return j.get<int64_t>();
+}
+
 Expected<DataInputSpec> spec_from_json(const nlohmann::json& j) {
   DataInputSpec s;
   s.name = j.at("name").get<std::string>();
   KILN_ASSIGN_OR_RETURN(s.dtype, ir::dtype_from_name(j.at("dtype").get<std::string>()));
   for (const auto& d : j.at("dims"))
-    s.shape.dims.push_back(d.is_string() ? ir::Dim(d.get<std::string>()) : ir::Dim(d.get<int64_t>()));
+    s.shape.dims.push_back(d.is_string() ? ir::Dim(d.get<std::string>()) : ir::Dim(json_int(d)));
   return s;
 }
 
@@ -246,15 +257,17 @@ Expected<Program> deserialize_program(const std::string& bytes, const std::strin
       if (!spec) return malformed("signature: " + spec.message());
       p.signature.forward_specs.push_back(std::move(*spec));
     }
-    p.signature.index_extents = sig.at("index_extents").get<std::map<std::string, int64_t>>();
-    p.signature.classes = sig.at("classes").get<int64_t>();
+    for (const auto& [name, extent] : sig.at("index_extents").items())
+      p.signature.index_extents[name] = json_int(extent);
+    p.signature.classes = json_int(sig.at("classes"));
     // Absent from files written before they were recorded (same format version): 0, and
     // the trainer reads the config.
-    p.signature.microbatch_rows = sig.value("microbatch_rows", int64_t(0));
-    p.signature.gradient_accumulation_steps = sig.value("gradient_accumulation_steps", int64_t(0));
-    p.signature.rows_per_step = sig.value("rows_per_step", int64_t(0));
-    p.signature.eval_rows = sig.value("eval_rows", int64_t(0));
-    p.signature.planned_peak_bytes = meta.at("planned_peak_bytes").get<int64_t>();
+    auto optional_int = [&](const char* key) { return sig.contains(key) ? json_int(sig.at(key)) : int64_t(0); };
+    p.signature.microbatch_rows = optional_int("microbatch_rows");
+    p.signature.gradient_accumulation_steps = optional_int("gradient_accumulation_steps");
+    p.signature.rows_per_step = optional_int("rows_per_step");
+    p.signature.eval_rows = optional_int("eval_rows");
+    p.signature.planned_peak_bytes = json_int(meta.at("planned_peak_bytes"));
   } catch (const std::exception& e) {
     return malformed(std::string("signature: ") + e.what());
   }
