@@ -2,6 +2,7 @@
 // and run training steps with the eager interpreter.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,7 +12,9 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -74,6 +77,19 @@ inline std::string fresh_tmpdir(const std::string& name) {
   fs::create_directories(p);
   remove_after_tests(p.string());
   return p.string();
+}
+
+/// Runs `cmd` with /bin/sh (stdout and stderr to one temp file, removed after a passing
+/// test program); returns its exit status (128 when a signal ended it) and what it printed.
+inline std::pair<int, std::string> shell(const std::string& cmd) {
+  namespace fs = std::filesystem;
+  const std::string log = (fs::temp_directory_path() / ("kiln_e2e_sh_" + std::to_string(::getpid()) + ".log")).string();
+  remove_after_tests(log);
+  const int st = std::system(("(" + cmd + ") > '" + log + "' 2>&1").c_str());
+  std::ifstream f(log);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, ss.str()};
 }
 
 /// Training losses by step from DIR/metrics.jsonl (lines with a "loss" key).

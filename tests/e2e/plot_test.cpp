@@ -25,15 +25,7 @@ namespace {
 const std::string kSrc = KILN_SOURCE_DIR;
 const std::string kBin = std::string(KILN_BINARY_DIR) + "/bin/kiln";
 
-std::pair<int, std::string> sh(const std::string& cmd) {
-  std::string log = (fs::temp_directory_path() / ("kiln_plot_" + std::to_string(::getpid()) + ".log")).string();
-  kiln::testing::remove_after_tests(log);
-  int st = std::system(("(" + cmd + ") > '" + log + "' 2>&1").c_str());
-  std::ifstream f(log);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, ss.str()};
-}
+std::pair<int, std::string> sh(const std::string& cmd) { return kiln::testing::shell(cmd); }
 
 std::string read(const std::string& path) {
   std::ifstream f(path);

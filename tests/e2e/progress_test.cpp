@@ -28,16 +28,7 @@ const std::string kMlp =
     "labels=data/digits/y_eval.npy --per_device_train_batch_size 32 --max_steps 300 --logging_steps 100 "
     "--eval_steps 150 --learning_rate 2e-3 ";
 
-/// Runs a shell command; its exit status and what it printed (stdout and stderr).
-std::pair<int, std::string> sh(const std::string& cmd) {
-  std::string log = (fs::temp_directory_path() / ("kiln_progress_" + std::to_string(::getpid()) + ".log")).string();
-  kiln::testing::remove_after_tests(log);
-  int st = std::system(("(" + cmd + ") > '" + log + "' 2>&1").c_str());
-  std::ifstream f(log);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, ss.str()};
-}
+std::pair<int, std::string> sh(const std::string& cmd) { return kiln::testing::shell(cmd); }
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
