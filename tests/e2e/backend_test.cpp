@@ -97,7 +97,7 @@ INSTANTIATE_TEST_SUITE_P(Examples, BackendRuns,
 /// A tensor whose storage claims to be on cuda:0 (a fake address never dereferenced).
 ir::Tensor fake_device_tensor(ir::DType dtype, std::vector<int64_t> dims) {
   const size_t bytes = static_cast<size_t>(ir::numel_of(dims)) * ir::dtype_size(dtype);
-  bool* released = new bool(false);
+  auto released = std::make_shared<bool>(false);
   auto st = std::make_shared<ir::Storage>(ir::Device::cuda(0), reinterpret_cast<void*>(uintptr_t{0x1000}), bytes,
                                           [released](void*) { *released = true; });
   return ir::Tensor::over(std::move(st), dtype, std::move(dims));
