@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -74,11 +75,13 @@ std::vector<int64_t> Shape::to_vector() const {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
+  bool overflow = false;
   for (auto& d : dims) {
     if (!d.is_static()) return -1;
-    n *= d.value;
+    if (d.value == 0) return 0;
+    if (!overflow && __builtin_mul_overflow(n, d.value, &n)) overflow = true;
   }
-  return n;
+  return overflow ? std::numeric_limits<int64_t>::max() : n;
 }
 
 std::string Shape::to_string() const {

@@ -43,7 +43,9 @@ struct Shape {
   bool is_static() const;
   /// Static dims as int64 (-1 for non-static ones).
   std::vector<int64_t> to_vector() const;
-  /// Product of static dims; -1 if any dim is not static.
+  /// Product of static dims; -1 if any dim is not static; 0 when a dim is 0; INT64_MAX
+  /// when the product overflows int64 (saturated, so a caller's size limit refuses it:
+  /// import refuses values above 2^62 bytes, driver.cpp check_value_sizes).
   int64_t numel() const;
   std::string to_string() const;
   bool operator==(const Shape& o) const { return dims == o.dims; }
