@@ -16,6 +16,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/io.h"
 #include "runtime/program.h"
+#include "runtime/sequences.h"
 #include "runtime/train_config.h"
 
 namespace kiln::fuzz {
@@ -135,11 +136,50 @@ Status program_target(const std::string& payload) {
   return Status::ok();
 }
 
+[[noreturn]] void sequences_finding(const std::string& what) {
+  std::fprintf(stderr, "kiln fuzz: sequences: %s\n", what.c_str());
+  std::abort();
+}
+
+Status sequences_target(const std::string& bytes) {
+  const bool indexed = bytes.size() >= 3 && bytes[0] == 'I';
+  Expected<runtime::SequenceSet> s = Status::error("unset");
+  if (indexed) {
+    const size_t n =
+        static_cast<unsigned char>(bytes[1]) | (static_cast<size_t>(static_cast<unsigned char>(bytes[2])) << 8);
+    const std::string_view rest = std::string_view(bytes).substr(3);
+    s = runtime::parse_indexed_dataset(rest.substr(0, n), rest.substr(std::min(n, rest.size())), "fuzz");
+  } else {
+    s = runtime::parse_jsonl_dataset(bytes, "fuzz.jsonl");
+  }
+  if (!s) return s.status();
+  if (Status c = runtime::check_sequence_set(*s); !c) sequences_finding("a parsed set fails its check: " + c.message());
+  int64_t rows = 0;
+  for (const auto& [len, count] : s->length_histogram()) rows += count;
+  if (rows != s->size() || s->max_length() != (s->size() ? s->length_histogram().rbegin()->first : 0))
+    sequences_finding("length_histogram or max_length disagrees with the rows");
+  // What was read reads back the same from kiln's own encoding.
+  Expected<runtime::SequenceSet> back = Status::error("unset");
+  if (indexed) {
+    auto enc = runtime::encode_indexed_dataset(*s);
+    if (!enc) sequences_finding("cannot encode what was read: " + enc.message());
+    back = runtime::parse_indexed_dataset(enc->first, enc->second, "fuzz-again");
+  } else {
+    auto enc = runtime::encode_jsonl_dataset(*s);
+    if (!enc) sequences_finding("cannot encode what was read: " + enc.message());
+    back = runtime::parse_jsonl_dataset(*enc, "fuzz-again.jsonl");
+  }
+  if (!back) sequences_finding("its own encoding does not read back: " + back.message());
+  if (back->offsets != s->offsets || back->tokens != s->tokens || back->labels != s->labels)
+    sequences_finding("its own encoding reads back different rows");
+  return Status::ok();
+}
+
 }  // namespace
 
 const std::vector<std::string>& target_names() {
   static const std::vector<std::string> names = {"onnx",   "npy",    "safetensors", "trainer_state",
-                                                 "config", "tokens", "program"};
+                                                 "config", "tokens", "program",     "sequences"};
   return names;
 }
 
@@ -153,6 +193,14 @@ std::string wrap_program_payload(const std::string& payload) {
   return file + payload;
 }
 
+std::string wrap_indexed_dataset(const std::string& idx, const std::string& bin) {
+  const size_t n = idx.size();
+  std::string out = "I";
+  out += static_cast<char>(n & 0xff);
+  out += static_cast<char>((n >> 8) & 0xff);
+  return out + idx + bin;
+}
+
 Status run_target(const std::string& target, const std::string& bytes) {
   if (target == "onnx") return onnx_target(bytes);
   if (target == "npy") return npy_target(bytes);
@@ -161,6 +209,7 @@ Status run_target(const std::string& target, const std::string& bytes) {
   if (target == "config") return config_target(bytes);
   if (target == "tokens") return tokens_target(bytes);
   if (target == "program") return program_target(bytes);
+  if (target == "sequences") return sequences_target(bytes);
   return Status::error("unknown fuzz target '" + target + "'");
 }
 

@@ -12,7 +12,8 @@
 
 namespace kiln::fuzz {
 
-/// The target names: onnx, npy, safetensors, trainer_state, config, tokens, program.
+/// The target names: onnx, npy, safetensors, trainer_state, config, tokens, program,
+/// sequences.
 const std::vector<std::string>& target_names();
 
 /// Runs `bytes` through the reader of `target`:
@@ -33,10 +34,19 @@ const std::vector<std::string>& target_names();
 ///   runtime::deserialize_program (kernel tables are parsed; a binder stands in for the
 ///   JIT, whose object code kiln trusts like an executable), then read_program_info of
 ///   the raw bytes.
+/// - sequences: a variable-length dataset parsed from memory (runtime/sequences.h). Input
+///   "I" + u16 little-endian n + rest: an indexed dataset whose .idx is the first n bytes
+///   of rest (all of it when shorter) and whose .bin is the remainder
+///   (parse_indexed_dataset); any other input is JSONL text (parse_jsonl_dataset), so a
+///   .jsonl file is a seed as it is. What parses must pass check_sequence_set and read
+///   back the same rows from its own encoding (aborts otherwise: a finding).
 /// Returns the reader's status (an error for malformed input). Unknown target: error.
 Status run_target(const std::string& target, const std::string& bytes);
 
 /// The program-file header that `program` puts before its payload.
 std::string wrap_program_payload(const std::string& payload);
+
+/// The input of the `sequences` target that holds the indexed dataset (idx, bin).
+std::string wrap_indexed_dataset(const std::string& idx, const std::string& bin);
 
 }  // namespace kiln::fuzz

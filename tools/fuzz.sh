@@ -4,11 +4,11 @@
 #   bash tools/fuzz.sh TARGET SECONDS [libFuzzer flags...]   # one target
 #   bash tools/fuzz.sh all SECONDS [libFuzzer flags...]      # each target in turn, SECONDS each
 #
-# TARGET: onnx npy safetensors trainer_state config tokens program.
+# TARGET: onnx npy safetensors trainer_state config tokens program sequences.
 # Builds with Debian's clang-14 (-fsanitize=fuzzer,address,undefined) into build-fuzz/
 # (fuzz/CMakeLists.txt; ccache when installed). Seeds: fuzz/seeds/TARGET/ plus the test
 # fixtures of that format (tests/data, examples/; files up to 64 KB; JSON targets use
-# the dictionary fuzz/dicts/json.dict), gathered into
+# the dictionary fuzz/dicts/json.dict, sequences fuzz/dicts/sequences.dict), gathered into
 # build-fuzz/seeds/TARGET/ on each run; the corpus the fuzzer grows is kept in
 # build-fuzz/corpus/TARGET/ across runs. A crash, leak, timeout (10 s) or sanitizer report
 # ends the run with exit status 1 and writes the input to build-fuzz/crashes/TARGET/;
@@ -17,7 +17,7 @@
 # clang or its libFuzzer runtime the script fails (it never skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGETS=(onnx npy safetensors trainer_state config tokens program)
+TARGETS=(onnx npy safetensors trainer_state config tokens program sequences)
 build_only=()
 if [ "${1:-}" = --build ]; then  # tools/fuzz.sh --build CMAKE_TARGET...: only build (tools/sanitize.sh --quick)
   shift
@@ -90,6 +90,7 @@ seed_files() {
     safetensors) find tests/data examples -name '*.safetensors' -size -65k ;;
     tokens) find tests/data examples -name '*.bin' -size -65k ;;
     config | trainer_state) find tests/data examples -name '*.json' -size -65k ;;
+    sequences) find tests/data examples -name '*.jsonl' -size -65k ;;
   esac
   [ -d "tests/data/fuzz_regressions/$t" ] && find "tests/data/fuzz_regressions/$t" -type f
   return 0
@@ -110,7 +111,10 @@ for t in "${run[@]}"; do
   # Program payloads with kernels run to ~120 KB (fuzz/seeds/program); others stay small.
   opts=(-max_len=65536)
   [ "$t" = program ] && opts=(-max_len=262144)
-  case $t in config | trainer_state) opts+=(-dict=fuzz/dicts/json.dict) ;; esac
+  case $t in
+    config | trainer_state) opts+=(-dict=fuzz/dicts/json.dict) ;;
+    sequences) opts+=(-dict=fuzz/dicts/sequences.dict) ;;
+  esac
   # -rss_limit_mb: the readers refuse sizes they cannot allocate; more than 2 GB is a finding.
   if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     "build-fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 "${opts[@]}" \
