@@ -8,6 +8,7 @@
 #include <random>
 
 #include "runtime/io.h"
+#include "runtime/sequences.h"
 
 namespace kiln::runtime {
 
@@ -117,6 +118,7 @@ Expected<Dataset> Dataset::from_arrays(std::vector<NamedArray> arrays, const std
   Dataset ds;
   ds.label_input_ = opts.label_input;
   ds.max_eval_batches_ = opts.max_eval_batches;
+  ds.opts_ = opts;
   for (auto& a : arrays) {
     const DataInputSpec* in = find_input(inputs, a.input);
     if (!in)
@@ -145,6 +147,7 @@ Expected<Dataset> Dataset::from_tokens(std::shared_ptr<const std::vector<uint16_
   ds.token_file_ = file;
   ds.label_input_ = opts.label_input;
   ds.max_eval_batches_ = opts.max_eval_batches;
+  ds.opts_ = opts;
   std::vector<const DataInputSpec*> model_inputs;
   const DataInputSpec* label = nullptr;
   for (auto& in : inputs) {
@@ -188,12 +191,22 @@ Expected<Dataset> Dataset::from_tokens(std::shared_ptr<const std::vector<uint16_
 }
 
 bool is_token_file(const std::vector<std::string>& specs) {
-  return specs.size() == 1 && specs[0].find('=') == std::string::npos && ends_with(specs[0], ".bin");
+  return specs.size() == 1 && specs[0].find('=') == std::string::npos && ends_with(specs[0], ".bin") &&
+         !is_sequence_dataset(specs[0]);
+}
+
+bool is_sequence_data(const std::vector<std::string>& specs) {
+  return specs.size() == 1 && specs[0].find('=') == std::string::npos && is_sequence_dataset(specs[0]);
 }
 
 Expected<RawData> load_raw_data(const std::vector<std::string>& specs) {
   if (specs.empty()) return Status::error("no data given");
   RawData raw;
+  if (is_sequence_data(specs)) {
+    KILN_ASSIGN_OR_RETURN(SequenceSet seqs, read_sequence_dataset(specs[0]));
+    raw.sequences = std::make_shared<const SequenceSet>(std::move(seqs));
+    return raw;
+  }
   if (is_token_file(specs)) {
     KILN_ASSIGN_OR_RETURN(auto toks, io::load_tokens(specs[0]));
     raw.tokens = std::make_shared<const std::vector<uint16_t>>(std::move(toks));
@@ -215,6 +228,7 @@ Expected<RawData> load_raw_data(const std::vector<std::string>& specs) {
 }
 
 Expected<Dataset> Dataset::bind(const RawData& raw, const std::vector<DataInputSpec>& inputs, const DataOptions& opts) {
+  if (raw.sequences) return from_sequences(raw.sequences, inputs, opts);
   if (raw.tokens) return from_tokens(raw.tokens, raw.token_file, inputs, opts);
   return from_arrays(raw.arrays, inputs, opts);
 }
@@ -227,15 +241,22 @@ Expected<Dataset> Dataset::open(const std::vector<std::string>& specs, const std
 
 int64_t Dataset::num_rows() const {
   if (tokens_) return static_cast<int64_t>(tokens_->size()) / block_size_;
+  if (seqs_) return static_cast<int64_t>(seq_rows_.size());
   return arrays_.empty() ? 0 : arrays_[0].data.dim(0);
 }
 
 int64_t Dataset::steps_per_epoch(int64_t rows_per_step) const {
-  return rows_per_step <= 0 ? 0 : num_rows() / rows_per_step;
+  if (rows_per_step <= 0) return 0;
+  return opts_.drop_last ? num_rows() / rows_per_step : (num_rows() + rows_per_step - 1) / rows_per_step;
+}
+
+int64_t Dataset::rows_in_batch(int64_t index, int64_t rows) const {
+  return std::max<int64_t>(0, std::min(rows, num_rows() - index * rows));
 }
 
 std::string Dataset::files() const {
   if (tokens_) return token_file_;
+  if (seqs_) return seqs_->file;
   std::string r;
   for (auto& a : arrays_) r += (r.empty() ? "" : ", ") + a.file;
   return r;
@@ -246,6 +267,8 @@ std::vector<std::string> Dataset::input_names() const {
   if (tokens_) {
     r.push_back(token_input_);
     if (!label_input_.empty()) r.push_back(label_input_);
+  } else if (seqs_) {
+    for (auto& si : seq_inputs_) r.push_back(si.name);
   } else {
     for (auto& a : arrays_) r.push_back(a.input);
   }
@@ -281,21 +304,53 @@ Batch Dataset::to_batch(const io::TokenBatch& tb) const {
   return r;
 }
 
-Expected<Batch> Dataset::train_batch(uint64_t seed, int64_t epoch, int64_t index, int64_t rows) const {
-  return train_batch_rows(seed, epoch, index, rows, 0, rows);
+Expected<Batch> Dataset::train_batch(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t pad_to) const {
+  return train_batch_rows(seed, epoch, index, rows, 0, rows_in_batch(index, rows), pad_to);
 }
 
-Expected<Batch> Dataset::train_batch_rows(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
-                                          int64_t count) const {
+Expected<std::vector<int64_t>> Dataset::select_train_rows(uint64_t seed, int64_t epoch, int64_t index, int64_t rows,
+                                                          int64_t begin, int64_t count) const {
   if (rows <= 0) return Status::error("batch size must be > 0");
   if (index < 0 || index >= steps_per_epoch(rows))
     return Status::error("batch index " + std::to_string(index) + " out of range (" +
                          std::to_string(steps_per_epoch(rows)) + " batches of " + std::to_string(rows) +
                          " rows per epoch)");
-  if (begin < 0 || count <= 0 || begin + count > rows)
+  if (begin < 0 || count <= 0 || begin + count > rows_in_batch(index, rows))
     return Status::error("rows [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
-                         ") are not within a batch of " + std::to_string(rows));
+                         ") are not within a batch of " + std::to_string(rows_in_batch(index, rows)));
+  const std::vector<int64_t>& order = epoch_order(seed, epoch, rows);
+  const int64_t first = index * rows + begin;
+  return std::vector<int64_t>(order.begin() + first, order.begin() + first + count);
+}
+
+int64_t Dataset::train_batch_length(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
+                                    int64_t count) const {
+  if (!seqs_) return 0;
+  auto sel = select_train_rows(seed, epoch, index, rows, begin, count);
+  return sel ? sequence_batch_length(*sel) : 0;
+}
+
+int64_t Dataset::train_batch_tokens(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
+                                    int64_t count) const {
+  if (!seqs_) return 0;
+  auto sel = select_train_rows(seed, epoch, index, rows, begin, count);
+  int64_t n = 0;
+  if (sel)
+    for (int64_t r : *sel) n += seq_lengths_[static_cast<size_t>(r)];
+  return n;
+}
+
+Expected<Batch> Dataset::train_batch_rows(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
+                                          int64_t count, int64_t pad_to) const {
   if (tokens_) {
+    if (rows <= 0) return Status::error("batch size must be > 0");
+    if (index < 0 || index >= steps_per_epoch(rows))
+      return Status::error("batch index " + std::to_string(index) + " out of range (" +
+                           std::to_string(steps_per_epoch(rows)) + " batches of " + std::to_string(rows) +
+                           " rows per epoch)");
+    if (begin < 0 || count <= 0 || begin + count > rows)
+      return Status::error("rows [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+                           ") are not within a batch of " + std::to_string(rows));
     // nanoGPT get_batch: s = rng() % (n - T) per row, rng seeded by (seed, epoch, index);
     // every row's start is drawn so that a part equals the same rows of the whole.
     std::mt19937_64 rng(mix_seed(seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index) + 1));
@@ -303,13 +358,8 @@ Expected<Batch> Dataset::train_batch_rows(uint64_t seed, int64_t epoch, int64_t 
     KILN_ASSIGN_OR_RETURN(auto starts, io::sample_token_starts(f, rows, block_size_, rng));
     return token_windows(std::vector<int64_t>(starts.begin() + begin, starts.begin() + begin + count));
   }
-  if (cached_epoch_ != epoch || cached_seed_ != seed || cached_perm_.size() != static_cast<size_t>(num_rows())) {
-    cached_perm_ = epoch_permutation(num_rows(), seed, epoch);
-    cached_epoch_ = epoch;
-    cached_seed_ = seed;
-  }
-  const int64_t first = index * rows + begin;
-  std::vector<int64_t> sel(cached_perm_.begin() + first, cached_perm_.begin() + first + count);
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> sel, select_train_rows(seed, epoch, index, rows, begin, count));
+  if (seqs_) return sequence_batch(sel, pad_to);
   return gather_rows(sel);
 }
 
@@ -321,6 +371,7 @@ Expected<Batch> Dataset::first_batch(int64_t rows) const {
   std::vector<int64_t> sel(rows);
   for (int64_t i = 0; i < rows; ++i) sel[i] = tokens_ ? i * block_size_ : i;
   if (tokens_) return token_windows(sel);
+  if (seqs_) return sequence_batch(sel, 0);
   return gather_rows(sel);
 }
 
@@ -334,7 +385,14 @@ int64_t Dataset::num_eval_batches(int64_t rows) const {
   return num_rows() / rows;
 }
 
-Expected<Batch> Dataset::eval_batch(int64_t index, int64_t rows) const {
+int64_t Dataset::eval_batch_length(int64_t index, int64_t rows) const {
+  if (!seqs_ || index < 0 || index >= num_eval_batches(rows)) return 0;
+  std::vector<int64_t> sel(rows);
+  for (int64_t i = 0; i < rows; ++i) sel[i] = index * rows + i;
+  return sequence_batch_length(sel);
+}
+
+Expected<Batch> Dataset::eval_batch(int64_t index, int64_t rows, int64_t pad_to) const {
   int64_t nb = num_eval_batches(rows);
   if (index < 0 || index >= nb)
     return Status::error("eval batch " + std::to_string(index) + " out of range (" + std::to_string(nb) + " batches)");
@@ -348,6 +406,7 @@ Expected<Batch> Dataset::eval_batch(int64_t index, int64_t rows) const {
     return token_windows(sel);
   }
   for (int64_t i = 0; i < rows; ++i) sel[i] = index * rows + i;
+  if (seqs_) return sequence_batch(sel, pad_to);
   return gather_rows(sel);
 }
 

@@ -13,11 +13,28 @@
 // with std::mt19937_64 seeded by mix(seed, epoch, batch index). One epoch is defined as
 // n_tokens / (B*T) steps (each token seen about once).
 //
-// Both layouts derive batch (epoch, i) from the seed alone, so a resumed run that
+// Sequences (`--train_data FILE.jsonl` or a Megatron indexed dataset PREFIX.idx/.bin,
+// runtime/sequences.h; issue 31): rows of variable length. A causal LM whose loss kiln
+// computes (cross_entropy on the logits) reads tokens[0, n-1) of a row and predicts
+// tokens[1, n) (the file's labels[1, n) when it has labels); a model computing its own
+// loss (--loss model, Hugging Face's convention) gets the row unshifted. Rows longer than
+// --max_length (else the model's fixed sequence length) are truncated to it, with a note.
+// A batch is padded on the right to the length the trainer asks for (runtime/shapes.h):
+// token ids with --pad_token_id, labels with ignore_index (so the token-normalized loss
+// equals the unpadded one), an `attention_mask` input with 1 for real tokens and 0 for
+// padding, `token_type_ids` with 0, `position_ids` with 0..L-1. The epoch's order is the
+// permutation below, or with --group_by_length Hugging Face's length-grouped megabatches
+// (runtime/buckets.h length_grouped_order).
+//
+// The epoch's last partial batch: dropped by default (--dataloader_drop_last true, kiln's
+// default); with --dataloader_drop_last false it is trained (steps_per_epoch rounds up, and
+// the trainer runs that step with a program of its row count).
+//
+// All layouts derive batch (epoch, i) from the seed alone, so a resumed run that
 // restarts at step k sees exactly the batches of an uninterrupted run.
 //
-// Evaluation is sequential and never shuffled: arrays in file order (last partial
-// batch dropped), tokens as windows at a regular stride over the file, at most
+// Evaluation is sequential and never shuffled: arrays and sequences in file order (last
+// partial batch dropped), tokens as windows at a regular stride over the file, at most
 // `max_eval_batches` batches.
 #pragma once
 #include <cstdint>
@@ -34,6 +51,8 @@
 
 namespace kiln::runtime {
 
+struct SequenceSet;
+
 /// A graph data input the loader feeds: name, dtype and shape (static or symbolic dims).
 struct DataInputSpec {
   std::string name;
@@ -47,6 +66,16 @@ struct DataOptions {
   std::string loss = "cross_entropy";  ///< labels of cross_entropy must be integer class ids
   int64_t block_size = 0;              ///< token window; 0: the model input's static dim 1
   int64_t max_eval_batches = 20;       ///< bound on eval batches of a token file
+  /// Sequences: the token id of padding (--pad_token_id; labels are padded with ignore_index).
+  int64_t pad_token_id = 0;
+  int64_t ignore_index = -100;
+  /// Sequences: rows are truncated to this many tokens (--max_length; 0: the model's fixed
+  /// sequence length, else no limit).
+  int64_t max_length = 0;
+  /// Sequences: Hugging Face's length-grouped order (--group_by_length).
+  bool group_by_length = false;
+  /// Drop the epoch's last partial batch (--dataloader_drop_last).
+  bool drop_last = true;
 };
 
 /// A batch: graph input name -> tensor with `rows` as first dim.
@@ -65,6 +94,7 @@ struct RawData {
   std::vector<NamedArray> arrays;                       ///< NAME=FILE.npy specs
   std::shared_ptr<const std::vector<uint16_t>> tokens;  ///< or one FILE.bin
   std::string token_file;
+  std::shared_ptr<const SequenceSet> sequences;  ///< or one FILE.jsonl / PREFIX.idx (variable length)
 };
 
 /// Reads `--train_data`/`--eval_data` specs (NAME=FILE.npy entries, or one FILE.bin).
@@ -74,6 +104,10 @@ Expected<RawData> load_raw_data(const std::vector<std::string>& specs);
 /// Whether `specs` (--train_data / --eval_data items) name a token file: one FILE.bin
 /// without NAME=, read as windows of --block_size (load_raw_data).
 bool is_token_file(const std::vector<std::string>& specs);
+
+/// Whether `specs` name one variable-length dataset without NAME= (FILE.jsonl, PREFIX.idx,
+/// or PREFIX.bin beside PREFIX.idx; runtime/sequences.h).
+bool is_sequence_data(const std::vector<std::string>& specs);
 
 /// The scalar graph input of the step's label count (ir::kNumItemsInput).
 inline constexpr const char* kNumItemsInput = ir::kNumItemsInput;
@@ -122,25 +156,60 @@ class Dataset {
   /// Binds a token stream; `file` names it in errors.
   static Expected<Dataset> from_tokens(std::shared_ptr<const std::vector<uint16_t>> tokens, const std::string& file,
                                        const std::vector<DataInputSpec>& inputs, const DataOptions& opts);
+  /// Binds variable-length sequences: the model's integer (batch, seq) input gets the
+  /// tokens, the label input the labels, attention_mask / token_type_ids / position_ids
+  /// are filled (see the file comment). Errors (one line naming the file): no sequences,
+  /// two token inputs, an input that is not (batch, seq), --max_length against a fixed
+  /// sequence length, no row long enough to predict a token.
+  static Expected<Dataset> from_sequences(std::shared_ptr<const SequenceSet> seqs,
+                                          const std::vector<DataInputSpec>& inputs, const DataOptions& opts);
 
   bool is_tokens() const { return tokens_ != nullptr; }
-  /// Rows of the array dataset, or n_tokens / block_size for a token stream.
+  /// Variable-length rows (from_sequences): batches are padded to a length.
+  bool is_sequences() const { return seqs_ != nullptr; }
+  /// Rows of the array dataset or the sequences, or n_tokens / block_size for a token stream.
   int64_t num_rows() const;
-  /// Optimizer steps per epoch: floor(num_rows / rows_per_step) (partial batch dropped).
+  /// Optimizer steps per epoch: num_rows / rows_per_step, rounded down when the last
+  /// partial batch is dropped (DataOptions::drop_last), else up.
   int64_t steps_per_epoch(int64_t rows_per_step) const;
-  /// Batch `index` of epoch `epoch` (shuffled arrays / random windows), `rows` rows.
-  Expected<Batch> train_batch(uint64_t seed, int64_t epoch, int64_t index, int64_t rows) const;
+  /// Rows of batch `index` of an epoch of `rows`-row batches: `rows`, or fewer for the last
+  /// partial batch when it is not dropped.
+  int64_t rows_in_batch(int64_t index, int64_t rows) const;
+  /// Batch `index` of epoch `epoch` (shuffled arrays / random windows), `rows` rows;
+  /// sequences padded to `pad_to` tokens (0: the batch's longest row).
+  Expected<Batch> train_batch(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t pad_to = 0) const;
   /// Rows [begin, begin + count) of train_batch(seed, epoch, index, rows), without
   /// gathering the others: one microbatch of a gradient-accumulation step, streamed
   /// into the loop by the trainer.
   Expected<Batch> train_batch_rows(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
-                                   int64_t count) const;
+                                   int64_t count, int64_t pad_to = 0) const;
+  /// Sequences: tokens of the longest row among rows [begin, begin + count) of the batch
+  /// (the length the batch needs); 0 for fixed-length data.
+  int64_t train_batch_length(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
+                             int64_t count) const;
+  /// Sequences: real (non-pad) tokens of rows [begin, begin + count) of the batch; 0 for
+  /// fixed-length data.
+  int64_t train_batch_tokens(uint64_t seed, int64_t epoch, int64_t index, int64_t rows, int64_t begin,
+                             int64_t count) const;
   /// The first `rows` rows in file order (arrays) or windows at 0, T, 2T, ... (tokens).
   Expected<Batch> first_batch(int64_t rows) const;
   /// Number of sequential eval batches of `rows` rows.
   int64_t num_eval_batches(int64_t rows) const;
-  /// Eval batch `index` (sequential, not shuffled).
-  Expected<Batch> eval_batch(int64_t index, int64_t rows) const;
+  /// Eval batch `index` (sequential, not shuffled); sequences padded to `pad_to` (0: its longest row).
+  Expected<Batch> eval_batch(int64_t index, int64_t rows, int64_t pad_to = 0) const;
+  /// Sequences: the longest row of eval batch `index` (0 for fixed-length data).
+  int64_t eval_batch_length(int64_t index, int64_t rows) const;
+  /// Sequences: tokens per row after truncation: --max_length, the model's fixed length,
+  /// else the longest row (0 for fixed-length data).
+  int64_t max_length() const { return max_length_; }
+  /// Sequences: rows per length (after shift and truncation), for the bucket planner.
+  std::map<int64_t, int64_t> length_histogram() const;
+  /// Sequences: the graph input fed with token ids.
+  std::string token_input() const {
+    return seqs_ ? seq_inputs_[static_cast<size_t>(seq_token_input_)].name : token_input_;
+  }
+  /// Notes from binding (truncated rows, rows left out): printed once by the caller.
+  const std::vector<std::string>& notes() const { return notes_; }
   /// Names of the inputs this dataset feeds.
   std::vector<std::string> input_names() const;
   /// The files it was read from, comma-separated (for messages).
@@ -150,6 +219,13 @@ class Dataset {
   static std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
 
  private:
+  /// The epoch's row order (permutation or length-grouped), cached for the epoch.
+  const std::vector<int64_t>& epoch_order(uint64_t seed, int64_t epoch, int64_t rows_per_step) const;
+  /// Selected rows of batch `index` of `rows` rows: [begin, begin + count) of it.
+  Expected<std::vector<int64_t>> select_train_rows(uint64_t seed, int64_t epoch, int64_t index, int64_t rows,
+                                                   int64_t begin, int64_t count) const;
+  int64_t sequence_batch_length(const std::vector<int64_t>& sel) const;
+  Expected<Batch> sequence_batch(const std::vector<int64_t>& sel, int64_t pad_to) const;
   Batch gather_rows(const std::vector<int64_t>& rows) const;
   Expected<Batch> token_windows(const std::vector<int64_t>& starts) const;
   Batch to_batch(const io::TokenBatch& tb) const;
@@ -161,6 +237,21 @@ class Dataset {
   ir::DType token_dtype_ = ir::DType::i64, label_dtype_ = ir::DType::i64;
   int64_t block_size_ = 0;
   int64_t max_eval_batches_ = 20;
+  DataOptions opts_;
+  // Sequences: the set, the rows kept (index into it) and their lengths after shift and
+  // truncation, how each graph input is filled.
+  struct SequenceInput {
+    std::string name;
+    ir::DType dtype = ir::DType::i64;
+    int fill = 0;  // data_sequences.cpp Fill
+  };
+  std::shared_ptr<const SequenceSet> seqs_;
+  std::vector<int64_t> seq_rows_, seq_lengths_;
+  std::vector<SequenceInput> seq_inputs_;
+  int seq_token_input_ = -1;
+  bool shift_ = false;
+  int64_t static_length_ = 0, max_length_ = 0;
+  std::vector<std::string> notes_;
   // Cache of the current epoch's permutation.
   mutable int64_t cached_epoch_ = -1;
   mutable uint64_t cached_seed_ = 0;

@@ -110,6 +110,13 @@ Status TrainConfig::validate() const {
   if (save_total_limit < 0) return bad("save_total_limit", "must be >= 0, got " + num_str(save_total_limit));
   if (warmup_steps < 0) return bad("warmup_steps", "must be >= 0, got " + num_str(warmup_steps));
   if (block_size < 0) return bad("block_size", "must be >= 0, got " + num_str(block_size));
+  if (max_length < 0 || max_length > kMaxDim)
+    return bad("max_length", "must be in [0, 2^31], got " + num_str(max_length));
+  if (pad_token_id < 0) return bad("pad_token_id", "must be >= 0 (a token id), got " + num_str(pad_token_id));
+  if (recompile_limit < 1) return bad("recompile_limit", "must be > 0, got " + num_str(recompile_limit));
+  if (auto items = check_list("shape_mode", shape_mode, {"pad", "specialize", "buckets"}); !items)
+    return items.status();
+  if (auto b = parse_shape_buckets(shape_buckets); !b) return b.status();
   if (max_steps == 0 || max_steps < -1)
     return bad("max_steps", "must be -1 (use epochs) or > 0, got " + num_str(max_steps));
   // Checked even when --max_steps overrides it (HF: max_steps wins): a NaN or negative
@@ -206,6 +213,28 @@ std::vector<std::string> comma_list(const std::string& text) {
   return items;
 }
 
+Expected<ShapeBuckets> parse_shape_buckets(const std::string& text) {
+  ShapeBuckets b;
+  const std::vector<std::string> items = comma_list(text);
+  auto fail = [&](const std::string& why) { return bad("shape_buckets", "'" + text + "': " + why); };
+  std::vector<int64_t> v;
+  for (const std::string& item : items) {
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || errno != 0 || *end != '\0' || x <= 0 || x > kMaxDim)
+      return fail("expected a number of buckets K or ascending lengths such as 32,64,128");
+    if (!v.empty() && x <= v.back()) return fail("lengths must be ascending");
+    v.push_back(x);
+  }
+  if (v.empty()) return fail("expected a number of buckets K or ascending lengths such as 32,64,128");
+  if (v.size() == 1 && items.size() == 1)
+    b.count = v[0];
+  else
+    b.lengths = std::move(v);
+  return b;
+}
+
 Expected<int64_t> parse_byte_size(const std::string& text) {
   auto fail = [&]() -> Status {
     return bad("memory_budget", "expected a size such as 800MB, 24GiB or a byte count, got '" + text + "'");
@@ -237,6 +266,23 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"eval_data", Kind::str_list, &c.eval_data, "NAME=FILE.npy (repeatable) or one FILE.bin"},
       {"block_size", Kind::i64, &c.block_size,
        "token window length for .bin data (0, the default: the model's input length)"},
+      {"pad_token_id", Kind::i64, &c.pad_token_id,
+       "variable-length data: token id of padding (labels are padded with --ignore_index)"},
+      {"max_length", Kind::i64, &c.max_length,
+       "variable-length data: longer rows are truncated to it; --shape_mode pad pads every batch to it (0: the "
+       "longest row)"},
+      {"shape_mode", Kind::str, &c.shape_mode,
+       "variable-length data: pad (one program at --max_length) | specialize (one per batch length) | buckets "
+       "(--shape_buckets lengths); bench takes a list: pad,specialize,buckets"},
+      {"shape_buckets", Kind::str, &c.shape_buckets,
+       "--shape_mode buckets: K, the number of padded lengths planned from the data's length histogram, or the "
+       "lengths themselves: 32,64,128"},
+      {"recompile_limit", Kind::i64, &c.recompile_limit,
+       "--shape_mode specialize: programs built before batches pad up to a built length (Dynamo's default 8)"},
+      {"group_by_length", Kind::boolean, &c.group_by_length,
+       "variable-length data: batches of similar lengths (length-grouped megabatches, Hugging Face's sampler)"},
+      {"dataloader_drop_last", Kind::boolean, &c.dataloader_drop_last,
+       "drop the epoch's last partial batch (kiln's default true; false trains it with a program of its size)"},
       {"loss", Kind::str, &c.loss, "cross_entropy | mse | bce_with_logits | l1 | model"},
       {"label_input", Kind::str, &c.label_input, "graph input fed with the labels (default: labels)"},
       {"ignore_index", Kind::i64, &c.ignore_index, "label ignored by cross_entropy"},

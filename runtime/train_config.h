@@ -20,6 +20,14 @@ struct TrainConfig {
   std::vector<std::string> train_data;
   std::vector<std::string> eval_data;
   int64_t block_size = 0;  ///< token windows for .bin data
+  // Variable-length data (issue 31; runtime/shapes.h, runtime/data.h).
+  int64_t pad_token_id = 0;          ///< token id of padding (labels pad with ignore_index)
+  int64_t max_length = 0;            ///< rows truncated to this many tokens; pad mode pads to it (0: longest row)
+  std::string shape_mode = "pad";    ///< pad | specialize | buckets
+  std::string shape_buckets = "4";   ///< buckets mode: K boundaries planned from the data, or a list 32,64,128
+  int64_t recompile_limit = 8;       ///< specialize mode: programs built before batches pad to a built length
+  bool group_by_length = false;      ///< HF's length-grouped megabatches (implied by --shape_mode buckets)
+  bool dataloader_drop_last = true;  ///< drop the epoch's last partial batch (HF's default is false)
   // --- loss and parameters ---
   std::string loss = "cross_entropy";  ///< cross_entropy | mse | bce_with_logits | l1 | model
   std::string label_input;             ///< graph input fed with labels (default: "labels")
@@ -116,6 +124,16 @@ struct TrainConfig {
 /// TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), case-insensitive for the
 /// prefix ("24GiB", "800MB", "1e9"). Error names --memory_budget and the text.
 Expected<int64_t> parse_byte_size(const std::string& text);
+
+/// --shape_buckets: a count K (the boundaries are planned from the data) or explicit
+/// ascending lengths "32,64,128".
+struct ShapeBuckets {
+  int64_t count = 0;             ///< K (> 0) when planned
+  std::vector<int64_t> lengths;  ///< explicit boundaries, ascending (count 0)
+};
+/// Parses --shape_buckets. Error: one line naming the flag and the text (not a positive
+/// integer, or lengths not ascending and positive).
+Expected<ShapeBuckets> parse_shape_buckets(const std::string& text);
 
 /// One TrainConfig field, for table-driven flags and JSON (every field has one entry;
 /// `name` is the flag without "--" and the JSON key).

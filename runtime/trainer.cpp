@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "runtime/backend.h"
+#include "runtime/buckets.h"
 #include "runtime/interpreter.h"
 #include "runtime/interrupt.h"
 #include "runtime/metrics.h"
@@ -103,8 +104,9 @@ std::vector<std::string> changed_flags(const std::string& saved_json, const Trai
 /// compared by its tensors, not by its path: a moved or copied file is the same model).
 constexpr std::initializer_list<const char*> kStateFlags = {"freeze", "trainable", "optim", "momentum", "fp16", "bf16"};
 /// The flags that decide the data order (rows per step, the rows themselves).
-constexpr std::initializer_list<const char*> kDataFlags = {"per_device_train_batch_size", "gradient_accumulation_steps",
-                                                           "train_data", "block_size"};
+constexpr std::initializer_list<const char*> kDataFlags = {
+    "per_device_train_batch_size", "gradient_accumulation_steps", "train_data", "block_size", "group_by_length",
+    "dataloader_drop_last"};
 /// Flags whose change a resume accepts, with a warning (the new values apply from the
 /// next step; Hugging Face's Trainer would keep the saved optimizer's and scheduler's).
 constexpr std::initializer_list<const char*> kResumeWarnFlags = {"seed",
@@ -195,18 +197,60 @@ std::pair<int64_t, int64_t> accuracy_counts(const Tensor& logits, const Tensor& 
 
 }  // namespace
 
-Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& graphs, const Dataset* train_data,
+Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& given, const Dataset* train_data,
                                   const Dataset* eval_data, TrainerOptions opts) {
   KILN_RETURN_IF_ERROR(cfg.validate());
-  if (!graphs.train_step) return Status::error("trainer: no train_step graph");
   if (!train_data) return Status::error("trainer: no training data");
-  if (eval_data && !graphs.eval) return Status::error("trainer: eval data given but the program has no eval graph");
+  if (!given.train_step && !opts.programs) return Status::error("trainer: no train_step graph");
   Trainer t;
   t.cfg_ = cfg;
-  t.g_ = graphs;
   t.train_ = train_data;
   t.eval_ = eval_data;
   t.opts_ = opts;
+  // Variable-length data: the padded length of each batch (runtime/shapes.h).
+  if (train_data->is_sequences()) {
+    if (cfg.shape_mode.find(',') != std::string::npos)
+      return Status::error("--shape_mode: one mode per run (a list such as '" + cfg.shape_mode +
+                           "' is for kiln bench)");
+    KILN_ASSIGN_OR_RETURN(ShapeMode mode, parse_shape_mode(cfg.shape_mode));
+    std::vector<int64_t> bounds;
+    if (mode == ShapeMode::buckets) {
+      KILN_ASSIGN_OR_RETURN(ShapeBuckets sb, parse_shape_buckets(cfg.shape_buckets));
+      auto hist = train_data->length_histogram();
+      if (eval_data && eval_data->is_sequences())
+        for (auto& [len, n] : eval_data->length_histogram()) hist[len] += n;
+      KILN_ASSIGN_OR_RETURN(BucketPlan plan,
+                            sb.count > 0 ? plan_buckets(hist, sb.count) : evaluate_buckets(hist, sb.lengths));
+      bounds = plan.boundaries;
+    }
+    const int64_t max_len =
+        std::max(train_data->max_length(), eval_data && eval_data->is_sequences() ? eval_data->max_length() : 0);
+    t.chooser_.emplace(mode, max_len, bounds, cfg.recompile_limit);
+  }
+  t.micro_rows_ = cfg.per_device_train_batch_size;
+  t.trips_ = cfg.gradient_accumulation_steps;
+  TrainGraphs graphs = given;
+  if (graphs.train_step) {
+    // The batch shapes come from the program (its signature); the config only for graphs
+    // built without one.
+    if (graphs.microbatch_rows > 0) t.micro_rows_ = graphs.microbatch_rows;
+    if (graphs.accumulation_steps > 0) t.trips_ = graphs.accumulation_steps;
+  }
+  t.rows_per_step_ = t.micro_rows_ * t.trips_;
+  t.steps_per_epoch_ = train_data->steps_per_epoch(t.rows_per_step_);
+  if (t.steps_per_epoch_ <= 0)
+    return Status::error("--train_data " + train_data->files() + ": " + std::to_string(train_data->num_rows()) +
+                         " rows, fewer than one step of " + std::to_string(t.rows_per_step_) +
+                         " (--per_device_train_batch_size x --gradient_accumulation_steps)");
+  const StepShape first_shape = t.step_shape(0);
+  if (!graphs.train_step) {
+    auto g = opts.programs(first_shape, t.rebuild_reason(first_shape, "the first step"));
+    if (!g) return g.status();
+    graphs = *g;
+    if (!graphs.train_step) return Status::error("trainer: the program provider gave no train_step graph");
+  }
+  if (eval_data && !graphs.eval) return Status::error("trainer: eval data given but the program has no eval graph");
+  t.g_ = graphs;
   const ir::Graph& g = *graphs.train_step;
   // The backend that runs the program (runtime/backend.h): the one the graphs name, else
   // the host's compiled backend when they come with kernels or an arena, else the
@@ -215,9 +259,6 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
       !graphs.backend.empty() ? graphs.backend : (graphs.train_program || graphs.train_arena ? "compiled" : "eager");
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(backend_name));
   t.backend_ = std::move(backend);
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> train_exec,
-                        t.backend_->load(g, ProgramParts{graphs.train_program, graphs.train_arena}));
-  t.train_exec_ = std::move(train_exec);
 
   // State, from the graph's bindings.
   for (const ir::StateBinding& sb : g.state) {
@@ -230,46 +271,18 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
     t.state_kind_[sb.input->name] = sb.kind;
     t.state_output_[sb.input->name] = sb.output->name;
   }
-  bool has_loss = false;
-  for (ir::Value* o : g.outputs) has_loss |= o->name == "loss";
-  if (!has_loss) return Status::error("train_step: the graph has no output 'loss'");
-  for (ir::Value* in : g.inputs) {
-    bool is_data = false;
-    for (auto& d : graphs.data_inputs) is_data |= d == in->name;
-    if (!is_data && !t.state_.count(in->name) && in->name != kNumItemsInput && !g.input_defaults.count(in->name))
-      return Status::error("train_step: input '" + in->name + "' is neither a data input nor a state input");
-  }
-  {
-    std::vector<std::string> names;
-    for (auto& d : graphs.data_inputs)
+  // Given graphs are the program of whole steps at their own length; a provider's are
+  // the first step's.
+  StepShape shape = first_shape;
+  if (given.train_step) {
+    shape = StepShape{t.micro_rows_, t.trips_, 0};
+    if (train_data->is_sequences())
       for (ir::Value* in : g.inputs)
-        if (in->name == d) names.push_back(d);
-    KILN_ASSIGN_OR_RETURN(t.train_specs_, data_input_specs(g, names));
+        if (in->name == train_data->token_input() && in->shape.rank() == 2 && in->shape.dims[1].is_static())
+          shape.length = in->shape.dims[1].value;
   }
-  if (graphs.eval) {
-    std::vector<std::string> names;
-    for (auto& d : graphs.data_inputs)
-      for (ir::Value* in : graphs.eval->inputs)
-        if (in->name == d) names.push_back(d);
-    KILN_ASSIGN_OR_RETURN(t.eval_specs_, data_input_specs(*graphs.eval, names));
-  }
-
-  if (graphs.eval) {
-    // Parameters kept as initializers in the eval graph are refreshed from the state.
-    bool shadowed = false;
-    for (ir::Value* v : graphs.eval->initializers) shadowed |= t.state_.count(v->name) > 0;
-    if (shadowed) t.eval_clone_ = std::shared_ptr<ir::Graph>(graphs.eval->clone().release());
-  }
-  // The batch shapes come from the program (its signature); the config only for graphs
-  // built without one.
-  t.micro_rows_ = graphs.microbatch_rows > 0 ? graphs.microbatch_rows : cfg.per_device_train_batch_size;
-  t.trips_ = graphs.accumulation_steps > 0 ? graphs.accumulation_steps : cfg.gradient_accumulation_steps;
-  t.rows_per_step_ = t.micro_rows_ * t.trips_;
-  t.steps_per_epoch_ = train_data->steps_per_epoch(t.rows_per_step_);
-  if (t.steps_per_epoch_ <= 0)
-    return Status::error("--train_data " + train_data->files() + ": " + std::to_string(train_data->num_rows()) +
-                         " rows, fewer than one step of " + std::to_string(t.rows_per_step_) +
-                         " (--per_device_train_batch_size x --gradient_accumulation_steps)");
+  KILN_ASSIGN_OR_RETURN(t.first_, t.add_variant(shape, graphs));
+  t.last_shape_ = shape;
   t.total_steps_ = cfg.total_steps(t.steps_per_epoch_);
   {
     // The LR schedule of this run (the program's inputs default to the build's counts).
@@ -292,6 +305,150 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& gra
                          " (--per_device_eval_batch_size)");
   t.acc_.seed = cfg.seed;
   return t;
+}
+
+Expected<Trainer::Variant*> Trainer::add_variant(const StepShape& shape, const TrainGraphs& graphs) {
+  const ir::Graph& g = *graphs.train_step;
+  Variant v;
+  v.g = graphs;
+  bool has_loss = false;
+  for (ir::Value* o : g.outputs) has_loss |= o->name == "loss";
+  if (!has_loss) return Status::error("train_step: the graph has no output 'loss'");
+  // Every program of the run holds the same state (the parameters do not depend on the
+  // batch shape).
+  for (const ir::StateBinding& sb : g.state) {
+    auto it = state_.find(sb.input ? sb.input->name : std::string());
+    if (it == state_.end() || !sb.initial || !same_layout(*sb.initial, it->second))
+      return Status::error("train_step: the program of another batch shape has other state ('" +
+                           (sb.input ? sb.input->name : std::string("?")) + "') (internal)");
+  }
+  for (ir::Value* in : g.inputs) {
+    bool is_data = false;
+    for (auto& d : graphs.data_inputs) is_data |= d == in->name;
+    if (!is_data && !state_.count(in->name) && in->name != kNumItemsInput && !g.input_defaults.count(in->name))
+      return Status::error("train_step: input '" + in->name + "' is neither a data input nor a state input");
+  }
+  {
+    std::vector<std::string> names;
+    for (auto& d : graphs.data_inputs)
+      for (ir::Value* in : g.inputs)
+        if (in->name == d) names.push_back(d);
+    KILN_ASSIGN_OR_RETURN(v.train_specs, data_input_specs(g, names));
+  }
+  if (graphs.eval) {
+    std::vector<std::string> names;
+    for (auto& d : graphs.data_inputs)
+      for (ir::Value* in : graphs.eval->inputs)
+        if (in->name == d) names.push_back(d);
+    KILN_ASSIGN_OR_RETURN(v.eval_specs, data_input_specs(*graphs.eval, names));
+    // Parameters kept as initializers in the eval graph are refreshed from the state.
+    bool shadowed = false;
+    for (ir::Value* x : graphs.eval->initializers) shadowed |= state_.count(x->name) > 0;
+    if (shadowed) v.eval_clone = std::shared_ptr<ir::Graph>(graphs.eval->clone().release());
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> train_exec,
+                        backend_->load(g, ProgramParts{graphs.train_program, graphs.train_arena}));
+  v.train_exec = std::move(train_exec);
+  if (chooser_ && shape.length > 0) chooser_->add_built(shape.length);
+  return &(variants_[shape] = std::move(v));
+}
+
+std::string Trainer::rebuild_reason(const StepShape& shape, const std::string& what) const {
+  std::string r = what + ": ";
+  std::vector<std::string> parts;
+  if (variants_.empty()) {
+    parts.push_back(std::to_string(shape.micro_rows) + " rows x " + std::to_string(shape.trips) + " microbatches");
+    if (shape.length > 0)
+      parts.push_back("input '" + train_->token_input() + "' dim 1: " + std::to_string(shape.length));
+  } else {
+    if (shape.micro_rows != last_shape_.micro_rows || shape.trips != last_shape_.trips)
+      parts.push_back("rows " + std::to_string(last_shape_.micro_rows) + " x " + std::to_string(last_shape_.trips) +
+                      " -> " + std::to_string(shape.micro_rows) + " x " + std::to_string(shape.trips) +
+                      " (microbatch rows x microbatches)");
+    if (shape.length != last_shape_.length)
+      parts.push_back("input '" + train_->token_input() + "' dim 1: " + std::to_string(last_shape_.length) + " -> " +
+                      std::to_string(shape.length));
+  }
+  for (size_t i = 0; i < parts.size(); ++i) r += (i ? ", " : "") + parts[i];
+  if (chooser_) r += std::string(" (--shape_mode ") + shape_mode_name(chooser_->mode()) + ")";
+  return r + ", " + std::to_string(variants_.size() + 1) + (variants_.empty() ? " program" : " programs") + " so far";
+}
+
+Expected<Trainer::Variant*> Trainer::variant_for(const StepShape& shape, const std::string& what) {
+  if (auto it = variants_.find(shape); it != variants_.end()) return &it->second;
+  if (!opts_.programs)
+    return Status::error("the batch of " + what + " needs a program for " + std::to_string(shape.micro_rows) +
+                         " rows x " + std::to_string(shape.trips) + " microbatches" +
+                         (shape.length > 0 ? " of length " + std::to_string(shape.length) : std::string()) +
+                         ", and this run has one program (give --dataloader_drop_last true, or train with kiln train)");
+  KILN_ASSIGN_OR_RETURN(TrainGraphs g, opts_.programs(shape, rebuild_reason(shape, what)));
+  if (!g.train_step) return Status::error("trainer: the program provider gave no train_step graph");
+  if (eval_ && !g.eval) return Status::error("trainer: the program of another batch shape has no eval graph");
+  return add_variant(shape, g);
+}
+
+int64_t Trainer::padded_length(int64_t need) {
+  const ShapeChoice c = chooser_->choose(need);
+  if (c.limited && !limit_warned_) {
+    limit_warned_ = true;
+    std::string lens;
+    for (int64_t l : chooser_->built()) lens += (lens.empty() ? "" : ", ") + std::to_string(l);
+    std::cerr << message_prefix() << ": warning: --recompile_limit " << chooser_->recompile_limit()
+              << " reached (programs for lengths " << lens
+              << "): from now on batches pad up to the nearest of them, or to " << chooser_->max_length()
+              << " (one more program)\n";
+  }
+  return c.length;
+}
+
+StepShape Trainer::step_shape(int64_t step) const {
+  StepShape s{micro_rows_, trips_, 0};
+  const int64_t epoch = step / steps_per_epoch_, index = step % steps_per_epoch_;
+  const int64_t rows = train_->rows_in_batch(index, rows_per_step_);
+  if (rows > 0 && rows < rows_per_step_) {
+    // The epoch's last partial batch: microbatches of at most micro_rows_ equal rows.
+    int64_t m = std::min(micro_rows_, rows);
+    while (rows % m != 0) --m;
+    s.micro_rows = m;
+    s.trips = rows / m;
+  }
+  if (chooser_) {
+    const int64_t need = train_->train_batch_length(cfg_.seed, epoch, index, rows_per_step_, 0, rows);
+    s.length = chooser_->choose(need).length;
+  }
+  return s;
+}
+
+std::vector<StepShape> Trainer::loaded_shapes() const {
+  std::vector<StepShape> r;
+  for (auto& [k, v] : variants_) r.push_back(k);
+  return r;
+}
+
+Status Trainer::build_all_programs() {
+  // Every step's and every eval batch's program before step 1: nothing compiles during
+  // training (the lengths come from the fixed buckets, the rows from the data order).
+  for (int64_t k = global_step_; k < total_steps_; ++k) {
+    const StepShape s = step_shape(k);
+    if (!variants_.count(s)) {
+      auto v = variant_for(s, "step " + std::to_string(k + 1) + " (built before step 1)");
+      if (!v) return v.status();
+      last_shape_ = s;
+    }
+  }
+  if (eval_ && chooser_)
+    for (int64_t i = 0; i < eval_->num_eval_batches(eval_rows_); ++i) {
+      const int64_t len = chooser_->choose(eval_->eval_batch_length(i, eval_rows_)).length;
+      bool have = false;
+      for (auto& [k, v] : variants_) have |= k.length == len;
+      if (!have) {
+        const StepShape s{micro_rows_, trips_, len};
+        auto v = variant_for(s, "eval batch " + std::to_string(i + 1) + " (built before step 1)");
+        if (!v) return v.status();
+        last_shape_ = s;
+      }
+    }
+  return Status::ok();
 }
 
 double Trainer::epoch_now() const {
@@ -405,10 +562,25 @@ Status Trainer::restore(const std::string& dir) {
 
 Expected<StepResult> Trainer::step(const Batch* given) {
   auto t0 = std::chrono::steady_clock::now();
-  const ir::Graph& g = *g_.train_step;
-  const int64_t trips = trips_;
-  const int64_t micro = micro_rows_;
   const int64_t epoch = global_step_ / steps_per_epoch_, index = global_step_ % steps_per_epoch_;
+  // The program of this step's batch shape (a given batch runs on the first program).
+  Variant* v = first_;
+  StepShape shape{micro_rows_, trips_, 0};
+  for (auto& [k, x] : variants_)
+    if (&x == first_) shape = k;
+  if (!given) {
+    shape = step_shape(global_step_);
+    if (chooser_)
+      shape.length = padded_length(
+          train_->train_batch_length(cfg_.seed, epoch, index, rows_per_step_, 0, shape.micro_rows * shape.trips));
+    KILN_ASSIGN_OR_RETURN(v, variant_for(shape, "step " + std::to_string(global_step_ + 1)));
+    last_shape_ = shape;
+  }
+  const TrainGraphs& vg = v->g;
+  const ir::Graph& g = *vg.train_step;
+  const int64_t trips = shape.trips;
+  const int64_t micro = shape.micro_rows;
+  const int64_t rows = micro * trips;  // the last partial batch has fewer than rows_per_step_
   // Gradient accumulation streams its microbatches into the loop (RunOptions::microbatch):
   // only one microbatch of data is resident at a time, as when Hugging Face's Trainer
   // runs one forward per microbatch. A given batch (benchmarks, tests) is fed whole.
@@ -417,9 +589,10 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   if (given) {
     batch = *given;
   } else if (!stream) {
-    KILN_ASSIGN_OR_RETURN(batch, train_->train_batch(cfg_.seed, epoch, index, rows_per_step_));
+    KILN_ASSIGN_OR_RETURN(batch,
+                          train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, 0, rows, shape.length));
   }
-  KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(g, batch, train_specs_, /*data_optional=*/stream));
+  KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(g, batch, v->train_specs, /*data_optional=*/stream));
   for (ir::Value* in : g.inputs)
     if (in->name == kNumItemsInput) {
       // The real labels of all N microbatches, counted before the loop (as Hugging
@@ -427,15 +600,15 @@ Expected<StepResult> Trainer::step(const Batch* given) {
       int64_t count = 0;
       if (stream) {
         for (int64_t t = 0; t < trips; ++t) {
-          KILN_ASSIGN_OR_RETURN(Batch part,
-                                train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro, micro));
-          auto l = part.find(g_.label_input);
-          if (l == part.end()) return Status::error("train_step: the data has no label input '" + g_.label_input + "'");
+          KILN_ASSIGN_OR_RETURN(Batch part, train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro,
+                                                                     micro, shape.length));
+          auto l = part.find(vg.label_input);
+          if (l == part.end()) return Status::error("train_step: the data has no label input '" + vg.label_input + "'");
           count += count_num_items(l->second, cfg_.ignore_index);
         }
       } else {
-        auto l = batch.find(g_.label_input);
-        if (l == batch.end()) return Status::error("train_step: the batch has no label input '" + g_.label_input + "'");
+        auto l = batch.find(vg.label_input);
+        if (l == batch.end()) return Status::error("train_step: the batch has no label input '" + vg.label_input + "'");
         count = count_num_items(l->second, cfg_.ignore_index);
       }
       feeds[in->name] = num_items_tensor(count, in->dtype);
@@ -454,13 +627,13 @@ Expected<StepResult> Trainer::step(const Batch* given) {
                                                                     int64_t n) mutable -> Expected<Tensor> {
       if (pending_t != t || !pending.count(in.name)) {
         pending.clear();
-        KILN_ASSIGN_OR_RETURN(pending,
-                              train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro, micro));
+        KILN_ASSIGN_OR_RETURN(
+            pending, train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro, micro, shape.length));
         pending_t = t;
       }
       auto it = pending.find(in.name);
       const DataInputSpec* spec = nullptr;
-      for (auto& sp : train_specs_)
+      for (auto& sp : v->train_specs)
         if (sp.name == in.name) spec = &sp;
       if (it == pending.end() || !spec)
         return Status::error("train_step: no data for streamed input '" + in.name + "'");
@@ -474,7 +647,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   // The loss scale this step used: read before the step, whose update kernel may write
   // the next scale into the same buffer (RunOptions::donate_state).
   const double loss_scale_used = state_.count("loss_scale") ? state_.at("loss_scale").get_f64(0) : 0.0;
-  auto outs = backend_->run(*train_exec_, feeds, ro);
+  auto outs = backend_->run(*v->train_exec, feeds, ro);
   feeds.clear();  // the old state is held by state_ alone again
   if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
   StepResult r;
@@ -495,9 +668,9 @@ Expected<StepResult> Trainer::step(const Batch* given) {
     // A state output in the step arena (RunOptions::results_in_arena) is overwritten by
     // the next step: it is copied into the old state's buffer, which nothing else holds
     // now (no allocation), or else into a fresh one.
-    if (g_.train_arena && g_.train_arena->contains(it->second.raw())) {
+    if (vg.train_arena && vg.train_arena->contains(it->second.raw())) {
       Tensor& old = state_[name];
-      if (old.storage_unique() && !g_.train_arena->contains(old.raw())) {
+      if (old.storage_unique() && !vg.train_arena->contains(old.raw())) {
         copies.push_back({old.raw(), it->second.raw(), old.nbytes()});
         next[name] = old;
       } else {
@@ -517,14 +690,6 @@ Expected<StepResult> Trainer::step(const Batch* given) {
 
 Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
   if (!eval_ || !g_.eval) return Status::error("evaluate: no eval data or eval graph");
-  const ir::Graph* eg = g_.eval;
-  if (eval_clone_) {
-    for (ir::Value* v : eval_clone_->initializers) {
-      auto it = state_.find(v->name);
-      if (it != state_.end()) v->data = std::make_shared<Tensor>(it->second);
-    }
-    eg = eval_clone_.get();
-  }
   const int64_t nb = eval_->num_eval_batches(eval_rows_);
   double loss_sum = 0;
   int64_t correct = 0, counted = 0;
@@ -532,25 +697,47 @@ Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
   if (bar) bar->start(nb);
   for (int64_t i = 0; i < nb; ++i) {
     if (bar && i > 0) bar->update(i);
-    KILN_ASSIGN_OR_RETURN(Batch batch, eval_->eval_batch(i, eval_rows_));
-    KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(*eg, batch, eval_specs_));
+    // The program of this batch's length (variable-length data), else the first.
+    Variant* v = first_;
+    int64_t length = 0;
+    if (chooser_) {
+      length = padded_length(eval_->eval_batch_length(i, eval_rows_));
+      v = nullptr;
+      for (auto& [k, x] : variants_)
+        if (k.length == length && (!v || (k.micro_rows == micro_rows_ && k.trips == trips_))) v = &x;
+      if (!v) {
+        const StepShape s{micro_rows_, trips_, length};
+        KILN_ASSIGN_OR_RETURN(v, variant_for(s, "eval batch " + std::to_string(i + 1)));
+        last_shape_ = s;
+      }
+    }
+    const ir::Graph* eg = v->g.eval;
+    if (v->eval_clone) {
+      for (ir::Value* x : v->eval_clone->initializers) {
+        auto it = state_.find(x->name);
+        if (it != state_.end()) x->data = std::make_shared<Tensor>(it->second);
+      }
+      eg = v->eval_clone.get();
+    }
+    KILN_ASSIGN_OR_RETURN(Batch batch, eval_->eval_batch(i, eval_rows_, length));
+    KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(*eg, batch, v->eval_specs));
     RunOptions ro;
     ro.training = false;
     ro.seed = cfg_.seed;
     ro.step = static_cast<uint64_t>(global_step_);
     ro.results_in_arena = true;  // read below, before the next batch runs
-    if (!eval_exec_) {
-      // The eval step's arena is planned for g_.eval's own values, not its clone's.
+    if (!v->eval_exec) {
+      // The eval step's arena is planned for the eval graph's own values, not its clone's.
       KILN_ASSIGN_OR_RETURN(
           std::unique_ptr<Executable> ex,
-          backend_->load(*eg, ProgramParts{g_.eval_program, eg == g_.eval ? g_.eval_arena : nullptr}));
-      eval_exec_ = std::move(ex);
+          backend_->load(*eg, ProgramParts{v->g.eval_program, eg == v->g.eval ? v->g.eval_arena : nullptr}));
+      v->eval_exec = std::move(ex);
     }
-    auto outs = backend_->run(*eval_exec_, feeds, ro);
+    auto outs = backend_->run(*v->eval_exec, feeds, ro);
     if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
     loss_sum += scalar_of(*outs, "loss");
     if (acc_ok) {
-      auto lg = outs->find(g_.logits_output);
+      auto lg = outs->find(v->g.logits_output);
       if (lg == outs->end()) lg = outs->find("logits");
       auto lb = batch.find(g_.label_input);
       if (lg == outs->end() || lb == batch.end()) {
@@ -632,13 +819,28 @@ Expected<TrainResult> Trainer::run() {
   out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << rows_per_step_
       << " rows, " << total_steps_ << " steps" << (resumed_ ? ", resuming at step " + std::to_string(global_step_) : "")
       << "\n";
-  // HF's Trainer ends an epoch with a smaller batch (dataloader_drop_last=False); a
-  // program compiled for one static batch shape runs whole steps only.
+  // HF's Trainer ends an epoch with a smaller batch (dataloader_drop_last=False); kiln
+  // drops it unless asked (a partial batch needs a program of its own).
   if (const int64_t left = train_->num_rows() - steps_per_epoch_ * rows_per_step_;
       left > 0 && steps_per_epoch_ > 0 && !train_->is_tokens())
     out << "note: each epoch trains on " << steps_per_epoch_ * rows_per_step_ << " of the " << train_->num_rows()
-        << " rows (whole steps of " << rows_per_step_ << " rows: the program is compiled for one static batch shape); "
-        << "the " << left << " rows left over differ from epoch to epoch (the order is reshuffled)\n";
+        << " rows (whole steps of " << rows_per_step_ << " rows; --dataloader_drop_last false trains the rest with a "
+        << "program of its size); the " << left
+        << " rows left over differ from epoch to epoch (the order is reshuffled)\n";
+  for (const Dataset* d : {train_, eval_})
+    if (d)
+      for (const std::string& n : d->notes()) out << "note: " << n << "\n";
+  if (chooser_) {
+    out << "shapes: --shape_mode " << shape_mode_name(chooser_->mode()) << ", rows up to " << chooser_->max_length()
+        << " tokens";
+    if (chooser_->mode() == ShapeMode::buckets) {
+      out << ", padded to the buckets";
+      for (size_t i = 0; i < chooser_->buckets().size(); ++i) out << (i ? "," : " ") << chooser_->buckets()[i];
+    }
+    out << "\n";
+    // buckets: every program before step 1, so nothing compiles during training.
+    if (chooser_->mode() == ShapeMode::buckets) KILN_RETURN_IF_ERROR(build_all_programs());
+  }
   if (resumed_ && global_step_ >= total_steps_)
     out << "note: the checkpoint is at step " << global_step_ << ", at or past the " << total_steps_
         << " steps of this run (--max_steps, or --num_train_epochs): nothing to train; raise --max_steps to continue\n";

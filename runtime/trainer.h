@@ -11,9 +11,11 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +32,7 @@ struct CpuProgram;
 #include "runtime/data.h"
 #include "runtime/metrics.h"
 #include "runtime/profile.h"
+#include "runtime/shapes.h"
 #include "runtime/train_config.h"
 
 namespace kiln::runtime {
@@ -66,6 +69,19 @@ struct TrainGraphs {
   std::string backend;
 };
 
+/// The batch shape one program runs (issue 31): rows of a microbatch, microbatches per
+/// optimizer step, and the padded length of variable-length data (0: fixed-size data).
+/// Every program of a run has the same state (parameters, optimizer state, buffers).
+struct StepShape {
+  int64_t micro_rows = 0, trips = 0, length = 0;
+  auto operator<=>(const StepShape&) const = default;
+};
+
+/// Builds, or loads from the program cache, the program of a batch shape the run has not
+/// loaded yet; `reason` says why it is needed (the caller logs it: KILN_LOGS=recompiles).
+/// The graphs must stay alive as long as the provider. Errors: the build's.
+using ProgramProvider = std::function<Expected<TrainGraphs>(const StepShape& shape, const std::string& reason)>;
+
 /// Console and behaviour switches of a run (not part of the HF config).
 struct TrainerOptions {
   std::ostream* out = &std::cout;  ///< log lines and the progress bar
@@ -81,6 +97,11 @@ struct TrainerOptions {
   /// Op-level profile of the train steps (RunOptions::profile; null: off). kiln bench
   /// --profile sets it after the warm-up steps with Trainer::set_profile.
   OpProfile* profile = nullptr;
+  /// Programs of other batch shapes: the epoch's last partial batch (--dataloader_drop_last
+  /// false) and variable-length data (--shape_mode). Null: the run has one program, and a
+  /// step that needs another shape is an error. With a provider, Trainer::create may be
+  /// given no train_step graph: it asks for the program of the first step's shape.
+  ProgramProvider programs;
 };
 
 /// Result of one optimizer step.
@@ -150,6 +171,15 @@ class Trainer {
   /// The whole loop: steps, logging, eval, checkpoints; returns the final metrics.
   Expected<TrainResult> run();
 
+  /// The batch shape of optimizer step `step` (0-based): its rows (the last partial batch's
+  /// split into microbatches of at most microbatch_rows) and, for variable-length data,
+  /// the length its longest row pads to under --shape_mode.
+  StepShape step_shape(int64_t step) const;
+  /// The programs loaded so far, by shape (for kiln bench and tests).
+  std::vector<StepShape> loaded_shapes() const;
+  /// Variable-length data: the padded lengths per --shape_mode (null for fixed-size data).
+  const ShapeChooser* shape_chooser() const { return chooser_ ? &*chooser_ : nullptr; }
+
   /// Current state by input name (parameters, optimizer state, buffers, counters).
   const std::map<std::string, ir::Tensor>& state() const { return state_; }
   /// Parameters and buffers only (what model.safetensors / model.onnx hold).
@@ -163,13 +193,37 @@ class Trainer {
                                                         const std::vector<DataInputSpec>& specs,
                                                         bool data_optional = false) const;
   double epoch_now() const;
+  /// One program of the run: its graphs and what the trainer derived from them.
+  struct Variant {
+    TrainGraphs g;
+    std::vector<DataInputSpec> train_specs, eval_specs;
+    std::shared_ptr<Executable> train_exec, eval_exec;
+    /// Eval graph whose parameters are initializers (not inputs): a clone whose
+    /// initializer data the trainer points at the current state before each eval.
+    std::shared_ptr<ir::Graph> eval_clone;
+  };
+  /// Loads `graphs` as the program of `shape` (state checked against the trainer's).
+  Expected<Variant*> add_variant(const StepShape& shape, const TrainGraphs& graphs);
+  /// The program of `shape`: loaded, or asked of TrainerOptions::programs with `reason`.
+  Expected<Variant*> variant_for(const StepShape& shape, const std::string& reason);
+  /// Why a program of `shape` is needed, for the recompiles log.
+  std::string rebuild_reason(const StepShape& shape, const std::string& what) const;
+  /// Variable-length data: the padded length for a batch needing `need` tokens, recording
+  /// the specialize limit's warning.
+  int64_t padded_length(int64_t need);
+  /// buckets mode: builds the program of every step and eval batch of the run.
+  Status build_all_programs();
 
   TrainConfig cfg_;
-  TrainGraphs g_;
+  TrainGraphs g_;  ///< the first program's graphs (state, names)
   const Dataset* train_ = nullptr;
   const Dataset* eval_ = nullptr;
   TrainerOptions opts_;
-  std::vector<DataInputSpec> train_specs_, eval_specs_;
+  std::map<StepShape, Variant> variants_;
+  Variant* first_ = nullptr;  ///< the program create() loaded (given batches run on it)
+  StepShape last_shape_;      ///< the shape of the last step run
+  std::optional<ShapeChooser> chooser_;
+  bool limit_warned_ = false;
   std::map<std::string, ir::Tensor> state_;
   std::map<std::string, std::string> state_kind_;    ///< input name -> kind
   std::map<std::string, std::string> state_output_;  ///< input name -> output name
@@ -178,13 +232,9 @@ class Trainer {
   std::map<std::string, ir::Tensor> schedule_feeds_;
   int64_t eval_rows_ = 0;
   int64_t micro_rows_ = 0, trips_ = 0;  ///< rows of one microbatch, microbatches per step
-  /// Eval graph whose parameters are initializers (not inputs): a clone whose
-  /// initializer data the trainer points at the current state before each eval.
-  std::shared_ptr<ir::Graph> eval_clone_;
-  /// The backend running the program and the train and eval graphs it loaded (the eval
-  /// graph on the first evaluation). shared_ptr: the types are complete only in trainer.cpp.
+  /// The backend running the programs (each variant's train graph loaded with it, its
+  /// eval graph on the first evaluation). shared_ptr: the types are complete only in trainer.cpp.
   std::shared_ptr<Backend> backend_;
-  std::shared_ptr<Executable> train_exec_, eval_exec_;
   TrainerState acc_;  ///< logging accumulators (persisted in checkpoints)
   bool resumed_ = false;
   std::string resumed_from_;    ///< the checkpoint folder restore() read

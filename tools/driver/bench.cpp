@@ -125,6 +125,7 @@ double median(std::vector<double> t) {
 
 Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err) {
   const TrainConfig& cfg = opts.config;
+  if (runtime::is_sequence_data(cfg.train_data)) return run_shape_bench(opts, out, err);
   const int steps = opts.steps;
   int warmup = opts.warmup;
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;

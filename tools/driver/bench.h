@@ -40,4 +40,14 @@ struct BenchOptions {
 /// a step that fails (each naming the file, flag or input at fault).
 Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err = std::cerr);
 
+/// kiln bench on variable-length data (--train_data ROWS.jsonl or PREFIX.idx; issue 31):
+/// each --shape_mode of the comma list (pad, specialize, buckets) trains the same
+/// length-grouped batches from the same weights, steps alternating; prints per mode the
+/// programs built, compile seconds cold (a fresh cache) and warm (the program cache),
+/// programs built after step 1, the padding fraction, real (non-pad) tokens per second
+/// (compile time excluded), planned and measured peak, and the step time per padded
+/// length. run_bench calls it for such data. Errors: a list in --backend, --optim or
+/// --remat_policy; those of the data, the builds and the steps.
+Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err = std::cerr);
+
 }  // namespace kiln::driver

@@ -43,23 +43,14 @@ Expected<std::shared_ptr<codegen::CpuProgram>> jit_bind(const std::string& which
 
 /// TrainConfig fields that never change the program: read by the trainer per run.
 const std::vector<std::string>& per_run_fields() {
-  static const std::vector<std::string> f = {"train_data",
-                                             "eval_data",
-                                             "output_dir",
-                                             "num_train_epochs",
-                                             "max_steps",
-                                             "seed",
-                                             "logging_steps",
-                                             "eval_steps",
-                                             "save_steps",
-                                             "save_total_limit",
-                                             "resume_from_checkpoint",
-                                             "overwrite_output_dir",
-                                             "cache_dir",
-                                             "no_cache",
-                                             "disable_tqdm",
-                                             "report_to",
-                                             "logging_dir"};
+  static const std::vector<std::string> f = {"train_data", "eval_data", "output_dir", "num_train_epochs", "max_steps",
+                                             "seed", "logging_steps", "eval_steps", "save_steps", "save_total_limit",
+                                             "resume_from_checkpoint", "overwrite_output_dir", "cache_dir", "no_cache",
+                                             "disable_tqdm", "report_to", "logging_dir",
+                                             // variable-length data: each padded length is
+                                             // its own program, keyed by its --shape binding
+                                             "pad_token_id", "max_length", "shape_mode", "shape_buckets",
+                                             "recompile_limit", "group_by_length", "dataloader_drop_last"};
   return f;
 }
 

@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "ir/op_table.h"
@@ -17,7 +19,9 @@
 #include "runtime/checkpoint.h"
 #include "runtime/io.h"
 #include "runtime/metrics.h"
+#include "runtime/sequences.h"
 #include "tools/driver/export_trained.h"
+#include "tools/driver/logs.h"
 #ifndef KILN_AOT
 #include "codegen/cpu/program.h"
 #include "tools/driver/program_cache.h"
@@ -51,7 +55,82 @@ runtime::DataOptions data_options(const TrainConfig& cfg) {
   o.label_input = cfg.loss == "model" ? "" : (cfg.label_input.empty() ? "labels" : cfg.label_input);
   o.loss = cfg.loss;
   o.block_size = cfg.block_size;
+  o.pad_token_id = cfg.pad_token_id;
+  o.ignore_index = cfg.ignore_index;
+  o.max_length = cfg.max_length;
+  // buckets pad each batch to its bucket: length-grouped batches keep the padding low.
+  o.group_by_length = cfg.group_by_length || cfg.shape_mode == "buckets";
+  o.drop_last = cfg.dataloader_drop_last;
   return o;
+}
+
+std::vector<std::string> sequence_symbols(const ir::Graph& module) {
+  std::vector<std::string> r;
+  for (const ir::Value* in : module.inputs)
+    if (in->shape.rank() == 2 && ir::is_integer(in->dtype) && !in->shape.dims[1].is_static() &&
+        !in->shape.dims[1].symbol.empty() && std::find(r.begin(), r.end(), in->shape.dims[1].symbol) == r.end())
+      r.push_back(in->shape.dims[1].symbol);
+  return r;
+}
+
+ShapePrograms::ShapePrograms(TrainConfig cfg, passes::PassContext* dbg, int64_t total_steps,
+                             std::unique_ptr<ir::Graph> module)
+    : cfg_(std::move(cfg)), dbg_(dbg), total_steps_(total_steps), module_(std::move(module)) {}
+
+Expected<runtime::TrainGraphs> ShapePrograms::get(const runtime::StepShape& shape, const std::string& reason) {
+  if (auto it = programs_.find(shape); it != programs_.end()) return graphs_of(it->second);
+  const auto t0 = std::chrono::steady_clock::now();
+  TrainConfig c = cfg_;
+  c.per_device_train_batch_size = shape.micro_rows;
+  c.gradient_accumulation_steps = shape.trips;
+  std::optional<TrainingProgram> prog;
+  if (shape.length > 0) {
+    if (!module_) {
+      KILN_ASSIGN_OR_RETURN(module_, import_model(cfg_.model, cfg_.untie_initializers));
+    }
+    for (const std::string& sym : sequence_symbols(*module_)) {
+      if (cfg_.shape.count(sym))
+        return Status::error("--shape " + sym + "=" + std::to_string(cfg_.shape.at(sym)) + ": '" + sym +
+                             "' is the sequence dim, which variable-length data binds per batch (--max_length bounds "
+                             "it); leave it out of --shape");
+      c.shape[sym] = shape.length;
+    }
+  }
+#ifndef KILN_AOT
+  if (!c.no_cache) prog = load_cached_program(c, dbg_);
+#endif
+  const bool hit = prog.has_value();
+  log_text("recompiles", "program for " + reason + (hit ? " (from the program cache)" : ""));
+  if (!prog) {
+    if (!module_) {
+      KILN_ASSIGN_OR_RETURN(module_, import_model(cfg_.model, cfg_.untie_initializers));
+    }
+    KILN_ASSIGN_OR_RETURN(TrainingProgram built,
+                          build_training_program(c, dbg_, false, false, total_steps_, module_.get()));
+#ifndef KILN_AOT
+    store_cached_program(c, built);  // removed again by the run's guard if it fails
+#endif
+    prog = std::move(built);
+  }
+  hit ? ++hits_ : ++built_;
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return graphs_of(programs_[shape] = std::move(*prog));
+}
+
+runtime::ProgramProvider ShapePrograms::provider() {
+  return [this](const runtime::StepShape& shape, const std::string& reason) { return get(shape, reason); };
+}
+
+int64_t ShapePrograms::max_planned_peak() const {
+  int64_t m = -1;
+  for (auto& [k, p] : programs_) m = std::max(m, p.signature.planned_peak_bytes);
+  return m;
+}
+
+int64_t ShapePrograms::arena_bytes() const {
+  int64_t b = 0;
+  for (auto& [k, p] : programs_) b += step_arena_bytes(p);
+  return b;
 }
 
 runtime::TrainGraphs graphs_of(const TrainingProgram& p) {
@@ -207,6 +286,29 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
       }
     }
   }
+  if (raw.sequences) {
+    // Token ids are Gather indices into the embedding (and, shifted, labels); explicit
+    // labels are classes or ignore_index. Named by file and row.
+    const runtime::SequenceSet& q = *raw.sequences;
+    int64_t limit = classes > 0 ? classes : std::numeric_limits<int64_t>::max();
+    for (auto& [name, e] : extent) limit = std::min(limit, e);
+    auto row_of = [&](size_t k) {
+      return std::upper_bound(q.offsets.begin(), q.offsets.end(), static_cast<int64_t>(k)) - q.offsets.begin() - 1;
+    };
+    for (size_t k = 0; k < q.tokens.size(); ++k)
+      if (q.tokens[k] < 0 || q.tokens[k] >= limit)
+        return fail(q.file + ": token " + std::to_string(q.tokens[k]) + " in row " + std::to_string(row_of(k)) +
+                    " is outside the model's vocabulary [0, " + std::to_string(limit) + ")");
+    if (cfg.pad_token_id >= limit)
+      return Status::error("--pad_token_id " + std::to_string(cfg.pad_token_id) +
+                           " is outside the model's vocabulary [0, " + std::to_string(limit) + ")");
+    if (classes > 0)
+      for (size_t k = 0; k < q.labels.size(); ++k)
+        if (q.labels[k] != cfg.ignore_index && (q.labels[k] < 0 || q.labels[k] >= classes))
+          return fail(q.file + ": label " + std::to_string(q.labels[k]) + " in row " + std::to_string(row_of(k)) +
+                      " is outside [0, " + std::to_string(classes) + ") (the model's classes; " +
+                      std::to_string(cfg.ignore_index) + " is ignored)");
+  }
   if (raw.tokens && !raw.tokens->empty()) {
     // Every token is an input id (a Gather index) and, shifted, a label.
     int64_t limit = classes > 0 ? classes : std::numeric_limits<int64_t>::max();
@@ -324,10 +426,13 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
 
   // The program: given (DIR/train loads its own), from the program cache (no import, no
   // pass), or built from the model, imported once.
+  // Variable-length data (issue 31) is trained by one program per batch shape, which the
+  // trainer asks for (ShapePrograms); DIR/train runs its own program only.
+  const bool per_shape = train_raw->sequences != nullptr && !loaded;
   std::optional<TrainingProgram> have;
   if (loaded) have = std::move(*loaded);
 #ifndef KILN_AOT
-  else if (!cfg.no_cache)
+  else if (!cfg.no_cache && !per_shape)
     have = load_cached_program(cfg, dbg);
 #endif
   std::unique_ptr<ir::Graph> module;
@@ -357,6 +462,66 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
                                                  std::to_string(kMaxTrainSteps) +
                                                  " optimizer steps; give fewer epochs or --max_steps");
 
+  // The programs of other batch shapes: each padded length of variable-length data, the
+  // epoch's last partial batch. DIR/train has its own program only.
+  std::optional<ShapePrograms> shapes;
+#ifndef KILN_AOT
+  if (per_shape || !cfg.dataloader_drop_last) {
+    shapes.emplace(cfg, dbg, total, per_shape ? std::move(module) : nullptr);
+  }
+#endif
+  if (per_shape) {
+    // The datasets are bound to the model's own inputs (symbolic sequence dim); the
+    // trainer pads each batch and asks for its program.
+    auto train_ds = runtime::Dataset::bind(*train_raw, sig.forward_specs, data_options(cfg));
+    if (!train_ds) return ctx(train_ds.status(), "--train_data");
+    std::optional<runtime::Dataset> eval_ds;
+    if (!cfg.eval_data.empty()) {
+      auto e = runtime::Dataset::bind(eval_raw, sig.forward_specs, data_options(cfg));
+      if (!e) return ctx(e.status(), "--eval_data");
+      if (!e->is_sequences())
+        return Status::error(
+            "--eval_data: variable-length training data needs variable-length eval data "
+            "(FILE.jsonl or PREFIX.idx), got " +
+            e->files());
+      eval_ds = std::move(*e);
+    }
+    const int64_t mem_base = ir::MemoryStats::current_bytes();
+    ir::MemoryStats::reset_peak();
+    runtime::TrainerOptions topts;
+    topts.programs = shapes->provider();
+    topts.memory_base_bytes = mem_base;
+    KILN_ASSIGN_OR_RETURN(auto res,
+                          runtime::train(cfg, runtime::TrainGraphs{}, *train_ds, eval_ds ? &*eval_ds : nullptr, topts));
+    const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
+    if (res.stopped_by_signal) {
+      if (!res.step_losses.empty()) guard.keep(), log_guard.keep();
+      return Status::ok();
+    }
+    if (shapes->programs().empty()) return Status::error("no program was built (internal)");
+    const TrainingProgram& any = shapes->programs().begin()->second;
+    KILN_RETURN_IF_ERROR(
+        runtime::io::save_safetensors((fs::path(cfg.output_dir) / "model.safetensors").string(), res.weights));
+    std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
+    Status s = export_trained_model(cfg.model, res.weights, any.train_step->initializer_origins, onnx_out);
+    if (!s) return ctx(s, "export");
+    out << "saved " << onnx_out << "\n";
+    if (!res.eval_metrics.empty()) {
+      out << "final";
+      for (auto& [k, v] : res.eval_metrics) out << " | " << k << " " << runtime::format_metric(v);
+      out << "\n";
+    }
+    out << "programs: " << shapes->programs().size() << " (" << shapes->built() << " built, " << shapes->cache_hits()
+        << " from the program cache, " << runtime::format_time(shapes->seconds()) << ")\n";
+    if (const int64_t planned = shapes->max_planned_peak(); planned >= 0 && !res.step_losses.empty())
+      out << "peak memory: " << planned_vs_measured(planned, mem_measured)
+          << " (planned: the largest program's step; measured: every step, with the programs' constants and their "
+          << shapes->programs().size() << " step arenas, " << passes::human_bytes(shapes->arena_bytes()) << ")\n";
+    guard.keep();
+    log_guard.keep();
+    return Status::ok();
+  }
+
   if (!have) {
     // On a terminal, a compile that takes over a second shows its elapsed time (erased after).
     runtime::ElapsedIndicator compiling(std::cout, !cfg.disable_tqdm && isatty(fileno(stdout)) != 0,
@@ -365,7 +530,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     auto built_or = build_training_program(cfg, dbg, false, false, total, module.get());
     compiling.stop();
     KILN_ASSIGN_OR_RETURN(auto built, std::move(built_or));
-    module.reset();
+    module.reset();  // ShapePrograms imports again if the last partial batch needs a program
 #ifndef KILN_AOT
     store_cached_program(cfg, built);  // removed again by the guard if the run fails
 #endif
@@ -394,6 +559,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   runtime::TrainerOptions topts;
   topts.planned_peak_bytes = planned_peak;
   topts.memory_base_bytes = mem_base;
+  if (shapes) topts.programs = shapes->provider();
   KILN_ASSIGN_OR_RETURN(auto res,
                         runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr, topts));
   const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;

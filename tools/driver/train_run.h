@@ -3,6 +3,7 @@
 // the training program, train (runtime::train), write model.onnx and
 // model.safetensors to output_dir, print planned against measured peak memory.
 #pragma once
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -107,6 +108,49 @@ class OutputGuard {
   std::unique_ptr<runtime::OutputDirLock> lock_;
   bool keep_ = false;
 };
+
+/// The programs of a run's batch shapes (runtime::ProgramProvider, issue 31): the epoch's
+/// last partial batch (--dataloader_drop_last false) and each padded length of
+/// variable-length data. A shape's program is the one `cfg` gives with
+/// per_device_train_batch_size, gradient_accumulation_steps and the sequence symbols
+/// (the dim 1 dim_params of the model's integer (batch, seq) inputs) bound to it: taken
+/// from the program cache, else built from the model (imported once, when first needed)
+/// and stored there. Each one is logged with its reason (KILN_LOGS=recompiles).
+class ShapePrograms {
+ public:
+  /// `module`: the imported model (null: imported on the first build); `total_steps`:
+  /// the run's, for the LR schedule's defaults.
+  ShapePrograms(runtime::TrainConfig cfg, passes::PassContext* dbg, int64_t total_steps,
+                std::unique_ptr<ir::Graph> module);
+  /// The program of `shape` (built once; the graphs live as long as this object).
+  /// Errors: the build's, or a --shape binding of a sequence dim (variable-length data
+  /// binds it per batch).
+  Expected<runtime::TrainGraphs> get(const runtime::StepShape& shape, const std::string& reason);
+  /// The provider for runtime::TrainerOptions::programs (valid while this object lives).
+  runtime::ProgramProvider provider();
+  /// Programs built by the passes, and taken from the program cache.
+  int64_t built() const { return built_; }
+  int64_t cache_hits() const { return hits_; }
+  /// Wall seconds spent getting programs (builds and cache loads).
+  double seconds() const { return seconds_; }
+  /// The largest planned peak of the programs (bytes; -1: none planned).
+  int64_t max_planned_peak() const;
+  /// Bytes of the programs' step arenas (each program has its own).
+  int64_t arena_bytes() const;
+  const std::map<runtime::StepShape, TrainingProgram>& programs() const { return programs_; }
+
+ private:
+  runtime::TrainConfig cfg_;
+  passes::PassContext* dbg_;
+  int64_t total_steps_;
+  std::unique_ptr<ir::Graph> module_;
+  std::map<runtime::StepShape, TrainingProgram> programs_;
+  int64_t built_ = 0, hits_ = 0;
+  double seconds_ = 0;
+};
+
+/// The sequence symbols of `module`: dim_params of dim 1 of its integer rank-2 inputs.
+std::vector<std::string> sequence_symbols(const ir::Graph& module);
 
 /// Trains with `cfg` (train_data required; resume_from_checkpoint "latest"/"true"
 /// resolved to the newest checkpoint in output_dir), then writes output_dir/model.onnx

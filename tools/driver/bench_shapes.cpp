@@ -1,0 +1,179 @@
+// `kiln bench --shape_mode pad,specialize,buckets --train_data ROWS.jsonl` (issue 31): the
+// strategies for variable-length data side by side on one model and the same batches.
+// Each mode trains from the same initial weights with its own Trainer and its own
+// programs (ShapePrograms, a fresh cache folder per mode, so "cold" is a real compile);
+// their steps alternate so that the machine's load falls on each alike.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "ir/tensor.h"
+#include "passes/memory_plan.h"
+#include "runtime/data.h"
+#include "runtime/metrics.h"
+#include "runtime/trainer.h"
+#include "tools/driver/bench.h"
+#include "tools/driver/driver.h"
+#include "tools/driver/train_run.h"
+
+namespace kiln::driver {
+
+namespace {
+
+namespace fs = std::filesystem;
+using runtime::TrainConfig;
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+std::string pad(const std::string& s, size_t width, bool left = false) {
+  if (s.size() >= width) return s;
+  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
+}
+
+double median(std::vector<double> t) {
+  if (t.empty()) return 0;
+  std::sort(t.begin(), t.end());
+  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
+/// One mode's run and its measurements.
+struct ModeRun {
+  std::string mode;
+  TrainConfig cfg;
+  std::optional<ShapePrograms> programs;
+  std::optional<runtime::Trainer> tr;
+  int64_t programs_before_step2 = 0;  // programs built before the second step
+  int64_t real_tokens = 0, padded_tokens = 0;
+  double step_s = 0;                              // timed steps, compile time excluded
+  std::map<int64_t, std::vector<double>> by_len;  // padded length -> step seconds
+  int64_t peak = 0;                               // measured step peak
+  double warm_s = 0;                              // the same programs from the program cache
+};
+
+}  // namespace
+
+Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err) {
+  const TrainConfig& cfg = opts.config;
+  std::vector<std::string> modes;
+  for (const std::string& m : runtime::comma_list(cfg.shape_mode))
+    if (std::find(modes.begin(), modes.end(), m) == modes.end()) modes.push_back(m);
+  for (const char* list : {"backend", "remat_policy", "optim"}) {
+    const std::string& v = std::string(list) == "backend" ? cfg.backend
+                           : std::string(list) == "optim" ? cfg.optim
+                                                          : cfg.remat_policy;
+    if (v.find(',') != std::string::npos)
+      return Status::error(std::string("--") + list +
+                           ": one value with variable-length data (kiln bench compares --shape_mode lists there)");
+  }
+  auto raw = runtime::load_raw_data(cfg.train_data);
+  if (!raw) return raw.status().with_context("--train_data");
+  KILN_ASSIGN_OR_RETURN(auto module, import_model(cfg.model, cfg.untie_initializers));
+  KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(*module, cfg.model, cfg.shape, false, nullptr));
+  const runtime::ProgramSignature sig = model_signature(*forward, cfg);
+  KILN_RETURN_IF_ERROR(check_data_values(*raw, "--train_data", sig, cfg));
+  const int steps = opts.steps, warmup = std::max(opts.warmup, 1);
+  const int64_t total = warmup + steps;
+  // The same batches in every mode: length-grouped order for all (buckets needs it;
+  // the others run the same rows for a fair comparison).
+  TrainConfig base = cfg;
+  base.group_by_length = true;
+  base.max_steps = total;
+  if (!cfg.group_by_length) err << "kiln: note: every mode trains length-grouped batches (--group_by_length)\n";
+  auto ds = runtime::Dataset::bind(*raw, sig.forward_specs, data_options(base));
+  if (!ds) return ds.status().with_context("--train_data");
+  const fs::path cache_root = fs::temp_directory_path() / ("kiln_bench_shapes_" + std::to_string(::getpid()));
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{cache_root};
+  std::vector<ModeRun> runs(modes.size());
+  for (size_t i = 0; i < modes.size(); ++i) {
+    ModeRun& r = runs[i];
+    r.mode = modes[i];
+    r.cfg = base;
+    r.cfg.shape_mode = modes[i];
+    r.cfg.cache_dir = (cache_root / modes[i]).string();  // cold: nothing cached yet
+    r.programs.emplace(r.cfg, nullptr, total, nullptr);
+    runtime::TrainerOptions to;
+    to.write_files = false;
+    to.programs = r.programs->provider();
+    KILN_ASSIGN_OR_RETURN(auto tr, runtime::Trainer::create(r.cfg, runtime::TrainGraphs{}, &*ds, nullptr, to));
+    r.tr.emplace(std::move(tr));
+  }
+  const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  for (int k = 0; k < total; ++k)
+    for (ModeRun& r : runs) {
+      if (k == 1) r.programs_before_step2 = r.programs->built() + r.programs->cache_hits();
+      const runtime::StepShape shape = r.tr->step_shape(k);
+      const double compile_before = r.programs->seconds();
+      ir::MemoryStats::reset_peak();
+      const int64_t before = ir::MemoryStats::current_bytes();
+      auto st = r.tr->step();
+      if (!st) return st.status().with_context("--shape_mode " + r.mode);
+      if (k < warmup) continue;
+      // The step's own time: a program built during it is compile time, counted apart.
+      const double s = std::max(0.0, st->seconds - (r.programs->seconds() - compile_before));
+      const int64_t spe = r.tr->steps_per_epoch();
+      const int64_t n = shape.micro_rows * shape.trips;
+      const int64_t real = ds->train_batch_tokens(r.cfg.seed, k / spe, k % spe, rows, 0, n);
+      const int64_t length = shape.length;
+      r.real_tokens += real;
+      r.padded_tokens += n * length;
+      r.step_s += s;
+      r.by_len[length].push_back(s);
+      int64_t state = 0;
+      for (auto& [name, t] : r.tr->state()) state += static_cast<int64_t>(t.nbytes());
+      r.peak = std::max(r.peak, ir::MemoryStats::peak_bytes() - before + state + r.programs->arena_bytes());
+    }
+  // Warm: every program of the mode again, from the program cache its cold run filled.
+  for (ModeRun& r : runs) {
+    ShapePrograms warm(r.cfg, nullptr, total, nullptr);
+    for (const auto& [shape, prog] : r.programs->programs()) KILN_RETURN_IF_ERROR(warm.get(shape, "warm").status());
+    r.warm_s = warm.seconds();
+  }
+  const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
+  out << "bench: variable-length data " << ds->files() << " (" << ds->num_rows() << " rows, up to " << ds->max_length()
+      << " tokens), " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision " << precision
+      << ", backend " << cfg.backend << "; steps alternate between modes\n";
+  out << pad("mode", 12, true) << pad("programs", 10) << pad("compile cold", 14) << pad("warm", 10)
+      << pad("rebuilds", 10) << pad("padding", 9) << pad("real tok/s", 12) << pad("vs " + runs[0].mode, 12)
+      << pad("peak planned", 14) << pad("peak measured", 15) << "\n";
+  const double base_rate = runs[0].step_s > 0 ? runs[0].real_tokens / runs[0].step_s : 0;
+  for (ModeRun& r : runs) {
+    const int64_t np = r.programs->built() + r.programs->cache_hits();
+    const double rate = r.step_s > 0 ? r.real_tokens / r.step_s : 0;
+    const double padding =
+        r.padded_tokens > 0 ? 1.0 - static_cast<double>(r.real_tokens) / static_cast<double>(r.padded_tokens) : 0;
+    out << pad(r.mode, 12, true) << pad(std::to_string(np), 10) << pad(runtime::format_time(r.programs->seconds()), 14)
+        << pad(runtime::format_time(r.warm_s), 10) << pad(std::to_string(np - r.programs_before_step2), 10)
+        << pad(fmt("%.1f%%", 100 * padding), 9) << pad(fmt("%.0f", rate), 12)
+        << pad(fmt("%.2fx", base_rate > 0 ? rate / base_rate : 0), 12)
+        << pad(passes::human_bytes(std::max<int64_t>(0, r.programs->max_planned_peak())), 14)
+        << pad(passes::human_bytes(r.peak), 15) << "\n";
+  }
+  out << "step time per padded length (median of the timed steps at that length):\n";
+  for (ModeRun& r : runs) {
+    out << "  " << pad(r.mode, 12, true);
+    for (auto& [len, t] : r.by_len)
+      out << " " << len << ": " << runtime::format_time(median(t)) << " (" << t.size() << ")";
+    out << "\n";
+  }
+  out << "rebuilds: programs built after step 1 (the compile time of those steps is left out of their step time); "
+         "peak measured: the step's transient peak plus the state and every step arena of the mode's programs\n";
+  return Status::ok();
+}
+
+}  // namespace kiln::driver
