@@ -57,13 +57,12 @@ int64_t bucket_for(const std::vector<int64_t>& boundaries, int64_t len) {
 
 Expected<BucketPlan> evaluate_buckets(const std::map<int64_t, int64_t>& histogram, std::vector<int64_t> boundaries,
                                       const LengthCost& cost) {
-  if (boundaries.empty()) return Status::error("shape buckets: no boundaries given");
+  if (boundaries.empty()) return Status::error("no boundaries given");
   for (size_t i = 0; i < boundaries.size(); ++i) {
-    if (boundaries[i] < 1)
-      return Status::error("shape buckets: boundary " + std::to_string(boundaries[i]) + " is not positive");
+    if (boundaries[i] < 1) return Status::error("boundary " + std::to_string(boundaries[i]) + " is not positive");
     if (i > 0 && boundaries[i] <= boundaries[i - 1])
-      return Status::error("shape buckets: boundaries must be strictly ascending, got " +
-                           std::to_string(boundaries[i - 1]) + " then " + std::to_string(boundaries[i]));
+      return Status::error("boundaries must be strictly ascending, got " + std::to_string(boundaries[i - 1]) +
+                           " then " + std::to_string(boundaries[i]));
   }
   KILN_RETURN_IF_ERROR(check_histogram(histogram));
   BucketPlan plan;
@@ -72,11 +71,11 @@ Expected<BucketPlan> evaluate_buckets(const std::map<int64_t, int64_t>& histogra
   for (auto [len, count] : histogram) {
     while (b < boundaries.size() && boundaries[b] < len) ++b;
     if (b == boundaries.size())
-      return Status::error("shape buckets: length " + std::to_string(len) + " (" + std::to_string(count) +
-                           " rows) exceeds the last boundary " + std::to_string(boundaries.back()));
+      return Status::error(std::to_string(count) + (count == 1 ? " row has " : " rows have ") + std::to_string(len) +
+                           " tokens, more than the last length " + std::to_string(boundaries.back()));
     if (!add_product(plan.rows[b], count, 1) || !add_product(plan.real_tokens, len, count) ||
         !add_product(plan.padded_tokens, boundaries[b] - len, count))
-      return overflow("shape buckets");
+      return overflow("bucket plan");
   }
   // Summed per bucket in ascending order, exactly as plan_buckets' recurrence adds them.
   for (size_t i = 0; i < boundaries.size(); ++i) {
@@ -89,8 +88,8 @@ Expected<BucketPlan> evaluate_buckets(const std::map<int64_t, int64_t>& histogra
 }
 
 Expected<BucketPlan> plan_buckets(const std::map<int64_t, int64_t>& histogram, int64_t k, const LengthCost& cost) {
-  if (k < 1) return Status::error("shape buckets: the number of buckets must be >= 1, got " + std::to_string(k));
-  if (histogram.empty()) return Status::error("shape buckets: the length histogram is empty (no rows)");
+  if (k < 1) return Status::error("the number of buckets must be >= 1, got " + std::to_string(k));
+  if (histogram.empty()) return Status::error("the length histogram is empty (no rows)");
   KILN_RETURN_IF_ERROR(check_histogram(histogram));
   const int64_t n = static_cast<int64_t>(histogram.size());
   std::vector<int64_t> len, rows_upto(n + 1, 0);  // rows_upto[i]: rows of the i shortest lengths
@@ -100,12 +99,12 @@ Expected<BucketPlan> plan_buckets(const std::map<int64_t, int64_t>& histogram, i
   for (auto [l, count] : histogram) {
     KILN_ASSIGN_OR_RETURN(double wl, cost_at(cost, l));
     if (!w.empty() && wl < w.back())
-      return Status::error("shape buckets: the cost must be non-decreasing in the length, but cost(" +
-                           std::to_string(len.back()) + ") = " + std::to_string(w.back()) + " > cost(" +
-                           std::to_string(l) + ") = " + std::to_string(wl));
+      return Status::error("the cost must be non-decreasing in the length, but cost(" + std::to_string(len.back()) +
+                           ") = " + std::to_string(w.back()) + " > cost(" + std::to_string(l) +
+                           ") = " + std::to_string(wl));
     int64_t i = static_cast<int64_t>(len.size());
     rows_upto[i + 1] = rows_upto[i];
-    if (!add_product(rows_upto[i + 1], count, 1)) return overflow("shape buckets");
+    if (!add_product(rows_upto[i + 1], count, 1)) return overflow("bucket plan");
     len.push_back(l);
     w.push_back(wl);
   }

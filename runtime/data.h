@@ -202,8 +202,13 @@ class Dataset {
   /// Sequences: tokens per row after truncation: --max_length, the model's fixed length,
   /// else the longest row (0 for fixed-length data).
   int64_t max_length() const { return max_length_; }
+  /// Sequences: the model's fixed sequence length (0: a dynamic axis).
+  int64_t fixed_length() const { return static_length_; }
   /// Sequences: rows per length (after shift and truncation), for the bucket planner.
   std::map<int64_t, int64_t> length_histogram() const;
+  /// Sequences: each row's tokens after shift and truncation, in file order (rows left out
+  /// are not counted).
+  const std::vector<int64_t>& sequence_lengths() const { return seq_lengths_; }
   /// Sequences: the graph input fed with token ids.
   std::string token_input() const {
     return seqs_ ? seq_inputs_[static_cast<size_t>(seq_token_input_)].name : token_input_;

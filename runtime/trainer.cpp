@@ -213,15 +213,21 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
       return Status::error("--shape_mode: one mode per run (a list such as '" + cfg.shape_mode +
                            "' is for kiln bench)");
     KILN_ASSIGN_OR_RETURN(ShapeMode mode, parse_shape_mode(cfg.shape_mode));
+    if (mode != ShapeMode::pad && train_data->fixed_length() > 0)
+      return Status::error("--shape_mode " + cfg.shape_mode + ": the model's input '" + train_data->token_input() +
+                           "' has a fixed sequence length of " + std::to_string(train_data->fixed_length()) +
+                           "; variable lengths need a model exported with a dynamic sequence axis "
+                           "(dynamic_axes={'" +
+                           train_data->token_input() + "': {0: 'batch', 1: 'seq'}})");
     std::vector<int64_t> bounds;
     if (mode == ShapeMode::buckets) {
       KILN_ASSIGN_OR_RETURN(ShapeBuckets sb, parse_shape_buckets(cfg.shape_buckets));
       auto hist = train_data->length_histogram();
       if (eval_data && eval_data->is_sequences())
         for (auto& [len, n] : eval_data->length_histogram()) hist[len] += n;
-      KILN_ASSIGN_OR_RETURN(BucketPlan plan,
-                            sb.count > 0 ? plan_buckets(hist, sb.count) : evaluate_buckets(hist, sb.lengths));
-      bounds = plan.boundaries;
+      auto plan = sb.count > 0 ? plan_buckets(hist, sb.count) : evaluate_buckets(hist, sb.lengths);
+      if (!plan) return Status::error("--shape_buckets " + cfg.shape_buckets + ": " + plan.message());
+      bounds = plan->boundaries;
     }
     const int64_t max_len =
         std::max(train_data->max_length(), eval_data && eval_data->is_sequences() ? eval_data->max_length() : 0);
@@ -425,7 +431,8 @@ std::vector<StepShape> Trainer::loaded_shapes() const {
   return r;
 }
 
-Status Trainer::build_all_programs() {
+Status Trainer::prepare_programs() {
+  if (!chooser_ || chooser_->mode() != ShapeMode::buckets) return Status::ok();
   // Every step's and every eval batch's program before step 1: nothing compiles during
   // training (the lengths come from the fixed buckets, the rows from the data order).
   for (int64_t k = global_step_; k < total_steps_; ++k) {
@@ -839,7 +846,7 @@ Expected<TrainResult> Trainer::run() {
     }
     out << "\n";
     // buckets: every program before step 1, so nothing compiles during training.
-    if (chooser_->mode() == ShapeMode::buckets) KILN_RETURN_IF_ERROR(build_all_programs());
+    KILN_RETURN_IF_ERROR(prepare_programs());
   }
   if (resumed_ && global_step_ >= total_steps_)
     out << "note: the checkpoint is at step " << global_step_ << ", at or past the " << total_steps_

@@ -152,6 +152,10 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   int64_t global_step() const { return global_step_; }
 
+  /// --shape_mode buckets: builds the program of every remaining step and every eval
+  /// batch now, so that nothing compiles during training (run() calls it before step 1);
+  /// other modes: nothing. Errors: the builds'.
+  Status prepare_programs();
   /// Profiles the following train steps into `p` (null: stop profiling).
   void set_profile(OpProfile* p) { opts_.profile = p; }
   /// Restores state and position from a checkpoint directory. Errors name the tensor at
@@ -211,8 +215,6 @@ class Trainer {
   /// Variable-length data: the padded length for a batch needing `need` tokens, recording
   /// the specialize limit's warning.
   int64_t padded_length(int64_t need);
-  /// buckets mode: builds the program of every step and eval batch of the run.
-  Status build_all_programs();
 
   TrainConfig cfg_;
   TrainGraphs g_;  ///< the first program's graphs (state, names)

@@ -90,35 +90,42 @@ class CNNBN(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head, block, dropout):
+    def __init__(self, n_embd, n_head, block, dropout, dynamic=False):
         super().__init__()
-        self.n_head, self.n_embd, self.block = n_head, n_embd, block
+        self.n_head, self.n_embd, self.block, self.dynamic = n_head, n_embd, block, dynamic
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
-        # Causal mask as a bool buffer (an initializer of the graph, not a parameter).
-        self.register_buffer("causal_mask", torch.tril(torch.ones(block, block, dtype=torch.bool)))
+        # Causal mask as a bool buffer (an initializer of the graph, not a parameter); a
+        # dynamic model derives it from the sequence length instead (Range and a comparison).
+        if not dynamic:
+            self.register_buffer("causal_mask", torch.tril(torch.ones(block, block, dtype=torch.bool)))
 
-    def forward(self, x):  # (B, T, C), T == block
-        T, C, nh = self.block, self.n_embd, self.n_head
+    def forward(self, x):  # (B, T, C), T == block (or any T <= block when dynamic)
+        T, C, nh = (x.size(1) if self.dynamic else self.block), self.n_embd, self.n_head
         hs = C // nh
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.reshape(-1, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.reshape(-1, T, nh, hs).transpose(1, 2)
         v = v.reshape(-1, T, nh, hs).transpose(1, 2)
         att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-        att = att.masked_fill(~self.causal_mask, float("-inf"))
+        if self.dynamic:
+            i = torch.arange(T)
+            causal = i.unsqueeze(0) <= i.unsqueeze(1)  # (T, T): key position <= query position
+        else:
+            causal = self.causal_mask
+        att = att.masked_fill(~causal, float("-inf"))
         att = self.attn_dropout(F.softmax(att, dim=-1))
         y = torch.matmul(att, v).transpose(1, 2).reshape(-1, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 
 class Block(nn.Module):
-    def __init__(self, n_embd, n_head, block, dropout):
+    def __init__(self, n_embd, n_head, block, dropout, dynamic=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head, block, dropout)
+        self.attn = CausalSelfAttention(n_embd, n_head, block, dropout, dynamic)
         self.ln_2 = nn.LayerNorm(n_embd)
         self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(n_embd, 4 * n_embd), c_proj=nn.Linear(4 * n_embd, n_embd),
                                       dropout=nn.Dropout(dropout)))
@@ -132,16 +139,17 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """nanoGPT (Karpathy) layout and parameter names; weight tying wte <-> lm_head."""
 
-    def __init__(self, vocab=256, block=64, n_layer=2, n_head=4, n_embd=64, dropout=0.1):
+    def __init__(self, vocab=256, block=64, n_layer=2, n_head=4, n_embd=64, dropout=0.1, dynamic=False):
         super().__init__()
-        self.block = block
+        self.block, self.dynamic = block, dynamic
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab, n_embd), wpe=nn.Embedding(block, n_embd), drop=nn.Dropout(dropout),
-            h=nn.ModuleList([Block(n_embd, n_head, block, dropout) for _ in range(n_layer)]),
+            h=nn.ModuleList([Block(n_embd, n_head, block, dropout, dynamic) for _ in range(n_layer)]),
             ln_f=nn.LayerNorm(n_embd)))
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
-        self.register_buffer("pos", torch.arange(block, dtype=torch.int64))
+        if not dynamic:
+            self.register_buffer("pos", torch.arange(block, dtype=torch.int64))
         self.apply(self._init)
         for n, p in self.named_parameters():  # GPT-2 scaled init of residual projections
             if n.endswith("c_proj.weight"):
@@ -158,7 +166,8 @@ class GPT(nn.Module):
 
     def forward(self, idx):  # (B, T) int64 -> (B, T, vocab)
         t = self.transformer
-        x = t.drop(t.wte(idx) + t.wpe(self.pos))
+        pos = torch.arange(idx.size(1)) if self.dynamic else self.pos  # dynamic: T <= block
+        x = t.drop(t.wte(idx) + t.wpe(pos))
         for blk in t.h:
             x = blk(x)
         return self.lm_head(t.ln_f(x))
@@ -285,7 +294,7 @@ def param_names(model):
     return [n for n, _ in model.named_parameters()]  # named_parameters() skips duplicates
 
 
-def export(name, out_dir, model=None, seq=None):
+def export(name, out_dir, model=None, seq=None, dynamic_seq=False):
     spec = example_specs()[name]
     model = model if model is not None else build_model(name)
     os.makedirs(out_dir, exist_ok=True)
@@ -303,7 +312,8 @@ def export(name, out_dir, model=None, seq=None):
         traced, (dummy,), path, export_params=True, opset_version=OPSET,
         training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
         keep_initializers_as_inputs=False, input_names=["input"], output_names=["logits"],
-        dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+        dynamic_axes=({"input": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}} if dynamic_seq else
+                      {"input": {0: "batch"}, "logits": {0: "batch"}}))
     m = onnx.load(path)
     for init in m.graph.initializer:
         if init.name in pristine:
@@ -380,6 +390,10 @@ def export_large(build_root):
 # Benchmark-only models (build/examples/<name>/model.onnx): name -> GPT constructor args.
 BENCH_MODELS = {
     "gpt_4l256": dict(vocab=256, block=128, n_layer=4, n_head=8, n_embd=256),
+    # Variable-length training (issue 31, docs/dynamic_shapes.md): a dynamic sequence axis
+    # (dim 1 "seq", positions and causal mask from its length), 256 positions.
+    "tiny_gpt_dyn": dict(vocab=256, block=256, n_layer=2, n_head=4, n_embd=64, dynamic=True),
+    "gpt_4l256_dyn": dict(vocab=256, block=256, n_layer=4, n_head=8, n_embd=256, dynamic=True),
 }
 
 
@@ -393,7 +407,8 @@ def export_bench(build_root):
     for name, cfg in BENCH_MODELS.items():
         out = os.path.join(build_root, "examples", name)
         model = build_bench_model(name)
-        path, _, params, _ = export("tiny_gpt", out, model, seq=cfg["block"])
+        path, _, params, _ = export("tiny_gpt", out, model, seq=64 if cfg.get("dynamic") else cfg["block"],
+                                    dynamic_seq=cfg.get("dynamic", False))
         print("%s: %s (%.1f MB, %d params)" % (name, path, os.path.getsize(path) / 2**20,
                                                sum(p.numel() for p in model.parameters())))
 

@@ -547,6 +547,58 @@ def st_write_raw(p, header_bytes):
         f.write(struct.pack("<Q", len(header_bytes)) + header_bytes)
 
 
+# --------------------------------------------------------------------------- variable-length data (issue 31)
+def make_sequences():
+    """A causal LM with a dynamic sequence axis (vocab 16: Gather -> MatMul) and JSON Lines /
+    Megatron indexed datasets that are broken in one way each."""
+    rng = np.random.default_rng(2)
+    wte = numpy_helper.from_array((rng.standard_normal((16, 4)) * 0.1).astype(np.float32), "wte")
+    head = numpy_helper.from_array((rng.standard_normal((4, 16)) * 0.1).astype(np.float32), "head")
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", 16])
+    save_model(model([helper.make_node("Gather", ["wte", "input_ids"], ["h"], name="/wte/Gather"),
+                      helper.make_node("MatMul", ["h", "head"], ["logits"], name="/head/MatMul")],
+                     [ids], [logits], [wte, head]), "seq/lm.onnx")
+    good = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [1, 3, 5], [2, 4, 6, 8], [7, 7, 7]]
+
+    def jsonl(name, text):
+        write_bytes(f"seq/{name}.jsonl", text.encode())
+
+    def seq_case(name, data, *extra):
+        case(f"seq_{name}", train("seq/lm.onnx", *extra, data=(data,), batch="2"))
+
+    jsonl("good", "".join(json.dumps({"input_ids": r}) + "\n" for r in good))
+    jsonl("truncated", "".join(json.dumps({"input_ids": r}) + "\n" for r in good[:3]) + '{"input_ids": [1, 2, 3')
+    seq_case("jsonl_truncated", "seq/truncated.jsonl")
+    jsonl("not_integers", json.dumps({"input_ids": [1, 2]}) + "\n" + json.dumps({"input_ids": [1, "a", 3]}) + "\n")
+    seq_case("jsonl_not_integers", "seq/not_integers.jsonl")
+    jsonl("labels_length", json.dumps({"input_ids": [1, 2, 3], "labels": [1, 2]}) + "\n")
+    seq_case("jsonl_labels_length", "seq/labels_length.jsonl")
+    jsonl("out_of_vocab", "".join(json.dumps({"input_ids": r}) + "\n" for r in good[:4] + [[1, 99, 2]]))
+    seq_case("token_out_of_vocab", "seq/out_of_vocab.jsonl")
+    seq_case("pad_token_out_of_vocab", "seq/good.jsonl", "--pad_token_id", "16")
+    seq_case("shape_mode_unknown", "seq/good.jsonl", "--shape_mode", "dynamic")
+    seq_case("shape_buckets_descending", "seq/good.jsonl", "--shape_mode", "buckets", "--shape_buckets", "4,2")
+    seq_case("shape_buckets_too_short", "seq/good.jsonl", "--shape_mode", "buckets", "--shape_buckets", "2,3")
+
+    # Megatron-LM indexed dataset: "MMIDIDX\0\0", u64 version 1, u8 dtype (8: uint16), u64
+    # sequences, u64 documents, i32 lengths, i64 byte offsets into .bin, i64 document indices.
+    def indexed(name, rows, pointers=None, bin_cut=0):
+        lengths = [len(r) for r in rows]
+        ptrs = pointers or list(np.cumsum([0] + [2 * n for n in lengths[:-1]]))
+        idx = (b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(rows), len(rows) + 1) +
+               np.array(lengths, np.int32).tobytes() + np.array(ptrs, np.int64).tobytes() +
+               np.arange(len(rows) + 1, dtype=np.int64).tobytes())
+        data = np.array([t for r in rows for t in r], np.uint16).tobytes()
+        write_bytes(f"seq/{name}.idx", idx)
+        write_bytes(f"seq/{name}.bin", data[:len(data) - bin_cut])
+
+    indexed("bin_truncated", good, bin_cut=4)
+    seq_case("idx_beyond_bin", "seq/bin_truncated.idx")
+    indexed("pointer_past_end", good, pointers=[0, 8, 14, 24, 30, 4000])
+    seq_case("idx_pointer_past_end", "seq/pointer_past_end.idx")
+
+
 # --------------------------------------------------------------------------- output folders, kiln run
 def make_misc():
     write_bytes("existing_out/notes.txt", b"a folder that existed before the run\n")
@@ -637,6 +689,7 @@ def main():
     make_external()
     make_config()
     make_misc()
+    make_sequences()
     make_checkpoints(kiln)
     make_fuzz_findings()
     nfiles = sum(len(f) for _, _, f in os.walk(OUT))

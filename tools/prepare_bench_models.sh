@@ -1,5 +1,6 @@
 #!/bin/sh
 # Exports the benchmark-only models (gpt_4l256: GPT 4 layers, n_embd 256, 8 heads, seq 128,
+# and tiny_gpt_dyn / gpt_4l256_dyn with a dynamic sequence axis of up to 256 tokens,
 # vocab 256) into build/examples/ (git-ignored) with Debian's python3-torch 1.13.
 # Leaves examples/ untouched. Usage: tools/prepare_bench_models.sh
 set -e

@@ -15,6 +15,7 @@
 
 #include "ir/tensor.h"
 #include "passes/memory_plan.h"
+#include "runtime/buckets.h"
 #include "runtime/data.h"
 #include "runtime/metrics.h"
 #include "runtime/trainer.h"
@@ -112,6 +113,7 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
     to.programs = r.programs->provider();
     KILN_ASSIGN_OR_RETURN(auto tr, runtime::Trainer::create(r.cfg, runtime::TrainGraphs{}, &*ds, nullptr, to));
     r.tr.emplace(std::move(tr));
+    KILN_RETURN_IF_ERROR(r.tr->prepare_programs());  // buckets: all before step 1
   }
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   for (int k = 0; k < total; ++k)
@@ -141,7 +143,8 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
   // Warm: every program of the mode again, from the program cache its cold run filled.
   for (ModeRun& r : runs) {
     ShapePrograms warm(r.cfg, nullptr, total, nullptr);
-    for (const auto& [shape, prog] : r.programs->programs()) KILN_RETURN_IF_ERROR(warm.get(shape, "warm").status());
+    for (const auto& [shape, prog] : r.programs->programs())
+      if (auto g = warm.get(shape, "warm"); !g) return g.status();
     r.warm_s = warm.seconds();
   }
   const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
@@ -163,6 +166,43 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
         << pad(fmt("%.2fx", base_rate > 0 ? rate / base_rate : 0), 12)
         << pad(passes::human_bytes(std::max<int64_t>(0, r.programs->max_planned_peak())), 14)
         << pad(passes::human_bytes(r.peak), 15) << "\n";
+  }
+  // Padding over a whole epoch of the same order (not only the timed steps), against the
+  // bound: every row padded to its bucket, the exact optimum of the planner.
+  {
+    const std::vector<int64_t>& lens = ds->sequence_lengths();
+    const std::vector<int64_t> order = runtime::length_grouped_order(lens, rows, base.seed, 0);
+    out << "padding over one epoch (" << lens.size() << " rows in batches of " << rows << "):";
+    for (ModeRun& r : runs) {
+      // The epoch's batches shaped as the mode shapes them, the specialize limit included.
+      const runtime::ShapeChooser* ch = r.tr->shape_chooser();
+      runtime::ShapeChooser sim(ch->mode(), ch->max_length(), ch->buckets(), ch->recompile_limit());
+      std::vector<std::vector<int64_t>> batches;
+      std::vector<int64_t> padded;
+      for (size_t b = 0; b < order.size(); b += static_cast<size_t>(rows)) {
+        batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(b),
+                             order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), b + rows)));
+        int64_t need = 0;
+        for (int64_t row : batches.back()) need = std::max(need, lens[static_cast<size_t>(row)]);
+        padded.push_back(sim.choose(need).length);
+        sim.add_built(padded.back());
+      }
+      auto st = runtime::padding_of_batches(lens, batches, padded);
+      if (!st) return st.status();
+      const std::vector<int64_t>& bounds = ch->buckets();
+      out << " " << r.mode << " " << fmt("%.1f%%", 100 * st->fraction());
+      if (ch->mode() == runtime::ShapeMode::buckets) {
+        auto plan = runtime::evaluate_buckets(ds->length_histogram(), bounds);
+        if (!plan) return plan.status();
+        const double bound = plan->padding_fraction();
+        out << " (buckets ";
+        for (size_t i = 0; i < bounds.size(); ++i) out << (i ? "," : "") << bounds[i];
+        out << ": bound " << fmt("%.1f%%", 100 * bound) << ", padded tokens "
+            << fmt("%.2fx", plan->padded_tokens > 0 ? double(st->padded_tokens) / double(plan->padded_tokens) : 0)
+            << " the bound's)";
+      }
+    }
+    out << "\n";
   }
   out << "step time per padded length (median of the timed steps at that length):\n";
   for (ModeRun& r : runs) {

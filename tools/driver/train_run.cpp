@@ -297,7 +297,7 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
     };
     for (size_t k = 0; k < q.tokens.size(); ++k)
       if (q.tokens[k] < 0 || q.tokens[k] >= limit)
-        return fail(q.file + ": token " + std::to_string(q.tokens[k]) + " in row " + std::to_string(row_of(k)) +
+        return fail(q.file + ": " + q.row_name(row_of(k)) + ": token " + std::to_string(q.tokens[k]) +
                     " is outside the model's vocabulary [0, " + std::to_string(limit) + ")");
     if (cfg.pad_token_id >= limit)
       return Status::error("--pad_token_id " + std::to_string(cfg.pad_token_id) +
@@ -305,7 +305,7 @@ Status check_data_values(const runtime::RawData& raw, const std::string& flag, c
     if (classes > 0)
       for (size_t k = 0; k < q.labels.size(); ++k)
         if (q.labels[k] != cfg.ignore_index && (q.labels[k] < 0 || q.labels[k] >= classes))
-          return fail(q.file + ": label " + std::to_string(q.labels[k]) + " in row " + std::to_string(row_of(k)) +
+          return fail(q.file + ": " + q.row_name(row_of(k)) + ": label " + std::to_string(q.labels[k]) +
                       " is outside [0, " + std::to_string(classes) + ") (the model's classes; " +
                       std::to_string(cfg.ignore_index) + " is ignored)");
   }
