@@ -202,6 +202,8 @@ class Dataset {
   /// Sequences: tokens per row after truncation: --max_length, the model's fixed length,
   /// else the longest row (0 for fixed-length data).
   int64_t max_length() const { return max_length_; }
+  /// Sequences: the name of the token input's sequence dim ("seq"; empty when unnamed or fixed).
+  const std::string& sequence_dim_name() const { return seq_symbol_; }
   /// Sequences: the model's fixed sequence length (0: a dynamic axis).
   int64_t fixed_length() const { return static_length_; }
   /// Sequences: rows per length (after shift and truncation), for the bucket planner.
@@ -256,6 +258,7 @@ class Dataset {
   int seq_token_input_ = -1;
   bool shift_ = false;
   int64_t static_length_ = 0, max_length_ = 0;
+  std::string seq_symbol_;
   std::vector<std::string> notes_;
   // Cache of the current epoch's permutation.
   mutable int64_t cached_epoch_ = -1;

@@ -362,18 +362,20 @@ Expected<Trainer::Variant*> Trainer::add_variant(const StepShape& shape, const T
 std::string Trainer::rebuild_reason(const StepShape& shape, const std::string& what) const {
   std::string r = what + ": ";
   std::vector<std::string> parts;
+  const std::string seq_dim =
+      train_->sequence_dim_name().empty() ? std::string() : " (" + train_->sequence_dim_name() + ")";
   if (variants_.empty()) {
     parts.push_back(std::to_string(shape.micro_rows) + " rows x " + std::to_string(shape.trips) + " microbatches");
     if (shape.length > 0)
-      parts.push_back("input '" + train_->token_input() + "' dim 1: " + std::to_string(shape.length));
+      parts.push_back("input '" + train_->token_input() + "' dim 1" + seq_dim + ": " + std::to_string(shape.length));
   } else {
     if (shape.micro_rows != last_shape_.micro_rows || shape.trips != last_shape_.trips)
       parts.push_back("rows " + std::to_string(last_shape_.micro_rows) + " x " + std::to_string(last_shape_.trips) +
                       " -> " + std::to_string(shape.micro_rows) + " x " + std::to_string(shape.trips) +
                       " (microbatch rows x microbatches)");
     if (shape.length != last_shape_.length)
-      parts.push_back("input '" + train_->token_input() + "' dim 1: " + std::to_string(last_shape_.length) + " -> " +
-                      std::to_string(shape.length));
+      parts.push_back("input '" + train_->token_input() + "' dim 1" + seq_dim + ": " +
+                      std::to_string(last_shape_.length) + " -> " + std::to_string(shape.length));
   }
   for (size_t i = 0; i < parts.size(); ++i) r += (i ? ", " : "") + parts[i];
   if (chooser_) r += std::string(" (--shape_mode ") + shape_mode_name(chooser_->mode()) + ")";

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "e2e_util.h"
+#include "runtime/buckets.h"
 #include "runtime/sequences.h"
 #include "runtime/trainer.h"
 
@@ -206,7 +207,7 @@ TEST(VarLen, EveryShapeModeTrainsTheSameLosses) {
   // buckets: at most 3, all before step 1 (none while training).
   EXPECT_EQ(count_of(logs["pad4"], "[kiln:recompiles] program for "), 1) << logs["pad4"];
   EXPECT_GE(count_of(logs["specialize4"], "[kiln:recompiles] program for "), 2) << logs["specialize4"];
-  EXPECT_NE(logs["specialize4"].find("input 'input_ids' dim 1: "), std::string::npos) << logs["specialize4"];
+  EXPECT_NE(logs["specialize4"].find("input 'input_ids' dim 1 (seq): "), std::string::npos) << logs["specialize4"];
   const int bucket_programs = count_of(logs["buckets4"], "[kiln:recompiles] program for ");
   EXPECT_GE(bucket_programs, 1);
   EXPECT_LE(bucket_programs, 3);
@@ -256,6 +257,43 @@ TEST(VarLen, LastPartialBatchTrainsWithDataloaderDropLastFalse) {
   const int programs = count_of(t3, "[kiln:recompiles] program for ");
   EXPECT_GE(programs, 2) << t3;  // the whole batches' and the last one's
   EXPECT_EQ(count_of(t3, "(built before step 1)") + 1, programs) << t3;
+}
+
+TEST(VarLen, BucketsPadWithinAFewPercentOfTheirBoundOnJargonSentences) {
+  // The Jargon File's sentences (tools/prepare_data.py; 19,548 rows, mean 71 bytes) at
+  // --max_length 256, batches of 8 in Hugging Face's length-grouped order: the padded
+  // tokens of a whole epoch with K planned buckets (2, and 4: --shape_buckets' default)
+  // are at most 1.15x the planner's bound (every row padded to its own bucket, the exact
+  // optimum for K). With K = 8 (printed, not asserted: 1.19x here) more batches of HF's
+  // megabatches straddle a boundary; docs/dynamic_shapes.md says so.
+  const std::string file = std::string(KILN_SOURCE_DIR) + "/data/text/sentences_train.jsonl";
+  if (!std::filesystem::exists(file)) {
+    ADD_FAILURE() << file << " is missing: run tools/prepare_test_data.sh (the README's test command does)";
+    return;
+  }
+  auto raw = runtime::load_raw_data({file});
+  ASSERT_TRUE(raw) << raw.message();
+  const ir::Shape bs({ir::Dim("batch"), ir::Dim("seq")});
+  runtime::DataOptions o;
+  o.max_length = 256;
+  o.group_by_length = true;
+  auto ds = runtime::Dataset::bind(*raw, {{"input", ir::DType::i64, bs}, {"labels", ir::DType::i64, bs}}, o);
+  ASSERT_TRUE(ds) << ds.message();
+  const std::vector<int64_t>& lens = ds->sequence_lengths();
+  for (int64_t k : {2, 4, 8}) {
+    auto plan = runtime::plan_buckets(ds->length_histogram(), k);
+    ASSERT_TRUE(plan) << plan.message();
+    double worst = 0;
+    for (int64_t epoch : {0, 1, 2}) {
+      const auto order = runtime::length_grouped_order(lens, 8, 42, epoch);
+      auto st = runtime::padding_of_order(lens, order, 8, plan->boundaries);
+      ASSERT_TRUE(st) << st.message();
+      worst = std::max(worst, double(st->padded_tokens) / double(plan->padded_tokens));
+    }
+    std::cout << "[ BUCKETS ] K=" << k << ": bound " << plan->padded_tokens << " padded tokens ("
+              << 100 * plan->padding_fraction() << "%), length-grouped epochs at most " << worst << "x\n";
+    if (k <= 4) EXPECT_LE(worst, 1.15) << "K=" << k;
+  }
 }
 
 }  // namespace
