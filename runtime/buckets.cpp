@@ -70,9 +70,15 @@ Expected<BucketPlan> evaluate_buckets(const std::map<int64_t, int64_t>& histogra
   size_t b = 0;  // lengths ascend, so the bucket index only moves up
   for (auto [len, count] : histogram) {
     while (b < boundaries.size() && boundaries[b] < len) ++b;
-    if (b == boundaries.size())
-      return Status::error(std::to_string(count) + (count == 1 ? " row has " : " rows have ") + std::to_string(len) +
-                           " tokens, more than the last length " + std::to_string(boundaries.back()));
+    if (b == boundaries.size()) {
+      int64_t over = 0, longest = 0;
+      for (auto [l, c] : histogram)
+        if (l > boundaries.back()) over += c, longest = std::max(longest, l);
+      return Status::error(std::to_string(over) + (over == 1 ? " row is" : " rows are") +
+                           " longer than the last length " + std::to_string(boundaries.back()) + " (the longest has " +
+                           std::to_string(longest) + " tokens): end the lengths at " + std::to_string(longest) +
+                           " or give --max_length " + std::to_string(boundaries.back()));
+    }
     if (!add_product(plan.rows[b], count, 1) || !add_product(plan.real_tokens, len, count) ||
         !add_product(plan.padded_tokens, boundaries[b] - len, count))
       return overflow("bucket plan");

@@ -216,7 +216,10 @@ Expected<RawData> load_raw_data(const std::vector<std::string>& specs) {
   for (auto& s : specs) {
     auto eq = s.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
-      return Status::error("data '" + s + "': expected NAME=FILE.npy (or a single FILE.bin token file)");
+      return Status::error(
+          "data '" + s +
+          "': expected NAME=FILE.npy arrays, or one FILE.bin (nanoGPT tokens), FILE.jsonl or PREFIX.idx "
+          "(variable-length rows)");
     std::string name = s.substr(0, eq), file = s.substr(eq + 1);
     if (ends_with(file, ".bin"))
       return Status::error(file + ": a .bin token file is given alone, without NAME= (e.g. --train_data " + file + ")");

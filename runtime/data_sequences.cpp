@@ -36,7 +36,10 @@ Expected<Dataset> Dataset::from_sequences(std::shared_ptr<const SequenceSet> seq
     SequenceInput si;
     si.name = in.name;
     si.dtype = in.dtype;
-    if (!opts.label_input.empty() && in.name == opts.label_input) {
+    // The label input: the one kiln's loss reads, or with --loss model the model's own
+    // `labels` input (Hugging Face's name; the model shifts them inside).
+    const bool model_labels = opts.loss == "model" && opts.label_input.empty() && in.name == "labels";
+    if ((!opts.label_input.empty() && in.name == opts.label_input) || model_labels) {
       si.fill = static_cast<int>(Fill::labels);
       if (opts.loss == "cross_entropy" && !ir::is_integer(in.dtype))
         return Status::error(file + ": label input '" + in.name + "' expects " + ir::dtype_name(in.dtype) +
@@ -79,6 +82,7 @@ Expected<Dataset> Dataset::from_sequences(std::shared_ptr<const SequenceSet> seq
   // nanoGPT's windows; a model that computes its own loss (--loss model, Hugging Face's
   // convention) shifts inside: input_ids and labels are the row as it is.
   ds.shift_ = opts.loss != "model" && !opts.label_input.empty();
+  // Tokens per model input row: --max_length, else the model's fixed length.
   const int64_t cap = opts.max_length > 0 ? opts.max_length : ds.static_length_;
   if (opts.max_length > 0 && ds.static_length_ > 0 && opts.max_length != ds.static_length_)
     return Status::error("--max_length " + std::to_string(opts.max_length) + ": the model's input '" +
@@ -102,15 +106,18 @@ Expected<Dataset> Dataset::from_sequences(std::shared_ptr<const SequenceSet> seq
   if (ds.seq_rows_.empty())
     return Status::error(file + ": no sequence has " + (ds.shift_ ? "2 or more tokens" : "a token") +
                          " (a causal LM predicts each token from those before it)");
-  ds.max_length_ = cap > 0 ? cap : *std::max_element(ds.seq_lengths_.begin(), ds.seq_lengths_.end());
+  const int64_t longest = *std::max_element(ds.seq_lengths_.begin(), ds.seq_lengths_.end());
+  // pad pads to --max_length (or the fixed length); otherwise to the longest row kept.
+  ds.max_length_ = cap > 0 ? cap : longest;
   if (truncated > 0)
     ds.notes_.push_back(file + ": " + std::to_string(truncated) + " of " + std::to_string(seqs->size()) +
-                        " sequences are longer than " + std::to_string(ds.max_length_) + " tokens" +
+                        " rows give the model more than " + std::to_string(cap) + " tokens" +
                         (opts.max_length > 0 ? " (--max_length)" : " (the model's sequence length)") +
                         " and are truncated to it");
   if (dropped > 0)
-    ds.notes_.push_back(file + ": " + std::to_string(dropped) + " sequences of " + (ds.shift_ ? "one token" : "none") +
-                        " have nothing to predict and are left out");
+    ds.notes_.push_back(file + ": " + std::to_string(dropped) + (dropped == 1 ? " row" : " rows") + " of " +
+                        (ds.shift_ ? "fewer than 2 tokens" : "no tokens") + (dropped == 1 ? " has" : " have") +
+                        " nothing to predict and " + (dropped == 1 ? "is" : "are") + " left out");
   // Token ids are checked against the vocabulary by the driver (check_data_values).
   return ds;
 }

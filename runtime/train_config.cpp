@@ -262,21 +262,23 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
   return {
       {"model", Kind::str, &c.model, "path of the .onnx model"},
       {"shape", Kind::shape_map, &c.shape, "dim_param bindings, e.g. batch=8,seq=64 (repeatable)"},
-      {"train_data", Kind::str_list, &c.train_data, "NAME=FILE.npy (repeatable) or one nanoGPT uint16 FILE.bin"},
-      {"eval_data", Kind::str_list, &c.eval_data, "NAME=FILE.npy (repeatable) or one FILE.bin"},
+      {"train_data", Kind::str_list, &c.train_data,
+       "NAME=FILE.npy (repeatable), one nanoGPT uint16 FILE.bin, or variable-length rows: FILE.jsonl (input_ids "
+       "lists) or a Megatron indexed dataset PREFIX.idx"},
+      {"eval_data", Kind::str_list, &c.eval_data, "as --train_data"},
       {"block_size", Kind::i64, &c.block_size,
        "token window length for .bin data (0, the default: the model's input length)"},
       {"pad_token_id", Kind::i64, &c.pad_token_id,
-       "variable-length data: token id of padding (labels are padded with --ignore_index)"},
+       "variable-length data: token id of padding (default 0; labels are padded with --ignore_index)"},
       {"max_length", Kind::i64, &c.max_length,
-       "variable-length data: longer rows are truncated to it; --shape_mode pad pads every batch to it (0: the "
-       "longest row)"},
+       "variable-length data: tokens per row the model reads (a causal LM row of n tokens reads n-1); longer rows "
+       "are truncated; --shape_mode pad pads every batch to it (0: the longest row)"},
       {"shape_mode", Kind::str, &c.shape_mode,
-       "variable-length data: pad (one program at --max_length) | specialize (one per batch length) | buckets "
-       "(--shape_buckets lengths); bench takes a list: pad,specialize,buckets"},
+       "variable-length data: pad (default: one program at --max_length) | specialize (one per batch length) | "
+       "buckets (--shape_buckets lengths); bench takes a list: pad,specialize,buckets"},
       {"shape_buckets", Kind::str, &c.shape_buckets,
-       "--shape_mode buckets: K, the number of padded lengths planned from the data's length histogram, or the "
-       "lengths themselves: 32,64,128"},
+       "--shape_mode buckets: K (default 4), the number of padded lengths planned from the data's length "
+       "histogram, or the lengths themselves: 32,64,128"},
       {"recompile_limit", Kind::i64, &c.recompile_limit,
        "--shape_mode specialize: programs built before batches pad up to a built length (Dynamo's default 8)"},
       {"group_by_length", Kind::boolean, &c.group_by_length,

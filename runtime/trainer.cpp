@@ -110,6 +110,12 @@ constexpr std::initializer_list<const char*> kDataFlags = {
 /// Flags whose change a resume accepts, with a warning (the new values apply from the
 /// next step; Hugging Face's Trainer would keep the saved optimizer's and scheduler's).
 constexpr std::initializer_list<const char*> kResumeWarnFlags = {"seed",
+                                                                 "max_length",
+                                                                 "pad_token_id",
+                                                                 "shape_mode",
+                                                                 "shape_buckets",
+                                                                 "recompile_limit",
+                                                                 "group_by_length",
                                                                  "learning_rate",
                                                                  "weight_decay",
                                                                  "adam_beta1",
@@ -197,6 +203,14 @@ std::pair<int64_t, int64_t> accuracy_counts(const Tensor& logits, const Tensor& 
 
 }  // namespace
 
+/// "8 rows x 2 microbatches of 128 tokens" (the length only for variable-length data).
+static std::string describe_shape(const StepShape& s) {
+  std::string r = std::to_string(s.micro_rows) + (s.micro_rows == 1 ? " row" : " rows");
+  if (s.trips > 1) r += " x " + std::to_string(s.trips) + " microbatches";
+  if (s.length > 0) r += " padded to " + std::to_string(s.length) + " tokens (--max_length bounds it)";
+  return r;
+}
+
 Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& given, const Dataset* train_data,
                                   const Dataset* eval_data, TrainerOptions opts) {
   KILN_RETURN_IF_ERROR(cfg.validate());
@@ -251,7 +265,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
   const StepShape first_shape = t.step_shape(0);
   if (!graphs.train_step) {
     auto g = opts.programs(first_shape, t.rebuild_reason(first_shape, "the first step"));
-    if (!g) return g.status();
+    if (!g) return g.status().with_context("the program of " + describe_shape(first_shape));
     graphs = *g;
     if (!graphs.train_step) return Status::error("trainer: the program provider gave no train_step graph");
   }
@@ -289,6 +303,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
   }
   KILN_ASSIGN_OR_RETURN(t.first_, t.add_variant(shape, graphs));
   t.last_shape_ = shape;
+  if (t.chooser_ && shape.length > 0) t.chooser_->add_built(shape.length);
   t.total_steps_ = cfg.total_steps(t.steps_per_epoch_);
   {
     // The LR schedule of this run (the program's inputs default to the build's counts).
@@ -355,7 +370,6 @@ Expected<Trainer::Variant*> Trainer::add_variant(const StepShape& shape, const T
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> train_exec,
                         backend_->load(g, ProgramParts{graphs.train_program, graphs.train_arena}));
   v.train_exec = std::move(train_exec);
-  if (chooser_ && shape.length > 0) chooser_->add_built(shape.length);
   return &(variants_[shape] = std::move(v));
 }
 
@@ -389,7 +403,9 @@ Expected<Trainer::Variant*> Trainer::variant_for(const StepShape& shape, const s
                          " rows x " + std::to_string(shape.trips) + " microbatches" +
                          (shape.length > 0 ? " of length " + std::to_string(shape.length) : std::string()) +
                          ", and this run has one program (give --dataloader_drop_last true, or train with kiln train)");
-  KILN_ASSIGN_OR_RETURN(TrainGraphs g, opts_.programs(shape, rebuild_reason(shape, what)));
+  auto built = opts_.programs(shape, rebuild_reason(shape, what));
+  if (!built) return built.status().with_context("the program of " + describe_shape(shape));
+  TrainGraphs g = std::move(*built);
   if (!g.train_step) return Status::error("trainer: the program provider gave no train_step graph");
   if (eval_ && !g.eval) return Status::error("trainer: the program of another batch shape has no eval graph");
   return add_variant(shape, g);
@@ -402,9 +418,11 @@ int64_t Trainer::padded_length(int64_t need) {
     std::string lens;
     for (int64_t l : chooser_->built()) lens += (lens.empty() ? "" : ", ") + std::to_string(l);
     std::cerr << message_prefix() << ": warning: --recompile_limit " << chooser_->recompile_limit()
-              << " reached (programs for lengths " << lens
-              << "): from now on batches pad up to the nearest of them, or to " << chooser_->max_length()
-              << " (one more program)\n";
+              << " reached (programs for lengths " << lens << "): from now on batches pad up to the nearest of them"
+              << (chooser_->built().count(chooser_->max_length())
+                      ? std::string()
+                      : ", or to " + std::to_string(chooser_->max_length()) + " (one more program)")
+              << "\n";
   }
   return c.length;
 }
@@ -560,6 +578,13 @@ Status Trainer::restore(const std::string& dir) {
                       "; this run's values apply from the next step";
   state_ = std::move(next);
   global_step_ = c.state.global_step;
+  // specialize: the lengths the interrupted run had programs for, in its order, so the
+  // resumed run pads (and stops at --recompile_limit) exactly as it would have.
+  if (chooser_ && chooser_->mode() == ShapeMode::specialize)
+    for (int64_t k = 0; k < global_step_; ++k) {
+      StepShape sk = step_shape(k);
+      chooser_->add_built(sk.length);
+    }
   acc_.log_loss_sum = c.state.log_loss_sum;
   acc_.log_loss_count = c.state.log_loss_count;
   acc_.log_time_sum = c.state.log_time_sum;
@@ -584,6 +609,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
           train_->train_batch_length(cfg_.seed, epoch, index, rows_per_step_, 0, shape.micro_rows * shape.trips));
     KILN_ASSIGN_OR_RETURN(v, variant_for(shape, "step " + std::to_string(global_step_ + 1)));
     last_shape_ = shape;
+    if (chooser_) chooser_->add_built(shape.length);  // the specialize limit counts training lengths
   }
   const TrainGraphs& vg = v->g;
   const ir::Graph& g = *vg.train_step;
@@ -658,7 +684,9 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   const double loss_scale_used = state_.count("loss_scale") ? state_.at("loss_scale").get_f64(0) : 0.0;
   auto outs = backend_->run(*v->train_exec, feeds, ro);
   feeds.clear();  // the old state is held by state_ alone again
-  if (!outs) return outs.status().with_context("step " + std::to_string(global_step_ + 1));
+  if (!outs)
+    return outs.status().with_context("step " + std::to_string(global_step_ + 1) +
+                                      (chooser_ ? " (" + describe_shape(shape) + ")" : std::string()));
   StepResult r;
   if (outs->count("found_inf") && state_.count("loss_scale")) {  // --fp16 loss scaling
     r.skipped = outs->at("found_inf").get_f64(0) != 0;
@@ -710,7 +738,14 @@ Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
     Variant* v = first_;
     int64_t length = 0;
     if (chooser_) {
-      length = padded_length(eval_->eval_batch_length(i, eval_rows_));
+      // Evaluation pads to a length training has a program for (specialize: the nearest
+      // built one, else --max_length), so it never spends --recompile_limit.
+      const int64_t need = eval_->eval_batch_length(i, eval_rows_);
+      length = chooser_->choose(need).length;
+      if (chooser_->mode() == ShapeMode::specialize) {
+        auto it = chooser_->built().lower_bound(need);
+        length = it == chooser_->built().end() ? chooser_->max_length() : *it;
+      }
       v = nullptr;
       for (auto& [k, x] : variants_)
         if (k.length == length && (!v || (k.micro_rows == micro_rows_ && k.trips == trips_))) v = &x;

@@ -159,6 +159,9 @@ def main(argv):
     except (Damaged, UnicodeDecodeError, struct.error) as e:
         print("read_tfevents: %s" % e, file=sys.stderr)
         return 1
+    except OSError as e:  # a missing or unreadable path: one line, not a traceback
+        print("read_tfevents: %s: %s" % (e.filename, e.strerror), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -259,6 +259,33 @@ TEST(VarLen, LastPartialBatchTrainsWithDataloaderDropLastFalse) {
   EXPECT_EQ(count_of(t3, "(built before step 1)") + 1, programs) << t3;
 }
 
+TEST(VarLen, ResumedSpecializeRunEndsWithTheUninterruptedWeights) {
+  // specialize with --recompile_limit 3: a run resumed from its step-8 checkpoint replays
+  // the lengths the first run had built, so it pads every later batch as the
+  // uninterrupted run does and ends with bit-identical weights. Also --loss model: the
+  // model's own `labels` input gets the unshifted rows.
+  const std::string dir = fresh_tmpdir("varlen_resume");
+  const std::string data = write_rows(dir, 40, 30, 3);
+  const std::string cmd = "'" + kKiln + "' train " + kHf + "gpt2/logits_dynamo.onnx --train_data " + data +
+                          " --max_length 30 --shape_mode specialize --recompile_limit 3 "
+                          "--per_device_train_batch_size 2 --max_steps 16 --save_steps 8 --backend eager "
+                          "--disable_tqdm --cache_dir " +
+                          dir + "/cache --output_dir ";
+  auto [ca, ta] = shell(cmd + dir + "/a");
+  ASSERT_EQ(ca, 0) << ta;
+  auto [cb, tb] = shell(cmd + dir + "/b --resume_from_checkpoint " + dir + "/a/checkpoint-8");
+  ASSERT_EQ(cb, 0) << tb;
+  auto wa = runtime::io::load_safetensors(dir + "/a/model.safetensors");
+  auto wb = runtime::io::load_safetensors(dir + "/b/model.safetensors");
+  ASSERT_TRUE(wa && wb);
+  expect_bitwise_equal(*wa, *wb);
+  auto [cm, tm] = shell("'" + kKiln + "' train " + kHf + "gpt2/loss_dynamo.onnx --loss model --train_data " + data +
+                        " --max_length 30 --max_steps 2 --logging_steps 1 --backend eager --disable_tqdm --cache_dir " +
+                        dir + "/cache --output_dir " + dir + "/model_loss");
+  ASSERT_EQ(cm, 0) << tm;
+  EXPECT_EQ(train_losses(dir + "/model_loss").size(), 2u) << tm;
+}
+
 TEST(VarLen, BucketsPadWithinAFewPercentOfTheirBoundOnJargonSentences) {
   // The Jargon File's sentences (tools/prepare_data.py; 19,548 rows, mean 71 bytes) at
   // --max_length 256, batches of 8 in Hugging Face's length-grouped order: the padded

@@ -234,8 +234,8 @@ TEST(Buckets, EvaluateErrors) {
   EXPECT_NE(e.message().find("no boundaries"), std::string::npos) << e.message();
   e = evaluate_buckets(h, {32, 64});
   ASSERT_FALSE(e);
-  EXPECT_NE(e.message().find("3 rows have 100 tokens"), std::string::npos) << e.message();
-  EXPECT_NE(e.message().find("the last length 64"), std::string::npos) << e.message();
+  EXPECT_NE(e.message().find("rows are longer than the last length 64"), std::string::npos) << e.message();
+  EXPECT_NE(e.message().find("the longest has 100 tokens"), std::string::npos) << e.message();
   e = evaluate_buckets(h, {64, 32, 128});
   ASSERT_FALSE(e);
   EXPECT_NE(e.message().find("64 then 32"), std::string::npos) << e.message();

@@ -256,6 +256,13 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
       const std::string& seq = in->shape.dims[1].symbol;
       if (!in->shape.dims[1].is_static() && !seq.empty() && !b.count(seq)) b[seq] = cfg.block_size;
     }
+    // Variable-length rows with --max_length: one program of that length (kiln compile,
+    // kiln inspect; kiln train builds one per batch shape, runtime/shapes.h).
+    if (cfg.max_length > 0 && runtime::is_sequence_data(cfg.train_data) && in->shape.rank() == 2 &&
+        ir::is_integer(in->dtype)) {
+      const std::string& seq = in->shape.dims[1].symbol;
+      if (!in->shape.dims[1].is_static() && !seq.empty() && !b.count(seq)) b[seq] = cfg.max_length;
+    }
   }
   // .npy data: dim k >= 1 of the file fed to an input is that input's dim k (dim 0 is the
   // file's rows; the batch comes from the batch size). A file that cannot be read is left
@@ -290,7 +297,9 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
         return Status::error("input '" + in->name + "' dim " + std::to_string(k) + " ('" + d.symbol + "', shape " +
                              in->shape.to_string() + ") is bound by nothing: give data for it (--train_data " +
                              in->name + "=FILE.npy" +
-                             (runtime::is_token_file(cfg.train_data) ? ", or --block_size" : "") +
+                             (runtime::is_token_file(cfg.train_data)      ? ", or --block_size"
+                              : runtime::is_sequence_data(cfg.train_data) ? ", or --max_length"
+                                                                          : "") +
                              ") or its value (--shape " + d.symbol + "=N)");
       }
   return b;

@@ -117,6 +117,13 @@ Expected<runtime::TrainGraphs> ShapePrograms::get(const runtime::StepShape& shap
   return graphs_of(programs_[shape] = std::move(*prog));
 }
 
+Expected<const ir::Graph*> ShapePrograms::module() {
+  if (!module_) {
+    KILN_ASSIGN_OR_RETURN(module_, import_model(cfg_.model, cfg_.untie_initializers));
+  }
+  return module_.get();
+}
+
 runtime::ProgramProvider ShapePrograms::provider() {
   return [this](const runtime::StepShape& shape, const std::string& reason) { return get(shape, reason); };
 }
@@ -407,6 +414,22 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   auto ctx = [](const Status& s, const std::string& what) { return Status::error(what + ": " + s.message()); };
   auto train_raw = runtime::load_raw_data(cfg.train_data);
   if (!train_raw) return ctx(train_raw.status(), "--train_data");
+  if (!train_raw->sequences) {
+    // The flags of variable-length data, given for arrays or a token file: say they do nothing.
+    std::vector<std::string> unused;
+    if (cfg.shape_mode != "pad") unused.push_back("--shape_mode");
+    if (cfg.max_length > 0) unused.push_back("--max_length");
+    if (cfg.pad_token_id != 0) unused.push_back("--pad_token_id");
+    if (cfg.shape_buckets != "4") unused.push_back("--shape_buckets");
+    if (cfg.recompile_limit != 8) unused.push_back("--recompile_limit");
+    if (cfg.group_by_length) unused.push_back("--group_by_length");
+    std::string list;
+    for (const std::string& f : unused) list += (list.empty() ? "" : ", ") + f;
+    if (!unused.empty())
+      std::cerr << runtime::message_prefix() << ": warning: " << list
+                << " shape variable-length data (FILE.jsonl, PREFIX.idx) only: ignored for "
+                << (train_raw->tokens ? "a token file" : "NAME=FILE.npy arrays") << "\n";
+  }
   runtime::RawData eval_raw;
   if (!cfg.eval_data.empty()) {
     auto e = runtime::load_raw_data(cfg.eval_data);
@@ -473,11 +496,20 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   if (per_shape) {
     // The datasets are bound to the model's own inputs (symbolic sequence dim); the
     // trainer pads each batch and asks for its program.
-    auto train_ds = runtime::Dataset::bind(*train_raw, sig.forward_specs, data_options(cfg));
+    runtime::DataOptions dopts = data_options(cfg);
+    {
+      KILN_ASSIGN_OR_RETURN(const ir::Graph* m, shapes->module());
+      for (const std::string& sym : sequence_symbols(*m))
+        if (cfg.shape.count(sym))
+          return Status::error("--shape " + sym + "=" + std::to_string(cfg.shape.at(sym)) + ": '" + sym +
+                               "' is the sequence dim, which variable-length data binds per batch (--max_length "
+                               "bounds it); leave it out of --shape");
+    }
+    auto train_ds = runtime::Dataset::bind(*train_raw, sig.forward_specs, dopts);
     if (!train_ds) return ctx(train_ds.status(), "--train_data");
     std::optional<runtime::Dataset> eval_ds;
     if (!cfg.eval_data.empty()) {
-      auto e = runtime::Dataset::bind(eval_raw, sig.forward_specs, data_options(cfg));
+      auto e = runtime::Dataset::bind(eval_raw, sig.forward_specs, dopts);
       if (!e) return ctx(e.status(), "--eval_data");
       if (!e->is_sequences())
         return Status::error(

@@ -138,6 +138,8 @@ class ShapePrograms {
   /// Bytes of the programs' step arenas (each program has its own).
   int64_t arena_bytes() const;
   const std::map<runtime::StepShape, TrainingProgram>& programs() const { return programs_; }
+  /// The imported model (imported now if it was not given). Errors: the import's.
+  Expected<const ir::Graph*> module();
 
  private:
   runtime::TrainConfig cfg_;
