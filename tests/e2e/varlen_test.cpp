@@ -286,6 +286,21 @@ TEST(VarLen, ResumedSpecializeRunEndsWithTheUninterruptedWeights) {
   EXPECT_EQ(train_losses(dir + "/model_loss").size(), 2u) << tm;
 }
 
+TEST(VarLen, MaxLengthPastThePositionTableIsRefusedBeforeTraining) {
+  // The gpt2 fixture has 32 positions: --max_length 40 binds seq = 40, and the program's
+  // build refuses the position lookup past the table in one line; nothing is left behind.
+  const std::string dir = fresh_tmpdir("varlen_positions");
+  const std::string data = write_rows(dir, 8, 20, 9);
+  auto [code, text] = shell("'" + kKiln + "' train " + kHf + "gpt2/logits_dynamo.onnx --train_data " + data +
+                            " --max_length 40 --max_steps 1 --backend eager --disable_tqdm --cache_dir " + dir +
+                            "/cache --output_dir " + dir + "/out");
+  EXPECT_NE(code, 0) << text;
+  EXPECT_NE(text.find("looks up row 32 of 'transformer.wpe.weight', which has 32 rows (with batch=8, seq=40)"),
+            std::string::npos)
+      << text;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out")) << text;
+}
+
 TEST(VarLen, BucketsPadWithinAFewPercentOfTheirBoundOnJargonSentences) {
   // The Jargon File's sentences (tools/prepare_data.py; 19,548 rows, mean 71 bytes) at
   // --max_length 256, batches of 8 in Hugging Face's length-grouped order: the padded

@@ -132,6 +132,34 @@ static Status check_value_sizes(const Graph& g) {
   return Status::ok();
 }
 
+/// Every lookup (Gather) whose indices became constants when `shape` was bound reads
+/// inside its table: a GPT's position table `wpe` of P rows takes at most P tokens, and
+/// binding seq past it is refused here, before any pass or kernel, instead of failing at
+/// the first step. Error: "node N looks up row R of 'TABLE', which has P rows (with
+/// seq=300): ...".
+static Status check_constant_lookups(const Graph& g, const std::map<std::string, int64_t>& shape) {
+  for (const auto& n : g.nodes()) {
+    if (!ir::has_trait(*n, ir::OpTrait::gather) || n->num_inputs() < 2 || !n->inputs[0] || !n->inputs[1]) continue;
+    const Value *table = n->inputs[0], *idx = n->inputs[1];
+    if (!idx->data || !ir::is_integer(idx->dtype)) continue;
+    int64_t axis = n->attrs.get_int("axis", 0);
+    if (axis < 0) axis += table->shape.rank();
+    if (axis < 0 || axis >= table->shape.rank() || !table->shape.dims[static_cast<size_t>(axis)].is_static()) continue;
+    const int64_t rows = table->shape.dims[static_cast<size_t>(axis)].value;
+    for (int64_t i = 0; i < idx->data->numel(); ++i) {
+      const int64_t r = idx->data->get_i64(i);
+      if (r >= -rows && r < rows) continue;
+      std::string bound;
+      for (auto& [k, v] : shape) bound += (bound.empty() ? "" : ", ") + k + "=" + std::to_string(v);
+      return Status::error("node '" + n->name + "' looks up row " + std::to_string(r) + " of '" + table->name +
+                           "', which has " + std::to_string(rows) + " rows" +
+                           (bound.empty() ? std::string() : " (with " + bound + ")") + ": the model takes at most " +
+                           std::to_string(rows) + " positions (lower --max_length, --block_size or --shape)");
+    }
+  }
+  return Status::ok();
+}
+
 Expected<std::unique_ptr<Graph>> specialize_model(const Graph& module, const std::string& path,
                                                   const std::map<std::string, int64_t>& shape, bool to_f64,
                                                   passes::PassContext* dbg) {
@@ -149,6 +177,7 @@ Expected<std::unique_ptr<Graph>> specialize_model(const Graph& module, const std
   KILN_RETURN_IF_ERROR(bind_dims(*g, shape).with_context(path));
   KILN_RETURN_IF_ERROR(run_passes(*g, specialize_pipeline(to_f64), dbg, {}).with_context(path));
   KILN_RETURN_IF_ERROR(check_value_sizes(*g).with_context(path));
+  KILN_RETURN_IF_ERROR(check_constant_lookups(*g, shape).with_context(path));
   return g;
 }
 
