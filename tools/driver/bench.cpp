@@ -28,17 +28,8 @@ namespace {
 namespace fs = std::filesystem;
 using runtime::TrainConfig;
 
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
-/// `s` padded with spaces to `width` characters (left-aligned when `left`).
-std::string pad(const std::string& s, size_t width, bool left = false) {
-  if (s.size() >= width) return s;
-  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
-}
+std::string fmt(const char* f, double v) { return bench_fmt(f, v); }
+std::string pad(const std::string& s, size_t width, bool left = false) { return bench_pad(s, width, left); }
 
 /// Random batch for the graph's data inputs (normal floats, class ids in [0, classes)).
 Expected<runtime::Batch> synthetic_batch(const std::vector<runtime::DataInputSpec>& specs, const std::string& label,
@@ -116,12 +107,26 @@ struct Run {
   runtime::OpProfile profile;  // --profile: the timed steps only
 };
 
-double median(std::vector<double> t) {
+double median(std::vector<double> t) { return bench_median(std::move(t)); }
+
+}  // namespace
+
+std::string bench_fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+std::string bench_pad(const std::string& s, size_t width, bool left) {
+  if (s.size() >= width) return s;
+  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
+}
+
+double bench_median(std::vector<double> t) {
+  if (t.empty()) return 0;
   std::sort(t.begin(), t.end());
   return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
 }
-
-}  // namespace
 
 Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err) {
   const TrainConfig& cfg = opts.config;

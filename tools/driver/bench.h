@@ -7,6 +7,7 @@
 #include <iostream>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "ir/status.h"
 #include "passes/pass.h"
@@ -33,6 +34,12 @@ struct BenchOptions {
   /// builds used (the command line reports a --print-ir-after pass that did not run).
   std::function<void(const passes::PassContext&)> after_build;
 };
+
+/// Table helpers of the bench outputs: printf of one number; `s` padded with spaces to
+/// `width` characters (left-aligned when `left`); the median of `t` (0 when empty).
+std::string bench_fmt(const char* f, double v);
+std::string bench_pad(const std::string& s, size_t width, bool left = false);
+double bench_median(std::vector<double> t);
 
 /// Builds every variant's program, runs the warm-up and timed steps and writes the
 /// results to `out` (one summary for one variant, else a table relative to the first);

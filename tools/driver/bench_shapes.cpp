@@ -30,23 +30,6 @@ namespace {
 namespace fs = std::filesystem;
 using runtime::TrainConfig;
 
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
-std::string pad(const std::string& s, size_t width, bool left = false) {
-  if (s.size() >= width) return s;
-  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
-}
-
-double median(std::vector<double> t) {
-  if (t.empty()) return 0;
-  std::sort(t.begin(), t.end());
-  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
-}
-
 /// One mode's run and its measurements.
 struct ModeRun {
   std::string mode;
@@ -148,24 +131,27 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
     r.warm_s = warm.seconds();
   }
   const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
+  const size_t vs_w = std::max<size_t>(12, runs[0].mode.size() + 5);
   out << "bench: variable-length data " << ds->files() << " (" << ds->num_rows() << " rows, up to " << ds->max_length()
       << " tokens), " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision " << precision
       << ", backend " << cfg.backend << "; steps alternate between modes\n";
-  out << pad("mode", 12, true) << pad("programs", 10) << pad("compile cold", 14) << pad("warm", 10)
-      << pad("rebuilds", 10) << pad("padding", 9) << pad("real tok/s", 12) << pad("vs " + runs[0].mode, 12)
-      << pad("peak planned", 14) << pad("peak measured", 15) << "\n";
+  out << bench_pad("mode", 12, true) << bench_pad("programs", 10) << bench_pad("compile cold", 14)
+      << bench_pad("warm", 10) << bench_pad("rebuilds", 10) << bench_pad("padding", 9) << bench_pad("real tok/s", 12)
+      << bench_pad("vs " + runs[0].mode, std::max<size_t>(12, runs[0].mode.size() + 5)) << bench_pad("peak planned", 14)
+      << bench_pad("peak measured", 15) << "\n";
   const double base_rate = runs[0].step_s > 0 ? runs[0].real_tokens / runs[0].step_s : 0;
   for (ModeRun& r : runs) {
     const int64_t np = r.programs->built() + r.programs->cache_hits();
     const double rate = r.step_s > 0 ? r.real_tokens / r.step_s : 0;
     const double padding =
         r.padded_tokens > 0 ? 1.0 - static_cast<double>(r.real_tokens) / static_cast<double>(r.padded_tokens) : 0;
-    out << pad(r.mode, 12, true) << pad(std::to_string(np), 10) << pad(runtime::format_time(r.programs->seconds()), 14)
-        << pad(runtime::format_time(r.warm_s), 10) << pad(std::to_string(np - r.programs_before_step2), 10)
-        << pad(fmt("%.1f%%", 100 * padding), 9) << pad(fmt("%.0f", rate), 12)
-        << pad(fmt("%.2fx", base_rate > 0 ? rate / base_rate : 0), 12)
-        << pad(passes::human_bytes(std::max<int64_t>(0, r.programs->max_planned_peak())), 14)
-        << pad(passes::human_bytes(r.peak), 15) << "\n";
+    out << bench_pad(r.mode, 12, true) << bench_pad(std::to_string(np), 10)
+        << bench_pad(runtime::format_time(r.programs->seconds()), 14) << bench_pad(runtime::format_time(r.warm_s), 10)
+        << bench_pad(std::to_string(np - r.programs_before_step2), 10)
+        << bench_pad(bench_fmt("%.1f%%", 100 * padding), 9) << bench_pad(bench_fmt("%.0f", rate), 12)
+        << bench_pad(bench_fmt("%.2fx", base_rate > 0 ? rate / base_rate : 0), vs_w)
+        << bench_pad(passes::human_bytes(std::max<int64_t>(0, r.programs->max_planned_peak())), 14)
+        << bench_pad(passes::human_bytes(r.peak), 15) << "\n";
   }
   // Padding over a whole epoch of the same order (not only the timed steps), against the
   // bound: every row padded to its bucket, the exact optimum of the planner.
@@ -190,15 +176,15 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
       auto st = runtime::padding_of_batches(lens, batches, padded);
       if (!st) return st.status();
       const std::vector<int64_t>& bounds = ch->buckets();
-      out << " " << r.mode << " " << fmt("%.1f%%", 100 * st->fraction());
+      out << " " << r.mode << " " << bench_fmt("%.1f%%", 100 * st->fraction());
       if (ch->mode() == runtime::ShapeMode::buckets) {
         auto plan = runtime::evaluate_buckets(ds->length_histogram(), bounds);
         if (!plan) return plan.status();
         const double bound = plan->padding_fraction();
         out << " (buckets ";
         for (size_t i = 0; i < bounds.size(); ++i) out << (i ? "," : "") << bounds[i];
-        out << ": bound " << fmt("%.1f%%", 100 * bound) << ", padded tokens "
-            << fmt("%.2fx", plan->padded_tokens > 0 ? double(st->padded_tokens) / double(plan->padded_tokens) : 0)
+        out << ": bound " << bench_fmt("%.1f%%", 100 * bound) << ", padded tokens "
+            << bench_fmt("%.2fx", plan->padded_tokens > 0 ? double(st->padded_tokens) / double(plan->padded_tokens) : 0)
             << " the bound's)";
       }
     }
@@ -206,9 +192,9 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
   }
   out << "step time per padded length (median of the timed steps at that length):\n";
   for (ModeRun& r : runs) {
-    out << "  " << pad(r.mode, 12, true);
+    out << "  " << bench_pad(r.mode, 12, true);
     for (auto& [len, t] : r.by_len)
-      out << " " << len << ": " << runtime::format_time(median(t)) << " (" << t.size() << ")";
+      out << " " << len << ": " << runtime::format_time(bench_median(t)) << " (" << t.size() << ")";
     out << "\n";
   }
   out << "rebuilds: programs built after step 1 (the compile time of those steps is left out of their step time); "

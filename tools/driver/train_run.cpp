@@ -398,6 +398,24 @@ OutputGuard::~OutputGuard() {
   lock_.reset();
 }
 
+/// Writes output_dir/model.safetensors, then model.onnx (the weights first: they need
+/// nothing but themselves), and prints "saved ..." and the final eval metrics.
+static Status save_trained(const TrainConfig& cfg, const runtime::TrainResult& res,
+                           const decltype(ir::Graph::initializer_origins)& origins, std::ostream& out) {
+  KILN_RETURN_IF_ERROR(
+      runtime::io::save_safetensors((fs::path(cfg.output_dir) / "model.safetensors").string(), res.weights));
+  std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
+  Status s = export_trained_model(cfg.model, res.weights, origins, onnx_out);
+  if (!s) return Status::error("export: " + s.message());
+  out << "saved " << onnx_out << "\n";
+  if (!res.eval_metrics.empty()) {
+    out << "final";
+    for (auto& [k, v] : res.eval_metrics) out << " | " << k << " " << runtime::format_metric(v);
+    out << "\n";
+  }
+  return Status::ok();
+}
+
 Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out, runtime::Program* loaded) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
@@ -531,18 +549,8 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
       return Status::ok();
     }
     if (shapes->programs().empty()) return Status::error("no program was built (internal)");
-    const TrainingProgram& any = shapes->programs().begin()->second;
     KILN_RETURN_IF_ERROR(
-        runtime::io::save_safetensors((fs::path(cfg.output_dir) / "model.safetensors").string(), res.weights));
-    std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
-    Status s = export_trained_model(cfg.model, res.weights, any.train_step->initializer_origins, onnx_out);
-    if (!s) return ctx(s, "export");
-    out << "saved " << onnx_out << "\n";
-    if (!res.eval_metrics.empty()) {
-      out << "final";
-      for (auto& [k, v] : res.eval_metrics) out << " | " << k << " " << runtime::format_metric(v);
-      out << "\n";
-    }
+        save_trained(cfg, res, shapes->programs().begin()->second.train_step->initializer_origins, out));
     out << "programs: " << shapes->programs().size() << " (" << shapes->built() << " built, " << shapes->cache_hits()
         << " from the program cache, " << runtime::format_time(shapes->seconds()) << ")\n";
     if (const int64_t planned = shapes->max_planned_peak(); planned >= 0 && !res.step_losses.empty())
@@ -601,20 +609,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     return Status::ok();
   }
 
-  // The weights first (they need nothing but themselves), then the ONNX file.
-  KILN_RETURN_IF_ERROR(
-      runtime::io::save_safetensors((fs::path(cfg.output_dir) / "model.safetensors").string(), res.weights));
-  std::string onnx_out = (fs::path(cfg.output_dir) / "model.onnx").string();
-  Status s = export_trained_model(cfg.model, res.weights, prog.train_step->initializer_origins, onnx_out);
-  if (!s) return ctx(s, "export");
-  out << "saved " << onnx_out << "\n";
-  if (!res.eval_metrics.empty()) {
-    out << "final";
-    for (auto& [k, v] : res.eval_metrics) {
-      out << " | " << k << " " << runtime::format_metric(v);
-    }
-    out << "\n";
-  }
+  KILN_RETURN_IF_ERROR(save_trained(cfg, res, prog.train_step->initializer_origins, out));
   if (planned_peak >= 0 && res.step_losses.empty())
     out << "peak memory: planned " << passes::human_bytes(planned_peak) << " (" << planned_peak
         << " B); no training step ran, nothing measured\n";
