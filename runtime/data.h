@@ -74,6 +74,9 @@ struct DataOptions {
   int64_t max_length = 0;
   /// Sequences: Hugging Face's length-grouped order (--group_by_length).
   bool group_by_length = false;
+  /// Batches per length-grouped megabatch (runtime/buckets.h length_grouped_order; 0:
+  /// Hugging Face's default, min(rows / (4 x batch), 50)).
+  int64_t mega_batch_mult = 0;
   /// Drop the epoch's last partial batch (--dataloader_drop_last).
   bool drop_last = true;
 };

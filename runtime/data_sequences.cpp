@@ -130,8 +130,9 @@ std::map<int64_t, int64_t> Dataset::length_histogram() const {
 
 const std::vector<int64_t>& Dataset::epoch_order(uint64_t seed, int64_t epoch, int64_t rows_per_step) const {
   if (cached_epoch_ != epoch || cached_seed_ != seed || cached_perm_.size() != static_cast<size_t>(num_rows())) {
-    cached_perm_ = seqs_ && opts_.group_by_length ? length_grouped_order(seq_lengths_, rows_per_step, seed, epoch)
-                                                  : epoch_permutation(num_rows(), seed, epoch);
+    cached_perm_ = seqs_ && opts_.group_by_length
+                       ? length_grouped_order(seq_lengths_, rows_per_step, seed, epoch, opts_.mega_batch_mult)
+                       : epoch_permutation(num_rows(), seed, epoch);
     cached_epoch_ = epoch;
     cached_seed_ = seed;
   }

@@ -157,7 +157,8 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
   // bound: every row padded to its bucket, the exact optimum of the planner.
   {
     const std::vector<int64_t>& lens = ds->sequence_lengths();
-    const std::vector<int64_t> order = runtime::length_grouped_order(lens, rows, base.seed, 0);
+    const std::vector<int64_t> order =
+        runtime::length_grouped_order(lens, rows, base.seed, 0, data_options(base).mega_batch_mult);
     out << "padding over one epoch (" << lens.size() << " rows in batches of " << rows << "):";
     for (ModeRun& r : runs) {
       // The epoch's batches shaped as the mode shapes them, the specialize limit included.
