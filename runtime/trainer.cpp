@@ -302,6 +302,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
           shape.length = in->shape.dims[1].value;
   }
   KILN_ASSIGN_OR_RETURN(t.first_, t.add_variant(shape, graphs));
+  t.first_shape_ = shape;
   t.last_shape_ = shape;
   if (t.chooser_ && shape.length > 0) t.chooser_->add_built(shape.length);
   t.total_steps_ = cfg.total_steps(t.steps_per_epoch_);
@@ -428,19 +429,24 @@ int64_t Trainer::padded_length(int64_t need) {
 }
 
 StepShape Trainer::step_shape(int64_t step) const {
+  StepShape s = step_rows(step);
+  if (chooser_) {
+    const int64_t epoch = step / steps_per_epoch_, index = step % steps_per_epoch_;
+    const int64_t need = train_->train_batch_length(cfg_.seed, epoch, index, rows_per_step_, 0, s.micro_rows * s.trips);
+    s.length = chooser_->choose(need).length;
+  }
+  return s;
+}
+
+StepShape Trainer::step_rows(int64_t step) const {
   StepShape s{micro_rows_, trips_, 0};
-  const int64_t epoch = step / steps_per_epoch_, index = step % steps_per_epoch_;
-  const int64_t rows = train_->rows_in_batch(index, rows_per_step_);
+  const int64_t rows = train_->rows_in_batch(step % steps_per_epoch_, rows_per_step_);
   if (rows > 0 && rows < rows_per_step_) {
     // The epoch's last partial batch: microbatches of at most micro_rows_ equal rows.
     int64_t m = std::min(micro_rows_, rows);
     while (rows % m != 0) --m;
     s.micro_rows = m;
     s.trips = rows / m;
-  }
-  if (chooser_) {
-    const int64_t need = train_->train_batch_length(cfg_.seed, epoch, index, rows_per_step_, 0, rows);
-    s.length = chooser_->choose(need).length;
   }
   return s;
 }
@@ -599,11 +605,10 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   const int64_t epoch = global_step_ / steps_per_epoch_, index = global_step_ % steps_per_epoch_;
   // The program of this step's batch shape (a given batch runs on the first program).
   Variant* v = first_;
-  StepShape shape{micro_rows_, trips_, 0};
-  for (auto& [k, x] : variants_)
-    if (&x == first_) shape = k;
+  StepShape shape = first_shape_;
   if (!given) {
-    shape = step_shape(global_step_);
+    // Rows, then the padded length (computed once: padded_length also warns at the limit).
+    shape = step_rows(global_step_);
     if (chooser_)
       shape.length = padded_length(
           train_->train_batch_length(cfg_.seed, epoch, index, rows_per_step_, 0, shape.micro_rows * shape.trips));

@@ -208,6 +208,8 @@ class Trainer {
   };
   /// Loads `graphs` as the program of `shape` (state checked against the trainer's).
   Expected<Variant*> add_variant(const StepShape& shape, const TrainGraphs& graphs);
+  /// step_shape without the padded length: rows and microbatches of step `step`.
+  StepShape step_rows(int64_t step) const;
   /// The program of `shape`: loaded, or asked of TrainerOptions::programs with `reason`.
   Expected<Variant*> variant_for(const StepShape& shape, const std::string& reason);
   /// Why a program of `shape` is needed, for the recompiles log.
@@ -223,6 +225,7 @@ class Trainer {
   TrainerOptions opts_;
   std::map<StepShape, Variant> variants_;
   Variant* first_ = nullptr;  ///< the program create() loaded (given batches run on it)
+  StepShape first_shape_;     ///< the shape of first_
   StepShape last_shape_;      ///< the shape of the last step run
   std::optional<ShapeChooser> chooser_;
   bool limit_warned_ = false;
