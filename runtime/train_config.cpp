@@ -167,13 +167,25 @@ Status TrainConfig::validate() const {
     policies = *items;
   }
   const bool any_budget = std::find(policies.begin(), policies.end(), "budget") != policies.end();
-  if (!memory_budget.empty()) {
+  if (!memory_budget.empty() && memory_budget == "auto") {
+    if (!fitting() || any_budget)
+      return bad("memory_budget",
+                 "'auto' (the memory available less a margin) is for --auto_fit, --auto_find_batch_size and kiln fit; "
+                 "--remat_policy budget takes a size such as 800MB or 24GiB");
+  } else if (!memory_budget.empty()) {
     auto b = parse_byte_size(memory_budget);
     if (!b) return b.status();
   }
-  if (!memory_budget.empty() && !any_budget)
-    return bad("memory_budget",
-               "only applies to --remat_policy budget (got policy '" + effective_remat_policy() + "')");
+  if (!memory_budget.empty() && !any_budget && !fitting())
+    return bad("memory_budget", "only applies to --remat_policy budget, --auto_fit or --auto_find_batch_size (got policy '" +
+                                    effective_remat_policy() + "')");
+  if (auto_fit && memory_budget.empty())
+    return bad("memory_budget", "--auto_fit needs --memory_budget (e.g. 800MB, 24GiB, or auto: the memory available)");
+  if (effective_batch_size < 0)
+    return bad("effective_batch_size", "must be > 0 (0: per_device_train_batch_size x gradient_accumulation_steps), got " +
+                                           num_str(effective_batch_size));
+  if (effective_batch_size > 0 && !fitting())
+    return bad("effective_batch_size", "only applies to --auto_fit, --auto_find_batch_size and kiln fit");
   if (gradient_checkpointing && std::find(policies.begin(), policies.end(), "none") != policies.end())
     return bad("remat_policy", "'none' contradicts --gradient_checkpointing (drop one of them)");
   if (any_budget && memory_budget.empty())
@@ -344,7 +356,16 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"remat_policy", Kind::str, &c.remat_policy,
        "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes; bench takes a list: none,blocks"},
       {"memory_budget", Kind::str, &c.memory_budget,
-       "planned peak budget for --remat_policy budget: bytes, 800MB, 24GiB"},
+       "planned peak budget for --remat_policy budget, --auto_fit and kiln fit: bytes, 800MB, 24GiB (auto: the "
+       "memory available less 10%, with --auto_fit, --auto_find_batch_size and kiln fit)"},
+      {"auto_fit", Kind::boolean, &c.auto_fit,
+       "choose the recipe (batch x accumulation, bf16, remat policy, 8-bit AdamW) that fits --memory_budget, as "
+       "kiln fit does; flags given stay fixed"},
+      {"auto_find_batch_size", Kind::boolean, &c.auto_find_batch_size,
+       "as --auto_fit with --memory_budget auto unless a budget is given (Hugging Face's flag)"},
+      {"effective_batch_size", Kind::i64, &c.effective_batch_size,
+       "samples per optimizer step that --auto_fit and kiln fit keep (default: per_device_train_batch_size x "
+       "gradient_accumulation_steps)"},
       {"disable_tqdm", Kind::boolean, &c.disable_tqdm,
        "no live progress bar on a terminal: plain log lines every --logging_steps steps"},
       {"report_to", Kind::str, &c.report_to,
@@ -624,7 +645,6 @@ std::string unknown_flag_hint(const std::string& name_in, const std::set<std::st
       {"deepspeed", "kiln trains on one device"},
       {"fsdp", "kiln trains on one device"},
       {"hub_model_id", "kiln saves to --output_dir only"},
-      {"auto_find_batch_size", "kiln inspect MODEL --memory plans the memory of a batch size"},
       {"optim_args", "the optimizer's settings are flags (--adam_beta1, --momentum, ...)"},
       {"lr_scheduler_kwargs", "the schedule's settings are flags (--warmup_steps, --warmup_ratio)"},
       {"gradient_checkpointing_kwargs", "--remat_policy and --memory_budget choose what is recomputed"},

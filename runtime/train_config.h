@@ -93,6 +93,18 @@ struct TrainConfig {
   /// kiln: planned-peak budget of a training step for remat_policy budget: "24GiB", "800MB",
   /// "123456" (bytes). Parsed by parse_byte_size.
   std::string memory_budget;
+  /// kiln (issue 33): choose the recipe (batch x accumulation, precision, remat policy,
+  /// optimizer state) that fits --memory_budget before training (what `kiln fit` prints);
+  /// the flags given on the command line or in --config stay fixed.
+  bool auto_fit = false;
+  /// Hugging Face's flag: the same search with --memory_budget auto unless a budget is given
+  /// (HF halves the batch after each out-of-memory; kiln plans instead).
+  bool auto_find_batch_size = false;
+  /// kiln fit / --auto_fit: samples per optimizer step the recipe keeps
+  /// (per_device_train_batch_size x gradient_accumulation_steps); 0: that product as given.
+  int64_t effective_batch_size = 0;
+  /// Whether the recipe search is on (--auto_fit or --auto_find_batch_size).
+  bool fitting() const { return auto_fit || auto_find_batch_size; }
   // --- reporting ---
   /// Hugging Face's flag: no live progress bar on a terminal (plain log lines only).
   bool disable_tqdm = false;

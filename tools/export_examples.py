@@ -33,10 +33,11 @@ Per example: model.onnx, input.npy (batch 4 of real eval data), output.npy (f32 
 output), meta.json. Usage: tools/export_examples.py [--only NAME] [--large] [--bench]
   --large also exports tiny_gpt_4l512 (4 layers, n_embd 512, 8 heads, seq 128) into
   build/examples/ (too big to commit: ~50 MB).
-  --bench exports only the benchmark model gpt_4l256 (GPT class as tiny_gpt: 4 layers,
-  n_embd 256, 8 heads, seq 128, vocab 256, dropout 0.1, same export settings) into
-  build/examples/gpt_4l256/model.onnx (not committed) and writes nothing under examples/
-  (tools/prepare_bench_models.sh).
+  --bench exports only the benchmark models (BENCH_MODELS, BENCH_IMAGE_MODELS: gpt_4l256 =
+  GPT class as tiny_gpt with 4 layers, n_embd 256, 8 heads, seq 128, vocab 256, dropout 0.1;
+  gpt_8l256 the same with 8 layers; resnet18_64 = ResNet-18 width 16 at 64x64; the dynamic
+  GPTs) into build/examples/NAME/model.onnx (not committed) and writes nothing under
+  examples/ (tools/prepare_bench_models.sh).
 """
 import argparse
 import copy
@@ -294,7 +295,8 @@ def param_names(model):
     return [n for n, _ in model.named_parameters()]  # named_parameters() skips duplicates
 
 
-def export(name, out_dir, model=None, seq=None, dynamic_seq=False):
+def export(name, out_dir, model=None, seq=None, dynamic_seq=False, image=None):
+    """image: (H, W) of an image model's input instead of the example's."""
     spec = example_specs()[name]
     model = model if model is not None else build_model(name)
     os.makedirs(out_dir, exist_ok=True)
@@ -303,7 +305,7 @@ def export(name, out_dir, model=None, seq=None, dynamic_seq=False):
         T = seq or 64
         dummy = torch.zeros(2, T, dtype=torch.int64)
     else:
-        dummy = torch.zeros([2] + spec["input_shape"][1:])
+        dummy = torch.zeros([2] + spec["input_shape"][1:2] + list(image or spec["input_shape"][2:]))
     # Tracing runs the model in train mode, which would update the BatchNorm running
     # stats: export a copy, then write the pristine state_dict values into the file.
     pristine = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -394,6 +396,13 @@ BENCH_MODELS = {
     # (dim 1 "seq", positions and causal mask from its length), 256 positions.
     "tiny_gpt_dyn": dict(vocab=256, block=256, n_layer=2, n_head=4, n_embd=64, dynamic=True),
     "gpt_4l256_dyn": dict(vocab=256, block=256, n_layer=4, n_head=8, n_embd=256, dynamic=True),
+    # Memory-budget recipe search (issue 33, kiln fit): a deeper GPT.
+    "gpt_8l256": dict(vocab=256, block=128, n_layer=8, n_head=8, n_embd=256),
+}
+# Benchmark-only image models: name -> (ResNet18 constructor args, input (H, W)).
+BENCH_IMAGE_MODELS = {
+    # kiln fit's convolution network (issue 33): ResNet-18 width 16 at 64x64.
+    "resnet18_64": (dict(num_classes=10, width=16), (64, 64)),
 }
 
 
@@ -411,6 +420,13 @@ def export_bench(build_root):
                                     dynamic_seq=cfg.get("dynamic", False))
         print("%s: %s (%.1f MB, %d params)" % (name, path, os.path.getsize(path) / 2**20,
                                                sum(p.numel() for p in model.parameters())))
+    for name, (args, hw) in BENCH_IMAGE_MODELS.items():
+        out = os.path.join(build_root, "examples", name)
+        torch.manual_seed(SEED)
+        model = ResNet18(**args)
+        path, _, params, _ = export("resnet18", out, model, image=hw)
+        print("%s: %s (%.1f MB, %d params)" % (name, path, os.path.getsize(path) / 2**20,
+                                               sum(p.numel() for p in model.parameters())))
 
 
 def main():
@@ -419,7 +435,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "examples"))
     ap.add_argument("--large", action="store_true", help="also export tiny_gpt_4l512 into build/examples")
     ap.add_argument("--bench", action="store_true",
-                    help="export only the benchmark model gpt_4l256 into build/examples (nothing under examples/)")
+                    help="export only the benchmark models into build/examples (nothing under examples/)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     warnings.filterwarnings("ignore", category=UserWarning)  # torch's training-mode export notes

@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "frontend/onnx_import.h"
@@ -34,6 +36,7 @@
 #include "tools/driver/bench.h"
 #include "tools/driver/driver.h"
 #include "tools/driver/export_trained.h"
+#include "tools/driver/fit.h"
 #include "tools/driver/gradcheck.h"
 #include "tools/driver/pipeline.h"
 #include "tools/driver/plot.h"
@@ -100,6 +103,8 @@ int report(const Failure& f) {
 struct ConfigFlags {
   bool backend_list = false;  ///< --backend and --remat_policy may be lists (kiln bench only)
   bool remat_list = false;    ///< --remat_policy may be a list (kiln inspect --memory: one plan per policy)
+  bool fit_ok = false;        ///< --auto_fit, --auto_find_batch_size, --effective_batch_size apply (train)
+  bool fit_command = false;   ///< kiln fit: the recipe search is the command itself
   std::map<std::string, std::vector<std::string>> values;
   std::map<std::string, CLI::Option*> options;
   std::string config_file;
@@ -149,6 +154,15 @@ struct ConfigFlags {
     runtime::eval_off_without_eval_data(cfg, given);
     if (!model_pos.empty()) cfg.model = model_pos;
     if (cfg.model.empty()) throw Failure{2, "a MODEL.onnx argument is required"};
+    if (fit_command) {
+      if (cfg.memory_budget.empty())
+        throw Failure{2, "--memory_budget is required: the budget a training step must fit (e.g. 800MB, 24GiB, auto)"};
+      cfg.auto_fit = true;
+    } else if (!fit_ok) {
+      for (const char* f : {"auto_fit", "auto_find_batch_size", "effective_batch_size"})
+        if (this->given(f))
+          throw Failure{2, std::string("--") + f + ": the recipe search runs in kiln train and kiln fit only"};
+    }
     Status v = cfg.validate();
     if (!v) throw Failure{2, v.message()};
     if (!backend_list && cfg.backend.find(',') != std::string::npos)
@@ -161,6 +175,15 @@ struct ConfigFlags {
     if (std::error_code ec; !fs::exists(cfg.model, ec))
       throw Failure{1, cfg.model + (ec ? ": " + ec.message() : std::string(": no such file"))};
     return cfg;
+  }
+
+  /// Whether flag `name` was set: on the command line or as a key of the --config file.
+  bool given(const std::string& name) const {
+    if (auto it = options.find(name); it != options.end() && it->second->count() > 0) return true;
+    if (config_file.empty()) return false;
+    std::ifstream in(config_file);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    return !j.is_discarded() && j.is_object() && j.contains(name);
   }
 
   passes::PassContext pass_context() const {
@@ -223,16 +246,64 @@ std::string fmt(const char* f, double v) {
 
 // ------------------------------------------------------------------ memory
 // ------------------------------------------------------------------ train
+/// The recipe search of kiln fit and kiln train --auto_fit: prints the table and returns
+/// the result (the caller reads the chosen recipe). Errors: exit 1 for a search that
+/// fails or finds nothing that fits (one line: the smallest reachable peak).
+std::pair<driver::FitOptions, driver::FitResult> search_recipe(const ConfigFlags& flags, const TrainConfig& cfg,
+                                                               const std::string& who, int measure_top = 3,
+                                                               int measure_steps = 2) {
+  if (runtime::is_sequence_data(cfg.train_data))
+    throw Failure{2, who + ": variable-length data (--train_data ROWS.jsonl or PREFIX.idx) is not searched yet; "
+                           "fit a recipe at --max_length with kiln fit on fixed-length data"};
+  std::string note;
+  auto o = unwrap(driver::fit_options(cfg, [&flags](const std::string& n) { return flags.given(n); }, &note));
+  if (!note.empty()) std::cerr << "kiln: note: " << note << "\n";
+  o.measure_top = measure_top;
+  o.measure_steps = measure_steps;
+  auto r = unwrap(driver::run_fit(o, std::cerr));
+  std::cout << driver::format_fit(r, o);
+  if (r.chosen < 0) throw Failure{1, driver::fit_nothing_fits(r, o)};
+  return {o, r};
+}
+
 int cmd_train(const ConfigFlags& flags) {
   TrainConfig cfg = flags.build();
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)"};
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
+  if (cfg.fitting()) {
+    auto [o, r] = search_recipe(flags, cfg, cfg.auto_fit ? "--auto_fit" : "--auto_find_batch_size");
+    const driver::FitCandidate& c = r.candidates[static_cast<size_t>(r.chosen)];
+    cfg = c.config(o.config, o.memory_budget);
+    std::cout << "auto_fit: training with " << driver::fit_flags(c, o.memory_budget) << "\n";
+  }
   passes::PassContext dbg = flags.pass_context();
   check(driver::run_training(cfg, &dbg, std::cout));
   // Stopped by SIGINT/SIGTERM after a step (runtime/interrupt.h): 128 + the signal, as a
   // shell reports a process the signal ended, so that scripts see the run did not finish.
   if (const int sig = runtime::stop_signal()) return 128 + sig;
   note_unrun_pass(dbg);
+  return 0;
+}
+
+// ------------------------------------------------------------------ fit
+/// `kiln fit MODEL --memory_budget X [--effective_batch_size N] [train flags]`: the recipe
+/// that fits the budget (tools/driver/fit.h), as a table, flags and --config JSON;
+/// --plot draws peak against time, --save_config writes the recipe's JSON.
+int cmd_fit(const ConfigFlags& flags, int measure_top, int measure_steps, const std::string& plot,
+            const std::string& save_config) {
+  TrainConfig cfg = flags.build();
+  if (measure_top < 0) throw Failure{2, "--measure_top must be >= 0 (0: rank by the cost model only)"};
+  if (measure_steps < 1) throw Failure{2, "--measure_steps must be >= 1"};
+  auto [o, r] = search_recipe(flags, cfg, "kiln fit", measure_top, measure_steps);
+  const driver::FitCandidate& c = r.candidates[static_cast<size_t>(r.chosen)];
+  if (!plot.empty()) {
+    check(driver::write_text_file(plot, driver::fit_svg(r, o)), "--plot");
+    std::cout << "wrote " << plot << "\n";
+  }
+  if (!save_config.empty()) {
+    check(driver::write_text_file(save_config, driver::fit_config_json(c, o.memory_budget) + "\n"), "--save_config");
+    std::cout << "wrote " << save_config << "\n";
+  }
   return 0;
 }
 
@@ -720,7 +791,20 @@ int real_main(int argc, char** argv) {
 
   ConfigFlags train_flags, grad_flags, bench_flags;
   auto* train = app.add_subcommand("train", "train a model (Hugging Face Trainer options)");
+  train_flags.fit_ok = true;
   train_flags.add_to(train);
+  ConfigFlags fit_flags;
+  fit_flags.fit_command = true;
+  auto* fit = app.add_subcommand(
+      "fit", "choose the training recipe that fits --memory_budget: batch x accumulation, bf16, remat, 8-bit AdamW");
+  fit_flags.add_to(fit);
+  int fit_measure_top = 3, fit_measure_steps = 2;
+  std::string fit_plot, fit_save;
+  fit->add_option("--measure_top", fit_measure_top,
+                  "fitting recipes measured with real steps, best estimates first (default 3; 0: cost model only)");
+  fit->add_option("--measure_steps", fit_measure_steps, "timed steps of each measured recipe (default 2)");
+  fit->add_option("--plot", fit_plot, "draw planned peak against time per optimizer step into an SVG file");
+  fit->add_option("--save_config", fit_save, "write the chosen recipe as a --config JSON file");
   ConfigFlags compile_flags;
   auto* compile =
       app.add_subcommand("compile", "compile a training program ahead of time into DIR/train (a standalone binary)");
@@ -855,6 +939,7 @@ int real_main(int argc, char** argv) {
   }
   try {
     if (*train) return cmd_train(train_flags);
+    if (*fit) return cmd_fit(fit_flags, fit_measure_top, fit_measure_steps, fit_plot, fit_save);
     if (*compile) return cmd_compile(compile_flags, compile_out);
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);

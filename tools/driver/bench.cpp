@@ -93,19 +93,7 @@ std::vector<Variant> bench_variants(const TrainConfig& cfg, bool* by_policy) {
   return variants;
 }
 
-/// A variant's program, trainer and measurements.
-struct Run {
-  std::string backend;  // the variant's label
-  TrainingProgram prog;
-  std::optional<runtime::Trainer> tr;
-  std::optional<passes::MemoryPlan> plan;
-  int64_t resident = 0;  // the step's own resident bytes: constants and state
-  int64_t peak = 0;      // measured step peak
-  std::vector<double> times;
-  int64_t allocations = 0;  // tensor storage allocations (ir::MemoryStats) in the timed steps
-  double compile_s = 0;
-  runtime::OpProfile profile;  // --profile: the timed steps only
-};
+using Run = BenchRun;
 
 double median(std::vector<double> t) { return bench_median(std::move(t)); }
 
@@ -126,6 +114,65 @@ double bench_median(std::vector<double> t) {
   if (t.empty()) return 0;
   std::sort(t.begin(), t.end());
   return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
+Status prepare_bench_run(BenchRun& run, const TrainConfig& c, passes::PassContext& dbg, int64_t total_steps,
+                         std::optional<runtime::Dataset>& ds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(run.prog, build_training_program(c, &dbg, false, false, total_steps));
+  run.compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto& prog = run.prog;
+  if (!ds) {
+    const int64_t rows = c.per_device_train_batch_size * c.gradient_accumulation_steps;
+    KILN_ASSIGN_OR_RETURN(auto specs, program_specs(*prog.train_step, prog.data_inputs));
+    if (!c.train_data.empty()) {
+      auto raw = runtime::load_raw_data(c.train_data);
+      if (!raw) return raw.status().with_context("--train_data");
+      // As kiln train: labels and token ids against the model before any step.
+      KILN_ASSIGN_OR_RETURN(auto forward, load_model(c.model, c.shape));
+      KILN_RETURN_IF_ERROR(check_data_values(*raw, "--train_data", *forward, c));
+      auto bound = runtime::Dataset::bind(*raw, specs, data_options(c));
+      if (!bound) return bound.status().with_context("--train_data");
+      ds.emplace(std::move(*bound));
+    } else {
+      int64_t classes = 2;
+      if (auto* lo = prog.train_step->find_value(prog.logits_output);
+          lo && lo->shape.rank() > 0 && lo->shape.dims.back().is_static())
+        classes = lo->shape.dims.back().value;
+      KILN_ASSIGN_OR_RETURN(auto b, synthetic_batch(specs, prog.label_input, rows, classes, c.seed));
+      std::vector<runtime::NamedArray> arrays;
+      for (auto& [n, t] : b) arrays.push_back({n, "synthetic", t});
+      KILN_ASSIGN_OR_RETURN(auto from, runtime::Dataset::from_arrays(arrays, specs, data_options(c)));
+      ds.emplace(std::move(from));
+    }
+  }
+  TrainConfig bc = c;
+  bc.max_steps = total_steps;
+  runtime::TrainerOptions to;
+  to.write_files = false;
+  KILN_ASSIGN_OR_RETURN(auto tr, runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to));
+  run.tr.emplace(std::move(tr));
+  run.plan = executor_plan(prog);
+  return Status::ok();
+}
+
+void start_timing(BenchRun& r) {
+  r.resident = initializer_bytes(*r.prog.train_step) + step_arena_bytes(r.prog);
+  for (auto& [n, t] : r.tr->state()) r.resident += static_cast<int64_t>(t.nbytes());
+}
+
+Status timed_bench_step(BenchRun& r) {
+  // Measured step peak: MemoryStats peak during the step minus what was resident before
+  // it, plus the step's own resident inputs (its constants and state).
+  ir::MemoryStats::reset_peak();
+  const int64_t before = ir::MemoryStats::current_bytes();
+  const int64_t allocs = ir::MemoryStats::allocations();
+  auto st = r.tr->step();
+  if (!st) return st.status();
+  r.times.push_back(st->seconds);
+  r.allocations += ir::MemoryStats::allocations() - allocs;
+  r.peak = std::max(r.peak, ir::MemoryStats::peak_bytes() - before + r.resident);
+  return Status::ok();
 }
 
 Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err) {
@@ -165,40 +212,7 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
       dbg.dump_ir_dir = (fs::path(dump_root) / folder).string();
       dbg.dump_index = 0;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    KILN_ASSIGN_OR_RETURN(runs[r].prog, build_training_program(c, &dbg, false, false, warmup + steps));
-    runs[r].compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    auto& prog = runs[r].prog;
-    if (!ds) {
-      KILN_ASSIGN_OR_RETURN(auto specs, program_specs(*prog.train_step, prog.data_inputs));
-      if (!cfg.train_data.empty()) {
-        auto raw = runtime::load_raw_data(cfg.train_data);
-        if (!raw) return raw.status().with_context("--train_data");
-        // As kiln train: labels and token ids against the model before any step.
-        KILN_ASSIGN_OR_RETURN(auto forward, load_model(c.model, c.shape));
-        KILN_RETURN_IF_ERROR(check_data_values(*raw, "--train_data", *forward, c));
-        auto bound = runtime::Dataset::bind(*raw, specs, data_options(cfg));
-        if (!bound) return bound.status().with_context("--train_data");
-        ds.emplace(std::move(*bound));
-      } else {
-        int64_t classes = 2;
-        if (auto* lo = prog.train_step->find_value(prog.logits_output);
-            lo && lo->shape.rank() > 0 && lo->shape.dims.back().is_static())
-          classes = lo->shape.dims.back().value;
-        KILN_ASSIGN_OR_RETURN(auto b, synthetic_batch(specs, prog.label_input, rows, classes, cfg.seed));
-        std::vector<runtime::NamedArray> arrays;
-        for (auto& [n, t] : b) arrays.push_back({n, "synthetic", t});
-        KILN_ASSIGN_OR_RETURN(auto from, runtime::Dataset::from_arrays(arrays, specs, data_options(cfg)));
-        ds.emplace(std::move(from));
-      }
-    }
-    TrainConfig bc = c;
-    bc.max_steps = warmup + steps;
-    runtime::TrainerOptions to;
-    to.write_files = false;
-    KILN_ASSIGN_OR_RETURN(auto tr, runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to));
-    runs[r].tr.emplace(std::move(tr));
-    runs[r].plan = executor_plan(prog);
+    KILN_RETURN_IF_ERROR(prepare_bench_run(runs[r], c, dbg, warmup + steps, ds));
   }
   if (opts.after_build) opts.after_build(dbg);
   for (auto& r : runs)
@@ -216,26 +230,14 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
     for (auto& r : runs)
       if (auto st = r.tr->step(); !st) return st.status();
   for (auto& r : runs) {
-    r.resident = initializer_bytes(*r.prog.train_step) + step_arena_bytes(r.prog);
-    for (auto& [n, t] : r.tr->state()) r.resident += static_cast<int64_t>(t.nbytes());
+    start_timing(r);
     if (opts.profile) {
       r.profile.set_group(opts.profile_by == "node" ? runtime::ProfileGroup::node : runtime::ProfileGroup::op);
       r.tr->set_profile(&r.profile);
     }
   }
-  // Measured step peak: MemoryStats peak during the step minus what was resident before
-  // it, plus the step's own resident inputs (its constants and state).
   for (int i = 0; i < steps; ++i)
-    for (auto& r : runs) {
-      ir::MemoryStats::reset_peak();
-      const int64_t before = ir::MemoryStats::current_bytes();
-      const int64_t allocs = ir::MemoryStats::allocations();
-      auto st = r.tr->step();
-      if (!st) return st.status();
-      r.times.push_back(st->seconds);
-      r.allocations += ir::MemoryStats::allocations() - allocs;
-      r.peak = std::max(r.peak, ir::MemoryStats::peak_bytes() - before + r.resident);
-    }
+    for (auto& r : runs) KILN_RETURN_IF_ERROR(timed_bench_step(r));
   // --profile: per-op (or, --profile_by node, per-node) table of one backend's timed
   // steps (top 25 keys, then the rest summed).
   auto print_profile = [&](Run& r) {

@@ -5,13 +5,19 @@
 #pragma once
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "ir/status.h"
+#include "passes/memory_plan.h"
 #include "passes/pass.h"
+#include "runtime/data.h"
+#include "runtime/profile.h"
 #include "runtime/train_config.h"
+#include "runtime/trainer.h"
+#include "tools/driver/driver.h"
 
 namespace kiln::driver {
 
@@ -34,6 +40,34 @@ struct BenchOptions {
   /// builds used (the command line reports a --print-ir-after pass that did not run).
   std::function<void(const passes::PassContext&)> after_build;
 };
+
+/// One measured program (a kiln bench variant, a kiln fit candidate): its program,
+/// trainer and measurements.
+struct BenchRun {
+  std::string backend;  ///< the variant's label
+  TrainingProgram prog;
+  std::optional<runtime::Trainer> tr;
+  std::optional<passes::MemoryPlan> plan;  ///< executor_plan of the program
+  int64_t resident = 0;                    ///< the step's own resident bytes: constants and state
+  int64_t peak = 0;                        ///< measured step peak (bytes)
+  std::vector<double> times;               ///< seconds of each timed step
+  int64_t allocations = 0;                 ///< tensor storage allocations (ir::MemoryStats) in the timed steps
+  double compile_s = 0;                    ///< seconds to build the program
+  runtime::OpProfile profile;              ///< --profile: the timed steps only
+};
+
+/// Builds `c`'s training program (for `total_steps` optimizer steps) and a trainer that
+/// writes no files on `ds`: the first call makes `ds` from c.train_data (checked as kiln
+/// train checks it) or, without data, a synthetic batch of c's rows per step (normal
+/// floats, random class ids, seeded by c.seed); later calls reuse it. Errors: the build's,
+/// the data's (prefixed --train_data).
+Status prepare_bench_run(BenchRun& run, const runtime::TrainConfig& c, passes::PassContext& dbg, int64_t total_steps,
+                         std::optional<runtime::Dataset>& ds);
+/// Records the resident bytes before the timed steps (after the warm-up steps).
+void start_timing(BenchRun& r);
+/// One timed step: appends its seconds and raises the measured peak (MemoryStats peak
+/// during the step less what was resident before it, plus BenchRun::resident).
+Status timed_bench_step(BenchRun& r);
 
 /// Table helpers of the bench outputs: printf of one number; `s` padded with spaces to
 /// `width` characters (left-aligned when `left`); the median of `t` (0 when empty).

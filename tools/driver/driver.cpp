@@ -334,6 +334,16 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
   return b;
 }
 
+Status run_pass_list(Graph& g, const std::vector<std::string>& pipeline, const passes::PassOptions& options) {
+  return run_passes(g, pipeline, nullptr, options);
+}
+
+Expected<std::unique_ptr<Graph>> specialize_train_step(const runtime::TrainConfig& cfg, const Graph& module) {
+  KILN_ASSIGN_OR_RETURN(auto dims, batch_bindings(cfg, module, cfg.train_data, cfg.per_device_train_batch_size,
+                                                  "--per_device_train_batch_size", true));
+  return specialize_model(module, cfg.model, dims, false, nullptr);
+}
+
 const std::vector<std::string>& compiled_pipeline() {
   static const std::vector<std::string> p = [] {
     PipelineOptions o;

@@ -97,6 +97,17 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
                                                  bool want_grads = false, bool to_f64 = false, int64_t total_steps = -1,
                                                  const ir::Graph* module = nullptr);
 
+/// The model `module` (import_model's) specialised for `cfg`'s training step: its batch
+/// dim bound to per_device_train_batch_size and the other dims as kiln train binds them,
+/// constants folded; what the training passes start from (build_training_program's
+/// "specialize" stage). Errors: those of the bindings (a dim bound by nothing, a fixed
+/// batch dim that differs) and of specialize_model.
+Expected<std::unique_ptr<ir::Graph>> specialize_train_step(const runtime::TrainConfig& cfg, const ir::Graph& module);
+
+/// Runs the passes `pipeline` on `g` with `options`, quietly (no debugging switches).
+/// Errors: an unknown pass name (before anything runs), the first pass that fails.
+Status run_pass_list(ir::Graph& g, const std::vector<std::string>& pipeline, const passes::PassOptions& options);
+
 /// The signature facts of the forward model `forward` (the model with --shape bound) for
 /// `cfg`: its data specs (runtime/program.h ProgramSignature), the Gather tables data
 /// inputs index and the classes of cross_entropy labels.

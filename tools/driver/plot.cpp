@@ -324,6 +324,50 @@ std::string memory_svg(const std::vector<MemoryProfile>& profiles) {
   return os.str();
 }
 
+std::string scatter_svg(const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                        const std::vector<ScatterPoint>& points, double vline_x, const std::string& vline_label) {
+  double xmin = INFINITY, xmax = -INFINITY, ymin = 0, ymax = -INFINITY;
+  for (const auto& p : points) {
+    if (!std::isfinite(p.x) || !std::isfinite(p.y)) continue;
+    xmin = std::min(xmin, p.x), xmax = std::max(xmax, p.x), ymax = std::max(ymax, p.y);
+  }
+  if (std::isfinite(vline_x)) xmin = std::min(xmin, vline_x), xmax = std::max(xmax, vline_x);
+  if (!(xmin <= xmax)) xmin = 0, xmax = 1;
+  if (!(ymax > ymin)) ymax = 1;
+  if (xmax == xmin) xmin -= 0.5, xmax += 0.5;
+  const double xpad = (xmax - xmin) * 0.05;
+  xmin = std::max(0.0, xmin - xpad), xmax += xpad, ymax *= 1.08;
+  const double W = kPanelW * 1.5, H = kPanelH * 1.5;
+  std::ostringstream os;
+  os << svg_open(W, H, "kiln-scatter", title);
+  // The panel at 1.5x scale: an Axes of the standard size, drawn under a transform.
+  Axes ax{0, 0, xmin, xmax, ymin, ymax};
+  os << "<g id=\"panel-scatter\" transform=\"scale(1.5)\">\n" << ax.frame(title, xlabel, [](double v) { return tick(v); });
+  const double ymid = kTop + (kPanelH - kTop - kBottom) / 2;
+  os << "<text class=\"label\" x=\"14\" y=\"" << num(ymid) << "\" text-anchor=\"middle\" transform=\"rotate(-90 14 "
+     << num(ymid) << ")\">" << esc(ylabel) << "</text>\n";
+  if (std::isfinite(vline_x)) {
+    const double x = ax.px(vline_x);
+    os << "<line id=\"vline\" class=\"budget\" x1=\"" << num(x) << "\" y1=\"" << num(kTop) << "\" x2=\"" << num(x)
+       << "\" y2=\"" << num(kPanelH - kBottom) << "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"/>\n";
+    os << "<text class=\"budget-label\" x=\"" << num(x + 4) << "\" y=\"" << num(kTop + 12) << "\" fill=\"#d62728\">"
+       << esc(vline_label) << "</text>\n";
+  }
+  for (size_t i = 0; i < points.size(); ++i) {
+    const ScatterPoint& p = points[i];
+    if (!std::isfinite(p.x) || !std::isfinite(p.y)) continue;
+    const char* color = kColors[static_cast<size_t>(std::max(0, p.group)) % 10];
+    os << "<circle id=\"point-" << i << "\" class=\"point\" cx=\"" << num(ax.px(p.x)) << "\" cy=\"" << num(ax.py(p.y))
+       << "\" r=\"" << (p.highlight ? 6 : 3.5) << "\" fill=\"" << (p.filled ? color : "none") << "\" stroke=\"" << color
+       << "\"" << (p.highlight ? " stroke-width=\"2.5\"" : "") << "><title>" << esc(p.label) << "</title></circle>\n";
+    if (p.highlight)
+      os << "<text class=\"point-label\" x=\"" << num(ax.px(p.x) + 8) << "\" y=\"" << num(ax.py(p.y) - 8)
+         << "\" font-weight=\"bold\">" << esc(p.label) << "</text>\n";
+  }
+  os << "</g>\n</svg>\n";
+  return os.str();
+}
+
 Status write_text_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::out | std::ios::trunc);
   if (!f) return Status::error(path + ": cannot open for writing");

@@ -52,6 +52,20 @@ MemoryProfile memory_profile(const passes::MemoryPlan& plan, const std::string& 
 /// lines, phase lines, a legend of the categories.
 std::string memory_svg(const std::vector<MemoryProfile>& profiles);
 
+/// One point of a scatter plot.
+struct ScatterPoint {
+  std::string label;       ///< the point's tooltip (and its text when highlighted)
+  double x = 0, y = 0;
+  int group = 0;           ///< color index (Tableau 10 cycle)
+  bool filled = true;      ///< filled disc (else a ring)
+  bool highlight = false;  ///< drawn larger, its label written beside it
+};
+
+/// One panel of `points` (y from 0), a dashed vertical line at `vline_x` labelled
+/// `vline_label` (none when vline_x is not finite). Elements: panel-scatter, point-N, vline.
+std::string scatter_svg(const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                        const std::vector<ScatterPoint>& points, double vline_x, const std::string& vline_label);
+
 /// Writes `text` to `path`. Error: cannot write.
 Status write_text_file(const std::string& path, const std::string& text);
 

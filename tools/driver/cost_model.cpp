@@ -1,0 +1,248 @@
+// The step-time cost model of kiln fit (cost_model.h).
+#include "tools/driver/cost_model.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+
+#include "codegen/cpu/program.h"
+#include "ir/op_table.h"
+#include "ir/tensor.h"
+#include "runtime/interpreter.h"
+
+namespace kiln::driver {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using ir::DType;
+
+/// Version of the calibration: bump when the microbenchmarks change.
+constexpr int kRatesVersion = 1;
+
+/// A tensor of `dims` with values in [-1, 1) (deterministic).
+ir::Tensor random_tensor(DType dt, const std::vector<int64_t>& dims) {
+  ir::Tensor t(dt, dims);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, u(rng));
+  return t;
+}
+
+/// Median seconds of `n`'s eager kernel on `inputs`: repeated until about 40 ms (at
+/// least 3 runs) after one untimed run.
+Expected<double> time_node(const ir::Node& n, const std::vector<ir::Tensor>& inputs) {
+  std::vector<const ir::Tensor*> ins;
+  for (const auto& t : inputs) ins.push_back(&t);
+  if (auto r = runtime::run_node(n, ins); !r) return r.status().with_context("calibrating " + n.op);
+  std::vector<double> t;
+  double total = 0;
+  while ((total < 0.04 || t.size() < 3) && t.size() < 2000) {
+    const auto t0 = Clock::now();
+    auto r = runtime::run_node(n, ins);
+    if (!r) return r.status().with_context("calibrating " + n.op);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    total += t.back();
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// A one-node graph of `op` over inputs of `dims`, all of dtype `dt`.
+struct OneNode {
+  ir::Graph g;
+  ir::Node* node = nullptr;
+  std::vector<ir::Tensor> inputs;
+  OneNode(const std::string& op, DType dt, const std::vector<std::vector<int64_t>>& dims, ir::Attributes attrs = {}) {
+    std::vector<ir::Value*> ins;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      ins.push_back(g.add_input("x" + std::to_string(i), dt, ir::Shape::of(dims[i])));
+      inputs.push_back(random_tensor(dt, dims[i]));
+    }
+    node = g.add_node(op, "calibrate/" + op, ins, {"y"}, std::move(attrs));
+  }
+};
+
+/// FLOP/s of MatMul [m, m] x [m, m] in `dt` at three sizes.
+Expected<RateCurve> matmul_curve(DType dt) {
+  RateCurve c;
+  for (int64_t m : {64, 192, 512}) {
+    OneNode one("MatMul", dt, {{m, m}, {m, m}});
+    KILN_ASSIGN_OR_RETURN(double s, time_node(*one.node, one.inputs));
+    const double flops = 2.0 * static_cast<double>(m * m * m);
+    c.points.push_back({flops, flops / std::max(s, 1e-9)});
+  }
+  return c;
+}
+
+/// FLOP/s of a 3x3 Conv (pads 1) in `dt` at three sizes (batch, channels, height = width).
+Expected<RateCurve> conv_curve(DType dt) {
+  RateCurve c;
+  struct Size {
+    int64_t n, ch, hw;
+  };
+  for (Size z : {Size{2, 16, 16}, Size{8, 32, 16}, Size{16, 64, 16}}) {
+    ir::Attributes a;
+    a.set("kernel_shape", std::vector<int64_t>{3, 3});
+    a.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+    OneNode one("Conv", dt, {{z.n, z.ch, z.hw, z.hw}, {z.ch, z.ch, 3, 3}}, a);
+    KILN_ASSIGN_OR_RETURN(double s, time_node(*one.node, one.inputs));
+    const double flops = 2.0 * static_cast<double>(z.n * z.ch * z.hw * z.hw * z.ch * 9);
+    c.points.push_back({flops, flops / std::max(s, 1e-9)});
+  }
+  return c;
+}
+
+nlohmann::json curve_json(const RateCurve& c) {
+  nlohmann::json j = nlohmann::json::array();
+  for (auto& [f, r] : c.points) j.push_back({f, r});
+  return j;
+}
+
+bool curve_from(const nlohmann::json& j, RateCurve& c) {
+  if (!j.is_array() || j.empty()) return false;
+  for (const auto& p : j) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number() || !p[1].is_number()) return false;
+    const double f = p[0].get<double>(), r = p[1].get<double>();
+    if (!(f > 0) || !(r > 0)) return false;
+    c.points.push_back({f, r});
+  }
+  return true;
+}
+
+/// The cached rates of this machine, when the file holds them (anything else: none).
+std::optional<MachineRates> read_rates(const fs::path& file, const std::string& key) {
+  std::ifstream in(file);
+  if (!in) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("version", 0) != kRatesVersion || j.value("machine", "") != key)
+    return std::nullopt;
+  MachineRates r;
+  r.machine = key;
+  if (!j.contains("bandwidth") || !j["bandwidth"].is_number() || !j.contains("launch_s") ||
+      !j["launch_s"].is_number())
+    return std::nullopt;
+  r.bandwidth = j["bandwidth"].get<double>();
+  r.launch_s = j["launch_s"].get<double>();
+  if (!(r.bandwidth > 0) || !(r.launch_s >= 0)) return std::nullopt;
+  if (!curve_from(j.value("matmul_f32", nlohmann::json()), r.matmul_f32) ||
+      !curve_from(j.value("matmul_bf16", nlohmann::json()), r.matmul_bf16) ||
+      !curve_from(j.value("conv_f32", nlohmann::json()), r.conv_f32) ||
+      !curve_from(j.value("conv_bf16", nlohmann::json()), r.conv_bf16))
+    return std::nullopt;
+  return r;
+}
+
+/// Seconds of one node (loops: their bodies, trip_count times).
+double node_seconds(const ir::Node& n, const MachineRates& r) {
+  if (ir::has_trait(n, ir::OpTrait::loop)) {
+    double s = 0;
+    const double trips = static_cast<double>(n.attrs.get_int("trip_count", 1));
+    if (!n.regions.empty())
+      for (const auto& b : n.regions[0]->nodes()) s += node_seconds(*b, r);
+    return s * trips;
+  }
+  const ir::OpDef* def = ir::OpTable::get().find(n.op);
+  if (def && def->fusion == ir::FusionClass::view) return 0;
+  const ir::Cost c = ir::node_cost(n);
+  if (def && def->fusion == ir::FusionClass::library) {
+    const bool low = !n.inputs.empty() && n.inputs[0] &&
+                     (n.inputs[0]->dtype == DType::bf16 || n.inputs[0]->dtype == DType::f16);
+    const bool mm = ir::has_trait(n, ir::OpTrait::matmul);
+    const RateCurve& curve = mm ? (low ? r.matmul_bf16 : r.matmul_f32) : (low ? r.conv_bf16 : r.conv_f32);
+    const double rate = curve.rate(c.flops);
+    return r.launch_s + (rate > 0 ? c.flops / rate : 0.0);
+  }
+  return r.launch_s + (r.bandwidth > 0 ? c.bytes / r.bandwidth : 0.0);
+}
+
+}  // namespace
+
+double RateCurve::rate(double flops) const {
+  if (points.empty()) return 0;
+  if (flops <= points.front().first) return points.front().second;
+  if (flops >= points.back().first) return points.back().second;
+  for (size_t i = 1; i < points.size(); ++i)
+    if (flops <= points[i].first) {
+      const auto& [f0, r0] = points[i - 1];
+      const auto& [f1, r1] = points[i];
+      const double t = (std::log(flops) - std::log(f0)) / std::max(1e-12, std::log(f1) - std::log(f0));
+      return r0 + t * (r1 - r0);
+    }
+  return points.back().second;
+}
+
+std::string machine_key() {
+  std::string model = "unknown CPU";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) model = line.substr(colon + 1);
+      while (!model.empty() && model.front() == ' ') model.erase(model.begin());
+      break;
+    }
+  return model + ", " + std::to_string(omp_get_max_threads()) + " threads";
+}
+
+Expected<MachineRates> machine_rates(const std::string& cache_dir, bool no_cache) {
+  const std::string key = machine_key();
+  const fs::path dir = cache_dir.empty() ? fs::path(codegen::default_cache_dir()) : fs::path(cache_dir);
+  const fs::path file = dir / "fit_rates.json";
+  if (!no_cache)
+    if (auto cached = read_rates(file, key)) return *cached;
+  runtime::register_eager_kernels();
+  const auto t0 = Clock::now();
+  MachineRates r;
+  r.machine = key;
+  KILN_ASSIGN_OR_RETURN(r.matmul_f32, matmul_curve(DType::f32));
+  KILN_ASSIGN_OR_RETURN(r.matmul_bf16, matmul_curve(DType::bf16));
+  KILN_ASSIGN_OR_RETURN(r.conv_f32, conv_curve(DType::f32));
+  KILN_ASSIGN_OR_RETURN(r.conv_bf16, conv_curve(DType::bf16));
+  {
+    const int64_t n = int64_t{8} << 20;
+    OneNode add("Add", DType::f32, {{n}, {n}});
+    KILN_ASSIGN_OR_RETURN(double s, time_node(*add.node, add.inputs));
+    r.bandwidth = 3.0 * 4.0 * static_cast<double>(n) / std::max(s, 1e-9);
+    OneNode tiny("Add", DType::f32, {{1}, {1}});
+    KILN_ASSIGN_OR_RETURN(r.launch_s, time_node(*tiny.node, tiny.inputs));
+  }
+  r.calibrate_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!no_cache) {
+    nlohmann::json j = {{"version", kRatesVersion},
+                        {"machine", key},
+                        {"bandwidth", r.bandwidth},
+                        {"launch_s", r.launch_s},
+                        {"matmul_f32", curve_json(r.matmul_f32)},
+                        {"matmul_bf16", curve_json(r.matmul_bf16)},
+                        {"conv_f32", curve_json(r.conv_f32)},
+                        {"conv_bf16", curve_json(r.conv_bf16)}};
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    const fs::path tmp = file.string() + ".tmp";
+    bool written = false;
+    {
+      std::ofstream out(tmp);
+      written = static_cast<bool>(out << j.dump(1) << "\n");
+    }
+    if (written) fs::rename(tmp, file, ec);
+    if (!written || ec) fs::remove(tmp, ec);  // the rates are still used; only the cache is skipped
+  }
+  return r;
+}
+
+double estimate_step_seconds(const ir::Graph& g, const MachineRates& r) {
+  double s = 0;
+  for (const auto& n : g.nodes()) s += node_seconds(*n, r);
+  return s;
+}
+
+}  // namespace kiln::driver

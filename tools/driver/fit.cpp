@@ -1,0 +1,483 @@
+// kiln fit (fit.h): recipes planned through a trie of shared pass prefixes, ranked by the
+// cost model, the best few measured.
+#include "tools/driver/fit.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "ir/op_table.h"
+#include "passes/memory_plan.h"
+#include "passes/pass.h"
+#include "runtime/metrics.h"
+#include "tools/driver/bench.h"
+#include "tools/driver/driver.h"
+#include "tools/driver/pipeline.h"
+#include "tools/driver/plot.h"
+#include "tools/driver/train_run.h"
+
+namespace kiln::driver {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using runtime::TrainConfig;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// One pass run of the search trie: the pass, the options it runs with, and the recipes
+/// whose pipelines go through it (`ends`: those whose pipeline ends here).
+struct TrieNode {
+  std::string key;  ///< pass name and the options it reads (Pass::describe_options)
+  std::string pass;
+  passes::PassOptions options;
+  std::vector<std::unique_ptr<TrieNode>> kids;
+  std::vector<int> ends;
+};
+
+/// What the remat pass recomputed (forward nodes cloned into the backward pass).
+struct RematInfo {
+  int nodes = 0;
+  double flops = 0;
+};
+
+/// Recomputed nodes are named "<forward node>/grad/remat" by the remat pass (passes/remat.cpp).
+RematInfo count_recomputed(const ir::Graph& g) {
+  static const std::string kSuffix = "/grad/remat";
+  RematInfo r;
+  for (const auto& n : g.nodes())
+    if (n->name.size() >= kSuffix.size() && n->name.compare(n->name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {
+      ++r.nodes;
+      r.flops += ir::node_cost(*n).flops;
+    }
+  return r;
+}
+
+void collect(const TrieNode& t, std::vector<int>& out) {
+  out.insert(out.end(), t.ends.begin(), t.ends.end());
+  for (const auto& k : t.kids) collect(*k, out);
+}
+
+/// The search's state while it walks the trie.
+struct Search {
+  const FitOptions& o;
+  const MachineRates& rates;
+  std::vector<FitCandidate>& cands;
+  int passes_run = 0;
+
+  void finish(int i, const ir::Graph& g, const RematInfo& info) {
+    FitCandidate& c = cands[static_cast<size_t>(i)];
+    const bool compiled = o.config.backend == "compiled";
+    auto plan = compiled ? plan_step_arena_layout(g) : passes::plan_memory(g, passes::PlanOptions::eager());
+    if (!plan) {
+      c.error = plan.status().message();
+      return;
+    }
+    c.planned_peak = plan->peak_bytes;
+    c.estimated_s = estimate_step_seconds(g, rates);
+    c.recomputed_nodes = info.nodes;
+    c.recompute_flops = info.flops;
+  }
+
+  void walk(TrieNode& t, std::unique_ptr<ir::Graph> g, const RematInfo& info) {
+    for (size_t k = 0; k < t.kids.size(); ++k) {
+      TrieNode& kid = *t.kids[k];
+      std::unique_ptr<ir::Graph> mine = k + 1 < t.kids.size() ? g->clone() : std::move(g);
+      ++passes_run;
+      if (Status st = run_pass_list(*mine, {kid.pass}, kid.options); !st) {
+        std::vector<int> under;
+        collect(kid, under);
+        for (int i : under) cands[static_cast<size_t>(i)].error = st.message();
+        continue;
+      }
+      const RematInfo mine_info = kid.pass == "remat" ? count_recomputed(*mine) : info;
+      for (int i : kid.ends) finish(i, *mine, mine_info);
+      walk(kid, std::move(mine), mine_info);
+    }
+  }
+};
+
+/// Divisors of n, descending.
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t k = n; k >= 1; --k)
+    if (n % k == 0) d.push_back(k);
+  return d;
+}
+
+std::string precision_of(const TrainConfig& c) { return c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32"; }
+
+std::string fmt(const char* f, double v) { return bench_fmt(f, v); }
+std::string pad(const std::string& s, size_t w, bool left = false) { return bench_pad(s, w, left); }
+
+std::string recomputed_text(const FitCandidate& c) {
+  if (c.recomputed_nodes == 0) return "nothing";
+  return std::to_string(c.recomputed_nodes) + " nodes, " + fmt("%.2f", c.recompute_flops / 1e9) + " GFLOP/microbatch";
+}
+
+}  // namespace
+
+Expected<int64_t> resolve_memory_budget(const std::string& text, std::string* how) {
+  if (text != "auto") return runtime::parse_byte_size(text);
+  int64_t avail = -1;
+  {
+    std::ifstream in("/proc/meminfo");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("MemAvailable:", 0) == 0) {
+        std::istringstream ls(line.substr(13));
+        int64_t kib = 0;
+        if (ls >> kib) avail = kib * 1024;
+      }
+  }
+  std::string source = "MemAvailable";
+  // A cgroup v2 limit (a container) can be lower than what the kernel has free.
+  auto read_num = [](const char* path) -> int64_t {
+    std::ifstream in(path);
+    std::string v;
+    if (!(in >> v) || v == "max") return -1;
+    try {
+      return std::stoll(v);
+    } catch (...) {
+      return -1;
+    }
+  };
+  const int64_t max = read_num("/sys/fs/cgroup/memory.max"), cur = read_num("/sys/fs/cgroup/memory.current");
+  if (max > 0 && cur >= 0 && (avail < 0 || max - cur < avail)) avail = max - cur, source = "the cgroup's memory.max";
+  if (avail <= 0) return Status::error("--memory_budget auto: cannot read the memory available (/proc/meminfo)");
+  const int64_t budget = avail - avail / 10;
+  if (how)
+    *how = "--memory_budget auto: " + passes::human_bytes(budget) + " (" + source + " " + passes::human_bytes(avail) +
+           " less a 10% margin)";
+  return budget;
+}
+
+Expected<FitOptions> fit_options(const TrainConfig& cfg, const std::function<bool(const std::string&)>& given,
+                                 std::string* budget_note) {
+  FitOptions o;
+  o.config = cfg;
+  const bool explicit_e = cfg.effective_batch_size > 0;
+  o.effective_batch_size =
+      explicit_e ? cfg.effective_batch_size : cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  o.fix_batch = explicit_e && given("per_device_train_batch_size");
+  o.fix_accumulation = explicit_e && given("gradient_accumulation_steps");
+  o.fix_precision = given("bf16") || given("fp16");
+  o.fix_remat = given("remat_policy") || given("gradient_checkpointing");
+  o.fix_optim = given("optim");
+  std::string text = cfg.memory_budget;
+  if (text.empty() && cfg.auto_find_batch_size) text = "auto";
+  if (text.empty()) return Status::error("--memory_budget: the recipe search needs a budget (e.g. 800MB, 24GiB, auto)");
+  KILN_ASSIGN_OR_RETURN(o.memory_budget, resolve_memory_budget(text, budget_note));
+  // A remat budget given with a fixed --remat_policy budget is that policy's own budget.
+  o.config.memory_budget.clear();
+  return o;
+}
+
+std::string FitCandidate::label() const {
+  return std::to_string(batch) + "x" + std::to_string(accumulation) + " " + precision + " " + remat + " " + optim;
+}
+
+TrainConfig FitCandidate::config(const TrainConfig& base, int64_t memory_budget) const {
+  TrainConfig c = base;
+  c.per_device_train_batch_size = batch;
+  c.gradient_accumulation_steps = accumulation;
+  c.bf16 = precision == "bf16";
+  c.fp16 = precision == "fp16";
+  c.remat_policy = remat;
+  c.gradient_checkpointing = false;
+  c.optim = optim;
+  c.memory_budget = remat == "budget" ? std::to_string(memory_budget) : std::string();
+  // The recipe is a plain configuration: training it searches nothing.
+  c.auto_fit = c.auto_find_batch_size = false;
+  c.effective_batch_size = 0;
+  return c;
+}
+
+Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
+  const auto t_start = Clock::now();
+  const TrainConfig& base = o.config;
+  const int64_t E = o.effective_batch_size;
+  if (E <= 0) return Status::error("--effective_batch_size: expected a positive number of samples, got " + std::to_string(E));
+  if (o.memory_budget <= 0)
+    return Status::error("--memory_budget: expected a byte count > 0, got " + std::to_string(o.memory_budget));
+  // The (batch, accumulation) pairs of product E that the fixed flags allow.
+  std::vector<std::pair<int64_t, int64_t>> splits;
+  for (int64_t b : divisors(E)) {
+    const int64_t a = E / b;
+    if (o.fix_batch && b != base.per_device_train_batch_size) continue;
+    if (o.fix_accumulation && a != base.gradient_accumulation_steps) continue;
+    splits.push_back({b, a});
+  }
+  if (splits.empty())
+    return Status::error("--effective_batch_size " + std::to_string(E) + ": no split into --per_device_train_batch_size" +
+                         (o.fix_batch ? " " + std::to_string(base.per_device_train_batch_size) : std::string()) +
+                         " x --gradient_accumulation_steps" +
+                         (o.fix_accumulation ? " " + std::to_string(base.gradient_accumulation_steps) : std::string()) +
+                         " gives it; leave one of them free or give sizes whose product is " + std::to_string(E));
+  const std::vector<std::string> precisions =
+      o.fix_precision ? std::vector<std::string>{precision_of(base)} : std::vector<std::string>{"fp32", "bf16"};
+  const std::vector<std::string> remats =
+      o.fix_remat ? std::vector<std::string>{base.effective_remat_policy()}
+                  : std::vector<std::string>{"none", "blocks", "sqrt", "min-cut", "budget"};
+  const std::vector<std::string> optims =
+      o.fix_optim ? std::vector<std::string>{base.optim} : std::vector<std::string>{"adamw_torch", "adamw_8bit"};
+
+  FitResult res;
+  KILN_ASSIGN_OR_RETURN(res.rates, machine_rates(base.cache_dir, base.no_cache));
+  if (res.rates.calibrate_s > 0)
+    err << "kiln fit: measured this machine's rates in " << fmt("%.1f", res.rates.calibrate_s)
+        << " s (kept in the cache folder for later searches)\n";
+  auto& cands = res.candidates;
+  for (auto [b, a] : splits)
+    for (const auto& p : precisions)
+      for (const auto& r : remats)
+        for (const auto& op : optims) {
+          FitCandidate c;
+          c.batch = b, c.accumulation = a, c.precision = p, c.remat = r, c.optim = op;
+          cands.push_back(c);
+        }
+
+  // Plan: one trie per batch size (its specialised model is the root), one path per recipe.
+  const auto t_plan = Clock::now();
+  KILN_ASSIGN_OR_RETURN(auto module, import_model(base.model, base.untie_initializers));
+  const int64_t total_steps = base.max_steps > 0 ? base.max_steps : 1;
+  std::map<int64_t, TrieNode> roots;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const TrainConfig c = cands[i].config(base, o.memory_budget);
+    const Pipeline pipe = training_pipeline(pipeline_options(c, total_steps));
+    TrieNode* at = &roots[cands[i].batch];
+    for (const PipelineStage& st : pipe.train.stages) {
+      if (st.name == "specialize") continue;  // specialize_train_step's work
+      for (const std::string& pass : st.passes) {
+        auto p = passes::make_pass(pass);
+        if (!p) return passes::unknown_pass(pass);
+        const std::string key = pass + "|" + p->describe_options(pipe.train.options);
+        TrieNode* next = nullptr;
+        for (auto& k : at->kids)
+          if (k->key == key) next = k.get();
+        if (!next) {
+          at->kids.push_back(std::make_unique<TrieNode>());
+          next = at->kids.back().get();
+          next->key = key, next->pass = pass, next->options = pipe.train.options;
+        }
+        at = next;
+        ++res.passes_unshared;
+      }
+    }
+    at->ends.push_back(static_cast<int>(i));
+  }
+  Search search{o, res.rates, cands};
+  for (auto& [b, root] : roots) {
+    TrainConfig c = base;
+    c.per_device_train_batch_size = b;
+    auto g = specialize_train_step(c, *module);
+    if (!g) {
+      std::vector<int> under;
+      collect(root, under);
+      for (int i : under) cands[static_cast<size_t>(i)].error = g.status().message();
+      continue;
+    }
+    search.walk(root, std::move(*g), RematInfo{});
+  }
+  res.passes_run = search.passes_run;
+  res.plan_s = since(t_plan);
+
+  // A budget recipe that recomputes nothing is the recipe without remat.
+  for (size_t i = 0; i < cands.size(); ++i) {
+    FitCandidate& c = cands[i];
+    if (c.remat != "budget" || !c.planned() || c.recomputed_nodes > 0) continue;
+    for (size_t j = 0; j < cands.size(); ++j)
+      if (cands[j].remat == "none" && cands[j].batch == c.batch && cands[j].precision == c.precision &&
+          cands[j].optim == c.optim)
+        c.same_as = static_cast<int>(j);
+  }
+  bool any_planned = false;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const FitCandidate& c = cands[i];
+    if (!c.planned()) continue;
+    any_planned = true;
+    if (res.smallest < 0 || c.planned_peak < cands[static_cast<size_t>(res.smallest)].planned_peak)
+      res.smallest = static_cast<int>(i);
+    if (c.same_as < 0 && c.planned_peak <= o.memory_budget) res.fitting.push_back(static_cast<int>(i));
+  }
+  if (!any_planned) {
+    // Every recipe failed before its plan: the reason is not the budget (the model, data
+    // or a flag): say it once.
+    for (const auto& c : cands)
+      if (!c.error.empty() && c.error.find("--memory_budget") == std::string::npos)
+        return Status::error(c.error);
+    return Status::error(cands.empty() ? "no recipe to search" : cands[0].error);
+  }
+  std::stable_sort(res.fitting.begin(), res.fitting.end(), [&](int a, int b) {
+    return cands[static_cast<size_t>(a)].estimated_s < cands[static_cast<size_t>(b)].estimated_s;
+  });
+
+  // Measure the best few, steps interleaved so that the machine's load falls on each alike.
+  const auto t_measure = Clock::now();
+  const size_t k = std::min(res.fitting.size(), static_cast<size_t>(std::max(0, o.measure_top)));
+  if (k > 0) {
+    std::vector<BenchRun> runs(k);
+    std::optional<runtime::Dataset> ds;
+    passes::PassContext dbg;
+    for (size_t r = 0; r < k; ++r) {
+      const FitCandidate& c = cands[static_cast<size_t>(res.fitting[r])];
+      runs[r].backend = c.label();
+      KILN_RETURN_IF_ERROR(
+          prepare_bench_run(runs[r], c.config(base, o.memory_budget), dbg, 1 + o.measure_steps, ds)
+              .with_context("measuring " + c.label()));
+    }
+    for (auto& r : runs)  // one warm-up step each (oneDNN primitives, page faults)
+      if (auto st = r.tr->step(); !st) return st.status().with_context("measuring " + r.backend);
+    for (auto& r : runs) start_timing(r);
+    for (int s = 0; s < std::max(1, o.measure_steps); ++s)
+      for (auto& r : runs) KILN_RETURN_IF_ERROR(timed_bench_step(r).with_context("measuring " + r.backend));
+    for (size_t r = 0; r < k; ++r) {
+      FitCandidate& c = cands[static_cast<size_t>(res.fitting[r])];
+      c.measured_s = bench_median(runs[r].times);
+      c.measured_peak = runs[r].peak;
+      if (runs[r].plan && runs[r].plan->peak_bytes != c.planned_peak)
+        err << "kiln fit: note: " << c.label() << ": the built program plans " << runs[r].plan->peak_bytes
+            << " B where the search planned " << c.planned_peak << " B\n";
+    }
+    for (size_t r = 0; r < k; ++r) {
+      const int i = res.fitting[r];
+      const FitCandidate& c = cands[static_cast<size_t>(i)];
+      if (c.measured_peak > o.memory_budget) {
+        err << "kiln fit: note: " << c.label() << " measured a peak of " << passes::human_bytes(c.measured_peak)
+            << ", over the budget: not chosen\n";
+        continue;
+      }
+      if (res.chosen < 0 || c.measured_s < cands[static_cast<size_t>(res.chosen)].measured_s) res.chosen = i;
+    }
+  } else if (!res.fitting.empty()) {
+    res.chosen = res.fitting[0];
+  }
+  res.measure_s = since(t_measure);
+  res.total_s = since(t_start);
+  return res;
+}
+
+std::string format_fit(const FitResult& r, const FitOptions& o) {
+  const auto& cands = r.candidates;
+  std::ostringstream os;
+  int planned = 0, fitting = static_cast<int>(r.fitting.size());
+  for (const auto& c : cands) planned += c.planned() ? 1 : 0;
+  os << "kiln fit: " << o.config.model << ", budget " << passes::human_bytes(o.memory_budget) << " ("
+     << o.memory_budget << " B), effective batch " << o.effective_batch_size << ", backend " << o.config.backend
+     << "\n";
+  os << "searched " << cands.size() << " recipes: " << planned << " planned in " << fmt("%.2f", r.plan_s) << " s ("
+     << r.passes_run << " pass runs, shared prefixes once, of " << r.passes_unshared << "), " << fitting
+     << " fit the budget; machine: " << r.rates.machine << "\n";
+  // Rows: the fitting recipes by estimate, then the others by planned peak.
+  std::vector<int> rows = r.fitting;
+  std::vector<int> others;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (cands[i].planned() && cands[i].same_as < 0 &&
+        std::find(rows.begin(), rows.end(), static_cast<int>(i)) == rows.end())
+      others.push_back(static_cast<int>(i));
+  std::stable_sort(others.begin(), others.end(), [&](int a, int b) {
+    return cands[static_cast<size_t>(a)].planned_peak < cands[static_cast<size_t>(b)].planned_peak;
+  });
+  rows.insert(rows.end(), others.begin(), others.end());
+  const double E = static_cast<double>(o.effective_batch_size);
+  os << pad("batch x accum", 14, true) << pad("prec", 5, true) << pad("remat", 8, true) << pad("optim", 12, true)
+     << pad("planned peak", 13) << pad("fits", 5) << pad("est ms/step", 12) << pad("meas ms/step", 13)
+     << pad("samples/s", 10) << "  recomputed\n";
+  for (int i : rows) {
+    const FitCandidate& c = cands[static_cast<size_t>(i)];
+    const bool fits = c.planned_peak <= o.memory_budget;
+    const double t = c.measured_s > 0 ? c.measured_s : c.estimated_s;
+    os << pad(std::to_string(c.batch) + " x " + std::to_string(c.accumulation), 14, true) << pad(c.precision, 5, true)
+       << pad(c.remat, 8, true) << pad(c.optim, 12, true) << pad(passes::human_bytes(c.planned_peak), 13)
+       << pad(fits ? "yes" : "no", 5) << pad(fmt("%.1f", c.estimated_s * 1e3), 12)
+       << pad(c.measured_s > 0 ? fmt("%.1f", c.measured_s * 1e3) : "-", 13)
+       << pad(t > 0 ? fmt("%.1f", E / t) : "-", 10) << "  " << recomputed_text(c) << (i == r.chosen ? "  <- chosen" : "")
+       << "\n";
+  }
+  int failed = 0;
+  for (const auto& c : cands) failed += c.planned() ? 0 : 1;
+  if (failed > 0) {
+    os << failed << " recipes have no plan (remat budget cannot reach the budget, or their passes failed)";
+    for (const auto& c : cands)
+      if (!c.planned()) {
+        os << "; e.g. " << c.label() << ": " << c.error;
+        break;
+      }
+    os << "\n";
+  }
+  os << "search " << fmt("%.1f", r.total_s) << " s (planning " << fmt("%.1f", r.plan_s) << " s, measuring "
+     << fmt("%.1f", r.measure_s) << " s)\n";
+  if (r.chosen >= 0) {
+    const FitCandidate& c = cands[static_cast<size_t>(r.chosen)];
+    os << "chosen: " << c.label() << ": planned peak " << passes::human_bytes(c.planned_peak);
+    if (c.measured_peak >= 0) os << ", measured " << passes::human_bytes(c.measured_peak);
+    if (c.measured_s > 0) os << ", " << fmt("%.1f", c.measured_s * 1e3) << " ms per optimizer step";
+    os << "\n  kiln train " << o.config.model << " " << fit_flags(c, o.memory_budget) << "\n";
+    os << "  --config JSON: " << fit_config_json(c, o.memory_budget) << "\n";
+  }
+  return os.str();
+}
+
+std::string fit_flags(const FitCandidate& c, int64_t memory_budget) {
+  std::string s = "--per_device_train_batch_size " + std::to_string(c.batch) + " --gradient_accumulation_steps " +
+                  std::to_string(c.accumulation);
+  if (c.precision == "bf16") s += " --bf16";
+  if (c.precision == "fp16") s += " --fp16";
+  s += " --remat_policy " + c.remat;
+  if (c.remat == "budget") s += " --memory_budget " + std::to_string(memory_budget);
+  s += " --optim " + c.optim;
+  return s;
+}
+
+std::string fit_config_json(const FitCandidate& c, int64_t memory_budget) {
+  nlohmann::ordered_json j;
+  j["per_device_train_batch_size"] = c.batch;
+  j["gradient_accumulation_steps"] = c.accumulation;
+  j["bf16"] = c.precision == "bf16";
+  j["fp16"] = c.precision == "fp16";
+  j["remat_policy"] = c.remat;
+  if (c.remat == "budget") j["memory_budget"] = std::to_string(memory_budget);
+  j["optim"] = c.optim;
+  return j.dump();
+}
+
+std::string fit_nothing_fits(const FitResult& r, const FitOptions& o) {
+  std::string s = "--memory_budget " + passes::human_bytes(o.memory_budget) + ": no recipe fits";
+  if (r.smallest >= 0) {
+    const FitCandidate& c = r.candidates[static_cast<size_t>(r.smallest)];
+    s += "; the smallest planned peak is " + passes::human_bytes(c.planned_peak) + " (" +
+         std::to_string(c.planned_peak) + " B), reached by " + fit_flags(c, o.memory_budget);
+  }
+  return s;
+}
+
+std::string fit_svg(const FitResult& r, const FitOptions& o) {
+  std::vector<ScatterPoint> pts;
+  const auto& cands = r.candidates;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const FitCandidate& c = cands[i];
+    if (!c.planned() || c.same_as >= 0) continue;
+    ScatterPoint p;
+    const bool measured = c.measured_s > 0;
+    p.label = c.label() + (measured ? " (measured)" : " (estimated)");
+    p.x = static_cast<double>(c.planned_peak) / (1024.0 * 1024.0);
+    p.y = (measured ? c.measured_s : c.estimated_s) * 1e3;
+    p.group = c.precision == "fp32" ? 0 : 1;
+    p.filled = measured;
+    p.highlight = static_cast<int>(i) == r.chosen;
+    if (p.highlight) p.label = "chosen: " + c.label();
+    pts.push_back(p);
+  }
+  return scatter_svg("kiln fit: planned peak against time per optimizer step (blue fp32, orange bf16; "
+                     "filled: measured)",
+                     "planned peak (MiB)", "ms per optimizer step", pts,
+                     static_cast<double>(o.memory_budget) / (1024.0 * 1024.0),
+                     "budget " + passes::human_bytes(o.memory_budget));
+}
+
+}  // namespace kiln::driver
