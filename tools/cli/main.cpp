@@ -290,7 +290,7 @@ int cmd_train(const ConfigFlags& flags) {
 /// that fits the budget (tools/driver/fit.h), as a table, flags and --config JSON;
 /// --plot draws peak against time, --save_config writes the recipe's JSON.
 int cmd_fit(const ConfigFlags& flags, int measure_top, int measure_steps, const std::string& plot,
-            const std::string& save_config) {
+            const std::string& save_config, const std::string& report_json) {
   TrainConfig cfg = flags.build();
   if (measure_top < 0) throw Failure{2, "--measure_top must be >= 0 (0: rank by the cost model only)"};
   if (measure_steps < 1) throw Failure{2, "--measure_steps must be >= 1"};
@@ -303,6 +303,10 @@ int cmd_fit(const ConfigFlags& flags, int measure_top, int measure_steps, const 
   if (!save_config.empty()) {
     check(driver::write_text_file(save_config, driver::fit_config_json(c, o.memory_budget) + "\n"), "--save_config");
     std::cout << "wrote " << save_config << "\n";
+  }
+  if (!report_json.empty()) {
+    check(driver::write_text_file(report_json, driver::fit_report_json(r, o) + "\n"), "--report_json");
+    std::cout << "wrote " << report_json << "\n";
   }
   return 0;
 }
@@ -799,12 +803,14 @@ int real_main(int argc, char** argv) {
       "fit", "choose the training recipe that fits --memory_budget: batch x accumulation, bf16, remat, 8-bit AdamW");
   fit_flags.add_to(fit);
   int fit_measure_top = 3, fit_measure_steps = 2;
-  std::string fit_plot, fit_save;
+  std::string fit_plot, fit_save, fit_report;
   fit->add_option("--measure_top", fit_measure_top,
                   "fitting recipes measured with real steps, best estimates first (default 3; 0: cost model only)");
   fit->add_option("--measure_steps", fit_measure_steps, "timed steps of each measured recipe (default 2)");
   fit->add_option("--plot", fit_plot, "draw planned peak against time per optimizer step into an SVG file");
   fit->add_option("--save_config", fit_save, "write the chosen recipe as a --config JSON file");
+  fit->add_option("--report_json", fit_report,
+                  "write every recipe searched (planned peak, estimate, measurement) as JSON (tools/fit_grid.py)");
   ConfigFlags compile_flags;
   auto* compile =
       app.add_subcommand("compile", "compile a training program ahead of time into DIR/train (a standalone binary)");
@@ -939,7 +945,7 @@ int real_main(int argc, char** argv) {
   }
   try {
     if (*train) return cmd_train(train_flags);
-    if (*fit) return cmd_fit(fit_flags, fit_measure_top, fit_measure_steps, fit_plot, fit_save);
+    if (*fit) return cmd_fit(fit_flags, fit_measure_top, fit_measure_steps, fit_plot, fit_save, fit_report);
     if (*compile) return cmd_compile(compile_flags, compile_out);
     if (*grad) return cmd_grad(grad_flags, grad_out, grad_f64);
     if (*gradcheck) return cmd_gradcheck(gc_flags, gc_per_param, gc_tol, gc_eps);

@@ -11,10 +11,12 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <unistd.h>
 
 #include "codegen/cpu/program.h"
 #include "ir/op_table.h"
 #include "ir/tensor.h"
+#include "ir/printer.h"
 #include "runtime/interpreter.h"
 
 namespace kiln::driver {
@@ -26,7 +28,7 @@ using Clock = std::chrono::steady_clock;
 using ir::DType;
 
 /// Version of the calibration: bump when the microbenchmarks change.
-constexpr int kRatesVersion = 1;
+constexpr int kRatesVersion = 2;
 
 /// A tensor of `dims` with values in [-1, 1) (deterministic).
 ir::Tensor random_tensor(DType dt, const std::vector<int64_t>& dims) {
@@ -99,6 +101,29 @@ Expected<RateCurve> conv_curve(DType dt) {
     c.points.push_back({flops, flops / std::max(s, 1e-9)});
   }
   return c;
+}
+
+/// Bytes/s (read + written) of c = a + b over 8 Mi floats in buffers allocated once, on
+/// every OpenMP thread: what a generated pointwise kernel streams (the eager Add would also
+/// time its output's allocation and page faults). Median of at least 5 runs.
+double stream_bandwidth() {
+  const int64_t n = int64_t{8} << 20;
+  std::vector<float> a(static_cast<size_t>(n), 1.0f), b(static_cast<size_t>(n), 2.0f), c(static_cast<size_t>(n));
+  float* pa = a.data();
+  float* pb = b.data();
+  float* pc = c.data();
+  std::vector<double> t;
+  double total = 0;
+  for (int k = 0; k < 2 || t.size() < 5 || total < 0.04; ++k) {
+    const auto t0 = Clock::now();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) pc[i] = pa[i] + pb[i];
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (k >= 1) t.push_back(s), total += s;  // the first run touches the pages
+    pa[k % n] = pc[(k * 7) % n];                // the next run depends on this one
+  }
+  std::sort(t.begin(), t.end());
+  return 3.0 * 4.0 * static_cast<double>(n) / std::max(t[t.size() / 2], 1e-9);
 }
 
 nlohmann::json curve_json(const RateCurve& c) {
@@ -207,11 +232,8 @@ Expected<MachineRates> machine_rates(const std::string& cache_dir, bool no_cache
   KILN_ASSIGN_OR_RETURN(r.matmul_bf16, matmul_curve(DType::bf16));
   KILN_ASSIGN_OR_RETURN(r.conv_f32, conv_curve(DType::f32));
   KILN_ASSIGN_OR_RETURN(r.conv_bf16, conv_curve(DType::bf16));
+  r.bandwidth = stream_bandwidth();
   {
-    const int64_t n = int64_t{8} << 20;
-    OneNode add("Add", DType::f32, {{n}, {n}});
-    KILN_ASSIGN_OR_RETURN(double s, time_node(*add.node, add.inputs));
-    r.bandwidth = 3.0 * 4.0 * static_cast<double>(n) / std::max(s, 1e-9);
     OneNode tiny("Add", DType::f32, {{1}, {1}});
     KILN_ASSIGN_OR_RETURN(r.launch_s, time_node(*tiny.node, tiny.inputs));
   }
@@ -243,6 +265,219 @@ double estimate_step_seconds(const ir::Graph& g, const MachineRates& r) {
   double s = 0;
   for (const auto& n : g.nodes()) s += node_seconds(*n, r);
   return s;
+}
+
+
+// ---------------------------------------------------------------- timed kernels
+
+namespace {
+
+constexpr int kOpTimesVersion = 1;
+
+/// FNV-1a 64-bit of `s` as 16 hex digits: the cache key of a signature.
+std::string fnv_hex(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  char b[20];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
+  return b;
+}
+
+bool is_loop_or_fused(const ir::Node& n) {
+  return ir::has_trait(n, ir::OpTrait::loop) || ir::has_trait(n, ir::OpTrait::fused_kernel);
+}
+
+}  // namespace
+
+/// One registered signature: a one-node graph of the same op, attributes and input types,
+/// the constants it reads, and the estimate used when it cannot be timed.
+struct OpTimes::Entry {
+  ir::Graph g;
+  ir::Node* node = nullptr;
+  std::vector<std::shared_ptr<ir::Tensor>> constants;  ///< per input: the value, or null (made at timing)
+  double fallback_s = 0;
+  double seconds = -1;  ///< measured or cached (-1: neither)
+};
+
+OpTimes::OpTimes(const std::string& cache_dir, bool no_cache) : no_cache_(no_cache) {
+  machine_ = machine_key();
+  const fs::path dir = cache_dir.empty() ? fs::path(codegen::default_cache_dir()) : fs::path(cache_dir);
+  file_ = (dir / "fit_ops.json").string();
+  if (no_cache_) return;
+  std::ifstream in(file_);
+  if (!in) return;
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("version", 0) != kOpTimesVersion ||
+      j.value("machine", "") != machine_ || !j.contains("ops") || !j["ops"].is_object())
+    return;
+  for (auto& [k, v] : j["ops"].items())
+    if (v.is_number() && v.get<double>() >= 0) cached_[k] = v.get<double>();
+}
+
+OpTimes::~OpTimes() = default;
+
+bool OpTimes::timed(const ir::Node& n) {
+  if (is_loop_or_fused(n)) return false;
+  const ir::OpDef* def = ir::OpTable::get().find(n.op);
+  return def && (def->fusion == ir::FusionClass::library || def->fusion == ir::FusionClass::opaque);
+}
+
+std::string OpTimes::signature(const ir::Node& n) {
+  std::string s = n.op + "(";
+  for (const auto& [k, v] : n.attrs.all()) s += k + "=" + ir::attr_to_string(v) + ";";
+  s += ")";
+  for (const ir::Value* v : n.inputs) {
+    if (!v) {
+      s += " -";
+      continue;
+    }
+    s += " " + std::string(ir::dtype_name(v->dtype)) + v->shape.to_string();
+    if (v->data && v->data->numel() <= 64) {
+      s += "=";
+      for (int64_t i = 0; i < v->data->numel(); ++i) s += (i ? "," : "") + std::to_string(v->data->get_f64(i));
+    }
+  }
+  return s;
+}
+
+std::string OpTimes::add(const ir::Node& n, double fallback_s) {
+  std::string sig = signature(n);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entries_.count(sig)) return sig;
+  auto e = std::make_unique<Entry>();
+  e->fallback_s = fallback_s;
+  if (auto it = cached_.find(fnv_hex(sig)); it != cached_.end()) e->seconds = it->second;
+  std::vector<ir::Value*> ins;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const ir::Value* v = n.inputs[i];
+    if (!v) {
+      ins.push_back(nullptr);
+      e->constants.push_back(nullptr);
+      continue;
+    }
+    ins.push_back(e->g.add_input("in" + std::to_string(i), v->dtype, v->shape));
+    // Small constants (shapes, axes, scalars) as the graph has them; the rest made at timing.
+    e->constants.push_back(v->data && v->data->numel() <= 64 ? v->data : nullptr);
+  }
+  std::vector<std::string> outs;
+  for (size_t i = 0; i < n.outputs.size(); ++i) outs.push_back("out" + std::to_string(i));
+  e->node = e->g.add_node(n.op, "timed/" + n.op, ins, outs, n.attrs);
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    e->node->outputs[i]->dtype = n.outputs[i]->dtype;
+    e->node->outputs[i]->shape = n.outputs[i]->shape;
+  }
+  entries_.emplace(sig, std::move(e));
+  return sig;
+}
+
+void OpTimes::measure() {
+  runtime::register_eager_kernels();
+  const auto t0 = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  bool added = false;
+  for (auto& [sig, e] : entries_) {
+    if (e->seconds >= 0) continue;
+    std::vector<ir::Tensor> inputs;
+    std::vector<const ir::Tensor*> ptrs;
+    inputs.reserve(e->constants.size());
+    bool ok = true;
+    for (size_t i = 0; i < e->constants.size(); ++i) {
+      const ir::Value* v = e->node->inputs[i];
+      if (!v) {
+        ptrs.push_back(nullptr);
+        continue;
+      }
+      if (e->constants[i]) {
+        ptrs.push_back(e->constants[i].get());
+        continue;
+      }
+      std::vector<int64_t> dims;
+      for (const ir::Dim& d : v->shape.dims) {
+        if (!d.is_static()) ok = false;
+        dims.push_back(d.is_static() ? d.value : 1);
+      }
+      inputs.push_back(ir::is_float(v->dtype) ? random_tensor(v->dtype, dims) : ir::Tensor(v->dtype, dims));
+      ptrs.push_back(&inputs.back());
+    }
+    if (!ok) continue;
+    // Median of a few runs after an untimed one (about 10 ms in all, at most 20 runs).
+    runtime::RunOptions ro;
+    ro.training = true;  // Dropout and BatchNormalization as a training step runs them
+    if (!runtime::run_node(*e->node, ptrs, ro)) continue;  // cannot run alone: the fallback stays
+    std::vector<double> t;
+    double total = 0;
+    while ((total < 0.01 || t.size() < 2) && t.size() < 20) {
+      const auto s0 = Clock::now();
+      if (!runtime::run_node(*e->node, ptrs, ro)) break;
+      t.push_back(std::chrono::duration<double>(Clock::now() - s0).count());
+      total += t.back();
+    }
+    if (t.empty()) continue;
+    std::sort(t.begin(), t.end());
+    e->seconds = t[t.size() / 2];
+    cached_[fnv_hex(sig)] = e->seconds;
+    ++measured_;
+    added = true;
+  }
+  measure_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!added || no_cache_) return;
+  nlohmann::json ops = nlohmann::json::object();
+  for (auto& [k, v] : cached_) ops[k] = v;
+  nlohmann::json j = {{"version", kOpTimesVersion}, {"machine", machine_}, {"ops", ops}};
+  std::error_code ec;
+  fs::create_directories(fs::path(file_).parent_path(), ec);
+  const std::string tmp = file_ + ".tmp." + std::to_string(::getpid());
+  bool written = false;
+  {
+    std::ofstream out(tmp);
+    written = static_cast<bool>(out << j.dump() << "\n");
+  }
+  if (written) fs::rename(tmp, file_, ec);
+  if (!written || ec) fs::remove(tmp, ec);
+}
+
+double OpTimes::seconds(const std::string& sig) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(sig);
+  if (it == entries_.end()) return 0;
+  return it->second->seconds >= 0 ? it->second->seconds : it->second->fallback_s;
+}
+
+size_t OpTimes::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+double StepEstimate::seconds(const OpTimes& t) const {
+  double s = modelled_s;
+  for (const auto& [sig, count] : kernels) s += count * t.seconds(sig);
+  return s;
+}
+
+namespace {
+
+void add_terms(const ir::Graph& g, const MachineRates& r, OpTimes& times, double mult, StepEstimate& est) {
+  for (const auto& np : g.nodes()) {
+    const ir::Node& n = *np;
+    if (ir::has_trait(n, ir::OpTrait::loop)) {
+      if (!n.regions.empty())
+        add_terms(*n.regions[0], r, times, mult * static_cast<double>(n.attrs.get_int("trip_count", 1)), est);
+      continue;
+    }
+    const double modelled = node_seconds(n, r);
+    if (OpTimes::timed(n))
+      est.kernels[times.add(n, modelled)] += mult;
+    else
+      est.modelled_s += mult * modelled;
+  }
+}
+
+}  // namespace
+
+StepEstimate estimate_step(const ir::Graph& g, const MachineRates& r, OpTimes& times) {
+  StepEstimate est;
+  add_terms(g, r, times, 1.0, est);
+  return est;
 }
 
 }  // namespace kiln::driver

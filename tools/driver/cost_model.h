@@ -4,6 +4,9 @@
 // call (oneDNN matmul and convolution, a streaming pointwise op) and kept in the cache
 // folder. It ranks recipes; it does not replace measuring them.
 #pragma once
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,5 +52,62 @@ Expected<MachineRates> machine_rates(const std::string& cache_dir, bool no_cache
 /// bandwidth (everything else; views cost nothing); an AccumulationLoop's body counts
 /// trip_count times.
 double estimate_step_seconds(const ir::Graph& g, const MachineRates& r);
+
+/// Eager kernels (library ops such as MatMul and Conv and their gradients, and the other
+/// ops the compiled backend runs as eager kernels: normalizations, pooling, losses,
+/// optimizer updates) timed at their exact shapes and attributes, as op-level profiles
+/// feed the cost models of auto-parallelizers (FlexFlow, Alpa): each distinct signature
+/// once, on inputs of the same dtypes and shapes (floats uniform in [-1, 1), integers and
+/// booleans zero, small constants as in the graph). Timings are kept per machine in
+/// `<cache_dir>/fit_ops.json`. Thread-safe registration; timing runs on one thread.
+class OpTimes {
+ public:
+  /// Reads this machine's cached timings (none when the file is absent, unreadable or
+  /// another machine's). cache_dir "" = codegen::default_cache_dir().
+  OpTimes(const std::string& cache_dir, bool no_cache);
+  ~OpTimes();
+  /// Whether estimates time this node's kernel instead of modelling it: ops of fusion
+  /// class library or opaque, other than loops and fused kernels.
+  static bool timed(const ir::Node& n);
+  /// The node's signature: op, attributes, and each input's dtype and shape (and the
+  /// values of constant inputs of at most 64 elements).
+  static std::string signature(const ir::Node& n);
+  /// Registers `n` (a timed() node) and returns its signature; `fallback_s` is used when
+  /// its kernel cannot run on its own.
+  std::string add(const ir::Node& n, double fallback_s);
+  /// Times every registered signature the cache lacks, one after another, and writes
+  /// the cache (an unwritable folder only skips the write). Never fails: a kernel that
+  /// errors keeps its fallback.
+  void measure();
+  /// Seconds of a registered signature (measured, cached or fallback; 0 when unknown).
+  double seconds(const std::string& sig) const;
+  int measured_count() const { return measured_; }  ///< signatures timed by measure()
+  double measure_seconds() const { return measure_s_; }
+  size_t size() const;
+
+ private:
+  struct Entry;
+  std::string file_, machine_;
+  bool no_cache_ = false;
+  mutable std::mutex mu_;
+  std::map<std::string, double> cached_;  ///< signature hash -> seconds
+  std::map<std::string, std::unique_ptr<Entry>> entries_;
+  int measured_ = 0;
+  double measure_s_ = 0;
+};
+
+/// One step's estimate as terms: modelled seconds (generated kernels, views, launches)
+/// plus timed kernels by signature with their executions per step.
+struct StepEstimate {
+  double modelled_s = 0;
+  std::map<std::string, double> kernels;  ///< signature -> executions per step
+  /// modelled_s plus each kernel's OpTimes seconds times its count.
+  double seconds(const OpTimes& t) const;
+};
+
+/// The terms of `g`'s step: timed() nodes registered with `times` (their fallback the
+/// roofline of estimate_step_seconds), the rest modelled as estimate_step_seconds does;
+/// loop bodies count trip_count times.
+StepEstimate estimate_step(const ir::Graph& g, const MachineRates& r, OpTimes& times);
 
 }  // namespace kiln::driver

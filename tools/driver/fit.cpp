@@ -2,7 +2,10 @@
 // cost model, the best few measured.
 #include "tools/driver/fit.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -11,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "ir/op_table.h"
 #include "passes/memory_plan.h"
@@ -69,18 +73,24 @@ struct Search {
   const FitOptions& o;
   const MachineRates& rates;
   std::vector<FitCandidate>& cands;
+  OpTimes& times;
+  std::vector<StepEstimate>& estimates;  ///< per recipe
   int passes_run = 0;
 
   void finish(int i, const ir::Graph& g, const RematInfo& info) {
     FitCandidate& c = cands[static_cast<size_t>(i)];
-    const bool compiled = o.config.backend == "compiled";
-    auto plan = compiled ? plan_step_arena_layout(g) : passes::plan_memory(g, passes::PlanOptions::eager());
-    if (!plan) {
-      c.error = plan.status().message();
-      return;
+    if (o.config.backend == "compiled" && g.planned_peak_bytes >= 0) {
+      // The arena_plan pass planned the step (the plan the executor runs and reports).
+      c.planned_peak = g.planned_peak_bytes;
+    } else {
+      auto plan = passes::plan_memory(g, passes::PlanOptions::eager());
+      if (!plan) {
+        c.error = plan.status().message();
+        return;
+      }
+      c.planned_peak = plan->peak_bytes;
     }
-    c.planned_peak = plan->peak_bytes;
-    c.estimated_s = estimate_step_seconds(g, rates);
+    estimates[static_cast<size_t>(i)] = estimate_step(g, rates, times);
     c.recomputed_nodes = info.nodes;
     c.recompute_flops = info.flops;
   }
@@ -271,20 +281,45 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
     }
     at->ends.push_back(static_cast<int>(i));
   }
-  Search search{o, res.rates, cands};
-  for (auto& [b, root] : roots) {
-    TrainConfig c = base;
-    c.per_device_train_batch_size = b;
-    auto g = specialize_train_step(c, *module);
-    if (!g) {
-      std::vector<int> under;
-      collect(root, under);
-      for (int i : under) cands[static_cast<size_t>(i)].error = g.status().message();
-      continue;
+  // The tries are independent (each recipe is under one batch size): the machine's cores
+  // walk them in parallel, each writing only its own recipes.
+  std::vector<std::pair<int64_t, TrieNode*>> work;
+  for (auto& [b, root] : roots) work.push_back({b, &root});
+  std::atomic<size_t> next{0};
+  auto worker = [&](Search& search) {
+    for (size_t w; (w = next.fetch_add(1)) < work.size();) {
+      auto [b, root] = work[w];
+      TrainConfig c = base;
+      c.per_device_train_batch_size = b;
+      auto g = specialize_train_step(c, *module);
+      if (!g) {
+        std::vector<int> under;
+        collect(*root, under);
+        for (int i : under) cands[static_cast<size_t>(i)].error = g.status().message();
+        continue;
+      }
+      search.walk(*root, std::move(*g), RematInfo{});
     }
-    search.walk(root, std::move(*g), RematInfo{});
+  };
+  const size_t nthreads =
+      std::max<size_t>(1, std::min<size_t>(work.size(), static_cast<size_t>(o.plan_threads > 0 ? o.plan_threads : omp_get_max_threads())));
+  OpTimes times(base.cache_dir, base.no_cache);
+  std::vector<StepEstimate> estimates(cands.size());
+  std::vector<Search> searches(nthreads, Search{o, res.rates, cands, times, estimates});
+  {
+    std::vector<std::thread> threads;
+    for (size_t t = 1; t < nthreads; ++t) threads.emplace_back(worker, std::ref(searches[t]));
+    worker(searches[0]);
+    for (auto& t : threads) t.join();
   }
-  res.passes_run = search.passes_run;
+  for (const Search& s : searches) res.passes_run += s.passes_run;
+  // The eager kernels of every recipe, each distinct one timed once (cached per machine).
+  times.measure();
+  res.timed_kernels = static_cast<int>(times.size());
+  res.kernels_measured = times.measured_count();
+  res.kernel_timing_s = times.measure_seconds();
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (cands[i].planned()) cands[i].estimated_s = estimates[i].seconds(times);
   res.plan_s = since(t_plan);
 
   // A budget recipe that recomputes nothing is the recipe without remat.
@@ -319,13 +354,16 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
 
   // Measure the best few, steps interleaved so that the machine's load falls on each alike.
   const auto t_measure = Clock::now();
-  const size_t k = std::min(res.fitting.size(), static_cast<size_t>(std::max(0, o.measure_top)));
-  if (k > 0) {
+  // Rounds of measure_top recipes, until one measures within the budget (a plan is exact
+  // up to what a library kernel allocates for itself).
+  for (size_t first = 0; o.measure_top > 0 && res.chosen < 0 && first < res.fitting.size();
+       first += static_cast<size_t>(o.measure_top)) {
+    const size_t k = std::min(res.fitting.size() - first, static_cast<size_t>(o.measure_top));
     std::vector<BenchRun> runs(k);
     std::optional<runtime::Dataset> ds;
     passes::PassContext dbg;
     for (size_t r = 0; r < k; ++r) {
-      const FitCandidate& c = cands[static_cast<size_t>(res.fitting[r])];
+      const FitCandidate& c = cands[static_cast<size_t>(res.fitting[first + r])];
       runs[r].backend = c.label();
       KILN_RETURN_IF_ERROR(
           prepare_bench_run(runs[r], c.config(base, o.memory_budget), dbg, 1 + o.measure_steps, ds)
@@ -337,7 +375,7 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
     for (int s = 0; s < std::max(1, o.measure_steps); ++s)
       for (auto& r : runs) KILN_RETURN_IF_ERROR(timed_bench_step(r).with_context("measuring " + r.backend));
     for (size_t r = 0; r < k; ++r) {
-      FitCandidate& c = cands[static_cast<size_t>(res.fitting[r])];
+      FitCandidate& c = cands[static_cast<size_t>(res.fitting[first + r])];
       c.measured_s = bench_median(runs[r].times);
       c.measured_peak = runs[r].peak;
       if (runs[r].plan && runs[r].plan->peak_bytes != c.planned_peak)
@@ -345,7 +383,7 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
             << " B where the search planned " << c.planned_peak << " B\n";
     }
     for (size_t r = 0; r < k; ++r) {
-      const int i = res.fitting[r];
+      const int i = res.fitting[first + r];
       const FitCandidate& c = cands[static_cast<size_t>(i)];
       if (c.measured_peak > o.memory_budget) {
         err << "kiln fit: note: " << c.label() << " measured a peak of " << passes::human_bytes(c.measured_peak)
@@ -354,9 +392,8 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
       }
       if (res.chosen < 0 || c.measured_s < cands[static_cast<size_t>(res.chosen)].measured_s) res.chosen = i;
     }
-  } else if (!res.fitting.empty()) {
-    res.chosen = res.fitting[0];
   }
+  if (o.measure_top <= 0 && !res.fitting.empty()) res.chosen = res.fitting[0];
   res.measure_s = since(t_measure);
   res.total_s = since(t_start);
   return res;
@@ -372,7 +409,9 @@ std::string format_fit(const FitResult& r, const FitOptions& o) {
      << "\n";
   os << "searched " << cands.size() << " recipes: " << planned << " planned in " << fmt("%.2f", r.plan_s) << " s ("
      << r.passes_run << " pass runs, shared prefixes once, of " << r.passes_unshared << "), " << fitting
-     << " fit the budget; machine: " << r.rates.machine << "\n";
+     << " fit the budget; " << r.timed_kernels << " distinct eager kernels timed at their shapes ("
+     << r.kernels_measured << " now, " << fmt("%.1f", r.kernel_timing_s) << " s; the rest cached for "
+     << r.rates.machine << ")\n";
   // Rows: the fitting recipes by estimate, then the others by planned peak.
   std::vector<int> rows = r.fitting;
   std::vector<int> others;
@@ -444,6 +483,45 @@ std::string fit_config_json(const FitCandidate& c, int64_t memory_budget) {
   if (c.remat == "budget") j["memory_budget"] = std::to_string(memory_budget);
   j["optim"] = c.optim;
   return j.dump();
+}
+
+std::string fit_report_json(const FitResult& r, const FitOptions& o) {
+  nlohmann::ordered_json j;
+  j["model"] = o.config.model;
+  j["memory_budget"] = o.memory_budget;
+  j["effective_batch_size"] = o.effective_batch_size;
+  j["backend"] = o.config.backend;
+  j["machine"] = r.rates.machine;
+  j["plan_s"] = r.plan_s;
+  j["measure_s"] = r.measure_s;
+  j["total_s"] = r.total_s;
+  j["passes_run"] = r.passes_run;
+  j["passes_unshared"] = r.passes_unshared;
+  j["chosen"] = r.chosen;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const FitCandidate& c = r.candidates[i];
+    nlohmann::ordered_json e;
+    e["label"] = c.label();
+    e["per_device_train_batch_size"] = c.batch;
+    e["gradient_accumulation_steps"] = c.accumulation;
+    e["precision"] = c.precision;
+    e["remat_policy"] = c.remat;
+    e["optim"] = c.optim;
+    e["planned_peak"] = c.planned_peak;
+    e["fits"] = c.planned() && c.planned_peak <= o.memory_budget;
+    e["same_as"] = c.same_as;
+    e["estimated_s"] = c.estimated_s;
+    e["measured_s"] = c.measured_s;
+    e["measured_peak"] = c.measured_peak;
+    e["recomputed_nodes"] = c.recomputed_nodes;
+    e["recompute_flops"] = c.recompute_flops;
+    e["error"] = c.error;
+    e["chosen"] = static_cast<int>(i) == r.chosen;
+    list.push_back(e);
+  }
+  j["candidates"] = list;
+  return j.dump(1);
 }
 
 std::string fit_nothing_fits(const FitResult& r, const FitOptions& o) {

@@ -34,6 +34,9 @@ struct FitOptions {
   bool fix_optim = false;         ///< --optim
   int measure_top = 3;    ///< fitting recipes measured with real steps, best estimates first (0: none)
   int measure_steps = 2;  ///< timed steps of each (after one warm-up step), interleaved
+  /// Threads planning the recipes (one batch size's trie each; results do not depend on
+  /// it); 0: OpenMP's thread count (OMP_NUM_THREADS, else the cores).
+  int plan_threads = 0;
 };
 
 /// One recipe and what the search learned of it.
@@ -65,6 +68,9 @@ struct FitResult {
   MachineRates rates;
   double plan_s = 0, measure_s = 0, total_s = 0;  ///< wall seconds
   int passes_run = 0;     ///< pass runs of the trie (shared prefixes once)
+  int timed_kernels = 0;     ///< distinct eager kernels the estimates read (OpTimes)
+  int kernels_measured = 0;  ///< of which timed by this search (the rest were cached)
+  double kernel_timing_s = 0;  ///< seconds spent timing them (included in plan_s)
   int passes_unshared = 0;  ///< pass runs the recipes would take one by one
   /// The fitting recipes, unique, fastest estimate first (indexes into candidates).
   std::vector<int> fitting;
@@ -104,6 +110,11 @@ std::string fit_flags(const FitCandidate& c, int64_t memory_budget);
 
 /// The chosen recipe as a --config JSON object (the recipe's keys only).
 std::string fit_config_json(const FitCandidate& c, int64_t memory_budget);
+
+/// Every recipe as JSON (for tools/fit_grid.py): the search's settings, then per recipe
+/// its flags, planned peak, estimate, measurement, recomputation, error and whether it
+/// fits and was chosen.
+std::string fit_report_json(const FitResult& r, const FitOptions& o);
 
 /// One line for nothing fitting: the budget, the smallest reachable peak and its recipe.
 std::string fit_nothing_fits(const FitResult& r, const FitOptions& o);
