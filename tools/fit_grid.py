@@ -168,17 +168,21 @@ def main():
             for c in fr["candidates"]:
                 if c["remat_policy"] == "budget" and c["fits"] and c["same_as"] < 0:
                     groups.setdefault((c["per_device_train_batch_size"], c["precision"]), []).append(c["optim"])
-            for (b, prec), optims in sorted(groups.items()):
+            # As the grid: interleaved with the same recipes without remat (variants measured
+            # alone run under other conditions), the fastest of `rounds` rounds.
+            for (b, prec), optims in [g for _ in range(args.rounds) for g in sorted(groups.items())]:
                 cmd = [kiln, "bench", args.model, "--per_device_train_batch_size", str(b),
-                       "--gradient_accumulation_steps", str(E // b), "--remat_policy", "budget",
+                       "--gradient_accumulation_steps", str(E // b), "--remat_policy", "none,budget",
                        "--memory_budget", str(budget), "--optim", ",".join(optims), "--warmup_steps_bench", "1",
                        "--bench_steps", str(args.steps)]
                 if prec == "bf16":
                     cmd.append("--bf16")
                 q, _ = run(cmd, log)
                 if q.returncode == 0:
-                    for o, row in zip(optims, bench_rows(q.stdout)):
-                        local[key(b, E // b, prec, "budget", o)] = row
+                    rows = bench_rows(q.stdout)[len(optims):]  # the budget rows follow the none rows
+                    for o, row in zip(optims, rows):
+                        k = key(b, E // b, prec, "budget", o)
+                        local[k] = min(local[k], row) if k in local else row
         # Fitting: the search's exact planned peak within the budget.
         fitting = {}
         if fr:

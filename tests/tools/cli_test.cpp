@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "runtime/io.h"
@@ -615,3 +616,123 @@ TEST_F(Cli, BenchProfilePrintsOpTablePerBackend) {
   EXPECT_EQ(negative.code, 2) << negative.out << negative.err;
   EXPECT_NE(negative.err.find("--profile_row_limit"), std::string::npos) << negative.err;
 }
+
+// ---- kiln fit and --auto_fit (tools/driver/fit.h; the search itself: fit_test.cpp)
+
+namespace {
+
+const std::string kSrc = KILN_SOURCE_DIR;
+const std::string kMlp = kSrc + "/examples/mlp_digits/model.onnx";
+
+/// The last line of stderr is one `kiln: error:` line with `needle` (notes may precede it).
+void expect_error(const Result& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.code, code) << r.err;
+  const size_t at = r.err.rfind("kiln: error: ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string line = r.err.substr(at);
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << r.err;
+  EXPECT_NE(line.find(needle), std::string::npos) << "'" << needle << "' not in: " << r.err;
+}
+
+class FitCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = (fs::temp_directory_path() / ("kiln_fit_cli_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+              .string();
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string dir;
+};
+
+TEST_F(FitCli, BadFlagsAreOneLine) {
+  expect_error(run_kiln("fit " + kMlp + " --effective_batch_size 8", dir), 2, "--memory_budget is required");
+  expect_error(run_kiln("fit " + kMlp + " --memory_budget lots", dir), 2, "--memory_budget");
+  expect_error(run_kiln("fit " + kMlp + " --memory_budget 1GiB --measure_top -1", dir), 2, "--measure_top");
+  expect_error(run_kiln("bench " + kMlp + " --auto_fit --memory_budget 1GiB", dir), 2, "--auto_fit");
+  expect_error(run_kiln("inspect " + kMlp + " --memory --remat_policy budget --memory_budget auto", dir), 2,
+               "'auto'");
+  expect_error(run_kiln("fit " + kMlp + " --memory_budget 1GiB --effective_batch_size -3", dir), 2,
+               "--effective_batch_size");
+}
+
+TEST_F(FitCli, NothingFitsLeavesNothingBehind) {
+  const std::string plot = dir + "/fit.svg", cfg = dir + "/recipe.json";
+  auto r = run_kiln("fit " + kMlp + " --memory_budget 1KiB --effective_batch_size 4 --measure_top 0 --plot " + plot +
+                        " --save_config " + cfg,
+                    dir);
+  expect_error(r, 1, "no recipe fits; the smallest planned peak is");
+  EXPECT_FALSE(fs::exists(plot));
+  EXPECT_FALSE(fs::exists(cfg));
+}
+
+TEST_F(FitCli, WritesTableRecipePlotAndTrainsWithIt) {
+  const std::string plot = dir + "/fit.svg", cfg = dir + "/recipe.json", rep = dir + "/report.json";
+  auto r = run_kiln("fit " + kMlp + " --memory_budget 4MiB --effective_batch_size 8 --measure_top 2 --measure_steps 1 "
+                        "--optim adamw_torch --plot " + plot + " --save_config " + cfg + " --report_json " + rep,
+                    dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("chosen: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kiln train " + kMlp + " --per_device_train_batch_size"), std::string::npos) << r.out;
+  // --optim given: fixed.
+  EXPECT_EQ(r.out.find("adamw_8bit"), std::string::npos) << r.out;
+  std::ifstream svg(plot);
+  std::stringstream ss;
+  ss << svg.rdbuf();
+  EXPECT_NE(ss.str().find("id=\"vline\""), std::string::npos);
+  EXPECT_NE(ss.str().find("id=\"point-"), std::string::npos);
+  EXPECT_NE(ss.str().find("chosen: "), std::string::npos);
+  std::ifstream ci(cfg);
+  auto recipe = nlohmann::json::parse(ci);
+  EXPECT_EQ(recipe["per_device_train_batch_size"].get<int64_t>() * recipe["gradient_accumulation_steps"].get<int64_t>(),
+            8);
+  std::ifstream ri(rep);
+  auto report = nlohmann::json::parse(ri);
+  EXPECT_EQ(report["candidates"].size(), 4u * 2 * 5);  // 8 = 8x1, 4x2, 2x4, 1x8; fp32/bf16; five policies
+  // The recipe file trains as it is (flags override it).
+  const std::string data = kSrc + "/data/digits";
+  if (!fs::exists(data + "/x_train.npy")) {
+    std::cout << "[  NOTE    ] " << data << "/x_train.npy missing (tools/prepare_test_data.sh): training with "
+              << "the recipe not run\n";
+    GTEST_SKIP() << "no digits data";
+  }
+  auto t = run_kiln("train " + kMlp + " --config " + cfg + " --train_data input=" + data +
+                        "/x_train.npy --train_data labels=" + data + "/y_train.npy --max_steps 2 --output_dir " + dir +
+                        "/run",
+                    dir);
+  EXPECT_EQ(t.code, 0) << t.err;
+}
+
+TEST_F(FitCli, TrainAutoFitLogsAndTrainsTheRecipe) {
+  const std::string data = kSrc + "/data/digits";
+  if (!fs::exists(data + "/x_train.npy")) {
+    std::cout << "[  NOTE    ] " << data << "/x_train.npy missing (tools/prepare_test_data.sh): not run\n";
+    GTEST_SKIP() << "no digits data";
+  }
+  auto r = run_kiln("train " + kMlp + " --auto_fit --memory_budget 3MiB --per_device_train_batch_size 16 "
+                        "--train_data input=" + data + "/x_train.npy --train_data labels=" + data +
+                        "/y_train.npy --max_steps 2 --logging_steps 1 --output_dir " + dir + "/run",
+                    dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.out.find("auto_fit: training with --per_device_train_batch_size ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  // The product stays 16 (per_device_train_batch_size x gradient_accumulation_steps as given).
+  std::istringstream line(r.out.substr(at + std::string("auto_fit: training with").size()));
+  std::string flag;
+  int64_t b = 0, a = 0;
+  line >> flag >> b >> flag >> a;
+  EXPECT_EQ(b * a, 16) << r.out;
+  EXPECT_TRUE(fs::exists(dir + "/run/metrics.jsonl"));
+  // --auto_find_batch_size: the same search under the memory available.
+  auto h = run_kiln("train " + kMlp + " --auto_find_batch_size --per_device_train_batch_size 16 --train_data input=" +
+                        data + "/x_train.npy --train_data labels=" + data + "/y_train.npy --max_steps 1 --output_dir " +
+                        dir + "/run2",
+                    dir);
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_NE(h.err.find("--memory_budget auto: "), std::string::npos) << h.err;
+  EXPECT_NE(h.out.find("auto_fit: training with"), std::string::npos) << h.out;
+}
+
+}  // namespace

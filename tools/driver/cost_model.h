@@ -32,12 +32,14 @@ struct MachineRates {
   RateCurve matmul_f32, matmul_bf16;  ///< MatMul (OpTrait::matmul ops) by operand dtype
   RateCurve conv_f32, conv_bf16;      ///< other library ops (Conv and its gradients)
   double bandwidth = 0;  ///< bytes/s (read + written) of a large streaming pointwise op
-  double launch_s = 0;   ///< seconds of a one-element kernel: the fixed cost of every node
+  /// Seconds every modelled node pays besides its bytes: a small OpenMP parallel loop's
+  /// time (a generated kernel's region), at least a one-element eager kernel's dispatch.
+  double launch_s = 0;
   double calibrate_s = 0;  ///< seconds the microbenchmarks took (0: read from the cache)
 };
 
-/// The CPU model (/proc/cpuinfo "model name") and OpenMP thread count: the key of the
-/// cached rates.
+/// The CPU model (/proc/cpuinfo "model name"), OpenMP thread count and OMP_WAIT_POLICY
+/// (when set): the key of the cached rates and kernel timings.
 std::string machine_key();
 
 /// The rates of this machine: read from `<cache_dir>/fit_rates.json` when it holds this
@@ -55,10 +57,10 @@ double estimate_step_seconds(const ir::Graph& g, const MachineRates& r);
 
 /// Eager kernels (library ops such as MatMul and Conv and their gradients, and the other
 /// ops the compiled backend runs as eager kernels: normalizations, pooling, losses,
-/// optimizer updates) timed at their exact shapes and attributes, as op-level profiles
+/// optimizer updates, unfused adds and copies) timed at their exact shapes and attributes, as op-level profiles
 /// feed the cost models of auto-parallelizers (FlexFlow, Alpa): each distinct signature
-/// once, on inputs of the same dtypes and shapes (floats uniform in [-1, 1), integers and
-/// booleans zero, small constants as in the graph). Timings are kept per machine in
+/// once, on inputs of the same dtypes and shapes (floats uniform in [-1, 1), booleans
+/// false, small constants as in the graph). Timings are kept per machine in
 /// `<cache_dir>/fit_ops.json`. Thread-safe registration; timing runs on one thread.
 class OpTimes {
  public:
@@ -66,8 +68,10 @@ class OpTimes {
   /// another machine's). cache_dir "" = codegen::default_cache_dir().
   OpTimes(const std::string& cache_dir, bool no_cache);
   ~OpTimes();
-  /// Whether estimates time this node's kernel instead of modelling it: ops of fusion
-  /// class library or opaque, other than loops and fused kernels.
+  /// Whether estimates time this node's kernel instead of modelling it: every eager
+  /// kernel (not a loop, a fused kernel or a reshaping view such as Reshape) whose
+  /// inputs are not integer data (indices and class ids, which synthetic values would
+  /// misrepresent). Identity is timed: the executor copies it.
   static bool timed(const ir::Node& n);
   /// The node's signature: op, attributes, and each input's dtype and shape (and the
   /// values of constant inputs of at most 64 elements).
@@ -100,6 +104,7 @@ class OpTimes {
 /// plus timed kernels by signature with their executions per step.
 struct StepEstimate {
   double modelled_s = 0;
+  double modelled_launches = 0;  ///< executions per step of the modelled nodes (views excluded)
   std::map<std::string, double> kernels;  ///< signature -> executions per step
   /// modelled_s plus each kernel's OpTimes seconds times its count.
   double seconds(const OpTimes& t) const;

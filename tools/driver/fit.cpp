@@ -319,7 +319,10 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
   res.kernels_measured = times.measured_count();
   res.kernel_timing_s = times.measure_seconds();
   for (size_t i = 0; i < cands.size(); ++i)
-    if (cands[i].planned()) cands[i].estimated_s = estimates[i].seconds(times);
+    if (cands[i].planned()) {
+      cands[i].estimated_s = estimates[i].seconds(times);
+      cands[i].modelled_launches = estimates[i].modelled_launches;
+    }
   res.plan_s = since(t_plan);
 
   // A budget recipe that recomputes nothing is the recipe without remat.
@@ -512,6 +515,7 @@ std::string fit_report_json(const FitResult& r, const FitOptions& o) {
     e["fits"] = c.planned() && c.planned_peak <= o.memory_budget;
     e["same_as"] = c.same_as;
     e["estimated_s"] = c.estimated_s;
+    e["modelled_launches"] = c.modelled_launches;
     e["measured_s"] = c.measured_s;
     e["measured_peak"] = c.measured_peak;
     e["recomputed_nodes"] = c.recomputed_nodes;

@@ -49,6 +49,7 @@ struct FitCandidate {
   int same_as = -1;            ///< index of an identical recipe (budget that recomputes nothing), or -1
   int64_t planned_peak = -1;   ///< bytes, the executor's plan of the step
   double estimated_s = 0;      ///< cost model, seconds per optimizer step
+  double modelled_launches = 0;  ///< kernels per step the cost model does not time (generated ones)
   double measured_s = -1;      ///< median seconds per optimizer step (-1: not measured)
   int64_t measured_peak = -1;  ///< bytes (-1: not measured)
   int recomputed_nodes = 0;    ///< forward nodes the remat pass recomputes
