@@ -177,13 +177,15 @@ Status TrainConfig::validate() const {
     if (!b) return b.status();
   }
   if (!memory_budget.empty() && !any_budget && !fitting())
-    return bad("memory_budget", "only applies to --remat_policy budget, --auto_fit or --auto_find_batch_size (got policy '" +
-                                    effective_remat_policy() + "')");
+    return bad("memory_budget",
+               "only applies to --remat_policy budget, --auto_fit or --auto_find_batch_size (got policy '" +
+                   effective_remat_policy() + "')");
   if (auto_fit && memory_budget.empty())
     return bad("memory_budget", "--auto_fit needs --memory_budget (e.g. 800MB, 24GiB, or auto: the memory available)");
   if (effective_batch_size < 0)
-    return bad("effective_batch_size", "must be > 0 (0: per_device_train_batch_size x gradient_accumulation_steps), got " +
-                                           num_str(effective_batch_size));
+    return bad("effective_batch_size",
+               "must be > 0 (0: per_device_train_batch_size x gradient_accumulation_steps), got " +
+                   num_str(effective_batch_size));
   if (effective_batch_size > 0 && !fitting())
     return bad("effective_batch_size", "only applies to --auto_fit, --auto_find_batch_size and kiln fit");
   if (gradient_checkpointing && std::find(policies.begin(), policies.end(), "none") != policies.end())

@@ -652,8 +652,7 @@ TEST_F(FitCli, BadFlagsAreOneLine) {
   expect_error(run_kiln("fit " + kMlp + " --memory_budget lots", dir), 2, "--memory_budget");
   expect_error(run_kiln("fit " + kMlp + " --memory_budget 1GiB --measure_top -1", dir), 2, "--measure_top");
   expect_error(run_kiln("bench " + kMlp + " --auto_fit --memory_budget 1GiB", dir), 2, "--auto_fit");
-  expect_error(run_kiln("inspect " + kMlp + " --memory --remat_policy budget --memory_budget auto", dir), 2,
-               "'auto'");
+  expect_error(run_kiln("inspect " + kMlp + " --memory --remat_policy budget --memory_budget auto", dir), 2, "'auto'");
   expect_error(run_kiln("fit " + kMlp + " --memory_budget 1GiB --effective_batch_size -3", dir), 2,
                "--effective_batch_size");
 }
@@ -670,8 +669,10 @@ TEST_F(FitCli, NothingFitsLeavesNothingBehind) {
 
 TEST_F(FitCli, WritesTableRecipePlotAndTrainsWithIt) {
   const std::string plot = dir + "/fit.svg", cfg = dir + "/recipe.json", rep = dir + "/report.json";
-  auto r = run_kiln("fit " + kMlp + " --memory_budget 4MiB --effective_batch_size 8 --measure_top 2 --measure_steps 1 "
-                        "--optim adamw_torch --plot " + plot + " --save_config " + cfg + " --report_json " + rep,
+  auto r = run_kiln("fit " + kMlp +
+                        " --memory_budget 4MiB --effective_batch_size 8 --measure_top 2 --measure_steps 1 "
+                        "--optim adamw_torch --plot " +
+                        plot + " --save_config " + cfg + " --report_json " + rep,
                     dir);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("chosen: "), std::string::npos) << r.out;
@@ -711,8 +712,10 @@ TEST_F(FitCli, TrainAutoFitLogsAndTrainsTheRecipe) {
     std::cout << "[  NOTE    ] " << data << "/x_train.npy missing (tools/prepare_test_data.sh): not run\n";
     GTEST_SKIP() << "no digits data";
   }
-  auto r = run_kiln("train " + kMlp + " --auto_fit --memory_budget 3MiB --per_device_train_batch_size 16 "
-                        "--train_data input=" + data + "/x_train.npy --train_data labels=" + data +
+  auto r = run_kiln("train " + kMlp +
+                        " --auto_fit --memory_budget 3MiB --per_device_train_batch_size 16 "
+                        "--train_data input=" +
+                        data + "/x_train.npy --train_data labels=" + data +
                         "/y_train.npy --max_steps 2 --logging_steps 1 --output_dir " + dir + "/run",
                     dir);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -725,11 +728,26 @@ TEST_F(FitCli, TrainAutoFitLogsAndTrainsTheRecipe) {
   line >> flag >> b >> flag >> a;
   EXPECT_EQ(b * a, 16) << r.out;
   EXPECT_TRUE(fs::exists(dir + "/run/metrics.jsonl"));
+  // A resume continues the checkpoint's recipe without searching again.
+  const std::string train = "train " + kMlp + " --auto_fit --memory_budget 3MiB --per_device_train_batch_size 16 " +
+                            "--train_data input=" + data + "/x_train.npy --train_data labels=" + data +
+                            "/y_train.npy --save_steps 1 --output_dir " + dir + "/resumed";
+  auto first = run_kiln(train + " --max_steps 1", dir);
+  ASSERT_EQ(first.code, 0) << first.err;
+  const size_t chose = first.out.find("auto_fit: training with ");
+  ASSERT_NE(chose, std::string::npos) << first.out;
+  const std::string recipe = first.out.substr(chose + 24, first.out.find('\n', chose) - chose - 24);
+  auto again = run_kiln(train + " --max_steps 2 --resume_from_checkpoint latest", dir);
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(again.out.find("searched "), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("auto_fit: resuming with the recipe of " + dir + "/resumed/checkpoint-1: " + recipe),
+            std::string::npos)
+      << again.out << "\nwanted: " << recipe;
   // --auto_find_batch_size: the same search under the memory available.
-  auto h = run_kiln("train " + kMlp + " --auto_find_batch_size --per_device_train_batch_size 16 --train_data input=" +
-                        data + "/x_train.npy --train_data labels=" + data + "/y_train.npy --max_steps 1 --output_dir " +
-                        dir + "/run2",
-                    dir);
+  auto h = run_kiln(
+      "train " + kMlp + " --auto_find_batch_size --per_device_train_batch_size 16 --train_data input=" + data +
+          "/x_train.npy --train_data labels=" + data + "/y_train.npy --max_steps 1 --output_dir " + dir + "/run2",
+      dir);
   ASSERT_EQ(h.code, 0) << h.err;
   EXPECT_NE(h.err.find("--memory_budget auto: "), std::string::npos) << h.err;
   EXPECT_NE(h.out.find("auto_fit: training with"), std::string::npos) << h.out;

@@ -3,6 +3,8 @@
 // path: build_training_program, kernels and all), parallel planning equals sequential,
 // the chosen recipe measures within the budget, fixed flags stay fixed, and nothing
 // fitting names the smallest peak (the command line's tests are in cli_test.cpp).
+#include "tools/driver/fit.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,7 +17,6 @@
 
 #include "tools/driver/cost_model.h"
 #include "tools/driver/driver.h"
-#include "tools/driver/fit.h"
 #include "tools/driver/train_run.h"
 
 using namespace kiln;
@@ -223,8 +224,8 @@ TEST(Fit, MemoryBudgetAutoReadsTheMachine) {
 TEST(CostModel, RateCurveInterpolatesInLogFlops) {
   driver::RateCurve c;
   c.points = {{1e6, 10e9}, {1e8, 30e9}};
-  EXPECT_DOUBLE_EQ(c.rate(1e5), 10e9);  // held below the range
-  EXPECT_DOUBLE_EQ(c.rate(1e9), 30e9);  // and above it
+  EXPECT_DOUBLE_EQ(c.rate(1e5), 10e9);   // held below the range
+  EXPECT_DOUBLE_EQ(c.rate(1e9), 30e9);   // and above it
   EXPECT_NEAR(c.rate(1e7), 20e9, 1e-3);  // halfway in log(FLOPs)
   EXPECT_EQ(driver::RateCurve{}.rate(1e7), 0);
 }

@@ -253,10 +253,12 @@ std::pair<driver::FitOptions, driver::FitResult> search_recipe(const ConfigFlags
                                                                const std::string& who, int measure_top = 3,
                                                                int measure_steps = 2) {
   if (runtime::is_sequence_data(cfg.train_data))
-    throw Failure{2, who + ": variable-length data (--train_data ROWS.jsonl or PREFIX.idx) is not searched yet; "
-                           "fit a recipe at --max_length with kiln fit on fixed-length data"};
+    throw Failure{2, who +
+                         ": variable-length data (--train_data ROWS.jsonl or PREFIX.idx) is not searched yet; "
+                         "fit a recipe at --max_length with kiln fit on fixed-length data"};
   std::string note;
-  auto o = unwrap(driver::fit_options(cfg, [&flags](const std::string& n) { return flags.given(n); }, &note));
+  auto o = unwrap(driver::fit_options(
+      cfg, [&flags](const std::string& n) { return flags.given(n); }, &note));
   if (!note.empty()) std::cerr << "kiln: note: " << note << "\n";
   o.measure_top = measure_top;
   o.measure_steps = measure_steps;
@@ -270,7 +272,19 @@ int cmd_train(const ConfigFlags& flags) {
   TrainConfig cfg = flags.build();
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)"};
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
-  if (cfg.fitting()) {
+  if (cfg.fitting() && !cfg.resume_from_checkpoint.empty()) {
+    // A resume continues the checkpoint's recipe (a new search could measure another).
+    if (const std::string from = driver::apply_checkpoint_recipe(cfg); !from.empty()) {
+      driver::FitCandidate c;
+      c.batch = cfg.per_device_train_batch_size, c.accumulation = cfg.gradient_accumulation_steps;
+      c.precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
+      c.remat = cfg.effective_remat_policy(), c.optim = cfg.optim;
+      auto budget = runtime::parse_byte_size(cfg.memory_budget);
+      std::cout << "auto_fit: resuming with the recipe of " << from << ": "
+                << driver::fit_flags(c, budget && !cfg.memory_budget.empty() ? *budget : 0) << "\n";
+    } else
+      cfg.auto_fit = cfg.auto_find_batch_size = false, cfg.effective_batch_size = 0;  // the resume reports it
+  } else if (cfg.fitting()) {
     auto [o, r] = search_recipe(flags, cfg, cfg.auto_fit ? "--auto_fit" : "--auto_find_batch_size");
     const driver::FitCandidate& c = r.candidates[static_cast<size_t>(r.chosen)];
     cfg = c.config(o.config, o.memory_budget);

@@ -2,24 +2,24 @@
 #include "tools/driver/cost_model.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
-#include <cstring>
-#include <mutex>
-#include <unistd.h>
 
 #include "codegen/cpu/program.h"
 #include "ir/op_table.h"
-#include "ir/tensor.h"
 #include "ir/printer.h"
+#include "ir/tensor.h"
 #include "runtime/interpreter.h"
 
 namespace kiln::driver {
@@ -147,7 +147,7 @@ double stream_bandwidth() {
     for (int64_t i = 0; i < n; ++i) pc[i] = pa[i] + pb[i];
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (k >= 1) t.push_back(s), total += s;  // the first run touches the pages
-    pa[k % n] = pc[(k * 7) % n];                // the next run depends on this one
+    pa[k % n] = pc[(k * 7) % n];             // the next run depends on this one
   }
   std::sort(t.begin(), t.end());
   return 3.0 * 4.0 * static_cast<double>(n) / std::max(t[t.size() / 2], 1e-9);
@@ -202,8 +202,7 @@ std::optional<MachineRates> read_rates(const fs::path& file, const std::string& 
     return std::nullopt;
   MachineRates r;
   r.machine = key;
-  if (!j.contains("bandwidth") || !j["bandwidth"].is_number() || !j.contains("launch_s") ||
-      !j["launch_s"].is_number())
+  if (!j.contains("bandwidth") || !j["bandwidth"].is_number() || !j.contains("launch_s") || !j["launch_s"].is_number())
     return std::nullopt;
   r.bandwidth = j["bandwidth"].get<double>();
   r.launch_s = j["launch_s"].get<double>();
@@ -229,8 +228,8 @@ double node_seconds(const ir::Node& n, const MachineRates& r) {
   if (def && def->fusion == ir::FusionClass::view) return 0;
   const ir::Cost c = ir::node_cost(n);
   if (def && def->fusion == ir::FusionClass::library) {
-    const bool low = !n.inputs.empty() && n.inputs[0] &&
-                     (n.inputs[0]->dtype == DType::bf16 || n.inputs[0]->dtype == DType::f16);
+    const bool low =
+        !n.inputs.empty() && n.inputs[0] && (n.inputs[0]->dtype == DType::bf16 || n.inputs[0]->dtype == DType::f16);
     const bool mm = ir::has_trait(n, ir::OpTrait::matmul);
     const RateCurve& curve = mm ? (low ? r.matmul_bf16 : r.matmul_f32) : (low ? r.conv_bf16 : r.conv_f32);
     const double rate = curve.rate(c.flops);
@@ -324,7 +323,6 @@ double estimate_step_seconds(const ir::Graph& g, const MachineRates& r) {
   for (const auto& n : g.nodes()) s += node_seconds(*n, r);
   return s;
 }
-
 
 // ---------------------------------------------------------------- timed kernels
 

@@ -28,10 +28,10 @@ struct RateCurve {
 
 /// The machine's measured rates (seconds and bytes are SI units).
 struct MachineRates {
-  std::string machine;           ///< CPU model name and OpenMP thread count the rates belong to
+  std::string machine;                ///< CPU model name and OpenMP thread count the rates belong to
   RateCurve matmul_f32, matmul_bf16;  ///< MatMul (OpTrait::matmul ops) by operand dtype
   RateCurve conv_f32, conv_bf16;      ///< other library ops (Conv and its gradients)
-  double bandwidth = 0;  ///< bytes/s (read + written) of a large streaming pointwise op
+  double bandwidth = 0;               ///< bytes/s (read + written) of a large streaming pointwise op
   /// Seconds every modelled node pays besides its bytes: a small OpenMP parallel loop's
   /// time (a generated kernel's region), at least a one-element eager kernel's dispatch.
   double launch_s = 0;
@@ -104,7 +104,7 @@ class OpTimes {
 /// plus timed kernels by signature with their executions per step.
 struct StepEstimate {
   double modelled_s = 0;
-  double modelled_launches = 0;  ///< executions per step of the modelled nodes (views excluded)
+  double modelled_launches = 0;           ///< executions per step of the modelled nodes (views excluded)
   std::map<std::string, double> kernels;  ///< signature -> executions per step
   /// modelled_s plus each kernel's OpTimes seconds times its count.
   double seconds(const OpTimes& t) const;

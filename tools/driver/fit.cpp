@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "ir/op_table.h"
 #include "passes/memory_plan.h"
 #include "passes/pass.h"
+#include "runtime/checkpoint.h"
 #include "runtime/metrics.h"
 #include "tools/driver/bench.h"
 #include "tools/driver/driver.h"
@@ -56,7 +58,8 @@ RematInfo count_recomputed(const ir::Graph& g) {
   static const std::string kSuffix = "/grad/remat";
   RematInfo r;
   for (const auto& n : g.nodes())
-    if (n->name.size() >= kSuffix.size() && n->name.compare(n->name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {
+    if (n->name.size() >= kSuffix.size() &&
+        n->name.compare(n->name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {
       ++r.nodes;
       r.flops += ir::node_cost(*n).flops;
     }
@@ -167,6 +170,32 @@ Expected<int64_t> resolve_memory_budget(const std::string& text, std::string* ho
   return budget;
 }
 
+std::string apply_checkpoint_recipe(TrainConfig& cfg) {
+  std::string dir = cfg.resume_from_checkpoint;
+  if (dir == "true" || dir == "latest") {
+    auto all = runtime::list_checkpoints(cfg.output_dir);
+    if (all.empty()) return "";
+    dir = all.back().second;
+  }
+  std::ifstream in(std::filesystem::path(dir) / "trainer_state.json");
+  if (!in) return "";
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("config") || !j["config"].is_object()) return "";
+  TrainConfig saved = cfg;
+  if (!runtime::config_from_json_text(j["config"].dump(), dir, saved)) return "";
+  cfg.per_device_train_batch_size = saved.per_device_train_batch_size;
+  cfg.gradient_accumulation_steps = saved.gradient_accumulation_steps;
+  cfg.bf16 = saved.bf16;
+  cfg.fp16 = saved.fp16;
+  cfg.remat_policy = saved.remat_policy;
+  cfg.gradient_checkpointing = saved.gradient_checkpointing;
+  cfg.memory_budget = saved.memory_budget;
+  cfg.optim = saved.optim;
+  cfg.auto_fit = cfg.auto_find_batch_size = false;
+  cfg.effective_batch_size = 0;
+  return dir;
+}
+
 Expected<FitOptions> fit_options(const TrainConfig& cfg, const std::function<bool(const std::string&)>& given,
                                  std::string* budget_note) {
   FitOptions o;
@@ -212,7 +241,8 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
   const auto t_start = Clock::now();
   const TrainConfig& base = o.config;
   const int64_t E = o.effective_batch_size;
-  if (E <= 0) return Status::error("--effective_batch_size: expected a positive number of samples, got " + std::to_string(E));
+  if (E <= 0)
+    return Status::error("--effective_batch_size: expected a positive number of samples, got " + std::to_string(E));
   if (o.memory_budget <= 0)
     return Status::error("--memory_budget: expected a byte count > 0, got " + std::to_string(o.memory_budget));
   // The (batch, accumulation) pairs of product E that the fixed flags allow.
@@ -224,16 +254,17 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
     splits.push_back({b, a});
   }
   if (splits.empty())
-    return Status::error("--effective_batch_size " + std::to_string(E) + ": no split into --per_device_train_batch_size" +
+    return Status::error("--effective_batch_size " + std::to_string(E) +
+                         ": no split into --per_device_train_batch_size" +
                          (o.fix_batch ? " " + std::to_string(base.per_device_train_batch_size) : std::string()) +
                          " x --gradient_accumulation_steps" +
                          (o.fix_accumulation ? " " + std::to_string(base.gradient_accumulation_steps) : std::string()) +
                          " gives it; leave one of them free or give sizes whose product is " + std::to_string(E));
   const std::vector<std::string> precisions =
       o.fix_precision ? std::vector<std::string>{precision_of(base)} : std::vector<std::string>{"fp32", "bf16"};
-  const std::vector<std::string> remats =
-      o.fix_remat ? std::vector<std::string>{base.effective_remat_policy()}
-                  : std::vector<std::string>{"none", "blocks", "sqrt", "min-cut", "budget"};
+  const std::vector<std::string> remats = o.fix_remat
+                                              ? std::vector<std::string>{base.effective_remat_policy()}
+                                              : std::vector<std::string>{"none", "blocks", "sqrt", "min-cut", "budget"};
   const std::vector<std::string> optims =
       o.fix_optim ? std::vector<std::string>{base.optim} : std::vector<std::string>{"adamw_torch", "adamw_8bit"};
 
@@ -301,8 +332,9 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
       search.walk(*root, std::move(*g), RematInfo{});
     }
   };
-  const size_t nthreads =
-      std::max<size_t>(1, std::min<size_t>(work.size(), static_cast<size_t>(o.plan_threads > 0 ? o.plan_threads : omp_get_max_threads())));
+  const size_t nthreads = std::max<size_t>(
+      1,
+      std::min<size_t>(work.size(), static_cast<size_t>(o.plan_threads > 0 ? o.plan_threads : omp_get_max_threads())));
   OpTimes times(base.cache_dir, base.no_cache);
   std::vector<StepEstimate> estimates(cands.size());
   std::vector<Search> searches(nthreads, Search{o, res.rates, cands, times, estimates});
@@ -347,8 +379,7 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
     // Every recipe failed before its plan: the reason is not the budget (the model, data
     // or a flag): say it once.
     for (const auto& c : cands)
-      if (!c.error.empty() && c.error.find("--memory_budget") == std::string::npos)
-        return Status::error(c.error);
+      if (!c.error.empty() && c.error.find("--memory_budget") == std::string::npos) return Status::error(c.error);
     return Status::error(cands.empty() ? "no recipe to search" : cands[0].error);
   }
   std::stable_sort(res.fitting.begin(), res.fitting.end(), [&](int a, int b) {
@@ -368,9 +399,8 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
     for (size_t r = 0; r < k; ++r) {
       const FitCandidate& c = cands[static_cast<size_t>(res.fitting[first + r])];
       runs[r].backend = c.label();
-      KILN_RETURN_IF_ERROR(
-          prepare_bench_run(runs[r], c.config(base, o.memory_budget), dbg, 1 + o.measure_steps, ds)
-              .with_context("measuring " + c.label()));
+      KILN_RETURN_IF_ERROR(prepare_bench_run(runs[r], c.config(base, o.memory_budget), dbg, 1 + o.measure_steps, ds)
+                               .with_context("measuring " + c.label()));
     }
     for (auto& r : runs)  // one warm-up step each (oneDNN primitives, page faults)
       if (auto st = r.tr->step(); !st) return st.status().with_context("measuring " + r.backend);
@@ -407,25 +437,31 @@ std::string format_fit(const FitResult& r, const FitOptions& o) {
   std::ostringstream os;
   int planned = 0, fitting = static_cast<int>(r.fitting.size());
   for (const auto& c : cands) planned += c.planned() ? 1 : 0;
-  os << "kiln fit: " << o.config.model << ", budget " << passes::human_bytes(o.memory_budget) << " ("
-     << o.memory_budget << " B), effective batch " << o.effective_batch_size << ", backend " << o.config.backend
-     << "\n";
+  os << "kiln fit: " << o.config.model << ", budget " << passes::human_bytes(o.memory_budget) << " (" << o.memory_budget
+     << " B), effective batch " << o.effective_batch_size << ", backend " << o.config.backend << "\n";
   os << "searched " << cands.size() << " recipes: " << planned << " planned in " << fmt("%.2f", r.plan_s) << " s ("
      << r.passes_run << " pass runs, shared prefixes once, of " << r.passes_unshared << "), " << fitting
      << " fit the budget; " << r.timed_kernels << " distinct eager kernels timed at their shapes ("
      << r.kernels_measured << " now, " << fmt("%.1f", r.kernel_timing_s) << " s; the rest cached for "
      << r.rates.machine << ")\n";
-  // Rows: the fitting recipes by estimate, then the others by planned peak.
-  std::vector<int> rows = r.fitting;
-  std::vector<int> others;
-  for (size_t i = 0; i < cands.size(); ++i)
-    if (cands[i].planned() && cands[i].same_as < 0 &&
-        std::find(rows.begin(), rows.end(), static_cast<int>(i)) == rows.end())
-      others.push_back(static_cast<int>(i));
-  std::stable_sort(others.begin(), others.end(), [&](int a, int b) {
+  // Rows: the Pareto front of planned peak against estimated time (no other recipe plans
+  // less and is estimated faster), plus every measured recipe, by planned peak.
+  std::vector<int> rows;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const FitCandidate& c = cands[i];
+    if (!c.planned() || c.same_as >= 0) continue;
+    bool dominated = false;
+    for (const auto& d : cands)
+      if (&d != &c && d.planned() && d.same_as < 0 && d.planned_peak <= c.planned_peak &&
+          d.estimated_s <= c.estimated_s && (d.planned_peak < c.planned_peak || d.estimated_s < c.estimated_s))
+        dominated = true;
+    if (!dominated || c.measured_s > 0 || static_cast<int>(i) == r.chosen) rows.push_back(static_cast<int>(i));
+  }
+  std::stable_sort(rows.begin(), rows.end(), [&](int a, int b) {
     return cands[static_cast<size_t>(a)].planned_peak < cands[static_cast<size_t>(b)].planned_peak;
   });
-  rows.insert(rows.end(), others.begin(), others.end());
+  int unique = 0;
+  for (const auto& c : cands) unique += c.planned() && c.same_as < 0 ? 1 : 0;
   const double E = static_cast<double>(o.effective_batch_size);
   os << pad("batch x accum", 14, true) << pad("prec", 5, true) << pad("remat", 8, true) << pad("optim", 12, true)
      << pad("planned peak", 13) << pad("fits", 5) << pad("est ms/step", 12) << pad("meas ms/step", 13)
@@ -437,10 +473,13 @@ std::string format_fit(const FitResult& r, const FitOptions& o) {
     os << pad(std::to_string(c.batch) + " x " + std::to_string(c.accumulation), 14, true) << pad(c.precision, 5, true)
        << pad(c.remat, 8, true) << pad(c.optim, 12, true) << pad(passes::human_bytes(c.planned_peak), 13)
        << pad(fits ? "yes" : "no", 5) << pad(fmt("%.1f", c.estimated_s * 1e3), 12)
-       << pad(c.measured_s > 0 ? fmt("%.1f", c.measured_s * 1e3) : "-", 13)
-       << pad(t > 0 ? fmt("%.1f", E / t) : "-", 10) << "  " << recomputed_text(c) << (i == r.chosen ? "  <- chosen" : "")
-       << "\n";
+       << pad(c.measured_s > 0 ? fmt("%.1f", c.measured_s * 1e3) : "-", 13) << pad(t > 0 ? fmt("%.1f", E / t) : "-", 10)
+       << "  " << recomputed_text(c) << (i == r.chosen ? "  <- chosen" : "") << "\n";
   }
+  if (unique > static_cast<int>(rows.size()))
+    os << unique - static_cast<int>(rows.size())
+       << " other recipes are dominated (another plans less memory and is estimated faster): --report_json lists "
+          "every recipe\n";
   int failed = 0;
   for (const auto& c : cands) failed += c.planned() ? 0 : 1;
   if (failed > 0) {
@@ -555,11 +594,11 @@ std::string fit_svg(const FitResult& r, const FitOptions& o) {
     if (p.highlight) p.label = "chosen: " + c.label();
     pts.push_back(p);
   }
-  return scatter_svg("kiln fit: planned peak against time per optimizer step (blue fp32, orange bf16; "
-                     "filled: measured)",
-                     "planned peak (MiB)", "ms per optimizer step", pts,
-                     static_cast<double>(o.memory_budget) / (1024.0 * 1024.0),
-                     "budget " + passes::human_bytes(o.memory_budget));
+  return scatter_svg(
+      "kiln fit: planned peak against time per optimizer step (blue fp32, orange bf16; "
+      "filled: measured)",
+      "planned peak (MiB)", "ms per optimizer step", pts, static_cast<double>(o.memory_budget) / (1024.0 * 1024.0),
+      "budget " + passes::human_bytes(o.memory_budget));
 }
 
 }  // namespace kiln::driver

@@ -32,8 +32,8 @@ struct FitOptions {
   bool fix_precision = false;     ///< --bf16 / --fp16
   bool fix_remat = false;         ///< --remat_policy / --gradient_checkpointing
   bool fix_optim = false;         ///< --optim
-  int measure_top = 3;    ///< fitting recipes measured with real steps, best estimates first (0: none)
-  int measure_steps = 2;  ///< timed steps of each (after one warm-up step), interleaved
+  int measure_top = 3;            ///< fitting recipes measured with real steps, best estimates first (0: none)
+  int measure_steps = 2;          ///< timed steps of each (after one warm-up step), interleaved
   /// Threads planning the recipes (one batch size's trie each; results do not depend on
   /// it); 0: OpenMP's thread count (OMP_NUM_THREADS, else the cores).
   int plan_threads = 0;
@@ -46,14 +46,14 @@ struct FitCandidate {
   std::string remat;                    ///< none, blocks, sqrt, min-cut, budget
   std::string optim;                    ///< adamw_torch, adamw_8bit, ...
   std::string error;                    ///< why it has no plan ("": planned)
-  int same_as = -1;            ///< index of an identical recipe (budget that recomputes nothing), or -1
-  int64_t planned_peak = -1;   ///< bytes, the executor's plan of the step
-  double estimated_s = 0;      ///< cost model, seconds per optimizer step
-  double modelled_launches = 0;  ///< kernels per step the cost model does not time (generated ones)
-  double measured_s = -1;      ///< median seconds per optimizer step (-1: not measured)
-  int64_t measured_peak = -1;  ///< bytes (-1: not measured)
-  int recomputed_nodes = 0;    ///< forward nodes the remat pass recomputes
-  double recompute_flops = 0;  ///< FLOPs recomputed per microbatch
+  int same_as = -1;                     ///< index of an identical recipe (budget that recomputes nothing), or -1
+  int64_t planned_peak = -1;            ///< bytes, the executor's plan of the step
+  double estimated_s = 0;               ///< cost model, seconds per optimizer step
+  double modelled_launches = 0;         ///< kernels per step the cost model does not time (generated ones)
+  double measured_s = -1;               ///< median seconds per optimizer step (-1: not measured)
+  int64_t measured_peak = -1;           ///< bytes (-1: not measured)
+  int recomputed_nodes = 0;             ///< forward nodes the remat pass recomputes
+  double recompute_flops = 0;           ///< FLOPs recomputed per microbatch
   bool planned() const { return error.empty() && planned_peak >= 0; }
   /// The search's label: "4x8 bf16 sqrt adamw_8bit".
   std::string label() const;
@@ -64,15 +64,15 @@ struct FitCandidate {
 /// The search's outcome.
 struct FitResult {
   std::vector<FitCandidate> candidates;  ///< every recipe, in search order
-  int chosen = -1;    ///< index of the chosen recipe (-1: nothing fits)
-  int smallest = -1;  ///< index of the planned recipe of least peak (-1: none planned)
+  int chosen = -1;                       ///< index of the chosen recipe (-1: nothing fits)
+  int smallest = -1;                     ///< index of the planned recipe of least peak (-1: none planned)
   MachineRates rates;
   double plan_s = 0, measure_s = 0, total_s = 0;  ///< wall seconds
-  int passes_run = 0;     ///< pass runs of the trie (shared prefixes once)
-  int timed_kernels = 0;     ///< distinct eager kernels the estimates read (OpTimes)
-  int kernels_measured = 0;  ///< of which timed by this search (the rest were cached)
-  double kernel_timing_s = 0;  ///< seconds spent timing them (included in plan_s)
-  int passes_unshared = 0;  ///< pass runs the recipes would take one by one
+  int passes_run = 0;                             ///< pass runs of the trie (shared prefixes once)
+  int timed_kernels = 0;                          ///< distinct eager kernels the estimates read (OpTimes)
+  int kernels_measured = 0;                       ///< of which timed by this search (the rest were cached)
+  double kernel_timing_s = 0;                     ///< seconds spent timing them (included in plan_s)
+  int passes_unshared = 0;                        ///< pass runs the recipes would take one by one
   /// The fitting recipes, unique, fastest estimate first (indexes into candidates).
   std::vector<int> fitting;
 };
@@ -94,6 +94,14 @@ Expected<int64_t> resolve_memory_budget(const std::string& text, std::string* ho
 Expected<FitOptions> fit_options(const runtime::TrainConfig& cfg, const std::function<bool(const std::string&)>& given,
                                  std::string* budget_note = nullptr);
 
+/// For a resumed --auto_fit run: sets `cfg`'s recipe fields (batch size, accumulation,
+/// bf16/fp16, remat policy and its budget, optimizer) to those the checkpoint named by
+/// --resume_from_checkpoint (a folder, or "latest"/"true": the newest in --output_dir)
+/// was trained with, so a resume continues the same recipe instead of searching again
+/// (measurements differ from run to run). Returns the checkpoint folder; "" when there is
+/// no readable one (the run's own resume then reports it). Errors: none.
+std::string apply_checkpoint_recipe(runtime::TrainConfig& cfg);
+
 /// Plans every free recipe, ranks the fitting ones, measures the best few and picks the
 /// fastest measured one whose measured peak is within the budget. Notes (calibration,
 /// progress) go to `err`. Errors: the model does not import, a recipe's pass fails for a
@@ -101,9 +109,10 @@ Expected<FitOptions> fit_options(const runtime::TrainConfig& cfg, const std::fun
 /// FitResult::chosen is -1 and `smallest` names the least peak reached.
 Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err = std::cerr);
 
-/// The result table: one row per planned recipe (fitting ones first by estimate), with
-/// planned peak, estimated and measured time per optimizer step, samples per second and
-/// what was recomputed; then the chosen recipe.
+/// The result table: the Pareto front of planned peak against estimated time per
+/// optimizer step (no other recipe plans less and is estimated faster) and every measured
+/// recipe, by planned peak, with whether it fits, estimated and measured time, samples
+/// per second and what was recomputed; then the chosen recipe.
 std::string format_fit(const FitResult& r, const FitOptions& o);
 
 /// The chosen recipe as `kiln train` flags ("--per_device_train_batch_size 4 ...").

@@ -342,14 +342,16 @@ std::string scatter_svg(const std::string& title, const std::string& xlabel, con
   os << svg_open(W, H, "kiln-scatter", title);
   // The panel at 1.5x scale: an Axes of the standard size, drawn under a transform.
   Axes ax{0, 0, xmin, xmax, ymin, ymax};
-  os << "<g id=\"panel-scatter\" transform=\"scale(1.5)\">\n" << ax.frame(title, xlabel, [](double v) { return tick(v); });
+  os << "<g id=\"panel-scatter\" transform=\"scale(1.5)\">\n"
+     << ax.frame(title, xlabel, [](double v) { return tick(v); });
   const double ymid = kTop + (kPanelH - kTop - kBottom) / 2;
   os << "<text class=\"label\" x=\"14\" y=\"" << num(ymid) << "\" text-anchor=\"middle\" transform=\"rotate(-90 14 "
      << num(ymid) << ")\">" << esc(ylabel) << "</text>\n";
   if (std::isfinite(vline_x)) {
     const double x = ax.px(vline_x);
     os << "<line id=\"vline\" class=\"budget\" x1=\"" << num(x) << "\" y1=\"" << num(kTop) << "\" x2=\"" << num(x)
-       << "\" y2=\"" << num(kPanelH - kBottom) << "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"/>\n";
+       << "\" y2=\"" << num(kPanelH - kBottom)
+       << "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"/>\n";
     os << "<text class=\"budget-label\" x=\"" << num(x + 4) << "\" y=\"" << num(kTop + 12) << "\" fill=\"#d62728\">"
        << esc(vline_label) << "</text>\n";
   }

@@ -54,7 +54,7 @@ std::string memory_svg(const std::vector<MemoryProfile>& profiles);
 
 /// One point of a scatter plot.
 struct ScatterPoint {
-  std::string label;       ///< the point's tooltip (and its text when highlighted)
+  std::string label;  ///< the point's tooltip (and its text when highlighted)
   double x = 0, y = 0;
   int group = 0;           ///< color index (Tableau 10 cycle)
   bool filled = true;      ///< filled disc (else a ring)
