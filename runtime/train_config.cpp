@@ -362,7 +362,8 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
        "memory available less 10%, with --auto_fit, --auto_find_batch_size and kiln fit)"},
       {"auto_fit", Kind::boolean, &c.auto_fit,
        "choose the recipe (batch x accumulation, bf16, remat policy, 8-bit AdamW) that fits --memory_budget, as "
-       "kiln fit does; flags given stay fixed"},
+       "kiln fit does; --bf16/--fp16, --remat_policy and --optim given stay fixed; the batch flags set the "
+       "effective batch (fixed only with --effective_batch_size)"},
       {"auto_find_batch_size", Kind::boolean, &c.auto_find_batch_size,
        "as --auto_fit with --memory_budget auto unless a budget is given (Hugging Face's flag)"},
       {"effective_batch_size", Kind::i64, &c.effective_batch_size,

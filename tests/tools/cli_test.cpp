@@ -657,6 +657,26 @@ TEST_F(FitCli, BadFlagsAreOneLine) {
                "--effective_batch_size");
 }
 
+TEST_F(FitCli, OutputsAndRunFlagsAreCheckedBeforeTheSearch) {
+  const std::string base = "fit " + kMlp + " --memory_budget 4MiB --effective_batch_size 8 --measure_top 0";
+  // Two outputs on one path; a folder that does not exist: refused before anything runs.
+  expect_error(run_kiln(base + " --plot " + dir + "/a.svg --save_config " + dir + "/a.svg", dir), 2,
+               "the same file as --plot");
+  expect_error(run_kiln(base + " --plot " + dir + "/f.svg --report_json " + dir + "/no/such/r.json", dir), 2,
+               "no such folder");
+  EXPECT_FALSE(fs::exists(dir + "/f.svg"));
+  EXPECT_FALSE(fs::exists(dir + "/a.svg"));
+  // Flags of a run kiln fit does not train.
+  expect_error(run_kiln(base + " --output_dir " + dir + "/o", dir), 2, "--output_dir: kiln fit searches recipes");
+  EXPECT_FALSE(fs::exists(dir + "/o"));
+  // Batch flags that leave no split of the effective batch: a usage error.
+  expect_error(run_kiln(base + " --per_device_train_batch_size 3", dir), 2, "--effective_batch_size 8: no split");
+  // Data that does not fit the model: before the search, one line naming the file.
+  expect_error(
+      run_kiln(base + " --train_data input=" + dir + "/none.npy --train_data labels=" + dir + "/none.npy", dir), 1,
+      "--train_data");
+}
+
 TEST_F(FitCli, NothingFitsLeavesNothingBehind) {
   const std::string plot = dir + "/fit.svg", cfg = dir + "/recipe.json";
   auto r = run_kiln("fit " + kMlp + " --memory_budget 1KiB --effective_batch_size 4 --measure_top 0 --plot " + plot +
@@ -676,7 +696,9 @@ TEST_F(FitCli, WritesTableRecipePlotAndTrainsWithIt) {
                     dir);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("chosen: "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("kiln train " + kMlp + " --per_device_train_batch_size"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kiln train " + kMlp + " [this command's other flags] --per_device_train_batch_size"),
+            std::string::npos)
+      << r.out;
   // --optim given: fixed.
   EXPECT_EQ(r.out.find("adamw_8bit"), std::string::npos) << r.out;
   std::ifstream svg(plot);
@@ -739,10 +761,16 @@ TEST_F(FitCli, TrainAutoFitLogsAndTrainsTheRecipe) {
   const std::string recipe = first.out.substr(chose + 24, first.out.find('\n', chose) - chose - 24);
   auto again = run_kiln(train + " --max_steps 2 --resume_from_checkpoint latest", dir);
   ASSERT_EQ(again.code, 0) << again.err;
-  EXPECT_EQ(again.out.find("searched "), std::string::npos) << again.out;
+  EXPECT_EQ(again.out.find(" recipes: "), std::string::npos) << again.out;  // no table: no search
   EXPECT_NE(again.out.find("auto_fit: resuming with the recipe of " + dir + "/resumed/checkpoint-1: " + recipe),
             std::string::npos)
       << again.out << "\nwanted: " << recipe;
+  // A recipe flag that contradicts the checkpoint's recipe is refused, not dropped.
+  const bool was_8bit = recipe.find("adamw_8bit") != std::string::npos;
+  auto other = run_kiln(
+      train + " --max_steps 3 --resume_from_checkpoint latest --optim " + (was_8bit ? "adamw_torch" : "adamw_8bit"),
+      dir);
+  expect_error(other, 2, "--optim: this --auto_fit run resumes");
   // --auto_find_batch_size: the same search under the memory available.
   auto h = run_kiln(
       "train " + kMlp + " --auto_find_batch_size --per_device_train_batch_size 16 --train_data input=" + data +

@@ -6,6 +6,8 @@
 // flag, bad option value, missing required argument), 1 for failures at run time
 // (missing or malformed files, data that does not fit the model, I/O errors). No
 // exception escapes main.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -257,15 +259,18 @@ std::pair<driver::FitOptions, driver::FitResult> search_recipe(const ConfigFlags
                          ": variable-length data (--train_data ROWS.jsonl or PREFIX.idx) is not searched yet; "
                          "fit a recipe at --max_length with kiln fit on fixed-length data"};
   std::string note;
-  auto o = unwrap(driver::fit_options(
-      cfg, [&flags](const std::string& n) { return flags.given(n); }, &note));
+  auto o = driver::fit_options(
+      cfg, [&flags](const std::string& n) { return flags.given(n); }, &note);
+  if (!o) throw Failure{2, o.message()};  // the flags contradict each other
   if (!note.empty()) std::cerr << "kiln: note: " << note << "\n";
-  o.measure_top = measure_top;
-  o.measure_steps = measure_steps;
-  auto r = unwrap(driver::run_fit(o, std::cerr));
-  std::cout << driver::format_fit(r, o);
-  if (r.chosen < 0) throw Failure{1, driver::fit_nothing_fits(r, o)};
-  return {o, r};
+  // The data, checked against the model before the search (not after it).
+  check(driver::check_fit_data(*o));
+  o->measure_top = measure_top;
+  o->measure_steps = measure_steps;
+  auto r = unwrap(driver::run_fit(*o, std::cerr));
+  std::cout << driver::format_fit(r, *o);
+  if (r.chosen < 0) throw Failure{1, driver::fit_nothing_fits(r, *o)};
+  return {*o, r};
 }
 
 int cmd_train(const ConfigFlags& flags) {
@@ -273,15 +278,34 @@ int cmd_train(const ConfigFlags& flags) {
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required (NAME=FILE.npy ... or FILE.bin)"};
   if (Status s = runtime::check_eval_schedule(cfg); !s) throw Failure{2, s.message()};
   if (cfg.fitting() && !cfg.resume_from_checkpoint.empty()) {
-    // A resume continues the checkpoint's recipe (a new search could measure another).
+    // A resume continues the checkpoint's recipe (a new search could measure another);
+    // a recipe flag given now that says otherwise is refused, as a plain resume refuses
+    // another --optim.
+    const TrainConfig asked = cfg;
     if (const std::string from = driver::apply_checkpoint_recipe(cfg); !from.empty()) {
+      const std::string why = ": this --auto_fit run resumes " + from +
+                              ", whose recipe it continues; resume without --auto_fit to change it";
+      auto differs = [&](const char* flag, bool d) {
+        if (flags.given(flag) && d) throw Failure{2, std::string("--") + flag + why};
+      };
+      differs("per_device_train_batch_size", asked.per_device_train_batch_size != cfg.per_device_train_batch_size);
+      differs("gradient_accumulation_steps", asked.gradient_accumulation_steps != cfg.gradient_accumulation_steps);
+      differs("bf16", asked.bf16 != cfg.bf16);
+      differs("fp16", asked.fp16 != cfg.fp16);
+      differs("remat_policy", asked.effective_remat_policy() != cfg.effective_remat_policy());
+      differs("gradient_checkpointing", asked.effective_remat_policy() != cfg.effective_remat_policy());
+      differs("optim", asked.optim != cfg.optim);
+      differs("effective_batch_size",
+              asked.effective_batch_size > 0 &&
+                  asked.effective_batch_size != cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps);
       driver::FitCandidate c;
       c.batch = cfg.per_device_train_batch_size, c.accumulation = cfg.gradient_accumulation_steps;
       c.precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
       c.remat = cfg.effective_remat_policy(), c.optim = cfg.optim;
       auto budget = runtime::parse_byte_size(cfg.memory_budget);
       std::cout << "auto_fit: resuming with the recipe of " << from << ": "
-                << driver::fit_flags(c, budget && !cfg.memory_budget.empty() ? *budget : 0) << "\n";
+                << driver::fit_flags(c, budget && !cfg.memory_budget.empty() ? *budget : 0)
+                << " (not searched again: --memory_budget is not checked against it)\n";
     } else
       cfg.auto_fit = cfg.auto_find_batch_size = false, cfg.effective_batch_size = 0;  // the resume reports it
   } else if (cfg.fitting()) {
@@ -300,6 +324,13 @@ int cmd_train(const ConfigFlags& flags) {
 }
 
 // ------------------------------------------------------------------ fit
+/// Whether an output flag was given: an empty path is a usage error (not a silent no-op).
+bool flags_given_value(const std::string& flag, const std::string& path) {
+  if (path.empty()) return false;
+  if (path.find_first_not_of(" \t") == std::string::npos) throw Failure{2, flag + ": expected a file path"};
+  return true;
+}
+
 /// `kiln fit MODEL --memory_budget X [--effective_batch_size N] [train flags]`: the recipe
 /// that fits the budget (tools/driver/fit.h), as a table, flags and --config JSON;
 /// --plot draws peak against time, --save_config writes the recipe's JSON.
@@ -308,20 +339,41 @@ int cmd_fit(const ConfigFlags& flags, int measure_top, int measure_steps, const 
   TrainConfig cfg = flags.build();
   if (measure_top < 0) throw Failure{2, "--measure_top must be >= 0 (0: rank by the cost model only)"};
   if (measure_steps < 1) throw Failure{2, "--measure_steps must be >= 1"};
+  // kiln fit trains nothing and writes only its own outputs: run flags are refused, as
+  // kiln bench refuses them.
+  for (const char* f : {"output_dir", "save_steps", "save_total_limit", "resume_from_checkpoint",
+                        "overwrite_output_dir", "eval_data", "eval_steps", "report_to", "logging_dir"})
+    if (flags.given(f))
+      throw Failure{2, std::string("--") + f +
+                           ": kiln fit searches recipes and trains nothing (give it to kiln train, with the "
+                           "recipe's flags or --auto_fit)"};
+  // The output files: each its own path, in a folder that exists and is writable, checked
+  // before the search; written together at the end (all or none).
+  std::vector<std::pair<std::string, std::string>> outputs;  // flag, path
+  for (auto [f, p] : {std::pair<const char*, const std::string*>{"--plot", &plot},
+                      {"--save_config", &save_config},
+                      {"--report_json", &report_json}})
+    if (flags_given_value(f, *p)) outputs.push_back({f, *p});
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j)
+      if (fs::weakly_canonical(outputs[i].second) == fs::weakly_canonical(outputs[j].second))
+        throw Failure{2, outputs[i].first + " " + outputs[i].second + ": the same file as " + outputs[j].first};
+    const fs::path parent = fs::absolute(outputs[i].second).parent_path();
+    if (std::error_code ec; !fs::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0)
+      throw Failure{2, outputs[i].first + " " + outputs[i].second + ": cannot write into " + parent.string() +
+                           (fs::is_directory(parent, ec) ? " (not writable)" : " (no such folder)")};
+    if (std::error_code ec; fs::is_directory(outputs[i].second, ec))
+      throw Failure{2, outputs[i].first + " " + outputs[i].second + ": a folder, not a file"};
+  }
   auto [o, r] = search_recipe(flags, cfg, "kiln fit", measure_top, measure_steps);
   const driver::FitCandidate& c = r.candidates[static_cast<size_t>(r.chosen)];
-  if (!plot.empty()) {
-    check(driver::write_text_file(plot, driver::fit_svg(r, o)), "--plot");
-    std::cout << "wrote " << plot << "\n";
-  }
-  if (!save_config.empty()) {
-    check(driver::write_text_file(save_config, driver::fit_config_json(c, o.memory_budget) + "\n"), "--save_config");
-    std::cout << "wrote " << save_config << "\n";
-  }
-  if (!report_json.empty()) {
-    check(driver::write_text_file(report_json, driver::fit_report_json(r, o) + "\n"), "--report_json");
-    std::cout << "wrote " << report_json << "\n";
-  }
+  std::vector<std::pair<std::string, std::string>> files;  // path, text
+  for (const auto& [f, p] : outputs)
+    files.push_back({p, f == "--plot"          ? driver::fit_svg(r, o)
+                        : f == "--save_config" ? driver::fit_config_json(c, o.memory_budget) + "\n"
+                                               : driver::fit_report_json(r, o) + "\n"});
+  check(driver::write_text_files(files));
+  for (const auto& [f, p] : outputs) std::cout << "wrote " << p << "\n";
   return 0;
 }
 

@@ -504,6 +504,15 @@ void OpTimes::measure() {
     }
   measure_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
   if (!added || no_cache_) return;
+  // Another search may have written timings since this one read the file: keep them.
+  {
+    std::ifstream in(file_);
+    const nlohmann::json old = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
+    if (old.is_object() && old.value("version", 0) == kOpTimesVersion && old.value("machine", "") == machine_ &&
+        old.contains("ops") && old["ops"].is_object())
+      for (auto& [k, v] : old["ops"].items())
+        if (v.is_number() && v.get<double>() >= 0 && !cached_.count(k)) cached_[k] = v.get<double>();
+  }
   nlohmann::json ops = nlohmann::json::object();
   for (auto& [k, v] : cached_) ops[k] = v;
   nlohmann::json j = {{"version", kOpTimesVersion}, {"machine", machine_}, {"ops", ops}};

@@ -3,6 +3,7 @@
 #include "tools/driver/fit.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -131,7 +132,12 @@ std::string pad(const std::string& s, size_t w, bool left = false) { return benc
 
 std::string recomputed_text(const FitCandidate& c) {
   if (c.recomputed_nodes == 0) return "nothing";
-  return std::to_string(c.recomputed_nodes) + " nodes, " + fmt("%.2f", c.recompute_flops / 1e9) + " GFLOP/microbatch";
+  const double f = c.recompute_flops;
+  return std::to_string(c.recomputed_nodes) + (c.recomputed_nodes == 1 ? " node, " : " nodes, ") +
+         (f >= 1e9   ? fmt("%.2f GFLOP", f / 1e9)
+          : f >= 1e6 ? fmt("%.2f MFLOP", f / 1e6)
+                     : fmt("%.0f FLOP", f)) +
+         " per microbatch";
 }
 
 }  // namespace
@@ -160,8 +166,17 @@ Expected<int64_t> resolve_memory_budget(const std::string& text, std::string* ho
       return -1;
     }
   };
-  const int64_t max = read_num("/sys/fs/cgroup/memory.max"), cur = read_num("/sys/fs/cgroup/memory.current");
-  if (max > 0 && cur >= 0 && (avail < 0 || max - cur < avail)) avail = max - cur, source = "the cgroup's memory.max";
+  // cgroup v2 (memory.max, memory.current), else v1 (memory.limit_in_bytes, usage_in_bytes;
+  // "unlimited" is a huge number there).
+  int64_t max = read_num("/sys/fs/cgroup/memory.max"), cur = read_num("/sys/fs/cgroup/memory.current");
+  std::string which = "memory.max";
+  if (max <= 0) {
+    max = read_num("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    cur = read_num("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    which = "memory.limit_in_bytes";
+  }
+  if (max > 0 && cur >= 0 && max > cur && (avail < 0 || max - cur < avail))
+    avail = max - cur, source = "the cgroup's " + which;
   if (avail <= 0) return Status::error("--memory_budget auto: cannot read the memory available (/proc/meminfo)");
   const int64_t budget = avail - avail / 10;
   if (how)
@@ -208,6 +223,20 @@ Expected<FitOptions> fit_options(const TrainConfig& cfg, const std::function<boo
   o.fix_precision = given("bf16") || given("fp16");
   o.fix_remat = given("remat_policy") || given("gradient_checkpointing");
   o.fix_optim = given("optim");
+  {
+    const int64_t E = o.effective_batch_size;
+    bool any = false;
+    for (int64_t b : divisors(E))
+      any = any || ((!o.fix_batch || b == cfg.per_device_train_batch_size) &&
+                    (!o.fix_accumulation || E / b == cfg.gradient_accumulation_steps));
+    if (!any)
+      return Status::error(
+          "--effective_batch_size " + std::to_string(E) + ": no split into --per_device_train_batch_size" +
+          (o.fix_batch ? " " + std::to_string(cfg.per_device_train_batch_size) : std::string()) +
+          " x --gradient_accumulation_steps" +
+          (o.fix_accumulation ? " " + std::to_string(cfg.gradient_accumulation_steps) : std::string()) +
+          " gives it; leave one of them free or give sizes whose product is " + std::to_string(E));
+  }
   std::string text = cfg.memory_budget;
   if (text.empty() && cfg.auto_find_batch_size) text = "auto";
   if (text.empty()) return Status::error("--memory_budget: the recipe search needs a budget (e.g. 800MB, 24GiB, auto)");
@@ -215,6 +244,15 @@ Expected<FitOptions> fit_options(const TrainConfig& cfg, const std::function<boo
   // A remat budget given with a fixed --remat_policy budget is that policy's own budget.
   o.config.memory_budget.clear();
   return o;
+}
+
+Status check_fit_data(const FitOptions& o) {
+  const TrainConfig& c = o.config;
+  if (c.train_data.empty()) return Status::ok();
+  auto raw = runtime::load_raw_data(c.train_data);
+  if (!raw) return raw.status().with_context("--train_data");
+  KILN_ASSIGN_OR_RETURN(auto forward, load_model(c.model, c.shape));
+  return check_data_values(*raw, "--train_data", *forward, c);
 }
 
 std::string FitCandidate::label() const {
@@ -283,6 +321,9 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
           cands.push_back(c);
         }
 
+  // Progress for a person watching (a search takes tens of seconds); not in logs.
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  if (tty) err << "kiln fit: planning " << cands.size() << " recipes...\n";
   // Plan: one trie per batch size (its specialised model is the root), one path per recipe.
   const auto t_plan = Clock::now();
   KILN_ASSIGN_OR_RETURN(auto module, import_model(base.model, base.untie_initializers));
@@ -388,6 +429,9 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
 
   // Measure the best few, steps interleaved so that the machine's load falls on each alike.
   const auto t_measure = Clock::now();
+  if (tty && o.measure_top > 0 && !res.fitting.empty())
+    err << "kiln fit: measuring the best " << std::min<size_t>(res.fitting.size(), o.measure_top) << " of "
+        << res.fitting.size() << " fitting recipes...\n";
   // Rounds of measure_top recipes, until one measures within the budget (a plan is exact
   // up to what a library kernel allocates for itself).
   for (size_t first = 0; o.measure_top > 0 && res.chosen < 0 && first < res.fitting.size();
@@ -435,15 +479,19 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
 std::string format_fit(const FitResult& r, const FitOptions& o) {
   const auto& cands = r.candidates;
   std::ostringstream os;
-  int planned = 0, fitting = static_cast<int>(r.fitting.size());
-  for (const auto& c : cands) planned += c.planned() ? 1 : 0;
+  int planned = 0, fitting = static_cast<int>(r.fitting.size()), dupes = 0;
+  for (const auto& c : cands) planned += c.planned() ? 1 : 0, dupes += c.same_as >= 0 ? 1 : 0;
   os << "kiln fit: " << o.config.model << ", budget " << passes::human_bytes(o.memory_budget) << " (" << o.memory_budget
      << " B), effective batch " << o.effective_batch_size << ", backend " << o.config.backend << "\n";
   os << "searched " << cands.size() << " recipes: " << planned << " planned in " << fmt("%.2f", r.plan_s) << " s ("
      << r.passes_run << " pass runs, shared prefixes once, of " << r.passes_unshared << "), " << fitting
-     << " fit the budget; " << r.timed_kernels << " distinct eager kernels timed at their shapes ("
-     << r.kernels_measured << " now, " << fmt("%.1f", r.kernel_timing_s) << " s; the rest cached for "
-     << r.rates.machine << ")\n";
+     << " distinct ones fit the budget"
+     << (dupes > 0 ? " (" + std::to_string(dupes) +
+                         " remat budget recipes recompute "
+                         "nothing: the same as remat none)"
+                   : std::string())
+     << "; " << r.timed_kernels << " distinct eager kernels timed at their shapes (" << r.kernels_measured << " now, "
+     << fmt("%.1f", r.kernel_timing_s) << " s; the rest cached for " << r.rates.machine << ")\n";
   // Rows: the Pareto front of planned peak against estimated time (no other recipe plans
   // less and is estimated faster), plus every measured recipe, by planned peak.
   std::vector<int> rows;
@@ -498,7 +546,8 @@ std::string format_fit(const FitResult& r, const FitOptions& o) {
     os << "chosen: " << c.label() << ": planned peak " << passes::human_bytes(c.planned_peak);
     if (c.measured_peak >= 0) os << ", measured " << passes::human_bytes(c.measured_peak);
     if (c.measured_s > 0) os << ", " << fmt("%.1f", c.measured_s * 1e3) << " ms per optimizer step";
-    os << "\n  kiln train " << o.config.model << " " << fit_flags(c, o.memory_budget) << "\n";
+    os << "\n  kiln train " << o.config.model << " [this command's other flags] " << fit_flags(c, o.memory_budget)
+       << "\n";
     os << "  --config JSON: " << fit_config_json(c, o.memory_budget) << "\n";
   }
   return os.str();
@@ -568,6 +617,19 @@ std::string fit_report_json(const FitResult& r, const FitOptions& o) {
 }
 
 std::string fit_nothing_fits(const FitResult& r, const FitOptions& o) {
+  // Recipes planned within the budget whose measured peak was over it (the plan missed
+  // allocations of some kernel): say that, with the smallest measured peak.
+  const FitCandidate* least = nullptr;
+  for (int i : r.fitting) {
+    const FitCandidate& c = r.candidates[static_cast<size_t>(i)];
+    if (c.measured_peak >= 0 && (!least || c.measured_peak < least->measured_peak)) least = &c;
+  }
+  if (least)
+    return "--memory_budget " + passes::human_bytes(o.memory_budget) +
+           ": no recipe fits: " + std::to_string(r.fitting.size()) +
+           " plan within the budget, but every one measured over it; the smallest measured peak is " +
+           passes::human_bytes(least->measured_peak) + " (" + std::to_string(least->measured_peak) + " B, planned " +
+           std::to_string(least->planned_peak) + " B), reached by " + fit_flags(*least, o.memory_budget);
   std::string s = "--memory_budget " + passes::human_bytes(o.memory_budget) + ": no recipe fits";
   if (r.smallest >= 0) {
     const FitCandidate& c = r.candidates[static_cast<size_t>(r.smallest)];

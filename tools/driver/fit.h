@@ -90,7 +90,8 @@ Expected<int64_t> resolve_memory_budget(const std::string& text, std::string* ho
 /// given, a given batch size or accumulation stays fixed (without it, they only define the
 /// product and the split is searched); --bf16/--fp16, --remat_policy/--gradient_checkpointing
 /// and --optim given stay fixed; the budget is --memory_budget (auto when empty with
-/// --auto_find_batch_size). Errors: those of resolve_memory_budget; no budget.
+/// --auto_find_batch_size). Errors: those of resolve_memory_budget; no budget; no split of
+/// the effective batch that the fixed batch flags allow.
 Expected<FitOptions> fit_options(const runtime::TrainConfig& cfg, const std::function<bool(const std::string&)>& given,
                                  std::string* budget_note = nullptr);
 
@@ -101,6 +102,11 @@ Expected<FitOptions> fit_options(const runtime::TrainConfig& cfg, const std::fun
 /// (measurements differ from run to run). Returns the checkpoint folder; "" when there is
 /// no readable one (the run's own resume then reports it). Errors: none.
 std::string apply_checkpoint_recipe(runtime::TrainConfig& cfg);
+
+/// The training data of `o.config` (when given) loaded and checked against the model as
+/// kiln train checks it (labels and token ids in range), before a search that would
+/// otherwise fail only when it measures. Errors: one line prefixed "--train_data".
+Status check_fit_data(const FitOptions& o);
 
 /// Plans every free recipe, ranks the fitting ones, measures the best few and picks the
 /// fastest measured one whose measured peak is within the budget. Notes (calibration,
@@ -126,7 +132,9 @@ std::string fit_config_json(const FitCandidate& c, int64_t memory_budget);
 /// fits and was chosen.
 std::string fit_report_json(const FitResult& r, const FitOptions& o);
 
-/// One line for nothing fitting: the budget, the smallest reachable peak and its recipe.
+/// One line for nothing fitting: the budget, the smallest reachable peak and its recipe
+/// (or, when recipes planned within the budget all measured over it, the smallest
+/// measured peak and its recipe).
 std::string fit_nothing_fits(const FitResult& r, const FitOptions& o);
 
 /// SVG: planned peak (x, MiB) against time per optimizer step (y; measured where

@@ -1,9 +1,12 @@
 // SVG pictures of a run: training curves and memory profiles (see plot.h).
 #include "tools/driver/plot.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -74,6 +77,7 @@ std::string svg_open(double w, double h, const std::string& id, const std::strin
 /// Axis frame, ticks and labels of a panel at (x0, y0) mapping [xmin, xmax] x [ymin, ymax].
 struct Axes {
   double x0, y0, xmin, xmax, ymin, ymax;
+  bool integer_x = true;  ///< x ticks rounded (steps); false: 3 significant digits
   double px(double x) const {
     return x0 + kLeft + (xmax > xmin ? (x - xmin) / (xmax - xmin) : 0.5) * (kPanelW - kLeft - kRight);
   }
@@ -96,7 +100,7 @@ struct Axes {
          << esc(ylabel(yv)) << "</text>\n";
       const double xv = xmin + (xmax - xmin) * i / 4.0, x = px(xv);
       os << "<text class=\"tick\" x=\"" << num(x) << "\" y=\"" << num(b + 16) << "\" text-anchor=\"middle\">"
-         << esc(tick(std::round(xv))) << "</text>\n";
+         << esc(tick(integer_x ? std::round(xv) : xv)) << "</text>\n";
     }
     os << "<text class=\"label\" x=\"" << num((l + r) / 2) << "\" y=\"" << num(b + 34) << "\" text-anchor=\"middle\">"
        << esc(xlabel) << "</text>\n";
@@ -331,7 +335,10 @@ std::string scatter_svg(const std::string& title, const std::string& xlabel, con
     if (!std::isfinite(p.x) || !std::isfinite(p.y)) continue;
     xmin = std::min(xmin, p.x), xmax = std::max(xmax, p.x), ymax = std::max(ymax, p.y);
   }
-  if (std::isfinite(vline_x)) xmin = std::min(xmin, vline_x), xmax = std::max(xmax, vline_x);
+  // A line far past the points (a budget of all the machine's memory) would squeeze them
+  // into a sliver: it is then written as a label at the right edge instead.
+  const bool line_off = std::isfinite(vline_x) && xmax > -INFINITY && vline_x > 3 * xmax;
+  if (std::isfinite(vline_x) && !line_off) xmin = std::min(xmin, vline_x), xmax = std::max(xmax, vline_x);
   if (!(xmin <= xmax)) xmin = 0, xmax = 1;
   if (!(ymax > ymin)) ymax = 1;
   if (xmax == xmin) xmin -= 0.5, xmax += 0.5;
@@ -341,13 +348,16 @@ std::string scatter_svg(const std::string& title, const std::string& xlabel, con
   std::ostringstream os;
   os << svg_open(W, H, "kiln-scatter", title);
   // The panel at 1.5x scale: an Axes of the standard size, drawn under a transform.
-  Axes ax{0, 0, xmin, xmax, ymin, ymax};
+  Axes ax{0, 0, xmin, xmax, ymin, ymax, false};
   os << "<g id=\"panel-scatter\" transform=\"scale(1.5)\">\n"
      << ax.frame(title, xlabel, [](double v) { return tick(v); });
   const double ymid = kTop + (kPanelH - kTop - kBottom) / 2;
   os << "<text class=\"label\" x=\"14\" y=\"" << num(ymid) << "\" text-anchor=\"middle\" transform=\"rotate(-90 14 "
      << num(ymid) << ")\">" << esc(ylabel) << "</text>\n";
-  if (std::isfinite(vline_x)) {
+  if (line_off) {
+    os << "<text id=\"vline\" class=\"budget-label\" x=\"" << num(kPanelW - kRight - 4) << "\" y=\"" << num(kTop + 12)
+       << "\" text-anchor=\"end\" fill=\"#d62728\">" << esc(vline_label) << " (far right) &#8594;</text>\n";
+  } else if (std::isfinite(vline_x)) {
     const double x = ax.px(vline_x);
     os << "<line id=\"vline\" class=\"budget\" x1=\"" << num(x) << "\" y1=\"" << num(kTop) << "\" x2=\"" << num(x)
        << "\" y2=\"" << num(kPanelH - kBottom)
@@ -368,6 +378,31 @@ std::string scatter_svg(const std::string& title, const std::string& xlabel, con
   }
   os << "</g>\n</svg>\n";
   return os.str();
+}
+
+Status write_text_files(const std::vector<std::pair<std::string, std::string>>& files) {
+  std::vector<std::string> tmps;
+  auto cleanup = [&] {
+    std::error_code ec;
+    for (const auto& t : tmps) std::filesystem::remove(t, ec);
+  };
+  for (const auto& [path, text] : files) {
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    tmps.push_back(tmp);
+    if (Status st = write_text_file(tmp, text); !st) {
+      cleanup();
+      return Status::error(path + ": cannot write");
+    }
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::rename(tmps[i], files[i].first, ec);
+    if (ec) {
+      cleanup();
+      return Status::error(files[i].first + ": cannot write (" + ec.message() + ")");
+    }
+  }
+  return Status::ok();
 }
 
 Status write_text_file(const std::string& path, const std::string& text) {

@@ -66,6 +66,11 @@ struct ScatterPoint {
 std::string scatter_svg(const std::string& title, const std::string& xlabel, const std::string& ylabel,
                         const std::vector<ScatterPoint>& points, double vline_x, const std::string& vline_label);
 
+/// Writes each (path, text) pair, all or none: each to a temporary file beside it, then
+/// renamed into place once all are written; on an error the temporaries are removed and
+/// no file is touched. Error: the first path that cannot be written.
+Status write_text_files(const std::vector<std::pair<std::string, std::string>>& files);
+
 /// Writes `text` to `path`. Error: cannot write.
 Status write_text_file(const std::string& path, const std::string& text);
 
