@@ -212,7 +212,9 @@ Expected<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 Expected<int> normalize_axis(int64_t axis, int rank) {
-  if (axis < -rank || axis >= std::max(rank, 1))
+  // A scalar (rank 0) has no axis: accepting axis 0 there let inference index the dims of
+  // an empty shape (a fuzzed Split of a scalar).
+  if (axis < -rank || axis >= rank)
     return Status::error("axis " + std::to_string(axis) + " out of range for rank " + std::to_string(rank));
   return static_cast<int>(axis < 0 ? axis + rank : axis);
 }

@@ -417,7 +417,8 @@ Cost node_cost(const Node& n);
 
 /// Numpy-style multidirectional broadcast of two shapes; error when incompatible.
 Expected<Shape> broadcast_shapes(const Shape& a, const Shape& b);
-/// Normalises a possibly negative axis for rank r; error when out of range.
+/// Normalises a possibly negative axis for rank r: axis in [-r, r) (none for a scalar);
+/// error when out of range.
 Expected<int> normalize_axis(int64_t axis, int rank);
 
 /// Registration functions of the op groups (each in ir/ops/<group>.cpp).
