@@ -167,7 +167,8 @@ def main():
             groups = {}
             for c in fr["candidates"]:
                 if c["remat_policy"] == "budget" and c["fits"] and c["same_as"] < 0:
-                    groups.setdefault((c["per_device_train_batch_size"], c["precision"]), []).append(c["optim"])
+                    prec = "bf16" if c["bf16"] else "fp16" if c["fp16"] else "fp32"
+                    groups.setdefault((c["per_device_train_batch_size"], prec), []).append(c["optim"])
             # As the grid: interleaved with the same recipes without remat (variants measured
             # alone run under other conditions), the fastest of `rounds` rounds.
             for (b, prec), optims in [g for _ in range(args.rounds) for g in sorted(groups.items())]:

@@ -102,14 +102,21 @@ void expect_one_error_line(const Result& r, int code, const std::string& needle)
   EXPECT_NE(r.err.find(needle), std::string::npos) << "'" << needle << "' not in: " << r.err;
 }
 
+/// An empty folder for the running test: PREFIX_<pid>_<test name> in the temp folder.
+std::string fresh_test_dir(const std::string& prefix) {
+  const std::string dir =
+      (fs::temp_directory_path() /
+       (prefix + std::to_string(getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+          .string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = (fs::temp_directory_path() / ("kiln_cli_test_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-              .string();
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = fresh_test_dir("kiln_cli_test_");
     model = dir + "/linear.onnx";
     write_model(model);
     ir::Tensor x(ir::DType::f32, {N, D}), y(ir::DType::i64, {N});
@@ -636,13 +643,7 @@ void expect_error(const Result& r, int code, const std::string& needle) {
 
 class FitCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir = (fs::temp_directory_path() / ("kiln_fit_cli_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-              .string();
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
+  void SetUp() override { dir = fresh_test_dir("kiln_fit_cli_"); }
   void TearDown() override { fs::remove_all(dir); }
   std::string dir;
 };

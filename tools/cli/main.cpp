@@ -298,10 +298,7 @@ int cmd_train(const ConfigFlags& flags) {
       differs("effective_batch_size",
               asked.effective_batch_size > 0 &&
                   asked.effective_batch_size != cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps);
-      driver::FitCandidate c;
-      c.batch = cfg.per_device_train_batch_size, c.accumulation = cfg.gradient_accumulation_steps;
-      c.precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
-      c.remat = cfg.effective_remat_policy(), c.optim = cfg.optim;
+      const driver::FitCandidate c = driver::FitCandidate::of(cfg);
       auto budget = runtime::parse_byte_size(cfg.memory_budget);
       std::cout << "auto_fit: resuming with the recipe of " << from << ": "
                 << driver::fit_flags(c, budget && !cfg.memory_budget.empty() ? *budget : 0)

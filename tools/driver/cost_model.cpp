@@ -66,23 +66,37 @@ ir::Tensor random_tensor(DType dt, const std::vector<int64_t>& dims) {
   return t;
 }
 
-/// Median seconds of `n`'s eager kernel on `inputs`: repeated until about 40 ms (at
-/// least 3 runs) after one untimed run.
-Expected<double> time_node(const ir::Node& n, const std::vector<ir::Tensor>& inputs) {
-  std::vector<const ir::Tensor*> ins;
-  for (const auto& t : inputs) ins.push_back(&t);
-  if (auto r = runtime::run_node(n, ins); !r) return r.status().with_context("calibrating " + n.op);
+/// Median seconds of `n`'s eager kernel on `ins` (nullptr: an omitted input): one untimed
+/// run (the library creates its primitives), then runs until `min_total` seconds and at
+/// least `min_runs` runs (at most `max_runs`). A first run longer than `single_above` seconds is
+/// the timing itself (primitive creation is noise there). The training flag of `opts`
+/// applies (Dropout, BatchNormalization).
+Expected<double> median_kernel_seconds(const ir::Node& n, const std::vector<const ir::Tensor*>& ins,
+                                       const runtime::RunOptions& opts, double min_total, size_t min_runs,
+                                       size_t max_runs, double single_above) {
+  const auto f0 = Clock::now();
+  if (auto r = runtime::run_node(n, ins, opts); !r) return r.status();
+  const double first = std::chrono::duration<double>(Clock::now() - f0).count();
+  if (first > single_above) return first;
   std::vector<double> t;
   double total = 0;
-  while ((total < 0.04 || t.size() < 3) && t.size() < 2000) {
+  while ((total < min_total || t.size() < min_runs) && t.size() < max_runs) {
     const auto t0 = Clock::now();
-    auto r = runtime::run_node(n, ins);
-    if (!r) return r.status().with_context("calibrating " + n.op);
+    if (auto r = runtime::run_node(n, ins, opts); !r) return r.status();
     t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     total += t.back();
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+/// Median seconds of `n`'s eager kernel on `inputs`: about 40 ms of runs, at least 3.
+Expected<double> time_node(const ir::Node& n, const std::vector<ir::Tensor>& inputs) {
+  std::vector<const ir::Tensor*> ins;
+  for (const auto& t : inputs) ins.push_back(&t);
+  auto s = median_kernel_seconds(n, ins, {}, 0.04, 3, 2000, INFINITY);
+  if (!s) return s.status().with_context("calibrating " + n.op);
+  return *s;
 }
 
 /// A one-node graph of `op` over inputs of `dims`, all of dtype `dt`.
@@ -130,51 +144,43 @@ Expected<RateCurve> conv_curve(DType dt) {
   return c;
 }
 
-/// Bytes/s (read + written) of c = a + b over 8 Mi floats in buffers allocated once, on
-/// every OpenMP thread: what a generated pointwise kernel streams (the eager Add would also
-/// time its output's allocation and page faults). Median of at least 5 runs.
-double stream_bandwidth() {
-  const int64_t n = int64_t{8} << 20;
+/// Median seconds of one OpenMP parallel loop c = a + b over `n` floats in buffers
+/// allocated once (what a generated pointwise kernel does), in batches of `per_batch`
+/// loops after one untimed loop that touches the pages; at least 5 batches and `min_total`
+/// seconds. Each loop reads what the previous one wrote, so none is elided.
+double parallel_add_seconds(int64_t n, int per_batch, double min_total) {
   std::vector<float> a(static_cast<size_t>(n), 1.0f), b(static_cast<size_t>(n), 2.0f), c(static_cast<size_t>(n));
   float* pa = a.data();
   float* pb = b.data();
   float* pc = c.data();
-  std::vector<double> t;
-  double total = 0;
-  for (int k = 0; k < 2 || t.size() < 5 || total < 0.04; ++k) {
-    const auto t0 = Clock::now();
+  auto loop = [&](int k) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) pc[i] = pa[i] + pb[i];
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (k >= 1) t.push_back(s), total += s;  // the first run touches the pages
-    pa[k % n] = pc[(k * 7) % n];             // the next run depends on this one
-  }
-  std::sort(t.begin(), t.end());
-  return 3.0 * 4.0 * static_cast<double>(n) / std::max(t[t.size() / 2], 1e-9);
-}
-
-/// Median seconds of an OpenMP parallel loop over 16 Ki floats (c = a + b), the shape of a
-/// small generated kernel: mostly the region's entry and exit.
-double parallel_region_seconds() {
-  const int64_t n = 16 * 1024;
-  std::vector<float> a(static_cast<size_t>(n), 1.0f), b(static_cast<size_t>(n), 2.0f), c(static_cast<size_t>(n));
-  float* pa = a.data();
-  float* pb = b.data();
-  float* pc = c.data();
+    pa[k % n] = pc[(k * 13) % n];
+  };
+  loop(0);
   std::vector<double> t;
-  for (int rep = 0; rep < 5; ++rep) {
-    const int regions = 400;
+  double total = 0;
+  for (int batch = 0; t.size() < 5 || total < min_total; ++batch) {
     const auto t0 = Clock::now();
-    for (int k = 0; k < regions; ++k) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) pc[i] = pa[i] + pb[i];
-      pa[k % n] = pc[(k * 13) % n];
-    }
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / regions);
+    for (int k = 0; k < per_batch; ++k) loop(batch * per_batch + k + 1);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    t.push_back(s / per_batch), total += s;
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
+
+/// Bytes/s (read + written) streamed by the loop over 8 Mi floats (the eager Add would
+/// also time its output's allocation and page faults).
+double stream_bandwidth() {
+  const int64_t n = int64_t{8} << 20;
+  return 3.0 * 4.0 * static_cast<double>(n) / std::max(parallel_add_seconds(n, 1, 0.04), 1e-9);
+}
+
+/// Seconds of the loop over 16 Ki floats, the shape of a small generated kernel: mostly
+/// the parallel region's entry and exit.
+double parallel_region_seconds() { return parallel_add_seconds(16 * 1024, 400, 0.0); }
 
 nlohmann::json curve_json(const RateCurve& c) {
   nlohmann::json j = nlohmann::json::array();
@@ -465,20 +471,9 @@ std::optional<double> time_entry(const Entry& e) {
   }
   runtime::RunOptions ro;
   ro.training = true;  // Dropout and BatchNormalization as a training step runs them
-  const auto f0 = Clock::now();
-  if (!runtime::run_node(*e.node, ptrs, ro)) return std::nullopt;
-  const double first = std::chrono::duration<double>(Clock::now() - f0).count();
-  if (first > 0.02) return first;
-  std::vector<double> t;
-  double total = 0;
-  while ((total < 0.01 || t.size() < 2) && t.size() < 20) {
-    const auto s0 = Clock::now();
-    if (!runtime::run_node(*e.node, ptrs, ro)) return std::nullopt;
-    t.push_back(std::chrono::duration<double>(Clock::now() - s0).count());
-    total += t.back();
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  auto s = median_kernel_seconds(*e.node, ptrs, ro, 0.01, 2, 20, 0.02);
+  if (!s) return std::nullopt;
+  return *s;
 }
 
 }  // namespace
@@ -489,15 +484,19 @@ void OpTimes::measure() {
   std::lock_guard<std::mutex> lock(mu_);
   // Two passes over the kernels the cache lacks, the faster of the two kept: a shared
   // machine's load only ever slows a timing down, and a slowed one would stay cached.
-  std::vector<Entry*> todo;
+  std::vector<std::pair<std::string, Entry*>> todo;
   for (auto& [sig, e] : entries_)
-    if (e->seconds < 0) todo.push_back(e.get());
-  for (int pass = 0; pass < 2; ++pass)
-    for (Entry* e : todo)
-      if (auto s = time_entry(*e)) e->seconds = e->seconds < 0 ? *s : std::min(e->seconds, *s);
+    if (e->seconds < 0) todo.push_back({sig, e.get()});
+  for (auto& [sig, e] : todo)
+    if (auto s = time_entry(*e)) e->seconds = *s;
+  // The second pass re-times kernels of 1 ms and more: a handful of runs each, so one slow
+  // moment shows in their median; shorter ones took the median of 10 ms of runs.
+  for (auto& [sig, e] : todo)
+    if (e->seconds >= 1e-3)
+      if (auto s = time_entry(*e)) e->seconds = std::min(e->seconds, *s);
   bool added = false;
-  for (auto& [sig, e] : entries_)
-    if (std::find(todo.begin(), todo.end(), e.get()) != todo.end() && e->seconds >= 0) {
+  for (auto& [sig, e] : todo)
+    if (e->seconds >= 0) {
       cached_[fnv_hex(sig)] = e->seconds;
       ++measured_;
       added = true;

@@ -117,15 +117,27 @@ struct Search {
   }
 };
 
-/// Divisors of n, descending.
-std::vector<int64_t> divisors(int64_t n) {
-  std::vector<int64_t> d;
-  for (int64_t k = n; k >= 1; --k)
-    if (n % k == 0) d.push_back(k);
-  return d;
+/// The (per-device batch, accumulation steps) pairs of product `o.effective_batch_size`,
+/// largest batch first, that the fixed batch flags of `cfg` allow. Error: none does (one
+/// line naming the flags).
+Expected<std::vector<std::pair<int64_t, int64_t>>> batch_splits(const FitOptions& o, const TrainConfig& cfg) {
+  const int64_t E = o.effective_batch_size;
+  std::vector<std::pair<int64_t, int64_t>> splits;
+  for (int64_t b = E; b >= 1; --b) {
+    if (E % b != 0) continue;
+    if (o.fix_batch && b != cfg.per_device_train_batch_size) continue;
+    if (o.fix_accumulation && E / b != cfg.gradient_accumulation_steps) continue;
+    splits.push_back({b, E / b});
+  }
+  if (splits.empty())
+    return Status::error("--effective_batch_size " + std::to_string(E) +
+                         ": no split into --per_device_train_batch_size" +
+                         (o.fix_batch ? " " + std::to_string(cfg.per_device_train_batch_size) : std::string()) +
+                         " x --gradient_accumulation_steps" +
+                         (o.fix_accumulation ? " " + std::to_string(cfg.gradient_accumulation_steps) : std::string()) +
+                         " gives it; leave one of them free or give sizes whose product is " + std::to_string(E));
+  return splits;
 }
-
-std::string precision_of(const TrainConfig& c) { return c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32"; }
 
 std::string fmt(const char* f, double v) { return bench_fmt(f, v); }
 std::string pad(const std::string& s, size_t w, bool left = false) { return bench_pad(s, w, left); }
@@ -223,20 +235,7 @@ Expected<FitOptions> fit_options(const TrainConfig& cfg, const std::function<boo
   o.fix_precision = given("bf16") || given("fp16");
   o.fix_remat = given("remat_policy") || given("gradient_checkpointing");
   o.fix_optim = given("optim");
-  {
-    const int64_t E = o.effective_batch_size;
-    bool any = false;
-    for (int64_t b : divisors(E))
-      any = any || ((!o.fix_batch || b == cfg.per_device_train_batch_size) &&
-                    (!o.fix_accumulation || E / b == cfg.gradient_accumulation_steps));
-    if (!any)
-      return Status::error(
-          "--effective_batch_size " + std::to_string(E) + ": no split into --per_device_train_batch_size" +
-          (o.fix_batch ? " " + std::to_string(cfg.per_device_train_batch_size) : std::string()) +
-          " x --gradient_accumulation_steps" +
-          (o.fix_accumulation ? " " + std::to_string(cfg.gradient_accumulation_steps) : std::string()) +
-          " gives it; leave one of them free or give sizes whose product is " + std::to_string(E));
-  }
+  if (auto splits = batch_splits(o, cfg); !splits) return splits.status();
   std::string text = cfg.memory_budget;
   if (text.empty() && cfg.auto_find_batch_size) text = "auto";
   if (text.empty()) return Status::error("--memory_budget: the recipe search needs a budget (e.g. 800MB, 24GiB, auto)");
@@ -257,6 +256,14 @@ Status check_fit_data(const FitOptions& o) {
 
 std::string FitCandidate::label() const {
   return std::to_string(batch) + "x" + std::to_string(accumulation) + " " + precision + " " + remat + " " + optim;
+}
+
+FitCandidate FitCandidate::of(const TrainConfig& c) {
+  FitCandidate r;
+  r.batch = c.per_device_train_batch_size, r.accumulation = c.gradient_accumulation_steps;
+  r.precision = c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32";
+  r.remat = c.effective_remat_policy(), r.optim = c.optim;
+  return r;
 }
 
 TrainConfig FitCandidate::config(const TrainConfig& base, int64_t memory_budget) const {
@@ -284,22 +291,10 @@ Expected<FitResult> run_fit(const FitOptions& o, std::ostream& err) {
   if (o.memory_budget <= 0)
     return Status::error("--memory_budget: expected a byte count > 0, got " + std::to_string(o.memory_budget));
   // The (batch, accumulation) pairs of product E that the fixed flags allow.
-  std::vector<std::pair<int64_t, int64_t>> splits;
-  for (int64_t b : divisors(E)) {
-    const int64_t a = E / b;
-    if (o.fix_batch && b != base.per_device_train_batch_size) continue;
-    if (o.fix_accumulation && a != base.gradient_accumulation_steps) continue;
-    splits.push_back({b, a});
-  }
-  if (splits.empty())
-    return Status::error("--effective_batch_size " + std::to_string(E) +
-                         ": no split into --per_device_train_batch_size" +
-                         (o.fix_batch ? " " + std::to_string(base.per_device_train_batch_size) : std::string()) +
-                         " x --gradient_accumulation_steps" +
-                         (o.fix_accumulation ? " " + std::to_string(base.gradient_accumulation_steps) : std::string()) +
-                         " gives it; leave one of them free or give sizes whose product is " + std::to_string(E));
-  const std::vector<std::string> precisions =
-      o.fix_precision ? std::vector<std::string>{precision_of(base)} : std::vector<std::string>{"fp32", "bf16"};
+  KILN_ASSIGN_OR_RETURN(const auto splits, batch_splits(o, base));
+  const std::vector<std::string> precisions = o.fix_precision
+                                                  ? std::vector<std::string>{FitCandidate::of(base).precision}
+                                                  : std::vector<std::string>{"fp32", "bf16"};
   const std::vector<std::string> remats = o.fix_remat
                                               ? std::vector<std::string>{base.effective_remat_policy()}
                                               : std::vector<std::string>{"none", "blocks", "sqrt", "min-cut", "budget"};
@@ -592,13 +587,9 @@ std::string fit_report_json(const FitResult& r, const FitOptions& o) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const FitCandidate& c = r.candidates[i];
-    nlohmann::ordered_json e;
+    // The recipe's keys as --save_config writes them, then what the search learned.
+    nlohmann::ordered_json e = nlohmann::ordered_json::parse(fit_config_json(c, o.memory_budget));
     e["label"] = c.label();
-    e["per_device_train_batch_size"] = c.batch;
-    e["gradient_accumulation_steps"] = c.accumulation;
-    e["precision"] = c.precision;
-    e["remat_policy"] = c.remat;
-    e["optim"] = c.optim;
     e["planned_peak"] = c.planned_peak;
     e["fits"] = c.planned() && c.planned_peak <= o.memory_budget;
     e["same_as"] = c.same_as;

@@ -57,6 +57,8 @@ struct FitCandidate {
   bool planned() const { return error.empty() && planned_peak >= 0; }
   /// The search's label: "4x8 bf16 sqrt adamw_8bit".
   std::string label() const;
+  /// The recipe `c` trains with (its batch, accumulation, precision, remat policy, optimizer).
+  static FitCandidate of(const runtime::TrainConfig& c);
   /// `base` with this recipe's fields set (memory_budget kept only for remat budget).
   runtime::TrainConfig config(const runtime::TrainConfig& base, int64_t memory_budget) const;
 };
