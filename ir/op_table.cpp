@@ -15,6 +15,8 @@ const char* fusion_class_name(FusionClass f) {
       return "library";
     case FusionClass::view:
       return "view";
+    case FusionClass::collective:
+      return "collective";
     default:
       return "opaque";
   }
@@ -59,6 +61,7 @@ OpTable& OpTable::get() {
     register_training_ops(*t);
     register_optim8bit_ops(*t);
     register_control_ops(*t);
+    register_collective_ops(*t);
     register_indexing_ops(*t);
     register_scalar_rules(*t);
     register_op_traits(*t);

@@ -24,7 +24,8 @@
 namespace kiln::ir {
 
 /// How code generation may group the op (DESIGN.md: pointwise / reduction / library / view).
-enum class FusionClass { pointwise, reduction, library, view, opaque };
+/// collective: a communication op of data-parallel training (AllReduce), never fused.
+enum class FusionClass { pointwise, reduction, library, view, opaque, collective };
 /// Mixed-precision policy: run in bf16 (fp32 accumulation), follow the widest input, or always fp32.
 enum class PrecisionPolicy { low_precision, follow_inputs, fp32, not_float };
 
@@ -430,6 +431,7 @@ void register_loss_ops(OpTable& t);
 void register_training_ops(OpTable& t);
 void register_optim8bit_ops(OpTable& t);  ///< ir/ops/optim8bit.cpp (8-bit AdamW state)
 void register_control_ops(OpTable& t);
+void register_collective_ops(OpTable& t);  ///< ir/ops/collective.cpp
 void register_indexing_ops(OpTable& t);  ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
 /// Fills OpDef::scalar of the pointwise ops (ir/ops/elementwise.cpp), after every op is registered.
 void register_scalar_rules(OpTable& t);

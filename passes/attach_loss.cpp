@@ -29,6 +29,7 @@
 //    is the sum over this microbatch's non-ignored labels divided by a new scalar
 //    input "num_items_in_batch" (the count over all N microbatches, fed with the
 //    step: runtime::count_num_items); with "microbatch" the mean loss is scaled by 1/N.
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <set>
@@ -165,7 +166,12 @@ class AttachLoss : public Pass {
     Builder b(g, "loss");
     Value* loss = nullptr;
     // Gradient accumulation (passes/accumulation.cpp): how microbatch losses combine.
-    const int64_t accum = train ? ctx.options.accumulation.gradient_accumulation_steps : 1;
+    // A data-parallel job (passes/data_parallel.cpp) sums the gradients of world_size
+    // ranks: its microbatches are the N ranks' accumulation steps together, so the loss
+    // is normalized as if one process accumulated accum * world_size microbatches.
+    const int64_t accum = train ? ctx.options.accumulation.gradient_accumulation_steps *
+                                      std::max<int64_t>(1, ctx.options.data_parallel.world_size)
+                                : 1;
     std::string norm = ctx.options.accumulation.normalization;
     if (norm.empty()) norm = loss_kind == "cross_entropy" ? "tokens" : "microbatch";
     if (norm != "tokens" && norm != "microbatch")
@@ -282,6 +288,7 @@ class AttachLoss : public Pass {
         .add("disable_dropout", lo.disable_dropout)
         .add("gradient_accumulation_steps", o.accumulation.gradient_accumulation_steps)
         .add("accumulation_normalization", o.accumulation.normalization)
+        .add("world_size", o.data_parallel.world_size)
         .str();
   }
 

@@ -76,6 +76,14 @@ struct GradScalerOptions {
   double backoff_factor = 0.5;
 };
 
+/// data_parallel (and attach_loss, which scales a mean loss by 1/world_size): the ranks
+/// of a data-parallel job and DDP's gradient buckets.
+struct DataParallelOptions {
+  int64_t world_size = 1;            ///< ranks of the job; 1: the pass changes nothing
+  double bucket_cap_mb = 25.0;       ///< bucket size in MiB (DDP's bucket_cap_mb)
+  double first_bucket_cap_mb = 1.0;  ///< the first bucket's size in MiB (DDP's first bucket)
+};
+
 /// The compiled pipeline's passes (gemm_widening, fusion, multi_tensor).
 struct LoweringOptions {
   bool widen_bf16_gemm = false;  ///< bf16 MatMul/Gemm as f32 products of widened operands
@@ -95,6 +103,7 @@ struct PassOptions {
   RematOptions remat;
   AccumulationOptions accumulation;
   GradScalerOptions grad_scaler;
+  DataParallelOptions data_parallel;
   LoweringOptions lowering;
 };
 

@@ -18,6 +18,7 @@ std::unique_ptr<Pass> make_autodiff_pass();
 std::unique_ptr<Pass> make_optimizer_pass();
 /// Gradient accumulation: wraps forward and backward in an AccumulationLoop region.
 std::unique_ptr<Pass> make_accumulation_pass();
+std::unique_ptr<Pass> make_data_parallel_pass();  ///< passes/data_parallel.cpp
 /// Inference mode: BatchNormalization uses running stats, Dropout off (passes/eval_mode.cpp).
 std::unique_ptr<Pass> make_eval_mode_pass();
 /// bf16 (or f16, AutocastOptions::dtype) mixed precision from the op table's PrecisionPolicy,

@@ -15,6 +15,7 @@ static const std::map<std::string, std::function<std::unique_ptr<Pass>()>>& fact
       {"autodiff", make_autodiff_pass},
       {"optimizer", make_optimizer_pass},
       {"accumulation", make_accumulation_pass},
+      {"data_parallel", make_data_parallel_pass},
       {"to_float64", make_to_float64_pass},
       {"remat", make_remat_pass},
       {"fusion", make_fusion_pass},

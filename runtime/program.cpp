@@ -133,6 +133,7 @@ Expected<std::string> serialize_program(const Program& p, ProgramFileInfo& info)
   sig["microbatch_rows"] = p.signature.microbatch_rows;
   sig["gradient_accumulation_steps"] = p.signature.gradient_accumulation_steps;
   sig["rows_per_step"] = p.signature.rows_per_step;
+  sig["world_size"] = p.signature.world_size;
   sig["eval_rows"] = p.signature.eval_rows;
   nlohmann::json meta = {
       {"kiln_version", info.kiln_version},
@@ -266,6 +267,7 @@ Expected<Program> deserialize_program(const std::string& bytes, const std::strin
     p.signature.microbatch_rows = optional_int("microbatch_rows");
     p.signature.gradient_accumulation_steps = optional_int("gradient_accumulation_steps");
     p.signature.rows_per_step = optional_int("rows_per_step");
+    p.signature.world_size = std::max<int64_t>(1, optional_int("world_size"));
     p.signature.eval_rows = optional_int("eval_rows");
     p.signature.planned_peak_bytes = json_int(meta.at("planned_peak_bytes"));
   } catch (const std::exception& e) {

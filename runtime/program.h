@@ -63,6 +63,9 @@ struct ProgramSignature {
   /// Rows one optimizer step reads: microbatch_rows * gradient_accumulation_steps (0: not
   /// recorded).
   int64_t rows_per_step = 0;
+  /// Ranks of the data-parallel job the program was built for (passes/data_parallel.cpp:
+  /// its collectives and loss normalization); 1 for one process (and files that predate it).
+  int64_t world_size = 1;
   /// Rows of one eval batch: the batch dim the eval program was bound to (0: not recorded).
   int64_t eval_rows = 0;
 };

@@ -105,6 +105,10 @@ Status TrainConfig::validate() const {
     return bad("gradient_accumulation_steps",
                "times --per_device_train_batch_size must be at most 2^31 rows per step, got " +
                    num_str(gradient_accumulation_steps) + " x " + num_str(per_device_train_batch_size));
+  if (!(ddp_timeout > 0) || std::isinf(ddp_timeout))
+    return bad("ddp_timeout", "must be a finite number of seconds > 0, got " + num_str(ddp_timeout));
+  if (!(ddp_bucket_cap_mb > 0) || std::isinf(ddp_bucket_cap_mb))
+    return bad("ddp_bucket_cap_mb", "must be a finite number of MiB > 0, got " + num_str(ddp_bucket_cap_mb));
   if (eval_steps < 0) return bad("eval_steps", "must be >= 0, got " + num_str(eval_steps));
   if (save_steps < 0) return bad("save_steps", "must be >= 0, got " + num_str(save_steps));
   if (save_total_limit < 0) return bad("save_total_limit", "must be >= 0, got " + num_str(save_total_limit));
@@ -343,6 +347,10 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"accumulation_normalization", Kind::str, &c.accumulation_normalization,
        "tokens | microbatch: how accumulated losses are normalized (default: tokens for cross_entropy, else "
        "microbatch)"},
+      {"ddp_timeout", Kind::f64, &c.ddp_timeout,
+       "data-parallel jobs (mpirun): seconds a collective waits for the other ranks before the job fails"},
+      {"ddp_bucket_cap_mb", Kind::f64, &c.ddp_bucket_cap_mb,
+       "data-parallel jobs: gradient bucket size in MiB (one all-reduce per bucket; the first holds 1 MiB)"},
       {"backend", Kind::str, &c.backend,
        "compiled (default: fused kernels generated with LLVM) | eager (op by op, the reference); bench takes a list: "
        "eager,compiled"},

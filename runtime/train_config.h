@@ -73,6 +73,13 @@ struct TrainConfig {
   /// num_items_in_batch); "microbatch": each microbatch's mean loss / N; "" = default
   /// (tokens for cross_entropy, else microbatch).
   std::string accumulation_normalization;
+  /// Ranks of the data-parallel job this process belongs to (runtime/comm.h launch_info;
+  /// not a flag: mpirun or srun sets it). Programs are built for it (passes/data_parallel.cpp).
+  int64_t world_size = 1;
+  /// Hugging Face's flags: seconds a collective may wait for the other ranks before the job
+  /// fails (a rank died or hangs), and the gradient bucket size in MiB (DDP's bucket_cap_mb).
+  double ddp_timeout = 1800;
+  double ddp_bucket_cap_mb = 25;
   std::string backend = "eager";  // the library's default: the reference; the kiln CLI defaults to compiled
   /// Compile cache of generated kernels (issue 8): "" = $KILN_CACHE_DIR, else
   /// $XDG_CACHE_HOME/kiln, else ~/.cache/kiln. Has no effect on results.

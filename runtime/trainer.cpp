@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/buckets.h"
+#include "runtime/comm.h"
 #include "runtime/interpreter.h"
 #include "runtime/interrupt.h"
 #include "runtime/metrics.h"
@@ -257,11 +259,30 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
     if (graphs.accumulation_steps > 0) t.trips_ = graphs.accumulation_steps;
   }
   t.rows_per_step_ = t.micro_rows_ * t.trips_;
-  t.steps_per_epoch_ = train_data->steps_per_epoch(t.rows_per_step_);
+  // A data-parallel job (runtime/comm.h): each step takes one global batch of world_size
+  // x rows_per_step rows from the one seeded order; rank r trains on its contiguous slice
+  // [r * rows_per_step, (r + 1) * rows_per_step). Rank 0 alone logs, evaluates and saves.
+  if (comm::Communicator* w = comm::world()) {
+    t.world_ = w->world_size();
+    t.rank_ = w->rank();
+    if (!cfg.dataloader_drop_last)
+      return Status::error("--dataloader_drop_last false: a data-parallel job trains whole global batches only (" +
+                           std::to_string(t.world_) + " ranks x " + std::to_string(t.rows_per_step_) +
+                           " rows); the last partial batch is dropped");
+    if (t.rank_ != 0) {
+      static std::ostream quiet(nullptr);
+      t.opts_.out = &quiet;
+      t.opts_.progress = 0;
+      t.opts_.write_files = false;
+    }
+  }
+  t.job_rows_ = t.rows_per_step_ * t.world_;
+  t.steps_per_epoch_ = train_data->steps_per_epoch(t.job_rows_);
   if (t.steps_per_epoch_ <= 0)
     return Status::error("--train_data " + train_data->files() + ": " + std::to_string(train_data->num_rows()) +
-                         " rows, fewer than one step of " + std::to_string(t.rows_per_step_) +
-                         " (--per_device_train_batch_size x --gradient_accumulation_steps)");
+                         " rows, fewer than one step of " + std::to_string(t.job_rows_) +
+                         (t.world_ > 1 ? " (ranks x " : " (") +
+                         "--per_device_train_batch_size x --gradient_accumulation_steps)");
   const StepShape first_shape = t.step_shape(0);
   if (!graphs.train_step) {
     auto g = opts.programs(first_shape, t.rebuild_reason(first_shape, "the first step"));
@@ -432,7 +453,8 @@ StepShape Trainer::step_shape(int64_t step) const {
   StepShape s = step_rows(step);
   if (chooser_) {
     const int64_t epoch = step / steps_per_epoch_, index = step % steps_per_epoch_;
-    const int64_t need = train_->train_batch_length(cfg_.seed, epoch, index, rows_per_step_, 0, s.micro_rows * s.trips);
+    const int64_t need =
+        train_->train_batch_length(cfg_.seed, epoch, index, job_rows_, rank_ * rows_per_step_, s.micro_rows * s.trips);
     s.length = chooser_->choose(need).length;
   }
   return s;
@@ -440,8 +462,8 @@ StepShape Trainer::step_shape(int64_t step) const {
 
 StepShape Trainer::step_rows(int64_t step) const {
   StepShape s{micro_rows_, trips_, 0};
-  const int64_t rows = train_->rows_in_batch(step % steps_per_epoch_, rows_per_step_);
-  if (rows > 0 && rows < rows_per_step_) {
+  const int64_t rows = train_->rows_in_batch(step % steps_per_epoch_, job_rows_);
+  if (rows > 0 && rows < job_rows_) {
     // The epoch's last partial batch: microbatches of at most micro_rows_ equal rows.
     int64_t m = std::min(micro_rows_, rows);
     while (rows % m != 0) --m;
@@ -564,12 +586,14 @@ Status Trainer::restore(const std::string& dir) {
         return Status::error("checkpoint '" + dir + "': tensor '" + name + "' is not state of this training program" +
                              (!cause.empty() ? cause : " (was the checkpoint written with another --optim or model?)") +
                              "; resuming would drop it");
-  if (c.state.steps_per_epoch != steps_per_epoch_ || c.state.rows_per_step != rows_per_step_) {
+  // Rows of the job's global batch: a checkpoint resumes on another number of ranks when
+  // the global batch (ranks x per-device batch x accumulation) is the same.
+  if (c.state.steps_per_epoch != steps_per_epoch_ || c.state.rows_per_step != job_rows_) {
     const std::vector<std::string> data_changes = changed_flags(c.state.config_json, cfg_, kDataFlags);
     return Status::error(
         "checkpoint '" + dir + "': made with " + std::to_string(c.state.steps_per_epoch) + " steps per epoch of " +
         std::to_string(c.state.rows_per_step) + " rows, the current data gives " + std::to_string(steps_per_epoch_) +
-        " of " + std::to_string(rows_per_step_) + " (resuming would change the data order" +
+        " of " + std::to_string(job_rows_) + " (resuming would change the data order" +
         (data_changes.empty() ? "" : "; the checkpoint was written with " + join_flags(data_changes)) + ")");
   }
   // Changes a resume accepts (state-shaping flags whose state still matches, such as
@@ -603,6 +627,7 @@ Status Trainer::restore(const std::string& dir) {
 Expected<StepResult> Trainer::step(const Batch* given) {
   auto t0 = std::chrono::steady_clock::now();
   const int64_t epoch = global_step_ / steps_per_epoch_, index = global_step_ % steps_per_epoch_;
+  const int64_t first_row = rank_ * rows_per_step_;  // this rank's slice of the global batch
   // The program of this step's batch shape (a given batch runs on the first program).
   Variant* v = first_;
   StepShape shape = first_shape_;
@@ -611,7 +636,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
     shape = step_rows(global_step_);
     if (chooser_)
       shape.length = padded_length(
-          train_->train_batch_length(cfg_.seed, epoch, index, rows_per_step_, 0, shape.micro_rows * shape.trips));
+          train_->train_batch_length(cfg_.seed, epoch, index, job_rows_, first_row, shape.micro_rows * shape.trips));
     KILN_ASSIGN_OR_RETURN(v, variant_for(shape, "step " + std::to_string(global_step_ + 1)));
     last_shape_ = shape;
     if (chooser_) chooser_->add_built(shape.length);  // the specialize limit counts training lengths
@@ -630,7 +655,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
     batch = *given;
   } else if (!stream) {
     KILN_ASSIGN_OR_RETURN(batch,
-                          train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, 0, rows, shape.length));
+                          train_->train_batch_rows(cfg_.seed, epoch, index, job_rows_, first_row, rows, shape.length));
   }
   KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(g, batch, v->train_specs, /*data_optional=*/stream));
   for (ir::Value* in : g.inputs)
@@ -640,8 +665,8 @@ Expected<StepResult> Trainer::step(const Batch* given) {
       int64_t count = 0;
       if (stream) {
         for (int64_t t = 0; t < trips; ++t) {
-          KILN_ASSIGN_OR_RETURN(Batch part, train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro,
-                                                                     micro, shape.length));
+          KILN_ASSIGN_OR_RETURN(Batch part, train_->train_batch_rows(cfg_.seed, epoch, index, job_rows_,
+                                                                     first_row + t * micro, micro, shape.length));
           auto l = part.find(vg.label_input);
           if (l == part.end()) return Status::error("train_step: the data has no label input '" + vg.label_input + "'");
           count += count_num_items(l->second, cfg_.ignore_index);
@@ -650,6 +675,13 @@ Expected<StepResult> Trainer::step(const Batch* given) {
         auto l = batch.find(vg.label_input);
         if (l == batch.end()) return Status::error("train_step: the batch has no label input '" + vg.label_input + "'");
         count = count_num_items(l->second, cfg_.ignore_index);
+      }
+      if (comm::Communicator* w = comm::world()) {
+        // The job's count: each rank's loss is its label sum over the labels of every
+        // rank, so the summed losses are the mean over the global batch
+        // (HF's average_tokens_across_devices).
+        KILN_RETURN_IF_ERROR(
+            w->all_reduce_sum(&count, 1, ir::DType::i64, "num_items_in_batch", comm::Traffic::control)->wait());
       }
       feeds[in->name] = num_items_tensor(count, in->dtype);
     }
@@ -667,8 +699,8 @@ Expected<StepResult> Trainer::step(const Batch* given) {
                                                                     int64_t n) mutable -> Expected<Tensor> {
       if (pending_t != t || !pending.count(in.name)) {
         pending.clear();
-        KILN_ASSIGN_OR_RETURN(
-            pending, train_->train_batch_rows(cfg_.seed, epoch, index, rows_per_step_, t * micro, micro, shape.length));
+        KILN_ASSIGN_OR_RETURN(pending, train_->train_batch_rows(cfg_.seed, epoch, index, job_rows_,
+                                                                first_row + t * micro, micro, shape.length));
         pending_t = t;
       }
       auto it = pending.find(in.name);
@@ -816,7 +848,7 @@ Status Trainer::save() {
   c.state.epoch = epoch_now();
   c.state.total_steps = total_steps_;
   c.state.steps_per_epoch = steps_per_epoch_;
-  c.state.rows_per_step = rows_per_step_;
+  c.state.rows_per_step = job_rows_;
   c.state.seed = cfg_.seed;
   c.state.config_json = config_to_json(cfg_);
   // The log history so far (MetricsWriter flushes every line).
@@ -865,15 +897,16 @@ Expected<TrainResult> Trainer::run() {
       out << "note: evaluation uses " << used << " of " << eval_->num_rows() << " eval rows (whole batches of "
           << eval_rows_ << ": the program is compiled for one static batch shape)\n";
   }
-  out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << rows_per_step_
-      << " rows, " << total_steps_ << " steps" << (resumed_ ? ", resuming at step " + std::to_string(global_step_) : "")
-      << "\n";
+  out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << job_rows_
+      << " rows"
+      << (world_ > 1 ? " (" + std::to_string(world_) + " ranks x " + std::to_string(rows_per_step_) + ")" : "") << ", "
+      << total_steps_ << " steps" << (resumed_ ? ", resuming at step " + std::to_string(global_step_) : "") << "\n";
   // HF's Trainer ends an epoch with a smaller batch (dataloader_drop_last=False); kiln
   // drops it unless asked (a partial batch needs a program of its own).
-  if (const int64_t left = train_->num_rows() - steps_per_epoch_ * rows_per_step_;
+  if (const int64_t left = train_->num_rows() - steps_per_epoch_ * job_rows_;
       left > 0 && steps_per_epoch_ > 0 && !train_->is_tokens())
-    out << "note: each epoch trains on " << steps_per_epoch_ * rows_per_step_ << " of the " << train_->num_rows()
-        << " rows (whole steps of " << rows_per_step_ << " rows; --dataloader_drop_last false trains the rest with a "
+    out << "note: each epoch trains on " << steps_per_epoch_ * job_rows_ << " of the " << train_->num_rows()
+        << " rows (whole steps of " << job_rows_ << " rows; --dataloader_drop_last false trains the rest with a "
         << "program of its size); the " << left
         << " rows left over differ from epoch to epoch (the order is reshuffled)\n";
   for (const Dataset* d : {train_, eval_})
@@ -897,8 +930,10 @@ Expected<TrainResult> Trainer::run() {
   res.total_steps = total_steps_;
   auto run_t0 = std::chrono::steady_clock::now();
   const int64_t first_step = global_step_;
+  if (comm::Communicator* w = comm::world()) w->reset_stats();  // this run's steps only
   int64_t last_eval = -1;
   auto do_eval = [&]() -> Status {
+    if (rank_ != 0) return Status::ok();  // a data-parallel job evaluates on rank 0 alone
     bar.clear();
     auto mr = evaluate(&eval_bar);
     eval_bar.close();
@@ -921,8 +956,16 @@ Expected<TrainResult> Trainer::run() {
   bar.start(total_steps_, global_step_);
   while (global_step_ < total_steps_) {
     // SIGINT/SIGTERM (StopOnSignal): stop between steps, after the last one's log, eval and save.
-    if (stop_signal() != 0) {
-      res.stopped_by_signal = stop_signal();
+    int stop = stop_signal();
+    if (comm::Communicator* w = comm::world()) {
+      // Every rank stops after the same step: the signal reaches the ranks at different
+      // times, and a rank that stopped alone would leave the others waiting in a collective.
+      int64_t any = stop != 0 ? 1 : 0;
+      KILN_RETURN_IF_ERROR(w->all_reduce_sum(&any, 1, ir::DType::i64, "the stop flag", comm::Traffic::control)->wait());
+      if (any > 0 && stop == 0) stop = SIGTERM;
+    }
+    if (stop != 0) {
+      res.stopped_by_signal = stop;
       break;
     }
     KILN_ASSIGN_OR_RETURN(StepResult r, step());
@@ -934,7 +977,9 @@ Expected<TrainResult> Trainer::run() {
     acc_.total_loss_sum += r.loss;
     last_grad_norm = r.grad_norm;
     last_lr = r.learning_rate;
-    if (!std::isfinite(r.loss) && !warned_nonfinite) {
+    if (rank_ != 0) {
+      // the job's loss is every rank's: rank 0 alone warns
+    } else if (!std::isfinite(r.loss) && !warned_nonfinite) {
       // PyTorch and the HF Trainer keep going on a non-finite loss; say so once, loudly.
       bar.clear();
       std::cerr << message_prefix() << ": warning: loss is "
@@ -970,7 +1015,7 @@ Expected<TrainResult> Trainer::run() {
       e.grad_norm = last_grad_norm;
       e.learning_rate = last_lr;
       e.step_time_s = acc_.log_time_sum / static_cast<double>(acc_.log_loss_count);
-      e.samples_per_second = e.step_time_s > 0 ? static_cast<double>(rows_per_step_) / e.step_time_s : 0;
+      e.samples_per_second = e.step_time_s > 0 ? static_cast<double>(job_rows_) / e.step_time_s : 0;
       bar.clear();
       out << format_log_line(e) << std::endl;  // flushed: progress shows through pipes too
       bar.refresh();
@@ -1005,8 +1050,9 @@ Expected<TrainResult> Trainer::run() {
     } else {
       saved = "; no checkpoint saved (--save_steps is 0)";
     }
-    std::cerr << message_prefix() << ": " << signal_name(res.stopped_by_signal) << ": stopped after step "
-              << global_step_ << " of " << total_steps_ << saved << std::endl;
+    if (rank_ == 0)
+      std::cerr << message_prefix() << ": " << signal_name(res.stopped_by_signal) << ": stopped after step "
+                << global_step_ << " of " << total_steps_ << saved << std::endl;
     res.global_step = global_step_;
     res.epoch = epoch_now();
     res.train_loss = global_step_ > 0 ? acc_.total_loss_sum / static_cast<double>(global_step_) : 0.0;
@@ -1023,12 +1069,35 @@ Expected<TrainResult> Trainer::run() {
   summary["train_loss"] = std::isfinite(res.train_loss) ? nlohmann::json(res.train_loss) : nlohmann::json(nullptr);
   summary["train_runtime"] = runtime;
   int64_t ran = global_step_ - first_step;
-  summary["train_samples_per_second"] = runtime > 0 ? static_cast<double>(ran * rows_per_step_) / runtime : 0.0;
+  summary["train_samples_per_second"] = runtime > 0 ? static_cast<double>(ran * job_rows_) / runtime : 0.0;
   summary["train_steps_per_second"] = runtime > 0 ? static_cast<double>(ran) / runtime : 0.0;
   if (opts_.planned_peak_bytes >= 0) summary["planned_peak_bytes"] = opts_.planned_peak_bytes;
   if (opts_.memory_base_bytes >= 0 && ran > 0)
     summary["measured_peak_bytes"] = ir::MemoryStats::peak_bytes() - opts_.memory_base_bytes;
+  std::string ddp_line;
+  if (comm::Communicator* w = comm::world(); w && ran > 0) {
+    // What the communication layer counted over this run's steps (per rank; every rank
+    // sends as much): the program's collectives (gradient buckets) and their time.
+    const comm::CommStats cs = w->stats();
+    const double per = 1.0 / static_cast<double>(ran);
+    summary["ddp_world_size"] = world_;
+    summary["ddp_collectives_per_step"] = static_cast<double>(cs.collectives) * per;
+    summary["ddp_bytes_sent_per_step"] = static_cast<double>(cs.bytes_sent) * per;
+    summary["ddp_comm_seconds_per_step"] = cs.busy_seconds * per;
+    summary["ddp_exposed_comm_seconds_per_step"] = cs.wait_seconds * per;
+    const double overlap = cs.busy_seconds > 0 ? std::clamp(1.0 - cs.wait_seconds / cs.busy_seconds, 0.0, 1.0) : 0.0;
+    summary["ddp_overlap"] = overlap;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "data parallel: %d ranks | %.3g collectives/step | %.0f B (%.3f MiB) sent/step per rank | "
+                  "communication %s/step, exposed %s (overlap %.0f%%)",
+                  world_, static_cast<double>(cs.collectives) * per, static_cast<double>(cs.bytes_sent) * per,
+                  static_cast<double>(cs.bytes_sent) * per / 1048576.0, format_time(cs.busy_seconds * per).c_str(),
+                  format_time(cs.wait_seconds * per).c_str(), overlap * 100);
+    ddp_line = line;
+  }
   KILN_RETURN_IF_ERROR(metrics.write(summary));
+  if (!ddp_line.empty()) out << ddp_line << "\n";
   char buf[200];
   std::snprintf(buf, sizeof buf, "done: step %lld | epoch %.2f | train_loss %s | train_runtime %s",
                 static_cast<long long>(global_step_), res.epoch, format_metric(res.train_loss).c_str(),

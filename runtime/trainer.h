@@ -233,6 +233,10 @@ class Trainer {
   std::map<std::string, std::string> state_kind_;    ///< input name -> kind
   std::map<std::string, std::string> state_output_;  ///< input name -> output name
   int64_t rows_per_step_ = 0, steps_per_epoch_ = 0, total_steps_ = 0, global_step_ = 0;
+  /// A data-parallel job (runtime/comm.h): ranks, this rank, and rows of one global batch
+  /// (world_ x rows_per_step_), the unit of the data order, checkpoints and throughput.
+  int world_ = 1, rank_ = 0;
+  int64_t job_rows_ = 0;
   /// Feeds of the train step's LR-schedule inputs (ir::kScheduleTotalInput ...) for this run.
   std::map<std::string, ir::Tensor> schedule_feeds_;
   int64_t eval_rows_ = 0;

@@ -9,6 +9,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
   libglpk-dev libssl-dev clang-format ccache
+  libopenmpi-dev openmpi-bin iproute2  # data-parallel training (runtime/comm); iproute2: the two-host test (ip netns)
   tmux libxml2-utils  # tests: the progress bar in a real terminal; xmllint validates the SVG plots
   clang-14 libclang-rt-14-dev  # tools/fuzz.sh: clang++-14 and its libFuzzer runtime
   python3 python3-numpy python3-onnx python3-torch python3-sklearn jargon-text

@@ -19,6 +19,7 @@ void register_eager_kernels() {
     kernels::register_training_kernels(t);
     kernels::register_optim8bit_kernels(t);
     kernels::register_indexing_kernels(t);
+    kernels::register_collective_kernels(t);
     kernels::set_kernel(t, "AccumulationLoop", accumulation_loop_kernel);
     kernels::set_kernel(t, "FusedKernel", fused_kernel_eager);
   });

@@ -417,6 +417,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     if (has_trait(*n, ir::OpTrait::loop))
       prog.signature.gradient_accumulation_steps = n->attrs.get_int("trip_count", 1);
   prog.signature.rows_per_step = prog.signature.microbatch_rows * prog.signature.gradient_accumulation_steps;
+  prog.signature.world_size = std::max<int64_t>(1, cfg.world_size);
   prog.signature.eval_rows = cfg.per_device_eval_batch_size;
   // --backend compiled: pointwise groups become FusedKernel nodes, then generated code.
   const bool compiled = cfg.backend == "compiled";

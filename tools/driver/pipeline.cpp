@@ -39,6 +39,8 @@ PipelineOptions pipeline_options(const runtime::TrainConfig& cfg, int64_t total_
   if (auto b = runtime::parse_byte_size(cfg.memory_budget); !cfg.memory_budget.empty() && b) o.remat.memory_budget = *b;
   o.accumulation.gradient_accumulation_steps = cfg.gradient_accumulation_steps;
   o.accumulation.normalization = cfg.accumulation_normalization;
+  o.data_parallel.world_size = cfg.world_size;  // passes/data_parallel.cpp
+  o.data_parallel.bucket_cap_mb = cfg.ddp_bucket_cap_mb;
   if (cfg.fp16) {  // passes/autocast.cpp + passes/grad_scaler.cpp
     o.autocast.dtype = ir::DType::f16;
     o.grad_scaler.init_scale = cfg.fp16_init_scale;
@@ -62,7 +64,7 @@ std::vector<std::string> specialize_pipeline(bool to_f64) {
 namespace {
 
 /// When a table entry runs.
-enum class When { always, low_precision, fp16, remat, compiled };
+enum class When { always, low_precision, fp16, remat, compiled, data_parallel };
 
 bool holds(When w, const PipelineOptions& o) {
   switch (w) {
@@ -76,6 +78,8 @@ bool holds(When w, const PipelineOptions& o) {
       return o.passes.remat.policy != "none";
     case When::compiled:
       return o.compiled;
+    case When::data_parallel:
+      return o.passes.data_parallel.world_size > 1;
   }
   return false;
 }
@@ -106,7 +110,8 @@ struct Entry {
 // column sums (decompose), which fusion then generates with the pointwise groups;
 // pointwise kernels then write into an input that dies at them (fused_inplace); the
 // optimizer's per-parameter update kernels become one multi-tensor launch (multi_tensor);
-// memory planning runs last and writes each value's step-arena offset into the IR
+// data-parallel jobs sum the gradients over the ranks after the accumulation loop, once
+// per optimizer step (data_parallel); memory planning runs last and writes each value's step-arena offset into the IR
 // (arena_plan).
 constexpr Entry kTable[] = {
     // pass                 runs when            train       grads           eval
@@ -125,6 +130,7 @@ constexpr Entry kTable[] = {
     {"optimizer", When::always, "update", nullptr, nullptr},
     {"grad_scaler_update", When::fp16, "update", nullptr, nullptr},
     {"accumulation", When::always, "update", nullptr, nullptr},
+    {"data_parallel", When::data_parallel, "update", nullptr, nullptr},
     {"canonicalize", When::always, "update", nullptr, nullptr},
     {"gemm_widening", When::compiled, "lowering", nullptr, "forward"},
     {"absorb_transpose", When::compiled, "lowering", nullptr, "forward"},

@@ -93,6 +93,7 @@ Expected<std::string> program_cache_key(const runtime::TrainConfig& cfg) {
   for (const std::string& f : per_run_fields()) c.erase(f);
   c.erase("model");
   key["config"] = c;
+  key["world_size"] = cfg.world_size;  // not a config field: the launcher's (passes/data_parallel.cpp)
   key["token_data"] = runtime::is_token_file(cfg.train_data);
   key["eval_data"] = !cfg.eval_data.empty();
   // Symbolic dims are bound from the .npy files' shapes (driver.cpp's batch_bindings):

@@ -17,6 +17,7 @@
 #include "ir/op_table.h"
 #include "ir/tensor.h"
 #include "runtime/checkpoint.h"
+#include "runtime/comm.h"
 #include "runtime/io.h"
 #include "runtime/metrics.h"
 #include "runtime/sequences.h"
@@ -227,6 +228,7 @@ Expected<int64_t> steps_per_epoch_of(const TrainConfig& cfg, const runtime::RawD
   auto pre = runtime::Dataset::bind(train_raw, specs, data_options(cfg));
   if (!pre) return Status::error("--train_data: " + pre.status().message());
   if (rows_per_step <= 0) rows_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  rows_per_step *= std::max<int64_t>(1, cfg.world_size);  // a data-parallel job's global batch
   const int64_t spe = pre->steps_per_epoch(rows_per_step);
   if (spe <= 0)
     return Status::error("--train_data " + pre->files() + ": " + std::to_string(pre->num_rows()) +
@@ -425,19 +427,34 @@ static Status save_trained(const TrainConfig& cfg, const runtime::TrainResult& r
   return Status::ok();
 }
 
-Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out, runtime::Program* loaded) {
+Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out_given, runtime::Program* loaded) {
   if (cfg.train_data.empty()) return Status::error("--train_data is required (NAME=FILE.npy ... or FILE.bin)");
   KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
+  // A data-parallel job (mpirun, srun: runtime/comm.h): the programs are built for its
+  // ranks; rank 0 alone writes output_dir and prints.
+  KILN_RETURN_IF_ERROR(runtime::comm::init_world(cfg.ddp_timeout));
+  const runtime::comm::Communicator* world = runtime::comm::world();
+  cfg.world_size = world ? world->world_size() : 1;
+  const bool rank0 = !world || world->rank() == 0;
+  std::ostream quiet(nullptr);
+  std::ostream& out = rank0 ? out_given : quiet;
+  if (loaded && loaded->signature.world_size != cfg.world_size)
+    return Status::error("this program was compiled for " + std::to_string(loaded->signature.world_size) +
+                         " rank(s) and runs on " + std::to_string(cfg.world_size) +
+                         "; compile it under the same launcher (mpirun -np " + std::to_string(cfg.world_size) +
+                         " kiln compile ...)");
   // Before anything is created in output_dir (its lock file, its folders).
   KILN_RETURN_IF_ERROR(runtime::guard_output_outside_checkpoint(cfg));
   // Whatever this run creates in output_dir goes again if it fails.
-  OutputGuard guard(cfg.output_dir);
+  OutputGuard guard(rank0 ? cfg.output_dir : "");
   // The same for an explicit --logging_dir (TensorBoard's event files) outside output_dir.
-  OutputGuard log_guard(cfg.reports_tensorboard() ? cfg.logging_dir : "", cfg.output_dir);
-  KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
-  // One training run per output_dir at a time (checkpoints, metrics.jsonl, model files).
-  KILN_ASSIGN_OR_RETURN(auto dir_lock, runtime::OutputDirLock::acquire(cfg.output_dir));
-  guard.hold(std::move(dir_lock));
+  OutputGuard log_guard(rank0 && cfg.reports_tensorboard() ? cfg.logging_dir : "", cfg.output_dir);
+  if (rank0) {
+    KILN_RETURN_IF_ERROR(runtime::prepare_output_dir(cfg.output_dir));
+    // One training run per output_dir at a time (checkpoints, metrics.jsonl, model files).
+    KILN_ASSIGN_OR_RETURN(auto dir_lock, runtime::OutputDirLock::acquire(cfg.output_dir));
+    guard.hold(std::move(dir_lock));
+  }
   auto ctx = [](const Status& s, const std::string& what) { return Status::error(what + ": " + s.message()); };
   auto train_raw = runtime::load_raw_data(cfg.train_data);
   if (!train_raw) return ctx(train_raw.status(), "--train_data");
@@ -558,8 +575,9 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
       return Status::ok();
     }
     if (shapes->programs().empty()) return Status::error("no program was built (internal)");
-    KILN_RETURN_IF_ERROR(
-        save_trained(cfg, res, shapes->programs().begin()->second.train_step->initializer_origins, out));
+    if (rank0)
+      KILN_RETURN_IF_ERROR(
+          save_trained(cfg, res, shapes->programs().begin()->second.train_step->initializer_origins, out));
     out << "programs: " << shapes->programs().size() << " (" << shapes->built() << " built, " << shapes->cache_hits()
         << " from the program cache, " << runtime::format_time(shapes->seconds()) << ")\n";
     if (const int64_t planned = shapes->max_planned_peak(); planned >= 0 && !res.step_losses.empty())
@@ -618,7 +636,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     return Status::ok();
   }
 
-  KILN_RETURN_IF_ERROR(save_trained(cfg, res, prog.train_step->initializer_origins, out));
+  if (rank0) KILN_RETURN_IF_ERROR(save_trained(cfg, res, prog.train_step->initializer_origins, out));
   if (planned_peak >= 0 && res.step_losses.empty())
     out << "peak memory: planned " << passes::human_bytes(planned_peak) << " (" << planned_peak
         << " B); no training step ran, nothing measured\n";

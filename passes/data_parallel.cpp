@@ -1,0 +1,149 @@
+// data_parallel: makes a training step one rank's share of a data-parallel job (issue
+// 35): the gradients are summed over the ranks before anything reads them, as PyTorch's
+// DistributedDataParallel does, with the collectives as IR (AllReduce, fusion class
+// "collective") so that every decision shows in the dump (DESIGN.md invariant 2).
+//
+// Input: a training step after optimizer and accumulation. Option world_size = N
+// (N <= 1: no change). Algorithm:
+//  1. The gradients: "<param>.grad" of every parameter binding (after accumulation the
+//     loop's outputs carry those names: one all-reduce per gradient per optimizer step,
+//     none per microbatch), ordered as backward produces them (position of the producer;
+//     for loop outputs, of the accumulator's update in the body).
+//  2. Buckets (DDP's Reducer): consecutive gradients of one dtype fill a bucket up to
+//     first_bucket_cap_mb MiB for the first (at most bucket_cap_mb) and bucket_cap_mb MiB
+//     for the others; a
+//     gradient larger than the cap has a bucket of its own. The loss joins the last
+//     bucket (one collective fewer), so the logged loss is the job's.
+//  3. One AllReduce node per bucket (attribute `bucket`), placed right after the last
+//     producer of its members; every reader of a member (clipping's norm, the optimizer,
+//     graph outputs) reads the sum instead. The norm is therefore the global one and
+//     every rank takes the same update.
+// Normalization: attach_loss divides by the job's counts (a mean loss by accum * N; a
+// token-normalized loss by the job's num_items_in_batch, which the trainer sums over the
+// ranks), so the sum over the ranks is the loss of one batch of N times the rows.
+// BatchNormalization running statistics stay per rank (each rank's own batch), as DDP
+// leaves them without SyncBatchNorm.
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "passes/passes.h"
+#include "passes/training_util.h"
+
+namespace kiln::passes {
+
+using namespace kiln::ir;
+
+namespace {
+
+class DataParallel : public Pass {
+ public:
+  std::string name() const override { return "data_parallel"; }
+  std::string describe_options(const PassOptions& o) const override {
+    const DataParallelOptions& d = o.data_parallel;
+    return OptionText()
+        .add("world_size", d.world_size)
+        .add("bucket_cap_mb", d.bucket_cap_mb)
+        .add("first_bucket_cap_mb", d.first_bucket_cap_mb)
+        .str();
+  }
+  Expected<bool> run(Graph& g, PassContext& ctx) override {
+    const DataParallelOptions& o = ctx.options.data_parallel;
+    if (o.world_size <= 1) return false;
+    if (o.bucket_cap_mb <= 0 || o.first_bucket_cap_mb <= 0)
+      return Status::error("data_parallel: bucket sizes must be > 0 MiB");
+    // Position of each top-level node; a loop output's is the loop's, refined by the
+    // position of its update in the body.
+    std::unordered_map<const Node*, size_t> pos;
+    for (size_t i = 0; i < g.nodes().size(); ++i) pos[g.nodes()[i].get()] = i;
+    auto order_of = [&](const Value* v) -> std::pair<size_t, size_t> {
+      const Node* p = v->producer;
+      if (!p) return {0, 0};
+      size_t inner = 0;
+      if (has_trait(*p, OpTrait::loop) && !p->regions.empty()) {
+        const Graph& body = *p->regions[0];
+        for (size_t k = 0; k < p->outputs.size(); ++k)
+          if (p->outputs[k] == v && k < body.outputs.size() && body.outputs[k]->producer)
+            inner = static_cast<size_t>(std::max(0, body.index_of(body.outputs[k]->producer))) + 1;
+      }
+      return {pos.at(p) + 1, inner};
+    };
+    struct Member {
+      Value* value;
+      std::pair<size_t, size_t> order;
+      size_t index;  // state order, for ties
+    };
+    std::vector<Member> grads;
+    for (auto& sb : g.state) {
+      if (sb.kind != "parameter") continue;
+      Value* gr = g.find_value(sb.input->name + ".grad");
+      if (!gr) return Status::error("data_parallel: no gradient '" + sb.input->name + ".grad' (run autodiff first)");
+      grads.push_back({gr, order_of(gr), grads.size()});
+    }
+    if (grads.empty()) return Status::error("data_parallel: no trainable parameters");
+    Value* loss = g.find_value("loss");
+    if (!loss) return Status::error("data_parallel: no 'loss' value");
+    std::stable_sort(grads.begin(), grads.end(), [](const Member& a, const Member& b) { return a.order < b.order; });
+
+    // ---- buckets ----
+    const double mib = 1024.0 * 1024.0;
+    std::vector<std::vector<Value*>> buckets;
+    double filled = 0;
+    for (const Member& m : grads) {
+      const double bytes = double(m.value->shape.numel()) * double(dtype_size(m.value->dtype));
+      const double cap =
+          (buckets.size() <= 1 ? std::min(o.first_bucket_cap_mb, o.bucket_cap_mb) : o.bucket_cap_mb) * mib;
+      const bool fits = !buckets.empty() && !buckets.back().empty() &&
+                        buckets.back().front()->dtype == m.value->dtype && filled + bytes <= cap;
+      if (!fits) {
+        buckets.emplace_back();
+        filled = 0;
+      }
+      buckets.back().push_back(m.value);
+      filled += bytes;
+    }
+    if (buckets.back().front()->dtype == loss->dtype)
+      buckets.back().push_back(loss);
+    else
+      buckets.push_back({loss});
+
+    // ---- one AllReduce per bucket, right after its last producer ----
+    std::unordered_map<Value*, Value*> summed;
+    std::unordered_set<const Node*> made;
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      std::vector<std::string> outs;
+      for (Value* v : buckets[k]) outs.push_back(v->name + ".allreduce");
+      size_t at = 0;
+      for (Value* v : buckets[k])
+        if (v->producer) at = std::max<size_t>(at, static_cast<size_t>(g.index_of(v->producer)) + 1);
+      Attributes a;
+      a.set("bucket", static_cast<int64_t>(k));
+      Node* n = g.insert_node(at, "AllReduce", "data_parallel/bucket" + std::to_string(k), buckets[k], outs, a);
+      KILN_RETURN_IF_ERROR(infer_node(*n));
+      made.insert(n);
+      for (size_t i = 0; i < buckets[k].size(); ++i) summed[buckets[k][i]] = n->outputs[i];
+    }
+    for (auto& n : g.nodes()) {
+      if (made.count(n.get())) continue;
+      for (auto& in : n->inputs)
+        if (auto it = summed.find(in); in && it != summed.end()) in = it->second;
+    }
+    for (auto& out : g.outputs)
+      if (auto it = summed.find(out); it != summed.end()) out = it->second;
+    for (auto& sb : g.state)
+      if (auto it = summed.find(sb.output); sb.output && it != summed.end()) sb.output = it->second;
+    // The summed loss keeps the name every reader of the program looks for.
+    Value* total = summed.at(loss);
+    g.rename_value(loss, "loss.local");
+    g.rename_value(total, "loss");
+    KILN_RETURN_IF_ERROR(g.topo_sort());
+    return true;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_data_parallel_pass() { return std::make_unique<DataParallel>(); }
+
+}  // namespace kiln::passes
