@@ -432,7 +432,7 @@ void register_training_ops(OpTable& t);
 void register_optim8bit_ops(OpTable& t);  ///< ir/ops/optim8bit.cpp (8-bit AdamW state)
 void register_control_ops(OpTable& t);
 void register_collective_ops(OpTable& t);  ///< ir/ops/collective.cpp
-void register_indexing_ops(OpTable& t);  ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
+void register_indexing_ops(OpTable& t);    ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
 /// Fills OpDef::scalar of the pointwise ops (ir/ops/elementwise.cpp), after every op is registered.
 void register_scalar_rules(OpTable& t);
 /// Sets OpDef::traits and the per-op hooks of ir/ops/traits.cpp, after every op is registered.

@@ -11,8 +11,8 @@ void register_nn_kernels(ir::OpTable& t);
 void register_reduction_kernels(ir::OpTable& t);
 void register_loss_kernels(ir::OpTable& t);
 void register_training_kernels(ir::OpTable& t);
-void register_optim8bit_kernels(ir::OpTable& t);  ///< runtime/kernels/optim8bit.cpp
-void register_indexing_kernels(ir::OpTable& t);   ///< runtime/kernels/indexing.cpp
+void register_optim8bit_kernels(ir::OpTable& t);   ///< runtime/kernels/optim8bit.cpp
+void register_indexing_kernels(ir::OpTable& t);    ///< runtime/kernels/indexing.cpp
 void register_collective_kernels(ir::OpTable& t);  ///< runtime/kernels/collective.cpp
 
 /// Test hooks of the 8-bit optimizer kernels (runtime/kernels/optim8bit.cpp).
