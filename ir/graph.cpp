@@ -360,7 +360,8 @@ std::unique_ptr<Graph> Graph::clone() const {
   };
   copy_nodes(*this, *g);
   for (Value* o : outputs) g->outputs.push_back(mapv(o));
-  for (const StateBinding& sb : state) g->state.push_back({sb.kind, mapv(sb.input), mapv(sb.output), sb.initial});
+  for (const StateBinding& sb : state)
+    g->state.push_back({sb.kind, mapv(sb.input), mapv(sb.output), sb.initial, sb.full_dims});
   return g;
 }
 

@@ -150,6 +150,11 @@ struct StateBinding {
   Value* input = nullptr;
   Value* output = nullptr;
   std::shared_ptr<Tensor> initial;
+  /// ZeRO-1 (passes/optimizer.cpp with zero_shards > 1): the binding holds this rank's
+  /// shard of a tensor of dims `full_dims`, flattened (rank r: elements [r*S, (r+1)*S) of
+  /// it, S = the shard's numel, zeros past the end); checkpoints hold the whole tensor.
+  /// Empty: the binding holds the whole tensor.
+  std::vector<int64_t> full_dims;
 };
 
 /// Where a trainable initializer sits in the model file it was imported from, when not

@@ -261,6 +261,10 @@ enum class OpTrait : uint32_t {
   /// An optional input may be omitted (null) before a present one, so IR builders pass
   /// null inputs through (Clip's min, Dropout's ratio).
   omittable_inputs = 1u << 16,
+  /// This rank's shard of input 0 in a data-parallel job (Shard: ZeRO-1's optimizer
+  /// reads its slice of a parameter or gradient); passes/data_parallel.cpp turns the
+  /// all-reduce of a gradient that only shards read into a reduce-scatter.
+  rank_shard = 1u << 17,
 };
 /// A set of OpTrait bits.
 using OpTraits = uint32_t;
@@ -432,6 +436,10 @@ void register_training_ops(OpTable& t);
 void register_optim8bit_ops(OpTable& t);  ///< ir/ops/optim8bit.cpp (8-bit AdamW state)
 void register_control_ops(OpTable& t);
 void register_collective_ops(OpTable& t);  ///< ir/ops/collective.cpp
+/// ZeRO-1: elements of one rank's shard of a tensor of `numel` elements on `ranks` ranks,
+/// ceil(ceil(numel / 256) / ranks) * 256 (whole 256-element blocks: the 8-bit optimizer
+/// state's blocks stay on one rank). Rank r holds elements [r*S, (r+1)*S).
+int64_t shard_elems(int64_t numel, int64_t ranks);
 void register_indexing_ops(OpTable& t);    ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
 /// Fills OpDef::scalar of the pointwise ops (ir/ops/elementwise.cpp), after every op is registered.
 void register_scalar_rules(OpTable& t);

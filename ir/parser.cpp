@@ -234,12 +234,29 @@ class Parser {
       }
       if (l.rfind("state ", 0) == 0) {
         std::istringstream is(l.substr(6));
-        std::string kind, in, arrow, out;
+        std::string kind, in, arrow, out, shard_kw;
+        std::vector<int64_t> full;
         is >> kind >> in >> arrow >> out;
+        if (is >> shard_kw) {  // ZeRO-1: "shard_of [D0, D1, ...]"
+          std::string rest, dim;
+          std::getline(is, rest);
+          const size_t lb = rest.find('['), rb = rest.rfind(']');
+          if (shard_kw != "shard_of" || lb == std::string::npos || rb == std::string::npos || rb < lb)
+            return fail("'state KIND %INPUT <- %OUTPUT [shard_of [DIMS]]'");
+          std::istringstream dims(rest.substr(lb + 1, rb - lb - 1));
+          while (std::getline(dims, dim, ',')) {
+            char* end = nullptr;
+            const long long d = std::strtoll(dim.c_str(), &end, 10);
+            if (end == dim.c_str() || d < 0) return fail("'shard_of [DIMS]': dims are integers >= 0");
+            full.push_back(d);
+          }
+          if (full.empty()) return fail("'shard_of [DIMS]' names no dims");
+        }
         if (in.empty() || in[0] != '%' || arrow != "<-" || out.empty() || out[0] != '%')
           return fail("'state KIND %INPUT <- %OUTPUT'");
         StateBinding sb;
         sb.kind = kind;
+        sb.full_dims = full;
         sb.input = lookup(in.substr(1));
         sb.output = out == "%?" ? nullptr : lookup(out.substr(1));
         if (!sb.input || (out != "%?" && !sb.output)) return fail("state values defined in the graph");

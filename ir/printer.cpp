@@ -93,7 +93,7 @@ void print_graph(const Graph& g, std::ostream& os, int indent) {
   }
   for (const StateBinding& sb : g.state)
     os << pad << "  state " << sb.kind << " %" << sb.input->name << " <- %" << (sb.output ? sb.output->name : "?")
-       << "\n";
+       << (sb.full_dims.empty() ? std::string() : " shard_of " + Shape::of(sb.full_dims).to_string()) << "\n";
   os << pad << "  return ";
   for (size_t i = 0; i < g.outputs.size(); ++i) os << (i ? ", " : "") << "%" << g.outputs[i]->name;
   os << "\n" << pad << "}\n";

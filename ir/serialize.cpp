@@ -235,6 +235,8 @@ void GraphWriter::write(const Graph& g, ByteWriter& w) {
     ref(sb.input, w);
     ref(sb.output, w);
     w.i64(sb.initial ? tensor_index(sb.initial) : -1);
+    w.u64(sb.full_dims.size());
+    for (int64_t d : sb.full_dims) w.i64(d);
   }
   w.u64(g.import_notes.size());
   for (const auto& s : g.import_notes) w.str(s);
@@ -465,6 +467,11 @@ Status GraphReader::read_into(Graph& g, ByteReader& r, int depth) {
     if (!r.i64(t)) return bad("truncated state binding");
     sb.initial = tensor(t);
     if (t != -1 && !sb.initial) return bad("state binding names tensor " + std::to_string(t));
+    uint64_t rank;
+    if (!r.count(rank, 8)) return bad("truncated state binding");
+    sb.full_dims.resize(rank);
+    for (int64_t& d : sb.full_dims)
+      if (!r.i64(d) || d < 0) return bad("truncated state binding");
     g.state.push_back(std::move(sb));
   }
   if (!r.count(n, 8)) return bad("truncated import notes");

@@ -18,6 +18,10 @@
 //     producer of its members; every reader of a member (clipping's norm, the optimizer,
 //     graph outputs) reads the sum instead. The norm is therefore the global one and
 //     every rank takes the same update.
+//  4. ZeRO-1 (the optimizer pass with zero_shards > 1 reads each gradient through Shard):
+//     gradients that only Shard nodes read form buckets of their own, each a
+//     ReduceScatter (attribute shard_elems) whose outputs replace the Shard nodes: each
+//     rank receives the sum of its shard only (DeepSpeed's stage 1, ZeRO paper sec. 5.1).
 // Normalization: attach_loss divides by the job's counts (a mean loss by accum * N; a
 // token-normalized loss by the job's num_items_in_batch, which the trainer sums over the
 // ranks), so the sum over the ranks is the loss of one batch of N times the rows.
@@ -86,53 +90,98 @@ class DataParallel : public Pass {
     if (!loss) return Status::error("data_parallel: no 'loss' value");
     std::stable_sort(grads.begin(), grads.end(), [](const Member& a, const Member& b) { return a.order < b.order; });
 
-    // ---- buckets ----
+    // ZeRO-1 (passes/optimizer.cpp zero_shards): a gradient that only Shard nodes read
+    // needs this rank's shard of the sum only: a reduce-scatter instead of an all-reduce.
+    std::unordered_map<const Value*, std::vector<Node*>> shard_readers;
+    for (const Member& m : grads) {
+      std::vector<Node*> readers;
+      bool only_shards = true;
+      for (const Use& u : g.uses(m.value)) {
+        if (has_trait(*u.user, OpTrait::rank_shard))
+          readers.push_back(u.user);
+        else
+          only_shards = false;
+      }
+      if (only_shards && !readers.empty() && !g.is_graph_output(m.value)) shard_readers[m.value] = readers;
+    }
+
+    // ---- buckets: consecutive gradients of one dtype and one kind (summed or sharded) ----
     const double mib = 1024.0 * 1024.0;
-    std::vector<std::vector<Value*>> buckets;
+    struct Bucket {
+      std::vector<Value*> members;
+      bool sharded = false;
+    };
+    std::vector<Bucket> buckets;
     double filled = 0;
     for (const Member& m : grads) {
+      const bool sharded = shard_readers.count(m.value) > 0;
       const double bytes = double(m.value->shape.numel()) * double(dtype_size(m.value->dtype));
       const double cap =
           (buckets.size() <= 1 ? std::min(o.first_bucket_cap_mb, o.bucket_cap_mb) : o.bucket_cap_mb) * mib;
-      const bool fits = !buckets.empty() && !buckets.back().empty() &&
-                        buckets.back().front()->dtype == m.value->dtype && filled + bytes <= cap;
+      const bool fits = !buckets.empty() && buckets.back().sharded == sharded &&
+                        buckets.back().members.front()->dtype == m.value->dtype && filled + bytes <= cap;
       if (!fits) {
-        buckets.emplace_back();
+        buckets.push_back({{}, sharded});
         filled = 0;
       }
-      buckets.back().push_back(m.value);
+      buckets.back().members.push_back(m.value);
       filled += bytes;
     }
-    if (buckets.back().front()->dtype == loss->dtype)
-      buckets.back().push_back(loss);
+    if (!buckets.back().sharded && buckets.back().members.front()->dtype == loss->dtype)
+      buckets.back().members.push_back(loss);
     else
-      buckets.push_back({loss});
+      buckets.push_back({{loss}, false});
 
-    // ---- one AllReduce per bucket, right after its last producer ----
-    std::unordered_map<Value*, Value*> summed;
+    // ---- one collective per bucket, right after its last producer ----
+    std::unordered_map<Value*, Value*> summed;        // value -> its sum over the ranks
+    std::unordered_map<Value*, Value*> shard_of_sum;  // a Shard node's output -> the reduce-scatter's
     std::unordered_set<const Node*> made;
     for (size_t k = 0; k < buckets.size(); ++k) {
+      const Bucket& bk = buckets[k];
       std::vector<std::string> outs;
-      for (Value* v : buckets[k]) outs.push_back(v->name + ".allreduce");
+      for (Value* v : bk.members) outs.push_back(v->name + (bk.sharded ? ".reduce_scatter" : ".allreduce"));
       size_t at = 0;
-      for (Value* v : buckets[k])
+      for (Value* v : bk.members)
         if (v->producer) at = std::max<size_t>(at, static_cast<size_t>(g.index_of(v->producer)) + 1);
       Attributes a;
       a.set("bucket", static_cast<int64_t>(k));
-      Node* n = g.insert_node(at, "AllReduce", "data_parallel/bucket" + std::to_string(k), buckets[k], outs, a);
+      if (bk.sharded) {
+        std::vector<int64_t> elems;
+        for (Value* v : bk.members) elems.push_back(shard_readers.at(v).front()->attrs.get_int("shard_elems", 0));
+        a.set("shard_elems", elems);
+      }
+      Node* n = g.insert_node(at, bk.sharded ? "ReduceScatter" : "AllReduce",
+                              "data_parallel/bucket" + std::to_string(k), bk.members, outs, a);
       KILN_RETURN_IF_ERROR(infer_node(*n));
       made.insert(n);
-      for (size_t i = 0; i < buckets[k].size(); ++i) summed[buckets[k][i]] = n->outputs[i];
+      for (size_t i = 0; i < bk.members.size(); ++i) {
+        if (!bk.sharded) {
+          summed[bk.members[i]] = n->outputs[i];
+          continue;
+        }
+        for (Node* reader : shard_readers.at(bk.members[i])) {
+          if (reader->attrs.get_int("shard_elems", 0) != n->outputs[i]->shape.numel())
+            return Status::error("data_parallel: '" + reader->name + "' reads another shard size of '" +
+                                 bk.members[i]->name + "'");
+          shard_of_sum[reader->outputs[0]] = n->outputs[i];
+        }
+      }
     }
     for (auto& n : g.nodes()) {
       if (made.count(n.get())) continue;
-      for (auto& in : n->inputs)
-        if (auto it = summed.find(in); in && it != summed.end()) in = it->second;
+      for (auto& in : n->inputs) {
+        if (!in) continue;
+        if (auto it = summed.find(in); it != summed.end()) in = it->second;
+        if (auto it = shard_of_sum.find(in); it != shard_of_sum.end()) in = it->second;
+      }
     }
     for (auto& out : g.outputs)
       if (auto it = summed.find(out); it != summed.end()) out = it->second;
     for (auto& sb : g.state)
       if (auto it = summed.find(sb.output); sb.output && it != summed.end()) sb.output = it->second;
+    // The Shard nodes of the gradients are read no more.
+    for (auto& [v, readers] : shard_readers)
+      for (Node* r : readers) g.remove_node(r);
     // The summed loss keeps the name every reader of the program looks for.
     Value* total = summed.at(loss);
     g.rename_value(loss, "loss.local");

@@ -56,6 +56,7 @@ class Optimizer : public Pass {
         .add("lr_scheduler_type", oo.lr_scheduler_type)
         .add("total_steps", oo.total_steps)
         .add("warmup_steps", oo.warmup_steps)
+        .add("zero_shards", oo.zero_shards)
         .str();
   }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
@@ -87,6 +88,25 @@ class Optimizer : public Pass {
     auto C = [&](double v) { return b.scalar(v, dt); };
     auto kZero = make_attrs({{"keepdims", int64_t(0)}});
 
+    // ---- ZeRO-1: the optimizer runs on this rank's shard of each parameter ----
+    // (DeepSpeed's stage 1; issue 35) Every parameter and its gradient are read through
+    // Shard (the rank's slice, whole 256-element blocks: ir::shard_elems), the state holds
+    // the shard only, and the updated shards are all-gathered into the whole parameter.
+    // passes/data_parallel.cpp turns the gradients' all-reduce into a reduce-scatter.
+    const int64_t shards = oo.zero_shards;
+    std::vector<Value*> full_params;  // the parameters themselves (sharded or not)
+    for (auto* sb : params) full_params.push_back(sb->input);
+    std::vector<Value*> views = full_params;  // what each update reads: the parameter or its shard
+    if (shards > 1)
+      for (size_t i = 0; i < params.size(); ++i) {
+        b.set_prefix("optimizer/" + full_params[i]->name);
+        const int64_t se = shard_elems(full_params[i]->shape.numel(), shards);
+        Attributes sa;
+        sa.set("shard_elems", se);
+        views[i] = b.op("Shard", {full_params[i]}, sa, full_params[i]->name + ".shard");
+        grads[i] = b.op("Shard", {grads[i]}, sa, grads[i]->name + ".shard");
+      }
+
     // ---- global gradient norm and clipping ----
     b.set_prefix("optimizer/clip");
     Value* sq = nullptr;
@@ -94,6 +114,8 @@ class Optimizer : public Pass {
       Value* s = b.op("ReduceSum", {b.op("Mul", {gr, gr})}, kZero);
       sq = sq ? b.op("Add", {sq, s}) : s;
     }
+    // ZeRO-1: each rank squares its shards; the partial sums are all-reduced.
+    if (shards > 1) sq = b.op("AllReduce", {sq}, {}, "optimizer/clip/sum_of_squares");
     Value* norm = b.op("Sqrt", {sq}, {}, "grad_norm");
     const double max_norm = oo.max_grad_norm;
     Value* coef = nullptr;
@@ -166,15 +188,28 @@ class Optimizer : public Pass {
     std::vector<StateBinding> new_state;
     Value *qmap_s = nullptr, *qmap_u = nullptr;  // 8-bit maps, created with the first 8-bit parameter
     for (size_t i = 0; i < params.size(); ++i) {
-      Value* p = params[i]->input;
-      b.set_prefix("optimizer/" + p->name);
+      Value* const whole = full_params[i];
+      b.set_prefix("optimizer/" + whole->name);
       Value* gr = grads[i];
       // A parameter that nothing computes with (it does not reach the loss: its gradient
       // is autodiff's zero Expand) is not decayed either: PyTorch's optimizers skip a
       // parameter whose .grad is None. Its zero gradient leaves Adam's and SGD's steps 0.
-      bool decay_this = wd != 0 && p->shape.rank() >= 2 && !g.uses(p).empty();
+      // (Decided on the whole parameter, as 8-bit or fp32 state is, before sharding.)
+      const bool decay_this =
+          wd != 0 && whole->shape.rank() >= 2 && g.uses(whole).size() > (shards > 1 ? size_t(1) : size_t(0));
+      const bool use_8bit = eightbit && dt == DType::f32 && whole->shape.numel() >= kMin8bitSize;
+      Value* p = views[i];  // the parameter, or its shard (ZeRO-1)
+      const std::string pname = whole->name;
+      const std::string next_name = shards > 1 ? pname + ".shard.next" : pname + ".next";
+      // Binds a state input to its next value; ZeRO-1 states hold a shard of `full` elements.
+      auto bind = [&](Value* in, Value* out, std::vector<int64_t> full) {
+        new_state.push_back({"optimizer_state", in, out, std::make_shared<Tensor>(in->dtype, in->shape.to_vector()),
+                             shards > 1 ? std::move(full) : std::vector<int64_t>{}});
+      };
+      const std::vector<int64_t> full_dims = whole->shape.to_vector();
+      const int64_t full_n = whole->shape.numel();
       Value* p_new;
-      if (eightbit && dt == DType::f32 && p->shape.numel() >= kMin8bitSize) {
+      if (use_8bit) {
         // One fused node: dequantize -> AdamW -> requantize (ir/ops/optim8bit.cpp).
         if (!qmap_s) {
           auto ms = create_dynamic_map(true), mu = create_dynamic_map(false);
@@ -182,10 +217,10 @@ class Optimizer : public Pass {
           qmap_u = g.add_initializer("optimizer/qmap.unsigned", Tensor::from_f32(mu, {kQuantMapSize}));
         }
         const int64_t n = p->shape.numel(), nb = num_blocks_8bit(n);
-        Value* q1 = g.add_input(p->name + ".exp_avg.q8", DType::u8, Shape::of({n}));
-        Value* a1 = g.add_input(p->name + ".exp_avg.absmax", DType::f32, Shape::of({nb}));
-        Value* q2 = g.add_input(p->name + ".exp_avg_sq.q8", DType::u8, Shape::of({n}));
-        Value* a2 = g.add_input(p->name + ".exp_avg_sq.absmax", DType::f32, Shape::of({nb}));
+        Value* q1 = g.add_input(pname + ".exp_avg.q8", DType::u8, Shape::of({n}));
+        Value* a1 = g.add_input(pname + ".exp_avg.absmax", DType::f32, Shape::of({nb}));
+        Value* q2 = g.add_input(pname + ".exp_avg_sq.q8", DType::u8, Shape::of({n}));
+        Value* a2 = g.add_input(pname + ".exp_avg_sq.absmax", DType::f32, Shape::of({nb}));
         std::vector<Value*> ins = {p, gr, q1, a1, q2, a2, qmap_s, qmap_u, lr, step_size, sqrt_bc2};
         if (coef) ins.push_back(coef);
         Attributes at = make_attrs({{"beta1", b1},
@@ -193,49 +228,47 @@ class Optimizer : public Pass {
                                     {"eps", eps},
                                     {"weight_decay", decay_this ? wd : 0.0},
                                     {"blocksize", kBlockSize8bit}});
-        Node* nd = g.add_node("AdamW8bitUpdate", "optimizer/" + p->name + "/AdamW8bitUpdate", ins,
-                              {p->name + ".next", p->name + ".exp_avg.q8.next", p->name + ".exp_avg.absmax.next",
-                               p->name + ".exp_avg_sq.q8.next", p->name + ".exp_avg_sq.absmax.next"},
+        Node* nd = g.add_node("AdamW8bitUpdate", "optimizer/" + pname + "/AdamW8bitUpdate", ins,
+                              {next_name, pname + ".exp_avg.q8.next", pname + ".exp_avg.absmax.next",
+                               pname + ".exp_avg_sq.q8.next", pname + ".exp_avg_sq.absmax.next"},
                               std::move(at));
         KILN_RETURN_IF_ERROR(infer_node(*nd));
         p_new = nd->outputs[0];
-        new_state.push_back(
-            {"optimizer_state", q1, nd->outputs[1], std::make_shared<Tensor>(DType::u8, std::vector<int64_t>{n})});
-        new_state.push_back(
-            {"optimizer_state", a1, nd->outputs[2], std::make_shared<Tensor>(DType::f32, std::vector<int64_t>{nb})});
-        new_state.push_back(
-            {"optimizer_state", q2, nd->outputs[3], std::make_shared<Tensor>(DType::u8, std::vector<int64_t>{n})});
-        new_state.push_back(
-            {"optimizer_state", a2, nd->outputs[4], std::make_shared<Tensor>(DType::f32, std::vector<int64_t>{nb})});
-        g.state[param_idx[i]].output = p_new;
-        continue;
-      }
-      if (coef) gr = b.op("Mul", {gr, coef});
-      if (adam) {
-        Value* m = g.add_input(p->name + ".exp_avg", dt, p->shape);
-        Value* v = g.add_input(p->name + ".exp_avg_sq", dt, p->shape);
-        Value* pd = p;
-        if (decay_this) pd = b.op("Sub", {p, b.op("Mul", {p, b.op("Mul", {lr, C(wd)})})});
-        Value* m_new =
-            b.op("Add", {b.op("Mul", {m, C(b1)}), b.op("Mul", {gr, C(1.0 - b1)})}, {}, p->name + ".exp_avg.next");
-        Value* v_new = b.op("Add", {b.op("Mul", {v, C(b2)}), b.op("Mul", {b.op("Mul", {gr, gr}), C(1.0 - b2)})}, {},
-                            p->name + ".exp_avg_sq.next");
-        Value* denom = b.op("Add", {b.op("Div", {b.op("Sqrt", {v_new}), sqrt_bc2}), C(eps)});
-        p_new = b.op("Sub", {pd, b.op("Mul", {step_size, b.op("Div", {m_new, denom})})}, {}, p->name + ".next");
-        new_state.push_back({"optimizer_state", m, m_new, std::make_shared<Tensor>(dt, p->shape.to_vector())});
-        new_state.push_back({"optimizer_state", v, v_new, std::make_shared<Tensor>(dt, p->shape.to_vector())});
+        bind(q1, nd->outputs[1], {full_n});
+        bind(a1, nd->outputs[2], {num_blocks_8bit(full_n)});
+        bind(q2, nd->outputs[3], {full_n});
+        bind(a2, nd->outputs[4], {num_blocks_8bit(full_n)});
       } else {
-        Value* d = gr;
-        if (decay_this) d = b.op("Add", {d, b.op("Mul", {p, C(wd)})});
-        if (momentum != 0) {
-          Value* buf = g.add_input(p->name + ".momentum_buffer", dt, p->shape);
-          Value* upd = b.op("Add", {b.op("Mul", {buf, C(momentum)}), d});
-          Value* buf_new = b.op("Where", {first, d, upd}, {}, p->name + ".momentum_buffer.next");
-          new_state.push_back({"optimizer_state", buf, buf_new, std::make_shared<Tensor>(dt, p->shape.to_vector())});
-          d = nesterov ? b.op("Add", {d, b.op("Mul", {buf_new, C(momentum)})}) : buf_new;
+        if (coef) gr = b.op("Mul", {gr, coef});
+        if (adam) {
+          Value* m = g.add_input(pname + ".exp_avg", dt, p->shape);
+          Value* v = g.add_input(pname + ".exp_avg_sq", dt, p->shape);
+          Value* pd = p;
+          if (decay_this) pd = b.op("Sub", {p, b.op("Mul", {p, b.op("Mul", {lr, C(wd)})})});
+          Value* m_new =
+              b.op("Add", {b.op("Mul", {m, C(b1)}), b.op("Mul", {gr, C(1.0 - b1)})}, {}, pname + ".exp_avg.next");
+          Value* v_new = b.op("Add", {b.op("Mul", {v, C(b2)}), b.op("Mul", {b.op("Mul", {gr, gr}), C(1.0 - b2)})}, {},
+                              pname + ".exp_avg_sq.next");
+          Value* denom = b.op("Add", {b.op("Div", {b.op("Sqrt", {v_new}), sqrt_bc2}), C(eps)});
+          p_new = b.op("Sub", {pd, b.op("Mul", {step_size, b.op("Div", {m_new, denom})})}, {}, next_name);
+          bind(m, m_new, full_dims);
+          bind(v, v_new, full_dims);
+        } else {
+          Value* d = gr;
+          if (decay_this) d = b.op("Add", {d, b.op("Mul", {p, C(wd)})});
+          if (momentum != 0) {
+            Value* buf = g.add_input(pname + ".momentum_buffer", dt, p->shape);
+            Value* upd = b.op("Add", {b.op("Mul", {buf, C(momentum)}), d});
+            Value* buf_new = b.op("Where", {first, d, upd}, {}, pname + ".momentum_buffer.next");
+            bind(buf, buf_new, full_dims);
+            d = nesterov ? b.op("Add", {d, b.op("Mul", {buf_new, C(momentum)})}) : buf_new;
+          }
+          p_new = b.op("Sub", {p, b.op("Mul", {d, lr})}, {}, next_name);
         }
-        p_new = b.op("Sub", {p, b.op("Mul", {d, lr})}, {}, p->name + ".next");
       }
+      // ZeRO-1: every rank's updated shard, gathered into the whole parameter.
+      if (shards > 1)
+        p_new = b.op("AllGather", {p_new}, make_attrs({{"shape", whole->shape.to_vector()}}), pname + ".next");
       g.state[param_idx[i]].output = p_new;
     }
     if (!b.status()) return b.status();

@@ -46,6 +46,9 @@ struct OptimizerOptions {
   std::string lr_scheduler_type = "linear";  ///< linear, cosine, constant, constant_with_warmup
   int64_t total_steps = 1;                   ///< optimizer steps of the run (the schedule input's default)
   int64_t warmup_steps = 0;                  ///< the warmup input's default
+  /// ZeRO-1 (--zero_stage 1 in a data-parallel job): the optimizer state is cut into this
+  /// many shards (the world size), one per rank; 1: whole.
+  int64_t zero_shards = 1;
 };
 
 /// autocast: the low-precision dtype (bf16 for --bf16, f16 for --fp16).

@@ -178,9 +178,10 @@ class MpiCommunicator : public Communicator {
     return submit(t);
   }
 
-  std::shared_ptr<Work> all_gather(const void* send, void* recv, int64_t shard, ir::DType dt,
-                                   const std::string& what) override {
+  std::shared_ptr<Work> all_gather(const void* send, void* recv, int64_t shard, ir::DType dt, const std::string& what,
+                                   Traffic traffic) override {
     auto t = std::make_shared<Task>();
+    t->traffic = traffic;
     t->what = "all-gather of " + what;
     const int64_t bytes = shard * static_cast<int64_t>(ir::dtype_size(dt));
     t->phases.push_back([=]() -> Expected<MPI_Request> {

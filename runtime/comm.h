@@ -79,7 +79,7 @@ class Communicator {
   /// Every rank contributes `shard` elements (`send`); `recv` (world_size * shard) gets
   /// them in rank order.
   virtual std::shared_ptr<Work> all_gather(const void* send, void* recv, int64_t shard, ir::DType dt,
-                                           const std::string& what) = 0;
+                                           const std::string& what, Traffic traffic = Traffic::data) = 0;
   /// `bytes` bytes of `data` from rank `root` to every rank.
   virtual std::shared_ptr<Work> broadcast(void* data, int64_t bytes, int root, const std::string& what) = 0;
   /// Returns when every rank reached it. Errors: a timeout.

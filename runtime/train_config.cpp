@@ -105,6 +105,8 @@ Status TrainConfig::validate() const {
     return bad("gradient_accumulation_steps",
                "times --per_device_train_batch_size must be at most 2^31 rows per step, got " +
                    num_str(gradient_accumulation_steps) + " x " + num_str(per_device_train_batch_size));
+  if (zero_stage != 0 && zero_stage != 1)
+    return bad("zero_stage", "must be 0 or 1 (ZeRO stages 2 and 3 are not built), got " + num_str(zero_stage));
   if (!(ddp_timeout > 0) || std::isinf(ddp_timeout))
     return bad("ddp_timeout", "must be a finite number of seconds > 0, got " + num_str(ddp_timeout));
   if (!(ddp_bucket_cap_mb > 0) || std::isinf(ddp_bucket_cap_mb))
@@ -351,6 +353,8 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
        "data-parallel jobs (mpirun): seconds a collective waits for the other ranks before the job fails"},
       {"ddp_bucket_cap_mb", Kind::f64, &c.ddp_bucket_cap_mb,
        "data-parallel jobs: gradient bucket size in MiB (one all-reduce per bucket; the first holds 1 MiB)"},
+      {"zero_stage", Kind::i64, &c.zero_stage,
+       "data-parallel jobs: 1 shards the optimizer state over the ranks (DeepSpeed's ZeRO stage 1), 0 keeps it whole"},
       {"backend", Kind::str, &c.backend,
        "compiled (default: fused kernels generated with LLVM) | eager (op by op, the reference); bench takes a list: "
        "eager,compiled"},

@@ -80,6 +80,9 @@ struct TrainConfig {
   /// fails (a rank died or hangs), and the gradient bucket size in MiB (DDP's bucket_cap_mb).
   double ddp_timeout = 1800;
   double ddp_bucket_cap_mb = 25;
+  /// DeepSpeed's ZeRO stage: 0 (every rank holds the whole optimizer state) or 1 (each
+  /// rank holds and updates 1/world_size of it; passes/optimizer.cpp zero_shards).
+  int64_t zero_stage = 0;
   std::string backend = "eager";  // the library's default: the reference; the kiln CLI defaults to compiled
   /// Compile cache of generated kernels (issue 8): "" = $KILN_CACHE_DIR, else
   /// $XDG_CACHE_HOME/kiln, else ~/.cache/kiln. Has no effect on results.

@@ -277,6 +277,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
     }
   }
   t.job_rows_ = t.rows_per_step_ * t.world_;
+  t.job_writes_ = opts.write_files;
   t.steps_per_epoch_ = train_data->steps_per_epoch(t.job_rows_);
   if (t.steps_per_epoch_ <= 0)
     return Status::error("--train_data " + train_data->files() + ": " + std::to_string(train_data->num_rows()) +
@@ -310,6 +311,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
       return Status::error("train_step: state output '" + sb.output->name + "' is not a graph output");
     t.state_[sb.input->name] = sb.initial->clone();
     t.state_kind_[sb.input->name] = sb.kind;
+    if (!sb.full_dims.empty()) t.state_full_[sb.input->name] = sb.full_dims;
     t.state_output_[sb.input->name] = sb.output->name;
   }
   // Given graphs are the program of whole steps at their own length; a provider's are
@@ -573,6 +575,22 @@ Status Trainer::restore(const std::string& dir) {
                            (!cause.empty()              ? cause
                             : kind == "optimizer_state" ? " (was the checkpoint written with another --optim?)"
                                                         : ""));
+    if (auto full = state_full_.find(name); full != state_full_.end()) {
+      // ZeRO-1: this rank's shard of the whole tensor the checkpoint holds.
+      const Tensor& whole = it->second;
+      if (whole.dtype() != cur.dtype() || whole.dims() != full->second)
+        return Status::error("checkpoint '" + dir + "': tensor '" + name + "' is " + describe(whole) +
+                             ", the program expects " + describe(Tensor(cur.dtype(), full->second)) + " to shard");
+      Tensor shard(cur.dtype(), cur.dims());
+      const size_t es = ir::dtype_size(cur.dtype());
+      const int64_t s = cur.numel(), n = whole.numel(), begin = std::min(n, rank_ * s),
+                    end = std::min(n, rank_ * s + s);
+      std::memset(shard.raw(), 0, shard.nbytes());
+      std::memcpy(shard.raw(), static_cast<const char*>(whole.raw()) + begin * es,
+                  static_cast<size_t>(end - begin) * es);
+      next[name] = std::move(shard);
+      continue;
+    }
     if (!same_layout(it->second, cur))
       return Status::error("checkpoint '" + dir + "': tensor '" + name + "' is " + describe(it->second) +
                            ", the program expects " + describe(cur));
@@ -837,9 +855,27 @@ Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
   return m;
 }
 
+Expected<std::map<std::string, Tensor>> Trainer::whole_state() const {
+  std::map<std::string, Tensor> whole = state_;
+  comm::Communicator* w = comm::world();
+  for (auto& [name, full] : state_full_) {
+    if (!w) break;
+    const Tensor& shard = state_.at(name);
+    std::vector<char> all(shard.nbytes() * static_cast<size_t>(world_));
+    KILN_RETURN_IF_ERROR(
+        w->all_gather(shard.raw(), all.data(), shard.numel(), shard.dtype(), name, comm::Traffic::control)->wait());
+    Tensor t(shard.dtype(), full);
+    std::memcpy(t.raw(), all.data(), t.nbytes());
+    whole[name] = std::move(t);
+  }
+  return whole;
+}
+
 Status Trainer::save() {
+  KILN_ASSIGN_OR_RETURN(auto whole, whole_state());
+  if (!opts_.write_files) return Status::ok();  // another rank of the job writes
   Checkpoint c;
-  for (auto& [name, t] : state_) {
+  for (auto& [name, t] : whole) {
     const std::string& k = state_kind_[name];
     (k == "parameter" || k == "buffer" ? c.model : c.optimizer)[name] = t;
   }
@@ -1025,7 +1061,7 @@ Expected<TrainResult> Trainer::run() {
       acc_.log_time_sum = 0;
     }
     if (eval_ && cfg_.eval_steps > 0 && global_step_ % cfg_.eval_steps == 0) KILN_RETURN_IF_ERROR(do_eval());
-    if (opts_.write_files && cfg_.save_steps > 0 && global_step_ % cfg_.save_steps == 0) {
+    if (job_writes_ && cfg_.save_steps > 0 && global_step_ % cfg_.save_steps == 0) {
       KILN_RETURN_IF_ERROR(save());
       last_save = global_step_;
     }
@@ -1040,12 +1076,12 @@ Expected<TrainResult> Trainer::run() {
     // Only a run that reaches a multiple of --save_steps had output_dir checked for other
     // runs' checkpoints (guard_later_checkpoints), which a save could replace or rotate away.
     const bool saves = cfg_.save_steps > 0 && total_steps_ / cfg_.save_steps > first_step / cfg_.save_steps;
-    if (opts_.write_files && cfg_.save_steps > 0 && global_step_ > first_step && !saves) {
+    if (job_writes_ && cfg_.save_steps > 0 && global_step_ > first_step && !saves) {
       saved = "; not saved (this run's steps reach no multiple of --save_steps)";
-    } else if (opts_.write_files && cfg_.save_steps > 0 && global_step_ > first_step) {
+    } else if (job_writes_ && cfg_.save_steps > 0 && global_step_ > first_step) {
       if (last_save != global_step_) KILN_RETURN_IF_ERROR(save());
       saved = "; saved " + ck + " (continue with --resume_from_checkpoint latest)";
-    } else if (opts_.write_files && cfg_.save_steps > 0) {
+    } else if (job_writes_ && cfg_.save_steps > 0) {
       saved = "; no step ran since the start, nothing saved";
     } else {
       saved = "; no checkpoint saved (--save_steps is 0)";

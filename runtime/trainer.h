@@ -170,7 +170,8 @@ class Trainer {
   /// Evaluates on the eval data: {"eval_loss", "eval_accuracy" (class-id labels)}.
   /// `bar` (optional) is started for the eval batches and updated after each.
   Expected<std::map<std::string, double>> evaluate(ProgressBar* bar = nullptr);
-  /// Writes output_dir/checkpoint-<global_step>, then applies save_total_limit.
+  /// Writes output_dir/checkpoint-<global_step>, then applies save_total_limit. In a
+  /// data-parallel job every rank calls it (ZeRO-1 shards are gathered) and rank 0 writes.
   Status save();
   /// The whole loop: steps, logging, eval, checkpoints; returns the final metrics.
   Expected<TrainResult> run();
@@ -237,6 +238,14 @@ class Trainer {
   /// (world_ x rows_per_step_), the unit of the data order, checkpoints and throughput.
   int world_ = 1, rank_ = 0;
   int64_t job_rows_ = 0;
+  /// Whether the job writes output_dir (TrainerOptions::write_files as given: rank 0 writes,
+  /// every rank takes part in a save that gathers ZeRO-1 shards).
+  bool job_writes_ = true;
+  /// ZeRO-1 state (ir::StateBinding::full_dims): input name -> dims of the whole tensor.
+  std::map<std::string, std::vector<int64_t>> state_full_;
+  /// The state as checkpoints hold it: ZeRO-1 shards gathered from every rank (a
+  /// collective: every rank calls it), the rest as is.
+  Expected<std::map<std::string, ir::Tensor>> whole_state() const;
   /// Feeds of the train step's LR-schedule inputs (ir::kScheduleTotalInput ...) for this run.
   std::map<std::string, ir::Tensor> schedule_feeds_;
   int64_t eval_rows_ = 0;

@@ -1,47 +1,136 @@
 // Op table entries: collectives of data-parallel training (issue 35), placed by
-// passes/data_parallel.cpp and run by the communication layer (runtime/comm.h).
+// passes/data_parallel.cpp and passes/optimizer.cpp (ZeRO-1), run by the communication
+// layer (runtime/comm.h). Fusion class "collective": never fused, never folded, never
+// recomputed. Costs count the bytes one rank sends for N = 2 (N is known at run time).
 //
 // AllReduce (kiln-internal):
 //   inputs:  x_0 .. x_{k-1}   one bucket of tensors of one float dtype (gradients, the loss)
 //   outputs: y_0 .. y_{k-1}   y_i = the sum of x_i over every rank (same dtype and shape)
 //   attrs:   bucket (int, the bucket's number in the order backward fills them)
-// Every rank gets the same bits (a reduce-scatter then an all-gather: runtime/comm.h).
-// Fusion class "collective": never fused, never folded, never recomputed; its cost is
-// the bytes one rank sends (2 (N-1)/N of the bucket, N unknown here: taken as 2x).
+//   Every rank gets the same bits (runtime/comm.h: a rank-ordered reduce-scatter, then an
+//   all-gather).
+// ReduceScatter (kiln-internal, ZeRO-1):
+//   inputs:  x_0 .. x_{k-1}   one bucket of float tensors (gradients)
+//   outputs: y_0 .. y_{k-1}   y_i (flat, shard_elems[i] elements) = this rank's shard of the
+//                             sum of x_i over every rank: elements [r*S, (r+1)*S) of the
+//                             flattened sum, zeros past its end
+//   attrs:   shard_elems (ints, one per input), bucket
+// Shard (kiln-internal, ZeRO-1):
+//   input x, output y (flat, shard_elems elements): this rank's shard of x as above, no
+//   communication. attrs: shard_elems.
+// AllGather (kiln-internal, ZeRO-1):
+//   input x (flat, one rank's shard), output y with dims `shape`: the ranks' shards
+//   concatenated in rank order, cut to the numel of `shape`. attrs: shape (ints).
+// The shard of a tensor of n elements on N ranks holds S = ceil(ceil(n / 256) / N) * 256
+// elements (ir::shard_elems): cut on 256-element blocks, so each block of the 8-bit
+// optimizer state and its absmax stay on one rank (bitsandbytes issues #89, #2080).
 #include "ir/op_table.h"
 
 namespace kiln::ir {
 
+int64_t shard_elems(int64_t numel, int64_t ranks) {
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (numel + kBlock - 1) / kBlock;
+  return (blocks + ranks - 1) / ranks * kBlock;
+}
+
+namespace {
+
+Status check_float(InferContext& c, size_t i) {
+  if (!c.in[i].present()) return c.fail("input " + std::to_string(i) + " is missing");
+  if (c.in[i].dtype != DType::f32 && c.in[i].dtype != DType::f64)
+    return c.fail("sums f32 or f64 tensors (got " + std::string(dtype_name(c.in[i].dtype)) + ")");
+  if (!c.in[i].shape.is_static()) return c.fail("input " + std::to_string(i) + " has a symbolic shape");
+  return Status::ok();
+}
+
+double bytes_in(const Node& n) {
+  double b = 0;
+  for (const Value* v : n.inputs)
+    if (v && v->shape.is_static()) b += double(v->shape.numel()) * double(dtype_size(v->dtype));
+  return b;
+}
+
+OpDef collective(const char* name, const char* doc, InferFn infer) {
+  OpDef d = make_op(name, doc, 1, 1 << 20, std::move(infer), PrecisionPolicy::fp32, FusionClass::collective);
+  d.min_outputs = 1;
+  d.max_outputs = 1 << 20;
+  d.onnx = false;
+  return d;
+}
+
+}  // namespace
+
 void register_collective_ops(OpTable& t) {
-  OpDef d = make_op(
+  OpDef ar = collective(
       "AllReduce",
-      "kiln: sum of each input over every rank of a data-parallel job (MPI reduce-scatter + all-gather, as "
-      "PyTorch DDP's bucketed all-reduce)",
-      1, 1 << 20,
+      "kiln: sum of each input over every rank of a data-parallel job (reduce-scatter + all-gather, as PyTorch "
+      "DDP's bucketed all-reduce)",
       [](InferContext& c) -> Status {
         if (c.out.size() != c.in.size()) return c.fail("needs one output per input");
         for (size_t i = 0; i < c.in.size(); ++i) {
-          if (!c.in[i].present()) return c.fail("input " + std::to_string(i) + " is missing");
+          KILN_RETURN_IF_ERROR(check_float(c, i));
           if (c.in[i].dtype != c.in[0].dtype) return c.fail("a bucket holds one dtype");
-          if (c.in[i].dtype != DType::f32 && c.in[i].dtype != DType::f64)
-            return c.fail("sums f32 or f64 tensors (got " + std::string(dtype_name(c.in[i].dtype)) + ")");
-          if (!c.in[i].shape.is_static()) return c.fail("input " + std::to_string(i) + " has a symbolic shape");
           c.out[i] = c.in[i];
         }
         return Status::ok();
-      },
-      PrecisionPolicy::fp32, FusionClass::collective);
-  d.min_outputs = 1;
-  d.max_outputs = 1 << 20;
-  d.attrs = {{"bucket", AttrKind::i, false}};
-  d.onnx = false;
-  d.cost = [](const Node& n) {
-    Cost c;
-    for (const Value* v : n.inputs)
-      if (v && v->shape.is_static()) c.bytes += 2.0 * double(v->shape.numel()) * double(dtype_size(v->dtype));
-    return c;
-  };
-  t.add(d);
+      });
+  ar.attrs = {{"bucket", AttrKind::i, false}};
+  ar.cost = [](const Node& n) { return Cost{0, bytes_in(n)}; };  // 2 (N-1)/N of the bucket, N = 2
+  t.add(ar);
+
+  OpDef rs =
+      collective("ReduceScatter",
+                 "kiln: this rank's shard of the sum of each input over every rank (ZeRO-1's gradient reduce-scatter)",
+                 [](InferContext& c) -> Status {
+                   const auto shards = c.attrs().get_ints("shard_elems");
+                   if (c.out.size() != c.in.size() || shards.size() != c.in.size())
+                     return c.fail("needs one output and one shard_elems entry per input");
+                   for (size_t i = 0; i < c.in.size(); ++i) {
+                     KILN_RETURN_IF_ERROR(check_float(c, i));
+                     if (shards[i] <= 0) return c.fail("shard_elems must be > 0");
+                     c.out[i] = {c.in[i].dtype, Shape::of({shards[i]})};
+                   }
+                   return Status::ok();
+                 });
+  rs.attrs = {{"shard_elems", AttrKind::ints, true}, {"bucket", AttrKind::i, false}};
+  rs.cost = [](const Node& n) { return Cost{0, bytes_in(n) / 2}; };
+  t.add(rs);
+
+  OpDef sh =
+      collective("Shard", "kiln: this rank's shard of the flattened input (ZeRO-1's optimizer slice), no communication",
+                 [](InferContext& c) -> Status {
+                   if (c.in.size() != 1 || c.out.size() != 1) return c.fail("one input, one output");
+                   const int64_t s = c.attrs().get_int("shard_elems", 0);
+                   if (s <= 0) return c.fail("shard_elems must be > 0");
+                   if (!c.in[0].present() || !c.in[0].shape.is_static()) return c.fail("needs a static input");
+                   c.out[0] = {c.in[0].dtype, Shape::of({s})};
+                   return Status::ok();
+                 });
+  sh.max_inputs = 1;
+  sh.max_outputs = 1;
+  sh.attrs = {{"shard_elems", AttrKind::i, true}};
+  sh.traits = static_cast<OpTraits>(OpTrait::rank_shard);
+  sh.cost = [](const Node& n) { return Cost{0, 0}; };
+  t.add(sh);
+
+  OpDef ag =
+      collective("AllGather",
+                 "kiln: the ranks' shards concatenated in rank order, cut and shaped to `shape` (ZeRO-1's parameters)",
+                 [](InferContext& c) -> Status {
+                   if (c.in.size() != 1 || c.out.size() != 1) return c.fail("one input, one output");
+                   if (!c.in[0].present() || !c.in[0].shape.is_static() || c.in[0].shape.rank() != 1)
+                     return c.fail("needs a flat static shard");
+                   const auto dims = c.attrs().get_ints("shape");
+                   Shape out = Shape::of(dims);
+                   c.out[0] = {c.in[0].dtype, out};
+                   return Status::ok();
+                 });
+  ag.max_inputs = 1;
+  ag.max_outputs = 1;
+  ag.attrs = {{"shape", AttrKind::ints, true}};
+  ag.cost = [](const Node& n) { return Cost{0, bytes_in(n)}; };
+  t.add(ag);
 }
 
 }  // namespace kiln::ir

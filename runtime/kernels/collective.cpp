@@ -1,5 +1,6 @@
 // Eager kernels of the collectives (ir/ops/collective.cpp) over the job's communicator
 // (runtime/comm.h). The compiled executor runs them as it runs any library step.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -38,8 +39,78 @@ Status all_reduce_kernel(ir::KernelContext& c) {
   return Status::ok();
 }
 
+Expected<comm::Communicator*> job(ir::KernelContext& c) {
+  comm::Communicator* w = comm::world();
+  if (!w)
+    return c.fail(
+        "needs a data-parallel job (launched by mpirun or srun with more than one rank); this process "
+        "runs alone");
+  return w;
+}
+
+/// Copies this rank's shard [rank * s, rank * s + s) of the flat `n`-element tensor at
+/// `x` (elements of `esize` bytes) into `out`, zeros past its end.
+void copy_shard(const char* x, int64_t n, int64_t s, int64_t rank, size_t esize, char* out) {
+  const int64_t begin = std::min(n, rank * s), end = std::min(n, rank * s + s);
+  std::memcpy(out, x + begin * esize, static_cast<size_t>(end - begin) * esize);
+  std::memset(out + (end - begin) * esize, 0, static_cast<size_t>(s - (end - begin)) * esize);
+}
+
+/// Shard: this rank's slice of the flattened input, no communication.
+Status shard_kernel(ir::KernelContext& c) {
+  KILN_ASSIGN_OR_RETURN(comm::Communicator * w, job(c));
+  const ir::Tensor& x = c.in(0);
+  copy_shard(static_cast<const char*>(x.raw()), x.numel(), c.out(0).numel(), w->rank(), ir::dtype_size(x.dtype()),
+             static_cast<char*>(c.out(0).raw()));
+  return Status::ok();
+}
+
+/// ReduceScatter: the bucket laid out rank by rank (rank q's part: the q-th shard of
+/// every input, in input order), reduce-scattered in one collective; this rank's part
+/// unpacked into the outputs.
+Status reduce_scatter_kernel(ir::KernelContext& c) {
+  KILN_ASSIGN_OR_RETURN(comm::Communicator * w, job(c));
+  const int n = w->world_size();
+  const ir::DType dt = c.in(0).dtype();
+  const size_t esize = ir::dtype_size(dt);
+  int64_t part = 0;  // elements of one rank's part
+  for (size_t i = 0; i < c.outputs.size(); ++i) part += c.out(static_cast<int>(i)).numel();
+  std::vector<char> send(static_cast<size_t>(part * n) * esize), recv(static_cast<size_t>(part) * esize);
+  size_t at = 0;
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < c.inputs.size(); ++i) {
+      const int64_t s = c.out(static_cast<int>(i)).numel();
+      copy_shard(static_cast<const char*>(c.inputs[i]->raw()), c.inputs[i]->numel(), s, q, esize, send.data() + at);
+      at += static_cast<size_t>(s) * esize;
+    }
+  const std::string what = "bucket " + std::to_string(c.attrs().get_int("bucket", 0)) + " (" + c.node.name + ")";
+  KILN_RETURN_IF_ERROR(w->reduce_scatter_sum(send.data(), recv.data(), part, dt, what)->wait());
+  at = 0;
+  for (size_t i = 0; i < c.outputs.size(); ++i) {
+    ir::Tensor& o = c.out(static_cast<int>(i));
+    std::memcpy(o.raw(), recv.data() + at, o.nbytes());
+    at += o.nbytes();
+  }
+  return Status::ok();
+}
+
+/// AllGather: every rank's shard, in rank order, cut to the output's elements.
+Status all_gather_kernel(ir::KernelContext& c) {
+  KILN_ASSIGN_OR_RETURN(comm::Communicator * w, job(c));
+  const ir::Tensor& x = c.in(0);
+  std::vector<char> all(x.nbytes() * static_cast<size_t>(w->world_size()));
+  KILN_RETURN_IF_ERROR(w->all_gather(x.raw(), all.data(), x.numel(), x.dtype(), c.node.name)->wait());
+  std::memcpy(c.out(0).raw(), all.data(), c.out(0).nbytes());
+  return Status::ok();
+}
+
 }  // namespace
 
-void register_collective_kernels(ir::OpTable& t) { set_kernel_writing_all_outputs(t, "AllReduce", all_reduce_kernel); }
+void register_collective_kernels(ir::OpTable& t) {
+  set_kernel_writing_all_outputs(t, "AllReduce", all_reduce_kernel);
+  set_kernel_writing_all_outputs(t, "ReduceScatter", reduce_scatter_kernel);
+  set_kernel_writing_all_outputs(t, "Shard", shard_kernel);
+  set_kernel_writing_all_outputs(t, "AllGather", all_gather_kernel);
+}
 
 }  // namespace kiln::runtime::kernels
