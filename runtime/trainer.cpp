@@ -1123,6 +1123,10 @@ Expected<TrainResult> Trainer::run() {
     summary["ddp_exposed_comm_seconds_per_step"] = cs.wait_seconds * per;
     const double overlap = cs.busy_seconds > 0 ? std::clamp(1.0 - cs.wait_seconds / cs.busy_seconds, 0.0, 1.0) : 0.0;
     summary["ddp_overlap"] = overlap;
+    int64_t state_bytes = 0;  // this rank's optimizer state (a shard of it under ZeRO-1)
+    for (auto& [name, t] : state_)
+      if (state_kind_.at(name) == "optimizer_state") state_bytes += static_cast<int64_t>(t.nbytes());
+    summary["ddp_optimizer_state_bytes"] = state_bytes;
     char line[256];
     std::snprintf(line, sizeof line,
                   "data parallel: %d ranks | %.3g collectives/step | %.0f B (%.3f MiB) sent/step per rank | "

@@ -305,3 +305,79 @@ TEST(Distributed, OneRankJobAddsNothing) {
 }
 
 }  // namespace
+
+namespace {
+
+class ZeroVsUnsharded : public ::testing::TestWithParam<std::tuple<std::string, std::string, int>> {};
+
+// ZeRO-1 (--zero_stage 1) against the unsharded job, clipping off (the global norm's
+// partial sums are added in another order under ZeRO-1; clipping on is the next test):
+// the same updates element by element, so weights and the consolidated optimizer state
+// of the checkpoint are equal bit for bit; each rank holds 1/N of the state plus at most
+// one 256-element block per tensor.
+TEST_P(ZeroVsUnsharded, BitExactAndOneNthOfTheState) {
+  require_setup();
+  const auto [name, optim, n] = GetParam();
+  const Model& m = name == "mlp_digits" ? kMlp : kGpt;
+  const std::string dir = fresh_tmpdir("zero_" + name + "_" + optim + "_" + std::to_string(n));
+  const std::string extra = "--optim " + optim + " --max_grad_norm 0 --save_steps 10";
+  auto plain = run_ranks(n, train_args(m, m.batch, 1, dir + "/plain", extra));
+  ASSERT_EQ(plain.first, 0) << plain.second;
+  auto zero = run_ranks(n, train_args(m, m.batch, 1, dir + "/zero", extra + " --zero_stage 1"));
+  ASSERT_EQ(zero.first, 0) << zero.second;
+  expect_bitwise_equal(weights(dir + "/zero"), weights(dir + "/plain"));
+  auto opt = runtime::io::load_safetensors(dir + "/zero/checkpoint-10/optimizer.safetensors");
+  auto opt1 = runtime::io::load_safetensors(dir + "/plain/checkpoint-10/optimizer.safetensors");
+  ASSERT_TRUE(opt && opt1);
+  expect_bitwise_equal(*opt, *opt1);  // same names, dims (the single-process layout) and bits
+  // State per rank: the whole state / N, plus the padding of at most one block per tensor.
+  double whole = 0, blocks = 0;
+  for (auto& [k, t] : *opt1) {
+    if (t.dims().empty()) continue;  // the step counter: not optimizer state
+    whole += double(t.nbytes());
+    blocks += 256.0 * double(ir::dtype_size(t.dtype()));
+  }
+  const double per_rank = summary_of(dir + "/zero")["ddp_optimizer_state_bytes"].get<double>();
+  EXPECT_GE(per_rank, whole / n);
+  EXPECT_LE(per_rank, whole / n + blocks);
+  EXPECT_EQ(summary_of(dir + "/plain")["ddp_optimizer_state_bytes"].get<double>(), whole);
+}
+
+INSTANTIATE_TEST_SUITE_P(Distributed, ZeroVsUnsharded,
+                         ::testing::Combine(::testing::Values("mlp_digits", "tiny_gpt"),
+                                            ::testing::Values("adamw_torch", "adamw_8bit"), ::testing::Values(2, 3)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" +
+                                  std::to_string(std::get<2>(info.param)) + "ranks";
+                         });
+
+TEST(Distributed, ZeroWithClippingWithin1e6) {
+  require_setup();
+  const std::string dir = fresh_tmpdir("zero_clip");
+  auto plain = run_ranks(2, train_args(kGpt, kGpt.batch, 1, dir + "/plain"));
+  ASSERT_EQ(plain.first, 0) << plain.second;
+  auto zero = run_ranks(2, train_args(kGpt, kGpt.batch, 1, dir + "/zero", "--zero_stage 1"));
+  ASSERT_EQ(zero.first, 0) << zero.second;
+  expect_losses_close(dir + "/zero", dir + "/plain", 1e-6, "zero_stage 1 with clipping");
+  EXPECT_LE(std::abs(first_grad_norm(dir + "/zero") - first_grad_norm(dir + "/plain")),
+            1e-6 * first_grad_norm(dir + "/plain"));
+}
+
+TEST(Distributed, ZeroCheckpointResumesUnshardedAndOnOtherRanks) {
+  require_setup();
+  const std::string dir = fresh_tmpdir("zero_resume");
+  const std::string extra = "--optim adamw_8bit --max_grad_norm 0 --save_steps 5";
+  auto full = run_ranks(2, train_args(kMlp, 8, 1, dir + "/full", extra + " --zero_stage 1"));
+  ASSERT_EQ(full.first, 0) << full.second;
+  const std::string ck = " --resume_from_checkpoint " + dir + "/full/checkpoint-5";
+  // One process, unsharded, 2 microbatches of 8: the same sums, so bit-exact.
+  auto one = run_one(train_args(kMlp, 8, 2, dir + "/one", extra + ck));
+  ASSERT_EQ(one.first, 0) << one.second;
+  expect_bitwise_equal(weights(dir + "/one"), weights(dir + "/full"));
+  // 4 ranks of 4 rows, sharded 4 ways: other sums, within 1e-6.
+  auto four = run_ranks(4, train_args(kMlp, 4, 1, dir + "/four", extra + " --zero_stage 1" + ck));
+  ASSERT_EQ(four.first, 0) << four.second;
+  expect_close(weights(dir + "/four"), weights(dir + "/full"), 1e-6, false, "resumed on 4 ranks");
+}
+
+}  // namespace
