@@ -329,6 +329,10 @@ struct OpDef {
   /// The dims of input 0 that `row` reduces over, for node `n` with static shapes; an
   /// error when the node's attributes are invalid.
   std::function<Expected<std::vector<int>>(const Node& n)> row_dims;
+  /// Collectives (FusionClass::collective) that launch one: the bytes one rank sends for
+  /// node `n` in a job of `world` ranks (runtime/comm.h counts the same). Empty: not a
+  /// collective launch (Shard, AllReduceWait, every other op).
+  std::function<int64_t(const Node& n, int64_t world)> comm_bytes;
   bool onnx = true;  ///< an ONNX op (imported/exported by name) vs a kiln-internal op
   /// ONNX ops: the since-versions of the op's ONNX schema that kiln implements, from the
   /// one in force at opset 13 (the oldest opset kiln imports without upgrading) to the
@@ -440,7 +444,7 @@ void register_collective_ops(OpTable& t);  ///< ir/ops/collective.cpp
 /// ceil(ceil(numel / 256) / ranks) * 256 (whole 256-element blocks: the 8-bit optimizer
 /// state's blocks stay on one rank). Rank r holds elements [r*S, (r+1)*S).
 int64_t shard_elems(int64_t numel, int64_t ranks);
-void register_indexing_ops(OpTable& t);    ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
+void register_indexing_ops(OpTable& t);  ///< ir/ops/indexing.cpp (GatherElements, ScatterND, CumSum, ...)
 /// Fills OpDef::scalar of the pointwise ops (ir/ops/elementwise.cpp), after every op is registered.
 void register_scalar_rules(OpTable& t);
 /// Sets OpDef::traits and the per-op hooks of ir/ops/traits.cpp, after every op is registered.

@@ -14,10 +14,15 @@
 //     for the others; a
 //     gradient larger than the cap has a bucket of its own. The loss joins the last
 //     bucket (one collective fewer), so the logged loss is the job's.
-//  3. One AllReduce node per bucket (attribute `bucket`), placed right after the last
-//     producer of its members; every reader of a member (clipping's norm, the optimizer,
-//     graph outputs) reads the sum instead. The norm is therefore the global one and
-//     every rank takes the same update.
+//  3. Per bucket (attribute `bucket`) an AllReduceStart right after the last producer of
+//     its members, which hands the bucket to the communication thread, and an
+//     AllReduceWait just before the first reader of any member, which returns the sums:
+//     the all-reduce runs while the rest of backward computes (DDP's overlap; with an
+//     accumulation loop the gradients exist only after it, so the overlap is with the
+//     loop's other carried results and the optimizer pieces before the first reader).
+//     Every reader of a member (clipping's norm, the optimizer, graph outputs) reads the
+//     sum instead. The norm is therefore the global one and every rank takes the same
+//     update.
 //  4. ZeRO-1 (the optimizer pass with zero_shards > 1 reads each gradient through Shard):
 //     gradients that only Shard nodes read form buckets of their own, each a
 //     ReduceScatter (attribute shard_elems) whose outputs replace the Shard nodes: each
@@ -150,8 +155,25 @@ class DataParallel : public Pass {
         for (Value* v : bk.members) elems.push_back(shard_readers.at(v).front()->attrs.get_int("shard_elems", 0));
         a.set("shard_elems", elems);
       }
-      Node* n = g.insert_node(at, bk.sharded ? "ReduceScatter" : "AllReduce",
-                              "data_parallel/bucket" + std::to_string(k), bk.members, outs, a);
+      const std::string name = "data_parallel/bucket" + std::to_string(k);
+      Node* n;
+      if (bk.sharded) {
+        n = g.insert_node(at, "ReduceScatter", name, bk.members, outs, a);
+      } else {
+        // Start after the last producer, wait before the first reader: the collective runs
+        // on the communication thread while the rest of backward computes.
+        Node* start = g.insert_node(at, "AllReduceStart", name + "/start", bk.members, {name + "/token"}, a);
+        KILN_RETURN_IF_ERROR(infer_node(*start));
+        made.insert(start);
+        size_t first = g.nodes().size();
+        for (Value* v : bk.members)
+          for (const Use& u : g.uses(v))
+            if (u.user != start) first = std::min(first, static_cast<size_t>(g.index_of(u.user)));
+        first = std::max(first, static_cast<size_t>(g.index_of(start)) + 1);
+        std::vector<Value*> ins = {start->outputs[0]};
+        ins.insert(ins.end(), bk.members.begin(), bk.members.end());
+        n = g.insert_node(first, "AllReduceWait", name, ins, outs, a);
+      }
       KILN_RETURN_IF_ERROR(infer_node(*n));
       made.insert(n);
       for (size_t i = 0; i < bk.members.size(); ++i) {

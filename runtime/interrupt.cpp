@@ -65,11 +65,13 @@ struct FaultPlan {
   std::string name;
   long at = 0;  // 0: off
   long seen = 0;
+  int signal = SIGKILL;
 };
 FaultPlan& fault_plan() {
   static FaultPlan plan = [] {
     FaultPlan p;
     const char* v = std::getenv("KILN_FAULT_KILL");
+    if (!v && (v = std::getenv("KILN_FAULT_STOP"))) p.signal = SIGSTOP;  // a hung process
     if (!v) return p;
     const std::string s = v;
     const size_t colon = s.rfind(':');
@@ -85,7 +87,7 @@ FaultPlan& fault_plan() {
 void fault_point(const char* name) {
   FaultPlan& p = fault_plan();
   if (p.at <= 0 || p.name != name) return;
-  if (++p.seen == p.at) ::raise(SIGKILL);
+  if (++p.seen == p.at) ::raise(p.signal);
 }
 
 }  // namespace kiln::runtime

@@ -36,7 +36,9 @@ void ignore_file_size_signal();
 /// and save), "write" (a file half written: after its header), "publish" (a complete
 /// file.tmp before its rename), "checkpoint" (a complete checkpoint-N.tmp before its
 /// rename), "metrics" (metrics.jsonl.tmp written before it replaces metrics.jsonl on a
-/// resume). Unset (always, outside tests), a call costs a load and a compare.
+/// resume). KILN_FAULT_STOP=NAME:N raises SIGSTOP instead (a hung rank of a
+/// data-parallel job: tests/e2e/distributed_test.cpp). Unset (always, outside tests), a
+/// call costs a load and a compare.
 void fault_point(const char* name);
 
 }  // namespace kiln::runtime

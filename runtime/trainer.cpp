@@ -706,7 +706,10 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   RunOptions ro;
   ro.training = true;
   ro.seed = cfg_.seed;
-  ro.step = static_cast<uint64_t>(global_step_);
+  // Dropout's Philox offset: rank r's microbatches are the job's microbatches r*A .. r*A +
+  // A - 1 of N*A (the loop adds its iteration: (step * N + r) * A + t), so N ranks draw
+  // the masks of one process accumulating N*A microbatches.
+  ro.step = static_cast<uint64_t>(global_step_) * static_cast<uint64_t>(world_) + static_cast<uint64_t>(rank_);
   ro.results_in_arena = true;  // the new state is copied out below
   ro.donate_state = true;      // state_ was cloned for this trainer: kiln_donate updates it in place
   ro.profile = opts_.profile;

@@ -15,6 +15,8 @@
 //                             sum of x_i over every rank: elements [r*S, (r+1)*S) of the
 //                             flattened sum, zeros past its end
 //   attrs:   shard_elems (ints, one per input), bucket
+// AllReduceStart / AllReduceWait (kiln-internal): AllReduce split in two so that the
+//   collective runs while backward goes on (see below).
 // Shard (kiln-internal, ZeRO-1):
 //   input x, output y (flat, shard_elems elements): this rank's shard of x as above, no
 //   communication. attrs: shard_elems.
@@ -51,6 +53,19 @@ double bytes_in(const Node& n) {
   return b;
 }
 
+int64_t esize(const Value* v) { return static_cast<int64_t>(dtype_size(v->dtype)); }
+
+/// An all-reduce of a bucket: a reduce-scatter and an all-gather of ceil(count / N)
+/// elements per rank (runtime/comm.h), (N - 1) shards each.
+int64_t all_reduce_bytes(const Node& n, int64_t world, size_t first_input) {
+  int64_t count = 0, es = 0;
+  for (size_t i = first_input; i < n.inputs.size(); ++i) {
+    count += n.inputs[i]->shape.numel();
+    es = esize(n.inputs[i]);
+  }
+  return 2 * (world - 1) * ((count + world - 1) / world) * es;
+}
+
 OpDef collective(const char* name, const char* doc, InferFn infer) {
   OpDef d = make_op(name, doc, 1, 1 << 20, std::move(infer), PrecisionPolicy::fp32, FusionClass::collective);
   d.min_outputs = 1;
@@ -77,7 +92,51 @@ void register_collective_ops(OpTable& t) {
       });
   ar.attrs = {{"bucket", AttrKind::i, false}};
   ar.cost = [](const Node& n) { return Cost{0, bytes_in(n)}; };  // 2 (N-1)/N of the bucket, N = 2
+  ar.comm_bytes = [](const Node& n, int64_t world) { return all_reduce_bytes(n, world, 0); };
   t.add(ar);
+
+  // The asynchronous form the data_parallel pass places (DDP's overlap of backward and
+  // communication): AllReduceStart hands the bucket to the communication thread and
+  // returns at once; AllReduceWait, placed just before the first reader of a sum, waits
+  // for it and writes the sums. The Start's token orders the pair; the Wait reads the
+  // bucket's inputs for their types only (they stay alive until it, as DDP's gradients
+  // stay in their bucket).
+  OpDef st = collective(
+      "AllReduceStart",
+      "kiln: starts the all-reduce of a bucket on the communication thread (returns a token; AllReduceWait ends it)",
+      [](InferContext& c) -> Status {
+        if (c.out.size() != 1) return c.fail("one output: the token");
+        for (size_t i = 0; i < c.in.size(); ++i) {
+          KILN_RETURN_IF_ERROR(check_float(c, i));
+          if (c.in[i].dtype != c.in[0].dtype) return c.fail("a bucket holds one dtype");
+        }
+        c.out[0] = {DType::i64, Shape()};
+        return Status::ok();
+      });
+  st.max_outputs = 1;
+  st.attrs = {{"bucket", AttrKind::i, true}};
+  st.cost = [](const Node& n) { return Cost{0, bytes_in(n)}; };
+  st.comm_bytes = [](const Node& n, int64_t world) { return all_reduce_bytes(n, world, 0); };
+  t.add(st);
+
+  OpDef wt = collective(
+      "AllReduceWait",
+      "kiln: waits for the all-reduce AllReduceStart began (input 0: its token; inputs 1..k: the bucket) and "
+      "writes the sums",
+      [](InferContext& c) -> Status {
+        if (c.in.size() < 2 || c.out.size() != c.in.size() - 1)
+          return c.fail("inputs: the token, then the bucket; one output per bucket member");
+        if (c.in[0].dtype != DType::i64) return c.fail("input 0 must be AllReduceStart's token");
+        for (size_t i = 1; i < c.in.size(); ++i) {
+          KILN_RETURN_IF_ERROR(check_float(c, i));
+          c.out[i - 1] = c.in[i];
+        }
+        return Status::ok();
+      });
+  wt.min_inputs = 2;
+  wt.attrs = {{"bucket", AttrKind::i, true}};
+  wt.cost = [](const Node& n) { return Cost{0, 0}; };
+  t.add(wt);
 
   OpDef rs =
       collective("ReduceScatter",
@@ -95,6 +154,11 @@ void register_collective_ops(OpTable& t) {
                  });
   rs.attrs = {{"shard_elems", AttrKind::ints, true}, {"bucket", AttrKind::i, false}};
   rs.cost = [](const Node& n) { return Cost{0, bytes_in(n) / 2}; };
+  rs.comm_bytes = [](const Node& n, int64_t world) {
+    int64_t b = 0;
+    for (const Value* o : n.outputs) b += (world - 1) * o->shape.numel() * esize(o);
+    return b;
+  };
   t.add(rs);
 
   OpDef sh =
@@ -130,6 +194,9 @@ void register_collective_ops(OpTable& t) {
   ag.max_outputs = 1;
   ag.attrs = {{"shape", AttrKind::ints, true}};
   ag.cost = [](const Node& n) { return Cost{0, bytes_in(n)}; };
+  ag.comm_bytes = [](const Node& n, int64_t world) {
+    return (world - 1) * n.inputs[0]->shape.numel() * esize(n.inputs[0]);
+  };
   t.add(ag);
 }
 

@@ -219,7 +219,8 @@ TEST(Distributed, CountersMatchTheBuckets) {
                     " --print-ir-after=data_parallel : -np " + std::to_string(n - 1) + " " + args);
     ASSERT_EQ(dp.first, 0) << dp.second;
     // The buckets as the IR dump shows them (printed once per rank): elements per bucket.
-    std::regex node(R"(= AllReduce\(([^)]*)\) \{bucket=(\d+)\} : ([^#]*)#)");
+    // The waits' outputs: one sum per bucket member (the start's token is input 0).
+    std::regex node(R"(= AllReduceWait\(([^)]*)\) \{bucket=(\d+)\} : ([^#]*)#)");
     std::map<int64_t, int64_t> elements;  // bucket -> elements
     std::regex dims(R"(f32\[([0-9, ]*)\])");
     for (std::sregex_iterator it(dp.second.begin(), dp.second.end(), node), end; it != end; ++it) {
@@ -378,6 +379,105 @@ TEST(Distributed, ZeroCheckpointResumesUnshardedAndOnOtherRanks) {
   auto four = run_ranks(4, train_args(kMlp, 4, 1, dir + "/four", extra + " --zero_stage 1" + ck));
   ASSERT_EQ(four.first, 0) << four.second;
   expect_close(weights(dir + "/four"), weights(dir + "/full"), 1e-6, false, "resumed on 4 ranks");
+}
+
+}  // namespace
+
+namespace {
+
+// kiln inspect --memory under mpirun plans one rank of the job: its collectives, the bytes
+// it sends and its optimizer state; the run's counters (runtime/comm.h) and state measure
+// the same, with and without ZeRO-1.
+TEST(Distributed, InspectPlansWhatTheRunMeasures) {
+  require_setup();
+  for (const std::string zero : {"0", "1"}) {
+    const std::string dir = fresh_tmpdir("dp_inspect_" + zero);
+    const std::string flags = " --zero_stage " + zero + " --optim adamw_8bit --ddp_bucket_cap_mb 0.05";
+    auto run = run_ranks(3, train_args(kGpt, kGpt.batch, 1, dir + "/out", flags));
+    ASSERT_EQ(run.first, 0) << run.second;
+    auto plan = run_ranks(3, kBin + " inspect examples/tiny_gpt/model.onnx --memory --per_device_train_batch_size 4 " +
+                                 "--train_data data/text/train.bin --block_size 64 --cache_dir " + cache_dir() + flags);
+    ASSERT_EQ(plan.first, 0) << plan.second;
+    std::smatch m;
+    std::regex line(
+        R"(data parallel, per rank of 3[^:]*: optimizer state [^(]*\((\d+) B\), (\d+) collectives and (\d+) B sent)");
+    ASSERT_TRUE(std::regex_search(plan.second, m, line)) << plan.second;
+    const auto s = summary_of(dir + "/out");
+    EXPECT_EQ(s["ddp_optimizer_state_bytes"].get<double>(), std::stod(m[1])) << "zero_stage " << zero;
+    EXPECT_EQ(s["ddp_collectives_per_step"].get<double>(), std::stod(m[2])) << "zero_stage " << zero;
+    EXPECT_EQ(s["ddp_bytes_sent_per_step"].get<double>(), std::stod(m[3])) << "zero_stage " << zero;
+    // Printed once (rank 0), not once per rank.
+    EXPECT_EQ(plan.second.find("data parallel, per rank", m.position(0) + 1), std::string::npos);
+  }
+}
+
+// kiln compile under mpirun builds a binary for that many ranks; DIR/train under mpirun
+// trains as kiln train does, and refuses another rank count in one line.
+TEST(Distributed, CompiledBinaryRunsUnderMpirun) {
+  require_setup();
+  const std::string dir = fresh_tmpdir("dp_aot");
+  const std::string model = "examples/mlp_digits/model.onnx ";
+  auto compiled = run_ranks(2, kBin + " compile " + model + kMlp.data +
+                                   " --per_device_train_batch_size 8 --max_grad_norm 1 --learning_rate 3e-3 "
+                                   "--weight_decay 0.01 --disable_dropout --seed 7 --cache_dir " +
+                                   cache_dir() + " -o " + dir + "/bin");
+  ASSERT_EQ(compiled.first, 0) << compiled.second;
+  const std::string run_flags = " " + kMlp.data + " --max_steps 10 --logging_steps 1 --disable_tqdm --output_dir ";
+  auto two = run_ranks(2, dir + "/bin/train" + run_flags + dir + "/aot");
+  ASSERT_EQ(two.first, 0) << two.second;
+  auto ref = run_ranks(2, train_args(kMlp, 8, 1, dir + "/train"));
+  ASSERT_EQ(ref.first, 0) << ref.second;
+  expect_bitwise_equal(weights(dir + "/aot"), weights(dir + "/train"));
+  auto three = run_ranks(3, dir + "/bin/train" + run_flags + dir + "/three");
+  EXPECT_NE(three.first, 0);
+  EXPECT_NE(three.second.find("compiled for 2 rank(s) and runs on 3"), std::string::npos) << three.second;
+}
+
+}  // namespace
+
+namespace {
+
+// Dropout on (the tiny GPT's 0.1): rank r's microbatch is the job's microbatch r, so two
+// ranks draw the masks of one process accumulating two microbatches, bit for bit.
+TEST(Distributed, DropoutDrawsTheJobsMicrobatchMasks) {
+  require_setup();
+  const std::string dir = fresh_tmpdir("dp_dropout");
+  auto args = [&](int64_t accum, const std::string& out) {
+    std::string a = train_args(kGpt, kGpt.batch, accum, dir + out);
+    a.replace(a.find("--disable_dropout "), std::string("--disable_dropout ").size(), "");
+    return a;
+  };
+  auto ref = run_one(args(2, "/accum"));
+  ASSERT_EQ(ref.first, 0) << ref.second;
+  auto dp = run_ranks(2, args(1, "/ranks"));
+  ASSERT_EQ(dp.first, 0) << dp.second;
+  expect_bitwise_equal(weights(dir + "/ranks"), weights(dir + "/accum"));
+  // Dropout is on: the same job without it trains to other weights.
+  auto off = run_ranks(2, train_args(kGpt, kGpt.batch, 1, dir + "/off"));
+  ASSERT_EQ(off.first, 0) << off.second;
+  EXPECT_GT(rel_l2(weights(dir + "/off").at("transformer.h.0.attn.c_attn.weight"),
+                   weights(dir + "/ranks").at("transformer.h.0.attn.c_attn.weight")),
+            1e-6);
+}
+
+}  // namespace
+
+namespace {
+
+// A rank that hangs (SIGSTOP at its third step): the other fails after --ddp_timeout with
+// one line naming the collective, and the launcher ends the job.
+TEST(Distributed, HungRankTimesOut) {
+  require_setup();
+  const std::string dir = fresh_tmpdir("dp_hang");
+  const std::string args = train_args(kMlp, 8, 1, dir + "/out", "--ddp_timeout 3") + " --max_steps 100000";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r =
+      shell(kEnv + "timeout 120 mpirun --bind-to none -np 1 " + args + " : -np 1 -x KILN_FAULT_STOP=step:3 " + args);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.first, 0) << r.second;
+  EXPECT_LT(secs, 60.0) << r.second;
+  std::regex line(R"(kiln: error: [^\n]*\(rank 0 of 2\): no answer from the other ranks within --ddp_timeout 3 s)");
+  EXPECT_TRUE(std::regex_search(r.second, line)) << r.second;
 }
 
 }  // namespace

@@ -172,6 +172,10 @@ Status set_option(passes::PassOptions& o, const std::string& k, const std::strin
     o.mode = v == "eval" ? passes::Mode::eval : passes::Mode::train;
   else if (k == "remat_policy")
     o.remat.policy = v;
+  else if (k == "world_size")
+    o.data_parallel.world_size = i;
+  else if (k == "bucket_cap_mb")
+    o.data_parallel.bucket_cap_mb = d;
   else if (k == "widen_bf16_gemm")
     o.lowering.widen_bf16_gemm = v == "1";
   else

@@ -28,6 +28,7 @@
 #include "passes/memory_plan.h"
 #include "passes/pass.h"
 #include "runtime/checkpoint.h"
+#include "runtime/comm.h"
 #include "runtime/data.h"
 #include "runtime/interpreter.h"
 #include "runtime/interrupt.h"
@@ -380,6 +381,11 @@ int cmd_fit(const ConfigFlags& flags, int measure_top, int measure_steps, const 
 int cmd_compile(const ConfigFlags& flags, const std::string& out_dir) {
   TrainConfig cfg = flags.build();
   if (out_dir.empty()) throw Failure{2, "compile: -o DIR is required"};
+  // Under mpirun or srun: a binary for that many ranks (its collectives; DIR/train refuses
+  // another count). Rank 0 compiles; nothing is communicated.
+  const runtime::comm::LaunchInfo job = runtime::comm::launch_info();
+  if (job.rank != 0) return 0;
+  cfg.world_size = job.world_size;
   // Usage errors (exit 2): another backend, DIR/train's per-run flags.
   if (Status s = driver::check_compile_flags(cfg); !s) throw Failure{2, s.message()};
   // The binary would refuse every run without --eval_data.
@@ -729,6 +735,13 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlag
             << compiled.arena_bytes << " B), " << compiled.in_place_reuses << " in-place reuses\n";
   std::cout << "planned peak for this run: " << passes::human_bytes(eager.peak_bytes) << " (" << eager.peak_bytes
             << " B)\n";
+  if (cfg.world_size > 1) {
+    const driver::DataParallelPlan dp = driver::data_parallel_plan(g, cfg.world_size);
+    std::cout << "data parallel, per rank of " << cfg.world_size << (cfg.zero_stage == 1 ? " (ZeRO stage 1)" : "")
+              << ": optimizer state " << passes::human_bytes(dp.optimizer_state_bytes) << " ("
+              << dp.optimizer_state_bytes << " B), " << dp.collectives << " collectives and " << dp.bytes_sent
+              << " B sent per optimizer step\n";
+  }
   if (g.arena_bytes >= 0) {
     // The offsets the program's last pass (arena_plan) wrote into its values.
     std::vector<const ir::Value*> placed;
@@ -763,7 +776,12 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlag
 /// bytes of each plan over its schedule, side by side, into an SVG file.
 int cmd_inspect_memory(ConfigFlags flags, const std::string& model, const std::string& plot) {
   flags.model_pos = model;
-  const TrainConfig base = flags.build();
+  TrainConfig base = flags.build();
+  // Under mpirun or srun: the plan of one rank of that job (nothing is communicated; rank
+  // 0 prints it).
+  const runtime::comm::LaunchInfo job = runtime::comm::launch_info();
+  if (job.rank != 0) return 0;
+  base.world_size = job.world_size;
   std::vector<std::string> policies = runtime::comma_list(base.remat_policy);
   if (policies.size() > 1 && plot.empty())
     throw Failure{2, "--remat_policy: a list ('" + base.remat_policy +

@@ -459,4 +459,23 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   return prog;
 }
 
+DataParallelPlan data_parallel_plan(const ir::Graph& train_step, int64_t world_size) {
+  DataParallelPlan p;
+  std::function<void(const ir::Graph&)> walk = [&](const ir::Graph& g) {
+    for (const auto& n : g.nodes()) {
+      const ir::OpDef* def = ir::OpTable::get().find(n->op);
+      if (def && def->comm_bytes) {
+        p.collectives += 1;
+        p.bytes_sent += def->comm_bytes(*n, world_size);
+      }
+      for (const auto& r : n->regions) walk(*r);
+    }
+  };
+  walk(train_step);
+  for (const ir::StateBinding& sb : train_step.state)
+    if (sb.kind == "optimizer_state" && sb.initial)
+      p.optimizer_state_bytes += static_cast<int64_t>(sb.initial->nbytes());
+  return p;
+}
+
 }  // namespace kiln::driver

@@ -117,4 +117,14 @@ runtime::ProgramSignature model_signature(const ir::Graph& forward, const runtim
 /// re-infers types. Symbols not in `dims` stay symbolic.
 Status bind_dims(ir::Graph& g, const std::map<std::string, int64_t>& dims);
 
+/// What one rank of a data-parallel job does per optimizer step, from its training program
+/// (issue 35): the collectives it launches (ir::OpDef::comm_bytes), the bytes it sends
+/// (the count runtime/comm.h keeps), and its optimizer state in bytes (a shard under ZeRO-1).
+struct DataParallelPlan {
+  int64_t collectives = 0;
+  int64_t bytes_sent = 0;
+  int64_t optimizer_state_bytes = 0;
+};
+DataParallelPlan data_parallel_plan(const ir::Graph& train_step, int64_t world_size);
+
 }  // namespace kiln::driver
