@@ -204,10 +204,13 @@ class DataParallel : public Pass {
     // The Shard nodes of the gradients are read no more.
     for (auto& [v, readers] : shard_readers)
       for (Node* r : readers) g.remove_node(r);
-    // The summed loss keeps the name every reader of the program looks for.
-    Value* total = summed.at(loss);
-    g.rename_value(loss, "loss.local");
-    g.rename_value(total, "loss");
+    // The sums take the names every reader of the program looks for ("loss",
+    // "<param>.grad"); the rank's own values become "<name>.local".
+    for (auto& [local, sum] : summed) {
+      const std::string name = local->name;
+      g.rename_value(local, name + ".local");
+      g.rename_value(sum, name);
+    }
     KILN_RETURN_IF_ERROR(g.topo_sort());
     return true;
   }

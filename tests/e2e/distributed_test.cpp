@@ -481,3 +481,41 @@ TEST(Distributed, HungRankTimesOut) {
 }
 
 }  // namespace
+
+namespace {
+
+class GradientsVsOneProcess : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+// `mpirun -np N kiln grad`: the job's summed gradients of the first N*b rows (rank r on the
+// r-th b rows) against one process's gradients of the same N*b rows (cnn_bn: accumulating N
+// microbatches of b, since BatchNorm normalizes per rank), each within 1e-6 of its norm.
+TEST_P(GradientsVsOneProcess, Within1e6) {
+  require_setup();
+  const auto [name, n] = GetParam();
+  const Model& m = name == "mlp_digits" ? kMlp : name == "tiny_gpt" ? kGpt : kCnn;
+  const bool bn = name == "cnn_bn";
+  const std::string dir = fresh_tmpdir("dp_grad_" + name + "_" + std::to_string(n));
+  auto cmd = [&](int64_t batch, int64_t accum, const std::string& out) {
+    return kBin + " grad examples/" + m.name + "/model.onnx " + m.data + " --per_device_train_batch_size " +
+           std::to_string(batch) + " --gradient_accumulation_steps " + std::to_string(accum) +
+           " --disable_dropout --cache_dir " + cache_dir() + " --out " + out;
+  };
+  auto job = run_ranks(n, cmd(m.batch, 1, dir + "/ranks.safetensors"));
+  ASSERT_EQ(job.first, 0) << job.second;
+  auto one = run_one(cmd(bn ? m.batch : n * m.batch, bn ? n : 1, dir + "/one.safetensors"));
+  ASSERT_EQ(one.first, 0) << one.second;
+  auto g = runtime::io::load_safetensors(dir + "/ranks.safetensors");
+  auto g1 = runtime::io::load_safetensors(dir + "/one.safetensors");
+  ASSERT_TRUE(g && g1);
+  EXPECT_EQ(g->size(), g1->size());
+  expect_close(*g, *g1, 1e-6, false, name + " gradients");
+}
+
+INSTANTIATE_TEST_SUITE_P(Distributed, GradientsVsOneProcess,
+                         ::testing::Combine(::testing::Values("mlp_digits", "tiny_gpt", "cnn_bn"),
+                                            ::testing::Values(2, 3, 4)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+                         });
+
+}  // namespace

@@ -409,6 +409,12 @@ struct GradSetup {
 
 GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required"};
+  // Under mpirun or srun (kiln grad): the job's gradients, summed over the ranks, of the
+  // first world_size x rows_per_step rows, rank r computing on the r-th slice.
+  check(runtime::comm::init_world(cfg.ddp_timeout), "data parallel");
+  const runtime::comm::Communicator* world = runtime::comm::world();
+  cfg.world_size = world ? world->world_size() : 1;
+  const int64_t rank = world ? world->rank() : 0;
   // The gradients come from the eager interpreter running the gradient graph (the
   // reference); building the compiled program as well would only cost its LLVM time.
   if (flags.options.count("backend") && flags.options.at("backend")->count() > 0 && cfg.backend != "eager")
@@ -424,7 +430,18 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   const ir::Graph& g = *s.prog.grads;
   auto specs = unwrap(driver::program_specs(g, s.prog.data_inputs));
   auto ds = unwrap(runtime::Dataset::bind(raw, specs, data_options(cfg)), "--train_data");
-  auto batch = unwrap(ds.first_batch(s.prog.signature.rows_per_step), "--train_data");
+  const int64_t rows = s.prog.signature.rows_per_step;
+  auto job_batch = unwrap(ds.first_batch(rows * cfg.world_size), "--train_data");
+  runtime::Batch batch;  // this rank's slice: rows [rank * rows, (rank + 1) * rows)
+  for (auto& [name, t] : job_batch) {
+    std::vector<int64_t> dims = t.dims();
+    const size_t row_bytes = t.nbytes() / static_cast<size_t>(dims[0]);
+    dims[0] = rows;
+    ir::Tensor part(t.dtype(), dims);
+    std::memcpy(part.raw(), static_cast<const char*>(t.raw()) + static_cast<size_t>(rank * rows) * row_bytes,
+                part.nbytes());
+    batch[name] = std::move(part);
+  }
   for (ir::Value* in : g.inputs) {
     auto b = batch.find(in->name);
     if (b != batch.end()) {
@@ -433,8 +450,8 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
       continue;
     }
     if (in->name == runtime::kNumItemsInput && batch.count(s.prog.label_input)) {  // accumulation, tokens
-      s.feeds[in->name] = runtime::num_items_tensor(
-          runtime::count_num_items(batch.at(s.prog.label_input), cfg.ignore_index), in->dtype);
+      s.feeds[in->name] = runtime::num_items_tensor(  // the job's labels: every rank's slice
+          runtime::count_num_items(job_batch.at(s.prog.label_input), cfg.ignore_index), in->dtype);
       continue;
     }
     bool found = false;
@@ -465,6 +482,7 @@ int cmd_grad(const ConfigFlags& flags, const std::string& out, bool f64) {
       result[name.substr(0, name.size() - suffix.size())] = t;
   }
   if (!result.count("loss")) throw Failure{1, "grads graph has no 'loss' output"};
+  if (const auto* w = runtime::comm::world(); w && w->rank() != 0) return 0;  // rank 0 writes the job's sums
   fs::path op(out);
   if (op.has_parent_path()) check(runtime::prepare_output_dir(op.parent_path().string()), "--out");
   check(runtime::io::save_safetensors(out, result), "--out");
@@ -480,6 +498,10 @@ int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol, double ep
   if (per_param <= 0) throw Failure{2, "--elements_per_parameter must be > 0, got " + std::to_string(per_param)};
   if (!(eps > 0) || !std::isfinite(eps)) throw Failure{2, "--eps must be a finite number > 0, got " + fmt("%g", eps)};
   if (!(tol > 0)) throw Failure{2, "--tolerance must be > 0, got " + fmt("%g", tol)};
+  if (runtime::comm::launch_info().world_size > 1)
+    throw Failure{2,
+                  "kiln gradcheck runs on one process (its central differences perturb one batch); run it "
+                  "without mpirun"};
   TrainConfig cfg = flags.build();
   // The check runs the whole model in float64: a mixed-precision program has no float64
   // form (bf16 gradients against f64 differences read as a gradient bug; --fp16's loss

@@ -127,6 +127,7 @@ constexpr Entry kTable[] = {
     {"remat", When::remat, "step", nullptr, nullptr},
     {"canonicalize", When::always, "step", nullptr, "forward"},
     {"accumulation", When::always, nullptr, "accumulation", nullptr},
+    {"data_parallel", When::data_parallel, nullptr, "accumulation", nullptr},
     {"canonicalize", When::always, nullptr, "accumulation", nullptr},
     {"optimizer", When::always, "update", nullptr, nullptr},
     {"grad_scaler_update", When::fp16, "update", nullptr, nullptr},
