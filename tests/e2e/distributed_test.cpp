@@ -519,3 +519,27 @@ INSTANTIATE_TEST_SUITE_P(Distributed, GradientsVsOneProcess,
                          });
 
 }  // namespace
+
+namespace {
+
+// kiln bench under mpirun: every rank times the same variants; rank 0 prints, per variant,
+// the collectives and bytes the communication layer counted next to the program's plan.
+TEST(Distributed, BenchReportsCommunicationPerRank) {
+  require_setup();
+  for (const std::string zero : {"0", "1"}) {
+    auto r = run_ranks(2, kBin + " bench examples/mlp_digits/model.onnx --per_device_train_batch_size 8 " +
+                              "--backend eager,compiled --bench_steps 3 --cache_dir " + cache_dir() +
+                              " --zero_stage " + zero);
+    ASSERT_EQ(r.first, 0) << r.second;
+    std::regex line(
+        R"(data parallel \((eager|compiled), per rank of 2[^)]*\): optimizer state [^,]*, ([0-9.]+) collectives \(planned (\d+)\) and (\d+) B sent \(planned (\d+)\) per step)");
+    int seen = 0;
+    for (std::sregex_iterator it(r.second.begin(), r.second.end(), line), end; it != end; ++it, ++seen) {
+      EXPECT_EQ(std::stod((*it)[2]), std::stod((*it)[3])) << (*it)[0];
+      EXPECT_EQ((*it)[4], (*it)[5]) << (*it)[0];
+    }
+    EXPECT_EQ(seen, 2) << r.second;  // one line per variant, printed by rank 0 only
+  }
+}
+
+}  // namespace

@@ -123,7 +123,9 @@ Status prepare_bench_run(BenchRun& run, const TrainConfig& c, passes::PassContex
   run.compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto& prog = run.prog;
   if (!ds) {
-    const int64_t rows = c.per_device_train_batch_size * c.gradient_accumulation_steps;
+    // A data-parallel job's step reads world_size x the rank's rows (each rank its slice).
+    const int64_t rows =
+        c.per_device_train_batch_size * c.gradient_accumulation_steps * std::max<int64_t>(1, c.world_size);
     KILN_ASSIGN_OR_RETURN(auto specs, program_specs(*prog.train_step, prog.data_inputs));
     if (!c.train_data.empty()) {
       auto raw = runtime::load_raw_data(c.train_data);
@@ -167,17 +169,37 @@ Status timed_bench_step(BenchRun& r) {
   ir::MemoryStats::reset_peak();
   const int64_t before = ir::MemoryStats::current_bytes();
   const int64_t allocs = ir::MemoryStats::allocations();
+  runtime::comm::Communicator* w = runtime::comm::world();
+  if (w) w->reset_stats();
   auto st = r.tr->step();
   if (!st) return st.status();
+  if (w) {
+    const runtime::comm::CommStats s = w->stats();
+    r.comm.bytes_sent += s.bytes_sent;
+    r.comm.collectives += s.collectives;
+    r.comm.busy_seconds += s.busy_seconds;
+    r.comm.wait_seconds += s.wait_seconds;
+  }
   r.times.push_back(st->seconds);
   r.allocations += ir::MemoryStats::allocations() - allocs;
   r.peak = std::max(r.peak, ir::MemoryStats::peak_bytes() - before + r.resident);
   return Status::ok();
 }
 
-Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err) {
-  const TrainConfig& cfg = opts.config;
-  if (runtime::is_sequence_data(cfg.train_data)) return run_shape_bench(opts, out, err);
+Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream& err) {
+  TrainConfig cfg = opts.config;
+  if (runtime::is_sequence_data(cfg.train_data)) {
+    if (runtime::comm::launch_info().world_size > 1)
+      return Status::error("kiln bench: variable-length data is benchmarked on one process (run it without mpirun)");
+    return run_shape_bench(opts, out_given, err);
+  }
+  // Under mpirun or srun: every rank runs the same variants in the same order (their
+  // collectives pair up); rank 0 prints, with each variant's communication per step.
+  KILN_RETURN_IF_ERROR(runtime::comm::init_world(cfg.ddp_timeout));
+  const runtime::comm::Communicator* world = runtime::comm::world();
+  cfg.world_size = world ? world->world_size() : 1;
+  std::ostream quiet(nullptr);
+  std::ostream& out = !world || world->rank() == 0 ? out_given : quiet;
   const int steps = opts.steps;
   int warmup = opts.warmup;
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
@@ -264,12 +286,32 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
     }
     out << "\n";
   };
+  // A data-parallel job: per rank and timed step, what the program plans and the
+  // communication layer counted (docs/distributed.md).
+  auto print_data_parallel = [&] {
+    if (cfg.world_size <= 1) return;
+    for (const Run& r : runs) {
+      const DataParallelPlan plan = data_parallel_plan(*r.prog.train_step, cfg.world_size);
+      const double n = steps > 0 ? static_cast<double>(steps) : 1.0;
+      const double overlap =
+          r.comm.busy_seconds > 0 ? std::clamp(1.0 - r.comm.wait_seconds / r.comm.busy_seconds, 0.0, 1.0) : 0.0;
+      out << "data parallel (" << r.backend << ", per rank of " << cfg.world_size
+          << (cfg.zero_stage == 1 ? ", ZeRO stage 1" : "") << "): optimizer state "
+          << passes::human_bytes(plan.optimizer_state_bytes) << ", " << fmt("%.3g", double(r.comm.collectives) / n)
+          << " collectives (planned " << plan.collectives << ") and " << fmt("%.0f", double(r.comm.bytes_sent) / n)
+          << " B sent (planned " << plan.bytes_sent << ") per step, communication "
+          << runtime::format_time(r.comm.busy_seconds / n) << "/step, exposed "
+          << runtime::format_time(r.comm.wait_seconds / n) << " (overlap " << fmt("%.0f", overlap * 100) << "%)\n";
+    }
+  };
   // Precision column (issue 4): what the step computes in (--bf16 / --fp16, else fp32).
   const char* precision = cfg.bf16 ? "bf16" : cfg.fp16 ? "fp16" : "fp32";
   if (runs.size() == 1) {
     Run& r = runs[0];
     const double med = median(r.times);
-    out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << " (" << r.backend << ")\n";
+    out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows
+        << (cfg.world_size > 1 ? " per rank (" + std::to_string(cfg.world_size) + " ranks)" : std::string()) << " ("
+        << r.backend << ")\n";
     out << "precision " << precision << " | median step time " << runtime::format_time(med) << " | "
         << fmt("%.1f", med > 0 ? rows / med : 0.0) << " samples/s\n";
     out << "peak memory: "
@@ -277,11 +319,13 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
                    : "measured " + passes::human_bytes(r.peak) + " (" + std::to_string(r.peak) + " B), no plan")
         << "\n";
     print_allocations();
+    print_data_parallel();
     print_profile(r);
     return Status::ok();
   }
-  out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows << ", precision " << precision
-      << ", OpenMP threads: " << omp_get_max_threads() << "; steps alternate between "
+  out << "bench: " << steps << " steps after " << warmup << " warm-up, batch " << rows
+      << (cfg.world_size > 1 ? " per rank (" + std::to_string(cfg.world_size) + " ranks)" : std::string())
+      << ", precision " << precision << ", OpenMP threads: " << omp_get_max_threads() << "; steps alternate between "
       << (by_policy ? "variants" : "backends") << "\n";
   size_t label_w = 10;
   for (auto& r : runs) label_w = std::max(label_w, r.backend.size() + 2);
@@ -298,6 +342,7 @@ Status run_bench(const BenchOptions& opts, std::ostream& out, std::ostream& err)
         << pad(runtime::format_time(r.compile_s), 10) << "\n";
   }
   print_allocations();
+  print_data_parallel();
   for (auto& r : runs) print_profile(r);
   return Status::ok();
 }

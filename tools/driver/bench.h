@@ -13,6 +13,7 @@
 #include "ir/status.h"
 #include "passes/memory_plan.h"
 #include "passes/pass.h"
+#include "runtime/comm.h"
 #include "runtime/data.h"
 #include "runtime/profile.h"
 #include "runtime/train_config.h"
@@ -54,6 +55,9 @@ struct BenchRun {
   int64_t allocations = 0;                 ///< tensor storage allocations (ir::MemoryStats) in the timed steps
   double compile_s = 0;                    ///< seconds to build the program
   runtime::OpProfile profile;              ///< --profile: the timed steps only
+  /// A data-parallel job (runtime/comm.h): what the communication layer counted in the
+  /// timed steps (their sums) for this variant.
+  runtime::comm::CommStats comm;
 };
 
 /// Builds `c`'s training program (for `total_steps` optimizer steps) and a trainer that
