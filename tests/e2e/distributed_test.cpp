@@ -528,8 +528,8 @@ TEST(Distributed, BenchReportsCommunicationPerRank) {
   require_setup();
   for (const std::string zero : {"0", "1"}) {
     auto r = run_ranks(2, kBin + " bench examples/mlp_digits/model.onnx --per_device_train_batch_size 8 " +
-                              "--backend eager,compiled --bench_steps 3 --cache_dir " + cache_dir() +
-                              " --zero_stage " + zero);
+                              "--backend eager,compiled --bench_steps 3 --cache_dir " + cache_dir() + " --zero_stage " +
+                              zero);
     ASSERT_EQ(r.first, 0) << r.second;
     std::regex line(
         R"(data parallel \((eager|compiled), per rank of 2[^)]*\): optimizer state [^,]*, ([0-9.]+) collectives \(planned (\d+)\) and (\d+) B sent \(planned (\d+)\) per step)");
