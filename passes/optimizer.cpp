@@ -5,7 +5,9 @@
 // Semantics follow PyTorch and Hugging Face exactly:
 // - global L2 norm clipping as torch.nn.utils.clip_grad_norm_: norm over all
 //   parameter gradients, coef = min(max_grad_norm / (norm + 1e-6), 1); the
-//   pre-clip norm is the output "grad_norm" (0 max_grad_norm: no clipping).
+//   pre-clip norm is the output "grad_norm" (0 max_grad_norm: no clipping). The squares
+//   are summed in blocks of 256 elements, then the block sums in parameter order, so
+//   that ZeRO-1 (zero_shards, below) reproduces the norm bit for bit.
 // - schedules as transformers.get_scheduler with t = optimizer steps taken so far
 //   (the state counter "step"): linear, cosine (half a cycle), constant,
 //   constant_with_warmup; warmup multiplies by t / warmup_steps. Output
@@ -108,14 +110,44 @@ class Optimizer : public Pass {
       }
 
     // ---- global gradient norm and clipping ----
+    // The sum of squares in blocks of 256 elements: each gradient's squares summed per
+    // block (the last one zero-padded), the block sums of every parameter concatenated in
+    // parameter order, then summed. ZeRO-1's shards are whole blocks, so a sharded job
+    // computes the same block sums on their owners and, all-gathered and put back in that
+    // order, the same norm bit for bit (a sum of per-shard partial sums would associate
+    // the additions otherwise).
     b.set_prefix("optimizer/clip");
-    Value* sq = nullptr;
+    constexpr int64_t kNormBlock = 256;
+    std::vector<Value*> partials;
     for (Value* gr : grads) {
-      Value* s = b.op("ReduceSum", {b.op("Mul", {gr, gr})}, kZero);
-      sq = sq ? b.op("Add", {sq, s}) : s;
+      const int64_t n = gr->shape.numel(), m = (n + kNormBlock - 1) / kNormBlock;
+      Value* flat = b.op("Reshape", {b.op("Mul", {gr, gr}), b.ints({n})});
+      if (m * kNormBlock != n) flat = b.op("Pad", {flat, b.ints({0, m * kNormBlock - n})});
+      Value* blocks = b.op("Reshape", {flat, b.ints({m, kNormBlock})});
+      partials.push_back(b.op("ReduceSum", {blocks, b.ints({1})}, kZero));  // (m)
     }
-    // ZeRO-1: each rank squares its shards; the partial sums are all-reduced.
-    if (shards > 1) sq = b.op("AllReduce", {sq}, {}, "optimizer/clip/sum_of_squares");
+    Value* block_sums =
+        partials.size() == 1 ? partials[0] : b.op("Concat", partials, make_attrs({{"axis", int64_t(0)}}));
+    if (shards > 1) {
+      // ZeRO-1: every rank's block sums (rank-major), then the real blocks in parameter
+      // order, as one process holds them.
+      int64_t local = 0;  // block sums on each rank
+      std::vector<int64_t> offset;
+      for (Value* gr : grads) {
+        offset.push_back(local);
+        local += gr->shape.numel() / kNormBlock;
+      }
+      std::vector<int64_t> order;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const int64_t per_rank = grads[i]->shape.numel() / kNormBlock;
+        const int64_t blocks = (full_params[i]->shape.numel() + kNormBlock - 1) / kNormBlock;
+        for (int64_t j = 0; j < blocks; ++j) order.push_back(j / per_rank * local + offset[i] + j % per_rank);
+      }
+      Value* all = b.op("AllGather", {block_sums}, make_attrs({{"shape", std::vector<int64_t>{shards * local}}}),
+                        "optimizer/clip/block_sums");
+      block_sums = b.op("Gather", {all, b.ints(order)}, make_attrs({{"axis", int64_t(0)}}));
+    }
+    Value* sq = b.op("ReduceSum", {block_sums}, kZero);
     Value* norm = b.op("Sqrt", {sq}, {}, "grad_norm");
     const double max_norm = oo.max_grad_norm;
     Value* coef = nullptr;
