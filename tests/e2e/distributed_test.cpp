@@ -531,3 +531,28 @@ TEST(Distributed, BenchReportsCommunicationPerRank) {
 }
 
 }  // namespace
+
+namespace {
+
+class MixedPrecisionRanks : public ::testing::TestWithParam<std::string> {};
+
+// --bf16 and --fp16 (loss scaling: the overflow check reads the summed gradients, so every
+// rank skips the same steps) on 2 ranks against one process accumulating 2 microbatches:
+// bit-exact losses and weights.
+TEST_P(MixedPrecisionRanks, BitExactAgainstAccumulation) {
+  require_setup();
+  const std::string flag = GetParam();
+  const std::string dir = fresh_tmpdir("dp_" + flag);
+  auto ref = run_one(train_args(kGpt, kGpt.batch, 2, dir + "/accum", "--" + flag));
+  ASSERT_EQ(ref.first, 0) << ref.second;
+  auto dp = run_ranks(2, train_args(kGpt, kGpt.batch, 1, dir + "/ranks", "--" + flag));
+  ASSERT_EQ(dp.first, 0) << dp.second;
+  auto a = train_losses(dir + "/ranks"), b = train_losses(dir + "/accum");
+  ASSERT_EQ(a.size(), 10u);
+  for (auto& [step, l] : b) EXPECT_EQ(a.at(step), l) << "step " << step;
+  expect_bitwise_equal(weights(dir + "/ranks"), weights(dir + "/accum"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Distributed, MixedPrecisionRanks, ::testing::Values("bf16", "fp16"));
+
+}  // namespace
