@@ -121,10 +121,11 @@ class Optimizer : public Pass {
     std::vector<Value*> partials;
     for (Value* gr : grads) {
       const int64_t n = gr->shape.numel(), m = (n + kNormBlock - 1) / kNormBlock;
-      Value* flat = b.op("Reshape", {b.op("Mul", {gr, gr}), b.ints({n})});
+      // The views first, so that fusion makes the squares the reduction's prologue.
+      Value* flat = b.op("Reshape", {gr, b.ints({n})});
       if (m * kNormBlock != n) flat = b.op("Pad", {flat, b.ints({0, m * kNormBlock - n})});
       Value* blocks = b.op("Reshape", {flat, b.ints({m, kNormBlock})});
-      partials.push_back(b.op("ReduceSum", {blocks, b.ints({1})}, kZero));  // (m)
+      partials.push_back(b.op("ReduceSum", {b.op("Mul", {blocks, blocks}), b.ints({1})}, kZero));  // (m)
     }
     Value* block_sums =
         partials.size() == 1 ? partials[0] : b.op("Concat", partials, make_attrs({{"axis", int64_t(0)}}));
