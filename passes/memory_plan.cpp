@@ -38,7 +38,8 @@
 // pass); the op table (fusion class). A narrowed single-input copy of a parameter made
 // in the forward pass is a low-precision weight copy (autocast's bf16/fp16 Casts). Parameter gradients are
 // the backward values an optimizer node (or the graph output list) reads, followed back
-// through the "<param>/grad" summation scope and single-input copies of equal size.
+// through the "<param>/grad" summation scope and single-input copies of equal size (and
+// through a data-parallel job's collectives to the rank's own gradients).
 #include "passes/memory_plan.h"
 
 #include <algorithm>
@@ -350,7 +351,14 @@ class Planner {
   std::unordered_set<const Value*> gradients(const std::unordered_set<std::string>& grad_scopes) const {
     std::unordered_set<const Value*> grads;
     std::vector<const Value*> work;
-    auto bwd_like = [&](const Value* v) { return is_bwd_value(v) || accumulates_bwd(v); };
+    // A data-parallel job's sums (passes/data_parallel.cpp) are gradients, and so is what
+    // each rank contributes to them.
+    auto summed = [](const Value* v) {
+      if (!v || !v->producer) return false;
+      const OpDef* d = OpTable::get().find(v->producer->op);
+      return d && d->fusion == FusionClass::collective;
+    };
+    auto bwd_like = [&](const Value* v) { return is_bwd_value(v) || accumulates_bwd(v) || summed(v); };
     auto mark = [&](const Value* v) {
       if (v && grads.insert(v).second) work.push_back(v);
     };
@@ -373,6 +381,11 @@ class Planner {
       }
       if (loop_of_.count(p)) {
         mark(loop_of_.at(p)->body->outputs[v->producer_output]);
+        continue;
+      }
+      if (summed(v)) {  // the rank's own gradients (an AllReduceWait's token input is no float)
+        for (Value* in : p->inputs)
+          if (in && !in->is_initializer() && is_float(in->dtype) && bwd_like(in)) mark(in);
         continue;
       }
       if (p->attrs.has("kiln_inplace")) {  // accumulator update: acc + microbatch value

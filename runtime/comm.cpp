@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -31,6 +32,12 @@ int env_int(const char* name, int fallback) {
 }
 
 }  // namespace
+
+std::string rank_tag() {
+  const LaunchInfo li = launch_info();
+  if (li.world_size <= 1) return "";
+  return " (rank " + std::to_string(li.rank) + " of " + std::to_string(li.world_size) + ")";
+}
 
 LaunchInfo launch_info() {
   LaunchInfo li;
@@ -81,6 +88,7 @@ struct Task : Work {
   std::vector<std::function<Expected<MPI_Request>()>> phases;
   int64_t bytes = 0;  ///< algorithmic bytes this rank sends
   Traffic traffic = Traffic::data;
+  double timeout = 0;  ///< > 0: this task's own timeout instead of the job's
   mutable std::mutex mu;
   std::condition_variable cv;
   bool finished = false;
@@ -208,9 +216,11 @@ class MpiCommunicator : public Communicator {
     return submit(t);
   }
 
-  Status barrier(const std::string& what) override {
+  Status barrier(const std::string& what, double timeout_seconds) override {
     auto t = std::make_shared<Task>();
     t->what = "barrier " + what;
+    t->traffic = Traffic::control;
+    t->timeout = timeout_seconds;
     t->phases.push_back([]() -> Expected<MPI_Request> {
       MPI_Request r;
       int rc = MPI_Ibarrier(MPI_COMM_WORLD, &r);
@@ -235,6 +245,14 @@ class MpiCommunicator : public Communicator {
   bool broken() const {
     std::lock_guard<std::mutex> lk(mu_);
     return broken_;
+  }
+  /// Asks the communication thread to MPI_Abort the job (it makes every MPI call).
+  void request_abort(int code) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      abort_code_ = code;
+    }
+    cv_.notify_all();
   }
 
  private:
@@ -313,6 +331,7 @@ class MpiCommunicator : public Communicator {
       int rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) return Status::error(mpi_error_text(rc));
       if (flag) return Status::ok();
+      abort_if_requested();
       if (const int sig = stop_signal(); sig != 0 && !signalled) {
         signalled = true;
         deadline = std::min(deadline, Clock::now() + std::chrono::milliseconds(500));
@@ -347,11 +366,15 @@ class MpiCommunicator : public Communicator {
       double timeout;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+        cv_.wait(lk, [&] { return stopping_ || !queue_.empty() || abort_code_ >= 0; });
+        if (abort_code_ >= 0) {
+          lk.unlock();
+          abort_if_requested();
+        }
         if (queue_.empty()) break;  // stopping, nothing left
         t = queue_.front();
         queue_.pop_front();
-        timeout = timeout_;
+        timeout = t->timeout > 0 ? t->timeout : timeout_;
       }
       const auto t0 = Clock::now();
       const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
@@ -390,8 +413,18 @@ class MpiCommunicator : public Communicator {
     if (!broken()) MPI_Finalize();
   }
 
+  void abort_if_requested() {
+    int code;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      code = abort_code_;
+    }
+    if (code >= 0) MPI_Abort(MPI_COMM_WORLD, code);
+  }
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  int abort_code_ = -1;
   std::deque<std::shared_ptr<Task>> queue_;
   std::thread thread_;
   bool stopping_ = false;
@@ -429,6 +462,17 @@ Status init_world(double timeout_seconds) {
 
 Communicator* world() { return world_ptr().get(); }
 
+void abort_world(int code) {
+  auto& w = world_ptr();
+  if (!w) return;
+  std::fflush(nullptr);
+  if (!w->broken()) {
+    w->request_abort(code);
+    std::this_thread::sleep_for(std::chrono::seconds(5));  // MPI_Abort ends the process before
+  }
+  std::_Exit(code);  // a communicator past a timeout: finalizing could wait for a dead peer
+}
+
 void finalize_world() { world_ptr().reset(); }
 
 bool have_mpi() { return true; }
@@ -443,6 +487,7 @@ Status init_world(double) {
 }
 Communicator* world() { return nullptr; }
 void finalize_world() {}
+void abort_world(int) {}
 bool have_mpi() { return false; }
 
 #endif

@@ -82,8 +82,9 @@ class Communicator {
                                            const std::string& what, Traffic traffic = Traffic::data) = 0;
   /// `bytes` bytes of `data` from rank `root` to every rank.
   virtual std::shared_ptr<Work> broadcast(void* data, int64_t bytes, int root, const std::string& what) = 0;
-  /// Returns when every rank reached it. Errors: a timeout.
-  virtual Status barrier(const std::string& what) = 0;
+  /// Returns when every rank reached it. Errors: a timeout (the job's, or `timeout_seconds`
+  /// when > 0: waiting for a rank that works alone, such as rank 0 evaluating).
+  virtual Status barrier(const std::string& what, double timeout_seconds = 0) = 0;
   /// Counters since the start or the last reset_stats().
   virtual CommStats stats() const = 0;
   virtual void reset_stats() = 0;
@@ -112,5 +113,13 @@ Communicator* world();
 void finalize_world();
 /// True when kiln was built with MPI.
 bool have_mpi();
+/// " (rank R of N)" in a job of several ranks (launch_info), "" otherwise: what error lines
+/// put after the program's name ("kiln (rank 1 of 2): error: ...").
+std::string rank_tag();
+/// Ends the whole job after an error on this rank: MPI_Abort (the launcher then stops every
+/// rank) when a communicator runs, since the other ranks would otherwise wait for this one
+/// in their next collective and MPI_Finalize for them; nothing for one process. Does not
+/// return when it aborts.
+void abort_world(int code);
 
 }  // namespace kiln::runtime::comm

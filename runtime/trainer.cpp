@@ -266,9 +266,11 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
     t.world_ = w->world_size();
     t.rank_ = w->rank();
     if (!cfg.dataloader_drop_last)
-      return Status::error("--dataloader_drop_last false: a data-parallel job trains whole global batches only (" +
-                           std::to_string(t.world_) + " ranks x " + std::to_string(t.rows_per_step_) +
-                           " rows); the last partial batch is dropped");
+      return Status::error(
+          "--dataloader_drop_last false is not supported in a data-parallel job: the epoch's last "
+          "partial batch would split unevenly over the " +
+          std::to_string(t.world_) + " ranks (whole global batches of " + std::to_string(t.world_) + " x " +
+          std::to_string(t.rows_per_step_) + " rows only; leave it at true)");
     if (t.rank_ != 0) {
       static std::ostream quiet(nullptr);
       t.opts_.out = &quiet;
@@ -901,8 +903,10 @@ Expected<TrainResult> Trainer::run() {
   std::ostream& out = opts_.out ? *opts_.out : std::cout;
   // tqdm's bar on a terminal (Hugging Face's --disable_tqdm turns it off); plain log
   // lines only otherwise (CI logs, files).
+  // Not in a data-parallel job: mpirun gives its ranks a pseudo-terminal even when its own
+  // output goes to a file.
   const bool progress = opts_.progress == 1 || (opts_.progress == -1 && !cfg_.disable_tqdm && opts_.out == &std::cout &&
-                                                isatty(fileno(stdout)));
+                                                isatty(fileno(stdout)) && comm::launch_info().world_size <= 1);
   ProgressBar bar(out, progress);
   ProgressBar eval_bar(out, progress, "eval", /*leave=*/false);
   MetricsWriter metrics_file;
@@ -945,9 +949,9 @@ Expected<TrainResult> Trainer::run() {
   if (const int64_t left = train_->num_rows() - steps_per_epoch_ * job_rows_;
       left > 0 && steps_per_epoch_ > 0 && !train_->is_tokens())
     out << "note: each epoch trains on " << steps_per_epoch_ * job_rows_ << " of the " << train_->num_rows()
-        << " rows (whole steps of " << job_rows_ << " rows; --dataloader_drop_last false trains the rest with a "
-        << "program of its size); the " << left
-        << " rows left over differ from epoch to epoch (the order is reshuffled)\n";
+        << " rows (whole steps of " << job_rows_ << " rows"
+        << (world_ > 1 ? "" : "; --dataloader_drop_last false trains the rest with a program of its size") << "); the "
+        << left << " rows left over differ from epoch to epoch (the order is reshuffled)\n";
   for (const Dataset* d : {train_, eval_})
     if (d)
       for (const std::string& n : d->notes()) out << "note: " << n << "\n";
@@ -969,6 +973,14 @@ Expected<TrainResult> Trainer::run() {
   res.total_steps = total_steps_;
   auto run_t0 = std::chrono::steady_clock::now();
   const int64_t first_step = global_step_;
+  // A data-parallel job: the ranks start together (they finish compiling at different
+  // times), and wait for rank 0 while it evaluates or saves, without the collectives'
+  // timeout (a day), which is for ranks that died or hang.
+  auto wait_for_rank0 = [&](const std::string& what) -> Status {
+    if (comm::Communicator* w = comm::world()) return w->barrier(what, 86400);
+    return Status::ok();
+  };
+  KILN_RETURN_IF_ERROR(wait_for_rank0("before the first step (every rank's program ready)"));
   if (comm::Communicator* w = comm::world()) w->reset_stats();  // this run's steps only
   int64_t last_eval = -1;
   auto do_eval = [&]() -> Status {
@@ -1063,9 +1075,13 @@ Expected<TrainResult> Trainer::run() {
       acc_.log_loss_count = 0;
       acc_.log_time_sum = 0;
     }
-    if (eval_ && cfg_.eval_steps > 0 && global_step_ % cfg_.eval_steps == 0) KILN_RETURN_IF_ERROR(do_eval());
+    if (eval_ && cfg_.eval_steps > 0 && global_step_ % cfg_.eval_steps == 0) {
+      KILN_RETURN_IF_ERROR(do_eval());
+      KILN_RETURN_IF_ERROR(wait_for_rank0("rank 0's evaluation"));
+    }
     if (job_writes_ && cfg_.save_steps > 0 && global_step_ % cfg_.save_steps == 0) {
       KILN_RETURN_IF_ERROR(save());
+      KILN_RETURN_IF_ERROR(wait_for_rank0("rank 0's checkpoint"));
       last_save = global_step_;
     }
   }

@@ -292,7 +292,7 @@ TEST(Distributed, KilledRankEndsTheJob) {
   EXPECT_NE(r.first, 0) << r.second;
   EXPECT_LT(secs, 60.0) << "the job did not end before the collective timeout:\n" << r.second;
   // Rank 0 says what happened in one line (the launcher's own report around it).
-  std::regex line(R"(kiln: error: [^\n]*rank 0 of 2[^\n]*)");
+  std::regex line(R"(kiln \(rank 0 of 2\): error: [^\n]*SIGTERM while waiting for the other ranks[^\n]*)");
   EXPECT_TRUE(std::regex_search(r.second, line)) << r.second;
 }
 
@@ -464,7 +464,7 @@ TEST(Distributed, HungRankTimesOut) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.first, 0) << r.second;
   EXPECT_LT(secs, 60.0) << r.second;
-  std::regex line(R"(kiln: error: [^\n]*\(rank 0 of 2\): no answer from the other ranks within --ddp_timeout 3 s)");
+  std::regex line(R"(kiln \(rank 0 of 2\): error: [^\n]*no answer from the other ranks within --ddp_timeout 3 s)");
   EXPECT_TRUE(std::regex_search(r.second, line)) << r.second;
 }
 
@@ -554,5 +554,42 @@ TEST_P(MixedPrecisionRanks, BitExactAgainstAccumulation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Distributed, MixedPrecisionRanks, ::testing::Values("bf16", "fp16"));
+
+}  // namespace
+
+namespace {
+
+// An error on one rank only (here its data file is missing) ends the job within seconds
+// with that rank's one line, instead of leaving the other waiting in a collective.
+TEST(Distributed, ErrorOnOneRankEndsTheJob) {
+  require_setup();
+  const std::string dir = fresh_tmpdir("dp_error");
+  const std::string args = train_args(kMlp, 8, 1, dir + "/out");
+  std::string bad = args;
+  bad.replace(bad.find("data/digits/x_train.npy"), std::string("data/digits/x_train.npy").size(), "no/such.npy");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = shell(kEnv + "timeout 120 mpirun --bind-to none -np 1 " + args + " : -np 1 " + bad);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.first, 0) << r.second;
+  EXPECT_LT(secs, 30.0) << r.second;
+  std::regex line(R"(kiln \(rank 1 of 2\): error: [^\n]*no/such\.npy)");
+  EXPECT_TRUE(std::regex_search(r.second, line)) << r.second;
+}
+
+// --print-ir-after and the log lines come from rank 0 only.
+TEST(Distributed, Rank0AlonePrints) {
+  require_setup();
+  const std::string dir = fresh_tmpdir("dp_print");
+  auto r = run_ranks(2, train_args(kMlp, 8, 1, dir + "/out", "--print-ir-after data_parallel"));
+  ASSERT_EQ(r.first, 0) << r.second;
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = r.second.find(what); at != std::string::npos; at = r.second.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("IR after data_parallel"), 1u) << r.second;
+  EXPECT_EQ(count("step 10/10"), 1u) << r.second;
+  EXPECT_EQ(count("data parallel: 2 ranks"), 1u) << r.second;
+}
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include "frontend/model_bytes.h"
 #include "ir/tensor.h"
+#include "runtime/comm.h"
 #include "runtime/interrupt.h"
 #include "runtime/train_config.h"
 #include "tools/aot/aot_kernels.h"
@@ -51,7 +52,10 @@ int fail(int code, const std::string& msg) {
   std::string m = msg;
   for (char& c : m)
     if (c == '\n') c = ' ';
-  std::cerr << "train: error: " << m << std::endl;
+  const std::string line = "train" + runtime::comm::rank_tag() + ": error: " + m + "\n";
+  std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+  std::cerr.flush();
+  runtime::comm::abort_world(code);  // the other ranks of a data-parallel job would wait for this one
   return code;
 }
 

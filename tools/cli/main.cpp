@@ -98,7 +98,11 @@ std::string one_line(const std::string& in) {
 }
 
 int report(const Failure& f) {
-  std::cerr << "kiln: error: " << one_line(f.msg) << std::endl;
+  // One write per line: the ranks of a data-parallel job share the terminal.
+  const std::string line = "kiln" + runtime::comm::rank_tag() + ": error: " + one_line(f.msg) + "\n";
+  std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+  std::cerr.flush();
+  runtime::comm::abort_world(f.code);  // the other ranks would wait for this one
   return f.code;
 }
 
@@ -1105,18 +1109,13 @@ int main(int argc, char** argv) {
   try {
     return real_main(argc, argv);
   } catch (const ir::OutOfMemory& e) {
-    std::cerr << "kiln: error: " << e.what() << std::endl;
-    return 1;
+    return report({1, e.what()});
   } catch (const std::bad_alloc&) {
-    std::cerr << "kiln: error: out of memory (an allocation failed: lower the batch size, or raise the "
-                 "process's memory limit)"
-              << std::endl;
-    return 1;
+    return report(
+        {1, "out of memory (an allocation failed: lower the batch size, or raise the process's memory limit)"});
   } catch (const std::exception& e) {
-    std::cerr << "kiln: error: internal error: " << one_line(e.what()) << std::endl;
-    return 1;
+    return report({1, std::string("internal error: ") + e.what()});
   } catch (...) {
-    std::cerr << "kiln: error: internal error (unknown exception)" << std::endl;
-    return 1;
+    return report({1, "internal error (unknown exception)"});
   }
 }

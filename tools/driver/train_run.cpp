@@ -438,6 +438,11 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   const bool rank0 = !world || world->rank() == 0;
   std::ostream quiet(nullptr);
   std::ostream& out = rank0 ? out_given : quiet;
+  if (!rank0 && dbg) {  // --print-ir-after, --dump-ir-dir, --time-passes: rank 0's
+    dbg->print_ir_after.clear();
+    dbg->dump_ir_dir.clear();
+    dbg->time_passes = false;
+  }
   if (loaded && loaded->signature.world_size != cfg.world_size)
     return Status::error("this program was compiled for " + std::to_string(loaded->signature.world_size) +
                          " rank(s) and runs on " + std::to_string(cfg.world_size) +
@@ -591,7 +596,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
 
   if (!have) {
     // On a terminal, a compile that takes over a second shows its elapsed time (erased after).
-    runtime::ElapsedIndicator compiling(std::cout, !cfg.disable_tqdm && isatty(fileno(stdout)) != 0,
+    runtime::ElapsedIndicator compiling(std::cout, !cfg.disable_tqdm && isatty(fileno(stdout)) != 0 && !world,
                                         "compiling the training program");
     compiling.start();
     auto built_or = build_training_program(cfg, dbg, false, false, total, module.get());
