@@ -443,6 +443,10 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     dbg->dump_ir_dir.clear();
     dbg->time_passes = false;
   }
+  if (!world && cfg.zero_stage == 1)
+    std::cerr << runtime::message_prefix()
+              << ": warning: --zero_stage 1 shards the optimizer state over the ranks of a data-parallel job "
+                 "(mpirun, srun); this process runs alone and keeps it whole\n";
   if (loaded && loaded->signature.world_size != cfg.world_size)
     return Status::error("this program was compiled for " + std::to_string(loaded->signature.world_size) +
                          " rank(s) and runs on " + std::to_string(cfg.world_size) +
