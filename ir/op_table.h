@@ -24,7 +24,8 @@
 namespace kiln::ir {
 
 /// How code generation may group the op (DESIGN.md: pointwise / reduction / library / view).
-/// collective: a communication op of data-parallel training (AllReduce), never fused.
+/// collective: a communication op of data-parallel training (AllReduceStart, ReduceScatter,
+/// AllGather, ...), never fused.
 enum class FusionClass { pointwise, reduction, library, view, opaque, collective };
 /// Mixed-precision policy: run in bf16 (fp32 accumulation), follow the widest input, or always fp32.
 enum class PrecisionPolicy { low_precision, follow_inputs, fp32, not_float };

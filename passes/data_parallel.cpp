@@ -1,7 +1,8 @@
 // data_parallel: makes a training step one rank's share of a data-parallel job (issue
 // 35): the gradients are summed over the ranks before anything reads them, as PyTorch's
-// DistributedDataParallel does, with the collectives as IR (AllReduce, fusion class
-// "collective") so that every decision shows in the dump (DESIGN.md invariant 2).
+// DistributedDataParallel does, with the collectives as IR (AllReduceStart/AllReduceWait,
+// ReduceScatter; fusion class "collective") so that every decision shows in the dump
+// (DESIGN.md invariant 2).
 //
 // Input: a training step after optimizer and accumulation. Option world_size = N
 // (N <= 1: no change). Algorithm:
@@ -81,14 +82,13 @@ class DataParallel : public Pass {
     struct Member {
       Value* value;
       std::pair<size_t, size_t> order;
-      size_t index;  // state order, for ties
     };
     std::vector<Member> grads;
     for (auto& sb : g.state) {
       if (sb.kind != "parameter") continue;
       Value* gr = g.find_value(sb.input->name + ".grad");
       if (!gr) return Status::error("data_parallel: no gradient '" + sb.input->name + ".grad' (run autodiff first)");
-      grads.push_back({gr, order_of(gr), grads.size()});
+      grads.push_back({gr, order_of(gr)});  // ties keep the state order (stable sort)
     }
     if (grads.empty()) return Status::error("data_parallel: no trainable parameters");
     Value* loss = g.find_value("loss");

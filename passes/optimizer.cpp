@@ -117,7 +117,7 @@ class Optimizer : public Pass {
     // order, the same norm bit for bit (a sum of per-shard partial sums would associate
     // the additions otherwise).
     b.set_prefix("optimizer/clip");
-    constexpr int64_t kNormBlock = 256;
+    constexpr int64_t kNormBlock = kBlockSize8bit;  // ir::shard_elems cuts ZeRO-1 shards on these blocks
     std::vector<Value*> partials;
     for (Value* gr : grads) {
       const int64_t n = gr->shape.numel(), m = (n + kNormBlock - 1) / kNormBlock;

@@ -148,30 +148,36 @@ class MpiCommunicator : public Communicator {
     t->traffic = traffic;
     t->what = "all-reduce of " + what;
     if (mpi_type(dt) == MPI_DATATYPE_NULL) return failed(t, "unsupported dtype " + std::string(ir::dtype_name(dt)));
-    // The buffer padded to world_size equal shards (a scratch copy), reduce-scattered in
-    // rank order, then all-gathered back into `data`.
+    // World-size equal shards, reduce-scattered in rank order, then all-gathered back.
+    // `data` is the buffer when count divides into them (AllReduceStart pads its bucket so
+    // that it does), else a zero-padded scratch copy.
     const int64_t shard = (count + size_ - 1) / size_;
     const size_t esize = ir::dtype_size(dt);
-    auto padded = std::make_shared<std::vector<char>>(static_cast<size_t>(shard * size_) * esize, 0);
-    auto mine = std::make_shared<std::vector<char>>(static_cast<size_t>(shard) * esize, 0);
     char* out = static_cast<char*>(data);
-    t->phases.push_back([=]() -> Expected<MPI_Request> {
-      std::memcpy(padded->data(), out, static_cast<size_t>(count) * esize);
-      return MPI_REQUEST_NULL;
-    });
-    add_reduce_scatter(*t, padded->data(), mine->data(), shard, dt, padded);
+    std::shared_ptr<std::vector<char>> scratch;
+    if (shard * size_ != count) {
+      scratch = std::make_shared<std::vector<char>>(static_cast<size_t>(shard * size_) * esize, 0);
+      t->phases.push_back([=]() -> Expected<MPI_Request> {
+        std::memcpy(scratch->data(), out, static_cast<size_t>(count) * esize);
+        return MPI_REQUEST_NULL;
+      });
+    }
+    char* buf = scratch ? scratch->data() : out;
+    auto mine = std::make_shared<std::vector<char>>(static_cast<size_t>(shard) * esize, 0);
+    add_reduce_scatter(*t, buf, mine->data(), shard, dt, scratch);
     t->phases.push_back([=]() -> Expected<MPI_Request> {
       MPI_Request r;
       const MPI_Datatype type = mpi_type(dt);
-      int rc = MPI_Iallgather(mine->data(), static_cast<int>(shard), type, padded->data(), static_cast<int>(shard),
-                              type, MPI_COMM_WORLD, &r);
+      int rc = MPI_Iallgather(mine->data(), static_cast<int>(shard), type, buf, static_cast<int>(shard), type,
+                              MPI_COMM_WORLD, &r);
       if (rc != MPI_SUCCESS) return Status::error(mpi_error_text(rc));
       return r;
     });
-    t->phases.push_back([=]() -> Expected<MPI_Request> {
-      std::memcpy(out, padded->data(), static_cast<size_t>(count) * esize);
-      return MPI_REQUEST_NULL;
-    });
+    if (scratch)
+      t->phases.push_back([=]() -> Expected<MPI_Request> {
+        std::memcpy(out, scratch->data(), static_cast<size_t>(count) * esize);
+        return MPI_REQUEST_NULL;
+      });
     t->bytes = 2 * (size_ - 1) * shard * static_cast<int64_t>(esize);
     return submit(t);
   }

@@ -3,10 +3,16 @@
 // layer (runtime/comm.h). Fusion class "collective": never fused, never folded, never
 // recomputed. Costs count the bytes one rank sends for N = 2 (N is known at run time).
 //
-// AllReduce (kiln-internal):
+// AllReduceStart (kiln-internal):
 //   inputs:  x_0 .. x_{k-1}   one bucket of tensors of one float dtype (gradients, the loss)
-//   outputs: y_0 .. y_{k-1}   y_i = the sum of x_i over every rank (same dtype and shape)
+//   output:  a token (i64 scalar) that orders the pair
 //   attrs:   bucket (int, the bucket's number in the order backward fills them)
+//   Hands the bucket's all-reduce to the communication thread and returns at once.
+// AllReduceWait (kiln-internal):
+//   inputs:  the Start's token, then x_0 .. x_{k-1} (read for their types only: they stay
+//            alive until the wait, as DDP's gradients stay in their bucket)
+//   outputs: y_0 .. y_{k-1}   y_i = the sum of x_i over every rank (same dtype and shape)
+//   attrs:   bucket
 //   Every rank gets the same bits (runtime/comm.h: a rank-ordered reduce-scatter, then an
 //   all-gather).
 // ReduceScatter (kiln-internal, ZeRO-1):
@@ -15,8 +21,6 @@
 //                             sum of x_i over every rank: elements [r*S, (r+1)*S) of the
 //                             flattened sum, zeros past its end
 //   attrs:   shard_elems (ints, one per input), bucket
-// AllReduceStart / AllReduceWait (kiln-internal): AllReduce split in two so that the
-//   collective runs while backward goes on (see below).
 // Shard (kiln-internal, ZeRO-1):
 //   input x, output y (flat, shard_elems elements): this rank's shard of x as above, no
 //   communication. attrs: shard_elems.
@@ -27,22 +31,25 @@
 // elements (ir::shard_elems): cut on 256-element blocks, so each block of the 8-bit
 // optimizer state and its absmax stay on one rank (bitsandbytes issues #89, #2080).
 #include "ir/op_table.h"
+#include "ir/ops/optim8bit.h"
 
 namespace kiln::ir {
 
 int64_t shard_elems(int64_t numel, int64_t ranks) {
-  constexpr int64_t kBlock = 256;
-  const int64_t blocks = (numel + kBlock - 1) / kBlock;
-  return (blocks + ranks - 1) / ranks * kBlock;
+  return (num_blocks_8bit(numel) + ranks - 1) / ranks * kBlockSize8bit;
 }
 
 namespace {
 
-Status check_float(InferContext& c, size_t i) {
-  if (!c.in[i].present()) return c.fail("input " + std::to_string(i) + " is missing");
-  if (c.in[i].dtype != DType::f32 && c.in[i].dtype != DType::f64)
-    return c.fail("sums f32 or f64 tensors (got " + std::string(dtype_name(c.in[i].dtype)) + ")");
-  if (!c.in[i].shape.is_static()) return c.fail("input " + std::to_string(i) + " has a symbolic shape");
+/// Inputs [first, end) of a collective: present, static, f32 or f64, one dtype.
+Status check_bucket(InferContext& c, size_t first) {
+  for (size_t i = first; i < c.in.size(); ++i) {
+    if (!c.in[i].present()) return c.fail("input " + std::to_string(i) + " is missing");
+    if (c.in[i].dtype != DType::f32 && c.in[i].dtype != DType::f64)
+      return c.fail("sums f32 or f64 tensors (got " + std::string(dtype_name(c.in[i].dtype)) + ")");
+    if (c.in[i].dtype != c.in[first].dtype) return c.fail("a bucket holds one dtype");
+    if (!c.in[i].shape.is_static()) return c.fail("input " + std::to_string(i) + " has a symbolic shape");
+  }
   return Status::ok();
 }
 
@@ -57,9 +64,9 @@ int64_t esize(const Value* v) { return static_cast<int64_t>(dtype_size(v->dtype)
 
 /// An all-reduce of a bucket: a reduce-scatter and an all-gather of ceil(count / N)
 /// elements per rank (runtime/comm.h), (N - 1) shards each.
-int64_t all_reduce_bytes(const Node& n, int64_t world, size_t first_input) {
+int64_t all_reduce_bytes(const Node& n, int64_t world) {
   int64_t count = 0, es = 0;
-  for (size_t i = first_input; i < n.inputs.size(); ++i) {
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
     count += n.inputs[i]->shape.numel();
     es = esize(n.inputs[i]);
   }
@@ -77,46 +84,21 @@ OpDef collective(const char* name, const char* doc, InferFn infer) {
 }  // namespace
 
 void register_collective_ops(OpTable& t) {
-  OpDef ar = collective(
-      "AllReduce",
-      "kiln: sum of each input over every rank of a data-parallel job (reduce-scatter + all-gather, as PyTorch "
-      "DDP's bucketed all-reduce)",
-      [](InferContext& c) -> Status {
-        if (c.out.size() != c.in.size()) return c.fail("needs one output per input");
-        for (size_t i = 0; i < c.in.size(); ++i) {
-          KILN_RETURN_IF_ERROR(check_float(c, i));
-          if (c.in[i].dtype != c.in[0].dtype) return c.fail("a bucket holds one dtype");
-          c.out[i] = c.in[i];
-        }
-        return Status::ok();
-      });
-  ar.attrs = {{"bucket", AttrKind::i, false}};
-  ar.cost = [](const Node& n) { return Cost{0, bytes_in(n)}; };  // 2 (N-1)/N of the bucket, N = 2
-  ar.comm_bytes = [](const Node& n, int64_t world) { return all_reduce_bytes(n, world, 0); };
-  t.add(ar);
-
-  // The asynchronous form the data_parallel pass places (DDP's overlap of backward and
-  // communication): AllReduceStart hands the bucket to the communication thread and
-  // returns at once; AllReduceWait, placed just before the first reader of a sum, waits
-  // for it and writes the sums. The Start's token orders the pair; the Wait reads the
-  // bucket's inputs for their types only (they stay alive until it, as DDP's gradients
-  // stay in their bucket).
+  // An all-reduce in two halves, so that it runs while backward goes on (DDP's overlap):
+  // data_parallel places the wait just before the first reader of a sum.
   OpDef st = collective(
       "AllReduceStart",
       "kiln: starts the all-reduce of a bucket on the communication thread (returns a token; AllReduceWait ends it)",
       [](InferContext& c) -> Status {
         if (c.out.size() != 1) return c.fail("one output: the token");
-        for (size_t i = 0; i < c.in.size(); ++i) {
-          KILN_RETURN_IF_ERROR(check_float(c, i));
-          if (c.in[i].dtype != c.in[0].dtype) return c.fail("a bucket holds one dtype");
-        }
+        KILN_RETURN_IF_ERROR(check_bucket(c, 0));
         c.out[0] = {DType::i64, Shape()};
         return Status::ok();
       });
   st.max_outputs = 1;
   st.attrs = {{"bucket", AttrKind::i, true}};
   st.cost = [](const Node& n) { return Cost{0, bytes_in(n)}; };
-  st.comm_bytes = [](const Node& n, int64_t world) { return all_reduce_bytes(n, world, 0); };
+  st.comm_bytes = [](const Node& n, int64_t world) { return all_reduce_bytes(n, world); };
   t.add(st);
 
   OpDef wt = collective(
@@ -127,10 +109,8 @@ void register_collective_ops(OpTable& t) {
         if (c.in.size() < 2 || c.out.size() != c.in.size() - 1)
           return c.fail("inputs: the token, then the bucket; one output per bucket member");
         if (c.in[0].dtype != DType::i64) return c.fail("input 0 must be AllReduceStart's token");
-        for (size_t i = 1; i < c.in.size(); ++i) {
-          KILN_RETURN_IF_ERROR(check_float(c, i));
-          c.out[i - 1] = c.in[i];
-        }
+        KILN_RETURN_IF_ERROR(check_bucket(c, 1));
+        for (size_t i = 1; i < c.in.size(); ++i) c.out[i - 1] = c.in[i];
         return Status::ok();
       });
   wt.min_inputs = 2;
@@ -145,8 +125,8 @@ void register_collective_ops(OpTable& t) {
                    const auto shards = c.attrs().get_ints("shard_elems");
                    if (c.out.size() != c.in.size() || shards.size() != c.in.size())
                      return c.fail("needs one output and one shard_elems entry per input");
+                   KILN_RETURN_IF_ERROR(check_bucket(c, 0));
                    for (size_t i = 0; i < c.in.size(); ++i) {
-                     KILN_RETURN_IF_ERROR(check_float(c, i));
                      if (shards[i] <= 0) return c.fail("shard_elems must be > 0");
                      c.out[i] = {c.in[i].dtype, Shape::of({shards[i]})};
                    }

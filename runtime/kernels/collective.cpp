@@ -14,34 +14,6 @@ namespace kiln::runtime::kernels {
 
 namespace {
 
-/// AllReduce: the bucket's inputs packed into one buffer (one collective per bucket, as
-/// DDP's flat bucket views), summed over the ranks, unpacked into the outputs.
-Status all_reduce_kernel(ir::KernelContext& c) {
-  comm::Communicator* w = comm::world();
-  if (!w)
-    return c.fail(
-        "needs a data-parallel job (launched by mpirun or srun with more than one rank); this process "
-        "runs alone");
-  const ir::DType dt = c.in(0).dtype();
-  const size_t esize = ir::dtype_size(dt);
-  int64_t count = 0;
-  for (const ir::Tensor* t : c.inputs) count += t->numel();
-  std::vector<char> flat(static_cast<size_t>(count) * esize);
-  size_t at = 0;
-  for (const ir::Tensor* t : c.inputs) {
-    std::memcpy(flat.data() + at, t->raw(), t->nbytes());
-    at += t->nbytes();
-  }
-  const std::string what = "bucket " + std::to_string(c.attrs().get_int("bucket", 0)) + " (" + c.node.name + ")";
-  KILN_RETURN_IF_ERROR(w->all_reduce_sum(flat.data(), count, dt, what)->wait());
-  at = 0;
-  for (size_t i = 0; i < c.outputs.size(); ++i) {
-    std::memcpy(c.out(static_cast<int>(i)).raw(), flat.data() + at, c.out(static_cast<int>(i)).nbytes());
-    at += c.out(static_cast<int>(i)).nbytes();
-  }
-  return Status::ok();
-}
-
 Expected<comm::Communicator*> job(ir::KernelContext& c) {
   comm::Communicator* w = comm::world();
   if (!w)
@@ -49,6 +21,20 @@ Expected<comm::Communicator*> job(ir::KernelContext& c) {
         "needs a data-parallel job (launched by mpirun or srun with more than one rank); this process "
         "runs alone");
   return w;
+}
+
+/// The bucket's name in the communication layer's errors.
+std::string bucket_of(const ir::KernelContext& c) {
+  return "bucket " + std::to_string(c.attrs().get_int("bucket", 0)) + " (" + c.node.name + ")";
+}
+
+/// Copies consecutive parts of `packed` into the outputs, in order.
+void unpack(ir::KernelContext& c, const char* packed) {
+  for (size_t i = 0; i < c.outputs.size(); ++i) {
+    ir::Tensor& o = c.out(static_cast<int>(i));
+    std::memcpy(o.raw(), packed, o.nbytes());
+    packed += o.nbytes();
+  }
 }
 
 /// The all-reduces in flight between an AllReduceStart and its AllReduceWait, by bucket:
@@ -60,21 +46,24 @@ struct InFlight {
 std::mutex g_in_flight_mu;
 std::map<int64_t, InFlight> g_in_flight;
 
-/// AllReduceStart: packs the bucket and hands it to the communication thread.
+/// AllReduceStart: packs the bucket into one buffer (DDP's flat bucket), zero-padded to a
+/// multiple of the world size so that the communication layer sums it in place, and
+/// hands it to the communication thread.
 Status all_reduce_start_kernel(ir::KernelContext& c) {
   KILN_ASSIGN_OR_RETURN(comm::Communicator * w, job(c));
   const ir::DType dt = c.in(0).dtype();
   int64_t count = 0;
   for (const ir::Tensor* t : c.inputs) count += t->numel();
+  count = (count + w->world_size() - 1) / w->world_size() * w->world_size();
   auto flat = std::make_shared<std::vector<char>>(static_cast<size_t>(count) * ir::dtype_size(dt));
   size_t at = 0;
   for (const ir::Tensor* t : c.inputs) {
     std::memcpy(flat->data() + at, t->raw(), t->nbytes());
     at += t->nbytes();
   }
+  std::memset(flat->data() + at, 0, flat->size() - at);
   const int64_t bucket = c.attrs().get_int("bucket", 0);
-  const std::string what = "bucket " + std::to_string(bucket) + " (" + c.node.name + ")";
-  auto work = w->all_reduce_sum(flat->data(), count, dt, what);
+  auto work = w->all_reduce_sum(flat->data(), count, dt, bucket_of(c));
   {
     std::lock_guard<std::mutex> lk(g_in_flight_mu);
     if (g_in_flight.count(bucket)) return c.fail("bucket " + std::to_string(bucket) + " is already in flight");
@@ -96,12 +85,7 @@ Status all_reduce_wait_kernel(ir::KernelContext& c) {
     g_in_flight.erase(it);
   }
   KILN_RETURN_IF_ERROR(f.work->wait());
-  size_t at = 0;
-  for (size_t i = 0; i < c.outputs.size(); ++i) {
-    ir::Tensor& o = c.out(static_cast<int>(i));
-    std::memcpy(o.raw(), f.flat->data() + at, o.nbytes());
-    at += o.nbytes();
-  }
+  unpack(c, f.flat->data());
   return Status::ok();
 }
 
@@ -140,14 +124,8 @@ Status reduce_scatter_kernel(ir::KernelContext& c) {
       copy_shard(static_cast<const char*>(c.inputs[i]->raw()), c.inputs[i]->numel(), s, q, esize, send.data() + at);
       at += static_cast<size_t>(s) * esize;
     }
-  const std::string what = "bucket " + std::to_string(c.attrs().get_int("bucket", 0)) + " (" + c.node.name + ")";
-  KILN_RETURN_IF_ERROR(w->reduce_scatter_sum(send.data(), recv.data(), part, dt, what)->wait());
-  at = 0;
-  for (size_t i = 0; i < c.outputs.size(); ++i) {
-    ir::Tensor& o = c.out(static_cast<int>(i));
-    std::memcpy(o.raw(), recv.data() + at, o.nbytes());
-    at += o.nbytes();
-  }
+  KILN_RETURN_IF_ERROR(w->reduce_scatter_sum(send.data(), recv.data(), part, dt, bucket_of(c))->wait());
+  unpack(c, recv.data());
   return Status::ok();
 }
 
@@ -166,7 +144,6 @@ Status all_gather_kernel(ir::KernelContext& c) {
 // Plain set_kernel (outputs zero-filled first): tests/runtime/kernel_writes_test.cpp runs
 // every kernel flagged as writing all outputs alone, and these need a job.
 void register_collective_kernels(ir::OpTable& t) {
-  set_kernel(t, "AllReduce", all_reduce_kernel);
   set_kernel(t, "AllReduceStart", all_reduce_start_kernel);
   set_kernel(t, "AllReduceWait", all_reduce_wait_kernel);
   set_kernel(t, "ReduceScatter", reduce_scatter_kernel);

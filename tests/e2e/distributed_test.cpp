@@ -54,6 +54,29 @@ const Model kGpt{"tiny_gpt", "--train_data data/text/train.bin --block_size 64",
 const Model kCnn{"cnn_bn", "--train_data input=data/digits/x_train_img.npy --train_data labels=data/digits/y_train.npy",
                  8};
 
+const Model& model_named(const std::string& name) {
+  return name == "mlp_digits" ? kMlp : name == "tiny_gpt" ? kGpt : kCnn;
+}
+
+/// Test names of (model, ranks) parameters: "tiny_gpt_3ranks".
+std::string model_ranks_name(const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+  return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+}
+
+/// A 2-rank job whose rank 1 runs `rank1` (a command line, optionally prefixed by
+/// mpirun's `-x VAR=VALUE`) and rank 0 `args`: what it printed and how long it took.
+struct TimedJob {
+  std::pair<int, std::string> result;
+  double seconds = 0;
+};
+TimedJob two_rank_job(const std::string& args, const std::string& rank1) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TimedJob j;
+  j.result = shell(kEnv + "timeout 120 mpirun --bind-to none -np 1 " + args + " : -np 1 " + rank1);
+  j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return j;
+}
+
 std::string cache_dir() {
   static const std::string d = fresh_tmpdir("dp_cache");
   return d;
@@ -152,9 +175,7 @@ TEST_P(RanksVsOneLargeBatch, LossesGradientNormAndWeights) {
 
 INSTANTIATE_TEST_SUITE_P(Distributed, RanksVsOneLargeBatch,
                          ::testing::Combine(::testing::Values("mlp_digits", "tiny_gpt"), ::testing::Values(2, 3, 4)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
-                         });
+                         model_ranks_name);
 
 class RanksVsAccumulation : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
@@ -166,7 +187,7 @@ class RanksVsAccumulation : public ::testing::TestWithParam<std::tuple<std::stri
 TEST_P(RanksVsAccumulation, BitExact) {
   require_setup();
   const auto [name, n] = GetParam();
-  const Model& m = name == "mlp_digits" ? kMlp : name == "tiny_gpt" ? kGpt : kCnn;
+  const Model& m = model_named(name);
   const std::string dir = fresh_tmpdir("dp_exact_" + name + "_" + std::to_string(n));
   auto ref = run_one(train_args(m, m.batch, n, dir + "/accum"));
   ASSERT_EQ(ref.first, 0) << ref.second;
@@ -193,9 +214,7 @@ TEST_P(RanksVsAccumulation, BitExact) {
 INSTANTIATE_TEST_SUITE_P(Distributed, RanksVsAccumulation,
                          ::testing::Combine(::testing::Values("mlp_digits", "tiny_gpt", "cnn_bn"),
                                             ::testing::Values(2, 3, 4)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
-                         });
+                         model_ranks_name);
 
 /// The final summary line of DIR/metrics.jsonl.
 nlohmann::json summary_of(const std::string& dir) {
@@ -284,11 +303,8 @@ TEST(Distributed, KilledRankEndsTheJob) {
   require_setup();
   const std::string dir = fresh_tmpdir("dp_kill");
   const std::string args = train_args(kMlp, 8, 1, dir + "/out", "--ddp_timeout 60") + " --max_steps 100000";
-  const auto t0 = std::chrono::steady_clock::now();
   // Rank 1 raises SIGKILL at its third step (the fault hook of tests/e2e/faults_test.cpp).
-  auto r =
-      shell(kEnv + "timeout 120 mpirun --bind-to none -np 1 " + args + " : -np 1 -x KILN_FAULT_KILL=step:3 " + args);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto [r, secs] = two_rank_job(args, "-x KILN_FAULT_KILL=step:3 " + args);
   EXPECT_NE(r.first, 0) << r.second;
   EXPECT_LT(secs, 60.0) << "the job did not end before the collective timeout:\n" << r.second;
   // Rank 0 says what happened in one line (the launcher's own report around it).
@@ -304,10 +320,6 @@ TEST(Distributed, OneRankJobAddsNothing) {
   EXPECT_EQ(one.second.find("AllReduce"), std::string::npos);
   EXPECT_EQ(one.second.find("data parallel:"), std::string::npos);
 }
-
-}  // namespace
-
-namespace {
 
 class ZeroVsUnsharded : public ::testing::TestWithParam<std::tuple<std::string, std::string, int>> {};
 
@@ -369,10 +381,6 @@ TEST(Distributed, ZeroCheckpointResumesUnshardedAndOnOtherRanks) {
   expect_close(weights(dir + "/four"), weights(dir + "/full"), 1e-6, false, "resumed on 4 ranks");
 }
 
-}  // namespace
-
-namespace {
-
 // kiln inspect --memory under mpirun plans one rank of the job: its collectives, the bytes
 // it sends and its optimizer state; the run's counters (runtime/comm.h) and state measure
 // the same, with and without ZeRO-1.
@@ -421,10 +429,6 @@ TEST(Distributed, CompiledBinaryRunsUnderMpirun) {
   EXPECT_NE(three.second.find("compiled for 2 rank(s) and runs on 3"), std::string::npos) << three.second;
 }
 
-}  // namespace
-
-namespace {
-
 // Dropout on (the tiny GPT's 0.1): rank r's microbatch is the job's microbatch r, so two
 // ranks draw the masks of one process accumulating two microbatches, bit for bit.
 TEST(Distributed, DropoutDrawsTheJobsMicrobatchMasks) {
@@ -448,29 +452,18 @@ TEST(Distributed, DropoutDrawsTheJobsMicrobatchMasks) {
             1e-6);
 }
 
-}  // namespace
-
-namespace {
-
 // A rank that hangs (SIGSTOP at its third step): the other fails after --ddp_timeout with
 // one line naming the collective, and the launcher ends the job.
 TEST(Distributed, HungRankTimesOut) {
   require_setup();
   const std::string dir = fresh_tmpdir("dp_hang");
   const std::string args = train_args(kMlp, 8, 1, dir + "/out", "--ddp_timeout 3") + " --max_steps 100000";
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r =
-      shell(kEnv + "timeout 120 mpirun --bind-to none -np 1 " + args + " : -np 1 -x KILN_FAULT_STOP=step:3 " + args);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto [r, secs] = two_rank_job(args, "-x KILN_FAULT_STOP=step:3 " + args);
   EXPECT_NE(r.first, 0) << r.second;
   EXPECT_LT(secs, 60.0) << r.second;
   std::regex line(R"(kiln \(rank 0 of 2\): error: [^\n]*no answer from the other ranks within --ddp_timeout 3 s)");
   EXPECT_TRUE(std::regex_search(r.second, line)) << r.second;
 }
-
-}  // namespace
-
-namespace {
 
 class GradientsVsOneProcess : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
@@ -480,7 +473,7 @@ class GradientsVsOneProcess : public ::testing::TestWithParam<std::tuple<std::st
 TEST_P(GradientsVsOneProcess, Within1e6) {
   require_setup();
   const auto [name, n] = GetParam();
-  const Model& m = name == "mlp_digits" ? kMlp : name == "tiny_gpt" ? kGpt : kCnn;
+  const Model& m = model_named(name);
   const bool bn = name == "cnn_bn";
   const std::string dir = fresh_tmpdir("dp_grad_" + name + "_" + std::to_string(n));
   auto cmd = [&](int64_t batch, int64_t accum, const std::string& out) {
@@ -502,13 +495,7 @@ TEST_P(GradientsVsOneProcess, Within1e6) {
 INSTANTIATE_TEST_SUITE_P(Distributed, GradientsVsOneProcess,
                          ::testing::Combine(::testing::Values("mlp_digits", "tiny_gpt", "cnn_bn"),
                                             ::testing::Values(2, 3, 4)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
-                         });
-
-}  // namespace
-
-namespace {
+                         model_ranks_name);
 
 // kiln bench under mpirun: every rank times the same variants; rank 0 prints, per variant,
 // the collectives and bytes the communication layer counted next to the program's plan.
@@ -529,10 +516,6 @@ TEST(Distributed, BenchReportsCommunicationPerRank) {
     EXPECT_EQ(seen, 2) << r.second;  // one line per variant, printed by rank 0 only
   }
 }
-
-}  // namespace
-
-namespace {
 
 class MixedPrecisionRanks : public ::testing::TestWithParam<std::string> {};
 
@@ -555,10 +538,6 @@ TEST_P(MixedPrecisionRanks, BitExactAgainstAccumulation) {
 
 INSTANTIATE_TEST_SUITE_P(Distributed, MixedPrecisionRanks, ::testing::Values("bf16", "fp16"));
 
-}  // namespace
-
-namespace {
-
 // An error on one rank only (here its data file is missing) ends the job within seconds
 // with that rank's one line, instead of leaving the other waiting in a collective.
 TEST(Distributed, ErrorOnOneRankEndsTheJob) {
@@ -567,9 +546,7 @@ TEST(Distributed, ErrorOnOneRankEndsTheJob) {
   const std::string args = train_args(kMlp, 8, 1, dir + "/out");
   std::string bad = args;
   bad.replace(bad.find("data/digits/x_train.npy"), std::string("data/digits/x_train.npy").size(), "no/such.npy");
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = shell(kEnv + "timeout 120 mpirun --bind-to none -np 1 " + args + " : -np 1 " + bad);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto [r, secs] = two_rank_job(args, bad);
   EXPECT_NE(r.first, 0) << r.second;
   EXPECT_LT(secs, 30.0) << r.second;
   std::regex line(R"(kiln \(rank 1 of 2\): error: [^\n]*no/such\.npy)");

@@ -415,9 +415,7 @@ GradSetup grad_setup(const ConfigFlags& flags, TrainConfig& cfg, bool f64) {
   if (cfg.train_data.empty()) throw Failure{2, "--train_data is required"};
   // Under mpirun or srun (kiln grad): the job's gradients, summed over the ranks, of the
   // first world_size x rows_per_step rows, rank r computing on the r-th slice.
-  check(runtime::comm::init_world(cfg.ddp_timeout), "data parallel");
-  const runtime::comm::Communicator* world = runtime::comm::world();
-  cfg.world_size = world ? world->world_size() : 1;
+  const runtime::comm::Communicator* world = unwrap(driver::join_job(cfg), "data parallel");
   const int64_t rank = world ? world->rank() : 0;
   // The gradients come from the eager interpreter running the gradient graph (the
   // reference); building the compiled program as well would only cost its LLVM time.

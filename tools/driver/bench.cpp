@@ -195,9 +195,7 @@ Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream
   }
   // Under mpirun or srun: every rank runs the same variants in the same order (their
   // collectives pair up); rank 0 prints, with each variant's communication per step.
-  KILN_RETURN_IF_ERROR(runtime::comm::init_world(cfg.ddp_timeout));
-  const runtime::comm::Communicator* world = runtime::comm::world();
-  cfg.world_size = world ? world->world_size() : 1;
+  KILN_ASSIGN_OR_RETURN(const runtime::comm::Communicator* world, join_job(cfg));
   std::ostream quiet(nullptr);
   std::ostream& out = !world || world->rank() == 0 ? out_given : quiet;
   const int steps = opts.steps;

@@ -459,6 +459,13 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   return prog;
 }
 
+Expected<runtime::comm::Communicator*> join_job(runtime::TrainConfig& cfg) {
+  KILN_RETURN_IF_ERROR(runtime::comm::init_world(cfg.ddp_timeout));
+  runtime::comm::Communicator* world = runtime::comm::world();
+  cfg.world_size = world ? world->world_size() : 1;
+  return world;
+}
+
 DataParallelPlan data_parallel_plan(const ir::Graph& train_step, int64_t world_size) {
   DataParallelPlan p;
   std::function<void(const ir::Graph&)> walk = [&](const ir::Graph& g) {

@@ -13,6 +13,7 @@
 #include "passes/memory_plan.h"
 #include "passes/pass.h"
 #include "runtime/arena.h"
+#include "runtime/comm.h"
 #include "runtime/program.h"
 #include "runtime/train_config.h"
 
@@ -120,6 +121,11 @@ Status bind_dims(ir::Graph& g, const std::map<std::string, int64_t>& dims);
 /// What one rank of a data-parallel job does per optimizer step, from its training program
 /// (issue 35): the collectives it launches (ir::OpDef::comm_bytes), the bytes it sends
 /// (the count runtime/comm.h keeps), and its optimizer state in bytes (a shard under ZeRO-1).
+/// Joins the data-parallel job this process was launched in, if any (runtime/comm.h
+/// init_world with cfg.ddp_timeout), and sets cfg.world_size to its ranks. Returns the
+/// job's communicator, null for one process. Errors: init_world's.
+Expected<runtime::comm::Communicator*> join_job(runtime::TrainConfig& cfg);
+
 struct DataParallelPlan {
   int64_t collectives = 0;
   int64_t bytes_sent = 0;

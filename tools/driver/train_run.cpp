@@ -432,9 +432,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   KILN_RETURN_IF_ERROR(runtime::check_eval_schedule(cfg));
   // A data-parallel job (mpirun, srun: runtime/comm.h): the programs are built for its
   // ranks; rank 0 alone writes output_dir and prints.
-  KILN_RETURN_IF_ERROR(runtime::comm::init_world(cfg.ddp_timeout));
-  const runtime::comm::Communicator* world = runtime::comm::world();
-  cfg.world_size = world ? world->world_size() : 1;
+  KILN_ASSIGN_OR_RETURN(const runtime::comm::Communicator* world, join_job(cfg));
   const bool rank0 = !world || world->rank() == 0;
   std::ostream quiet(nullptr);
   std::ostream& out = rank0 ? out_given : quiet;
