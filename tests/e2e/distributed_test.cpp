@@ -570,3 +570,32 @@ TEST(Distributed, Rank0AlonePrints) {
 }
 
 }  // namespace
+
+namespace {
+
+// Bad data-parallel flags: one line naming the flag, a non-zero exit, nothing left behind.
+TEST(Distributed, BadFlagsGiveOneLineAndLeaveNothing) {
+  require_setup();
+  const std::string dir = fresh_tmpdir("dp_bad");
+  const std::pair<const char*, const char*> cases[] = {{"--zero_stage 2", "--zero_stage"},
+                                                       {"--ddp_timeout 0", "--ddp_timeout"},
+                                                       {"--ddp_bucket_cap_mb -1", "--ddp_bucket_cap_mb"}};
+  for (const auto& [flag, name] : cases) {
+    const std::string out = dir + "/out";
+    auto r = run_one(train_args(kMlp, 8, 1, out, flag));
+    EXPECT_EQ(r.first, 2) << flag << ": " << r.second;
+    EXPECT_NE(r.second.find(std::string("kiln: error: ") + name), std::string::npos) << r.second;
+    EXPECT_EQ(std::count(r.second.begin(), r.second.end(), '\n'), 1) << r.second;
+    EXPECT_FALSE(fs::exists(out)) << flag;
+  }
+  // Refused by the job itself (the last partial batch cannot split over the ranks): one
+  // line per rank, exit 1, no output folder.
+  const std::string out = dir + "/drop";
+  auto r = run_ranks(2, train_args(kMlp, 8, 1, out, "--dataloader_drop_last false"));
+  EXPECT_NE(r.first, 0) << r.second;
+  EXPECT_NE(r.second.find("--dataloader_drop_last false is not supported in a data-parallel job"), std::string::npos)
+      << r.second;
+  EXPECT_FALSE(fs::exists(out)) << r.second;
+}
+
+}  // namespace
