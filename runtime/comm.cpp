@@ -473,6 +473,10 @@ void abort_world(int code) {
   if (!w) return;
   std::fflush(nullptr);
   if (!w->broken()) {
+    // Rank 0 first: an error every rank meets (a refused flag) reaches them all at about
+    // the same time, and rank 0 removes what the command created in output_dir (its
+    // OutputGuard) before it aborts; an abort from another rank would kill it mid-way.
+    if (w->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     w->request_abort(code);
     std::this_thread::sleep_for(std::chrono::seconds(5));  // MPI_Abort ends the process before
   }

@@ -118,8 +118,9 @@ bool have_mpi();
 std::string rank_tag();
 /// Ends the whole job after an error on this rank: MPI_Abort (the launcher then stops every
 /// rank) when a communicator runs, since the other ranks would otherwise wait for this one
-/// in their next collective and MPI_Finalize for them; nothing for one process. Does not
-/// return when it aborts.
+/// in their next collective and MPI_Finalize for them; nothing for one process. Ranks
+/// other than 0 wait 2 s first, so that rank 0 cleans up after an error they all meet.
+/// Does not return when it aborts.
 void abort_world(int code);
 
 }  // namespace kiln::runtime::comm
