@@ -233,6 +233,9 @@ void Graph::replace_all_uses(Value* from, Value* to) {
   }
   for (auto& o : outputs)
     if (o == from) o = to;
+  // A state binding's output is a graph output (runtime/trainer.cpp checks it): it follows.
+  for (auto& sb : state)
+    if (sb.output == from) sb.output = to;
 }
 
 std::vector<Use> Graph::uses(const Value* v) const {

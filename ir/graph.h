@@ -221,7 +221,7 @@ class Graph {
                     const std::vector<std::string>& output_names, Attributes attrs = {});
   /// Removes a node (its outputs must be unused). The node's output values stay owned but orphaned.
   void remove_node(Node* n);
-  /// Replaces every use of `from` (node inputs and graph outputs) by `to`.
+  /// Replaces every use of `from` (node inputs, graph outputs and state-binding outputs) by `to`.
   void replace_all_uses(Value* from, Value* to);
   /// Removes initializers and inputs that no node or output uses.
   void remove_unused_initializers();

@@ -40,10 +40,29 @@
 //   as_strided_scatter): fusion reads them through strides or guard boxes instead of
 //   running an eager gather or scatter.
 //
+//   BatchNormalization(X, scale, B, input_mean, input_var) with an explicit training_mode
+//   (attach_loss sets it in every training and evaluation program) becomes, with
+//   f64 = Cast(., f64) and the axes every dim but C (keepdims, so (1, C, 1, ..)):
+//     mean = ReduceSum(f64 X) / n,  var = ReduceSum((f64 X - mean)^2) / n   (training)
+//     a = scale / sqrt(var + eps),  Y = Cast(f64 X * a + (B - mean * a))
+//     running_mean = input_mean * momentum + mean * (1 - momentum)
+//     running_var  = input_var * momentum + var * n / (n - 1) * (1 - momentum)
+//   (evaluation: mean and var are the inputs, and only Y may be read);
+//   BatchNormalizationGrad(dY, X, scale, mean, var) becomes the column sums
+//     dB = ReduceSum(f64 dY),  dscale = ReduceSum(f64 dY * (f64 X - mean) * inv)
+//     dX = scale * inv / n * (n dY - dB - xhat * dscale)   (evaluation: dY * scale * inv)
+//   with the batch statistics recomputed from X in training mode. The formulas, their
+//   order of operations and the f64 arithmetic are the eager kernels'
+//   (runtime/kernels/nn.cpp), so only the sums' order differs; fusion turns them into
+//   column-reduction kernels with their prologues and pointwise kernels that fuse with
+//   the ReLU around them, as Inductor decomposes batch norm (torch._decomp's
+//   native_batch_norm and its backward) instead of calling an opaque kernel.
+//
 // The pass puts the new nodes in the place of the original node in the schedule (same
 // position, in order dX, dScale, dB), named "<node>/input", "<node>/dscale/...",
 // "<node>/dbias/...".
 #include <optional>
+#include <tuple>
 
 #include "ir/builder.h"
 #include "ir/dtype.h"
@@ -505,6 +524,176 @@ Status decompose_strided(Graph& g, Node* n) {
   return Status::ok();
 }
 
+// ---------------------------------------------------------------- batch normalization
+
+/// Eligible BatchNormalization(-Grad): static float shapes, X (N, C, ...) with elements,
+/// 1-D per-channel inputs of C elements from input `first_param` on, and an explicit
+/// training_mode (without it the run's training flag decides, known only at run time).
+/// An evaluation-mode forward qualifies only when nothing reads its statistics outputs.
+bool decomposable_bn(const Graph& g, const Node& n, int x_input, int first_param) {
+  if (!static_node(n, 5) || !n.attrs.has("training_mode")) return false;
+  for (const Value* v : n.inputs)
+    if (!is_float(v->dtype)) return false;
+  const Shape& x = n.inputs[static_cast<size_t>(x_input)]->shape;
+  if (x.rank() < 2 || x.numel() <= 0) return false;
+  for (int i = first_param; i < 5; ++i) {
+    const Shape& p = n.inputs[static_cast<size_t>(i)]->shape;
+    if (p.rank() != 1 || p.dims[0].value != x.dims[1].value) return false;
+  }
+  if (x_input == 0 && n.attrs.get_int("training_mode", 0) == 0)
+    for (size_t o = 1; o < n.outputs.size(); ++o)
+      if (used(g, n.outputs[o])) return false;
+  return true;
+}
+
+/// The per-channel view shared by the batch-norm rewrites: X's reduction axes (all but
+/// 1), the broadcast shape (1, C, 1, ..) and the element count per channel.
+struct BnView {
+  std::vector<int64_t> axes, keep;
+  int64_t C = 0;
+  double count = 0;
+  explicit BnView(const Shape& x) {
+    C = x.dims[1].value;
+    int64_t per = 1;
+    for (int i = 0; i < x.rank(); ++i) {
+      keep.push_back(i == 1 ? C : 1);
+      if (i != 1) {
+        axes.push_back(i);
+        per *= x.dims[static_cast<size_t>(i)].value;
+      }
+    }
+    count = static_cast<double>(per);
+  }
+};
+
+/// f64 builders of the batch-norm rewrites.
+struct BnBuild {
+  Builder& b;
+  const BnView& v;
+  Value* f64(Value* x) { return x->dtype == DType::f64 ? x : b.op("Cast", {x}, cast_to(DType::f64)); }
+  /// A (C) parameter as f64 (1, C, 1, ..).
+  Value* channel(Value* p) { return b.op("Reshape", {f64(p), b.ints(v.keep)}); }
+  Value* c(double x) { return b.scalar(x, DType::f64); }
+  Value* sum(Value* x) { return b.op("ReduceSum", {x, b.ints(v.axes)}, make_attrs({{"keepdims", int64_t(1)}})); }
+  /// Batch mean and biased variance of f64 `x` (1, C, 1, ..), two passes as channel_stats.
+  std::pair<Value*, Value*> stats(Value* x) {
+    Value* mean = b.op("Div", {sum(x), c(v.count)});
+    Value* d = b.op("Sub", {x, mean});
+    return {mean, b.op("Div", {sum(b.op("Mul", {d, d})), c(v.count)})};
+  }
+  /// 1 / sqrt(var + eps).
+  Value* inv_std(Value* var, double eps) { return b.op("Div", {c(1.0), b.op("Sqrt", {b.op("Add", {var, c(eps)})})}); }
+  /// (1, C, 1, ..) f64 -> (C) in `dt`, the last node's output named `out`.
+  Value* to_param(Value* x, DType dt, const std::string& out) {
+    const bool cast = dt != DType::f64;
+    Value* r = b.op("Reshape", {x, b.ints({v.C})}, {}, cast ? "" : out);
+    return cast ? b.op("Cast", {r}, cast_to(dt), out) : r;
+  }
+};
+
+Status decompose_bn(Graph& g, Graph& root, Node* n) {
+  const std::string name = n->name;
+  const std::vector<Value*> in = n->inputs;
+  const std::vector<Value*> old = n->outputs;
+  const bool training = n->attrs.get_int("training_mode", 0) != 0;
+  const double eps = n->attrs.get_float("epsilon", 1e-5), mom = n->attrs.get_float("momentum", 0.9);
+  std::vector<bool> need(old.size());
+  std::vector<std::string> names;
+  for (size_t o = 0; o < old.size(); ++o) {
+    need[o] = used(g, old[o]);
+    names.push_back(old[o]->name);
+  }
+  const BnView view(in[0]->shape);
+  g.remove_node(n);
+  Builder b(g, name);
+  b.set_constant_graph(&root);
+  BnBuild f{b, view};
+  Value* x = f.f64(in[0]);
+  Value *mean = nullptr, *var = nullptr;
+  if (training)
+    std::tie(mean, var) = f.stats(x);
+  else
+    std::tie(mean, var) = std::make_pair(f.channel(in[3]), f.channel(in[4]));
+  Value* a = b.op("Mul", {f.channel(in[1]), f.inv_std(var, eps)});
+  Value* shift = b.op("Sub", {f.channel(in[2]), b.op("Mul", {mean, a})});
+  Value* y = b.op("Add", {b.op("Mul", {x, a}), shift});
+  std::vector<Value*> fresh(old.size(), nullptr);
+  fresh[0] = in[0]->dtype == DType::f64 ? y : b.op("Cast", {y}, cast_to(old[0]->dtype), names[0]);
+  const double cnt = view.count;
+  for (size_t o = 1; o < old.size(); ++o) {
+    if (!need[o]) continue;
+    Value* v = nullptr;
+    if (o == 1) {
+      v = b.op("Add", {b.op("Mul", {f.channel(in[3]), f.c(mom)}), b.op("Mul", {mean, f.c(1 - mom)})});
+    } else if (o == 2) {
+      Value* unbiased = cnt > 1 ? b.op("Div", {b.op("Mul", {var, f.c(cnt)}), f.c(cnt - 1)}) : var;
+      v = b.op("Add", {b.op("Mul", {f.channel(in[4]), f.c(mom)}), b.op("Mul", {unbiased, f.c(1 - mom)})});
+    } else {
+      v = o == 3 ? mean : var;
+    }
+    fresh[o] = f.to_param(v, old[o]->dtype, names[o]);
+  }
+  KILN_RETURN_IF_ERROR(b.status());
+  for (size_t o = 0; o < old.size(); ++o) {
+    if (!need[o]) continue;
+    if (!fresh[o]) return Status::error("decompose: node '" + name + "' could not be rewritten");
+    if (fresh[o] != old[o]) g.replace_all_uses(old[o], fresh[o]);
+  }
+  return Status::ok();
+}
+
+Status decompose_bn_grad(Graph& g, Graph& root, Node* n) {
+  const std::string name = n->name;
+  const std::vector<Value*> in = n->inputs;  // dY, X, scale, mean, var
+  const std::vector<Value*> old = n->outputs;
+  const bool training = n->attrs.get_int("training_mode", 0) != 0;
+  const double eps = n->attrs.get_float("epsilon", 1e-5);
+  std::vector<bool> need(old.size());
+  std::vector<std::string> names;
+  for (size_t o = 0; o < old.size(); ++o) {
+    need[o] = used(g, old[o]);
+    names.push_back(old[o]->name);
+  }
+  const BnView view(in[1]->shape);
+  g.remove_node(n);
+  Builder b(g, name);
+  b.set_constant_graph(&root);
+  BnBuild f{b, view};
+  Value* dy = f.f64(in[0]);
+  Value* x = f.f64(in[1]);
+  Value *mean = nullptr, *var = nullptr;
+  if (training)
+    std::tie(mean, var) = f.stats(x);
+  else
+    std::tie(mean, var) = std::make_pair(f.channel(in[3]), f.channel(in[4]));
+  Value* inv = f.inv_std(var, eps);
+  Value* centered = b.op("Sub", {x, mean});
+  Value* sb = f.sum(dy);
+  Value* ss = f.sum(b.op("Mul", {b.op("Mul", {dy, centered}), inv}));
+  Value* scale = f.channel(in[2]);
+  Value* dx = nullptr;
+  if (training) {
+    const double cnt = view.count;
+    Value* xh = b.op("Mul", {centered, inv});
+    Value* k = b.op("Div", {b.op("Mul", {scale, inv}), f.c(cnt)});
+    Value* t = b.op("Sub", {b.op("Sub", {b.op("Mul", {f.c(cnt), dy}), sb}), b.op("Mul", {xh, ss})});
+    dx = b.op("Mul", {k, t});
+  } else {
+    dx = b.op("Mul", {b.op("Mul", {dy, scale}), inv});
+  }
+  std::vector<Value*> fresh(old.size(), nullptr);
+  fresh[0] = old[0]->dtype == DType::f64 ? dx : b.op("Cast", {dx}, cast_to(old[0]->dtype), names[0]);
+  if (old.size() > 1 && need[1]) fresh[1] = f.to_param(ss, old[1]->dtype, names[1]);
+  if (old.size() > 2 && need[2]) fresh[2] = f.to_param(sb, old[2]->dtype, names[2]);
+  KILN_RETURN_IF_ERROR(b.status());
+  for (size_t o = 0; o < old.size(); ++o) {
+    if (!need[o]) continue;
+    if (!fresh[o]) return Status::error("decompose: node '" + name + "' could not be rewritten");
+    if (fresh[o] != old[o]) g.replace_all_uses(old[o], fresh[o]);
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_decompositions(OpTable& t) {
@@ -523,6 +712,11 @@ void register_decompositions(OpTable& t) {
   set(
       "ReduceMean", [](const Graph&, const Node& n) { return decomposable_reduce_mean(n); }, decompose_reduce_mean);
   set("Split", decomposable_split, decompose_split);
+  set(
+      "BatchNormalization", [](const Graph& g, const Node& n) { return decomposable_bn(g, n, 0, 1); }, decompose_bn);
+  set(
+      "BatchNormalizationGrad", [](const Graph& g, const Node& n) { return decomposable_bn(g, n, 1, 2); },
+      decompose_bn_grad);
   for (const char* op : {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"})
     set(
         op, [](const Graph&, const Node& n) { return strided_access(n).has_value(); },

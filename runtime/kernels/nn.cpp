@@ -9,6 +9,7 @@
 #include "ir/ops/nn.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -565,6 +566,62 @@ inline int64_t window_argmax_f32(const Win3& q, const TapRanges& t, const float*
   return arg;
 }
 
+/// Output columns [lo, hi) along the last dim whose windows have every tap inside the
+/// input (tap range [0, k)): the columns maxpool_row_f32 handles branch-free.
+std::pair<int64_t, int64_t> interior_columns(const Win3& q, const TapRanges& t) {
+  int64_t lo = 0, hi = q.out[2];
+  auto full = [&](int64_t o) { return t.r[2][2 * o] == 0 && t.r[2][2 * o + 1] == q.k[2]; };
+  while (lo < hi && !full(lo)) ++lo;
+  while (hi > lo && !full(hi - 1)) --hi;
+  for (int64_t o = lo; o < hi; ++o)
+    if (!full(o)) return {0, 0};
+  return {lo, hi};
+}
+
+/// window_argmax_f32 for every column of output row (o0, o1) of one plane `xs`: `best`
+/// and `arg` (plane offsets, -1 for an empty window) get out[2] entries. The interior
+/// columns [c.first, c.second) are computed tap by tap across the row with selects
+/// instead of a branch per tap (a max pool's comparisons are unpredictable), in the same
+/// tap order and with the same rule (first maximum; the first NaN wins), so the results
+/// are window_argmax_f32's; the edge columns call it.
+void maxpool_row_f32(const Win3& q, const TapRanges& t, std::pair<int64_t, int64_t> c, const float* xs, int64_t o0,
+                     int64_t o1, float* best, int64_t* arg) {
+  const int64_t lo0 = t.r[0][2 * o0], hi0 = t.r[0][2 * o0 + 1], lo1 = t.r[1][2 * o1], hi1 = t.r[1][2 * o1 + 1];
+  if (lo0 >= hi0 || lo1 >= hi1) c = {0, 0};
+  for (int64_t o2 = 0; o2 < q.out[2]; ++o2)
+    if (o2 < c.first || o2 >= c.second) arg[o2] = window_argmax_f32(q, t, xs, o0, o1, o2, best[o2]);
+  if (c.first >= c.second) return;
+  // Offsets of an interior window's taps from its column's origin, in window order.
+  int64_t off[64];
+  int64_t taps = 0;
+  const int64_t b0 = o0 * q.s[0] - q.pb[0], b1 = o1 * q.s[1] - q.pb[1];
+  const bool small = (hi0 - lo0) * (hi1 - lo1) * q.k[2] <= 64;
+  if (!small) {  // a large window: the per-column routine
+    for (int64_t o2 = c.first; o2 < c.second; ++o2) arg[o2] = window_argmax_f32(q, t, xs, o0, o1, o2, best[o2]);
+    return;
+  }
+  for (int64_t k0 = lo0; k0 < hi0; ++k0)
+    for (int64_t k1 = lo1; k1 < hi1; ++k1)
+      for (int64_t k2 = 0; k2 < q.k[2]; ++k2)
+        off[taps++] = ((b0 + k0 * q.d[0]) * q.in[1] + b1 + k1 * q.d[1]) * q.in[2] - q.pb[2] + k2 * q.d[2];
+  for (int64_t o2 = c.first; o2 < c.second; ++o2) {
+    const float* __restrict p = xs + o2 * q.s[2];
+    float b = p[off[0]];
+    int64_t a = off[0];
+    for (int64_t k = 1; k < taps; ++k) {
+      // Selects by masks, not branches (a compiler turns `take ? v : b` back into a jump).
+      const float v = p[off[k]];
+      const bool take = (v > b) | ((v != v) & (b == b));
+      const uint32_t m = 0u - static_cast<uint32_t>(take);
+      const int64_t m64 = -static_cast<int64_t>(take);
+      b = std::bit_cast<float>((std::bit_cast<uint32_t>(v) & m) | (std::bit_cast<uint32_t>(b) & ~m));
+      a = (off[k] & m64) | (a & ~m64);
+    }
+    best[o2] = b;
+    arg[o2] = a + o2 * q.s[2];
+  }
+}
+
 /// window_argmax, by window_argmax_f32 for f32 (the common case).
 template <typename T>
 inline int64_t window_argmax_of(const Win3& q, const TapRanges& t, const T* xs, int64_t o0, int64_t o1, int64_t o2,
@@ -607,6 +664,26 @@ Status maxpool_kernel(KernelContext& ctx) {
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
   const TapRanges taps(q);
+  if (X.dtype() == ir::DType::f32) {
+    const auto cols = interior_columns(q, taps);
+    const float* x = X.data<float>();
+    float* y = Y.data<float>();
+    int64_t* idx = I ? I->data<int64_t>() : nullptr;
+#pragma omp parallel for schedule(static) if (p->NC * OS >= kParallelThreshold)
+    for (int64_t nc = 0; nc < p->NC; ++nc) {
+      thread_local std::vector<int64_t> arg;
+      arg.resize(static_cast<size_t>(q.out[2]));
+      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+        for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
+          const int64_t r = (nc * q.out[0] + o0) * q.out[1] + o1;
+          maxpool_row_f32(q, taps, cols, x + nc * IS, o0, o1, y + r * q.out[2], arg.data());
+          if (idx)
+            for (int64_t o2 = 0; o2 < q.out[2]; ++o2)
+              idx[r * q.out[2] + o2] = arg[o2] < 0 ? -1 : nc * IS + spatial_index(arg[o2]);
+        }
+    }
+    return Status::ok();
+  }
   return dispatch_numeric(ctx, X.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* x = X.data<T>();
@@ -637,6 +714,44 @@ Status maxpool_grad_kernel(KernelContext& ctx) {
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
   const TapRanges taps(q);
+  if (X.dtype() == ir::DType::f32) {
+    // Windows that do not overlap give each input at most one addend: dX is written in
+    // f32 directly (0 + dy is exact); overlapping ones sum in f64, as below.
+    bool disjoint = true;
+    for (int i = 0; i < 3; ++i) disjoint &= q.out[i] <= 1 || q.s[i] >= (q.k[i] - 1) * q.d[i] + 1;
+    const auto cols = interior_columns(q, taps);
+    const float* x = X.data<float>();
+    const float* dy = dY.data<float>();
+    float* dx = dX.data<float>();
+#pragma omp parallel for schedule(static) if (p->NC * (IS + OS) >= kParallelThreshold)
+    for (int64_t nc = 0; nc < p->NC; ++nc) {
+      thread_local std::vector<float> best;
+      thread_local std::vector<int64_t> arg;
+      thread_local std::vector<double> acc;
+      best.resize(static_cast<size_t>(q.out[2]));
+      arg.resize(static_cast<size_t>(q.out[2]));
+      float* dxp = dx + nc * IS;
+      if (disjoint)
+        std::fill(dxp, dxp + IS, 0.0f);
+      else
+        acc.assign(static_cast<size_t>(IS), 0.0);
+      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+        for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
+          maxpool_row_f32(q, taps, cols, x + nc * IS, o0, o1, best.data(), arg.data());
+          const float* dyr = dy + nc * OS + (o0 * q.out[1] + o1) * q.out[2];
+          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+            if (arg[o2] < 0) continue;
+            if (disjoint)
+              dxp[arg[o2]] += dyr[o2];
+            else
+              acc[arg[o2]] += dyr[o2];
+          }
+        }
+      if (!disjoint)
+        for (int64_t i = 0; i < IS; ++i) dxp[i] = static_cast<float>(acc[i]);
+    }
+    return Status::ok();
+  }
   return dispatch_float(ctx, X.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* x = X.data<T>();

@@ -520,4 +520,159 @@ TEST(Decompose, IndicesThatAreNotAffineStayGathers) {
   run_index_case(a, false);
 }
 
+// ---------------------------------------------------------------- batch normalization
+
+/// float64 batch statistics of X (N, C, S...) per channel: mean and biased variance.
+void bn_reference_stats(const ir::Tensor& X, std::vector<double>& mean, std::vector<double>& var) {
+  const int64_t N = X.dims()[0], C = X.dims()[1], S = X.numel() / (N * C);
+  mean.assign(C, 0.0);
+  var.assign(C, 0.0);
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < S; ++i) mean[c] += X.get_f64((n * C + c) * S + i) / static_cast<double>(N * S);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < S; ++i)
+        var[c] += std::pow(X.get_f64((n * C + c) * S + i) - mean[c], 2) / static_cast<double>(N * S);
+  }
+}
+
+/// BatchNormalization (training_mode 1 or 0) of X [N, C, H, W] against torch.nn.functional.batch_norm's
+/// formulas in float64: y = (x - mean) / sqrt(var + eps) * scale + B; training: batch
+/// statistics, running_mean = momentum * mean_in + (1 - momentum) * mean (ONNX's momentum
+/// weights the old value), running_var with the unbiased batch variance.
+void check_bn_forward(bool training) {
+  SCOPED_TRACE(training ? "training" : "evaluation");
+  const int64_t N = 4, C = 3, H = 5, W = 6;
+  const double eps = 1e-5, mom = 0.9;
+  ir::Graph g;
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({N, C, H, W}));
+  std::vector<ir::Value*> ins = {x};
+  for (const char* nm : {"scale", "B", "mean_in", "var_in"})
+    ins.push_back(g.add_input(nm, DType::f32, ir::Shape::of({C})));
+  ir::Attributes a;
+  a.set("epsilon", eps);
+  a.set("momentum", mom);
+  a.set("training_mode", int64_t(training ? 1 : 0));
+  std::vector<std::string> outs = {"Y"};
+  if (training) outs = {"Y", "running_mean", "running_var"};
+  auto* n = g.add_node("BatchNormalization", "bn", ins, outs, a);
+  g.outputs = n->outputs;
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  ir::Tensor var_in = random_f32({C}, 14);
+  for (int64_t c = 0; c < C; ++c) var_in.set_f64(c, 0.5 + std::fabs(var_in.get_f64(c)));
+  std::map<std::string, ir::Tensor> feeds = {{"X", random_f32({N, C, H, W}, 10, 2.0)},
+                                             {"scale", random_f32({C}, 11)},
+                                             {"B", random_f32({C}, 12)},
+                                             {"mean_in", random_f32({C}, 13)},
+                                             {"var_in", var_in}};
+  auto res = run_three_ways(g, feeds, "BatchNormalization", training ? "ReduceSum" : "Sqrt");
+  ASSERT_EQ(res.size(), 3u);
+  const ir::Tensor& X = feeds["X"];
+  std::vector<double> mean, var;
+  bn_reference_stats(X, mean, var);
+  if (!training)
+    for (int64_t c = 0; c < C; ++c) {
+      mean[c] = feeds["mean_in"].get_f64(c);
+      var[c] = feeds["var_in"].get_f64(c);
+    }
+  const int64_t S = H * W;
+  std::vector<double> y(N * C * S), rm(C), rv(C);
+  for (int64_t i = 0; i < N * C * S; ++i) {
+    const int64_t c = (i / S) % C;
+    y[i] = (X.get_f64(i) - mean[c]) / std::sqrt(var[c] + eps) * feeds["scale"].get_f64(c) + feeds["B"].get_f64(c);
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    rm[c] = mom * feeds["mean_in"].get_f64(c) + (1 - mom) * mean[c];
+    rv[c] = mom * feeds["var_in"].get_f64(c) + (1 - mom) * var[c] * (N * S) / (N * S - 1.0);
+  }
+  const char* way[] = {"original", "decomposed eager", "decomposed compiled"};
+  for (int w = 0; w < 3; ++w) {
+    expect_close(res[w].at("Y"), y, 1e-5, std::string(way[w]) + " Y");
+    if (!training) continue;
+    expect_close(res[w].at("running_mean"), rm, 1e-6, std::string(way[w]) + " running_mean");
+    expect_close(res[w].at("running_var"), rv, 1e-6, std::string(way[w]) + " running_var");
+  }
+}
+
+TEST(Decompose, BatchNormalizationTrainingMatchesFloat64Reference) { check_bn_forward(true); }
+TEST(Decompose, BatchNormalizationEvaluationMatchesFloat64Reference) { check_bn_forward(false); }
+
+/// BatchNormalizationGrad in training mode against the float64 batch-norm backward
+/// (PyTorch's native_batch_norm_backward): xhat = (x - mean) * inv,
+/// dX = scale * inv / n * (n dy - sum(dy) - xhat * sum(dy * xhat)), dscale = sum(dy * xhat),
+/// dB = sum(dy); and in evaluation mode dX = dy * scale * inv with the given statistics.
+void check_bn_grad(bool training) {
+  SCOPED_TRACE(training ? "training" : "evaluation");
+  const int64_t N = 5, C = 4, H = 3, W = 7;
+  const double eps = 1e-5;
+  ir::Graph g;
+  ir::Value* dy = g.add_input("dY", DType::f32, ir::Shape::of({N, C, H, W}));
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({N, C, H, W}));
+  std::vector<ir::Value*> ins = {dy, x};
+  for (const char* nm : {"scale", "mean", "var"}) ins.push_back(g.add_input(nm, DType::f32, ir::Shape::of({C})));
+  ir::Attributes a;
+  a.set("epsilon", eps);
+  a.set("training_mode", int64_t(training ? 1 : 0));
+  auto* n = g.add_node("BatchNormalizationGrad", "bn_grad", ins, {"dX", "dscale", "dB"}, a);
+  g.outputs = n->outputs;
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  ir::Tensor var_in = random_f32({C}, 24);
+  for (int64_t c = 0; c < C; ++c) var_in.set_f64(c, 0.5 + std::fabs(var_in.get_f64(c)));
+  std::map<std::string, ir::Tensor> feeds = {{"dY", random_f32({N, C, H, W}, 20)},
+                                             {"X", random_f32({N, C, H, W}, 21, 3.0)},
+                                             {"scale", random_f32({C}, 22)},
+                                             {"mean", random_f32({C}, 23)},
+                                             {"var", var_in}};
+  auto res = run_three_ways(g, feeds, "BatchNormalizationGrad", "ReduceSum");
+  ASSERT_EQ(res.size(), 3u);
+  const ir::Tensor &X = feeds["X"], &DY = feeds["dY"];
+  std::vector<double> mean, var;
+  bn_reference_stats(X, mean, var);
+  if (!training)
+    for (int64_t c = 0; c < C; ++c) {
+      mean[c] = feeds["mean"].get_f64(c);
+      var[c] = feeds["var"].get_f64(c);
+    }
+  const int64_t S = H * W, cnt = N * S;
+  std::vector<double> dx(N * C * S), ds(C, 0.0), db(C, 0.0);
+  for (int64_t i = 0; i < N * C * S; ++i) {
+    const int64_t c = (i / S) % C;
+    const double inv = 1 / std::sqrt(var[c] + eps);
+    ds[c] += DY.get_f64(i) * (X.get_f64(i) - mean[c]) * inv;
+    db[c] += DY.get_f64(i);
+  }
+  for (int64_t i = 0; i < N * C * S; ++i) {
+    const int64_t c = (i / S) % C;
+    const double inv = 1 / std::sqrt(var[c] + eps), sc = feeds["scale"].get_f64(c);
+    const double xh = (X.get_f64(i) - mean[c]) * inv;
+    dx[i] = training ? sc * inv / cnt * (cnt * DY.get_f64(i) - db[c] - xh * ds[c]) : DY.get_f64(i) * sc * inv;
+  }
+  const char* way[] = {"original", "decomposed eager", "decomposed compiled"};
+  for (int w = 0; w < 3; ++w) {
+    expect_close(res[w].at("dX"), dx, 1e-5, std::string(way[w]) + " dX");
+    expect_close(res[w].at("dscale"), ds, 1e-5, std::string(way[w]) + " dscale");
+    expect_close(res[w].at("dB"), db, 1e-5, std::string(way[w]) + " dB");
+  }
+}
+
+TEST(Decompose, BatchNormalizationGradTrainingMatchesFloat64Reference) { check_bn_grad(true); }
+TEST(Decompose, BatchNormalizationGradEvaluationMatchesFloat64Reference) { check_bn_grad(false); }
+
+TEST(Decompose, BatchNormalizationWithoutTrainingModeIsLeftToTheRunFlag) {
+  // No training_mode attribute: the run's training flag decides at run time, so the node
+  // stays (decomposable() is false) and the eager kernel serves both modes.
+  ir::Graph g;
+  ir::Value* x = g.add_input("X", DType::f32, ir::Shape::of({2, 3, 4}));
+  std::vector<ir::Value*> ins = {x};
+  for (const char* nm : {"scale", "B", "mean_in", "var_in"})
+    ins.push_back(g.add_input(nm, DType::f32, ir::Shape::of({3})));
+  auto* n = g.add_node("BatchNormalization", "bn", ins, {"Y"}, {});
+  g.outputs = n->outputs;
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  passes::PassContext ctx;
+  ASSERT_TRUE(passes::run_pipeline(g, {"decompose"}, ctx).is_ok());
+  ASSERT_EQ(g.nodes().size(), 1u);
+  EXPECT_EQ(g.nodes()[0]->op, "BatchNormalization");
+}
+
 }  // namespace
