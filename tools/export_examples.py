@@ -35,7 +35,8 @@ output), meta.json. Usage: tools/export_examples.py [--only NAME] [--large] [--b
   build/examples/ (too big to commit: ~50 MB).
   --bench exports only the benchmark models (BENCH_MODELS, BENCH_IMAGE_MODELS: gpt_4l256 =
   GPT class as tiny_gpt with 4 layers, n_embd 256, 8 heads, seq 128, vocab 256, dropout 0.1;
-  gpt_8l256 the same with 8 layers; resnet18_64 = ResNet-18 width 16 at 64x64; the dynamic
+  gpt_8l256 the same with 8 layers; gpt_6l384 = nanoGPT shakespeare-char size (6 layers, n_embd
+  384, 6 heads, seq 256, vocab 65, dropout 0.2); resnet18_64 = ResNet-18 width 16 at 64x64; the dynamic
   GPTs) into build/examples/NAME/model.onnx (not committed) and writes nothing under
   examples/ (tools/prepare_bench_models.sh).
 """
@@ -398,6 +399,10 @@ BENCH_MODELS = {
     "gpt_4l256_dyn": dict(vocab=256, block=256, n_layer=4, n_head=8, n_embd=256, dynamic=True),
     # Memory-budget recipe search (issue 33, kiln fit): a deeper GPT.
     "gpt_8l256": dict(vocab=256, block=128, n_layer=8, n_head=8, n_embd=256),
+    # Peer benchmark (issue 37, tools/bench_peers.sh): nanoGPT's shakespeare-char model size
+    # (config/train_shakespeare_char.py: 6 layers, 6 heads, n_embd 384, block 256, vocab 65,
+    # dropout 0.2; this GPT class keeps its Linear biases).
+    "gpt_6l384": dict(vocab=65, block=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
 }
 # Benchmark-only image models: name -> (ResNet18 constructor args, input (H, W)).
 BENCH_IMAGE_MODELS = {
