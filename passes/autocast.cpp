@@ -12,6 +12,11 @@
 // Rules, node by node in graph order (dtypes of inputs are those already decided):
 // - low_precision (MatMul, Gemm, Conv and their gradient ops): every float input
 //   not already bf16 is cast to bf16; outputs bf16 (kernels accumulate in f32).
+//   Except a node of fewer FLOPs (ir::node_cost) than AutocastOptions::min_flops
+//   (--autocast_min_flops, by default the CPU's modelled break-even): it stays f32
+//   (attribute kiln_autocast_kept = its FLOPs, shown by `kiln inspect --precision`),
+//   since its casts and the bf16 pointwise kernels around it cost more than a small
+//   product saves; what follows it then follows its f32 output.
 // - fp32 (Softmax, normalisations, reductions, Exp/Log/..., every loss): every
 //   bf16/f16 float input is cast up to f32; outputs f32.
 //   (b) fp32 compute, bf16 storage: when every float activation input of an
@@ -76,6 +81,15 @@ namespace kiln::passes {
 using namespace kiln::ir;
 
 namespace {
+
+/// Every input and output of `n` has a static shape (its cost is known).
+bool static_shapes(const Node& n) {
+  for (const Value* v : n.inputs)
+    if (v && !v->shape.is_static()) return false;
+  for (const Value* v : n.outputs)
+    if (v && !v->shape.is_static()) return false;
+  return true;
+}
 
 int rank_of(DType t) {
   switch (t) {
@@ -192,11 +206,15 @@ class Autocast : public Pass {
  public:
   std::string name() const override { return "autocast"; }
   std::string describe_options(const PassOptions& o) const override {
-    return OptionText().add("autocast_dtype", dtype_name(o.autocast.dtype)).str();
+    return OptionText()
+        .add("autocast_dtype", dtype_name(o.autocast.dtype))
+        .add("autocast_min_flops", o.autocast.min_flops)
+        .str();
   }
 
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     const DType want = ctx.options.autocast.dtype;
+    const double min_flops = ctx.options.autocast.min_flops;
     if (want != DType::bf16 && want != DType::f16)
       return Status::error("autocast: unsupported autocast dtype '" + std::string(dtype_name(want)) +
                            "' (expected bf16 or f16)");
@@ -230,6 +248,17 @@ class Autocast : public Pass {
       DType target = DType::undefined;
       if (p == PrecisionPolicy::low_precision) {
         target = low_;
+        // Too small to pay for its casts (AutocastOptions::min_flops): f32, unless an
+        // input is already wider (it then follows, as follow_inputs would).
+        if (min_flops > 0 && static_shapes(*n)) {
+          const double flops = node_cost(*n).flops;
+          if (flops < min_flops) {
+            target = DType::f32;
+            for (Value* in : n->inputs)
+              if (in && is_float(in->dtype) && rank_of(in->dtype) > rank_of(target)) target = in->dtype;
+            n->attrs.set("kiln_autocast_kept", flops);
+          }
+        }
       } else if (p == PrecisionPolicy::fp32) {
         target = DType::f32;
       } else {  // follow_inputs

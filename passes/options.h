@@ -54,6 +54,10 @@ struct OptimizerOptions {
 /// autocast: the low-precision dtype (bf16 for --bf16, f16 for --fp16).
 struct AutocastOptions {
   ir::DType dtype = ir::DType::bf16;
+  /// A low_precision node (GEMM, MatMul, convolution) of fewer FLOPs than this
+  /// (ir::node_cost) keeps f32 inputs and output, marked kiln_autocast_kept = its FLOPs;
+  /// 0 casts every one, as torch.autocast does.
+  double min_flops = 0;
 };
 
 /// remat: the gradient-checkpointing policy.

@@ -143,6 +143,9 @@ Status TrainConfig::validate() const {
   if (bf16 && fp16) return bad("fp16", "--bf16 and --fp16 are mutually exclusive");
   if (!(fp16_init_scale > 0) || std::isinf(fp16_init_scale))
     return bad("fp16_init_scale", "must be a finite number > 0, got " + num_str(fp16_init_scale));
+  if (autocast_min_flops < 0 && autocast_min_flops != -1)
+    return bad("autocast_min_flops",
+               "must be >= 0, or -1 for this CPU's break-even, got " + num_str(autocast_min_flops));
   if (fp16_growth_interval <= 0)
     return bad("fp16_growth_interval", "must be > 0, got " + num_str(fp16_growth_interval));
   if (nesterov && momentum <= 0) return bad("nesterov", "requires --momentum > 0 (PyTorch SGD rule)");
@@ -341,6 +344,9 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
        "delete output_dir's checkpoints of another run (steps past this run's start) instead of refusing to start"},
       {"bf16", Kind::boolean, &c.bf16, "bf16 mixed precision with fp32 master weights"},
       {"fp16", Kind::boolean, &c.fp16, "fp16 mixed precision with fp32 master weights and dynamic loss scaling"},
+      {"autocast_min_flops", Kind::f64, &c.autocast_min_flops,
+       "--bf16/--fp16: GEMMs and convolutions below this many FLOPs stay f32 (-1, the default: this CPU's "
+       "break-even; 0: all in low precision, as torch.autocast)"},
       {"fp16_init_scale", Kind::f64, &c.fp16_init_scale, "--fp16 initial loss scale (torch GradScaler init_scale)"},
       {"fp16_growth_interval", Kind::i64, &c.fp16_growth_interval,
        "--fp16: double the loss scale after N finite steps"},

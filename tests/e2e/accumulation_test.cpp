@@ -285,6 +285,8 @@ std::string listing(const ir::Graph& g, int indent = 0) {
 TEST(Accumulation, TinyGptBf16LoopStructure) {
   auto cfg = config("tiny_gpt", 2, 4);
   cfg.bf16 = true;
+  // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
+  cfg.autocast_min_flops = 0;
   cfg.optim = "adamw_torch";
   auto prog = driver::build_training_program(cfg);
   ASSERT_TRUE(prog) << prog.message();

@@ -41,6 +41,8 @@ runtime::TrainConfig mlp_config(bool fp16, double init_scale, const std::string&
   cfg.lr_scheduler_type = "constant";
   cfg.max_steps = 40;
   cfg.fp16 = fp16;
+  // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
+  cfg.autocast_min_flops = 0;
   cfg.fp16_init_scale = init_scale;
   return cfg;
 }
@@ -285,7 +287,7 @@ TEST(Fp16Cli, LogsSkippedStepAndContinues) {
   auto losses = run_losses(
       "train examples/mlp_digits/model.onnx --train_data input=data/digits/x_train.npy "
       "--train_data labels=data/digits/y_train.npy --per_device_train_batch_size 32 --learning_rate 2e-3 "
-      "--fp16 --fp16_init_scale 4194304 --max_steps 30",
+      "--fp16 --autocast_min_flops 0 --fp16_init_scale 4194304 --max_steps 30",
       "mlp", &out);
   EXPECT_NE(out.find("step 1 skipped: non-finite gradients, loss scale 4.1943e+06 -> 2.09715e+06"), std::string::npos)
       << out;

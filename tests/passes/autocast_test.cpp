@@ -114,6 +114,52 @@ TEST(Autocast, TinyGptForwardPolicyInvariants) {
   EXPECT_EQ(g->find_value("loss")->dtype, DType::f32);
 }
 
+/// The forward Gemms of the MLP (batch 32: 64->128, 128->128, 128->10) with --bf16 and
+/// --autocast_min_flops `min_flops`: each one's FLOPs (2 M N K from its shapes) and
+/// whether it computes in bf16.
+std::vector<std::pair<double, bool>> mlp_gemm_precisions(double min_flops) {
+  runtime::TrainConfig cfg;
+  cfg.model = kSrc + "/examples/mlp_digits/model.onnx";
+  cfg.per_device_train_batch_size = 32;
+  cfg.per_device_eval_batch_size = 32;
+  cfg.max_steps = 1;
+  cfg.bf16 = true;
+  cfg.autocast_min_flops = min_flops;
+  auto prog = driver::build_training_program(cfg, nullptr, true);
+  EXPECT_TRUE(prog) << prog.message();
+  std::vector<std::pair<double, bool>> out;
+  if (!prog) return out;
+  for (auto& n : prog->train_step->nodes()) {
+    if (n->op != "Gemm" || n->name.find("/grad/") != std::string::npos) continue;
+    const Shape& a = n->inputs[0]->shape;
+    const Shape& y = n->outputs[0]->shape;
+    const double flops = 2.0 * y.dims[0].value * y.dims[1].value * a.dims[1].value;
+    const bool low = n->inputs[0]->dtype == DType::bf16;
+    EXPECT_EQ(low, n->inputs[1]->dtype == DType::bf16) << n->name;
+    EXPECT_EQ(n->outputs[0]->dtype, low ? DType::bf16 : DType::f32) << n->name;
+    EXPECT_EQ(n->attrs.has("kiln_autocast_kept"), !low) << n->name;
+    if (!low) EXPECT_DOUBLE_EQ(n->attrs.get_float("kiln_autocast_kept", -1), flops) << n->name;
+    out.push_back({flops, low});
+  }
+  EXPECT_EQ(out.size(), 3u);
+  return out;
+}
+
+TEST(Autocast, ProductsBelowMinFlopsStayF32) {
+  // 0.52, 1.05 and 0.08 MFLOP: a threshold of 0.6 MFLOP keeps the first and last in f32.
+  for (auto [flops, low] : mlp_gemm_precisions(6e5)) EXPECT_EQ(low, flops >= 6e5) << flops;
+  // 0: every product in bf16, as torch.autocast.
+  for (auto [flops, low] : mlp_gemm_precisions(0)) EXPECT_TRUE(low) << flops;
+  // -1 (the default): this CPU's modelled break-even.
+  const double be = driver::autocast_break_even_flops();
+  EXPECT_GT(be, 0);
+  for (auto [flops, low] : mlp_gemm_precisions(-1)) EXPECT_EQ(low, flops >= be) << flops;
+  // Bad values are refused by the config check.
+  runtime::TrainConfig bad;
+  bad.autocast_min_flops = -2;
+  EXPECT_FALSE(bad.validate().is_ok());
+}
+
 TEST(Autocast, Bf16TrainingStepKeepsMastersGradsAndOptimizerInF32) {
   runtime::TrainConfig cfg;
   cfg.model = kSrc + "/examples/tiny_gpt/model.onnx";
@@ -121,6 +167,8 @@ TEST(Autocast, Bf16TrainingStepKeepsMastersGradsAndOptimizerInF32) {
   cfg.per_device_eval_batch_size = 2;
   cfg.max_steps = 2;
   cfg.bf16 = true;
+  // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
+  cfg.autocast_min_flops = 0;
   auto prog = driver::build_training_program(cfg, nullptr, true);
   ASSERT_TRUE(prog) << prog.message();
   const Graph& t = *prog->train_step;

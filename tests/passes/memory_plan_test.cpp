@@ -241,6 +241,8 @@ runtime::TrainConfig config_for(const std::string& model, int64_t batch, bool bf
   cfg.per_device_eval_batch_size = batch;
   cfg.loss = "cross_entropy";
   cfg.bf16 = bf16;
+  // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
+  cfg.autocast_min_flops = 0;
   return cfg;
 }
 
@@ -279,6 +281,8 @@ void measure_example(const std::string& model, bool bf16, StepMeasure& m, int64_
   runtime::TrainConfig cfg = config_for(model, micro, bf16, accum);
   cfg.optim = optim;
   cfg.fp16 = fp16;
+  // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
+  cfg.autocast_min_flops = 0;
   auto built = driver::build_training_program(cfg);
   ASSERT_TRUE(built) << built.message();
   m.prog = std::make_shared<driver::TrainingProgram>(std::move(*built));

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <new>
@@ -726,6 +727,13 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
       // kernels' f32 compute type).
       ir::DType acc = (compute == ir::DType::bf16 || compute == ir::DType::f16) ? ir::DType::f32 : compute;
       std::string rule = cast ? "cast" : ir::precision_policy_name(p);
+      if (n->attrs.has("kiln_autocast_kept")) {
+        std::ostringstream os;
+        os << std::setprecision(3) << n->attrs.get_float("kiln_autocast_kept", 0) / 1e6 << " MFLOP";
+        rule += ", kept f32: " + os.str() + " < --autocast_min_flops " +
+                std::to_string(static_cast<int64_t>(cfg.autocast_min_flops < 0 ? driver::autocast_break_even_flops()
+                                                                               : cfg.autocast_min_flops));
+      }
       std::cout << std::string(indent, ' ') << n->op << " " << n->name << "  " << ir::dtype_name(compute) << " / "
                 << ir::dtype_name(acc) << " / " << ir::dtype_name(store) << "  " << rule << "\n";
       for (auto& r : n->regions) print(*r, indent + 4);

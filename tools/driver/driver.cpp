@@ -25,6 +25,14 @@
 
 namespace kiln::driver {
 
+namespace {
+/// Measured break-even (docs/performance.md, 1 thread, Xeon with AVX512_BF16):
+/// mlp_digits' products (0.08-0.5 MFLOP) and cnn_bn's first convolution (0.6 MFLOP)
+/// are slower in bf16; tiny_gpt's (4.2-25 MFLOP, attention included) are faster, and
+/// keeping its 4.2 MFLOP attention products in f32 cost more casts than it saved.
+constexpr double kAutocastBreakEvenFlops = 3e6;
+}  // namespace
+
 bool host_has_native_bf16() {
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
@@ -32,6 +40,13 @@ bool host_has_native_bf16() {
 #else
   return false;
 #endif
+}
+
+double autocast_break_even_flops() {
+  // With native bf16 dot products a bf16 product runs about 2x an f32 one, so it pays
+  // once the product outweighs its casts; without them the product is widened back to
+  // f32 (gemm_widening) and only the memory traffic of larger operands is saved.
+  return host_has_native_bf16() ? kAutocastBreakEvenFlops : 4 * kAutocastBreakEvenFlops;
 }
 
 using namespace kiln::ir;

@@ -24,6 +24,13 @@ namespace kiln::driver {
 /// (passes/gemm_widening.cpp).
 bool host_has_native_bf16();
 
+/// The FLOPs (forward, one node) below which a GEMM or convolution is faster left in f32
+/// than cast to bf16 on this CPU: passes::AutocastOptions::min_flops for
+/// `--autocast_min_flops -1` (the default). A model of what was measured on the
+/// development machine (docs/performance.md, "bf16 where it pays"): below it the casts
+/// and bf16 pointwise kernels around a small product cost more than the product saves.
+double autocast_break_even_flops();
+
 /// The passes `--backend compiled` runs after the training passes, in order (the stage
 /// "lowering" of tools/driver/pipeline.h: gemm_widening ... multi_tensor); the eager
 /// backend runs none of them.
