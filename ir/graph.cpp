@@ -267,6 +267,7 @@ static void collect_region_inputs(const Graph& g, std::unordered_set<const Value
 void Graph::remove_unused_initializers() {
   std::unordered_set<const Value*> used;
   collect_region_inputs(*this, used);
+  for (const StateBinding& sb : state) used.insert(sb.input);  // state is read by the next step
   std::vector<Value*> keep;
   for (Value* v : initializers) {
     if (used.count(v))

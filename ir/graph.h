@@ -223,7 +223,7 @@ class Graph {
   void remove_node(Node* n);
   /// Replaces every use of `from` (node inputs, graph outputs and state-binding outputs) by `to`.
   void replace_all_uses(Value* from, Value* to);
-  /// Removes initializers and inputs that no node or output uses.
+  /// Removes initializers that no node, output or state binding uses.
   void remove_unused_initializers();
   /// Removes nodes whose outputs are transitively unused by graph outputs. Returns count removed.
   int dead_code_elimination();

@@ -27,6 +27,8 @@
 //    (docs/architecture.md, decision 22). A node that reads only a row group's
 //    statistics (row stores such as Mean) does not join it: it starts its own group
 //    (typically the prologue of a column reduction, passes/decompose.cpp).
+//  * A widening Cast of a value read elsewhere too starts a group (its readers join it)
+//    instead of joining its producer's, which would write a second, wider copy.
 //  * A view (Transpose; Expand; Slice with positive steps; the Reshape family; constant
 //    shape operands) starts a group over its output shape (later pointwise nodes join
 //    it): code generation reads its input through permuted, broadcast, stepped or
@@ -282,8 +284,15 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
     // candidate stays when every reader of its values placed before n belongs to a
     // candidate too; the survivors merge with n into one group.
     std::set<int> cand;
+    // A widening Cast of a value that something else reads too (so it is written out
+    // anyway) starts a group and fuses forward into its readers: joining the producer
+    // would add a second, wider output (an f64 copy of an activation for a column sum).
+    const Value* x0 = n->num_inputs() == 1 ? n->inputs[0] : nullptr;
+    const bool widen_shared = has_trait(*n, OpTrait::cast) && x0 && n->num_outputs() == 1 &&
+                              dtype_size(n->outputs[0]->dtype) > dtype_size(x0->dtype) &&
+                              (readers[x0].size() > 1 || graph_outs.count(x0));
     for (const Value* in : n->inputs) {
-      if (view) break;  // a view starts a group: its input must come from outside it
+      if (view || widen_shared) break;  // a view starts a group: its input must come from outside it
       if (!in || !in->producer) continue;
       auto it = group_of.find(in->producer);
       if (it == group_of.end()) continue;
@@ -495,6 +504,9 @@ class Fusion : public Pass {
     const int min_nodes = ctx.options.lowering.fusion_min_nodes;
     int counter = 0;
     KILN_RETURN_IF_ERROR(fuse_graph(g, std::max(1, min_nodes), counter));
+    // Rank-0 constants now copied into every kernel that read them (the decompositions'
+    // counts and epsilons) no longer need to stay resident.
+    if (counter > 0) g.remove_unused_initializers();
     return counter > 0;
   }
 };

@@ -566,7 +566,9 @@ struct BnView {
   }
 };
 
-/// f64 builders of the batch-norm rewrites.
+/// f64 builders of the batch-norm rewrites. Each reader of an activation gets its own
+/// Cast to f64 (and its own x - mean): fusion then computes them inside every kernel that
+/// reads them instead of writing an f64 copy of the activation that several kernels read.
 struct BnBuild {
   Builder& b;
   const BnView& v;
@@ -575,10 +577,10 @@ struct BnBuild {
   Value* channel(Value* p) { return b.op("Reshape", {f64(p), b.ints(v.keep)}); }
   Value* c(double x) { return b.scalar(x, DType::f64); }
   Value* sum(Value* x) { return b.op("ReduceSum", {x, b.ints(v.axes)}, make_attrs({{"keepdims", int64_t(1)}})); }
-  /// Batch mean and biased variance of f64 `x` (1, C, 1, ..), two passes as channel_stats.
+  /// Batch mean and biased variance of `x` in f64 (1, C, 1, ..), two passes as channel_stats.
   std::pair<Value*, Value*> stats(Value* x) {
-    Value* mean = b.op("Div", {sum(x), c(v.count)});
-    Value* d = b.op("Sub", {x, mean});
+    Value* mean = b.op("Div", {sum(f64(x)), c(v.count)});
+    Value* d = b.op("Sub", {f64(x), mean});
     return {mean, b.op("Div", {sum(b.op("Mul", {d, d})), c(v.count)})};
   }
   /// 1 / sqrt(var + eps).
@@ -608,15 +610,14 @@ Status decompose_bn(Graph& g, Graph& root, Node* n) {
   Builder b(g, name);
   b.set_constant_graph(&root);
   BnBuild f{b, view};
-  Value* x = f.f64(in[0]);
   Value *mean = nullptr, *var = nullptr;
   if (training)
-    std::tie(mean, var) = f.stats(x);
+    std::tie(mean, var) = f.stats(in[0]);
   else
     std::tie(mean, var) = std::make_pair(f.channel(in[3]), f.channel(in[4]));
   Value* a = b.op("Mul", {f.channel(in[1]), f.inv_std(var, eps)});
   Value* shift = b.op("Sub", {f.channel(in[2]), b.op("Mul", {mean, a})});
-  Value* y = b.op("Add", {b.op("Mul", {x, a}), shift});
+  Value* y = b.op("Add", {b.op("Mul", {f.f64(in[0]), a}), shift});
   std::vector<Value*> fresh(old.size(), nullptr);
   fresh[0] = in[0]->dtype == DType::f64 ? y : b.op("Cast", {y}, cast_to(old[0]->dtype), names[0]);
   const double cnt = view.count;
@@ -659,27 +660,25 @@ Status decompose_bn_grad(Graph& g, Graph& root, Node* n) {
   Builder b(g, name);
   b.set_constant_graph(&root);
   BnBuild f{b, view};
-  Value* dy = f.f64(in[0]);
-  Value* x = f.f64(in[1]);
   Value *mean = nullptr, *var = nullptr;
   if (training)
-    std::tie(mean, var) = f.stats(x);
+    std::tie(mean, var) = f.stats(in[1]);
   else
     std::tie(mean, var) = std::make_pair(f.channel(in[3]), f.channel(in[4]));
   Value* inv = f.inv_std(var, eps);
-  Value* centered = b.op("Sub", {x, mean});
-  Value* sb = f.sum(dy);
-  Value* ss = f.sum(b.op("Mul", {b.op("Mul", {dy, centered}), inv}));
+  auto centered = [&] { return b.op("Sub", {f.f64(in[1]), mean}); };
+  Value* sb = f.sum(f.f64(in[0]));
+  Value* ss = f.sum(b.op("Mul", {b.op("Mul", {f.f64(in[0]), centered()}), inv}));
   Value* scale = f.channel(in[2]);
   Value* dx = nullptr;
   if (training) {
     const double cnt = view.count;
-    Value* xh = b.op("Mul", {centered, inv});
+    Value* xh = b.op("Mul", {centered(), inv});
     Value* k = b.op("Div", {b.op("Mul", {scale, inv}), f.c(cnt)});
-    Value* t = b.op("Sub", {b.op("Sub", {b.op("Mul", {f.c(cnt), dy}), sb}), b.op("Mul", {xh, ss})});
+    Value* t = b.op("Sub", {b.op("Sub", {b.op("Mul", {f.c(cnt), f.f64(in[0])}), sb}), b.op("Mul", {xh, ss})});
     dx = b.op("Mul", {k, t});
   } else {
-    dx = b.op("Mul", {b.op("Mul", {dy, scale}), inv});
+    dx = b.op("Mul", {b.op("Mul", {f.f64(in[0]), scale}), inv});
   }
   std::vector<Value*> fresh(old.size(), nullptr);
   fresh[0] = old[0]->dtype == DType::f64 ? dx : b.op("Cast", {dx}, cast_to(old[0]->dtype), names[0]);
