@@ -181,6 +181,12 @@ struct GraphFacts {
     bool has_static = false;                     ///< `outs` holds the output types
     StaticOutputs outs;
     std::vector<const Value*> captures;  ///< values its regions read from outside
+    // Read once here instead of per run (string-keyed attribute lookups, op-name
+    // comparisons and hash lookups were a large part of a small kernel's launch).
+    int64_t inplace = -1;         ///< kiln_inplace, -1: none
+    std::vector<int64_t> donate;  ///< kiln_donate
+    bool view = false;            ///< ir::is_view_op
+    std::vector<char> last_read;  ///< per input: this node is the value's last reader
   };
   std::unordered_map<const Value*, size_t> last_use;  ///< ir::last_reads
   std::vector<NodeFacts> nodes;
@@ -204,6 +210,13 @@ struct GraphFacts {
       ValueSet caps;
       for (auto& r : n.regions) collect_captures(*r, caps);
       f.captures.assign(caps.begin(), caps.end());
+      f.inplace = n.attrs.get_int("kiln_inplace", -1);
+      f.donate = n.attrs.get_ints("kiln_donate");
+      f.view = ir::is_view_op(n.op);
+      for (const Value* in : n.inputs) {
+        auto it = in ? last_use.find(in) : last_use.end();
+        f.last_read.push_back(it != last_use.end() && it->second == i);
+      }
       // Only types type inference has filled in (a graph built without infer_graph
       // has undefined dtypes): such nodes infer per run, as before.
       bool ok = !n.outputs.empty();
@@ -354,9 +367,19 @@ struct FusedLaunch {
 /// `scratch`: where a kernel with scratch_bytes gets its scratch (null: such a kernel is refused).
 /// `donate`: outputs marked kiln_donate take their state input's buffer (the caller owns
 /// it: RunOptions::donate_state); else each gets a copy of that input to update.
-Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
-                     Tensor* dying_inplace, bool donate, FusedLaunch& l, std::vector<double>* scratch = nullptr) {
+Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codegen::CpuKernel& ck, Env& env,
+                     const StepArena* arena, Tensor* dying_inplace, bool donate, FusedLaunch& l,
+                     std::vector<double>* scratch = nullptr) {
   l.ck = &ck;
+  l.bufs.clear();
+  l.outs.clear();
+  // Output j's dims: the facts' static dims, else the graph's.
+  std::vector<int64_t> dims_buf;
+  auto dims_of = [&](size_t j) -> const std::vector<int64_t>& {
+    if (nf.has_static) return nf.outs.dims[j];
+    dims_buf = n.outputs[j]->shape.to_vector();
+    return dims_buf;
+  };
   for (Value* v : n.inputs) {
     auto it = env.find(v);
     if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
@@ -365,23 +388,23 @@ Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, cons
   // kiln_inplace = k (passes/fused_inplace.cpp): the kernel was generated to write output
   // 0 through input k's pointer, so input k's slot must hold output 0's buffer: the
   // input's own when it dies here (`dying_inplace`), else a copy of it.
-  const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
+  const int64_t ip = nf.inplace;
   // kiln_donate (passes/fused_inplace.cpp): output j is generated to write through input
   // d[j]'s pointer; that slot holds the state input's own buffer when it is donated, else
   // a copy of it.
-  const std::vector<int64_t> d = n.attrs.get_ints("kiln_donate");
+  const std::vector<int64_t>& d = nf.donate;
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     Value* o = n.outputs[j];
     if (j < d.size() && d[j] >= 0) {
       if (d[j] >= n.num_inputs() || !n.inputs[d[j]])
         return Status::error("node '" + n.name + "': kiln_donate names no input");
       const Tensor& in = env.find(n.inputs[d[j]])->second;
-      if (in.dtype() != o->dtype || in.dims() != o->shape.to_vector())
+      if (in.dtype() != o->dtype || in.dims() != dims_of(j))
         return Status::error("node '" + n.name + "': kiln_donate input does not match output " + std::to_string(j));
       if (donate) {
         l.outs.push_back(in);
       } else {
-        l.outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
+        l.outs.push_back(new_output(arena, o, o->dtype, dims_of(j), false));
         if (in.nbytes()) std::memcpy(l.outs.back().raw(), in.raw(), in.nbytes());
       }
       l.bufs[static_cast<size_t>(d[j])] = l.outs.back().raw();
@@ -390,12 +413,12 @@ Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, cons
     }
     if (j == 0 && ip >= 0 && ip < n.num_inputs()) {
       const Tensor& in = env.find(n.inputs[ip])->second;
-      if (in.dtype() != o->dtype || in.dims() != o->shape.to_vector())
+      if (in.dtype() != o->dtype || in.dims() != dims_of(j))
         return Status::error("node '" + n.name + "': kiln_inplace input does not match output 0");
       if (dying_inplace) {
         l.outs.push_back(*dying_inplace);
       } else {
-        l.outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
+        l.outs.push_back(new_output(arena, o, o->dtype, dims_of(j), false));
         if (in.nbytes()) std::memcpy(l.outs.back().raw(), in.raw(), in.nbytes());
       }
       l.bufs[static_cast<size_t>(ip)] = l.outs.back().raw();
@@ -403,7 +426,7 @@ Status prepare_fused(const Node& n, const codegen::CpuKernel& ck, Env& env, cons
       continue;
     }
     // A generated kernel writes every element of each output: no zero fill.
-    l.outs.push_back(new_output(arena, o, o->dtype, o->shape.to_vector(), false));
+    l.outs.push_back(new_output(arena, o, o->dtype, dims_of(j), false));
     l.bufs.push_back(l.outs.back().raw());
   }
   if (ck.scratch_bytes > 0) {
@@ -448,11 +471,11 @@ Status prepare_pieced(const Node& n, const OpDef& def, const StaticOutputs* know
 /// Runs a FusedKernel node through its generated kernel: outputs allocated, then the
 /// kernel's parallel dimension split across the OpenMP threads (and a split column
 /// reduction's partitions combined).
-Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env, const StepArena* arena,
-                          Tensor* dying_inplace, bool donate) {
+Status run_fused_compiled(const Node& n, const GraphFacts::NodeFacts& nf, const codegen::CpuKernel& ck, Env& env,
+                          const StepArena* arena, Tensor* dying_inplace, bool donate) {
   FusedLaunch l;
   thread_local std::vector<double> scratch;
-  KILN_RETURN_IF_ERROR(prepare_fused(n, ck, env, arena, dying_inplace, donate, l, &scratch));
+  KILN_RETURN_IF_ERROR(prepare_fused(n, nf, ck, env, arena, dying_inplace, donate, l, &scratch));
   if (l.chunks <= 1) {
     run_piece(l, 0);
   } else {
@@ -461,6 +484,7 @@ Status run_fused_compiled(const Node& n, const codegen::CpuKernel& ck, Env& env,
   }
   codegen::combine_cpu_partitions(ck, l.bufs.data());
   for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(l.outs[k]);
+  l.outs.clear();
   return Status::ok();
 }
 
@@ -514,14 +538,22 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
   auto release = [&](const Value* v, size_t i) {
     if (v && last_at(v, i) && !pinned.count(v)) env.erase(v);
   };
+  // Node i's inputs after it ran: those it read last leave the environment.
+  auto release_inputs = [&](size_t i) {
+    const Node& n = *nodes[i];
+    const std::vector<char>& last = facts.nodes[i].last_read;
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (last[k] && !pinned.count(n.inputs[k])) env.erase(n.inputs[k]);
+  };
   // Input k's tensor of node `at` when that node may take its storage: its last use, not
   // pinned, nothing else shares the storage, and the node reads it only once.
   auto dying_input_of = [&](size_t at, int64_t k) -> Tensor* {
     const Node& n = *nodes[at];
     if (k < 0 || k >= n.num_inputs() || !n.inputs[k]) return nullptr;
     const Value* v = n.inputs[k];
+    if (!facts.nodes[at].last_read[static_cast<size_t>(k)] || pinned.count(v)) return nullptr;
     auto it = env.find(v);
-    if (it == env.end() || !last_at(v, at) || pinned.count(v) || !it->second.storage_unique()) return nullptr;
+    if (it == env.end() || !it->second.storage_unique()) return nullptr;
     for (int j = 0; j < n.num_inputs(); ++j)
       if (j != k && n.inputs[j] == v) return nullptr;
     return &it->second;
@@ -540,8 +572,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       for (size_t k = i; k <= j; ++k) {
         const GraphFacts::NodeFacts& mf = facts.nodes[k];
         if (mf.kernel)
-          KILN_RETURN_IF_ERROR(prepare_fused(*nodes[k], *mf.kernel, env, opts.arena,
-                                             dying_input_of(k, nodes[k]->attrs.get_int("kiln_inplace", -1)),
+          KILN_RETURN_IF_ERROR(prepare_fused(*nodes[k], mf, *mf.kernel, env, opts.arena, dying_input_of(k, mf.inplace),
                                              opts.donate_state, ls[k - i]));
         else
           KILN_RETURN_IF_ERROR(
@@ -572,7 +603,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         if (opts.arena) relocate_misplaced(m, env, *opts.arena);
       }
       for (size_t k = i; k <= j; ++k) {
-        for (Value* v : nodes[k]->inputs) release(v, k);
+        release_inputs(k);
         for (const Value* v : facts.nodes[k].captures) release(v, k);
       }
       i = j;
@@ -594,8 +625,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       }
       KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts, &nf.captures));
     } else if (const codegen::CpuKernel* ck = nf.kernel) {
-      KILN_RETURN_IF_ERROR(run_fused_compiled(n, *ck, env, opts.arena, dying_input(n.attrs.get_int("kiln_inplace", -1)),
-                                              opts.donate_state));
+      KILN_RETURN_IF_ERROR(run_fused_compiled(n, nf, *ck, env, opts.arena, dying_input(nf.inplace), opts.donate_state));
       generated = true;
     } else {
       std::vector<const Tensor*> ins;
@@ -603,12 +633,12 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       // kiln_inplace = k: output 0 may reuse input k's buffer when this is its last
       // use and nothing else shares it (set by passes for pointwise updates such as
       // the gradient accumulators; DESIGN.md invariant 2: visible in the IR).
-      const Tensor* inplace = dying_input(n.attrs.get_int("kiln_inplace", -1));
+      const Tensor* inplace = dying_input(nf.inplace);
       // Reshape-family ops (ir::is_view_op) whose input dies here: the output is the
       // same storage with new dims, no copy (the planner models the same rule).
       bool viewed = false;
-      if (ir::is_view_op(n.op) && n.num_outputs() == 1 && n.outputs[0]->shape.is_static()) {
-        const std::vector<int64_t> od = n.outputs[0]->shape.to_vector();
+      if (nf.view && n.num_outputs() == 1 && n.outputs[0]->shape.is_static()) {
+        const std::vector<int64_t> od = nf.has_static ? nf.outs.dims[0] : n.outputs[0]->shape.to_vector();
         Tensor* in = dying_input(0);
         if (in && ir::numel_of(od) == in->numel() && in->dtype() == n.outputs[0]->dtype) {
           env[n.outputs[0]] = in->reshaped(od);
@@ -625,7 +655,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
     if (timed)
       opts.profile->add(profile_key(n, generated, opts.profile->group()),
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    for (Value* v : n.inputs) release(v, i);
+    release_inputs(i);
     for (const Value* v : nf.captures) release(v, i);
   }
   return Status::ok();
