@@ -593,36 +593,65 @@ struct BnBuild {
   }
 };
 
-Status decompose_bn(Graph& g, Graph& root, Node* n) {
-  const std::string name = n->name;
-  const std::vector<Value*> in = n->inputs;
-  const std::vector<Value*> old = n->outputs;
-  const bool training = n->attrs.get_int("training_mode", 0) != 0;
-  const double eps = n->attrs.get_float("epsilon", 1e-5), mom = n->attrs.get_float("momentum", 0.9);
-  std::vector<bool> need(old.size());
+/// What a batch-norm rewrite takes from its node, which it then removes: inputs, outputs
+/// (and which of them something reads, and their names), mode and epsilon.
+struct BnNode {
+  std::string name;
+  std::vector<Value*> in, old;
+  std::vector<bool> need;
   std::vector<std::string> names;
-  for (size_t o = 0; o < old.size(); ++o) {
-    need[o] = used(g, old[o]);
-    names.push_back(old[o]->name);
+  bool training = false;
+  double eps = 1e-5, momentum = 0.9;
+};
+BnNode detach_bn(Graph& g, Node* n) {
+  BnNode d;
+  d.name = n->name;
+  d.in = n->inputs;
+  d.old = n->outputs;
+  d.training = n->attrs.get_int("training_mode", 0) != 0;
+  d.eps = n->attrs.get_float("epsilon", 1e-5);
+  d.momentum = n->attrs.get_float("momentum", 0.9);
+  for (Value* o : d.old) {
+    d.need.push_back(used(g, o));
+    d.names.push_back(o->name);
   }
-  const BnView view(in[0]->shape);
   g.remove_node(n);
-  Builder b(g, name);
+  return d;
+}
+
+/// Mean and variance (1, C, 1, ..) f64: the batch's of `x` in training mode, else the
+/// given statistics (inputs 3 and 4 of both ops).
+std::pair<Value*, Value*> bn_statistics(BnBuild& f, const BnNode& d, Value* x) {
+  return d.training ? f.stats(x) : std::make_pair(f.channel(d.in[3]), f.channel(d.in[4]));
+}
+
+/// Rewires the readers of each needed output to its replacement in `fresh`.
+Status install_bn(Graph& g, Builder& b, const BnNode& d, const std::vector<Value*>& fresh) {
+  KILN_RETURN_IF_ERROR(b.status());
+  for (size_t o = 0; o < d.old.size(); ++o) {
+    if (!d.need[o]) continue;
+    if (!fresh[o]) return Status::error("decompose: node '" + d.name + "' could not be rewritten");
+    if (fresh[o] != d.old[o]) g.replace_all_uses(d.old[o], fresh[o]);
+  }
+  return Status::ok();
+}
+
+Status decompose_bn(Graph& g, Graph& root, Node* n) {
+  const BnNode d = detach_bn(g, n);
+  const std::vector<Value*>& in = d.in;
+  const BnView view(in[0]->shape);
+  Builder b(g, d.name);
   b.set_constant_graph(&root);
   BnBuild f{b, view};
-  Value *mean = nullptr, *var = nullptr;
-  if (training)
-    std::tie(mean, var) = f.stats(in[0]);
-  else
-    std::tie(mean, var) = std::make_pair(f.channel(in[3]), f.channel(in[4]));
-  Value* a = b.op("Mul", {f.channel(in[1]), f.inv_std(var, eps)});
+  auto [mean, var] = bn_statistics(f, d, in[0]);
+  Value* a = b.op("Mul", {f.channel(in[1]), f.inv_std(var, d.eps)});
   Value* shift = b.op("Sub", {f.channel(in[2]), b.op("Mul", {mean, a})});
   Value* y = b.op("Add", {b.op("Mul", {f.f64(in[0]), a}), shift});
-  std::vector<Value*> fresh(old.size(), nullptr);
-  fresh[0] = in[0]->dtype == DType::f64 ? y : b.op("Cast", {y}, cast_to(old[0]->dtype), names[0]);
-  const double cnt = view.count;
-  for (size_t o = 1; o < old.size(); ++o) {
-    if (!need[o]) continue;
+  std::vector<Value*> fresh(d.old.size(), nullptr);
+  fresh[0] = in[0]->dtype == DType::f64 ? y : b.op("Cast", {y}, cast_to(d.old[0]->dtype), d.names[0]);
+  const double cnt = view.count, mom = d.momentum;
+  for (size_t o = 1; o < d.old.size(); ++o) {
+    if (!d.need[o]) continue;
     Value* v = nullptr;
     if (o == 1) {
       v = b.op("Add", {b.op("Mul", {f.channel(in[3]), f.c(mom)}), b.op("Mul", {mean, f.c(1 - mom)})});
@@ -632,46 +661,26 @@ Status decompose_bn(Graph& g, Graph& root, Node* n) {
     } else {
       v = o == 3 ? mean : var;
     }
-    fresh[o] = f.to_param(v, old[o]->dtype, names[o]);
+    fresh[o] = f.to_param(v, d.old[o]->dtype, d.names[o]);
   }
-  KILN_RETURN_IF_ERROR(b.status());
-  for (size_t o = 0; o < old.size(); ++o) {
-    if (!need[o]) continue;
-    if (!fresh[o]) return Status::error("decompose: node '" + name + "' could not be rewritten");
-    if (fresh[o] != old[o]) g.replace_all_uses(old[o], fresh[o]);
-  }
-  return Status::ok();
+  return install_bn(g, b, d, fresh);
 }
 
 Status decompose_bn_grad(Graph& g, Graph& root, Node* n) {
-  const std::string name = n->name;
-  const std::vector<Value*> in = n->inputs;  // dY, X, scale, mean, var
-  const std::vector<Value*> old = n->outputs;
-  const bool training = n->attrs.get_int("training_mode", 0) != 0;
-  const double eps = n->attrs.get_float("epsilon", 1e-5);
-  std::vector<bool> need(old.size());
-  std::vector<std::string> names;
-  for (size_t o = 0; o < old.size(); ++o) {
-    need[o] = used(g, old[o]);
-    names.push_back(old[o]->name);
-  }
+  const BnNode d = detach_bn(g, n);
+  const std::vector<Value*>& in = d.in;  // dY, X, scale, mean, var
   const BnView view(in[1]->shape);
-  g.remove_node(n);
-  Builder b(g, name);
+  Builder b(g, d.name);
   b.set_constant_graph(&root);
   BnBuild f{b, view};
-  Value *mean = nullptr, *var = nullptr;
-  if (training)
-    std::tie(mean, var) = f.stats(in[1]);
-  else
-    std::tie(mean, var) = std::make_pair(f.channel(in[3]), f.channel(in[4]));
-  Value* inv = f.inv_std(var, eps);
-  auto centered = [&] { return b.op("Sub", {f.f64(in[1]), mean}); };
+  auto [mean, var] = bn_statistics(f, d, in[1]);
+  Value* inv = f.inv_std(var, d.eps);
+  auto centered = [&, mean = mean] { return b.op("Sub", {f.f64(in[1]), mean}); };
   Value* sb = f.sum(f.f64(in[0]));
   Value* ss = f.sum(b.op("Mul", {b.op("Mul", {f.f64(in[0]), centered()}), inv}));
   Value* scale = f.channel(in[2]);
   Value* dx = nullptr;
-  if (training) {
+  if (d.training) {
     const double cnt = view.count;
     Value* xh = b.op("Mul", {centered(), inv});
     Value* k = b.op("Div", {b.op("Mul", {scale, inv}), f.c(cnt)});
@@ -680,17 +689,11 @@ Status decompose_bn_grad(Graph& g, Graph& root, Node* n) {
   } else {
     dx = b.op("Mul", {b.op("Mul", {f.f64(in[0]), scale}), inv});
   }
-  std::vector<Value*> fresh(old.size(), nullptr);
-  fresh[0] = old[0]->dtype == DType::f64 ? dx : b.op("Cast", {dx}, cast_to(old[0]->dtype), names[0]);
-  if (old.size() > 1 && need[1]) fresh[1] = f.to_param(ss, old[1]->dtype, names[1]);
-  if (old.size() > 2 && need[2]) fresh[2] = f.to_param(sb, old[2]->dtype, names[2]);
-  KILN_RETURN_IF_ERROR(b.status());
-  for (size_t o = 0; o < old.size(); ++o) {
-    if (!need[o]) continue;
-    if (!fresh[o]) return Status::error("decompose: node '" + name + "' could not be rewritten");
-    if (fresh[o] != old[o]) g.replace_all_uses(old[o], fresh[o]);
-  }
-  return Status::ok();
+  std::vector<Value*> fresh(d.old.size(), nullptr);
+  fresh[0] = d.old[0]->dtype == DType::f64 ? dx : b.op("Cast", {dx}, cast_to(d.old[0]->dtype), d.names[0]);
+  if (d.old.size() > 1 && d.need[1]) fresh[1] = f.to_param(ss, d.old[1]->dtype, d.names[1]);
+  if (d.old.size() > 2 && d.need[2]) fresh[2] = f.to_param(sb, d.old[2]->dtype, d.names[2]);
+  return install_bn(g, b, d, fresh);
 }
 
 }  // namespace
