@@ -143,9 +143,9 @@ Status TrainConfig::validate() const {
   if (bf16 && fp16) return bad("fp16", "--bf16 and --fp16 are mutually exclusive");
   if (!(fp16_init_scale > 0) || std::isinf(fp16_init_scale))
     return bad("fp16_init_scale", "must be a finite number > 0, got " + num_str(fp16_init_scale));
-  if (autocast_min_flops < 0 && autocast_min_flops != -1)
-    return bad("autocast_min_flops",
-               "must be >= 0, or -1 for this CPU's break-even, got " + num_str(autocast_min_flops));
+  if (!(autocast_min_flops == -1 || (autocast_min_flops >= 0 && autocast_min_flops <= 1e18)))
+    return bad("autocast_min_flops", "must be a number of FLOPs in [0, 1e18], or -1 for this CPU's break-even, got " +
+                                         num_str(autocast_min_flops));
   if (fp16_growth_interval <= 0)
     return bad("fp16_growth_interval", "must be > 0, got " + num_str(fp16_growth_interval));
   if (nesterov && momentum <= 0) return bad("nesterov", "requires --momentum > 0 (PyTorch SGD rule)");
@@ -155,6 +155,8 @@ Status TrainConfig::validate() const {
     return bad("fp16_init_scale", "only applies with --fp16");
   if (!fp16 && fp16_growth_interval != TrainConfig{}.fp16_growth_interval)
     return bad("fp16_growth_interval", "only applies with --fp16");
+  if (!fp16 && !bf16 && autocast_min_flops != TrainConfig{}.autocast_min_flops)
+    return bad("autocast_min_flops", "only applies with --bf16 or --fp16");
   if (momentum > 0 && optim.find("sgd") == std::string::npos)
     return bad("momentum", "only applies to --optim sgd (got '" + optim + "')");
   if (output_dir.empty()) return bad("output_dir", "must not be empty");

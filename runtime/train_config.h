@@ -67,8 +67,9 @@ struct TrainConfig {
   bool fp16 = false;  ///< f16 autocast + dynamic loss scaling (GradScaler)
   /// --bf16/--fp16: a GEMM, MatMul or convolution of fewer FLOPs than this (forward,
   /// per microbatch) stays f32, where bf16 would cost more in casts than it saves
-  /// (passes/autocast.cpp). -1: the break-even modelled for this CPU
+  /// (passes/autocast.cpp). -1: the break-even modelled for this CPU and dtype
   /// (driver::autocast_break_even_flops); 0: every one in low precision, as torch.autocast.
+  /// Otherwise in [0, 1e18]; only with --bf16 or --fp16.
   double autocast_min_flops = -1;
   /// kiln extensions (torch GradScaler's init_scale / growth_interval) for --fp16.
   double fp16_init_scale = 65536.0;

@@ -192,7 +192,7 @@ inline runtime::TrainConfig example_case_config(const ExampleCase& c, const std:
   cfg.bf16 = c.precision == "bf16";
   cfg.fp16 = c.precision == "fp16";
   // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
-  cfg.autocast_min_flops = 0;
+  if (cfg.bf16 || cfg.fp16) cfg.autocast_min_flops = 0;
   cfg.remat_policy = c.remat;
   if (c.remat == "budget") cfg.memory_budget = "14MB";
   cfg.backend = backend;

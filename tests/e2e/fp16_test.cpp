@@ -42,7 +42,7 @@ runtime::TrainConfig mlp_config(bool fp16, double init_scale, const std::string&
   cfg.max_steps = 40;
   cfg.fp16 = fp16;
   // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
-  cfg.autocast_min_flops = 0;
+  if (cfg.bf16 || cfg.fp16) cfg.autocast_min_flops = 0;
   cfg.fp16_init_scale = init_scale;
   return cfg;
 }

@@ -151,13 +151,24 @@ TEST(Autocast, ProductsBelowMinFlopsStayF32) {
   // 0: every product in bf16, as torch.autocast.
   for (auto [flops, low] : mlp_gemm_precisions(0)) EXPECT_TRUE(low) << flops;
   // -1 (the default): this CPU's modelled break-even.
-  const double be = driver::autocast_break_even_flops();
+  const double be = driver::autocast_break_even_flops(DType::bf16);
   EXPECT_GT(be, 0);
   for (auto [flops, low] : mlp_gemm_precisions(-1)) EXPECT_EQ(low, flops >= be) << flops;
-  // Bad values are refused by the config check.
-  runtime::TrainConfig bad;
-  bad.autocast_min_flops = -2;
-  EXPECT_FALSE(bad.validate().is_ok());
+  // --fp16: no product pays on this CPU (no oneDNN f16 kernels): all stay f32 by default.
+  EXPECT_TRUE(std::isinf(driver::autocast_break_even_flops(DType::f16)));
+  // Bad values are refused by the config check: negative, NaN, infinite, beyond 1e18, and
+  // any value without --bf16 or --fp16.
+  for (double v : {-2.0, std::nan(""), HUGE_VAL, 1e19}) {
+    runtime::TrainConfig bad;
+    bad.bf16 = true;
+    bad.autocast_min_flops = v;
+    EXPECT_FALSE(bad.validate().is_ok()) << v;
+  }
+  runtime::TrainConfig fp32;
+  fp32.autocast_min_flops = 0;
+  EXPECT_FALSE(fp32.validate().is_ok());
+  fp32.autocast_min_flops = -1;
+  EXPECT_TRUE(fp32.validate().is_ok()) << fp32.validate().message();
 }
 
 TEST(Autocast, Bf16TrainingStepKeepsMastersGradsAndOptimizerInF32) {

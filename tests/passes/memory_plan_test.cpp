@@ -242,7 +242,7 @@ runtime::TrainConfig config_for(const std::string& model, int64_t batch, bool bf
   cfg.loss = "cross_entropy";
   cfg.bf16 = bf16;
   // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
-  cfg.autocast_min_flops = 0;
+  if (cfg.bf16 || cfg.fp16) cfg.autocast_min_flops = 0;
   return cfg;
 }
 
@@ -282,7 +282,7 @@ void measure_example(const std::string& model, bool bf16, StepMeasure& m, int64_
   cfg.optim = optim;
   cfg.fp16 = fp16;
   // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
-  cfg.autocast_min_flops = 0;
+  if (cfg.bf16 || cfg.fp16) cfg.autocast_min_flops = 0;
   auto built = driver::build_training_program(cfg);
   ASSERT_TRUE(built) << built.message();
   m.prog = std::make_shared<driver::TrainingProgram>(std::move(*built));

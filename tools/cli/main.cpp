@@ -730,9 +730,14 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
       if (n->attrs.has("kiln_autocast_kept")) {
         std::ostringstream os;
         os << std::setprecision(3) << n->attrs.get_float("kiln_autocast_kept", 0) / 1e6 << " MFLOP";
-        rule += ", kept f32: " + os.str() + " < --autocast_min_flops " +
-                std::to_string(static_cast<int64_t>(cfg.autocast_min_flops < 0 ? driver::autocast_break_even_flops()
-                                                                               : cfg.autocast_min_flops));
+        const bool by_default = cfg.autocast_min_flops < 0;
+        const double min = by_default ? driver::autocast_break_even_flops(cfg.fp16 ? ir::DType::f16 : ir::DType::bf16)
+                                      : cfg.autocast_min_flops;
+        os << (std::isinf(min) ? ", below this CPU's break-even (f16 products never pay here)"
+               : by_default    ? " < this CPU's break-even of "
+                               : " < --autocast_min_flops ");
+        if (!std::isinf(min)) os << min / 1e6 << " MFLOP";
+        rule += ", kept f32: " + os.str();
       }
       std::cout << std::string(indent, ' ') << n->op << " " << n->name << "  " << ir::dtype_name(compute) << " / "
                 << ir::dtype_name(acc) << " / " << ir::dtype_name(store) << "  " << rule << "\n";

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -42,7 +43,8 @@ bool host_has_native_bf16() {
 #endif
 }
 
-double autocast_break_even_flops() {
+double autocast_break_even_flops(ir::DType low) {
+  if (low == ir::DType::f16) return std::numeric_limits<double>::infinity();
   // With native bf16 dot products a bf16 product runs about 2x an f32 one, so it pays
   // once the product outweighs its casts; without them the product is widened back to
   // f32 (gemm_widening) and only the memory traffic of larger operands is saved.

@@ -25,11 +25,13 @@ namespace kiln::driver {
 bool host_has_native_bf16();
 
 /// The FLOPs (forward, one node) below which a GEMM or convolution is faster left in f32
-/// than cast to bf16 on this CPU: passes::AutocastOptions::min_flops for
+/// than cast to `low` (bf16 or f16) on this CPU: passes::AutocastOptions::min_flops for
 /// `--autocast_min_flops -1` (the default). A model of what was measured on the
-/// development machine (docs/performance.md, "bf16 where it pays"): below it the casts
-/// and bf16 pointwise kernels around a small product cost more than the product saves.
-double autocast_break_even_flops();
+/// development machine (docs/performance.md, issue 37): below it the casts and
+/// low-precision pointwise kernels around a small product cost more than it saves.
+/// f16: +infinity (no product pays: oneDNN 2.6 has no CPU f16 kernels, so f16 GEMMs run
+/// widened to f32 and f16 convolutions on a scalar loop, 27x fp32's time on cnn_bn).
+double autocast_break_even_flops(ir::DType low);
 
 /// The passes `--backend compiled` runs after the training passes, in order (the stage
 /// "lowering" of tools/driver/pipeline.h: gemm_widening ... multi_tensor); the eager
