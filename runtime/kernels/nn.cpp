@@ -669,7 +669,9 @@ Status maxpool_kernel(KernelContext& ctx) {
     const float* x = X.data<float>();
     float* y = Y.data<float>();
     int64_t* idx = I ? I->data<int64_t>() : nullptr;
-#pragma omp parallel for schedule(static) if (p->NC * OS >= kParallelThreshold)
+    // Work: every output reads its window's taps (a 3x3 pool is 9 loads and selects each).
+    const int64_t work = p->NC * OS * q.k[0] * q.k[1] * q.k[2];
+#pragma omp parallel for schedule(static) if (work >= kParallelThreshold)
     for (int64_t nc = 0; nc < p->NC; ++nc) {
       thread_local std::vector<int64_t> arg;
       arg.resize(static_cast<size_t>(q.out[2]));
@@ -723,7 +725,8 @@ Status maxpool_grad_kernel(KernelContext& ctx) {
     const float* x = X.data<float>();
     const float* dy = dY.data<float>();
     float* dx = dX.data<float>();
-#pragma omp parallel for schedule(static) if (p->NC * (IS + OS) >= kParallelThreshold)
+    const int64_t work = p->NC * (IS + OS * q.k[0] * q.k[1] * q.k[2]);
+#pragma omp parallel for schedule(static) if (work >= kParallelThreshold)
     for (int64_t nc = 0; nc < p->NC; ++nc) {
       thread_local std::vector<float> best;
       thread_local std::vector<int64_t> arg;
