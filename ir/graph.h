@@ -133,6 +133,15 @@ class Node {
   Value* output(int i) const { return outputs[i]; }
   int num_inputs() const { return static_cast<int>(inputs.size()); }
   int num_outputs() const { return static_cast<int>(outputs.size()); }
+  /// Every input given and every output has a static shape (omitted optional inputs are
+  /// skipped): what the node costs and computes is known before it runs.
+  bool shapes_static() const {
+    for (const Value* v : inputs)
+      if (v && !v->shape.is_static()) return false;
+    for (const Value* v : outputs)
+      if (!v || !v->shape.is_static()) return false;
+    return true;
+  }
 };
 
 /// A use of a value: node `user` reads it as input `index`.

@@ -82,15 +82,6 @@ using namespace kiln::ir;
 
 namespace {
 
-/// Every input and output of `n` has a static shape (its cost is known).
-bool static_shapes(const Node& n) {
-  for (const Value* v : n.inputs)
-    if (v && !v->shape.is_static()) return false;
-  for (const Value* v : n.outputs)
-    if (v && !v->shape.is_static()) return false;
-  return true;
-}
-
 int rank_of(DType t) {
   switch (t) {
     case DType::bf16:
@@ -250,7 +241,7 @@ class Autocast : public Pass {
         target = low_;
         // Too small to pay for its casts (AutocastOptions::min_flops): f32, unless an
         // input is already wider (it then follows, as follow_inputs would).
-        if (min_flops > 0 && static_shapes(*n)) {
+        if (min_flops > 0 && n->shapes_static()) {
           const double flops = node_cost(*n).flops;
           if (flops < min_flops) {
             target = DType::f32;

@@ -371,8 +371,6 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
                      const StepArena* arena, Tensor* dying_inplace, bool donate, FusedLaunch& l,
                      std::vector<double>* scratch = nullptr) {
   l.ck = &ck;
-  l.bufs.clear();
-  l.outs.clear();
   // Output j's dims: the facts' static dims, else the graph's.
   std::vector<int64_t> dims_buf;
   auto dims_of = [&](size_t j) -> const std::vector<int64_t>& {
@@ -484,7 +482,6 @@ Status run_fused_compiled(const Node& n, const GraphFacts::NodeFacts& nf, const 
   }
   codegen::combine_cpu_partitions(ck, l.bufs.data());
   for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(l.outs[k]);
-  l.outs.clear();
   return Status::ok();
 }
 

@@ -79,10 +79,8 @@ bool used(const Graph& g, const Value* v) { return v && (!g.uses(v).empty() || g
 bool static_node(const Node& n, int inputs) {
   if (n.num_inputs() != inputs || !n.regions.empty()) return false;
   for (const Value* v : n.inputs)
-    if (!v || !v->shape.is_static()) return false;
-  for (const Value* v : n.outputs)
-    if (!v || !v->shape.is_static()) return false;
-  return true;
+    if (!v) return false;
+  return n.shapes_static();
 }
 
 /// Eligible LayerNormalizationGrad: static float shapes, Scale with as many elements as a row.

@@ -77,6 +77,15 @@ TimedJob two_rank_job(const std::string& args, const std::string& rank1) {
   return j;
 }
 
+/// A job that must fail: a non-zero exit, before `limit_s` seconds (`why` says what a
+/// slower end would mean), and a line matching `line` in its output.
+void expect_job_fails(const TimedJob& j, double limit_s, const std::string& line, const std::string& why = "") {
+  const auto& [r, secs] = j;
+  EXPECT_NE(r.first, 0) << r.second;
+  EXPECT_LT(secs, limit_s) << why << r.second;
+  EXPECT_TRUE(std::regex_search(r.second, std::regex(line))) << r.second;
+}
+
 std::string cache_dir() {
   static const std::string d = fresh_tmpdir("dp_cache");
   return d;
@@ -304,12 +313,10 @@ TEST(Distributed, KilledRankEndsTheJob) {
   const std::string dir = fresh_tmpdir("dp_kill");
   const std::string args = train_args(kMlp, 8, 1, dir + "/out", "--ddp_timeout 60") + " --max_steps 100000";
   // Rank 1 raises SIGKILL at its third step (the fault hook of tests/e2e/faults_test.cpp).
-  const auto [r, secs] = two_rank_job(args, "-x KILN_FAULT_KILL=step:3 " + args);
-  EXPECT_NE(r.first, 0) << r.second;
-  EXPECT_LT(secs, 60.0) << "the job did not end before the collective timeout:\n" << r.second;
   // Rank 0 says what happened in one line (the launcher's own report around it).
-  std::regex line(R"(kiln \(rank 0 of 2\): error: [^\n]*SIGTERM while waiting for the other ranks[^\n]*)");
-  EXPECT_TRUE(std::regex_search(r.second, line)) << r.second;
+  expect_job_fails(two_rank_job(args, "-x KILN_FAULT_KILL=step:3 " + args), 60.0,
+                   R"(kiln \(rank 0 of 2\): error: [^\n]*SIGTERM while waiting for the other ranks[^\n]*)",
+                   "the job did not end before the collective timeout:\n");
 }
 
 TEST(Distributed, OneRankJobAddsNothing) {
@@ -458,11 +465,8 @@ TEST(Distributed, HungRankTimesOut) {
   require_setup();
   const std::string dir = fresh_tmpdir("dp_hang");
   const std::string args = train_args(kMlp, 8, 1, dir + "/out", "--ddp_timeout 3") + " --max_steps 100000";
-  const auto [r, secs] = two_rank_job(args, "-x KILN_FAULT_STOP=step:3 " + args);
-  EXPECT_NE(r.first, 0) << r.second;
-  EXPECT_LT(secs, 60.0) << r.second;
-  std::regex line(R"(kiln \(rank 0 of 2\): error: [^\n]*no answer from the other ranks within --ddp_timeout 3 s)");
-  EXPECT_TRUE(std::regex_search(r.second, line)) << r.second;
+  expect_job_fails(two_rank_job(args, "-x KILN_FAULT_STOP=step:3 " + args), 60.0,
+                   R"(kiln \(rank 0 of 2\): error: [^\n]*no answer from the other ranks within --ddp_timeout 3 s)");
 }
 
 class GradientsVsOneProcess : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
@@ -546,11 +550,7 @@ TEST(Distributed, ErrorOnOneRankEndsTheJob) {
   const std::string args = train_args(kMlp, 8, 1, dir + "/out");
   std::string bad = args;
   bad.replace(bad.find("data/digits/x_train.npy"), std::string("data/digits/x_train.npy").size(), "no/such.npy");
-  const auto [r, secs] = two_rank_job(args, bad);
-  EXPECT_NE(r.first, 0) << r.second;
-  EXPECT_LT(secs, 30.0) << r.second;
-  std::regex line(R"(kiln \(rank 1 of 2\): error: [^\n]*no/such\.npy)");
-  EXPECT_TRUE(std::regex_search(r.second, line)) << r.second;
+  expect_job_fails(two_rank_job(args, bad), 30.0, R"(kiln \(rank 1 of 2\): error: [^\n]*no/such\.npy)");
 }
 
 // --print-ir-after and the log lines come from rank 0 only.

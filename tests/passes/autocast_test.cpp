@@ -114,16 +114,22 @@ TEST(Autocast, TinyGptForwardPolicyInvariants) {
   EXPECT_EQ(g->find_value("loss")->dtype, DType::f32);
 }
 
+/// A --bf16 training config of examples/MODEL with `rows` rows per batch and `steps` steps.
+runtime::TrainConfig bf16_config(const std::string& model, int64_t rows, int64_t steps) {
+  runtime::TrainConfig cfg;
+  cfg.model = kSrc + "/examples/" + model + "/model.onnx";
+  cfg.per_device_train_batch_size = rows;
+  cfg.per_device_eval_batch_size = rows;
+  cfg.max_steps = steps;
+  cfg.bf16 = true;
+  return cfg;
+}
+
 /// The forward Gemms of the MLP (batch 32: 64->128, 128->128, 128->10) with --bf16 and
 /// --autocast_min_flops `min_flops`: each one's FLOPs (2 M N K from its shapes) and
 /// whether it computes in bf16.
 std::vector<std::pair<double, bool>> mlp_gemm_precisions(double min_flops) {
-  runtime::TrainConfig cfg;
-  cfg.model = kSrc + "/examples/mlp_digits/model.onnx";
-  cfg.per_device_train_batch_size = 32;
-  cfg.per_device_eval_batch_size = 32;
-  cfg.max_steps = 1;
-  cfg.bf16 = true;
+  runtime::TrainConfig cfg = bf16_config("mlp_digits", 32, 1);
   cfg.autocast_min_flops = min_flops;
   auto prog = driver::build_training_program(cfg, nullptr, true);
   EXPECT_TRUE(prog) << prog.message();
@@ -172,12 +178,7 @@ TEST(Autocast, ProductsBelowMinFlopsStayF32) {
 }
 
 TEST(Autocast, Bf16TrainingStepKeepsMastersGradsAndOptimizerInF32) {
-  runtime::TrainConfig cfg;
-  cfg.model = kSrc + "/examples/tiny_gpt/model.onnx";
-  cfg.per_device_train_batch_size = 2;
-  cfg.per_device_eval_batch_size = 2;
-  cfg.max_steps = 2;
-  cfg.bf16 = true;
+  runtime::TrainConfig cfg = bf16_config("tiny_gpt", 2, 2);
   // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.
   cfg.autocast_min_flops = 0;
   auto prog = driver::build_training_program(cfg, nullptr, true);

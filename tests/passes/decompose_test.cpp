@@ -522,12 +522,19 @@ TEST(Decompose, IndicesThatAreNotAffineStayGathers) {
 
 // ---------------------------------------------------------------- batch normalization
 
-/// float64 batch statistics of X (N, C, S...) per channel: mean and biased variance.
-void bn_reference_stats(const ir::Tensor& X, std::vector<double>& mean, std::vector<double>& var) {
+/// The statistics batch norm uses per channel, in float64: in training mode X's (N, C,
+/// S...) batch mean and biased variance, else the given `mean_in` and `var_in` (C).
+void bn_reference_stats(const ir::Tensor& X, bool training, const ir::Tensor& mean_in, const ir::Tensor& var_in,
+                        std::vector<double>& mean, std::vector<double>& var) {
   const int64_t N = X.dims()[0], C = X.dims()[1], S = X.numel() / (N * C);
   mean.assign(C, 0.0);
   var.assign(C, 0.0);
   for (int64_t c = 0; c < C; ++c) {
+    if (!training) {
+      mean[c] = mean_in.get_f64(c);
+      var[c] = var_in.get_f64(c);
+      continue;
+    }
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i = 0; i < S; ++i) mean[c] += X.get_f64((n * C + c) * S + i) / static_cast<double>(N * S);
     for (int64_t n = 0; n < N; ++n)
@@ -569,12 +576,7 @@ void check_bn_forward(bool training) {
   ASSERT_EQ(res.size(), 3u);
   const ir::Tensor& X = feeds["X"];
   std::vector<double> mean, var;
-  bn_reference_stats(X, mean, var);
-  if (!training)
-    for (int64_t c = 0; c < C; ++c) {
-      mean[c] = feeds["mean_in"].get_f64(c);
-      var[c] = feeds["var_in"].get_f64(c);
-    }
+  bn_reference_stats(X, training, feeds["mean_in"], feeds["var_in"], mean, var);
   const int64_t S = H * W;
   std::vector<double> y(N * C * S), rm(C), rv(C);
   for (int64_t i = 0; i < N * C * S; ++i) {
@@ -627,12 +629,7 @@ void check_bn_grad(bool training) {
   ASSERT_EQ(res.size(), 3u);
   const ir::Tensor &X = feeds["X"], &DY = feeds["dY"];
   std::vector<double> mean, var;
-  bn_reference_stats(X, mean, var);
-  if (!training)
-    for (int64_t c = 0; c < C; ++c) {
-      mean[c] = feeds["mean"].get_f64(c);
-      var[c] = feeds["var"].get_f64(c);
-    }
+  bn_reference_stats(X, training, feeds["mean"], feeds["var"], mean, var);
   const int64_t S = H * W, cnt = N * S;
   std::vector<double> dx(N * C * S), ds(C, 0.0), db(C, 0.0);
   for (int64_t i = 0; i < N * C * S; ++i) {

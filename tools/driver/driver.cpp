@@ -51,6 +51,11 @@ double autocast_break_even_flops(ir::DType low) {
   return host_has_native_bf16() ? kAutocastBreakEvenFlops : 4 * kAutocastBreakEvenFlops;
 }
 
+double autocast_min_flops(const runtime::TrainConfig& cfg) {
+  return cfg.autocast_min_flops < 0 ? autocast_break_even_flops(cfg.fp16 ? ir::DType::f16 : ir::DType::bf16)
+                                    : cfg.autocast_min_flops;
+}
+
 using namespace kiln::ir;
 
 Status bind_dims(Graph& g, const std::map<std::string, int64_t>& dims) {

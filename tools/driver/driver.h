@@ -33,6 +33,10 @@ bool host_has_native_bf16();
 /// widened to f32 and f16 convolutions on a scalar loop, 27x fp32's time on cnn_bn).
 double autocast_break_even_flops(ir::DType low);
 
+/// The threshold a training config gives passes::AutocastOptions::min_flops:
+/// --autocast_min_flops, or for -1 the break-even of its low-precision dtype.
+double autocast_min_flops(const runtime::TrainConfig& cfg);
+
 /// The passes `--backend compiled` runs after the training passes, in order (the stage
 /// "lowering" of tools/driver/pipeline.h: gemm_widening ... multi_tensor); the eager
 /// backend runs none of them.

@@ -42,9 +42,7 @@ PipelineOptions pipeline_options(const runtime::TrainConfig& cfg, int64_t total_
   o.data_parallel.world_size = cfg.world_size;  // passes/data_parallel.cpp
   o.data_parallel.bucket_cap_mb = cfg.ddp_bucket_cap_mb;
   o.optimizer.zero_shards = cfg.zero_stage == 1 && cfg.world_size > 1 ? cfg.world_size : 1;  // passes/optimizer.cpp
-  o.autocast.min_flops = cfg.autocast_min_flops < 0
-                             ? autocast_break_even_flops(cfg.fp16 ? ir::DType::f16 : ir::DType::bf16)
-                             : cfg.autocast_min_flops;
+  o.autocast.min_flops = autocast_min_flops(cfg);
   if (cfg.fp16) {  // passes/autocast.cpp + passes/grad_scaler.cpp
     o.autocast.dtype = ir::DType::f16;
     o.grad_scaler.init_scale = cfg.fp16_init_scale;
