@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,6 +82,12 @@ struct KernelContext {
   uint64_t seed = 0;      ///< Philox seed of the run
   uint64_t step = 0;      ///< Philox offset base (advanced once per training step)
   uint64_t op_id = 0;     ///< stable id of the node in its graph (Philox subsequence)
+  /// This node's slot for what its kernel prepares once and reuses on later calls (a
+  /// oneDNN primitive with its descriptors); kept by the executor with the graph's facts
+  /// (runtime::ScheduleCache), so it lives as long as the graph's node list. Null: no
+  /// slot (one-off runs); a kernel then prepares per call. A kernel must check that what
+  /// it finds was prepared for the same input dims and dtypes.
+  std::shared_ptr<void>* cache = nullptr;
   const Attributes& attrs() const { return node.attrs; }
   const Tensor& in(int i) const { return *inputs[i]; }
   bool has_input(int i) const { return i < static_cast<int>(inputs.size()) && inputs[i] != nullptr; }

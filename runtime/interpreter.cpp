@@ -69,7 +69,8 @@ struct StaticOutputs {
 /// entry when the caller has it; `known`: its output types when known (inference skipped).
 Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
                                             const RunOptions& opts, uint64_t op_id, const Tensor* inplace,
-                                            const OpDef* def = nullptr, const StaticOutputs* known = nullptr);
+                                            const OpDef* def = nullptr, const StaticOutputs* known = nullptr,
+                                            std::shared_ptr<void>* cache = nullptr);
 }  // namespace
 
 Expected<std::vector<Tensor>> run_node(const Node& n, const std::vector<const Tensor*>& inputs, const RunOptions& opts,
@@ -145,11 +146,12 @@ Status allocate_kernel_outputs(const Node& n, const std::vector<const Tensor*>& 
 
 Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<const Tensor*>& inputs,
                                             const RunOptions& opts, uint64_t op_id, const Tensor* inplace,
-                                            const OpDef* def, const StaticOutputs* known) {
+                                            const OpDef* def, const StaticOutputs* known,
+                                            std::shared_ptr<void>* cache) {
   if (!def) def = OpTable::get().find(n.op);
   if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
   if (!def->kernel) return Status::error("node '" + n.name + "': op '" + n.op + "' has no eager kernel");
-  KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id};
+  KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id, cache};
   KILN_RETURN_IF_ERROR(allocate_kernel_outputs(n, inputs, opts, inplace, *def, known, kctx));
   KILN_RETURN_IF_ERROR(def->kernel(kctx));
   return std::move(kctx.outputs);
@@ -187,6 +189,9 @@ struct GraphFacts {
     std::vector<int64_t> donate;  ///< kiln_donate
     bool view = false;            ///< ir::is_view_op
     std::vector<char> last_read;  ///< per input: this node is the value's last reader
+    /// The node's kernel cache slot (KernelContext::cache): what its eager kernel
+    /// prepared on an earlier run of this graph.
+    mutable std::shared_ptr<void> kernel_cache;
   };
   std::unordered_map<const Value*, size_t> last_use;  ///< ir::last_reads
   std::vector<NodeFacts> nodes;
@@ -643,7 +648,8 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         }
       }
       if (!viewed) {
-        auto outs = run_node_impl(n, ins, opts, i, inplace, nf.def, nf.has_static ? &nf.outs : nullptr);
+        auto outs =
+            run_node_impl(n, ins, opts, i, inplace, nf.def, nf.has_static ? &nf.outs : nullptr, &nf.kernel_cache);
         if (!outs) return outs.status();
         for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
       }

@@ -6,6 +6,7 @@
 // round the result to bf16 (nearest even), which computes the same function.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ir/dtype.h"
@@ -20,12 +21,14 @@ struct Operand {
   std::vector<int64_t> strides;
 };
 
-/// C (..., M, N) = A (..., M, K) x B (..., K, N). A, B and C have equal rank >= 2; each
-/// batch dim of A and B is 1 or equal to C's. `in_dt` is the dtype of A and B (f32 or
-/// bf16), `out_dt` the dtype of the contiguous output C (f32 or bf16). Errors name
-/// the oneDNN failure.
+/// C (..., M, N) = A (..., M, K) x B (..., K, N) [+ bias]. A, B and C have equal rank >= 2;
+/// each batch dim of A and B is 1 or equal to C's. `in_dt` is the dtype of A and B (f32 or
+/// bf16), `out_dt` the dtype of the contiguous output C (f32 or bf16). `bias` (optional,
+/// dtype out_dt, dense, C's rank, each dim 1 or C's): added to the f32 product before C is
+/// rounded to out_dt (oneDNN's matmul bias). Errors name the oneDNN failure; with a bias,
+/// also "no implementation" when oneDNN has none for it (the caller adds it itself).
 Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims, ir::DType in_dt,
-              ir::DType out_dt);
+              ir::DType out_dt, const Operand* bias = nullptr);
 
 /// Geometry of an N-D convolution in ONNX terms (dilations >= 1, explicit pads).
 struct ConvGeometry {
@@ -36,12 +39,24 @@ struct ConvGeometry {
   std::vector<int64_t> strides, dilations, pads_begin, pads_end;
 };
 
-/// y = conv(x, w) + b (b may be null; same dtype as x). dt: f32 or bf16 for x, w, b, y.
-Status conv_forward(const ConvGeometry& g, const void* x, const void* w, const void* b, void* y, ir::DType dt);
-/// dx = conv_backward_data(dy, w). dt: f32 or bf16.
-Status conv_backward_data(const ConvGeometry& g, const void* dy, const void* w, void* dx, ir::DType dt);
-/// dw = conv_backward_weights(dy, x). dt: f32 or bf16.
-Status conv_backward_weights(const ConvGeometry& g, const void* dy, const void* x, void* dw, ir::DType dt);
+/// Which of a convolution's three primitives.
+enum class ConvDirection { forward, backward_data, backward_weights };
+
+/// A convolution primitive prepared for one geometry, dtype, direction and bias choice,
+/// with its memory descriptors: what a Conv node's kernel keeps between calls
+/// (KernelContext::cache), so that a call is one oneDNN execute without building the
+/// descriptors and the cache key again (about 7 us per call at ResNet-18's small shapes).
+struct PreparedConv;
+
+/// The primitive for (dir, g, dt, bias), from the process-wide primitive cache or built
+/// now; never null. A geometry oneDNN cannot run is reported by run_conv.
+std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry& g, ir::DType dt, bool bias);
+
+/// Runs `p`: forward: a = x, b = w, bias (null without), out = y; backward_data: a = dy,
+/// b = w, out = dx; backward_weights: a = dy, b = x, out = dw. Buffers are dense row-major
+/// in p's dtype. Errors: oneDNN has no implementation of the primitive (f32), or its
+/// execution failed.
+Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias, void* out);
 
 /// Converts n bf16 values to f32.
 std::vector<float> bf16_to_f32(const void* src, int64_t n);
