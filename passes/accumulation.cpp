@@ -259,9 +259,17 @@ class Accumulation : public Pass {
 
     // ---- rewrite the outer graph ----
     // Remove every per-microbatch node; their results are replaced by the loop's outputs.
+    // The loop takes the place of the first per-microbatch node, so that the optimizer's
+    // nodes that do not read a gradient (the LR schedule, AdamW's decay of a parameter)
+    // stay after it rather than moving before it and holding their results across it.
     std::vector<Node*> to_remove;
-    for (auto& n : g.nodes())
-      if (per_mb.count(n.get())) to_remove.push_back(n.get());
+    size_t loop_pos = 0;
+    for (auto& n : g.nodes()) {
+      if (per_mb.count(n.get()))
+        to_remove.push_back(n.get());
+      else if (to_remove.empty())
+        ++loop_pos;
+    }
     for (Node* n : to_remove) g.remove_node(n);
 
     Builder b(g, "accumulation");
@@ -292,7 +300,7 @@ class Accumulation : public Pass {
     Attributes la;
     la.set("trip_count", N);
     la.set("num_carried", static_cast<int64_t>(carried.size()));
-    Node* loop = g.add_node("AccumulationLoop", "accumulation/loop", loop_in, out_names, la);
+    Node* loop = g.insert_node(loop_pos, "AccumulationLoop", "accumulation/loop", loop_in, out_names, la);
     loop->regions.push_back(std::move(body));
     KILN_RETURN_IF_ERROR(infer_node(*loop));
     for (size_t i = 0; i < carried.size(); ++i) {

@@ -5,7 +5,8 @@
 // Semantics follow PyTorch and Hugging Face exactly:
 // - global L2 norm clipping as torch.nn.utils.clip_grad_norm_: norm over all
 //   parameter gradients, coef = min(max_grad_norm / (norm + 1e-6), 1); the
-//   pre-clip norm is the output "grad_norm" (0 max_grad_norm: no clipping). The squares
+//   pre-clip norm is the output "grad_norm" (0 max_grad_norm: no clipping and no norm,
+//   as Hugging Face's Trainer, which logs grad_norm only when it clips). The squares
 //   are summed in blocks of 256 elements, then the block sums in parameter order, so
 //   that ZeRO-1 (zero_shards, below) reproduces the norm bit for bit.
 // - schedules as transformers.get_scheduler with t = optimizer steps taken so far
@@ -116,43 +117,47 @@ class Optimizer : public Pass {
     // computes the same block sums on their owners and, all-gathered and put back in that
     // order, the same norm bit for bit (a sum of per-shard partial sums would associate
     // the additions otherwise).
-    b.set_prefix("optimizer/clip");
-    constexpr int64_t kNormBlock = kBlockSize8bit;  // ir::shard_elems cuts ZeRO-1 shards on these blocks
-    std::vector<Value*> partials;
-    for (Value* gr : grads) {
-      const int64_t n = gr->shape.numel(), m = (n + kNormBlock - 1) / kNormBlock;
-      // The views first, so that fusion makes the squares the reduction's prologue.
-      Value* flat = b.op("Reshape", {gr, b.ints({n})});
-      if (m * kNormBlock != n) flat = b.op("Pad", {flat, b.ints({0, m * kNormBlock - n})});
-      Value* blocks = b.op("Reshape", {flat, b.ints({m, kNormBlock})});
-      partials.push_back(b.op("ReduceSum", {b.op("Mul", {blocks, blocks}), b.ints({1})}, kZero));  // (m)
-    }
-    Value* block_sums =
-        partials.size() == 1 ? partials[0] : b.op("Concat", partials, make_attrs({{"axis", int64_t(0)}}));
-    if (shards > 1) {
-      // ZeRO-1: every rank's block sums (rank-major), then the real blocks in parameter
-      // order, as one process holds them.
-      int64_t local = 0;  // block sums on each rank
-      std::vector<int64_t> offset;
-      for (Value* gr : grads) {
-        offset.push_back(local);
-        local += gr->shape.numel() / kNormBlock;
-      }
-      std::vector<int64_t> order;
-      for (size_t i = 0; i < grads.size(); ++i) {
-        const int64_t per_rank = grads[i]->shape.numel() / kNormBlock;
-        const int64_t blocks = (full_params[i]->shape.numel() + kNormBlock - 1) / kNormBlock;
-        for (int64_t j = 0; j < blocks; ++j) order.push_back(j / per_rank * local + offset[i] + j % per_rank);
-      }
-      Value* all = b.op("AllGather", {block_sums}, make_attrs({{"shape", std::vector<int64_t>{shards * local}}}),
-                        "optimizer/clip/block_sums");
-      block_sums = b.op("Gather", {all, b.ints(order)}, make_attrs({{"axis", int64_t(0)}}));
-    }
-    Value* sq = b.op("ReduceSum", {block_sums}, kZero);
-    Value* norm = b.op("Sqrt", {sq}, {}, "grad_norm");
+    // Only with clipping (max_grad_norm > 0): Hugging Face's Trainer computes and logs
+    // grad_norm only when it clips, and without it the norm is a reduction per parameter
+    // that nothing reads (about 8% of a small MLP's step).
     const double max_norm = oo.max_grad_norm;
+    Value* norm = nullptr;
     Value* coef = nullptr;
+    b.set_prefix("optimizer/clip");
     if (max_norm > 0) {
+      constexpr int64_t kNormBlock = kBlockSize8bit;  // ir::shard_elems cuts ZeRO-1 shards on these blocks
+      std::vector<Value*> partials;
+      for (Value* gr : grads) {
+        const int64_t n = gr->shape.numel(), m = (n + kNormBlock - 1) / kNormBlock;
+        // The views first, so that fusion makes the squares the reduction's prologue.
+        Value* flat = b.op("Reshape", {gr, b.ints({n})});
+        if (m * kNormBlock != n) flat = b.op("Pad", {flat, b.ints({0, m * kNormBlock - n})});
+        Value* blocks = b.op("Reshape", {flat, b.ints({m, kNormBlock})});
+        partials.push_back(b.op("ReduceSum", {b.op("Mul", {blocks, blocks}), b.ints({1})}, kZero));  // (m)
+      }
+      Value* block_sums =
+          partials.size() == 1 ? partials[0] : b.op("Concat", partials, make_attrs({{"axis", int64_t(0)}}));
+      if (shards > 1) {
+        // ZeRO-1: every rank's block sums (rank-major), then the real blocks in parameter
+        // order, as one process holds them.
+        int64_t local = 0;  // block sums on each rank
+        std::vector<int64_t> offset;
+        for (Value* gr : grads) {
+          offset.push_back(local);
+          local += gr->shape.numel() / kNormBlock;
+        }
+        std::vector<int64_t> order;
+        for (size_t i = 0; i < grads.size(); ++i) {
+          const int64_t per_rank = grads[i]->shape.numel() / kNormBlock;
+          const int64_t blocks = (full_params[i]->shape.numel() + kNormBlock - 1) / kNormBlock;
+          for (int64_t j = 0; j < blocks; ++j) order.push_back(j / per_rank * local + offset[i] + j % per_rank);
+        }
+        Value* all = b.op("AllGather", {block_sums}, make_attrs({{"shape", std::vector<int64_t>{shards * local}}}),
+                          "optimizer/clip/block_sums");
+        block_sums = b.op("Gather", {all, b.ints(order)}, make_attrs({{"axis", int64_t(0)}}));
+      }
+      Value* sq = b.op("ReduceSum", {block_sums}, kZero);
+      norm = b.op("Sqrt", {sq}, {}, "grad_norm");
       coef = b.op("Min", {b.op("Div", {C(max_norm), b.op("Add", {norm, C(1e-6)})}), C(1.0)});
     }
 
@@ -310,7 +315,7 @@ class Optimizer : public Pass {
     for (auto& sb : new_state) g.state.push_back(sb);
     g.outputs.clear();
     g.outputs.push_back(loss);
-    g.outputs.push_back(norm);
+    if (norm) g.outputs.push_back(norm);
     g.outputs.push_back(lr);
     for (auto& sb : g.state)
       if (sb.output && !g.is_graph_output(sb.output)) g.outputs.push_back(sb.output);

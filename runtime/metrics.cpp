@@ -58,7 +58,7 @@ nlohmann::json log_entry_json(const LogEntry& e) {
   j["step"] = e.step;
   j["epoch"] = e.epoch;
   j["loss"] = num(e.loss);
-  j["grad_norm"] = num(e.grad_norm);
+  if (!std::isnan(e.grad_norm)) j["grad_norm"] = num(e.grad_norm);  // NaN: no clipping, no norm (as HF)
   j["learning_rate"] = num(e.learning_rate);
   j["step_time_s"] = num(e.step_time_s);
   j["samples_per_second"] = num(e.samples_per_second);

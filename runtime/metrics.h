@@ -28,6 +28,7 @@ struct LogEntry {
 /// "step 10/200 | epoch 0.25 | loss 2.3012 | grad_norm 1.234 | lr 4.9e-04 | 12.0 ms/step | 666.7 samples/s"
 std::string format_log_line(const LogEntry& e);
 /// {"step", "epoch", "loss", "grad_norm", "learning_rate", "step_time_s", "samples_per_second"}
+/// ("grad_norm" only when the step reports one: with clipping)
 nlohmann::json log_entry_json(const LogEntry& e);
 /// "eval step 200 | epoch 1.00 | eval_loss 1.2345 | eval_accuracy 0.8125"
 std::string format_eval_line(const nlohmann::json& eval);

@@ -76,7 +76,8 @@ struct ProgramSignature {
 ///   inputs (g.state[i].input: parameters named by their ONNX initializer, optimizer
 ///   state, BatchNorm buffers, the step counter "step"), plus inputs with defaults
 ///   (Graph::input_defaults: the LR schedule's step counts). Outputs: "loss" (f32
-///   scalar), "grad_norm" (pre-clip global L2 norm), "learning_rate", every state output.
+///   scalar), "grad_norm" (pre-clip global L2 norm; only with max_grad_norm > 0), "learning_rate",
+///   every state output.
 /// eval: inputs are the data inputs and the parameters/buffers (same names as the
 ///   state inputs); outputs "loss" and, for cross_entropy, "logits" (the model output).
 /// grads (only when requested; never saved): like train_step up to the gradients;

@@ -149,6 +149,7 @@ TEST(Accumulation, TrainStepUpdatesLikeTheLargeBatch) {
   std::map<std::string, ir::Tensor> res[2];
   for (int v = 0; v < 2; ++v) {
     auto cfg = v == 0 ? config("tiny_gpt", 4, 1) : config("tiny_gpt", 2, 2);
+    cfg.max_grad_norm = 1e9;  // clipping that never binds, so that both steps report grad_norm
     auto prog = driver::build_training_program(cfg);
     ASSERT_TRUE(prog) << prog.message();
     auto feeds = initial_state(*prog->train_step);
@@ -174,6 +175,7 @@ TEST(Accumulation, TrainStepUpdatesLikeTheLargeBatch) {
   }
   EXPECT_GT(checked, 10);
   EXPECT_LT(std::abs(res[1].at("loss").get_f64(0) - res[0].at("loss").get_f64(0)) / res[0].at("loss").get_f64(0), 1e-6);
+  ASSERT_TRUE(res[0].count("grad_norm") && res[1].count("grad_norm"));
   EXPECT_LT(std::abs(res[1].at("grad_norm").get_f64(0) - res[0].at("grad_norm").get_f64(0)) /
                 res[0].at("grad_norm").get_f64(0),
             1e-6);
@@ -259,8 +261,11 @@ int64_t peak_of_step(const std::string& model, int64_t micro, int64_t n) {
 }
 
 TEST(Accumulation, PeakMemoryOfEightMicrobatchesStaysNearOne) {
+  // Microbatch 4: at 2, tiny_gpt's fp32 accumulators (4 B per parameter, which N = 8 holds
+  // across microbatches as PyTorch holds p.grad) are about 10% of its whole peak
+  // (docs/performance.md, issue 6 (c)); they are what N = 8 adds, not activations.
   for (const char* model : {"tiny_gpt", "mlp_digits"}) {
-    const int64_t micro = std::string(model) == "tiny_gpt" ? 2 : 4;
+    const int64_t micro = 4;
     int64_t p1 = peak_of_step(model, micro, 1);
     int64_t p8 = peak_of_step(model, micro, 8);
     std::cout << "[ INFO ] " << model << " peak bytes, microbatch " << micro << ": N=1 " << p1 << ", N=8 " << p8
@@ -315,9 +320,10 @@ TEST(Accumulation, TinyGptBf16LoopStructure) {
   EXPECT_GT(hoisted, 5);
   for (auto& n : loop->regions[0]->nodes())
     EXPECT_FALSE(n->op == "Cast" && params.count(n->inputs[0])) << "parameter cast inside the loop: " << n->name;
-  // The optimizer runs after the loop.
+  // The optimizer runs after the loop (its LR schedule reads only the step counter and
+  // may run anywhere).
   for (size_t i = 0; i < g.nodes().size(); ++i)
-    if (g.nodes()[i]->name.rfind("optimizer/", 0) == 0) {
+    if (g.nodes()[i]->name.rfind("optimizer/", 0) == 0 && g.nodes()[i]->name.rfind("optimizer/schedule/", 0) != 0) {
       EXPECT_GT(i, loop_pos) << g.nodes()[i]->name;
     }
 
