@@ -571,8 +571,10 @@ struct BnBuild {
   Builder& b;
   const BnView& v;
   Value* f64(Value* x) { return x->dtype == DType::f64 ? x : b.op("Cast", {x}, cast_to(DType::f64)); }
-  /// A (C) parameter as f64 (1, C, 1, ..).
-  Value* channel(Value* p) { return b.op("Reshape", {f64(p), b.ints(v.keep)}); }
+  /// A (C) parameter as f64 (1, C, 1, ..): reshaped first (a view of the stored tensor),
+  /// then cast, so that the Cast has the per-channel shape of the arithmetic that reads it
+  /// and fuses into the same kernel (a Cast on (C) before the Reshape was a kernel of its own).
+  Value* channel(Value* p) { return f64(b.op("Reshape", {p, b.ints(v.keep)})); }
   Value* c(double x) { return b.scalar(x, DType::f64); }
   Value* sum(Value* x) { return b.op("ReduceSum", {x, b.ints(v.axes)}, make_attrs({{"keepdims", int64_t(1)}})); }
   /// Batch mean and biased variance of `x` in f64 (1, C, 1, ..), two passes as channel_stats.
@@ -583,11 +585,11 @@ struct BnBuild {
   }
   /// 1 / sqrt(var + eps).
   Value* inv_std(Value* var, double eps) { return b.op("Div", {c(1.0), b.op("Sqrt", {b.op("Add", {var, c(eps)})})}); }
-  /// (1, C, 1, ..) f64 -> (C) in `dt`, the last node's output named `out`.
+  /// (1, C, 1, ..) f64 -> (C) in `dt`, the last node's output named `out`: cast in the
+  /// per-channel shape (fused with the arithmetic that produced x), then reshaped (a view).
   Value* to_param(Value* x, DType dt, const std::string& out) {
-    const bool cast = dt != DType::f64;
-    Value* r = b.op("Reshape", {x, b.ints({v.C})}, {}, cast ? "" : out);
-    return cast ? b.op("Cast", {r}, cast_to(dt), out) : r;
+    if (dt != DType::f64) x = b.op("Cast", {x}, cast_to(dt));
+    return b.op("Reshape", {x, b.ints({v.C})}, {}, out);
   }
 };
 
