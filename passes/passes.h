@@ -54,6 +54,8 @@ std::unique_ptr<Pass> make_multi_tensor_pass();
 std::unique_ptr<Pass> make_arena_plan_pass();
 /// Compiled pipeline, before fusion: LayerNormalizationGrad as a row op plus column sums (decompose.cpp).
 std::unique_ptr<Pass> make_decompose_pass();
+/// Common-subexpression elimination of generated-code nodes with small results (passes/cse.cpp).
+std::unique_ptr<Pass> make_cse_pass();
 /// Transposes feeding MatMul/Gemm operands read as strided operands (passes/absorb_transpose.cpp).
 std::unique_ptr<Pass> make_absorb_transpose_pass();
 /// Casts every float initializer, input and Cast target to f64 (passes/to_float64.cpp).

@@ -24,6 +24,7 @@ static const std::map<std::string, std::function<std::unique_ptr<Pass>()>>& fact
       {"multi_tensor", make_multi_tensor_pass},
       {"arena_plan", make_arena_plan_pass},
       {"decompose", make_decompose_pass},
+      {"cse", make_cse_pass},
       {"absorb_transpose", make_absorb_transpose_pass},
       {"eval_mode", make_eval_mode_pass},
       {"autocast", make_autocast_pass},

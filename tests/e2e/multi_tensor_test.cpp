@@ -62,8 +62,13 @@ TEST_P(MultiTensor, UpdatesFormOneGroupWithDisjointBuffersAndRunAsInSequence) {
         EXPECT_TRUE(buffer_next.count(o)) << m->name << " in group " << id << " writes " << o->name;
   }
   ASSERT_EQ(update_groups, 1) << "expected one multi-tensor group of parameter updates";
+  // Every parameter's update is a member; parameters with equal gradients (cse: two
+  // BatchNorm biases summed by a residual Add) may update in one kernel.
   const int64_t params = static_cast<int64_t>(param_next.size());
-  EXPECT_EQ(static_cast<int64_t>(members.size()), params);
+  int64_t updated = 0;
+  for (const ir::Node* m : members)
+    for (const ir::Value* o : m->outputs) updated += param_next.count(o) > 0;
+  EXPECT_EQ(updated, params);
   std::set<const ir::Value*> outs(g.outputs.begin(), g.outputs.end());
   int64_t eightbit = 0, generated = 0;
   for (const ir::Node* m : members) {

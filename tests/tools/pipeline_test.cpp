@@ -58,8 +58,8 @@ Names passes_of(const driver::ProgramPipeline& p) {
   return v;
 }
 
-const Names kLowering = {"gemm_widening", "absorb_transpose", "decompose", "fusion",
-                         "fused_inplace", "multi_tensor",     "arena_plan"};
+const Names kLowering = {"gemm_widening", "absorb_transpose", "decompose",    "cse",
+                         "fusion",        "fused_inplace",    "multi_tensor", "arena_plan"};
 
 Names concat(Names a, const Names& b) {
   a.insert(a.end(), b.begin(), b.end());

@@ -110,6 +110,8 @@ struct Entry {
 // Transposes feeding MatMul/Gemm operands read as strided operands, no copy
 // (absorb_transpose); backward ops with row and column results split into a row op and
 // column sums (decompose), which fusion then generates with the pointwise groups;
+// duplicate small results (batch statistics a gradient's decomposition recomputes) are
+// computed once (cse);
 // pointwise kernels then write into an input that dies at them (fused_inplace); the
 // optimizer's per-parameter update kernels become one multi-tensor launch (multi_tensor);
 // data-parallel jobs sum the gradients over the ranks after the accumulation loop, once
@@ -138,6 +140,7 @@ constexpr Entry kTable[] = {
     {"gemm_widening", When::compiled, "lowering", nullptr, "forward"},
     {"absorb_transpose", When::compiled, "lowering", nullptr, "forward"},
     {"decompose", When::compiled, "lowering", nullptr, "forward"},
+    {"cse", When::compiled, "lowering", nullptr, "forward"},
     {"fusion", When::compiled, "lowering", nullptr, "forward"},
     {"fused_inplace", When::compiled, "lowering", nullptr, "forward"},
     {"multi_tensor", When::compiled, "lowering", nullptr, "forward"},
