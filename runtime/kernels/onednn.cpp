@@ -1,8 +1,12 @@
 // oneDNN 2.6 helpers (see onednn.h): matmul and convolution primitives over plain
 // row-major buffers, cached by a key of dims, strides and dtypes, with an f32
-// fallback for bf16 when the CPU lacks a bf16 implementation.
+// fallback for bf16 when the CPU lacks a bf16 implementation. Convolutions take
+// oneDNN's preferred (blocked) layouts, staged by reorders around each call.
 #include "runtime/kernels/onednn.h"
 
+#include <omp.h>
+
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -148,21 +152,26 @@ std::string conv_key(const char* kind, const ConvGeometry& g, Dt dt, bool bias) 
   return key;
 }
 
+/// A convolution's plain (row-major NCHW, OIHW, GOIHW) descriptors, or with `any` the
+/// same dims with format_tag::any (oneDNN picks the layout).
 struct ConvMds {
   memory::desc x, w, b, y;
   memory::dims strides, dilates, pl, pr;
 };
 
-ConvMds conv_mds(const ConvGeometry& g, Dt dt) {
+ConvMds conv_mds(const ConvGeometry& g, Dt dt, bool any = false) {
   ConvMds m;
-  m.x = md(g.x_dims, dt);
-  m.y = md(g.y_dims, dt);
+  auto make = [&](const std::vector<int64_t>& dims) {
+    return any ? memory::desc(dims, dt, memory::format_tag::any) : md(dims, dt);
+  };
+  m.x = make(g.x_dims);
+  m.y = make(g.y_dims);
   std::vector<int64_t> wd = g.w_dims;
   if (g.group > 1) {
     wd[0] /= g.group;
     wd.insert(wd.begin(), g.group);  // (G, M/G, C/G, k...): the same bytes as ONNX (M, C/G, k...)
   }
-  m.w = md(wd, dt);
+  m.w = make(wd);
   m.b = md({g.w_dims[0]}, dt);
   for (size_t i = 0; i < g.strides.size(); ++i) {
     m.strides.push_back(g.strides[i]);
@@ -295,13 +304,74 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   return Status::ok();
 }
 
+/// The layout oneDNN's primitive `p` takes for argument `arg` (DNNL_ARG_*).
+memory::desc arg_md(const dnnl::primitive& p, int arg) {
+  const dnnl_memory_desc_t* d = dnnl_primitive_desc_query_md(p.get_primitive_desc(), dnnl_query_exec_arg_md, arg);
+  return d ? memory::desc(*d) : memory::desc();
+}
+
+/// Per-thread staging buffers of the blocked-layout convolutions (one per role: a, b, out),
+/// grown to the largest call's need and reused: like oneDNN's own scratchpad they are
+/// outside kiln's memory plan, and a staged copy lives only during its call.
+void* staging(int role, size_t bytes) {
+  thread_local std::vector<std::byte> buf[3];
+  if (buf[role].size() < bytes + 64) buf[role].resize(bytes + 64);
+  const auto p = reinterpret_cast<uintptr_t>(buf[role].data());
+  return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});  // 64-byte aligned, as oneDNN's own buffers
+}
+
+/// Convolutions below this many FLOPs (2 * N * M * C/G * kernel taps * output pixels)
+/// run on the calling thread alone: oneDNN creates and runs the primitive with one
+/// OpenMP thread, so a call enters no parallel region. Measured on a 2-core AVX-512 Xeon
+/// (docs/performance.md, "Convolutions"): resnet18 batch 4 took 2.18 ms per step with
+/// every call on two threads, 1.88-1.93 with thresholds from 1 to 64 MFLOP; at batch 32,
+/// 4.43-4.49 ms up to 16 MFLOP and 4.80 at 64.
+constexpr int64_t kSingleThreadConvFlops = int64_t{4} << 20;
+
+/// Sets the calling thread's OpenMP thread count for its lifetime, when `one` is true.
+class OneThread {
+ public:
+  explicit OneThread(bool one) : prev_(one ? omp_get_max_threads() : 0) {
+    if (one) omp_set_num_threads(1);
+  }
+  ~OneThread() {
+    if (prev_ > 0) omp_set_num_threads(prev_);
+  }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int prev_;
+};
+
+int64_t conv_flops(const ConvGeometry& g) {
+  int64_t f = 2 * g.x_dims[0] * g.w_dims[0];
+  for (size_t i = 1; i < g.w_dims.size(); ++i) f *= g.w_dims[i];  // C/G and the kernel taps
+  for (size_t i = 2; i < g.y_dims.size(); ++i) f *= g.y_dims[i];
+  return f;
+}
+
 struct PreparedConv {
   ConvDirection dir;
   ConvGeometry g;
   ir::DType dt;
   bool bias;
+  bool single = false;  ///< conv_flops below kSingleThreadConvFlops: one OpenMP thread
   ConvMds m;
   std::shared_ptr<Cached> prim;
+  /// One operand of the call in the order (a, b, out): its oneDNN argument id, its
+  /// plain descriptor and, when the primitive takes another layout (oneDNN's blocked
+  /// formats, chosen with format_tag::any), the reorder between the two.
+  struct Arg {
+    int id = 0;
+    memory::desc plain, chosen;
+    bool staged = false;
+    dnnl::primitive reorder;  ///< plain -> chosen for a and b, chosen -> plain for out
+    memory plain_mem, chosen_mem;
+  };
+  Arg args[3];
+  memory bias_mem;
+  std::unordered_map<int, memory> exec_args;
 };
 
 std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry& g, ir::DType dt, bool bias) {
@@ -312,50 +382,105 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
   p->bias = bias && dir == ConvDirection::forward;
   const Dt d = to_dnnl(dt);
   p->m = conv_mds(g, d);
-  const ConvMds& m = p->m;
-  switch (dir) {
-    case ConvDirection::forward:
-      p->prim = get_or_build(conv_key("cf", g, d, p->bias), [&] {
+  // The primitive on the layouts oneDNN prefers (blocked channels: jit:avx512_core
+  // instead of gemm:jit on plain NCHW, 3-4x faster on ResNet-18's convolutions even with
+  // the reorders around each call; docs/performance.md), the plain one if that fails.
+  const ConvMds any = conv_mds(g, d, true);
+  auto build = [&](const ConvMds& m) -> dnnl::primitive {
+    switch (dir) {
+      case ConvDirection::forward:
         return dnnl::primitive(dnnl::convolution_forward(fwd_pd(m, p->bias, dnnl::prop_kind::forward_inference)));
-      });
-      break;
-    case ConvDirection::backward_data:
-      p->prim = get_or_build(conv_key("cbd", g, d, false), [&] {
+      case ConvDirection::backward_data: {
         using CB = dnnl::convolution_backward_data;
         auto hint = fwd_pd(m, false, dnnl::prop_kind::forward_training);
         CB::desc desc(dnnl::algorithm::convolution_direct, m.x, m.w, m.y, m.strides, m.dilates, m.pl, m.pr);
         return dnnl::primitive(CB(CB::primitive_desc(desc, engine(), hint)));
-      });
-      break;
-    case ConvDirection::backward_weights:
-      p->prim = get_or_build(conv_key("cbw", g, d, false), [&] {
+      }
+      case ConvDirection::backward_weights: {
         using CB = dnnl::convolution_backward_weights;
         auto hint = fwd_pd(m, false, dnnl::prop_kind::forward_training);
         CB::desc desc(dnnl::algorithm::convolution_direct, m.x, m.w, m.y, m.strides, m.dilates, m.pl, m.pr);
         return dnnl::primitive(CB(CB::primitive_desc(desc, engine(), hint)));
+      }
+    }
+    throw dnnl::error(dnnl_invalid_arguments, "unknown convolution direction");
+  };
+  static const char* const kind[] = {"cf", "cbd", "cbw"};
+  p->single = conv_flops(g) < kSingleThreadConvFlops;
+  OneThread one(p->single);  // oneDNN sizes the primitive's thread team when it is created
+  p->prim = get_or_build(
+      std::string(p->single ? "any1_" : "any_") + conv_key(kind[static_cast<int>(dir)], g, d, p->bias), [&] {
+        try {
+          return build(any);
+        } catch (const dnnl::error&) {
+          return build(p->m);
+        }
       });
+  const ConvMds& m = p->m;
+  auto role = [&](int r, int id, const memory::desc& plain) {
+    p->args[r].id = id;
+    p->args[r].plain = plain;
+  };
+  switch (dir) {
+    case ConvDirection::forward:
+      role(0, DNNL_ARG_SRC, m.x), role(1, DNNL_ARG_WEIGHTS, m.w), role(2, DNNL_ARG_DST, m.y);
       break;
+    case ConvDirection::backward_data:
+      role(0, DNNL_ARG_DIFF_DST, m.y), role(1, DNNL_ARG_WEIGHTS, m.w), role(2, DNNL_ARG_DIFF_SRC, m.x);
+      break;
+    case ConvDirection::backward_weights:
+      role(0, DNNL_ARG_DIFF_DST, m.y), role(1, DNNL_ARG_SRC, m.x), role(2, DNNL_ARG_DIFF_WEIGHTS, m.w);
+      break;
+  }
+  if (!p->prim->ok) return p;
+  try {
+    for (int r = 0; r < 3; ++r) {
+      PreparedConv::Arg& a = p->args[r];
+      a.chosen = arg_md(p->prim->prim, a.id);
+      a.plain_mem = memory(a.plain, engine(), DNNL_MEMORY_NONE);
+      a.staged = a.chosen != a.plain;
+      if (a.staged) {
+        a.chosen_mem = memory(a.chosen, engine(), DNNL_MEMORY_NONE);
+        a.reorder =
+            r < 2
+                ? dnnl::primitive(dnnl::reorder(dnnl::reorder::primitive_desc(engine(), a.plain, engine(), a.chosen)))
+                : dnnl::primitive(dnnl::reorder(dnnl::reorder::primitive_desc(engine(), a.chosen, engine(), a.plain)));
+      }
+      p->exec_args[a.id] = a.staged ? a.chosen_mem : a.plain_mem;
+    }
+    if (p->bias) {
+      p->bias_mem = memory(m.b, engine(), DNNL_MEMORY_NONE);
+      p->exec_args[DNNL_ARG_BIAS] = p->bias_mem;
+    }
+  } catch (const dnnl::error& e) {
+    p->prim = std::make_shared<Cached>();
+    p->prim->why = std::string("staging the convolution's layouts: ") + e.what();
   }
   return p;
 }
 
 Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias, void* out) {
-  const ConvMds& m = p.m;
   const ConvGeometry& g = p.g;
   if (p.prim->ok) {
-    switch (p.dir) {
-      case ConvDirection::forward:
-        if (p.bias)
-          return run(*p.prim, {{DNNL_ARG_SRC, m.x, a},
-                               {DNNL_ARG_WEIGHTS, m.w, b},
-                               {DNNL_ARG_BIAS, m.b, bias},
-                               {DNNL_ARG_DST, m.y, out}});
-        return run(*p.prim, {{DNNL_ARG_SRC, m.x, a}, {DNNL_ARG_WEIGHTS, m.w, b}, {DNNL_ARG_DST, m.y, out}});
-      case ConvDirection::backward_data:
-        return run(*p.prim, {{DNNL_ARG_DIFF_DST, m.y, a}, {DNNL_ARG_WEIGHTS, m.w, b}, {DNNL_ARG_DIFF_SRC, m.x, out}});
-      case ConvDirection::backward_weights:
-        return run(*p.prim, {{DNNL_ARG_DIFF_DST, m.y, a}, {DNNL_ARG_SRC, m.x, b}, {DNNL_ARG_DIFF_WEIGHTS, m.w, out}});
+    try {
+      static thread_local dnnl::stream s(engine());
+      OneThread one(p.single);
+      const void* ptr[3] = {a, b, out};
+      for (int r = 0; r < 3; ++r) {
+        PreparedConv::Arg& x = p.args[r];
+        x.plain_mem.set_data_handle(const_cast<void*>(ptr[r]));
+        if (x.staged) x.chosen_mem.set_data_handle(staging(r, x.chosen.get_size()));
+        if (x.staged && r < 2) x.reorder.execute(s, {{DNNL_ARG_FROM, x.plain_mem}, {DNNL_ARG_TO, x.chosen_mem}});
+      }
+      if (p.bias) p.bias_mem.set_data_handle(const_cast<void*>(bias));
+      p.prim->prim.execute(s, p.exec_args);
+      if (p.args[2].staged)
+        p.args[2].reorder.execute(s, {{DNNL_ARG_FROM, p.args[2].chosen_mem}, {DNNL_ARG_TO, p.args[2].plain_mem}});
+      s.wait();
+    } catch (const dnnl::error& e) {
+      return Status::error(std::string("oneDNN execution failed: ") + e.what());
     }
+    return Status::ok();
   }
   static const char* const what[] = {"convolution", "convolution backward-data", "convolution backward-weights"};
   if (p.dt != ir::DType::bf16) return unimplemented(what[static_cast<int>(p.dir)], *p.prim);

@@ -1,7 +1,10 @@
 // oneDNN 2.6 helpers of the eager kernels: matmul (batched, broadcast, strided
 // operands) and convolution forward / backward-data / backward-weights over plain
 // row-major buffers, for f32 and bf16 (bf16 with f32 accumulation). Primitives are
-// cached by a shape/dtype key. When the CPU has no bf16 implementation (oneDNN 2.x
+// cached by a shape/dtype key. Convolutions run on the layouts oneDNN chooses
+// (format_tag::any: channel-blocked on AVX-512), their operands reordered from and to
+// the plain layout around each call through per-thread staging buffers; small ones run
+// on one thread. When the CPU has no bf16 implementation (oneDNN 2.x
 // needs AVX-512 for bf16), bf16 calls run the f32 primitive on converted copies and
 // round the result to bf16 (nearest even), which computes the same function.
 #pragma once
