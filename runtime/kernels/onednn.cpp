@@ -224,14 +224,43 @@ void f32_to_bf16(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = ir::f32_to_bf16(src[i]);
 }
 
+/// Convolutions (2 * N * M * C/G * kernel taps * output pixels) and matrix products
+/// (2 * batch * M * N * K) below this many FLOPs run on the calling thread alone: oneDNN creates and runs the primitive
+/// with one OpenMP thread, so a call enters no parallel region. Measured on a 2-core AVX-512 Xeon (docs/performance.md,
+/// "Convolutions"): resnet18 batch 4 took 2.18 ms per step with every call on two threads, 1.88-1.93 with thresholds
+/// from 1 to 64 MFLOP; at batch 32, 4.43-4.49 ms up to 16 MFLOP and 4.80 at 64.
+constexpr int64_t kSingleThreadFlops = int64_t{4} << 20;
+
+/// Sets the calling thread's OpenMP thread count for its lifetime, when `one` is true.
+class OneThread {
+ public:
+  explicit OneThread(bool one) : prev_(one ? omp_get_max_threads() : 0) {
+    if (one) omp_set_num_threads(1);
+  }
+  ~OneThread() {
+    if (prev_ > 0) omp_set_num_threads(prev_);
+  }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int prev_;
+};
+
 Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims, ir::DType in_dt,
               ir::DType out_dt, const Operand* bias) {
   Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
+  int64_t flops = 2 * a.dims.back();
+  for (int64_t d : c_dims) flops *= d;
+  const bool single = flops < kSingleThreadFlops;
+  OneThread one(single);  // oneDNN sizes the primitive's thread team when it is created
+  const std::string threads = single ? "t1_" : "";
   if (bias) {
     // A bias has no fallback here: without an implementation the caller adds it.
     std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
     std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
-    std::string key = "mmb" + std::to_string(static_cast<int>(idt)) + "_" + std::to_string(static_cast<int>(odt));
+    std::string key =
+        "mmb" + threads + std::to_string(static_cast<int>(idt)) + "_" + std::to_string(static_cast<int>(odt));
     key_add(key, a.dims);
     key_add(key, as);
     key_add(key, b.dims);
@@ -266,7 +295,8 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   }
   std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
   std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
-  std::string key = "mm" + std::to_string(static_cast<int>(idt)) + "_" + std::to_string(static_cast<int>(odt));
+  std::string key =
+      "mm" + threads + std::to_string(static_cast<int>(idt)) + "_" + std::to_string(static_cast<int>(odt));
   key_add(key, a.dims);
   key_add(key, as);
   key_add(key, b.dims);
@@ -320,30 +350,6 @@ void* staging(int role, size_t bytes) {
   return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});  // 64-byte aligned, as oneDNN's own buffers
 }
 
-/// Convolutions below this many FLOPs (2 * N * M * C/G * kernel taps * output pixels)
-/// run on the calling thread alone: oneDNN creates and runs the primitive with one
-/// OpenMP thread, so a call enters no parallel region. Measured on a 2-core AVX-512 Xeon
-/// (docs/performance.md, "Convolutions"): resnet18 batch 4 took 2.18 ms per step with
-/// every call on two threads, 1.88-1.93 with thresholds from 1 to 64 MFLOP; at batch 32,
-/// 4.43-4.49 ms up to 16 MFLOP and 4.80 at 64.
-constexpr int64_t kSingleThreadConvFlops = int64_t{4} << 20;
-
-/// Sets the calling thread's OpenMP thread count for its lifetime, when `one` is true.
-class OneThread {
- public:
-  explicit OneThread(bool one) : prev_(one ? omp_get_max_threads() : 0) {
-    if (one) omp_set_num_threads(1);
-  }
-  ~OneThread() {
-    if (prev_ > 0) omp_set_num_threads(prev_);
-  }
-  OneThread(const OneThread&) = delete;
-  OneThread& operator=(const OneThread&) = delete;
-
- private:
-  int prev_;
-};
-
 int64_t conv_flops(const ConvGeometry& g) {
   int64_t f = 2 * g.x_dims[0] * g.w_dims[0];
   for (size_t i = 1; i < g.w_dims.size(); ++i) f *= g.w_dims[i];  // C/G and the kernel taps
@@ -356,7 +362,7 @@ struct PreparedConv {
   ConvGeometry g;
   ir::DType dt;
   bool bias;
-  bool single = false;  ///< conv_flops below kSingleThreadConvFlops: one OpenMP thread
+  bool single = false;  ///< conv_flops below kSingleThreadFlops: one OpenMP thread
   ConvMds m;
   std::shared_ptr<Cached> prim;
   /// One operand of the call in the order (a, b, out): its oneDNN argument id, its
@@ -406,7 +412,7 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
     throw dnnl::error(dnnl_invalid_arguments, "unknown convolution direction");
   };
   static const char* const kind[] = {"cf", "cbd", "cbw"};
-  p->single = conv_flops(g) < kSingleThreadConvFlops;
+  p->single = conv_flops(g) < kSingleThreadFlops;
   OneThread one(p->single);  // oneDNN sizes the primitive's thread team when it is created
   p->prim = get_or_build(
       std::string(p->single ? "any1_" : "any_") + conv_key(kind[static_cast<int>(dir)], g, d, p->bias), [&] {
