@@ -14,7 +14,6 @@
 // and header lines starting with '#'.
 //
 // Usage: onednn_versions <group>...   groups: conv_f32_n4 conv_f32_n32 conv_bf16_n32 gemm_f32 gemm_bf16
-#include <oneapi/dnnl/dnnl.hpp>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -23,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -138,18 +138,18 @@ struct Conv {
 
 // ResNet-18, base width 8, 32x32 input (examples/resnet18).
 const Conv kConvs[] = {
-    {"conv1_3to8_7x7s2_32", 3, 8, 32, 7, 2, 3},   {"c3_8to8_8x8", 8, 8, 8, 3, 1, 1},
-    {"c3_16to16_4x4", 16, 16, 4, 3, 1, 1},        {"c3_32to32_2x2", 32, 32, 2, 3, 1, 1},
-    {"c3_64to64_1x1", 64, 64, 1, 3, 1, 1},        {"c3s2_8to16_8x8", 8, 16, 8, 3, 2, 1},
-    {"c3s2_16to32_4x4", 16, 32, 4, 3, 2, 1},      {"c3s2_32to64_2x2", 32, 64, 2, 3, 2, 1},
-    {"ds1x1s2_8to16_8x8", 8, 16, 8, 1, 2, 0},     {"ds1x1s2_16to32_4x4", 16, 32, 4, 1, 2, 0},
+    {"conv1_3to8_7x7s2_32", 3, 8, 32, 7, 2, 3}, {"c3_8to8_8x8", 8, 8, 8, 3, 1, 1},
+    {"c3_16to16_4x4", 16, 16, 4, 3, 1, 1},      {"c3_32to32_2x2", 32, 32, 2, 3, 1, 1},
+    {"c3_64to64_1x1", 64, 64, 1, 3, 1, 1},      {"c3s2_8to16_8x8", 8, 16, 8, 3, 2, 1},
+    {"c3s2_16to32_4x4", 16, 32, 4, 3, 2, 1},    {"c3s2_32to64_2x2", 32, 64, 2, 3, 2, 1},
+    {"ds1x1s2_8to16_8x8", 8, 16, 8, 1, 2, 0},   {"ds1x1s2_16to32_4x4", 16, 32, 4, 1, 2, 0},
     {"ds1x1s2_32to64_2x2", 32, 64, 2, 1, 2, 0},
 };
 
 void out(const std::string& group, const std::string& name, const char* op, const char* layout, double ms,
          double min_ms, double rms, const char* impl, const std::string& formats) {
-  std::printf("R\t%s\t%s\t%s\t%s\t%.5f\t%.5f\t%.5f\t%s\t%s\n", group.c_str(), name.c_str(), op, layout, ms, min_ms,
-              rms, impl, formats.c_str());
+  std::printf("R\t%s\t%s\t%s\t%s\t%.5f\t%.5f\t%.5f\t%s\t%s\n", group.c_str(), name.c_str(), op, layout, ms, min_ms, rms,
+              impl, formats.c_str());
   std::fflush(stdout);
 }
 
@@ -179,9 +179,9 @@ void bench_conv(const std::string& group, const Conv& c, int n, Dt dt, bool any)
     if (fpd.workspace_desc().get_size()) a[DNNL_ARG_WORKSPACE] = memory(fpd.workspace_desc(), eng());
     if (fpd.scratchpad_desc().get_size()) a[DNNL_ARG_SCRATCHPAD] = memory(fpd.scratchpad_desc(), eng());
     double ms = time_prim(CF(fpd), a), mn = g_last_min;
-    double r = any ? time_reorder(xp, fpd.src_desc()) + time_reorder(wp, fpd.weights_desc()) +
-                         time_reorder(fpd.dst_desc(), yp)
-                   : 0.0;
+    double r =
+        any ? time_reorder(xp, fpd.src_desc()) + time_reorder(wp, fpd.weights_desc()) + time_reorder(fpd.dst_desc(), yp)
+            : 0.0;
     out(group, c.name, "fwd", layout, ms, mn, r, fpd.impl_info_str(),
         fmt(fpd.src_desc()) + "," + fmt(fpd.weights_desc()) + "," + fmt(fpd.dst_desc()));
   }
@@ -228,9 +228,10 @@ void bench_gemm(const std::string& group, int m, int k, int n, Dt in) {
 
 int main(int argc, char** argv) {
   const dnnl_version_t* v = dnnl_version();
-  const char* rt = v->cpu_runtime == DNNL_RUNTIME_OMP ? "OMP" : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
-                                                           : v->cpu_runtime == DNNL_RUNTIME_SEQ   ? "SEQ"
-                                                                                                   : "other";
+  const char* rt = v->cpu_runtime == DNNL_RUNTIME_OMP   ? "OMP"
+                   : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
+                   : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "SEQ"
+                                                        : "other";
   std::printf("# oneDNN %d.%d.%d (%s) cpu_runtime=%s max_threads=%d\n", v->major, v->minor, v->patch, v->hash, rt,
               []() {
                 const char* e = std::getenv("OMP_NUM_THREADS");
