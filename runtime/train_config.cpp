@@ -377,7 +377,8 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"gradient_checkpointing", Kind::boolean, &c.gradient_checkpointing,
        "recompute each repeated layer in backward (= --remat_policy blocks)"},
       {"remat_policy", Kind::str, &c.remat_policy,
-       "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes; bench takes a list: none,blocks"},
+       "none | blocks | sqrt | min-cut | budget: what the backward pass recomputes (default: min-cut for --backend "
+       "compiled, as torch.compile's partitioner; none for eager); bench takes a list: none,blocks"},
       {"memory_budget", Kind::str, &c.memory_budget,
        "planned peak budget for --remat_policy budget, --auto_fit and kiln fit: bytes, 800MB, 24GiB (auto: the "
        "memory available less 10%, with --auto_fit, --auto_find_batch_size and kiln fit)"},

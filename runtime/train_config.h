@@ -133,10 +133,14 @@ struct TrainConfig {
   /// Whether report_to asks for TensorBoard event files.
   bool reports_tensorboard() const;
 
-  /// The remat policy in effect (remat_policy, else "blocks" with gradient_checkpointing).
+  /// The remat policy in effect: remat_policy, else "blocks" with gradient_checkpointing,
+  /// else "min-cut" for the compiled backend (torch.compile partitions forward and
+  /// backward with AOTAutograd's min-cut recompute of cheap ops by default) and "none"
+  /// for eager (PyTorch eager saves every activation).
   std::string effective_remat_policy() const {
     if (!remat_policy.empty()) return remat_policy;
-    return gradient_checkpointing ? "blocks" : "none";
+    if (gradient_checkpointing) return "blocks";
+    return backend == "compiled" ? "min-cut" : "none";
   }
 
   /// Total optimizer steps, from max_steps or epochs x steps per epoch.

@@ -460,7 +460,10 @@ TEST(Remat, BudgetFitsBetweenBlocksAndNone) {
 
 TEST(Remat, ConfigFlags) {
   runtime::TrainConfig cfg;
-  EXPECT_EQ(cfg.effective_remat_policy(), "none");
+  cfg.backend = "eager";
+  EXPECT_EQ(cfg.effective_remat_policy(), "none");  // PyTorch eager's default
+  cfg.backend = "compiled";
+  EXPECT_EQ(cfg.effective_remat_policy(), "min-cut");  // torch.compile's default partitioner
   cfg.gradient_checkpointing = true;
   EXPECT_EQ(cfg.effective_remat_policy(), "blocks");
   cfg.remat_policy = "sqrt";

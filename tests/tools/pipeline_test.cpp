@@ -189,10 +189,10 @@ TEST(Pipeline, InspectListsThePassesInOrder) {
     got[program].push_back(pass);
     line_of[program + " " + pass] = line;
   }
-  EXPECT_EQ(got["train"],
-            concat({"fold_constants", "canonicalize", "attach_loss", "autocast", "cast_simplify", "autodiff",
-                    "autocast_grad", "cast_simplify", "canonicalize", "optimizer", "accumulation", "canonicalize"},
-                   kLowering))
+  EXPECT_EQ(got["train"], concat({"fold_constants", "canonicalize", "attach_loss", "autocast", "cast_simplify",
+                                  "autodiff", "autocast_grad", "cast_simplify", "remat", "canonicalize", "optimizer",
+                                  "accumulation", "canonicalize"},
+                                 kLowering))
       << r.out;
   EXPECT_EQ(
       got["eval"],
@@ -205,6 +205,8 @@ TEST(Pipeline, InspectListsThePassesInOrder) {
   EXPECT_NE(line_of["eval attach_loss"].find("mode=eval"), std::string::npos) << r.out;
   EXPECT_NE(line_of["train optimizer"].find("learning_rate=0.25"), std::string::npos) << r.out;
   EXPECT_NE(line_of["train autodiff"].find("loss_output=loss"), std::string::npos) << r.out;
+  // The compiled backend's default remat policy: torch.compile's min-cut partitioning.
+  EXPECT_NE(line_of["train remat"].find("policy=min-cut"), std::string::npos) << r.out;
 }
 
 TEST(ProgramSignature, TrainerReadsRowsPerStepFromTheProgram) {
