@@ -130,10 +130,47 @@ std::vector<int64_t> padded_strides(const OperandView& v, bool is_a, size_t r) {
   return st;
 }
 
+/// What a MatMul or Gemm node keeps in its cache slot (KernelContext::cache): the oneDNN
+/// product prepared for the input dims and dtypes it was first called with.
+struct MatmulNodeCache {
+  std::vector<int64_t> a, b, c;  ///< dims of inputs A, B and C (empty without C)
+  DType in_dt, out_dt;
+  std::shared_ptr<onednn::PreparedMatmul> prim;
+};
+
+std::vector<int64_t> dims_of_input(const KernelContext& ctx, int i) {
+  return ctx.has_input(i) ? ctx.in(i).dims() : std::vector<int64_t>{};
+}
+
+/// The node's prepared product when it was prepared for these inputs, else null.
+onednn::PreparedMatmul* cached_matmul(const KernelContext& ctx, DType out_dt) {
+  const auto* c = ctx.cache ? static_cast<const MatmulNodeCache*>(ctx.cache->get()) : nullptr;
+  if (!c || c->in_dt != ctx.in(0).dtype() || c->out_dt != out_dt || c->a != ctx.in(0).dims() ||
+      c->b != ctx.in(1).dims() || c->c != dims_of_input(ctx, 2))
+    return nullptr;
+  return c->prim.get();
+}
+
+/// Runs the product of operands `a`, `b` (and `bias`) into `y` through a newly prepared
+/// oneDNN primitive, kept in the node's cache slot, or through onednn::matmul when no
+/// direct primitive applies. Errors: onednn::matmul's.
+Status matmul_into(KernelContext& ctx, const onednn::Operand& a, const onednn::Operand& b, Tensor& y,
+                   const onednn::Operand* bias) {
+  auto p = onednn::prepare_matmul(a, b, y.dims(), ctx.in(0).dtype(), y.dtype(), bias);
+  if (!p) return onednn::matmul(a, b, y.raw(), y.dims(), ctx.in(0).dtype(), y.dtype(), bias);
+  if (ctx.cache)
+    *ctx.cache = std::make_shared<MatmulNodeCache>(
+        MatmulNodeCache{ctx.in(0).dims(), ctx.in(1).dims(), dims_of_input(ctx, 2), ctx.in(0).dtype(), y.dtype(), p});
+  return onednn::run_matmul(*p, a.data, b.data, y.raw(), bias ? bias->data : nullptr);
+}
+
 Status matmul_kernel(KernelContext& ctx) {
   const Tensor& A = ctx.in(0);
   const Tensor& B = ctx.in(1);
   Tensor& Y = ctx.out(0);
+  if (use_onednn(A.dtype()))
+    if (onednn::PreparedMatmul* p = cached_matmul(ctx, Y.dtype()))
+      return onednn::run_matmul(*p, A.raw(), B.raw(), Y.raw()).with_context("node '" + ctx.node.name + "' (MatMul)");
   // kiln_perm_a / kiln_perm_b (passes/absorb_transpose.cpp): an operand is read through a
   // transposed view, strided, without a copy.
   const std::vector<int64_t> perm_a = ctx.attrs().get_ints("kiln_perm_a"), perm_b = ctx.attrs().get_ints("kiln_perm_b");
@@ -154,10 +191,10 @@ Status matmul_kernel(KernelContext& ctx) {
   const std::vector<int64_t> as = strided ? padded_strides(va, true, s.cd.size()) : ir::strides_of(s.ad);
   const std::vector<int64_t> bs = strided ? padded_strides(vb, false, s.cd.size()) : ir::strides_of(s.bd);
   if (use_onednn(A.dtype())) {
-    Status st =
-        onednn::matmul({A.raw(), s.ad, strided ? as : std::vector<int64_t>{}},
-                       {B.raw(), s.bd, strided ? bs : std::vector<int64_t>{}}, Y.raw(), s.cd, A.dtype(), Y.dtype());
-    return st.with_context("node '" + ctx.node.name + "' (MatMul)");
+    Tensor y = Y.reshaped(s.cd);  // C (..., M, N) as oneDNN sees it: Y's buffer
+    return matmul_into(ctx, {A.raw(), s.ad, strided ? as : std::vector<int64_t>{}},
+                       {B.raw(), s.bd, strided ? bs : std::vector<int64_t>{}}, y, nullptr)
+        .with_context("node '" + ctx.node.name + "' (MatMul)");
   }
   return dispatch_float(ctx, A.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -170,6 +207,10 @@ Status gemm_kernel(KernelContext& ctx) {
   const Tensor& B = ctx.in(1);
   const Tensor* Cm = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
   Tensor& Y = ctx.out(0);
+  if (use_onednn(A.dtype()))
+    if (onednn::PreparedMatmul* p = cached_matmul(ctx, Y.dtype()))
+      return onednn::run_matmul(*p, A.raw(), B.raw(), Y.raw(), Cm ? Cm->raw() : nullptr)
+          .with_context("node '" + ctx.node.name + "' (Gemm)");
   bool ta = ctx.attrs().get_int("transA", 0) != 0, tb = ctx.attrs().get_int("transB", 0) != 0;
   double alpha = ctx.attrs().get_float("alpha", 1.0), beta = ctx.attrs().get_float("beta", 1.0);
   const int64_t M = Y.dim(0), N = Y.dim(1), K = ta ? A.dim(0) : A.dim(1);
@@ -204,8 +245,8 @@ Status gemm_kernel(KernelContext& ctx) {
   };
   if (use_onednn(A.dtype()) && K > 0 && !Cm && alpha == 1.0) {
     // Y = op(A) op(B): oneDNN writes Y in its dtype (f32 accumulation), no extra pass.
-    Status stt = onednn::matmul({A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, Y.raw(), {M, N}, A.dtype(), Y.dtype());
-    return stt.with_context("node '" + ctx.node.name + "' (Gemm)");
+    return matmul_into(ctx, {A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, Y, nullptr)
+        .with_context("node '" + ctx.node.name + "' (Gemm)");
   }
   if (use_onednn(A.dtype()) && K > 0 && Cm && alpha == 1.0 && beta == 1.0 && Cm->numel() > 0) {
     // Y = op(A) op(B) + C with C broadcast from (N), (1, N), (M, 1) or (M, N): C is
@@ -215,8 +256,7 @@ Status gemm_kernel(KernelContext& ctx) {
     std::vector<int64_t> cd = Cm->dims();
     while (cd.size() < 2) cd.insert(cd.begin(), 1);
     const onednn::Operand bias{Cm->raw(), cd, {}};
-    if (onednn::matmul({A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, Y.raw(), {M, N}, A.dtype(), Y.dtype(), &bias))
-      return Status::ok();
+    if (matmul_into(ctx, {A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, Y, &bias)) return Status::ok();
   }
   if (use_onednn(A.dtype()) && K > 0) {
     std::vector<float> prod(static_cast<size_t>(M * N));

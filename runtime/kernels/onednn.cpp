@@ -247,39 +247,24 @@ class OneThread {
   int prev_;
 };
 
-Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims, ir::DType in_dt,
-              ir::DType out_dt, const Operand* bias) {
-  Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
-  int64_t flops = 2 * a.dims.back();
-  for (int64_t d : c_dims) flops *= d;
-  const bool single = flops < kSingleThreadFlops;
-  OneThread one(single);  // oneDNN sizes the primitive's thread team when it is created
-  const std::string threads = single ? "t1_" : "";
-  if (bias) {
-    // A bias has no fallback here: without an implementation the caller adds it.
-    std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
-    std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
-    std::string key =
-        "mmb" + threads + std::to_string(static_cast<int>(idt)) + "_" + std::to_string(static_cast<int>(odt));
-    key_add(key, a.dims);
-    key_add(key, as);
-    key_add(key, b.dims);
-    key_add(key, bs);
-    key_add(key, c_dims);
-    key_add(key, bias->dims);
-    auto amd = md(a.dims, idt, as), bmd = md(b.dims, idt, bs), cmd = md(c_dims, odt), zmd = md(bias->dims, odt);
-    auto prim = get_or_build(key, [&] {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, zmd, cmd), engine());
-      if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
-        throw dnnl::error(dnnl_unimplemented, "only the reference implementation takes this bias");
-      return dnnl::primitive(dnnl::matmul(pd));
-    });
-    if (!prim->ok) return unimplemented("matmul with bias", *prim);
-    return run(*prim, {{DNNL_ARG_SRC, amd, a.data},
-                       {DNNL_ARG_WEIGHTS, bmd, b.data},
-                       {DNNL_ARG_BIAS, zmd, bias->data},
-                       {DNNL_ARG_DST, cmd, c}});
-  }
+/// The layout oneDNN's primitive `p` takes for argument `arg` (DNNL_ARG_*).
+memory::desc arg_md(const dnnl::primitive& p, int arg) {
+  const dnnl_memory_desc_t* d = dnnl_primitive_desc_query_md(p.get_primitive_desc(), dnnl_query_exec_arg_md, arg);
+  return d ? memory::desc(*d) : memory::desc();
+}
+
+struct PreparedMatmul {
+  bool single = false;  ///< below kSingleThreadFlops: one OpenMP thread
+  bool bias = false;
+  std::shared_ptr<Cached> prim;
+  memory src, weights, bias_mem, dst;
+  std::unordered_map<int, memory> args;
+};
+
+namespace {
+
+/// Whether `a` is the transposed A that matmul first copies row-major (see there).
+bool dense_copy_first(const Operand& a, const std::vector<int64_t>& c_dims, Dt idt) {
   // A stored transposed (2-D, strides {1, M}: the weight gradient X^T dY of a Linear
   // layer). oneDNN 2.6's AVX2 gemm runs this layout at about half the speed of a row-major
   // A when M is large and N small (measured: M = K = 1024, N = 256: 10.7 against 4.2 ms;
@@ -287,33 +272,111 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   // copied row-major by a oneDNN reorder (1.4 ms for 1024 x 1024) into a per-thread
   // scratch buffer (not a kiln tensor: like oneDNN's own scratchpad it is outside the
   // memory plan; M * K * 4 bytes, kept).
-  if (a.dims.size() == 2 && idt == Dt::f32 && a.strides == std::vector<int64_t>{1, a.dims[0]} && a.dims[0] >= 512 &&
-      c_dims.back() <= 384 && a.dims[0] * a.dims[1] * c_dims.back() >= (int64_t{1} << 24)) {
+  return a.dims.size() == 2 && idt == Dt::f32 && a.strides == std::vector<int64_t>{1, a.dims[0]} && a.dims[0] >= 512 &&
+         c_dims.back() <= 384 && a.dims[0] * a.dims[1] * c_dims.back() >= (int64_t{1} << 24);
+}
+
+/// The cached primitive of the direct product (and `single`): operands as given, a
+/// strided one refused when only the reference implementation would take it.
+std::shared_ptr<Cached> direct_matmul(const Operand& a, const Operand& b, const std::vector<int64_t>& c_dims, Dt idt,
+                                      Dt odt, const Operand* bias, bool& single) {
+  int64_t flops = 2 * a.dims.back();
+  for (int64_t d : c_dims) flops *= d;
+  single = flops < kSingleThreadFlops;
+  OneThread one(single);  // oneDNN sizes the primitive's thread team when it is created
+  std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
+  std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
+  std::string key = std::string(bias ? "mmb" : "mm") + (single ? "t1_" : "") + std::to_string(static_cast<int>(idt)) +
+                    "_" + std::to_string(static_cast<int>(odt));
+  key_add(key, a.dims);
+  key_add(key, as);
+  key_add(key, b.dims);
+  key_add(key, bs);
+  key_add(key, c_dims);
+  if (bias) key_add(key, bias->dims);
+  const bool strided = as != row_major(a.dims) || bs != row_major(b.dims);
+  return get_or_build(key, [&] {
+    auto amd = md(a.dims, idt, as), bmd = md(b.dims, idt, bs), cmd = md(c_dims, odt);
+    dnnl::matmul::primitive_desc pd =
+        bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(amd, bmd, md(bias->dims, odt), cmd), engine())
+             : dnnl::matmul::primitive_desc(dnnl::matmul::desc(amd, bmd, cmd), engine());
+    // A strided (transposed-view) operand or a bias that only oneDNN's reference code
+    // takes goes another way instead (the reference matmul is orders of magnitude slower).
+    if ((strided || bias) && std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
+      throw dnnl::error(dnnl_unimplemented, "only the reference implementation takes these strides or this bias");
+    return dnnl::primitive(dnnl::matmul(pd));
+  });
+}
+
+}  // namespace
+
+std::shared_ptr<PreparedMatmul> prepare_matmul(const Operand& a, const Operand& b, const std::vector<int64_t>& c_dims,
+                                               ir::DType in_dt, ir::DType out_dt, const Operand* bias) {
+  const Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
+  if (!bias && dense_copy_first(a, c_dims, idt)) return nullptr;
+  auto p = std::make_shared<PreparedMatmul>();
+  p->prim = direct_matmul(a, b, c_dims, idt, odt, bias, p->single);
+  if (!p->prim->ok) return nullptr;
+  try {
+    // Descriptors as the primitive takes them; buffers set per call.
+    const dnnl::primitive& prim = p->prim->prim;
+    p->src = memory(arg_md(prim, DNNL_ARG_SRC), engine(), DNNL_MEMORY_NONE);
+    p->weights = memory(arg_md(prim, DNNL_ARG_WEIGHTS), engine(), DNNL_MEMORY_NONE);
+    p->dst = memory(arg_md(prim, DNNL_ARG_DST), engine(), DNNL_MEMORY_NONE);
+    p->args = {{DNNL_ARG_SRC, p->src}, {DNNL_ARG_WEIGHTS, p->weights}, {DNNL_ARG_DST, p->dst}};
+    if (bias) {
+      p->bias = true;
+      p->bias_mem = memory(arg_md(prim, DNNL_ARG_BIAS), engine(), DNNL_MEMORY_NONE);
+      p->args[DNNL_ARG_BIAS] = p->bias_mem;
+    }
+  } catch (const dnnl::error&) {
+    return nullptr;
+  }
+  return p;
+}
+
+Status run_matmul(PreparedMatmul& p, const void* a, const void* b, void* c, const void* bias) {
+  try {
+    static thread_local dnnl::stream s(engine());
+    OneThread one(p.single);
+    p.src.set_data_handle(const_cast<void*>(a));
+    p.weights.set_data_handle(const_cast<void*>(b));
+    p.dst.set_data_handle(c);
+    if (p.bias) p.bias_mem.set_data_handle(const_cast<void*>(bias));
+    p.prim->prim.execute(s, p.args);
+    s.wait();
+  } catch (const dnnl::error& e) {
+    return Status::error(std::string("oneDNN execution failed: ") + e.what());
+  }
+  return Status::ok();
+}
+
+Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims, ir::DType in_dt,
+              ir::DType out_dt, const Operand* bias) {
+  if (auto p = prepare_matmul(a, b, c_dims, in_dt, out_dt, bias))
+    return run_matmul(*p, a.data, b.data, c, bias ? bias->data : nullptr);
+  const Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
+  bool single = false;
+  if (bias) return unimplemented("matmul with bias", *direct_matmul(a, b, c_dims, idt, odt, bias, single));
+  if (dense_copy_first(a, c_dims, idt)) {
     thread_local std::vector<float> dense;
     auto a2 = dense_f32_copy(a, a.strides, dense);
     if (a2) return matmul(*a2, b, c, c_dims, in_dt, out_dt);
   }
   std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
   std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
-  std::string key =
-      "mm" + threads + std::to_string(static_cast<int>(idt)) + "_" + std::to_string(static_cast<int>(odt));
-  key_add(key, a.dims);
-  key_add(key, as);
-  key_add(key, b.dims);
-  key_add(key, bs);
-  key_add(key, c_dims);
-  auto amd = md(a.dims, idt, as), bmd = md(b.dims, idt, bs), cmd = md(c_dims, odt);
   const bool strided = as != row_major(a.dims) || bs != row_major(b.dims);
-  auto prim = get_or_build(key, [&] {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), engine());
-    // A strided (transposed-view) operand that only oneDNN's reference code takes is
-    // copied dense below instead (the reference matmul is orders of magnitude slower).
-    if (strided && std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
-      throw dnnl::error(dnnl_unimplemented, "only the reference implementation takes these strides");
-    return dnnl::primitive(dnnl::matmul(pd));
-  });
-  if (prim->ok)
-    return run(*prim, {{DNNL_ARG_SRC, amd, a.data}, {DNNL_ARG_WEIGHTS, bmd, b.data}, {DNNL_ARG_DST, cmd, c}});
+  auto prim = direct_matmul(a, b, c_dims, idt, odt, nullptr, single);
+  if (prim->ok) {  // the direct product after all (the dense copy above failed)
+    PreparedMatmul p;
+    p.prim = prim;
+    p.single = single;
+    p.src = memory(md(a.dims, idt, as), engine(), const_cast<void*>(a.data));
+    p.weights = memory(md(b.dims, idt, bs), engine(), const_cast<void*>(b.data));
+    p.dst = memory(md(c_dims, odt), engine(), c);
+    p.args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights}, {DNNL_ARG_DST, p.dst}};
+    return run_matmul(p, a.data, b.data, c, nullptr);
+  }
   if (strided && idt == Dt::f32) {
     // Dense copies of the strided operands (oneDNN reorders), then the dense product.
     std::vector<float> da, db;
@@ -332,12 +395,6 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   KILN_RETURN_IF_ERROR(matmul(a32, b32, fc.data(), c_dims, ir::DType::f32, ir::DType::f32));
   f32_to_bf16(fc.data(), c, numel(c_dims));
   return Status::ok();
-}
-
-/// The layout oneDNN's primitive `p` takes for argument `arg` (DNNL_ARG_*).
-memory::desc arg_md(const dnnl::primitive& p, int arg) {
-  const dnnl_memory_desc_t* d = dnnl_primitive_desc_query_md(p.get_primitive_desc(), dnnl_query_exec_arg_md, arg);
-  return d ? memory::desc(*d) : memory::desc();
 }
 
 /// Per-thread staging buffers of the blocked-layout convolutions (one per role: a, b, out),

@@ -33,6 +33,22 @@ struct Operand {
 Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims, ir::DType in_dt,
               ir::DType out_dt, const Operand* bias = nullptr);
 
+/// A matrix product prepared for one set of operand dims, strides, dtypes and bias dims:
+/// what a MatMul or Gemm node keeps in its cache slot (KernelContext::cache), so that a
+/// call is one oneDNN execute.
+struct PreparedMatmul;
+
+/// The direct oneDNN product for these operands (their data pointers are not read), or
+/// null where `matmul` takes another way (a transposed A it copies row-major first, a
+/// strided operand or a bias only oneDNN's reference code takes, bf16 without bf16
+/// kernels): the caller then calls `matmul`.
+std::shared_ptr<PreparedMatmul> prepare_matmul(const Operand& a, const Operand& b, const std::vector<int64_t>& c_dims,
+                                               ir::DType in_dt, ir::DType out_dt, const Operand* bias = nullptr);
+
+/// Runs `p` on these buffers (laid out as the operands `p` was prepared for; bias null
+/// without one). Errors: oneDNN's execution failed.
+Status run_matmul(PreparedMatmul& p, const void* a, const void* b, void* c, const void* bias = nullptr);
+
 /// Geometry of an N-D convolution in ONNX terms (dilations >= 1, explicit pads).
 struct ConvGeometry {
   std::vector<int64_t> x_dims;  ///< (N, C, i...)

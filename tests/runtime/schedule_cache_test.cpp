@@ -158,3 +158,39 @@ TEST(ScheduleCache, ConvPrimitiveKeptPerNodeFollowsTheBatch) {
           }
   }
 }
+
+TEST(ScheduleCache, MatMulAndGemmProductsKeptPerNodeFollowTheRows) {
+  // MatMul (N, 5) x (5, 3) and Gemm (N, 5) x (5, 3) + C (3) with a symbolic N, run with
+  // one cache at N = 2, 4 and 2 again: each run must equal a float64 product of its own
+  // inputs (a oneDNN product kept from the N = 2 run would read and write 2 rows at N = 4).
+  runtime::register_eager_kernels();
+  ir::Graph g;
+  ir::Value* a = g.add_input("a", DType::f32, ir::Shape({ir::Dim(std::string("n")), 5}));
+  ir::Value* b = g.add_input("b", DType::f32, ir::Shape::of({5, 3}));
+  ir::Value* c = g.add_input("c", DType::f32, ir::Shape::of({3}));
+  g.outputs.push_back(g.add_node("MatMul", "mm", {a, b}, {"y"})->outputs[0]);
+  g.outputs.push_back(g.add_node("Gemm", "gemm", {a, b, c}, {"z"})->outputs[0]);
+  ASSERT_TRUE(ir::infer_graph(g).is_ok());
+  runtime::ScheduleCache cache;
+  runtime::RunOptions ro;
+  ro.schedule = &cache;
+  Tensor bt(DType::f32, {5, 3}), ct(DType::f32, {3});
+  for (int64_t i = 0; i < bt.numel(); ++i) bt.set_f64(i, 0.25 * static_cast<double>(i % 7) - 0.75);
+  for (int64_t i = 0; i < ct.numel(); ++i) ct.set_f64(i, 0.5 * static_cast<double>(i) - 0.25);
+  for (int64_t n : {2, 4, 2}) {
+    Tensor at(DType::f32, {n, 5});
+    for (int64_t i = 0; i < at.numel(); ++i) at.set_f64(i, 0.125 * static_cast<double>((i * 3 + n) % 9) - 0.5);
+    auto out = runtime::run_graph(g, {{"a", at}, {"b", bt}, {"c", ct}}, ro);
+    ASSERT_TRUE(out) << out.message();
+    ASSERT_EQ(out->at("y").dims(), (std::vector<int64_t>{n, 3}));
+    ASSERT_EQ(out->at("z").dims(), (std::vector<int64_t>{n, 3}));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < 3; ++j) {
+        double ref = 0;
+        for (int64_t k = 0; k < 5; ++k) ref += at.get_f64(r * 5 + k) * bt.get_f64(k * 3 + j);
+        // f32 products and sums of 5 terms below 1: 1e-6 absolute.
+        EXPECT_NEAR(out->at("y").get_f64(r * 3 + j), ref, 1e-6) << "MatMul, rows " << n;
+        EXPECT_NEAR(out->at("z").get_f64(r * 3 + j), ref + ct.get_f64(j), 1e-6) << "Gemm, rows " << n;
+      }
+  }
+}
