@@ -200,12 +200,14 @@ class Autocast : public Pass {
     return OptionText()
         .add("autocast_dtype", dtype_name(o.autocast.dtype))
         .add("autocast_min_flops", o.autocast.min_flops)
+        .add("autocast_min_conv_flops", o.autocast.min_conv_flops)
         .str();
   }
 
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     const DType want = ctx.options.autocast.dtype;
-    const double min_flops = ctx.options.autocast.min_flops;
+    const double min_product_flops = ctx.options.autocast.min_flops;
+    const double min_conv_flops = ctx.options.autocast.min_conv_flops;
     if (want != DType::bf16 && want != DType::f16)
       return Status::error("autocast: unsupported autocast dtype '" + std::string(dtype_name(want)) +
                            "' (expected bf16 or f16)");
@@ -241,6 +243,7 @@ class Autocast : public Pass {
         target = low_;
         // Too small to pay for its casts (AutocastOptions::min_flops): f32, unless an
         // input is already wider (it then follows, as follow_inputs would).
+        const double min_flops = has_trait(*n, OpTrait::matmul) ? min_product_flops : min_conv_flops;
         if (min_flops > 0 && n->shapes_static()) {
           const double flops = node_cost(*n).flops;
           if (flops < min_flops) {

@@ -56,8 +56,11 @@ struct AutocastOptions {
   ir::DType dtype = ir::DType::bf16;
   /// A low_precision node (GEMM, MatMul, convolution) of fewer FLOPs than this
   /// (ir::node_cost) keeps f32 inputs and output, marked kiln_autocast_kept = its FLOPs;
-  /// 0 casts every one, as torch.autocast does.
+  /// 0 casts every one, as torch.autocast does. Products (OpTrait::matmul) compare with
+  /// min_flops, convolutions with min_conv_flops (their f32 and bf16 kernels break even
+  /// at other sizes).
   double min_flops = 0;
+  double min_conv_flops = 0;
 };
 
 /// remat: the gradient-checkpointing policy.

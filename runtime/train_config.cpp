@@ -349,7 +349,7 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"fp16", Kind::boolean, &c.fp16, "fp16 mixed precision with fp32 master weights and dynamic loss scaling"},
       {"autocast_min_flops", Kind::f64, &c.autocast_min_flops,
        "--bf16/--fp16: GEMMs and convolutions below this many FLOPs stay f32 (-1, the default: this CPU's "
-       "break-even; 0: all in low precision, as torch.autocast)"},
+       "break-even, one for products and one for convolutions; 0: all in low precision, as torch.autocast)"},
       {"fp16_init_scale", Kind::f64, &c.fp16_init_scale, "--fp16 initial loss scale (torch GradScaler init_scale)"},
       {"fp16_growth_interval", Kind::i64, &c.fp16_growth_interval,
        "--fp16: double the loss scale after N finite steps"},

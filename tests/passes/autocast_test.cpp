@@ -177,6 +177,36 @@ TEST(Autocast, ProductsBelowMinFlopsStayF32) {
   EXPECT_TRUE(fp32.validate().is_ok()) << fp32.validate().message();
 }
 
+TEST(Autocast, ConvolutionsHaveTheirOwnBreakEven) {
+  // cnn_bn's forward convolutions at batch 32, FLOPs from their shapes (2 * N * M * C/G *
+  // kernel taps * output pixels), under --bf16 with the default threshold (convolutions:
+  // autocast_break_even_flops(bf16, true)) and with explicit ones (both kinds).
+  const double conv_be = driver::autocast_break_even_flops(DType::bf16, true);
+  EXPECT_GE(conv_be, driver::autocast_break_even_flops(DType::bf16, false));
+  for (double min_flops : {-1.0, 0.0, 1e6}) {
+    runtime::TrainConfig cfg = bf16_config("cnn_bn", 32, 1);
+    cfg.autocast_min_flops = min_flops;
+    auto prog = driver::build_training_program(cfg, nullptr, true);
+    ASSERT_TRUE(prog) << prog.message();
+    const double threshold = min_flops < 0 ? conv_be : min_flops;
+    int convs = 0;
+    for (auto& n : prog->train_step->nodes()) {
+      if (n->op != "Conv" || n->name.find("/grad/") != std::string::npos) continue;
+      ++convs;
+      const Shape& x = n->inputs[0]->shape;
+      const Shape& w = n->inputs[1]->shape;
+      const Shape& y = n->outputs[0]->shape;
+      double flops = 2.0 * x.dims[0].value * w.dims[0].value;
+      for (int i = 1; i < w.rank(); ++i) flops *= static_cast<double>(w.dims[i].value);
+      for (int i = 2; i < y.rank(); ++i) flops *= static_cast<double>(y.dims[i].value);
+      const bool low = n->inputs[0]->dtype == DType::bf16;
+      EXPECT_EQ(low, flops >= threshold) << n->name << ": " << flops << " FLOPs, threshold " << threshold;
+      EXPECT_EQ(n->attrs.has("kiln_autocast_kept"), !low) << n->name;
+    }
+    EXPECT_EQ(convs, 2) << "cnn_bn has two convolutions";
+  }
+}
+
 TEST(Autocast, Bf16TrainingStepKeepsMastersGradsAndOptimizerInF32) {
   runtime::TrainConfig cfg = bf16_config("tiny_gpt", 2, 2);
   // Every product in low precision (torch.autocast), whatever its size: the mechanism under test.

@@ -731,7 +731,7 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
         std::ostringstream os;
         os << std::setprecision(3) << n->attrs.get_float("kiln_autocast_kept", 0) / 1e6 << " MFLOP";
         const bool by_default = cfg.autocast_min_flops < 0;
-        const double min = driver::autocast_min_flops(cfg);
+        const double min = driver::autocast_min_flops(cfg, !ir::has_trait(*n, ir::OpTrait::matmul));
         os << (std::isinf(min) ? ", below this CPU's break-even (f16 products never pay here)"
                : by_default    ? " < this CPU's break-even of "
                                : " < --autocast_min_flops ");

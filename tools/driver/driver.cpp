@@ -32,6 +32,13 @@ namespace {
 /// are slower in bf16; tiny_gpt's (4.2-25 MFLOP, attention included) are faster, and
 /// keeping its 4.2 MFLOP attention products in f32 cost more casts than it saved.
 constexpr double kAutocastBreakEvenFlops = 3e6;
+/// Convolutions: on oneDNN's blocked layouts (runtime/kernels/onednn.cpp) the f32 kernels
+/// beat the bf16 ones at every ResNet-18 (width 8, 32x32) size measured, up to 19 MFLOP
+/// (tools/bench_onednn.sh: batch 32, conv1 forward 0.10 against 0.09 ms, backward-weights
+/// 0.12 against 0.38 ms; the 3x3 convolutions' backward 2-3x slower in bf16), and cnn_bn
+/// and resnet18 trained slower with --bf16 than in fp32 while they were cast. The
+/// break-even lies above that; 100 MFLOP until a larger convolution is measured.
+constexpr double kAutocastConvBreakEvenFlops = 1e8;
 }  // namespace
 
 bool host_has_native_bf16() {
@@ -43,17 +50,19 @@ bool host_has_native_bf16() {
 #endif
 }
 
-double autocast_break_even_flops(ir::DType low) {
+double autocast_break_even_flops(ir::DType low, bool convolution) {
   if (low == ir::DType::f16) return std::numeric_limits<double>::infinity();
   // With native bf16 dot products a bf16 product runs about 2x an f32 one, so it pays
   // once the product outweighs its casts; without them the product is widened back to
   // f32 (gemm_widening) and only the memory traffic of larger operands is saved.
-  return host_has_native_bf16() ? kAutocastBreakEvenFlops : 4 * kAutocastBreakEvenFlops;
+  const double flops = convolution ? kAutocastConvBreakEvenFlops : kAutocastBreakEvenFlops;
+  return host_has_native_bf16() ? flops : 4 * flops;
 }
 
-double autocast_min_flops(const runtime::TrainConfig& cfg) {
-  return cfg.autocast_min_flops < 0 ? autocast_break_even_flops(cfg.fp16 ? ir::DType::f16 : ir::DType::bf16)
-                                    : cfg.autocast_min_flops;
+double autocast_min_flops(const runtime::TrainConfig& cfg, bool convolution) {
+  return cfg.autocast_min_flops < 0
+             ? autocast_break_even_flops(cfg.fp16 ? ir::DType::f16 : ir::DType::bf16, convolution)
+             : cfg.autocast_min_flops;
 }
 
 using namespace kiln::ir;

@@ -31,11 +31,13 @@ bool host_has_native_bf16();
 /// low-precision pointwise kernels around a small product cost more than it saves.
 /// f16: +infinity (no product pays: oneDNN 2.6 has no CPU f16 kernels, so f16 GEMMs run
 /// widened to f32 and f16 convolutions on a scalar loop, 27x fp32's time on cnn_bn).
-double autocast_break_even_flops(ir::DType low);
+/// `convolution`: the break-even of a convolution instead of a GEMM or MatMul.
+double autocast_break_even_flops(ir::DType low, bool convolution = false);
 
 /// The threshold a training config gives passes::AutocastOptions::min_flops:
 /// --autocast_min_flops, or for -1 the break-even of its low-precision dtype.
-double autocast_min_flops(const runtime::TrainConfig& cfg);
+/// `convolution`: for a convolution (--autocast_min_flops applies to both kinds).
+double autocast_min_flops(const runtime::TrainConfig& cfg, bool convolution = false);
 
 /// The passes `--backend compiled` runs after the training passes, in order (the stage
 /// "lowering" of tools/driver/pipeline.h: gemm_widening ... multi_tensor); the eager

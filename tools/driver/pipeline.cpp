@@ -43,6 +43,7 @@ PipelineOptions pipeline_options(const runtime::TrainConfig& cfg, int64_t total_
   o.data_parallel.bucket_cap_mb = cfg.ddp_bucket_cap_mb;
   o.optimizer.zero_shards = cfg.zero_stage == 1 && cfg.world_size > 1 ? cfg.world_size : 1;  // passes/optimizer.cpp
   o.autocast.min_flops = autocast_min_flops(cfg);
+  o.autocast.min_conv_flops = autocast_min_flops(cfg, true);
   if (cfg.fp16) {  // passes/autocast.cpp + passes/grad_scaler.cpp
     o.autocast.dtype = ir::DType::f16;
     o.grad_scaler.init_scale = cfg.fp16_init_scale;
