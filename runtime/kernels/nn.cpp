@@ -684,21 +684,37 @@ void maxpool_row_f32(const Win3& q, const TapRanges& t, std::pair<int64_t, int64
     for (int64_t k1 = lo1; k1 < hi1; ++k1)
       for (int64_t k2 = 0; k2 < q.k[2]; ++k2)
         off[taps++] = ((b0 + k0 * q.d[0]) * q.in[1] + b1 + k1 * q.d[1]) * q.in[2] - q.pb[2] + k2 * q.d[2];
-  for (int64_t o2 = c.first; o2 < c.second; ++o2) {
-    const float* __restrict p = xs + o2 * q.s[2];
-    float b = p[off[0]];
-    int64_t a = off[0];
-    for (int64_t k = 1; k < taps; ++k) {
-      // Selects by masks, not branches (a compiler turns `take ? v : b` back into a jump).
-      const float v = p[off[k]];
-      const bool take = (v > b) | ((v != v) & (b == b));
-      const uint32_t m = 0u - static_cast<uint32_t>(take);
-      const int64_t m64 = -static_cast<int64_t>(take);
-      b = std::bit_cast<float>((std::bit_cast<uint32_t>(v) & m) | (std::bit_cast<uint32_t>(b) & ~m));
-      a = (off[k] & m64) | (a & ~m64);
+  // Up to 16 columns at a time, tap by tap across them: each column's taps stay in window
+  // order (the same first maximum), while the columns' select chains are independent, so
+  // they overlap instead of one column's 9 dependent selects setting the pace.
+  constexpr int64_t kCols = 16;
+  const int64_t s2 = q.s[2];
+  for (int64_t c0 = c.first; c0 < c.second; c0 += kCols) {
+    const int64_t cn = std::min(kCols, c.second - c0);
+    const float* __restrict p = xs + c0 * s2;
+    float b[kCols];
+    int64_t a[kCols];
+    for (int64_t j = 0; j < cn; ++j) {
+      b[j] = p[j * s2 + off[0]];
+      a[j] = off[0];
     }
-    best[o2] = b;
-    arg[o2] = a + o2 * q.s[2];
+    for (int64_t k = 1; k < taps; ++k) {
+      const int64_t ok = off[k];
+      for (int64_t j = 0; j < cn; ++j) {
+        // Selects by masks, not branches (a compiler turns `take ? v : b` back into a jump).
+        const float v = p[j * s2 + ok];
+        // v > b, or v is NaN and b is not: b >= v fails exactly then, unless b is NaN.
+        const bool take = !(b[j] >= v) & (b[j] == b[j]);
+        const uint32_t m = 0u - static_cast<uint32_t>(take);
+        const int64_t m64 = -static_cast<int64_t>(take);
+        b[j] = std::bit_cast<float>((std::bit_cast<uint32_t>(v) & m) | (std::bit_cast<uint32_t>(b[j]) & ~m));
+        a[j] = (ok & m64) | (a[j] & ~m64);
+      }
+    }
+    for (int64_t j = 0; j < cn; ++j) {
+      best[c0 + j] = b[j];
+      arg[c0 + j] = a[j] + (c0 + j) * s2;
+    }
   }
 }
 
