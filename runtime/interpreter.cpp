@@ -376,6 +376,8 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
                      const StepArena* arena, Tensor* dying_inplace, bool donate, FusedLaunch& l,
                      std::vector<double>* scratch = nullptr) {
   l.ck = &ck;
+  l.bufs.reserve(n.inputs.size() + n.outputs.size() + 1);
+  l.outs.reserve(n.outputs.size());
   // Output j's dims: the facts' static dims, else the graph's.
   std::vector<int64_t> dims_buf;
   auto dims_of = [&](size_t j) -> const std::vector<int64_t>& {
@@ -670,6 +672,10 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
                                                   const RunOptions& opts) {
   register_eager_kernels();
   Env env;
+  // Buckets for every value the graph can hold, so the step never rehashes its values.
+  size_t values = g.inputs.size() + g.initializers.size();
+  for (const auto& n : g.nodes()) values += n->outputs.size();
+  env.reserve(values);
   // Scan inputs of top-level accumulation loops that nothing else reads may be streamed
   // (RunOptions::microbatch) instead of fed.
   const ValueSet streamable = opts.microbatch ? ir::streamable_scan_inputs(g) : ValueSet{};
