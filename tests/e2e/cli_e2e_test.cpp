@@ -314,6 +314,11 @@ TEST(BadInput, ReviewedCrashesGiveOneLine) {
   expect_one_line_error(
       kiln_cmd("train " + kBad + "bad_conv_stride0.onnx " + kMlpData + "--max_steps 1 --output_dir " + out),
       "strides has 0");
+  // --stop-after cutting off arena_plan, which the compiled backend needs, was reported as
+  // an internal error; the line now names the flag and the pass.
+  expect_one_line_error(
+      kiln_cmd("train examples/mlp_digits/model.onnx " + kMlpData + "--max_steps 1 --stop-after 3 --output_dir " + out),
+      "arena_plan");
   // A device was read without end (memory grew until the machine ran out).
   expect_one_line_error(kiln_cmd("inspect /dev/zero"), "not a regular file");
   expect_one_line_error(kiln_cmd("train examples/mlp_digits/model.onnx --train_data input=/dev/zero "

@@ -59,6 +59,18 @@ double autocast_break_even_flops(ir::DType low, bool convolution) {
   return host_has_native_bf16() ? flops : 4 * flops;
 }
 
+namespace {
+/// The error for a compiled program without its step arena: --stop-after cut off the
+/// pass arena_plan (the compiled backend cannot run without it), else an internal error.
+Status no_arena_plan(const char* which, const passes::PassContext* dbg) {
+  if (dbg && dbg->stop_after > 0)
+    return Status::error(std::string("--stop-after ") + std::to_string(dbg->stop_after) + " stops the " + which +
+                         " program before the pass arena_plan, which --backend compiled needs to run it; use "
+                         "--backend eager, or stop after a later pass");
+  return Status::error(std::string("the ") + which + " program has no arena plan (internal)");
+}
+}  // namespace
+
 double autocast_min_flops(const runtime::TrainConfig& cfg, bool convolution) {
   return cfg.autocast_min_flops < 0
              ? autocast_break_even_flops(cfg.fp16 ? ir::DType::f16 : ir::DType::bf16, convolution)
@@ -469,7 +481,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     t0 = Clock::now();
     // The arena as the last pass (arena_plan) placed it; its peak is what the run reports.
     prog.train_arena = runtime::StepArena::of_graph(*train);
-    if (!prog.train_arena) return Status::error("the training program has no arena plan (internal)");
+    if (!prog.train_arena) return no_arena_plan("training", dbg);
     prog.signature.planned_peak_bytes = train->planned_peak_bytes;
     prog.train_times.arena_s = since(t0);
   } else if (auto plan = passes::plan_memory(*train, passes::PlanOptions::eager())) {
@@ -484,7 +496,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   if (compiled) {
     KILN_ASSIGN_OR_RETURN(prog.eval_kernels, compile_program(*eval, cfg, "eval"));
     prog.eval_arena = runtime::StepArena::of_graph(*eval);
-    if (!prog.eval_arena) return Status::error("the eval program has no arena plan (internal)");
+    if (!prog.eval_arena) return no_arena_plan("eval", dbg);
   }
   prog.eval = std::move(eval);
   return prog;
