@@ -102,6 +102,9 @@ struct TrainerOptions {
   /// step that needs another shape is an error. With a provider, Trainer::create may be
   /// given no train_step graph: it asks for the program of the first step's shape.
   ProgramProvider programs;
+  /// Notes may suggest flags that build other programs (--dataloader_drop_last false);
+  /// false in a `kiln compile` binary, whose programs are fixed when it is compiled.
+  bool suggest_program_flags = true;
 };
 
 /// Result of one optimizer step.

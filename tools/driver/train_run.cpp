@@ -634,6 +634,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
   topts.planned_peak_bytes = planned_peak;
   topts.memory_base_bytes = mem_base;
   if (shapes) topts.programs = shapes->provider();
+  topts.suggest_program_flags = loaded == nullptr;  // a loaded program's shapes are fixed
   KILN_ASSIGN_OR_RETURN(auto res,
                         runtime::train(cfg, graphs_of(prog), *train_ds, eval_ds ? &*eval_ds : nullptr, topts));
   const int64_t mem_measured = ir::MemoryStats::peak_bytes() - mem_base;
