@@ -95,6 +95,26 @@ TEST(Plot, CurvesOfTwoRunsOverlaid) {
   EXPECT_NE(svg.find(dir + "/lr5e-4</text>"), std::string::npos) << "the legend names the runs";
 }
 
+TEST(Plot, SeriesNoRunLoggedSaysSo) {
+  // No eval data and no clipping (--max_grad_norm 0: no grad_norm, as Hugging Face): those
+  // panels said nothing and drew axes ticked 0, 0, 1, 1, 1; now each is one line of text.
+  if (!fs::exists(kSrc + "/data/digits/x_train.npy")) FAIL() << "data/ is missing: run tools/prepare_test_data.sh";
+  const std::string dir = kiln::testing::fresh_tmpdir("plot_missing");
+  auto [code, out] = sh("cd '" + kSrc + "' && '" + kBin +
+                        "' train examples/mlp_digits/model.onnx --train_data input=data/digits/x_train.npy "
+                        "--train_data labels=data/digits/y_train.npy --max_steps 10 --logging_steps 2 "
+                        "--max_grad_norm 0 --output_dir '" +
+                        dir + "/run'");
+  ASSERT_EQ(code, 0) << out;
+  auto [pcode, pout] = sh("'" + kBin + "' plot '" + dir + "/run' -o '" + dir + "/curves.svg'");
+  ASSERT_EQ(pcode, 0) << pout;
+  const std::string svg = read(dir + "/curves.svg");
+  EXPECT_NE(svg.find("grad norm: not logged by these runs"), std::string::npos);
+  EXPECT_NE(svg.find("eval loss: not logged by these runs"), std::string::npos);
+  EXPECT_EQ(svg.find("training loss: not logged"), std::string::npos);
+  EXPECT_NE(svg.find("id=\"series-loss-0\""), std::string::npos);
+}
+
 TEST(Plot, MemoryOfSeveralRematPolicies) {
   const std::string dir = kiln::testing::fresh_tmpdir("plot_memory");
   auto [code, out] =

@@ -164,7 +164,12 @@ std::string curves_svg(const std::vector<RunCurves>& runs) {
         if (!std::isfinite(y)) continue;
         xmin = std::min(xmin, x), xmax = std::max(xmax, x), ymin = std::min(ymin, y), ymax = std::max(ymax, y);
       }
-    if (!(xmin <= xmax)) xmin = 0, xmax = 1, ymin = 0, ymax = 1;
+    if (!(xmin <= xmax)) {  // no run logged this series (no eval data, no clipping): say so, draw no axes
+      os << "<g id=\"panel-" << pn.id << "\">\n<text class=\"not-logged\" x=\"" << num((p % 2) * kPanelW + kPanelW / 2)
+         << "\" y=\"" << num((p / 2) * kPanelH + kPanelH / 2) << "\" text-anchor=\"middle\" font-size=\"14\">"
+         << esc(pn.title) << ": not logged by these runs</text>\n</g>\n";
+      continue;
+    }
     if (ymin > 0 && ymin < 0.5 * ymax) ymin = 0;  // start at zero when that keeps the curve readable
     const double pad = (ymax - ymin) * 0.05;
     ymax += pad;
