@@ -950,8 +950,9 @@ Expected<TrainResult> Trainer::run() {
       left > 0 && steps_per_epoch_ > 0 && !train_->is_tokens())
     out << "note: each epoch trains on " << steps_per_epoch_ * job_rows_ << " of the " << train_->num_rows()
         << " rows (whole steps of " << job_rows_ << " rows"
-        << (world_ > 1 || !opts_.suggest_program_flags ? ""
-                                          : "; --dataloader_drop_last false trains the rest with a program of its size")
+        << (world_ > 1 || !opts_.suggest_program_flags
+                ? ""
+                : "; --dataloader_drop_last false trains the rest with a program of its size")
         << "); the " << left << (left == 1 ? " row left over differs" : " rows left over differ")
         << " from epoch to epoch (the order is reshuffled)\n";
   for (const Dataset* d : {train_, eval_})
