@@ -118,8 +118,9 @@ std::string program_cache_path(const runtime::TrainConfig& cfg, const std::strin
 
 std::optional<runtime::Program> load_cached_program(const runtime::TrainConfig& cfg, const passes::PassContext* dbg) {
   if (cfg.no_cache) return std::nullopt;
-  if (dbg && (!dbg->print_ir_after.empty() || !dbg->dump_ir_dir.empty() || dbg->verify_each || dbg->time_passes))
-    return std::nullopt;  // the user asked to see the passes run
+  if (dbg && (!dbg->print_ir_after.empty() || !dbg->dump_ir_dir.empty() || dbg->verify_each || dbg->time_passes ||
+              dbg->stop_after > 0))
+    return std::nullopt;  // the user asked to see the passes run, or to cut them short
   if (log_enabled("graph") || log_enabled("fusion") || log_enabled("output_code") || log_enabled("memory"))
     return std::nullopt;  // and these topics print what the passes build
   auto key = program_cache_key(cfg);
@@ -145,8 +146,9 @@ std::optional<runtime::Program> load_cached_program(const runtime::TrainConfig& 
   return std::move(*p);
 }
 
-void store_cached_program(const runtime::TrainConfig& cfg, const runtime::Program& p) {
+void store_cached_program(const runtime::TrainConfig& cfg, const runtime::Program& p, const passes::PassContext* dbg) {
   if (cfg.no_cache) return;
+  if (dbg && dbg->stop_after > 0) return;  // not the whole pipeline's program: never under its key
   auto key = program_cache_key(cfg);
   if (!key) return;
   runtime::ProgramFileInfo info;

@@ -35,11 +35,15 @@ Expected<std::string> program_cache_key(const runtime::TrainConfig& cfg);
 std::string program_cache_path(const runtime::TrainConfig& cfg, const std::string& key);
 
 /// The cached program of `cfg`, or nullopt (a miss, the cache off by --no_cache, IR dumps
-/// asked for in `dbg`, or an unusable entry: one warning line). Logs "cache" lines.
+/// or --stop-after asked for in `dbg`, or an unusable entry: one warning line). Logs
+/// "cache" lines.
 std::optional<runtime::Program> load_cached_program(const runtime::TrainConfig& cfg, const passes::PassContext* dbg);
 
 /// Stores `p` (built for `cfg`) in the cache; never fails the run (one warning line).
-void store_cached_program(const runtime::TrainConfig& cfg, const runtime::Program& p);
+/// Nothing is stored for a pipeline cut short by --stop-after in `dbg` (its program is not
+/// the one the key names).
+void store_cached_program(const runtime::TrainConfig& cfg, const runtime::Program& p,
+                          const passes::PassContext* dbg = nullptr);
 
 /// kiln's version string (KILN_VERSION).
 const char* kiln_version();

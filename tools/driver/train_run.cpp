@@ -118,7 +118,7 @@ Expected<runtime::TrainGraphs> ShapePrograms::get(const runtime::StepShape& shap
     KILN_ASSIGN_OR_RETURN(TrainingProgram built,
                           build_training_program(c, dbg_, false, false, total_steps_, module_.get()));
 #ifndef KILN_AOT
-    store_cached_program(c, built);  // removed again by the run's guard if it fails
+    store_cached_program(c, built, dbg_);  // removed again by the run's guard if it fails
 #endif
     prog = std::move(built);
   }
@@ -606,7 +606,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
     KILN_ASSIGN_OR_RETURN(auto built, std::move(built_or));
     module.reset();  // ShapePrograms imports again if the last partial batch needs a program
 #ifndef KILN_AOT
-    store_cached_program(cfg, built);  // removed again by the guard if the run fails
+    store_cached_program(cfg, built, dbg);  // removed again by the guard if the run fails
 #endif
     have = std::move(built);
   }
