@@ -146,10 +146,16 @@ std::vector<int64_t> dims_of_input(const KernelContext& ctx, int i) {
 onednn::PreparedMatmul* cached_matmul(const KernelContext& ctx, DType out_dt) {
   const auto* c = ctx.cache ? static_cast<const MatmulNodeCache*>(ctx.cache->get()) : nullptr;
   if (!c || c->in_dt != ctx.in(0).dtype() || c->out_dt != out_dt || c->a != ctx.in(0).dims() ||
-      c->b != ctx.in(1).dims() || c->c != dims_of_input(ctx, 2))
+      c->b != ctx.in(1).dims() || (ctx.has_input(2) ? c->c != ctx.in(2).dims() : !c->c.empty()))
     return nullptr;
   return c->prim.get();
 }
+
+std::string where(const KernelContext& ctx) { return "node '" + ctx.node.name + "' (" + ctx.node.op + ")"; }
+
+/// `st`, prefixed with where(ctx) when it is an error (the text is built only then: these
+/// calls are on every step's path).
+Status in_node(Status st, const KernelContext& ctx) { return st ? st : st.with_context(where(ctx)); }
 
 /// Runs the product of operands `a`, `b` (and `bias`) into `y` through a newly prepared
 /// oneDNN primitive, kept in the node's cache slot, or through onednn::matmul when no
@@ -170,7 +176,7 @@ Status matmul_kernel(KernelContext& ctx) {
   Tensor& Y = ctx.out(0);
   if (use_onednn(A.dtype()))
     if (onednn::PreparedMatmul* p = cached_matmul(ctx, Y.dtype()))
-      return onednn::run_matmul(*p, A.raw(), B.raw(), Y.raw()).with_context("node '" + ctx.node.name + "' (MatMul)");
+      return in_node(onednn::run_matmul(*p, A.raw(), B.raw(), Y.raw()), ctx);
   // kiln_perm_a / kiln_perm_b (passes/absorb_transpose.cpp): an operand is read through a
   // transposed view, strided, without a copy.
   const std::vector<int64_t> perm_a = ctx.attrs().get_ints("kiln_perm_a"), perm_b = ctx.attrs().get_ints("kiln_perm_b");
@@ -192,9 +198,9 @@ Status matmul_kernel(KernelContext& ctx) {
   const std::vector<int64_t> bs = strided ? padded_strides(vb, false, s.cd.size()) : ir::strides_of(s.bd);
   if (use_onednn(A.dtype())) {
     Tensor y = Y.reshaped(s.cd);  // C (..., M, N) as oneDNN sees it: Y's buffer
-    return matmul_into(ctx, {A.raw(), s.ad, strided ? as : std::vector<int64_t>{}},
-                       {B.raw(), s.bd, strided ? bs : std::vector<int64_t>{}}, y, nullptr)
-        .with_context("node '" + ctx.node.name + "' (MatMul)");
+    return in_node(matmul_into(ctx, {A.raw(), s.ad, strided ? as : std::vector<int64_t>{}},
+                               {B.raw(), s.bd, strided ? bs : std::vector<int64_t>{}}, y, nullptr),
+                   ctx);
   }
   return dispatch_float(ctx, A.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -209,8 +215,7 @@ Status gemm_kernel(KernelContext& ctx) {
   Tensor& Y = ctx.out(0);
   if (use_onednn(A.dtype()))
     if (onednn::PreparedMatmul* p = cached_matmul(ctx, Y.dtype()))
-      return onednn::run_matmul(*p, A.raw(), B.raw(), Y.raw(), Cm ? Cm->raw() : nullptr)
-          .with_context("node '" + ctx.node.name + "' (Gemm)");
+      return in_node(onednn::run_matmul(*p, A.raw(), B.raw(), Y.raw(), Cm ? Cm->raw() : nullptr), ctx);
   bool ta = ctx.attrs().get_int("transA", 0) != 0, tb = ctx.attrs().get_int("transB", 0) != 0;
   double alpha = ctx.attrs().get_float("alpha", 1.0), beta = ctx.attrs().get_float("beta", 1.0);
   const int64_t M = Y.dim(0), N = Y.dim(1), K = ta ? A.dim(0) : A.dim(1);
@@ -245,8 +250,7 @@ Status gemm_kernel(KernelContext& ctx) {
   };
   if (use_onednn(A.dtype()) && K > 0 && !Cm && alpha == 1.0) {
     // Y = op(A) op(B): oneDNN writes Y in its dtype (f32 accumulation), no extra pass.
-    return matmul_into(ctx, {A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, Y, nullptr)
-        .with_context("node '" + ctx.node.name + "' (Gemm)");
+    return in_node(matmul_into(ctx, {A.raw(), {M, K}, as}, {B.raw(), {K, N}, bs}, Y, nullptr), ctx);
   }
   if (use_onednn(A.dtype()) && K > 0 && Cm && alpha == 1.0 && beta == 1.0 && Cm->numel() > 0) {
     // Y = op(A) op(B) + C with C broadcast from (N), (1, N), (M, 1) or (M, N): C is
@@ -449,8 +453,6 @@ void conv_bwd_weight_loop(const ConvProblem& p, const T* dy, const T* x, T* dw) 
   }
 }
 
-std::string where(const KernelContext& ctx) { return "node '" + ctx.node.name + "' (" + ctx.node.op + ")"; }
-
 /// What a Conv, ConvGradInput or ConvGradWeight node keeps in its cache slot: the oneDNN
 /// primitive prepared for the dims and dtype it was first called with.
 struct ConvNodeCache {
@@ -473,9 +475,9 @@ Status onednn_conv(KernelContext& ctx, onednn::ConvDirection dir, const std::vec
     auto fresh = std::make_shared<ConvNodeCache>(
         ConvNodeCache{x, w, y, dt, bias != nullptr, onednn::prepare_conv(dir, p->geo, dt, bias != nullptr)});
     if (ctx.cache) *ctx.cache = fresh;
-    return onednn::run_conv(*fresh->prim, a, b, bias, out).with_context(where(ctx));
+    return in_node(onednn::run_conv(*fresh->prim, a, b, bias, out), ctx);
   }
-  return onednn::run_conv(*c->prim, a, b, bias, out).with_context(where(ctx));
+  return in_node(onednn::run_conv(*c->prim, a, b, bias, out), ctx);
 }
 
 Status conv_kernel(KernelContext& ctx) {

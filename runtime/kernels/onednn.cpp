@@ -227,8 +227,8 @@ void f32_to_bf16(const float* src, void* dst, int64_t n) {
 /// Convolutions (2 * N * M * C/G * kernel taps * output pixels) and matrix products
 /// (2 * batch * M * N * K) below this many FLOPs run on the calling thread alone: oneDNN creates and runs the primitive
 /// with one OpenMP thread, so a call enters no parallel region. Measured on a 2-core AVX-512 Xeon (docs/performance.md,
-/// "Convolutions"): resnet18 batch 4 took 2.18 ms per step with every call on two threads, 1.88-1.93 with thresholds
-/// from 1 to 64 MFLOP; at batch 32, 4.43-4.49 ms up to 16 MFLOP and 4.80 at 64.
+/// "Peer benchmark", "Second session"): resnet18 batch 4 took 2.18 ms per step with every call on two
+/// threads, 1.88-1.93 with thresholds from 1 to 64 MFLOP; at batch 32, 4.43-4.49 ms up to 16 MFLOP and 4.80 at 64.
 constexpr int64_t kSingleThreadFlops = int64_t{4} << 20;
 
 /// Sets the calling thread's OpenMP thread count for its lifetime, when `one` is true.
@@ -310,29 +310,40 @@ std::shared_ptr<Cached> direct_matmul(const Operand& a, const Operand& b, const 
 
 }  // namespace
 
-std::shared_ptr<PreparedMatmul> prepare_matmul(const Operand& a, const Operand& b, const std::vector<int64_t>& c_dims,
-                                               ir::DType in_dt, ir::DType out_dt, const Operand* bias) {
-  const Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
-  if (!bias && dense_copy_first(a, c_dims, idt)) return nullptr;
+namespace {
+
+/// `prim` (built, ok) with memory objects of the layouts it takes, their buffers set per
+/// call by run_matmul; null when oneDNN refuses one.
+std::shared_ptr<PreparedMatmul> bind_matmul(std::shared_ptr<Cached> prim, bool single, bool bias) {
   auto p = std::make_shared<PreparedMatmul>();
-  p->prim = direct_matmul(a, b, c_dims, idt, odt, bias, p->single);
-  if (!p->prim->ok) return nullptr;
+  p->prim = std::move(prim);
+  p->single = single;
   try {
-    // Descriptors as the primitive takes them; buffers set per call.
-    const dnnl::primitive& prim = p->prim->prim;
-    p->src = memory(arg_md(prim, DNNL_ARG_SRC), engine(), DNNL_MEMORY_NONE);
-    p->weights = memory(arg_md(prim, DNNL_ARG_WEIGHTS), engine(), DNNL_MEMORY_NONE);
-    p->dst = memory(arg_md(prim, DNNL_ARG_DST), engine(), DNNL_MEMORY_NONE);
+    const dnnl::primitive& pr = p->prim->prim;
+    p->src = memory(arg_md(pr, DNNL_ARG_SRC), engine(), DNNL_MEMORY_NONE);
+    p->weights = memory(arg_md(pr, DNNL_ARG_WEIGHTS), engine(), DNNL_MEMORY_NONE);
+    p->dst = memory(arg_md(pr, DNNL_ARG_DST), engine(), DNNL_MEMORY_NONE);
     p->args = {{DNNL_ARG_SRC, p->src}, {DNNL_ARG_WEIGHTS, p->weights}, {DNNL_ARG_DST, p->dst}};
     if (bias) {
       p->bias = true;
-      p->bias_mem = memory(arg_md(prim, DNNL_ARG_BIAS), engine(), DNNL_MEMORY_NONE);
+      p->bias_mem = memory(arg_md(pr, DNNL_ARG_BIAS), engine(), DNNL_MEMORY_NONE);
       p->args[DNNL_ARG_BIAS] = p->bias_mem;
     }
   } catch (const dnnl::error&) {
     return nullptr;
   }
   return p;
+}
+
+}  // namespace
+
+std::shared_ptr<PreparedMatmul> prepare_matmul(const Operand& a, const Operand& b, const std::vector<int64_t>& c_dims,
+                                               ir::DType in_dt, ir::DType out_dt, const Operand* bias) {
+  const Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
+  if (!bias && dense_copy_first(a, c_dims, idt)) return nullptr;
+  bool single = false;
+  auto prim = direct_matmul(a, b, c_dims, idt, odt, bias, single);
+  return prim->ok ? bind_matmul(std::move(prim), single, bias != nullptr) : nullptr;
 }
 
 Status run_matmul(PreparedMatmul& p, const void* a, const void* b, void* c, const void* bias) {
@@ -367,16 +378,8 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
   const bool strided = as != row_major(a.dims) || bs != row_major(b.dims);
   auto prim = direct_matmul(a, b, c_dims, idt, odt, nullptr, single);
-  if (prim->ok) {  // the direct product after all (the dense copy above failed)
-    PreparedMatmul p;
-    p.prim = prim;
-    p.single = single;
-    p.src = memory(md(a.dims, idt, as), engine(), const_cast<void*>(a.data));
-    p.weights = memory(md(b.dims, idt, bs), engine(), const_cast<void*>(b.data));
-    p.dst = memory(md(c_dims, odt), engine(), c);
-    p.args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights}, {DNNL_ARG_DST, p.dst}};
-    return run_matmul(p, a.data, b.data, c, nullptr);
-  }
+  if (prim->ok)  // the direct product after all (the dense copy above failed)
+    if (auto p = bind_matmul(prim, single, false)) return run_matmul(*p, a.data, b.data, c, nullptr);
   if (strided && idt == Dt::f32) {
     // Dense copies of the strided operands (oneDNN reorders), then the dense product.
     std::vector<float> da, db;
@@ -431,6 +434,7 @@ struct PreparedConv {
     bool staged = false;
     dnnl::primitive reorder;  ///< plain -> chosen for a and b, chosen -> plain for out
     memory plain_mem, chosen_mem;
+    std::unordered_map<int, memory> reorder_args;  ///< FROM / TO of `reorder`
   };
   Arg args[3];
   memory bias_mem;
@@ -504,10 +508,11 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
       a.staged = a.chosen != a.plain;
       if (a.staged) {
         a.chosen_mem = memory(a.chosen, engine(), DNNL_MEMORY_NONE);
-        a.reorder =
-            r < 2
-                ? dnnl::primitive(dnnl::reorder(dnnl::reorder::primitive_desc(engine(), a.plain, engine(), a.chosen)))
-                : dnnl::primitive(dnnl::reorder(dnnl::reorder::primitive_desc(engine(), a.chosen, engine(), a.plain)));
+        const memory& from = r < 2 ? a.plain_mem : a.chosen_mem;
+        const memory& to = r < 2 ? a.chosen_mem : a.plain_mem;
+        a.reorder = dnnl::primitive(
+            dnnl::reorder(dnnl::reorder::primitive_desc(engine(), from.get_desc(), engine(), to.get_desc())));
+        a.reorder_args = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
       }
       p->exec_args[a.id] = a.staged ? a.chosen_mem : a.plain_mem;
     }
@@ -533,12 +538,11 @@ Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias,
         PreparedConv::Arg& x = p.args[r];
         x.plain_mem.set_data_handle(const_cast<void*>(ptr[r]));
         if (x.staged) x.chosen_mem.set_data_handle(staging(r, x.chosen.get_size()));
-        if (x.staged && r < 2) x.reorder.execute(s, {{DNNL_ARG_FROM, x.plain_mem}, {DNNL_ARG_TO, x.chosen_mem}});
+        if (x.staged && r < 2) x.reorder.execute(s, x.reorder_args);
       }
       if (p.bias) p.bias_mem.set_data_handle(const_cast<void*>(bias));
       p.prim->prim.execute(s, p.exec_args);
-      if (p.args[2].staged)
-        p.args[2].reorder.execute(s, {{DNNL_ARG_FROM, p.args[2].chosen_mem}, {DNNL_ARG_TO, p.args[2].plain_mem}});
+      if (p.args[2].staged) p.args[2].reorder.execute(s, p.args[2].reorder_args);
       s.wait();
     } catch (const dnnl::error& e) {
       return Status::error(std::string("oneDNN execution failed: ") + e.what());

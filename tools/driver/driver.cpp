@@ -39,6 +39,16 @@ constexpr double kAutocastBreakEvenFlops = 3e6;
 /// and resnet18 trained slower with --bf16 than in fp32 while they were cast. The
 /// break-even lies above that; 100 MFLOP until a larger convolution is measured.
 constexpr double kAutocastConvBreakEvenFlops = 1e8;
+
+/// The error for a compiled program without its step arena: --stop-after cut off the
+/// pass arena_plan (the compiled backend cannot run without it), else an internal error.
+Status no_arena_plan(const char* which, const passes::PassContext* dbg) {
+  if (dbg && dbg->stop_after > 0)
+    return Status::error(std::string("--stop-after ") + std::to_string(dbg->stop_after) + " stops the " + which +
+                         " program before the pass arena_plan, which --backend compiled needs to run it; use "
+                         "--backend eager, or stop after a later pass");
+  return Status::error(std::string("the ") + which + " program has no arena plan (internal)");
+}
 }  // namespace
 
 bool host_has_native_bf16() {
@@ -58,18 +68,6 @@ double autocast_break_even_flops(ir::DType low, bool convolution) {
   const double flops = convolution ? kAutocastConvBreakEvenFlops : kAutocastBreakEvenFlops;
   return host_has_native_bf16() ? flops : 4 * flops;
 }
-
-namespace {
-/// The error for a compiled program without its step arena: --stop-after cut off the
-/// pass arena_plan (the compiled backend cannot run without it), else an internal error.
-Status no_arena_plan(const char* which, const passes::PassContext* dbg) {
-  if (dbg && dbg->stop_after > 0)
-    return Status::error(std::string("--stop-after ") + std::to_string(dbg->stop_after) + " stops the " + which +
-                         " program before the pass arena_plan, which --backend compiled needs to run it; use "
-                         "--backend eager, or stop after a later pass");
-  return Status::error(std::string("the ") + which + " program has no arena plan (internal)");
-}
-}  // namespace
 
 double autocast_min_flops(const runtime::TrainConfig& cfg, bool convolution) {
   return cfg.autocast_min_flops < 0
