@@ -193,6 +193,20 @@ Expected<bool> remat_saved_casts(Graph& g) {
   return !plans.empty();
 }
 
+/// Rule (d): marks convolution-class node `n` (low_precision, not a matrix product) of
+/// fewer FLOPs than `min_conv_flops` kiln_compute_f32 = its FLOPs when the low-precision
+/// dtype is bf16: its values stay bf16 (storage, saved activations) and its kernel
+/// computes in f32 (runtime/kernels/onednn.h, prepare_conv). Returns whether it marked.
+bool mark_compute_f32(Node& n, DType low, double min_conv_flops) {
+  if (low != DType::bf16 || min_conv_flops <= 0 || has_trait(n, OpTrait::matmul) || !n.shapes_static()) return false;
+  const OpDef* def = OpTable::get().find(n.op);
+  if (!def || def->precision != PrecisionPolicy::low_precision) return false;
+  const double flops = node_cost(n).flops;
+  if (flops >= min_conv_flops) return false;
+  n.attrs.set("kiln_compute_f32", flops);
+  return true;
+}
+
 class Autocast : public Pass {
  public:
   std::string name() const override { return "autocast"; }
@@ -213,9 +227,13 @@ class Autocast : public Pass {
                            "' (expected bf16 or f16)");
     low_ = want;
     params_.clear();
+    state_.clear();
     cache_.clear();
     for (auto& sb : g.state)
-      if (sb.kind == "parameter") params_.insert(sb.input);
+      if (sb.kind == "parameter")
+        params_.insert(sb.input);
+      else if (sb.input)
+        state_.insert(sb.input);  // buffers: BatchNormalization's running statistics
 
     // Original dtypes of graph outputs and state outputs, restored at the end.
     std::vector<std::pair<Value*, DType>> keep;
@@ -246,7 +264,9 @@ class Autocast : public Pass {
         const double min_flops = has_trait(*n, OpTrait::matmul) ? min_product_flops : min_conv_flops;
         if (min_flops > 0 && n->shapes_static()) {
           const double flops = node_cost(*n).flops;
-          if (flops < min_flops) {
+          if (flops < min_flops && mark_compute_f32(*n, low_, min_conv_flops)) {
+            // A convolution: bf16 storage, f32 compute (rule (d)).
+          } else if (flops < min_flops) {
             target = DType::f32;
             for (Value* in : n->inputs)
               if (in && is_float(in->dtype) && rank_of(in->dtype) > rank_of(target)) target = in->dtype;
@@ -321,10 +341,12 @@ class Autocast : public Pass {
   }
 
  private:
-  /// Parameters, constant initializers and rank-0 values follow the activations' dtype
+  /// Parameters, other state (buffers), constant initializers and rank-0 values follow the activations' dtype
   /// (rule (a): PyTorch type promotion, where a 0-dim tensor does not promote a
   /// dimensioned one of the same category: bf16 tensor * f32 0-dim -> bf16).
-  bool is_weak(const Value* v) const { return params_.count(v) || v->is_initializer() || v->shape.rank() == 0; }
+  bool is_weak(const Value* v) const {
+    return params_.count(v) || state_.count(v) || v->is_initializer() || v->shape.rank() == 0;
+  }
 
   /// Rule (b): whether the f32 result of fp32-policy node `n`, all of whose float
   /// activation inputs arrived in bf16, is stored in bf16: one float output, shaped
@@ -333,7 +355,7 @@ class Autocast : public Pass {
   /// nor a state output (those keep their dtype).
   static bool stores_low(const Graph& g, const Node& n, const Value* first_act,
                          const std::vector<std::pair<Value*, DType>>& keep) {
-    if (n.num_outputs() != 1 || !first_act) return false;
+    if (n.num_outputs() < 1 || !first_act) return false;
     const Value* y = n.outputs[0];
     if (y->dtype != DType::f32 || !(y->shape == first_act->shape) || g.is_graph_output(y)) return false;
     for (auto& [v, dt] : keep)
@@ -422,6 +444,7 @@ class Autocast : public Pass {
 
   DType low_ = DType::bf16;
   std::set<const Value*> params_;
+  std::set<const Value*> state_;  ///< state inputs other than parameters (weak, like them)
   std::map<std::pair<Value*, DType>, Value*> cache_;
 };
 
@@ -487,13 +510,20 @@ class CastSimplify : public Pass {
 class AutocastGrad : public Pass {
  public:
   std::string name() const override { return "autocast_grad"; }
-  Expected<bool> run(Graph& g, PassContext&) override {
+  Expected<bool> run(Graph& g, PassContext& ctx) override {
     const auto& table = OpTable::get();
     std::map<Value*, Value*> up;  // low-precision value -> its f32 copy
     std::vector<Node*> order;
     for (auto& n : g.nodes()) order.push_back(n.get());
     bool changed = false;
     for (Node* n : order) {
+      // Rule (d) for the backward pass's convolutions (ConvGradInput, ConvGradWeight) on
+      // bf16 operands.
+      bool bf16_in = false;
+      for (Value* in : n->inputs) bf16_in = bf16_in || (in && in->dtype == DType::bf16);
+      if (bf16_in && !n->attrs.has("kiln_compute_f32") &&
+          mark_compute_f32(*n, ctx.options.autocast.dtype, ctx.options.autocast.min_conv_flops))
+        changed = true;
       const OpDef* def = table.find(n->op);
       if (!def || def->precision != PrecisionPolicy::fp32) continue;
       bool low_in = false;

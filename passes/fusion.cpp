@@ -28,7 +28,9 @@
 //    statistics (row stores such as Mean) does not join it: it starts its own group
 //    (typically the prologue of a column reduction, passes/decompose.cpp).
 //  * A widening Cast of a value read elsewhere too starts a group (its readers join it)
-//    instead of joining its producer's, which would write a second, wider copy.
+//    instead of joining its producer's, which would write a second, wider copy. A
+//    widening Cast read by several fusable nodes is first repeated before each of them
+//    (repeat_shared_widening_casts), so each kernel reads the narrow value.
 //  * A view (Transpose; Expand; Slice with positive steps; the Reshape family; constant
 //    shape operands) starts a group over its output shape (later pointwise nodes join
 //    it): code generation reads its input through permuted, broadcast, stepped or
@@ -220,8 +222,49 @@ Status fuse_regions(Graph& g, int min_nodes, int& counter) {
   return Status::ok();
 }
 
+/// A widening Cast (autocast's bf16 -> f32 input casts of fp32-policy nodes: a batch
+/// norm's statistics and normalisation over a convolution's bf16 output) read by several
+/// nodes that fuse is repeated right before each of its later fusable readers
+/// ("<cast>/dup<k>"), so that every copy fuses into its reader's kernel, which then reads
+/// the narrow value. Written out once, the wide copy would cost a kernel of its own, a
+/// write and reads of twice the bytes, and its memory while the readers run (Inductor
+/// inlines cheap pointwise producers into each consumer the same way). The cast stays
+/// for its first reader and for any reader that does not fuse.
+Status repeat_shared_widening_casts(Graph& g) {
+  std::unordered_set<const Value*> outs(g.outputs.begin(), g.outputs.end());
+  for (auto& sb : g.state)
+    if (sb.output) outs.insert(sb.output);
+  std::vector<Node*> casts;
+  for (auto& n : g.nodes()) {
+    const Value* x = n->num_inputs() == 1 ? n->inputs[0] : nullptr;
+    if (has_trait(*n, OpTrait::cast) && x && is_float(x->dtype) && n->num_outputs() == 1 &&
+        is_float(n->outputs[0]->dtype) && dtype_size(n->outputs[0]->dtype) > dtype_size(x->dtype) &&
+        !outs.count(n->outputs[0]) && fusable(*n))
+      casts.push_back(n.get());
+  }
+  for (Node* c : casts) {
+    Value* y = c->outputs[0];
+    std::vector<Node*> readers;
+    for (auto& u : g.uses(y))
+      if (std::find(readers.begin(), readers.end(), u.user) == readers.end()) readers.push_back(u.user);
+    if (readers.size() < 2) continue;
+    std::sort(readers.begin(), readers.end(), [&](Node* a, Node* b) { return g.index_of(a) < g.index_of(b); });
+    for (size_t k = 1; k < readers.size(); ++k) {
+      Node* r = readers[k];
+      if (!fusable(*r) && !reduction_fusable(*r) && !row_fusable(*r)) continue;
+      Node* d = g.insert_node(static_cast<size_t>(g.index_of(r)), c->op, c->name + "/dup" + std::to_string(k),
+                              {c->inputs[0]}, {g.unique_name(y->name + ".dup")}, c->attrs);
+      KILN_RETURN_IF_ERROR(infer_node(*d).with_context("fusion"));
+      for (auto& in : r->inputs)
+        if (in == y) in = d->outputs[0];
+    }
+  }
+  return Status::ok();
+}
+
 Status fuse_graph(Graph& g, int min_nodes, int& counter) {
   KILN_RETURN_IF_ERROR(fuse_regions(g, min_nodes, counter));
+  KILN_RETURN_IF_ERROR(repeat_shared_widening_casts(g));
   const auto& nodes = g.nodes();
   std::unordered_map<const Node*, size_t> pos;
   for (size_t i = 0; i < nodes.size(); ++i) pos[nodes[i].get()] = i;

@@ -756,10 +756,26 @@ class Planner {
       if (x.first != y.first) return x.first < y.first;
       return x.size > y.size;
     });
-    std::vector<int64_t> off_size, off_start;
-    const int64_t top_size = place(by_size, off_size), top_start = place(by_start, off_start);
-    const std::vector<int64_t>& chosen = top_start < top_size ? off_start : off_size;
-    plan_.arena_bytes = std::min(top_size, top_start);
+    // Also: longest-lived first (then size), and by area (bytes x positions live), the
+    // orders of the "greedy by breadth" and conflict-area heuristics (Pisarchyk & Lee,
+    // "Efficient Memory Management for Deep Neural Net Inference", 2020).
+    std::vector<int> by_life = by_size, by_area = by_size;
+    auto life = [&](int k) { return int64_t{plan_.buffers[k].last} - plan_.buffers[k].first + 1; };
+    std::stable_sort(by_life.begin(), by_life.end(), [&](int a, int b) {
+      if (life(a) != life(b)) return life(a) > life(b);
+      return plan_.buffers[a].size > plan_.buffers[b].size;
+    });
+    std::stable_sort(by_area.begin(), by_area.end(), [&](int a, int b) {
+      const double x = double(plan_.buffers[a].size) * double(life(a)), y = double(plan_.buffers[b].size) * double(life(b));
+      return x > y;
+    });
+    std::vector<int64_t> chosen;
+    plan_.arena_bytes = -1;
+    for (const std::vector<int>* order : {&by_size, &by_start, &by_life, &by_area}) {
+      std::vector<int64_t> off;
+      const int64_t top = place(*order, off);
+      if (plan_.arena_bytes < 0 || top < plan_.arena_bytes) plan_.arena_bytes = top, chosen = std::move(off);
+    }
     for (size_t k = 0; k < plan_.buffers.size(); ++k)
       if (plan_.buffers[k].in_arena) plan_.buffers[k].offset = chosen[k];
     for (auto& vp : plan_.values)

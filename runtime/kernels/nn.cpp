@@ -464,7 +464,9 @@ struct ConvNodeCache {
 
 /// Runs the node's convolution through oneDNN: the primitive in the node's cache slot when
 /// it was prepared for these dims, dtype and bias, else conv_problem's checks and a newly
-/// prepared primitive (kept in the slot). a, b, bias, out: as onednn::run_conv.
+/// prepared primitive (kept in the slot). a, b, bias, out: as onednn::run_conv. A bf16
+/// node that autocast marked kiln_compute_f32 (below the convolution break-even) runs
+/// oneDNN's f32 primitive, its operands converted in the reorders that stage them.
 Status onednn_conv(KernelContext& ctx, onednn::ConvDirection dir, const std::vector<int64_t>& x,
                    const std::vector<int64_t>& w, const std::vector<int64_t>& y, DType dt, const void* a, const void* b,
                    const void* bias, void* out) {
@@ -472,8 +474,9 @@ Status onednn_conv(KernelContext& ctx, onednn::ConvDirection dir, const std::vec
   if (!c || c->x != x || c->w != w || c->y != y || c->dt != dt || c->bias != (bias != nullptr)) {
     auto p = conv_problem(ctx, x, w, y);
     if (!p) return p.status();
-    auto fresh = std::make_shared<ConvNodeCache>(
-        ConvNodeCache{x, w, y, dt, bias != nullptr, onednn::prepare_conv(dir, p->geo, dt, bias != nullptr)});
+    const DType compute = dt == DType::bf16 && ctx.attrs().has("kiln_compute_f32") ? DType::f32 : dt;
+    auto fresh = std::make_shared<ConvNodeCache>(ConvNodeCache{
+        x, w, y, dt, bias != nullptr, onednn::prepare_conv(dir, p->geo, dt, bias != nullptr, compute)});
     if (ctx.cache) *ctx.cache = fresh;
     return in_node(onednn::run_conv(*fresh->prim, a, b, bias, out), ctx);
   }
@@ -762,25 +765,44 @@ Status maxpool_kernel(KernelContext& ctx) {
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
   const TapRanges taps(q);
-  if (X.dtype() == ir::DType::f32) {
+  const bool bf16 = X.dtype() == ir::DType::bf16;
+  if (X.dtype() == ir::DType::f32 || bf16) {
+    // bf16 runs the f32 code on each plane widened to f32 (exact), and narrows the maxima
+    // back (exact: each is one of the plane's values).
     const auto cols = interior_columns(q, taps);
-    const float* x = X.data<float>();
-    float* y = Y.data<float>();
     int64_t* idx = I ? I->data<int64_t>() : nullptr;
     // Work: every output reads its window's taps (a 3x3 pool is 9 loads and selects each).
     const int64_t work = p->NC * OS * q.k[0] * q.k[1] * q.k[2];
 #pragma omp parallel for schedule(static) if (work >= kParallelThreshold)
     for (int64_t nc = 0; nc < p->NC; ++nc) {
       thread_local std::vector<int64_t> arg;
+      thread_local std::vector<float> xw, yw;
       arg.resize(static_cast<size_t>(q.out[2]));
+      const float* xp;
+      float* yp;
+      if (bf16) {
+        xw.resize(static_cast<size_t>(IS));
+        yw.resize(static_cast<size_t>(OS));
+        const bf16_t* xs = X.data<bf16_t>() + nc * IS;
+        for (int64_t i = 0; i < IS; ++i) xw[i] = ir::bf16_to_f32(xs[i].bits);
+        xp = xw.data();
+        yp = yw.data();
+      } else {
+        xp = X.data<float>() + nc * IS;
+        yp = Y.data<float>() + nc * OS;
+      }
       for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
         for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
           const int64_t r = (nc * q.out[0] + o0) * q.out[1] + o1;
-          maxpool_row_f32(q, taps, cols, x + nc * IS, o0, o1, y + r * q.out[2], arg.data());
+          maxpool_row_f32(q, taps, cols, xp, o0, o1, yp + (o0 * q.out[1] + o1) * q.out[2], arg.data());
           if (idx)
             for (int64_t o2 = 0; o2 < q.out[2]; ++o2)
               idx[r * q.out[2] + o2] = arg[o2] < 0 ? -1 : nc * IS + spatial_index(arg[o2]);
         }
+      if (bf16) {
+        bf16_t* ys = Y.data<bf16_t>() + nc * OS;
+        for (int64_t i = 0; i < OS; ++i) ys[i].bits = ir::f32_to_bf16(yw[i]);
+      }
     }
     return Status::ok();
   }
@@ -814,32 +836,45 @@ Status maxpool_grad_kernel(KernelContext& ctx) {
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
   const TapRanges taps(q);
-  if (X.dtype() == ir::DType::f32) {
+  const bool bf16 = X.dtype() == ir::DType::bf16;
+  if (X.dtype() == ir::DType::f32 || bf16) {
     // Windows that do not overlap give each input at most one addend: dX is written in
-    // f32 directly (0 + dy is exact); overlapping ones sum in f64, as below.
+    // f32 directly (0 + dy is exact); overlapping ones sum in f64, as below. bf16: each
+    // plane of X and dY widened to f32 (exact) and dX narrowed as the generic code stores
+    // it (through f32).
     bool disjoint = true;
     for (int i = 0; i < 3; ++i) disjoint &= q.out[i] <= 1 || q.s[i] >= (q.k[i] - 1) * q.d[i] + 1;
     const auto cols = interior_columns(q, taps);
-    const float* x = X.data<float>();
-    const float* dy = dY.data<float>();
-    float* dx = dX.data<float>();
     const int64_t work = p->NC * (IS + OS * q.k[0] * q.k[1] * q.k[2]);
 #pragma omp parallel for schedule(static) if (work >= kParallelThreshold)
     for (int64_t nc = 0; nc < p->NC; ++nc) {
-      thread_local std::vector<float> best;
+      thread_local std::vector<float> best, xw, dyw, dxw;
       thread_local std::vector<int64_t> arg;
       thread_local std::vector<double> acc;
       best.resize(static_cast<size_t>(q.out[2]));
       arg.resize(static_cast<size_t>(q.out[2]));
-      float* dxp = dx + nc * IS;
+      const float *xp, *dyp;
+      float* dxp;
+      if (bf16) {
+        xw.resize(static_cast<size_t>(IS));
+        dyw.resize(static_cast<size_t>(OS));
+        dxw.resize(static_cast<size_t>(IS));
+        const bf16_t* xs = X.data<bf16_t>() + nc * IS;
+        const bf16_t* dys = dY.data<bf16_t>() + nc * OS;
+        for (int64_t i = 0; i < IS; ++i) xw[i] = ir::bf16_to_f32(xs[i].bits);
+        for (int64_t i = 0; i < OS; ++i) dyw[i] = ir::bf16_to_f32(dys[i].bits);
+        xp = xw.data(), dyp = dyw.data(), dxp = dxw.data();
+      } else {
+        xp = X.data<float>() + nc * IS, dyp = dY.data<float>() + nc * OS, dxp = dX.data<float>() + nc * IS;
+      }
       if (disjoint)
         std::fill(dxp, dxp + IS, 0.0f);
       else
         acc.assign(static_cast<size_t>(IS), 0.0);
       for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
         for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
-          maxpool_row_f32(q, taps, cols, x + nc * IS, o0, o1, best.data(), arg.data());
-          const float* dyr = dy + nc * OS + (o0 * q.out[1] + o1) * q.out[2];
+          maxpool_row_f32(q, taps, cols, xp, o0, o1, best.data(), arg.data());
+          const float* dyr = dyp + (o0 * q.out[1] + o1) * q.out[2];
           for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
             if (arg[o2] < 0) continue;
             if (disjoint)
@@ -850,6 +885,10 @@ Status maxpool_grad_kernel(KernelContext& ctx) {
         }
       if (!disjoint)
         for (int64_t i = 0; i < IS; ++i) dxp[i] = static_cast<float>(acc[i]);
+      if (bf16) {
+        bf16_t* dxs = dX.data<bf16_t>() + nc * IS;
+        for (int64_t i = 0; i < IS; ++i) dxs[i].bits = ir::f32_to_bf16(dxp[i]);
+      }
     }
     return Status::ok();
   }

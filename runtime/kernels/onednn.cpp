@@ -400,11 +400,11 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   return Status::ok();
 }
 
-/// Per-thread staging buffers of the blocked-layout convolutions (one per role: a, b, out),
+/// Per-thread staging buffers of the blocked-layout convolutions (one per role: a, b, out, bias),
 /// grown to the largest call's need and reused: like oneDNN's own scratchpad they are
 /// outside kiln's memory plan, and a staged copy lives only during its call.
 void* staging(int role, size_t bytes) {
-  thread_local std::vector<std::byte> buf[3];
+  thread_local std::vector<std::byte> buf[4];
   if (buf[role].size() < bytes + 64) buf[role].resize(bytes + 64);
   const auto p = reinterpret_cast<uintptr_t>(buf[role].data());
   return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});  // 64-byte aligned, as oneDNN's own buffers
@@ -421,13 +421,15 @@ struct PreparedConv {
   ConvDirection dir;
   ConvGeometry g;
   ir::DType dt;
+  ir::DType compute;  ///< the primitive's dtype (dt, or f32 for a bf16 convolution computed in f32)
   bool bias;
   bool single = false;  ///< conv_flops below kSingleThreadFlops: one OpenMP thread
   ConvMds m;
   std::shared_ptr<Cached> prim;
-  /// One operand of the call in the order (a, b, out): its oneDNN argument id, its
+  /// One operand of the call in the order (a, b, out, bias): its oneDNN argument id, its
   /// plain descriptor and, when the primitive takes another layout (oneDNN's blocked
-  /// formats, chosen with format_tag::any), the reorder between the two.
+  /// formats, chosen with format_tag::any) or dtype (`compute`), the reorder between the
+  /// two.
   struct Arg {
     int id = 0;
     memory::desc plain, chosen;
@@ -436,23 +438,25 @@ struct PreparedConv {
     memory plain_mem, chosen_mem;
     std::unordered_map<int, memory> reorder_args;  ///< FROM / TO of `reorder`
   };
-  Arg args[3];
-  memory bias_mem;
+  Arg args[4];
+  int nargs = 3;  ///< 4 with a bias
   std::unordered_map<int, memory> exec_args;
 };
 
-std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry& g, ir::DType dt, bool bias) {
+std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry& g, ir::DType dt, bool bias,
+                                           ir::DType compute) {
   auto p = std::make_shared<PreparedConv>();
   p->dir = dir;
   p->g = g;
   p->dt = dt;
+  p->compute = compute == ir::DType::undefined ? dt : compute;
   p->bias = bias && dir == ConvDirection::forward;
-  const Dt d = to_dnnl(dt);
-  p->m = conv_mds(g, d);
+  const Dt d = to_dnnl(dt), cd = to_dnnl(p->compute);
+  p->m = conv_mds(g, d);  // the operands as kiln stores them
   // The primitive on the layouts oneDNN prefers (blocked channels: jit:avx512_core
   // instead of gemm:jit on plain NCHW, 3-4x faster on ResNet-18's convolutions even with
   // the reorders around each call; docs/performance.md), the plain one if that fails.
-  const ConvMds any = conv_mds(g, d, true);
+  const ConvMds any = conv_mds(g, cd, true), plain_cd = conv_mds(g, cd);
   auto build = [&](const ConvMds& m) -> dnnl::primitive {
     switch (dir) {
       case ConvDirection::forward:
@@ -476,11 +480,11 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
   p->single = conv_flops(g) < kSingleThreadFlops;
   OneThread one(p->single);  // oneDNN sizes the primitive's thread team when it is created
   p->prim = get_or_build(
-      std::string(p->single ? "any1_" : "any_") + conv_key(kind[static_cast<int>(dir)], g, d, p->bias), [&] {
+      std::string(p->single ? "any1_" : "any_") + conv_key(kind[static_cast<int>(dir)], g, cd, p->bias), [&] {
         try {
           return build(any);
         } catch (const dnnl::error&) {
-          return build(p->m);
+          return build(plain_cd);
         }
       });
   const ConvMds& m = p->m;
@@ -499,26 +503,24 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
       role(0, DNNL_ARG_DIFF_DST, m.y), role(1, DNNL_ARG_SRC, m.x), role(2, DNNL_ARG_DIFF_WEIGHTS, m.w);
       break;
   }
+  if (p->bias) role(3, DNNL_ARG_BIAS, m.b), p->nargs = 4;
   if (!p->prim->ok) return p;
   try {
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < p->nargs; ++r) {
       PreparedConv::Arg& a = p->args[r];
+      const bool input = r != 2;
       a.chosen = arg_md(p->prim->prim, a.id);
       a.plain_mem = memory(a.plain, engine(), DNNL_MEMORY_NONE);
       a.staged = a.chosen != a.plain;
       if (a.staged) {
         a.chosen_mem = memory(a.chosen, engine(), DNNL_MEMORY_NONE);
-        const memory& from = r < 2 ? a.plain_mem : a.chosen_mem;
-        const memory& to = r < 2 ? a.chosen_mem : a.plain_mem;
+        const memory& from = input ? a.plain_mem : a.chosen_mem;
+        const memory& to = input ? a.chosen_mem : a.plain_mem;
         a.reorder = dnnl::primitive(
             dnnl::reorder(dnnl::reorder::primitive_desc(engine(), from.get_desc(), engine(), to.get_desc())));
         a.reorder_args = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
       }
       p->exec_args[a.id] = a.staged ? a.chosen_mem : a.plain_mem;
-    }
-    if (p->bias) {
-      p->bias_mem = memory(m.b, engine(), DNNL_MEMORY_NONE);
-      p->exec_args[DNNL_ARG_BIAS] = p->bias_mem;
     }
   } catch (const dnnl::error& e) {
     p->prim = std::make_shared<Cached>();
@@ -533,14 +535,13 @@ Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias,
     try {
       static thread_local dnnl::stream s(engine());
       OneThread one(p.single);
-      const void* ptr[3] = {a, b, out};
-      for (int r = 0; r < 3; ++r) {
+      const void* ptr[4] = {a, b, out, bias};
+      for (int r = 0; r < p.nargs; ++r) {
         PreparedConv::Arg& x = p.args[r];
         x.plain_mem.set_data_handle(const_cast<void*>(ptr[r]));
         if (x.staged) x.chosen_mem.set_data_handle(staging(r, x.chosen.get_size()));
-        if (x.staged && r < 2) x.reorder.execute(s, x.reorder_args);
+        if (x.staged && r != 2) x.reorder.execute(s, x.reorder_args);
       }
-      if (p.bias) p.bias_mem.set_data_handle(const_cast<void*>(bias));
       p.prim->prim.execute(s, p.exec_args);
       if (p.args[2].staged) p.args[2].reorder.execute(s, p.args[2].reorder_args);
       s.wait();
@@ -550,7 +551,7 @@ Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias,
     return Status::ok();
   }
   static const char* const what[] = {"convolution", "convolution backward-data", "convolution backward-weights"};
-  if (p.dt != ir::DType::bf16) return unimplemented(what[static_cast<int>(p.dir)], *p.prim);
+  if (p.dt != ir::DType::bf16 || p.compute != ir::DType::bf16) return unimplemented(what[static_cast<int>(p.dir)], *p.prim);
   // bf16 without a bf16 implementation: f32 on converted copies, rounded on store.
   const std::vector<int64_t>& a_dims = p.dir == ConvDirection::forward ? g.x_dims : g.y_dims;
   const std::vector<int64_t>& b_dims = p.dir == ConvDirection::backward_weights ? g.x_dims : g.w_dims;

@@ -68,8 +68,14 @@ enum class ConvDirection { forward, backward_data, backward_weights };
 struct PreparedConv;
 
 /// The primitive for (dir, g, dt, bias), from the process-wide primitive cache or built
-/// now; never null. A geometry oneDNN cannot run is reported by run_conv.
-std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry& g, ir::DType dt, bool bias);
+/// now; never null. A geometry oneDNN cannot run is reported by run_conv. `compute` (f32
+/// or bf16; undefined: dt) is the dtype the primitive computes in: a bf16 convolution
+/// with compute f32 converts its bf16 operands to f32 in the reorders that stage them into
+/// oneDNN's blocked layouts (and rounds the result to bf16, nearest even, in the one that
+/// stages it out), so it runs the f32 kernel at almost no extra cost; the same function as
+/// a bf16 primitive (bf16 products are exact in f32; both accumulate in f32).
+std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry& g, ir::DType dt, bool bias,
+                                           ir::DType compute = ir::DType::undefined);
 
 /// Runs `p`: forward: a = x, b = w, bias (null without), out = y; backward_data: a = dy,
 /// b = w, out = dx; backward_weights: a = dy, b = x, out = dw. Buffers are dense row-major
