@@ -17,21 +17,33 @@
 //   (attribute kiln_autocast_kept = its FLOPs, shown by `kiln inspect --precision`),
 //   since its casts and the bf16 pointwise kernels around it cost more than a small
 //   product saves; what follows it then follows its f32 output.
+//   (d) A convolution (low_precision, not a product) below its own break-even
+//   (AutocastOptions::min_conv_flops) under --bf16 is not kept f32: its values stay bf16
+//   (storage, so its saved activations are bf16, as torch.autocast's) and it is marked
+//   kiln_compute_f32 = its FLOPs, so its kernel runs oneDNN's f32 primitive, converting
+//   the operands in the reorders that stage them into blocked layouts (the f32 blocked
+//   kernels beat oneDNN 2.6's bf16 ones below the break-even). autocast_grad marks the
+//   backward convolutions (ConvGradInput, ConvGradWeight) the same way, and (e) points
+//   every marked node's operand that is the bf16 Cast of a parameter or graph input at
+//   the f32 value itself (read_resident_f32).
 // - fp32 (Softmax, normalisations, reductions, Exp/Log/..., every loss): every
 //   bf16/f16 float input is cast up to f32; outputs f32.
 //   (b) fp32 compute, bf16 storage: when every float activation input of an
 //   fp32-policy node arrived in bf16 and its single result has their shape
 //   (pointwise ops such as Erf/Exp/Log/Pow/Sqrt/Reciprocal, and normalisations
-//   along an axis such as Softmax; not reductions or losses, and not graph or
-//   state outputs), the node computes in f32 and its result is stored in bf16: a
+//   along an axis such as Softmax, and BatchNormalization's normalised output, whose
+//   running statistics are state outputs that keep f32; not reductions or losses, and
+//   not graph or state outputs), the node computes in f32 and its result is stored in
+//   bf16: a
 //   Cast "<y>.bf16" right after it, read by every other consumer. This is what
 //   PyTorch does for GELU and softmax on bf16 tensors under CPU autocast (float
 //   math inside the kernel, bf16 out), and keeps those activations bf16 instead
 //   of fp32 (issue 4: saved activations <= 55% of fp32's). bf16 only: its range
 //   is f32's, while f16 could overflow (Exp), so --fp16 keeps f32 results.
 // - follow_inputs (pointwise and view ops): the node runs in the widest float
-//   dtype of its *activation* inputs; weak inputs (trainable parameters, constant
-//   initializers and, rule (a), any rank-0 value) follow that dtype, as in
+//   dtype of its *activation* inputs; weak inputs (trainable parameters, other state
+//   such as running statistics, constant initializers and, rule (a), any rank-0 value)
+//   follow that dtype, as in
 //   PyTorch's type promotion, where a 0-dim tensor does not promote a dimensioned
 //   one (bf16 tensor * f32 0-dim -> bf16, so x*0.5 and x/sqrt(2) stay bf16) and
 //   nn.Linear adds its bias in bf16. With no activation input, the widest of all
@@ -205,6 +217,33 @@ bool mark_compute_f32(Node& n, DType low, double min_conv_flops) {
   if (flops >= min_conv_flops) return false;
   n.attrs.set("kiln_compute_f32", flops);
   return true;
+}
+
+/// Rule (e), run at the end of autocast_grad (the training step; an eval graph keeps its
+/// casts): a node marked kiln_compute_f32 by rule (d) computes in f32, so an operand
+/// that is the bf16 Cast of an f32 value the step holds anyway (a parameter's f32 master,
+/// a graph input such as the batch) is read in f32 instead. The Cast would only round it,
+/// at the price of a kernel, a copy and, when the backward pass reads it, saved bytes or a
+/// recomputation; the node then computes with the unrounded operand (more precise than
+/// torch.autocast, which rounds the weights). Casts left without readers are removed.
+bool read_resident_f32(Graph& g) {
+  std::set<const Value*> resident(g.inputs.begin(), g.inputs.end());
+  for (auto& sb : g.state)
+    if (sb.input) resident.insert(sb.input);
+  bool changed = false;
+  for (auto& n : g.nodes()) {
+    if (!n->attrs.has("kiln_compute_f32")) continue;
+    for (auto& in : n->inputs) {
+      Node* c = in ? in->producer : nullptr;
+      if (!c || in->dtype != DType::bf16 || !has_trait(*c, OpTrait::cast)) continue;
+      Value* src = c->input(0);
+      if (!src || src->dtype != DType::f32 || !(resident.count(src) || src->is_initializer())) continue;
+      in = src;
+      changed = true;
+    }
+  }
+  if (changed) g.dead_code_elimination();
+  return changed;
 }
 
 class Autocast : public Pass {
@@ -572,7 +611,7 @@ class AutocastGrad : public Pass {
       }
     }
     KILN_ASSIGN_OR_RETURN(bool remat, remat_saved_casts(g));
-    return changed || remat;
+    return read_resident_f32(g) || changed || remat;
   }
 };
 

@@ -766,7 +766,8 @@ class Planner {
       return plan_.buffers[a].size > plan_.buffers[b].size;
     });
     std::stable_sort(by_area.begin(), by_area.end(), [&](int a, int b) {
-      const double x = double(plan_.buffers[a].size) * double(life(a)), y = double(plan_.buffers[b].size) * double(life(b));
+      const double x = double(plan_.buffers[a].size) * double(life(a)),
+                   y = double(plan_.buffers[b].size) * double(life(b));
       return x > y;
     });
     std::vector<int64_t> chosen;

@@ -49,9 +49,10 @@ steps after --warmup untimed ones); the per-round values are listed below the ta
 "kiln vs fastest" = the fastest peer's time / kiln compiled's time (> 1: kiln is faster).
 
 Memory (second table), three figures per engine, "tensors / RSS growth / process" in MiB:
-  tensors  kiln: the step peak `kiln bench` measures (weights, optimizer state, step arena
-           and other step allocations; what kiln plans). torch, torch.compile: the tensors
-           resident before one more, profiled step (parameters, buffers, AdamW state) plus the
+  tensors  kiln: the step peak `kiln bench` measures (weights, optimizer state, the batch,
+           step arena and other step allocations; what kiln plans). torch, torch.compile: the
+           tensors resident before one more, profiled step (parameters, buffers, AdamW state,
+           and the batch it reads: inputs and labels) plus the
            highest allocations-minus-frees of the CPU allocator during it (torch.profiler
            memory events; gradients are allocated inside the step). jax: XLA's buffer
            assignment of the jitted step (arguments + outputs not aliased to the donated
@@ -195,7 +196,9 @@ def child_torch(a, compiled):
 
     r = run_steps(a, step, base_kb, info={"optimizer": "AdamW fused" if fused else "AdamW foreach",
                                           "torch": torch.__version__})
-    r["tensor_mem_b"] = torch_tensor_peak(torch, model, opt, step)
+    peak = torch_tensor_peak(torch, model, opt, step)
+    # The batch the step reads is resident too (kiln's and JAX's figures count theirs).
+    r["tensor_mem_b"] = None if peak is None else peak + x.numel() * x.element_size() + y.numel() * y.element_size()
     return r
 
 
@@ -667,7 +670,11 @@ def fmt_ms(s):
 
 
 def fmt_mib(b):
-    return "-" if b is None else "%.1f" % (b / 2**20)
+    """MiB with three significant digits below 10 MiB (0.454), one decimal above."""
+    if b is None:
+        return "-"
+    m = b / 2**20
+    return "%.3g" % m if m < 10 else "%.1f" % m
 
 
 def main():
@@ -832,8 +839,9 @@ def main():
 
     lines += ["", "Per round (median ms of each round's timed steps):", ""] + per_round
     lines += ["", "### Memory, MiB: tensors / RSS growth / process", "",
-              "tensors: kiln bench's measured step peak (weights, optimizer state, step arena and allocations); "
-              "torch: resident tensors + the allocator's peak over a profiled step; jax: XLA's buffer assignment "
+              "tensors: kiln bench's measured step peak (weights, optimizer state, the batch, step arena and "
+              "allocations); torch: resident tensors and the batch + the allocator's peak over a profiled step; "
+              "jax: XLA's buffer assignment "
               "(arguments + unaliased outputs + temps); ort: -. RSS growth: peak RSS over the timed steps minus "
               "RSS after the imports (library pages, thread pools and compiled code included). process: "
               "the whole process's peak RSS (compilation included).", "",

@@ -2,6 +2,8 @@
 // accesses, expressions and reduction steps; the loop nest comes from LoopSchedule.
 #include "codegen/cpu/cpu_emitter.h"
 
+#include <llvm/IR/MDBuilder.h>
+
 #include <algorithm>
 
 #include "codegen/cpu/cpu_schedule.h"
@@ -59,6 +61,26 @@ CpuKernel KernelEmitter::emit() {
   // buffer for LLVM, so the loop vectorizes without runtime alias checks.
   for (size_t p = 0; p < k_.params.size(); ++p)
     if (k_.params[p].in_place_of >= 0) base_[p] = base_[static_cast<size_t>(k_.params[p].in_place_of)];
+  {
+    llvm::MDBuilder mdb(C_);
+    llvm::MDNode* domain = mdb.createAnonymousAliasScopeDomain("kiln.buffers");
+    const size_t np = k_.params.size();
+    std::vector<llvm::MDNode*> own(np, nullptr);
+    auto root = [&](size_t p) {
+      return k_.params[p].in_place_of >= 0 ? static_cast<size_t>(k_.params[p].in_place_of) : p;
+    };
+    for (size_t p = 0; p < np; ++p)
+      if (root(p) == p) own[p] = mdb.createAnonymousAliasScope(domain, "p" + std::to_string(p));
+    scope_.assign(np, nullptr);
+    noalias_.assign(np, nullptr);
+    for (size_t p = 0; p < np; ++p) {
+      std::vector<llvm::Metadata*> others;
+      for (size_t q = 0; q < np; ++q)
+        if (own[q] && q != root(p)) others.push_back(own[q]);
+      scope_[p] = llvm::MDNode::get(C_, {own[root(p)]});
+      noalias_[p] = llvm::MDNode::get(C_, others);
+    }
+  }
   CpuKernel ck;
   ck.name = k_.name;
   level_ = k_.expr_levels();
@@ -140,15 +162,28 @@ llvm::Value* KernelEmitter::round_to(DType t, llvm::Value* f) {
 llvm::Value* KernelEmitter::address(int p, const std::vector<llvm::Value*>& idx) {
   const KernelParam& kp = k_.params[p];
   llvm::Value* off = i64c(kp.offset);
-  for (size_t d = 0; d < idx.size(); ++d)
+  const size_t fd = static_cast<size_t>(flat_d_);
+  const bool flat = flat_d_ >= 0 && fd + 1 < idx.size() && idx[fd] && idx[fd + 1] &&
+                    kp.strides[fd] == flat_inner_ * kp.strides[fd + 1];
+  for (size_t d = 0; d < idx.size(); ++d) {
+    if (flat && (d == fd || d == fd + 1)) {
+      if (d == fd && kp.strides[fd + 1] != 0)  // j * stride: consecutive in j
+        off = B_.CreateNSWAdd(off,
+                              kp.strides[fd + 1] == 1 ? flat_j_ : B_.CreateNSWMul(flat_j_, i64c(kp.strides[fd + 1])));
+      continue;
+    }
     if (idx[d] && kp.strides[d] != 0)
       off = B_.CreateNSWAdd(off, kp.strides[d] == 1 ? idx[d] : B_.CreateNSWMul(idx[d], i64c(kp.strides[d])));
+  }
   return B_.CreateInBoundsGEP(mem_type(kp.dtype), base_[p], off);
 }
 
 llvm::Value* KernelEmitter::load(int p, const std::vector<llvm::Value*>& idx) {
   const DType t = k_.params[p].dtype;
-  llvm::Value* v = B_.CreateLoad(mem_type(t), address(p, idx));
+  llvm::LoadInst* ld = B_.CreateLoad(mem_type(t), address(p, idx));
+  ld->setMetadata(llvm::LLVMContext::MD_alias_scope, scope_[static_cast<size_t>(p)]);
+  ld->setMetadata(llvm::LLVMContext::MD_noalias, noalias_[static_cast<size_t>(p)]);
+  llvm::Value* v = ld;
   switch (t) {
     case DType::bf16:
       return B_.CreateBitCast(B_.CreateShl(B_.CreateZExt(v, B_.getInt32Ty()), 16), B_.getFloatTy());
@@ -205,7 +240,9 @@ void KernelEmitter::store(int p, const std::vector<llvm::Value*>& idx, llvm::Val
     default:
       break;
   }
-  B_.CreateStore(v, address(p, idx));
+  llvm::StoreInst* st = B_.CreateStore(v, address(p, idx));
+  st->setMetadata(llvm::LLVMContext::MD_alias_scope, scope_[static_cast<size_t>(p)]);
+  st->setMetadata(llvm::LLVMContext::MD_noalias, noalias_[static_cast<size_t>(p)]);
 }
 
 llvm::Value* KernelEmitter::float_op(ScalarOp op, DType t, llvm::Value* x, llvm::Value* y) {

@@ -69,6 +69,11 @@ class KernelEmitter {
   llvm::Value* guarded_load(int p, const std::vector<llvm::Value*>& idx, llvm::Value* fallback);
   /// Stores register value `v` to param p's element at `idx`.
   void store(int p, const std::vector<llvm::Value*>& idx, llvm::Value* v);
+  /// While set (d >= 0), dims d and d + 1 are walked by one loop variable j in
+  /// [0, domain[d] * domain[d + 1]) with idx[d] = j / inner, idx[d + 1] = j % inner: a
+  /// param whose stride along d is inner times its stride along d + 1 is addressed by
+  /// j * stride (affine, so its accesses stay consecutive for the loop vectorizer).
+  void set_flat(int d, llvm::Value* j, int64_t inner) { flat_d_ = d, flat_j_ = j, flat_inner_ = inner; }
 
   // ---- expressions
   /// Every expression at `idx` (no reduce expressions).
@@ -130,6 +135,14 @@ class KernelEmitter {
   llvm::Value* end_ = nullptr;
   llvm::Value* buffers_ = nullptr;
   std::vector<llvm::Value*> base_;
+  /// Per param: its alias scope (one per buffer: an in-place output shares its input's)
+  /// and the scopes of every other buffer, set on each load and store so that LLVM need
+  /// not prove with run-time checks that the kernel's buffers are disjoint (the executor
+  /// gives every output its own buffer, or, declared by in_place_of, its input's).
+  std::vector<llvm::MDNode*> scope_, noalias_;
+  int flat_d_ = -1;  ///< set_flat
+  llvm::Value* flat_j_ = nullptr;
+  int64_t flat_inner_ = 1;
   std::vector<int> level_;  ///< Kernel::expr_levels()
 };
 

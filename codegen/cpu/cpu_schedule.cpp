@@ -60,8 +60,28 @@ void LoopSchedule::store_point(const std::vector<llvm::Value*>& idx) {
 }
 
 void LoopSchedule::pointwise_loops(int d, std::vector<llvm::Value*>& idx) {
-  if (d == static_cast<int>(k_.domain.size())) {
+  const int n = static_cast<int>(k_.domain.size());
+  if (d == n) {
     store_point(idx);
+    return;
+  }
+  // The two innermost dims as one loop when the innermost is shorter than a vector
+  // (a per-channel broadcast over 2x2 or 1x1 feature maps keeps the channel dim apart
+  // from the spatial ones): j over both, idx = (j / E, j % E) with E constant (shifts for
+  // powers of two), so the loop vectorizer sees one long loop, the broadcast operand a
+  // gather, instead of a scalar loop of E iterations per channel.
+  constexpr int64_t kShortInner = 8;
+  if (d == n - 2 && d > 0 && k_.domain[n - 1] > 1 && k_.domain[n - 1] < kShortInner &&
+      k_.domain[n - 2] * k_.domain[n - 1] >= 2 * kShortInner) {
+    llvm::Value* inner = e_.i64c(k_.domain[n - 1]);
+    e_.for_range(e_.i64c(0), e_.i64c(k_.domain[n - 2] * k_.domain[n - 1]), [&](llvm::Value* j) {
+      idx[n - 2] = B_.CreateUDiv(j, inner);
+      idx[n - 1] = B_.CreateURem(j, inner);
+      e_.set_flat(n - 2, j, k_.domain[n - 1]);
+      store_point(idx);
+      e_.set_flat(-1, nullptr, 1);
+    });
+    idx[n - 2] = idx[n - 1] = nullptr;
     return;
   }
   e_.for_range(e_.range_lo(d, 0), e_.range_hi(d, 0), [&](llvm::Value* i) {

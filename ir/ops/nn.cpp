@@ -362,17 +362,24 @@ Expected<Shape> conv_out_shape(const InferContext& c, const Shape& x, const Shap
   return out;
 }
 
+/// Output dtype of a convolution node: its first input's, or bf16 for one that autocast
+/// marked kiln_compute_f32 (rule (d), passes/autocast.cpp: it computes in f32 on f32 or
+/// bf16 operands, e.g. an f32 master weight beside a bf16 activation, and stores bf16).
+DType conv_storage_dtype(const InferContext& c) {
+  return c.attrs().has("kiln_compute_f32") ? DType::bf16 : c.in[0].dtype;
+}
+
 Status infer_conv(InferContext& c) {
   KILN_RETURN_IF_ERROR(need_float(c, 0, "X"));
   KILN_RETURN_IF_ERROR(need_float(c, 1, "W"));
-  KILN_RETURN_IF_ERROR(same_dtype(c, 0, 1));
+  if (!c.attrs().has("kiln_compute_f32")) KILN_RETURN_IF_ERROR(same_dtype(c, 0, 1));
   auto out = conv_out_shape(c, c.in[0].shape, c.in[1].shape);
   if (!out) return out.status();
   if (c.has_input(2)) {
     if (c.in[2].shape.rank() != 1 || dims_conflict(c.in[2].shape.dims[0], c.in[1].shape.dims[0]))
       return c.fail("B must be (M), got " + c.in[2].shape.to_string());
   }
-  c.out[0] = {c.in[0].dtype, *out};
+  c.out[0] = {conv_storage_dtype(c), *out};
   return Status::ok();
 }
 
@@ -404,7 +411,7 @@ Status infer_conv_grad_input(InferContext& c) {
   for (int i = 0; i < ys->rank(); ++i)
     if (dims_conflict(ys->dims[i], c.in[0].shape.dims[i]))
       return c.fail("dY " + c.in[0].shape.to_string() + " != conv output " + ys->to_string());
-  c.out[0] = {c.in[0].dtype, *xs};
+  c.out[0] = {conv_storage_dtype(c), *xs};
   return Status::ok();
 }
 
@@ -431,7 +438,7 @@ Status infer_conv_grad_weight(InferContext& c) {
   for (int i = 0; i < ys->rank(); ++i)
     if (dims_conflict(ys->dims[i], dy.dims[i]))
       return c.fail("dY " + dy.to_string() + " != conv output " + ys->to_string());
-  c.out[0] = {c.in[0].dtype, w};
+  c.out[0] = {conv_storage_dtype(c), w};
   return Status::ok();
 }
 

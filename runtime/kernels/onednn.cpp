@@ -444,7 +444,7 @@ struct PreparedConv {
 };
 
 std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry& g, ir::DType dt, bool bias,
-                                           ir::DType compute) {
+                                           ir::DType compute, const std::array<ir::DType, 4>* mixed) {
   auto p = std::make_shared<PreparedConv>();
   p->dir = dir;
   p->g = g;
@@ -504,6 +504,9 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
       break;
   }
   if (p->bias) role(3, DNNL_ARG_BIAS, m.b), p->nargs = 4;
+  if (mixed && p->compute == ir::DType::f32)
+    for (int r = 0; r < p->nargs; ++r)
+      if ((*mixed)[r] != dt) p->args[r].plain = md(p->args[r].plain.dims(), to_dnnl((*mixed)[r]));
   if (!p->prim->ok) return p;
   try {
     for (int r = 0; r < p->nargs; ++r) {
@@ -551,7 +554,8 @@ Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias,
     return Status::ok();
   }
   static const char* const what[] = {"convolution", "convolution backward-data", "convolution backward-weights"};
-  if (p.dt != ir::DType::bf16 || p.compute != ir::DType::bf16) return unimplemented(what[static_cast<int>(p.dir)], *p.prim);
+  if (p.dt != ir::DType::bf16 || p.compute != ir::DType::bf16)
+    return unimplemented(what[static_cast<int>(p.dir)], *p.prim);
   // bf16 without a bf16 implementation: f32 on converted copies, rounded on store.
   const std::vector<int64_t>& a_dims = p.dir == ConvDirection::forward ? g.x_dims : g.y_dims;
   const std::vector<int64_t>& b_dims = p.dir == ConvDirection::backward_weights ? g.x_dims : g.w_dims;

@@ -8,6 +8,7 @@
 // needs AVX-512 for bf16), bf16 calls run the f32 primitive on converted copies and
 // round the result to bf16 (nearest even), which computes the same function.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -74,8 +75,13 @@ struct PreparedConv;
 /// oneDNN's blocked layouts (and rounds the result to bf16, nearest even, in the one that
 /// stages it out), so it runs the f32 kernel at almost no extra cost; the same function as
 /// a bf16 primitive (bf16 products are exact in f32; both accumulate in f32).
+/// `mixed` (compute f32 only): the dtypes (f32 or bf16) of the operands (a, b, out,
+/// bias; as run_conv orders them) where they differ from dt: a mixed-precision
+/// convolution reading f32 master weights or an f32 graph input beside bf16 activations
+/// (autocast rule (e), passes/autocast.cpp).
 std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry& g, ir::DType dt, bool bias,
-                                           ir::DType compute = ir::DType::undefined);
+                                           ir::DType compute = ir::DType::undefined,
+                                           const std::array<ir::DType, 4>* mixed = nullptr);
 
 /// Runs `p`: forward: a = x, b = w, bias (null without), out = y; backward_data: a = dy,
 /// b = w, out = dx; backward_weights: a = dy, b = x, out = dw. Buffers are dense row-major

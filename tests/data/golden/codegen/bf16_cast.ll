@@ -21,10 +21,10 @@ loop:                                             ; preds = %loop, %entry
   %i = phi i64 [ %begin, %entry ], [ %98, %loop ]
   %5 = add nsw i64 0, %i
   %6 = getelementptr inbounds float, ptr %p0, i64 %5
-  %7 = load float, ptr %6, align 4
+  %7 = load float, ptr %6, align 4, !alias.scope !0, !noalias !3
   %8 = add nsw i64 0, %i
   %9 = getelementptr inbounds i16, ptr %p1, i64 %8
-  %10 = load i16, ptr %9, align 2
+  %10 = load i16, ptr %9, align 2, !alias.scope !7, !noalias !8
   %11 = zext i16 %10 to i32
   %12 = shl i32 %11, 16
   %13 = bitcast i32 %12 to float
@@ -97,7 +97,7 @@ loop:                                             ; preds = %loop, %entry
   %80 = trunc i32 %79 to i16
   %81 = add nsw i64 0, %i
   %82 = getelementptr inbounds i16, ptr %p2, i64 %81
-  store i16 %80, ptr %82, align 2
+  store i16 %80, ptr %82, align 2, !alias.scope !9, !noalias !10
   %83 = bitcast float %67 to i32
   %84 = and i32 %83, 2147483647
   %85 = icmp ugt i32 %84, 2139095040
@@ -113,7 +113,7 @@ loop:                                             ; preds = %loop, %entry
   %95 = trunc i32 %94 to i16
   %96 = add nsw i64 0, %i
   %97 = getelementptr inbounds i16, ptr %p3, i64 %96
-  store i16 %95, ptr %97, align 2
+  store i16 %95, ptr %97, align 2, !alias.scope !11, !noalias !12
   %98 = add nsw i64 %i, 1
   %99 = icmp slt i64 %98, %end
   br i1 %99, label %loop, label %loop.end
@@ -133,3 +133,17 @@ declare float @llvm.copysign.f32(float, float) #1
 
 attributes #0 = { nounwind "prefer-vector-width"="512" "target-cpu"="skylake-avx512" "target-features"="+avx,+avx2,+avx512bw,+avx512dq,+avx512f,+avx512vl,+f16c,+fma" }
 attributes #1 = { nocallback nofree nosync nounwind speculatable willreturn memory(none) }
+
+!0 = !{!1}
+!1 = distinct !{!1, !2, !"p0"}
+!2 = distinct !{!2, !"kiln.buffers"}
+!3 = !{!4, !5, !6}
+!4 = distinct !{!4, !2, !"p1"}
+!5 = distinct !{!5, !2, !"p2"}
+!6 = distinct !{!6, !2, !"p3"}
+!7 = !{!4}
+!8 = !{!1, !5, !6}
+!9 = !{!5}
+!10 = !{!1, !4, !6}
+!11 = !{!6}
+!12 = !{!1, !4, !5}

@@ -50,7 +50,7 @@ loop5:                                            ; preds = %loop5, %loop3
   %19 = add nsw i64 0, %18
   %20 = add nsw i64 %19, %17
   %21 = getelementptr inbounds float, ptr %p0, i64 %20
-  %22 = load float, ptr %21, align 4
+  %22 = load float, ptr %21, align 4, !alias.scope !0, !noalias !3
   %23 = fmul float %22, %22
   %24 = getelementptr inbounds double, ptr %0, i64 %i6
   %25 = load double, ptr %24, align 8
@@ -78,7 +78,7 @@ loop9:                                            ; preds = %loop9, %loop.end8
   %36 = fptrunc double %35 to float
   %37 = add nsw i64 0, %33
   %38 = getelementptr inbounds float, ptr %p1, i64 %37
-  store float %36, ptr %38, align 4
+  store float %36, ptr %38, align 4, !alias.scope !3, !noalias !0
   %39 = add nsw i64 %i10, 1
   %40 = icmp slt i64 %39, %11
   br i1 %40, label %loop9, label %loop.end11
@@ -93,3 +93,9 @@ loop.end12:                                       ; preds = %loop.end11, %entry
 }
 
 attributes #0 = { nounwind "prefer-vector-width"="512" "target-cpu"="skylake-avx512" "target-features"="+avx,+avx2,+avx512bw,+avx512dq,+avx512f,+avx512vl,+f16c,+fma" }
+
+!0 = !{!1}
+!1 = distinct !{!1, !2, !"p0"}
+!2 = distinct !{!2, !"kiln.buffers"}
+!3 = !{!4}
+!4 = distinct !{!4, !2, !"p1"}

@@ -36,13 +36,13 @@ loop1:                                            ; preds = %loop1, %loop
   %12 = add nsw i64 0, %11
   %13 = add nsw i64 %12, %i2
   %14 = getelementptr inbounds float, ptr %p0, i64 %13
-  %15 = load float, ptr %14, align 4
+  %15 = load float, ptr %14, align 4, !alias.scope !0, !noalias !3
   %16 = add nsw i64 0, %i2
   %17 = getelementptr inbounds float, ptr %p1, i64 %16
-  %18 = load float, ptr %17, align 4
+  %18 = load float, ptr %17, align 4, !alias.scope !9, !noalias !10
   %19 = add nsw i64 0, %i2
   %20 = getelementptr inbounds float, ptr %p2, i64 %19
-  %21 = load float, ptr %20, align 4
+  %21 = load float, ptr %20, align 4, !alias.scope !11, !noalias !12
   %22 = fpext float %15 to double
   %23 = fpext float %18 to double
   %24 = fpext float %21 to double
@@ -51,18 +51,18 @@ loop1:                                            ; preds = %loop1, %loop
   store double %26, ptr %1, align 8
   %27 = add nsw i64 %i2, 1
   %28 = icmp slt i64 %27, 64
-  br i1 %28, label %loop1, label %loop.end, !llvm.loop !0
+  br i1 %28, label %loop1, label %loop.end, !llvm.loop !13
 
 loop.end:                                         ; preds = %loop1, %loop
   %29 = load double, ptr %1, align 8
   %30 = mul nsw i64 %i, 64
   %31 = add nsw i64 0, %30
   %32 = getelementptr inbounds float, ptr %p0, i64 %31
-  %33 = load float, ptr %32, align 4
+  %33 = load float, ptr %32, align 4, !alias.scope !0, !noalias !3
   %34 = getelementptr inbounds float, ptr %p1, i64 0
-  %35 = load float, ptr %34, align 4
+  %35 = load float, ptr %34, align 4, !alias.scope !9, !noalias !10
   %36 = getelementptr inbounds float, ptr %p2, i64 0
-  %37 = load float, ptr %36, align 4
+  %37 = load float, ptr %36, align 4, !alias.scope !11, !noalias !12
   %38 = fpext float %33 to double
   %39 = fdiv double %29, 6.400000e+01
   %40 = fsub double %38, %39
@@ -72,7 +72,7 @@ loop.end:                                         ; preds = %loop1, %loop
   %44 = fptrunc double %39 to float
   %45 = add nsw i64 0, %i
   %46 = getelementptr inbounds float, ptr %p4, i64 %45
-  store float %44, ptr %46, align 4
+  store float %44, ptr %46, align 4, !alias.scope !16, !noalias !17
   store double 0.000000e+00, ptr %0, align 8
   br i1 true, label %loop3, label %loop.end5
 
@@ -83,13 +83,13 @@ loop3:                                            ; preds = %loop3, %loop.end
   %49 = add nsw i64 0, %48
   %50 = add nsw i64 %49, %i4
   %51 = getelementptr inbounds float, ptr %p0, i64 %50
-  %52 = load float, ptr %51, align 4
+  %52 = load float, ptr %51, align 4, !alias.scope !0, !noalias !3
   %53 = add nsw i64 0, %i4
   %54 = getelementptr inbounds float, ptr %p1, i64 %53
-  %55 = load float, ptr %54, align 4
+  %55 = load float, ptr %54, align 4, !alias.scope !9, !noalias !10
   %56 = add nsw i64 0, %i4
   %57 = getelementptr inbounds float, ptr %p2, i64 %56
-  %58 = load float, ptr %57, align 4
+  %58 = load float, ptr %57, align 4, !alias.scope !11, !noalias !12
   %59 = fpext float %52 to double
   %60 = fdiv double %29, 6.400000e+01
   %61 = fsub double %59, %60
@@ -104,18 +104,18 @@ loop3:                                            ; preds = %loop3, %loop.end
   store double %68, ptr %0, align 8
   %69 = add nsw i64 %i4, 1
   %70 = icmp slt i64 %69, 64
-  br i1 %70, label %loop3, label %loop.end5, !llvm.loop !3
+  br i1 %70, label %loop3, label %loop.end5, !llvm.loop !18
 
 loop.end5:                                        ; preds = %loop3, %loop.end
   %71 = load double, ptr %0, align 8
   %72 = mul nsw i64 %i, 64
   %73 = add nsw i64 0, %72
   %74 = getelementptr inbounds float, ptr %p0, i64 %73
-  %75 = load float, ptr %74, align 4
+  %75 = load float, ptr %74, align 4, !alias.scope !0, !noalias !3
   %76 = getelementptr inbounds float, ptr %p1, i64 0
-  %77 = load float, ptr %76, align 4
+  %77 = load float, ptr %76, align 4, !alias.scope !9, !noalias !10
   %78 = getelementptr inbounds float, ptr %p2, i64 0
-  %79 = load float, ptr %78, align 4
+  %79 = load float, ptr %78, align 4, !alias.scope !11, !noalias !12
   %80 = fpext float %75 to double
   %81 = fdiv double %29, 6.400000e+01
   %82 = fsub double %80, %81
@@ -134,7 +134,7 @@ loop.end5:                                        ; preds = %loop3, %loop.end
   %95 = fptrunc double %87 to float
   %96 = add nsw i64 0, %i
   %97 = getelementptr inbounds float, ptr %p5, i64 %96
-  store float %95, ptr %97, align 4
+  store float %95, ptr %97, align 4, !alias.scope !19, !noalias !20
   br i1 true, label %loop6, label %loop.end8
 
 loop6:                                            ; preds = %loop6, %loop.end5
@@ -146,13 +146,13 @@ loop6:                                            ; preds = %loop6, %loop.end5
   %102 = add nsw i64 0, %101
   %103 = add nsw i64 %102, %i7
   %104 = getelementptr inbounds float, ptr %p0, i64 %103
-  %105 = load float, ptr %104, align 4
+  %105 = load float, ptr %104, align 4, !alias.scope !0, !noalias !3
   %106 = add nsw i64 0, %i7
   %107 = getelementptr inbounds float, ptr %p1, i64 %106
-  %108 = load float, ptr %107, align 4
+  %108 = load float, ptr %107, align 4, !alias.scope !9, !noalias !10
   %109 = add nsw i64 0, %i7
   %110 = getelementptr inbounds float, ptr %p2, i64 %109
-  %111 = load float, ptr %110, align 4
+  %111 = load float, ptr %110, align 4, !alias.scope !11, !noalias !12
   %112 = fpext float %105 to double
   %113 = fdiv double %29, 6.400000e+01
   %114 = fmul double %100, %100
@@ -172,10 +172,10 @@ loop6:                                            ; preds = %loop6, %loop.end5
   %128 = add nsw i64 0, %127
   %129 = add nsw i64 %128, %i7
   %130 = getelementptr inbounds float, ptr %p3, i64 %129
-  store float %124, ptr %130, align 4
+  store float %124, ptr %130, align 4, !alias.scope !21, !noalias !22
   %131 = add nsw i64 %i7, 1
   %132 = icmp slt i64 %131, 64
-  br i1 %132, label %loop6, label %loop.end8, !llvm.loop !4
+  br i1 %132, label %loop6, label %loop.end8, !llvm.loop !23
 
 loop.end8:                                        ; preds = %loop6, %loop.end5
   %133 = add nsw i64 %i, 1
@@ -192,8 +192,27 @@ declare double @llvm.sqrt.f64(double) #1
 attributes #0 = { nounwind "prefer-vector-width"="512" "target-cpu"="skylake-avx512" "target-features"="+avx,+avx2,+avx512bw,+avx512dq,+avx512f,+avx512vl,+f16c,+fma" }
 attributes #1 = { nocallback nofree nosync nounwind speculatable willreturn memory(none) }
 
-!0 = distinct !{!0, !1, !2}
-!1 = !{!"llvm.loop.vectorize.width", i32 16}
-!2 = !{!"llvm.loop.interleave.count", i32 1}
-!3 = distinct !{!3, !1, !2}
-!4 = distinct !{!4, !1, !2}
+!0 = !{!1}
+!1 = distinct !{!1, !2, !"p0"}
+!2 = distinct !{!2, !"kiln.buffers"}
+!3 = !{!4, !5, !6, !7, !8}
+!4 = distinct !{!4, !2, !"p1"}
+!5 = distinct !{!5, !2, !"p2"}
+!6 = distinct !{!6, !2, !"p3"}
+!7 = distinct !{!7, !2, !"p4"}
+!8 = distinct !{!8, !2, !"p5"}
+!9 = !{!4}
+!10 = !{!1, !5, !6, !7, !8}
+!11 = !{!5}
+!12 = !{!1, !4, !6, !7, !8}
+!13 = distinct !{!13, !14, !15}
+!14 = !{!"llvm.loop.vectorize.width", i32 16}
+!15 = !{!"llvm.loop.interleave.count", i32 1}
+!16 = !{!7}
+!17 = !{!1, !4, !5, !6, !8}
+!18 = distinct !{!18, !14, !15}
+!19 = !{!8}
+!20 = !{!1, !4, !5, !6, !7}
+!21 = !{!6}
+!22 = !{!1, !4, !5, !7, !8}
+!23 = distinct !{!23, !14, !15}

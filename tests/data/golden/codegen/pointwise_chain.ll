@@ -25,10 +25,10 @@ loop1:                                            ; preds = %loop1, %loop
   %5 = add nsw i64 0, %4
   %6 = add nsw i64 %5, %i2
   %7 = getelementptr inbounds float, ptr %p0, i64 %6
-  %8 = load float, ptr %7, align 4
+  %8 = load float, ptr %7, align 4, !alias.scope !0, !noalias !3
   %9 = add nsw i64 0, %i2
   %10 = getelementptr inbounds float, ptr %p1, i64 %9
-  %11 = load float, ptr %10, align 4
+  %11 = load float, ptr %10, align 4, !alias.scope !6, !noalias !7
   %12 = fmul float %8, 5.000000e-01
   %13 = fadd float %12, %11
   %14 = call float @llvm.fabs.f32(float %13)
@@ -90,7 +90,7 @@ loop1:                                            ; preds = %loop1, %loop
   %70 = add nsw i64 0, %69
   %71 = add nsw i64 %70, %i2
   %72 = getelementptr inbounds float, ptr %p2, i64 %71
-  store float %68, ptr %72, align 4
+  store float %68, ptr %72, align 4, !alias.scope !8, !noalias !9
   %73 = add nsw i64 %i2, 1
   %74 = icmp slt i64 %73, 8
   br i1 %74, label %loop1, label %loop.end
@@ -115,3 +115,14 @@ declare float @llvm.copysign.f32(float, float) #1
 
 attributes #0 = { nounwind "prefer-vector-width"="512" "target-cpu"="skylake-avx512" "target-features"="+avx,+avx2,+avx512bw,+avx512dq,+avx512f,+avx512vl,+f16c,+fma" }
 attributes #1 = { nocallback nofree nosync nounwind speculatable willreturn memory(none) }
+
+!0 = !{!1}
+!1 = distinct !{!1, !2, !"p0"}
+!2 = distinct !{!2, !"kiln.buffers"}
+!3 = !{!4, !5}
+!4 = distinct !{!4, !2, !"p1"}
+!5 = distinct !{!5, !2, !"p2"}
+!6 = !{!4}
+!7 = !{!1, !5}
+!8 = !{!5}
+!9 = !{!1, !4}

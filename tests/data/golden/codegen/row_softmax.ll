@@ -30,7 +30,7 @@ loop1:                                            ; preds = %loop1, %loop
   %9 = add nsw i64 0, %8
   %10 = add nsw i64 %9, %i2
   %11 = getelementptr inbounds float, ptr %p0, i64 %10
-  %12 = load float, ptr %11, align 4
+  %12 = load float, ptr %11, align 4, !alias.scope !0, !noalias !3
   %13 = load float, ptr %2, align 4
   %14 = call nnan nsz float @llvm.maxnum.f32(float %13, float %12)
   store float %14, ptr %2, align 4
@@ -41,7 +41,7 @@ loop1:                                            ; preds = %loop1, %loop
   store i8 %18, ptr %1, align 1
   %19 = add nsw i64 %i2, 1
   %20 = icmp slt i64 %19, 64
-  br i1 %20, label %loop1, label %loop.end, !llvm.loop !0
+  br i1 %20, label %loop1, label %loop.end, !llvm.loop !5
 
 loop.end:                                         ; preds = %loop1, %loop
   %21 = load float, ptr %2, align 4
@@ -58,7 +58,7 @@ loop3:                                            ; preds = %loop3, %loop.end
   %27 = add nsw i64 0, %26
   %28 = add nsw i64 %27, %i4
   %29 = getelementptr inbounds float, ptr %p0, i64 %28
-  %30 = load float, ptr %29, align 4
+  %30 = load float, ptr %29, align 4, !alias.scope !0, !noalias !3
   %31 = fsub float %30, %24
   %32 = fcmp olt float %31, 0xC059FE3680000000
   %33 = select i1 %32, float 0.000000e+00, float %31
@@ -100,7 +100,7 @@ loop3:                                            ; preds = %loop3, %loop.end
   store double %67, ptr %0, align 8
   %68 = add nsw i64 %i4, 1
   %69 = icmp slt i64 %68, 64
-  br i1 %69, label %loop3, label %loop.end5, !llvm.loop !3
+  br i1 %69, label %loop3, label %loop.end5, !llvm.loop !8
 
 loop.end5:                                        ; preds = %loop3, %loop.end
   %70 = load double, ptr %0, align 8
@@ -115,7 +115,7 @@ loop6:                                            ; preds = %loop6, %loop.end5
   %75 = add nsw i64 0, %74
   %76 = add nsw i64 %75, %i7
   %77 = getelementptr inbounds float, ptr %p0, i64 %76
-  %78 = load float, ptr %77, align 4
+  %78 = load float, ptr %77, align 4, !alias.scope !0, !noalias !3
   %79 = fsub float %78, %24
   %80 = fpext float %73 to double
   %81 = fdiv double 1.000000e+00, %70
@@ -154,10 +154,10 @@ loop6:                                            ; preds = %loop6, %loop.end5
   %114 = add nsw i64 0, %113
   %115 = add nsw i64 %114, %i7
   %116 = getelementptr inbounds i16, ptr %p1, i64 %115
-  store i16 %112, ptr %116, align 2
+  store i16 %112, ptr %116, align 2, !alias.scope !3, !noalias !0
   %117 = add nsw i64 %i7, 1
   %118 = icmp slt i64 %117, 64
-  br i1 %118, label %loop6, label %loop.end8, !llvm.loop !4
+  br i1 %118, label %loop6, label %loop.end8, !llvm.loop !9
 
 loop.end8:                                        ; preds = %loop6, %loop.end5
   %119 = add nsw i64 %i, 1
@@ -180,8 +180,13 @@ declare float @llvm.fma.f32(float, float, float) #1
 attributes #0 = { nounwind "prefer-vector-width"="512" "target-cpu"="skylake-avx512" "target-features"="+avx,+avx2,+avx512bw,+avx512dq,+avx512f,+avx512vl,+f16c,+fma" }
 attributes #1 = { nocallback nofree nosync nounwind speculatable willreturn memory(none) }
 
-!0 = distinct !{!0, !1, !2}
-!1 = !{!"llvm.loop.vectorize.width", i32 16}
-!2 = !{!"llvm.loop.interleave.count", i32 1}
-!3 = distinct !{!3, !1, !2}
-!4 = distinct !{!4, !1, !2}
+!0 = !{!1}
+!1 = distinct !{!1, !2, !"p0"}
+!2 = distinct !{!2, !"kiln.buffers"}
+!3 = !{!4}
+!4 = distinct !{!4, !2, !"p1"}
+!5 = distinct !{!5, !6, !7}
+!6 = !{!"llvm.loop.vectorize.width", i32 16}
+!7 = !{!"llvm.loop.interleave.count", i32 1}
+!8 = distinct !{!8, !6, !7}
+!9 = distinct !{!9, !6, !7}
