@@ -225,11 +225,13 @@ llvm::Value* KernelEmitter::guarded_load(int p, const std::vector<llvm::Value*>&
   return phi;
 }
 
-void KernelEmitter::store(int p, const std::vector<llvm::Value*>& idx, llvm::Value* v) {
+void KernelEmitter::store(int p, const std::vector<llvm::Value*>& idx, llvm::Value* v, bool rounded) {
   const DType t = k_.params[p].dtype;
   switch (t) {
     case DType::bf16:
-      v = B_.CreateTrunc(B_.CreateLShr(bf16_bits(v), 16), B_.getInt16Ty());
+      // A value already rounded to bf16 (its low 16 bits zero) is stored by its high half.
+      v = B_.CreateTrunc(B_.CreateLShr(rounded ? B_.CreateBitCast(v, B_.getInt32Ty()) : bf16_bits(v), 16),
+                         B_.getInt16Ty());
       break;
     case DType::f16:
       v = B_.CreateBitCast(B_.CreateFPTrunc(v, B_.getHalfTy()), B_.getInt16Ty());
@@ -263,19 +265,19 @@ llvm::Value* KernelEmitter::float_op(ScalarOp op, DType t, llvm::Value* x, llvm:
     case ScalarOp::pow:
       r = intrinsic(llvm::Intrinsic::pow, {x, y});
       break;
+    // max, min, neg and abs of values rounded to t's precision (every bf16/f16 register
+    // value is) are exactly representable in t (a NaN result is the canonical quiet NaN,
+    // also exact): no rounding after them.
     case ScalarOp::max:
     case ScalarOp::min: {
       llvm::Value* nan = B_.CreateFCmpUNO(x, y);
       llvm::Value* take_y = op == ScalarOp::max ? B_.CreateFCmpOLT(x, y) : B_.CreateFCmpOLT(y, x);
-      r = B_.CreateSelect(nan, qnan(x->getType()), B_.CreateSelect(take_y, y, x));
-      break;
+      return B_.CreateSelect(nan, qnan(x->getType()), B_.CreateSelect(take_y, y, x));
     }
     case ScalarOp::neg:
-      r = B_.CreateFNeg(x);
-      break;
+      return B_.CreateFNeg(x);
     case ScalarOp::abs:
-      r = B_.CreateSelect(B_.CreateFCmpOLT(x, llvm::ConstantFP::get(x->getType(), 0.0)), B_.CreateFNeg(x), x);
-      break;
+      return B_.CreateSelect(B_.CreateFCmpOLT(x, llvm::ConstantFP::get(x->getType(), 0.0)), B_.CreateFNeg(x), x);
     case ScalarOp::exp:
       r = x->getType()->isFloatTy() ? math_.expf_poly(x) : math_.exp_poly_f64(x);
       break;

@@ -67,8 +67,11 @@ class KernelEmitter {
   llvm::Value* load(int p, const std::vector<llvm::Value*>& idx);
   /// A load of a guarded param: the element inside its guard box, else `fallback`.
   llvm::Value* guarded_load(int p, const std::vector<llvm::Value*>& idx, llvm::Value* fallback);
-  /// Stores register value `v` to param p's element at `idx`.
-  void store(int p, const std::vector<llvm::Value*>& idx, llvm::Value* v);
+  /// Stores register value `v` to param p's element at `idx`. `rounded`: v is an
+  /// expression value of p's dtype, so a bf16 v is already rounded (every bf16 register
+  /// value of an expression is) and is stored without rounding again; false for
+  /// accumulators converted back.
+  void store(int p, const std::vector<llvm::Value*>& idx, llvm::Value* v, bool rounded = false);
   /// While set (d >= 0), dims d and d + 1 are walked by one loop variable j in
   /// [0, domain[d] * domain[d + 1]) with idx[d] = j / inner, idx[d + 1] = j % inner: a
   /// param whose stride along d is inner times its stride along d + 1 is addressed by

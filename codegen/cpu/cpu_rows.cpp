@@ -161,7 +161,7 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
     for (const KStore& s : k_.stores)
       if (s.reduce == ReduceKind::none && !varies(s) && level_[s.expr] == lvl) {
         if (v.empty()) v = e_.eval(idx, &known, lvl + 1);
-        e_.store(s.param, idx, v[s.expr]);
+        e_.store(s.param, idx, v[s.expr], /*rounded=*/true);
       }
   };
   row_stores(0);
@@ -228,7 +228,7 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
             if (sacc[s])
               B_.CreateStore(e_.reduce_step(st, B_.CreateLoad(sty[s], sacc[s]), v[st.expr], true), sacc[s]);
             else if (st.reduce == ReduceKind::none && varies(st))
-              e_.store(st.param, idx, v[st.expr]);
+              e_.store(st.param, idx, v[st.expr], /*rounded=*/true);
           }
         },
         row_vector_width(e_.features(), k_.domain[red.back()]));

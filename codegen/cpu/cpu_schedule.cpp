@@ -56,7 +56,7 @@ void LoopSchedule::emit(CpuKernel& ck) {
 
 void LoopSchedule::store_point(const std::vector<llvm::Value*>& idx) {
   std::vector<llvm::Value*> v = e_.eval(idx);
-  for (const KStore& s : k_.stores) e_.store(s.param, idx, v[s.expr]);
+  for (const KStore& s : k_.stores) e_.store(s.param, idx, v[s.expr], /*rounded=*/true);
 }
 
 void LoopSchedule::pointwise_loops(int d, std::vector<llvm::Value*>& idx) {

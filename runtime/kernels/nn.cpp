@@ -8,6 +8,8 @@
 // spatial dims with extent-1 dims in front.
 #include "ir/ops/nn.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -654,7 +656,12 @@ struct TapRanges {
 /// window_argmax for f32 over precomputed tap ranges (no per-tap bounds checks, divisions
 /// or double conversions); the same taps in the same order, so the same first maximum
 /// (and the first NaN wins, as there).
-inline int64_t window_argmax_f32(const Win3& q, const TapRanges& t, const float* xs, int64_t o0, int64_t o1, int64_t o2,
+/// An f32 or bf16 element as f32 (exact).
+inline float pool_f32(float v) { return v; }
+inline float pool_f32(bf16_t v) { return ir::bf16_to_f32(v.bits); }
+
+template <typename T>
+inline int64_t window_argmax_f32(const Win3& q, const TapRanges& t, const T* xs, int64_t o0, int64_t o1, int64_t o2,
                                  float& best) {
   const int64_t lo[3] = {t.r[0][2 * o0], t.r[1][2 * o1], t.r[2][2 * o2]};
   const int64_t hi[3] = {t.r[0][2 * o0 + 1], t.r[1][2 * o1 + 1], t.r[2][2 * o2 + 1]};
@@ -667,7 +674,7 @@ inline int64_t window_argmax_f32(const Win3& q, const TapRanges& t, const float*
       const int64_t row = (i0 * q.in[1] + b1 + k1 * q.d[1]) * q.in[2] + b2;
       for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) {
         const int64_t i = row + k2 * q.d[2];
-        const float v = xs[i];
+        const float v = pool_f32(xs[i]);
         if (arg < 0 || v > best || (v != v && best == best)) {
           best = v;
           arg = i;
@@ -696,7 +703,8 @@ std::pair<int64_t, int64_t> interior_columns(const Win3& q, const TapRanges& t) 
 /// instead of a branch per tap (a max pool's comparisons are unpredictable), in the same
 /// tap order and with the same rule (first maximum; the first NaN wins), so the results
 /// are window_argmax_f32's; the edge columns call it.
-void maxpool_row_f32(const Win3& q, const TapRanges& t, std::pair<int64_t, int64_t> c, const float* xs, int64_t o0,
+template <typename T>
+void maxpool_row_f32(const Win3& q, const TapRanges& t, std::pair<int64_t, int64_t> c, const T* xs, int64_t o0,
                      int64_t o1, float* best, int64_t* arg) {
   const int64_t lo0 = t.r[0][2 * o0], hi0 = t.r[0][2 * o0 + 1], lo1 = t.r[1][2 * o1], hi1 = t.r[1][2 * o1 + 1];
   if (lo0 >= hi0 || lo1 >= hi1) c = {0, 0};
@@ -723,18 +731,18 @@ void maxpool_row_f32(const Win3& q, const TapRanges& t, std::pair<int64_t, int64
   const int64_t s2 = q.s[2];
   for (int64_t c0 = c.first; c0 < c.second; c0 += kCols) {
     const int64_t cn = std::min(kCols, c.second - c0);
-    const float* __restrict p = xs + c0 * s2;
+    const T* __restrict p = xs + c0 * s2;
     float b[kCols];
     int64_t a[kCols];
     for (int64_t j = 0; j < cn; ++j) {
-      b[j] = p[j * s2 + off[0]];
+      b[j] = pool_f32(p[j * s2 + off[0]]);
       a[j] = off[0];
     }
     for (int64_t k = 1; k < taps; ++k) {
       const int64_t ok = off[k];
       for (int64_t j = 0; j < cn; ++j) {
         // Selects by masks, not branches (a compiler turns `take ? v : b` back into a jump).
-        const float v = p[j * s2 + ok];
+        const float v = pool_f32(p[j * s2 + ok]);
         // v > b, or v is NaN and b is not: b >= v fails exactly then, unless b is NaN.
         const bool take = !(b[j] >= v) & (b[j] == b[j]);
         const uint32_t m = 0u - static_cast<uint32_t>(take);
@@ -748,6 +756,36 @@ void maxpool_row_f32(const Win3& q, const TapRanges& t, std::pair<int64_t, int64
       arg[c0 + j] = a[j] + (c0 + j) * s2;
     }
   }
+}
+
+/// Calls fn(lo, hi) on contiguous ranges of [0, planes) that cover it, one per OpenMP
+/// thread when `parallel` (static split), else once over the whole range.
+template <typename F>
+void for_plane_ranges(int64_t planes, bool parallel, F&& fn) {
+  if (!parallel || planes < 2) {
+    fn(0, planes);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t lo = planes * t / nt, hi = planes * (t + 1) / nt;
+    if (lo < hi) fn(lo, hi);
+  }
+}
+
+/// This thread's f32 scratch buffer `slot` (0-1) with at least n elements (kept between
+/// calls; a pool's row of maxima).
+float* scratch_f32(int slot, int64_t n) {
+  thread_local std::vector<float> buf[2];
+  if (static_cast<int64_t>(buf[slot].size()) < n) buf[slot].resize(static_cast<size_t>(n));
+  return buf[slot].data();
+}
+/// This thread's int64 scratch vector `slot`, resized to n.
+std::vector<int64_t>& scratch_i64(int slot, int64_t n) {
+  thread_local std::vector<int64_t> buf[2];
+  buf[slot].resize(static_cast<size_t>(n));
+  return buf[slot];
 }
 
 /// window_argmax, by window_argmax_f32 for f32 (the common case).
@@ -792,45 +830,41 @@ Status maxpool_kernel(KernelContext& ctx) {
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
   const TapRanges taps(q);
-  const bool bf16 = X.dtype() == ir::DType::bf16;
-  if (X.dtype() == ir::DType::f32 || bf16) {
-    // bf16 runs the f32 code on each plane widened to f32 (exact), and narrows the maxima
-    // back (exact: each is one of the plane's values).
+  if (X.dtype() == ir::DType::f32 || X.dtype() == ir::DType::bf16) {
+    // f32 and bf16 (widened on load, exactly; each maximum is one of the inputs, so its
+    // bf16 store is exact): the row routine, one thread's planes at a time.
     const auto cols = interior_columns(q, taps);
     int64_t* idx = I ? I->data<int64_t>() : nullptr;
     // Work: every output reads its window's taps (a 3x3 pool is 9 loads and selects each).
     const int64_t work = p->NC * OS * q.k[0] * q.k[1] * q.k[2];
-#pragma omp parallel for schedule(static) if (work >= kParallelThreshold)
-    for (int64_t nc = 0; nc < p->NC; ++nc) {
-      thread_local std::vector<int64_t> arg;
-      thread_local std::vector<float> xw, yw;
-      arg.resize(static_cast<size_t>(q.out[2]));
-      const float* xp;
-      float* yp;
-      if (bf16) {
-        xw.resize(static_cast<size_t>(IS));
-        yw.resize(static_cast<size_t>(OS));
-        const bf16_t* xs = X.data<bf16_t>() + nc * IS;
-        for (int64_t i = 0; i < IS; ++i) xw[i] = ir::bf16_to_f32(xs[i].bits);
-        xp = xw.data();
-        yp = yw.data();
-      } else {
-        xp = X.data<float>() + nc * IS;
-        yp = Y.data<float>() + nc * OS;
-      }
-      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
-        for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
-          const int64_t r = (nc * q.out[0] + o0) * q.out[1] + o1;
-          maxpool_row_f32(q, taps, cols, xp, o0, o1, yp + (o0 * q.out[1] + o1) * q.out[2], arg.data());
-          if (idx)
-            for (int64_t o2 = 0; o2 < q.out[2]; ++o2)
-              idx[r * q.out[2] + o2] = arg[o2] < 0 ? -1 : nc * IS + spatial_index(arg[o2]);
-        }
-      if (bf16) {
-        bf16_t* ys = Y.data<bf16_t>() + nc * OS;
-        for (int64_t i = 0; i < OS; ++i) ys[i].bits = ir::f32_to_bf16(yw[i]);
-      }
-    }
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = X.data<T>();
+      T* y = Y.data<T>();
+      for_plane_ranges(p->NC, work >= kParallelThreshold, [&](int64_t lo, int64_t hi) {
+        std::vector<int64_t>& arg = scratch_i64(0, q.out[2]);
+        float* best = scratch_f32(0, q.out[2]);
+        for (int64_t nc = lo; nc < hi; ++nc)
+          for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+            for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
+              const int64_t r = (nc * q.out[0] + o0) * q.out[1] + o1;
+              T* yr = y + r * q.out[2];
+              if constexpr (std::is_same_v<T, float>) {
+                maxpool_row_f32(q, taps, cols, x + nc * IS, o0, o1, yr, arg.data());
+              } else {
+                maxpool_row_f32(q, taps, cols, x + nc * IS, o0, o1, best, arg.data());
+                for (int64_t o2 = 0; o2 < q.out[2]; ++o2) yr[o2].bits = ir::f32_to_bf16(best[o2]);
+              }
+              if (idx)
+                for (int64_t o2 = 0; o2 < q.out[2]; ++o2)
+                  idx[r * q.out[2] + o2] = arg[o2] < 0 ? -1 : nc * IS + spatial_index(arg[o2]);
+            }
+      });
+    };
+    if (X.dtype() == ir::DType::f32)
+      run(float{});
+    else
+      run(bf16_t{});
     return Status::ok();
   }
   return dispatch_numeric(ctx, X.dtype(), [&](auto tag) {
@@ -863,60 +897,59 @@ Status maxpool_grad_kernel(KernelContext& ctx) {
   const Win3& q = p->w;
   const int64_t IS = in_size3(q), OS = out_size3(q);
   const TapRanges taps(q);
-  const bool bf16 = X.dtype() == ir::DType::bf16;
-  if (X.dtype() == ir::DType::f32 || bf16) {
-    // Windows that do not overlap give each input at most one addend: dX is written in
-    // f32 directly (0 + dy is exact); overlapping ones sum in f64, as below. bf16: each
-    // plane of X and dY widened to f32 (exact) and dX narrowed as the generic code stores
-    // it (through f32).
+  if (X.dtype() == ir::DType::f32 || X.dtype() == ir::DType::bf16) {
+    // Windows that do not overlap give each input at most one addend: dX is written
+    // directly (0 + dy is exact, in bf16 too); overlapping ones sum in f64, as below, and
+    // are stored as the generic code stores them (bf16: through f32). bf16 X and dY are
+    // widened on load (exact).
     bool disjoint = true;
     for (int i = 0; i < 3; ++i) disjoint &= q.out[i] <= 1 || q.s[i] >= (q.k[i] - 1) * q.d[i] + 1;
     const auto cols = interior_columns(q, taps);
     const int64_t work = p->NC * (IS + OS * q.k[0] * q.k[1] * q.k[2]);
-#pragma omp parallel for schedule(static) if (work >= kParallelThreshold)
-    for (int64_t nc = 0; nc < p->NC; ++nc) {
-      thread_local std::vector<float> best, xw, dyw, dxw;
-      thread_local std::vector<int64_t> arg;
-      thread_local std::vector<double> acc;
-      best.resize(static_cast<size_t>(q.out[2]));
-      arg.resize(static_cast<size_t>(q.out[2]));
-      const float *xp, *dyp;
-      float* dxp;
-      if (bf16) {
-        xw.resize(static_cast<size_t>(IS));
-        dyw.resize(static_cast<size_t>(OS));
-        dxw.resize(static_cast<size_t>(IS));
-        const bf16_t* xs = X.data<bf16_t>() + nc * IS;
-        const bf16_t* dys = dY.data<bf16_t>() + nc * OS;
-        for (int64_t i = 0; i < IS; ++i) xw[i] = ir::bf16_to_f32(xs[i].bits);
-        for (int64_t i = 0; i < OS; ++i) dyw[i] = ir::bf16_to_f32(dys[i].bits);
-        xp = xw.data(), dyp = dyw.data(), dxp = dxw.data();
-      } else {
-        xp = X.data<float>() + nc * IS, dyp = dY.data<float>() + nc * OS, dxp = dX.data<float>() + nc * IS;
-      }
-      if (disjoint)
-        std::fill(dxp, dxp + IS, 0.0f);
-      else
-        acc.assign(static_cast<size_t>(IS), 0.0);
-      for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
-        for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
-          maxpool_row_f32(q, taps, cols, xp, o0, o1, best.data(), arg.data());
-          const float* dyr = dyp + (o0 * q.out[1] + o1) * q.out[2];
-          for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
-            if (arg[o2] < 0) continue;
-            if (disjoint)
-              dxp[arg[o2]] += dyr[o2];
-            else
-              acc[arg[o2]] += dyr[o2];
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = X.data<T>();
+      const T* dy = dY.data<T>();
+      T* dx = dX.data<T>();
+      for_plane_ranges(p->NC, work >= kParallelThreshold, [&](int64_t lo, int64_t hi) {
+        float* best = scratch_f32(0, q.out[2]);
+        std::vector<int64_t>& arg = scratch_i64(0, q.out[2]);
+        thread_local std::vector<double> acc;
+        for (int64_t nc = lo; nc < hi; ++nc) {
+          T* dxp = dx + nc * IS;
+          if (disjoint)
+            std::fill(dxp, dxp + IS, T{});  // +0 in both dtypes
+          else
+            acc.assign(static_cast<size_t>(IS), 0.0);
+          for (int64_t o0 = 0; o0 < q.out[0]; ++o0)
+            for (int64_t o1 = 0; o1 < q.out[1]; ++o1) {
+              maxpool_row_f32(q, taps, cols, x + nc * IS, o0, o1, best, arg.data());
+              const T* dyr = dy + nc * OS + (o0 * q.out[1] + o1) * q.out[2];
+              for (int64_t o2 = 0; o2 < q.out[2]; ++o2) {
+                if (arg[o2] < 0) continue;
+                if (!disjoint)
+                  acc[arg[o2]] += pool_f32(dyr[o2]);
+                else if constexpr (std::is_same_v<T, float>)
+                  dxp[arg[o2]] += dyr[o2];
+                else  // the input's only addend: 0 + dy, as the generic code stores it
+                  dxp[arg[o2]].bits = ir::f32_to_bf16(0.0f + pool_f32(dyr[o2]));
+              }
+            }
+          if (!disjoint) {
+            for (int64_t i = 0; i < IS; ++i) {
+              if constexpr (std::is_same_v<T, float>)
+                dxp[i] = static_cast<float>(acc[i]);
+              else
+                dxp[i].bits = ir::f32_to_bf16(static_cast<float>(acc[i]));
+            }
           }
         }
-      if (!disjoint)
-        for (int64_t i = 0; i < IS; ++i) dxp[i] = static_cast<float>(acc[i]);
-      if (bf16) {
-        bf16_t* dxs = dX.data<bf16_t>() + nc * IS;
-        for (int64_t i = 0; i < IS; ++i) dxs[i].bits = ir::f32_to_bf16(dxp[i]);
-      }
-    }
+      });
+    };
+    if (X.dtype() == ir::DType::f32)
+      run(float{});
+    else
+      run(bf16_t{});
     return Status::ok();
   }
   return dispatch_float(ctx, X.dtype(), [&](auto tag) {

@@ -18,7 +18,7 @@ entry:
   br i1 %4, label %loop, label %loop.end
 
 loop:                                             ; preds = %loop, %entry
-  %i = phi i64 [ %begin, %entry ], [ %98, %loop ]
+  %i = phi i64 [ %begin, %entry ], [ %78, %loop ]
   %5 = add nsw i64 0, %i
   %6 = getelementptr inbounds float, ptr %p0, i64 %5
   %7 = load float, ptr %6, align 4, !alias.scope !0, !noalias !3
@@ -83,40 +83,20 @@ loop:                                             ; preds = %loop, %entry
   %66 = select i1 %58, i32 %65, i32 %63
   %67 = bitcast i32 %66 to float
   %68 = bitcast float %25 to i32
-  %69 = and i32 %68, 2147483647
-  %70 = icmp ugt i32 %69, 2139095040
-  %71 = lshr i32 %68, 16
-  %72 = and i32 %71, 1
-  %73 = add i32 %68, 32767
-  %74 = add i32 %73, %72
-  %75 = and i32 %74, -65536
-  %76 = or i32 %68, 4194304
-  %77 = and i32 %76, -65536
-  %78 = select i1 %70, i32 %77, i32 %75
-  %79 = lshr i32 %78, 16
-  %80 = trunc i32 %79 to i16
-  %81 = add nsw i64 0, %i
-  %82 = getelementptr inbounds i16, ptr %p2, i64 %81
-  store i16 %80, ptr %82, align 2, !alias.scope !9, !noalias !10
-  %83 = bitcast float %67 to i32
-  %84 = and i32 %83, 2147483647
-  %85 = icmp ugt i32 %84, 2139095040
-  %86 = lshr i32 %83, 16
-  %87 = and i32 %86, 1
-  %88 = add i32 %83, 32767
-  %89 = add i32 %88, %87
-  %90 = and i32 %89, -65536
-  %91 = or i32 %83, 4194304
-  %92 = and i32 %91, -65536
-  %93 = select i1 %85, i32 %92, i32 %90
-  %94 = lshr i32 %93, 16
-  %95 = trunc i32 %94 to i16
-  %96 = add nsw i64 0, %i
-  %97 = getelementptr inbounds i16, ptr %p3, i64 %96
-  store i16 %95, ptr %97, align 2, !alias.scope !11, !noalias !12
-  %98 = add nsw i64 %i, 1
-  %99 = icmp slt i64 %98, %end
-  br i1 %99, label %loop, label %loop.end
+  %69 = lshr i32 %68, 16
+  %70 = trunc i32 %69 to i16
+  %71 = add nsw i64 0, %i
+  %72 = getelementptr inbounds i16, ptr %p2, i64 %71
+  store i16 %70, ptr %72, align 2, !alias.scope !9, !noalias !10
+  %73 = bitcast float %67 to i32
+  %74 = lshr i32 %73, 16
+  %75 = trunc i32 %74 to i16
+  %76 = add nsw i64 0, %i
+  %77 = getelementptr inbounds i16, ptr %p3, i64 %76
+  store i16 %75, ptr %77, align 2, !alias.scope !11, !noalias !12
+  %78 = add nsw i64 %i, 1
+  %79 = icmp slt i64 %78, %end
+  br i1 %79, label %loop, label %loop.end
 
 loop.end:                                         ; preds = %loop, %entry
   ret void

@@ -18,7 +18,7 @@ entry:
   br i1 %6, label %loop, label %loop.end9
 
 loop:                                             ; preds = %loop.end8, %entry
-  %i = phi i64 [ %begin, %entry ], [ %119, %loop.end8 ]
+  %i = phi i64 [ %begin, %entry ], [ %109, %loop.end8 ]
   store float 0xFFF0000000000000, ptr %2, align 4
   store i8 0, ptr %1, align 1
   br i1 true, label %loop1, label %loop.end
@@ -107,7 +107,7 @@ loop.end5:                                        ; preds = %loop3, %loop.end
   br i1 true, label %loop6, label %loop.end8
 
 loop6:                                            ; preds = %loop6, %loop.end5
-  %i7 = phi i64 [ 0, %loop.end5 ], [ %117, %loop6 ]
+  %i7 = phi i64 [ 0, %loop.end5 ], [ %107, %loop6 ]
   %71 = add nsw i64 0, %i7
   %72 = getelementptr inbounds float, ptr %3, i64 %71
   %73 = load float, ptr %72, align 4
@@ -138,31 +138,21 @@ loop6:                                            ; preds = %loop6, %loop.end5
   %98 = select i1 %90, i32 %97, i32 %95
   %99 = bitcast i32 %98 to float
   %100 = bitcast float %99 to i32
-  %101 = and i32 %100, 2147483647
-  %102 = icmp ugt i32 %101, 2139095040
-  %103 = lshr i32 %100, 16
-  %104 = and i32 %103, 1
-  %105 = add i32 %100, 32767
-  %106 = add i32 %105, %104
-  %107 = and i32 %106, -65536
-  %108 = or i32 %100, 4194304
-  %109 = and i32 %108, -65536
-  %110 = select i1 %102, i32 %109, i32 %107
-  %111 = lshr i32 %110, 16
-  %112 = trunc i32 %111 to i16
-  %113 = mul nsw i64 %i, 64
-  %114 = add nsw i64 0, %113
-  %115 = add nsw i64 %114, %i7
-  %116 = getelementptr inbounds i16, ptr %p1, i64 %115
-  store i16 %112, ptr %116, align 2, !alias.scope !3, !noalias !0
-  %117 = add nsw i64 %i7, 1
-  %118 = icmp slt i64 %117, 64
-  br i1 %118, label %loop6, label %loop.end8, !llvm.loop !9
+  %101 = lshr i32 %100, 16
+  %102 = trunc i32 %101 to i16
+  %103 = mul nsw i64 %i, 64
+  %104 = add nsw i64 0, %103
+  %105 = add nsw i64 %104, %i7
+  %106 = getelementptr inbounds i16, ptr %p1, i64 %105
+  store i16 %102, ptr %106, align 2, !alias.scope !3, !noalias !0
+  %107 = add nsw i64 %i7, 1
+  %108 = icmp slt i64 %107, 64
+  br i1 %108, label %loop6, label %loop.end8, !llvm.loop !9
 
 loop.end8:                                        ; preds = %loop6, %loop.end5
-  %119 = add nsw i64 %i, 1
-  %120 = icmp slt i64 %119, %end
-  br i1 %120, label %loop, label %loop.end9
+  %109 = add nsw i64 %i, 1
+  %110 = icmp slt i64 %109, %end
+  br i1 %110, label %loop, label %loop.end9
 
 loop.end9:                                        ; preds = %loop.end8, %entry
   ret void
