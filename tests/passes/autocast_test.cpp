@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "ir/op_table.h"
@@ -144,7 +145,9 @@ std::vector<std::pair<double, bool>> mlp_gemm_precisions(double min_flops) {
     EXPECT_EQ(low, n->inputs[1]->dtype == DType::bf16) << n->name;
     EXPECT_EQ(n->outputs[0]->dtype, low ? DType::bf16 : DType::f32) << n->name;
     EXPECT_EQ(n->attrs.has("kiln_autocast_kept"), !low) << n->name;
-    if (!low) EXPECT_DOUBLE_EQ(n->attrs.get_float("kiln_autocast_kept", -1), flops) << n->name;
+    if (!low) {
+      EXPECT_DOUBLE_EQ(n->attrs.get_float("kiln_autocast_kept", -1), flops) << n->name;
+    }
     out.push_back({flops, low});
   }
   EXPECT_EQ(out.size(), 3u);
@@ -177,10 +180,14 @@ TEST(Autocast, ProductsBelowMinFlopsStayF32) {
   EXPECT_TRUE(fp32.validate().is_ok()) << fp32.validate().message();
 }
 
-TEST(Autocast, ConvolutionsHaveTheirOwnBreakEven) {
-  // cnn_bn's forward convolutions at batch 32, FLOPs from their shapes (2 * N * M * C/G *
-  // kernel taps * output pixels), under --bf16 with the default threshold (convolutions:
-  // autocast_break_even_flops(bf16, true)) and with explicit ones (both kinds).
+TEST(Autocast, ConvolutionsBelowTheirBreakEvenStoreBf16AndComputeF32) {
+  // cnn_bn's convolutions (forward and both gradients) at batch 32 under --bf16, FLOPs from
+  // their shapes (2 * N * M * C/G * kernel taps * output pixels), with the default
+  // threshold (convolutions: autocast_break_even_flops(bf16, true)) and explicit ones. Rule
+  // (d): every one stores bf16 (its output, so its saved activations); one below the
+  // threshold is marked kiln_compute_f32 = its FLOPs (its kernel computes in f32) and
+  // none is kept f32. Rule (e): a marked node reads parameters and graph inputs in f32
+  // (no bf16 copy of the weights or the batch), an unmarked one reads bf16.
   const double conv_be = driver::autocast_break_even_flops(DType::bf16, true);
   EXPECT_GE(conv_be, driver::autocast_break_even_flops(DType::bf16, false));
   for (double min_flops : {-1.0, 0.0, 1e6}) {
@@ -188,22 +195,45 @@ TEST(Autocast, ConvolutionsHaveTheirOwnBreakEven) {
     cfg.autocast_min_flops = min_flops;
     auto prog = driver::build_training_program(cfg, nullptr, true);
     ASSERT_TRUE(prog) << prog.message();
+    const Graph& g = *prog->train_step;
     const double threshold = min_flops < 0 ? conv_be : min_flops;
-    int convs = 0;
-    for (auto& n : prog->train_step->nodes()) {
-      if (n->op != "Conv" || n->name.find("/grad/") != std::string::npos) continue;
+    std::set<const Value*> resident(g.inputs.begin(), g.inputs.end());
+    int convs = 0, marked = 0;
+    for (auto& n : g.nodes()) {
+      if (n->op != "Conv" && n->op != "ConvGradInput" && n->op != "ConvGradWeight") continue;
       ++convs;
-      const Shape& x = n->inputs[0]->shape;
-      const Shape& w = n->inputs[1]->shape;
-      const Shape& y = n->outputs[0]->shape;
+      // FLOPs from the (forward) convolution's shapes: x (N, C, ...), w (M, C/G, k...), y (N, M, o...).
+      const bool fwd = n->op == "Conv", gi = n->op == "ConvGradInput";
+      const Shape& x = fwd ? n->inputs[0]->shape : gi ? n->outputs[0]->shape : n->inputs[1]->shape;
+      const Shape& w = fwd ? n->inputs[1]->shape : gi ? n->inputs[1]->shape : n->outputs[0]->shape;
+      const Shape& y = fwd ? n->outputs[0]->shape : n->inputs[0]->shape;
       double flops = 2.0 * x.dims[0].value * w.dims[0].value;
       for (int i = 1; i < w.rank(); ++i) flops *= static_cast<double>(w.dims[i].value);
       for (int i = 2; i < y.rank(); ++i) flops *= static_cast<double>(y.dims[i].value);
-      const bool low = n->inputs[0]->dtype == DType::bf16;
-      EXPECT_EQ(low, flops >= threshold) << n->name << ": " << flops << " FLOPs, threshold " << threshold;
-      EXPECT_EQ(n->attrs.has("kiln_autocast_kept"), !low) << n->name;
+      const bool below = flops < threshold;
+      EXPECT_EQ(n->outputs[0]->dtype, DType::bf16) << n->name;
+      EXPECT_FALSE(n->attrs.has("kiln_autocast_kept")) << n->name;
+      EXPECT_EQ(n->attrs.has("kiln_compute_f32"), below)
+          << n->name << ": " << flops << " FLOPs, threshold " << threshold;
+      if (below) {
+        ++marked;
+        EXPECT_DOUBLE_EQ(n->attrs.get_float("kiln_compute_f32", -1), flops) << n->name;
+      }
+      for (const Value* in : n->inputs) {
+        if (!in || !is_float(in->dtype)) continue;
+        if (resident.count(in)) {
+          EXPECT_TRUE(below) << n->name << " reads " << in->name << " in f32 unmarked";
+        } else {
+          EXPECT_EQ(in->dtype, DType::bf16) << n->name << " reads " << in->name;
+        }
+      }
     }
-    EXPECT_EQ(convs, 2) << "cnn_bn has two convolutions";
+    EXPECT_EQ(convs, 5) << "cnn_bn: two convolutions, their weight gradients and the second one's input gradient";
+    if (min_flops == 0) {
+      EXPECT_EQ(marked, 0);
+    } else if (min_flops == 1e6) {
+      EXPECT_GT(marked, 0);
+    }
   }
 }
 

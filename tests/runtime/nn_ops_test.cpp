@@ -302,6 +302,53 @@ TEST(NnOps, ConvAutoPadAnd1d) {
   EXPECT_NE(run_error("Conv", {rnd(DType::f32, {1, 3, 5, 5}, 0, 1, 1), rnd(DType::f32, {2, 2, 3, 3}, 0, 1, 2)}), "");
 }
 
+TEST(NnOps, ConvComputedInF32TakesMixedOperands) {
+  // A convolution node marked kiln_compute_f32 (autocast rule (d)/(e)) computes in f32
+  // on operands of either float dtype and stores bf16: forward with a bf16 X and an f32
+  // W (a master weight), X f32 and W f32 (a graph input), ConvGradInput with dY bf16 and
+  // W f32, ConvGradWeight with dY bf16 and X f32. Reference: the f64 loops on the same
+  // (rounded) operand values, rounded once to bf16 (the f32 kernel's own rounding error is
+  // far below bf16's: 1e-2 relative, as every bf16 result here).
+  Conv2dCfg cfg{1, 2, 1, 1, 1, 1, 1, 1, 1};  // stride (2, 1), pads 1
+  Attributes a = conv_attrs(cfg);
+  a.set("kiln_compute_f32", 1e3);
+  Tensor X = rnd(DType::f64, {2, 3, 9, 8}, -1, 1, 71), W = rnd(DType::f64, {5, 3, 3, 3}, -1, 1, 72);
+  const Tensor Xb = X.cast(DType::bf16), Wf = W.cast(DType::f32);
+  std::vector<int64_t> od;
+  for (DType xdt : {DType::bf16, DType::f32}) {
+    const Tensor Xin = xdt == DType::bf16 ? Xb : X.cast(DType::f32);
+    auto y = run_op("Conv", {Xin, Wf}, a);
+    ASSERT_EQ(y.size(), 1u);
+    EXPECT_EQ(y[0].dtype(), DType::bf16);
+    expect_close(y[0], ref_conv2d(Xin.cast(DType::f64), Wf.cast(DType::f64), nullptr, cfg, od), 2e-2, 1e-2,
+                 std::string("Conv X ") + dtype_name(xdt) + ", W f32");
+  }
+  ref_conv2d(X, W, nullptr, cfg, od);
+  const Tensor dYb = rnd(DType::f64, od, -1, 1, 73).cast(DType::bf16);
+  Attributes ai = a, aw = a;
+  ai.set("input_shape", X.dims());
+  aw.set("kernel_shape", std::vector<int64_t>{3, 3});
+  auto gi = run_op("ConvGradInput", {dYb, Wf}, ai);
+  auto gw = run_op("ConvGradWeight", {dYb, X.cast(DType::f32)}, aw);
+  Attributes ai64 = ai, aw64 = aw;
+  ai64.erase("kiln_compute_f32");
+  aw64.erase("kiln_compute_f32");
+  auto ri = run_op("ConvGradInput", {dYb.cast(DType::f64), Wf.cast(DType::f64)}, ai64);
+  auto rw = run_op("ConvGradWeight", {dYb.cast(DType::f64), X.cast(DType::f32).cast(DType::f64)}, aw64);
+  ASSERT_EQ(gi.size(), 1u);
+  ASSERT_EQ(gw.size(), 1u);
+  EXPECT_EQ(gi[0].dtype(), DType::bf16);
+  EXPECT_EQ(gw[0].dtype(), DType::bf16);
+  std::vector<double> vi, vw;
+  for (int64_t i = 0; i < ri[0].numel(); ++i) vi.push_back(ri[0].get_f64(i));
+  for (int64_t i = 0; i < rw[0].numel(); ++i) vw.push_back(rw[0].get_f64(i));
+  expect_close(gi[0], vi, 2e-2, 1e-2, "ConvGradInput dY bf16, W f32");
+  expect_close(gw[0], vw, 2e-2, 1e-2, "ConvGradWeight dY bf16, X f32");
+  // Without the mark, mixed operands are an error naming them.
+  Attributes plain = conv_attrs(cfg);
+  EXPECT_NE(run_error("Conv", {Xb, Wf}, plain), "");
+}
+
 TEST(NnOps, ConvBackwardOneDnnMatchesF64Loops) {
   // ConvGradInput / ConvGradWeight: f32 and bf16 go through oneDNN, f64 through loops.
   Conv2dCfg cfg{2, 2, 1, 1, 2, 1, 0, 1, 2};
@@ -733,6 +780,27 @@ TEST(NnOps, MaxPoolF32PathEqualsGenericPath) {
       if (!same(g32[0].data<float>()[i], g64[0].data<double>()[i]) && ++bad < 8)
         ADD_FAILURE() << "MaxPoolGrad element " << i << ": " << g32[0].data<float>()[i] << " vs "
                       << g64[0].data<double>()[i];
+    // bf16 takes the same row routine, widening on load: the same inputs (quarters and a
+    // NaN are exact in bf16) give the f64 generic path's maxima and indices exactly, and
+    // the gradient of a bf16 dY is the f64 sum rounded as a bf16 store rounds it (to f32,
+    // then to bf16).
+    auto yb = run_op("MaxPool", {X.cast(DType::bf16)}, a, 2);
+    ASSERT_EQ(yb[0].dtype(), DType::bf16);
+    for (int64_t i = 0; i < yb[0].numel(); ++i) {
+      if (!same(static_cast<float>(yb[0].get_f64(i)), y64[0].data<double>()[i]) && ++bad < 12)
+        ADD_FAILURE() << "bf16 MaxPool output " << i << ": " << yb[0].get_f64(i) << " vs " << y64[0].data<double>()[i];
+      if (yb[1].data<int64_t>()[i] != y64[1].data<int64_t>()[i] && ++bad < 12)
+        ADD_FAILURE() << "bf16 MaxPool index " << i;
+    }
+    Tensor dYb = dY.cast(DType::bf16);
+    auto gb = run_op("MaxPoolGrad", {dYb, X.cast(DType::bf16)}, a);
+    auto gb64 = run_op("MaxPoolGrad", {dYb.cast(DType::f64), X.cast(DType::f64)}, a);
+    ASSERT_EQ(gb[0].dtype(), DType::bf16);
+    for (int64_t i = 0; i < X.numel(); ++i) {
+      const float want = ir::bf16_to_f32(ir::f32_to_bf16(static_cast<float>(gb64[0].data<double>()[i])));
+      if (!same(static_cast<float>(gb[0].get_f64(i)), want) && ++bad < 16)
+        ADD_FAILURE() << "bf16 MaxPoolGrad element " << i << ": " << gb[0].get_f64(i) << " vs " << want;
+    }
     EXPECT_EQ(bad, 0);
   }
 }
