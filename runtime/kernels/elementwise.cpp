@@ -272,36 +272,6 @@ Status copy_kernel(KernelContext& c) {
 /// of kDropoutGroup elements each.
 constexpr int64_t kDropoutGroup = 128;
 
-/// 8 elements at `p` as f32 (T = float or bf16_t).
-template <typename T>
-__attribute__((target("avx2"))) inline __m256 load8_f32(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_loadu_ps(p);
-  } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-}
-
-/// Stores 8 f32 values to `p` as T (bf16: round to nearest even, NaN quiet; ir::f32_to_bf16).
-template <typename T>
-__attribute__((target("avx2"))) inline void store8_f32(T* p, __m256 v) {
-  if constexpr (std::is_same_v<T, float>) {
-    _mm256_storeu_ps(p, v);
-  } else {
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i nan =
-        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rounded =
-        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane 0..0xffff
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
-  }
-}
-
 /// hi:lo = x * m per 32-bit lane (8 lanes): vpmuludq on the even lanes, then the odd ones.
 __attribute__((target("avx2"))) inline void mul32(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
   const __m256i pe = _mm256_mul_epu32(x, m);                         // lanes 0, 2, 4, 6
@@ -373,11 +343,6 @@ __attribute__((target("avx2"))) void dropout_avx2(const T* a, T* o, uint8_t* pm,
       }
     }
   }
-}
-
-bool cpu_has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
 }
 
 #define KILN_DROPOUT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))

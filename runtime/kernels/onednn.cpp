@@ -14,6 +14,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "runtime/kernels/util.h"
+
 namespace kiln::runtime::kernels::onednn {
 
 namespace {
@@ -400,11 +402,12 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   return Status::ok();
 }
 
-/// Per-thread staging buffers of the blocked-layout convolutions (one per role: a, b, out, bias),
+/// Per-thread staging buffers of the blocked-layout convolutions (one per role: a, b, out, bias; and 4 + role for the
+/// f32 copies of bf16 operands),
 /// grown to the largest call's need and reused: like oneDNN's own scratchpad they are
 /// outside kiln's memory plan, and a staged copy lives only during its call.
 void* staging(int role, size_t bytes) {
-  thread_local std::vector<std::byte> buf[4];
+  thread_local std::vector<std::byte> buf[8];
   if (buf[role].size() < bytes + 64) buf[role].resize(bytes + 64);
   const auto p = reinterpret_cast<uintptr_t>(buf[role].data());
   return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});  // 64-byte aligned, as oneDNN's own buffers
@@ -434,6 +437,12 @@ struct PreparedConv {
     int id = 0;
     memory::desc plain, chosen;
     bool staged = false;
+    /// A bf16 operand of an f32-computed convolution: widened to (or, the output, narrowed
+    /// from) an f32 plain copy by kiln's own conversion (runtime/kernels/util.h), so oneDNN
+    /// reorders f32 to f32 only (its bf16-converting reorders ran at half their speed);
+    /// `plain` is then the f32 copy's descriptor and n its element count.
+    bool widen = false;
+    int64_t n = 0;
     dnnl::primitive reorder;  ///< plain -> chosen for a and b, chosen -> plain for out
     memory plain_mem, chosen_mem;
     std::unordered_map<int, memory> reorder_args;  ///< FROM / TO of `reorder`
@@ -504,9 +513,15 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
       break;
   }
   if (p->bias) role(3, DNNL_ARG_BIAS, m.b), p->nargs = 4;
-  if (mixed && p->compute == ir::DType::f32)
-    for (int r = 0; r < p->nargs; ++r)
-      if ((*mixed)[r] != dt) p->args[r].plain = md(p->args[r].plain.dims(), to_dnnl((*mixed)[r]));
+  // Computed in f32: every operand's plain copy is f32 (a bf16 one is widened into it).
+  if (p->compute == ir::DType::f32)
+    for (int r = 0; r < p->nargs; ++r) {
+      PreparedConv::Arg& a = p->args[r];
+      const memory::dims dims = a.plain.dims();
+      a.widen = (mixed ? (*mixed)[r] : dt) == ir::DType::bf16;
+      a.n = numel(std::vector<int64_t>(dims.begin(), dims.end()));
+      a.plain = md(dims, Dt::f32);
+    }
   if (!p->prim->ok) return p;
   try {
     for (int r = 0; r < p->nargs; ++r) {
@@ -541,13 +556,22 @@ Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias,
       const void* ptr[4] = {a, b, out, bias};
       for (int r = 0; r < p.nargs; ++r) {
         PreparedConv::Arg& x = p.args[r];
-        x.plain_mem.set_data_handle(const_cast<void*>(ptr[r]));
+        void* plain = const_cast<void*>(ptr[r]);
+        if (x.widen) {
+          float* copy = static_cast<float*>(staging(4 + r, static_cast<size_t>(x.n) * sizeof(float)));
+          if (r != 2) widen_bf16(static_cast<const uint16_t*>(ptr[r]), copy, x.n);
+          plain = copy;
+        }
+        x.plain_mem.set_data_handle(plain);
         if (x.staged) x.chosen_mem.set_data_handle(staging(r, x.chosen.get_size()));
         if (x.staged && r != 2) x.reorder.execute(s, x.reorder_args);
       }
       p.prim->prim.execute(s, p.exec_args);
       if (p.args[2].staged) p.args[2].reorder.execute(s, p.args[2].reorder_args);
       s.wait();
+      if (p.args[2].widen)
+        narrow_to_bf16(static_cast<const float*>(p.args[2].plain_mem.get_data_handle()), static_cast<uint16_t*>(out),
+                       p.args[2].n);
     } catch (const dnnl::error& e) {
       return Status::error(std::string("oneDNN execution failed: ") + e.what());
     }

@@ -42,4 +42,67 @@ void strided_copy(void* dst, const void* src, size_t esize, const std::vector<in
   }
 }
 
+bool cpu_has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+namespace {
+__attribute__((target("avx2"))) void widen_bf16_avx2(const uint16_t* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load8_f32(reinterpret_cast<const bf16_t*>(in) + i));
+  for (; i < n; ++i) out[i] = ir::bf16_to_f32(in[i]);
+}
+__attribute__((target("avx2"))) void narrow_to_bf16_avx2(const float* in, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8_f32(reinterpret_cast<bf16_t*>(out) + i, _mm256_loadu_ps(in + i));
+  for (; i < n; ++i) out[i] = ir::f32_to_bf16(in[i]);
+}
+
+bool cpu_has_avx512bw() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return yes;
+}
+
+#define KILN_AVX512BW __attribute__((target("avx2,avx512f,avx512bw")))
+
+KILN_AVX512BW void widen_bf16_avx512(const uint16_t* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  widen_bf16_avx2(in + i, out + i, n - i);
+}
+
+/// 16 lanes of store8_f32's rounding: nearest even, a NaN kept quiet (ir::f32_to_bf16).
+KILN_AVX512BW void narrow_to_bf16_avx512(const float* in, uint16_t* out, int64_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(in + i));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, one), half)), 16);
+    const __m512i b = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(hi, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(b));
+  }
+  narrow_to_bf16_avx2(in + i, out + i, n - i);
+}
+}  // namespace
+
+void widen_bf16(const uint16_t* in, float* out, int64_t n) {
+  if (cpu_has_avx512bw()) return widen_bf16_avx512(in, out, n);
+  if (cpu_has_avx2()) return widen_bf16_avx2(in, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = ir::bf16_to_f32(in[i]);
+}
+
+void narrow_to_bf16(const float* in, uint16_t* out, int64_t n) {
+  if (cpu_has_avx512bw()) return narrow_to_bf16_avx512(in, out, n);
+  if (cpu_has_avx2()) return narrow_to_bf16_avx2(in, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = ir::f32_to_bf16(in[i]);
+}
+
 }  // namespace kiln::runtime::kernels

@@ -5,6 +5,8 @@
 // numbers: as easy as 1, 2, 3", SC'11) used by every random kernel
 // (DESIGN.md invariant 6: same seed, op id and offset give the same numbers).
 #pragma once
+#include <immintrin.h>
+
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -310,5 +312,46 @@ inline float philox_uniform(uint64_t seed, uint64_t subsequence, uint64_t offset
 inline uint64_t rng_id(const ir::KernelContext& ctx) {
   return static_cast<uint64_t>(ctx.attrs().get_int("kiln_rng_id", static_cast<int64_t>(ctx.op_id)));
 }
+
+// ---- bf16 <-> f32 with AVX2 (callers check the CPU first: cpu_has_avx2)
+
+/// 8 elements at `p` as f32 (T = float or bf16_t).
+template <typename T>
+__attribute__((target("avx2"))) inline __m256 load8_f32(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+/// Stores 8 f32 values to `p` as T (bf16: round to nearest even, NaN quiet; ir::f32_to_bf16).
+template <typename T>
+__attribute__((target("avx2"))) inline void store8_f32(T* p, __m256 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane 0..0xffff
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+  }
+}
+
+/// Whether this CPU runs the avx2 helpers above.
+bool cpu_has_avx2();
+
+/// Widens n bf16 values (bit patterns) to f32 (exact). AVX2 where the CPU has it.
+void widen_bf16(const uint16_t* in, float* out, int64_t n);
+/// Rounds n f32 values to bf16 bit patterns, as ir::f32_to_bf16 (nearest even, NaN kept
+/// quiet). AVX2 where the CPU has it.
+void narrow_to_bf16(const float* in, uint16_t* out, int64_t n);
 
 }  // namespace kiln::runtime::kernels

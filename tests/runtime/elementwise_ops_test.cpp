@@ -510,3 +510,28 @@ TEST(ElementwiseGrad, CastAndDropout) {
   // Training-mode dropout: same Philox mask in every evaluation, gradient = dy * mask / (1 - ratio).
   check_grad("Dropout", {x, make(DType::f64, {}, {0.3})}, {}, 2, {0}, true);
 }
+
+TEST(Bf16Conversion, BulkRoutinesEqualTheScalarOnes) {
+  // runtime::kernels::narrow_to_bf16 / widen_bf16 (AVX-512BW, AVX2 or scalar, by CPU) against
+  // ir::f32_to_bf16 / bf16_to_f32 bit for bit: ties to even both ways, the largest finite
+  // values (rounding up to infinity), infinities, quiet and signalling NaNs with payloads,
+  // denormals, signed zeros, and random patterns; lengths that leave 16- and 8-lane tails.
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7fffffu,
+                                0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u, 0xffbfffffu,
+                                0x00000001u, 0x807fffffu, 0x00408000u, 0x00418000u, 0x3f7fffffu, 0x7f7f8000u};
+  std::mt19937 rng(7);
+  while (bits.size() < 16 * 9 + 7) bits.push_back(rng());
+  for (size_t n : {bits.size(), size_t{23}, size_t{8}, size_t{3}}) {
+    std::vector<float> in(n);
+    std::memcpy(in.data(), bits.data(), n * 4);
+    std::vector<uint16_t> out(n);
+    runtime::kernels::narrow_to_bf16(in.data(), out.data(), static_cast<int64_t>(n));
+    std::vector<float> back(n);
+    runtime::kernels::widen_bf16(out.data(), back.data(), static_cast<int64_t>(n));
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(out[i], ir::f32_to_bf16(in[i])) << "narrow " << std::hex << bits[i];
+      const float want = ir::bf16_to_f32(out[i]);
+      EXPECT_EQ(std::memcmp(&back[i], &want, 4), 0) << "widen " << std::hex << out[i];
+    }
+  }
+}
