@@ -727,16 +727,19 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
       // kernels' f32 compute type).
       ir::DType acc = (compute == ir::DType::bf16 || compute == ir::DType::f16) ? ir::DType::f32 : compute;
       std::string rule = cast ? "cast" : ir::precision_policy_name(p);
-      if (n->attrs.has("kiln_autocast_kept")) {
+      const bool f32_compute = n->attrs.has("kiln_compute_f32");  // autocast rule (d): bf16 storage
+      if (f32_compute) compute = acc = ir::DType::f32;
+      if (n->attrs.has("kiln_autocast_kept") || f32_compute) {
         std::ostringstream os;
-        os << std::setprecision(3) << n->attrs.get_float("kiln_autocast_kept", 0) / 1e6 << " MFLOP";
+        os << std::setprecision(3)
+           << n->attrs.get_float(f32_compute ? "kiln_compute_f32" : "kiln_autocast_kept", 0) / 1e6 << " MFLOP";
         const bool by_default = cfg.autocast_min_flops < 0;
         const double min = driver::autocast_min_flops(cfg, !ir::has_trait(*n, ir::OpTrait::matmul));
         os << (std::isinf(min) ? ", below this CPU's break-even (f16 products never pay here)"
                : by_default    ? " < this CPU's break-even of "
                                : " < --autocast_min_flops ");
         if (!std::isinf(min)) os << min / 1e6 << " MFLOP";
-        rule += ", kept f32: " + os.str();
+        rule += (f32_compute ? ", computes f32: " : ", kept f32: ") + os.str();
       }
       std::cout << std::string(indent, ' ') << n->op << " " << n->name << "  " << ir::dtype_name(compute) << " / "
                 << ir::dtype_name(acc) << " / " << ir::dtype_name(store) << "  " << rule << "\n";
