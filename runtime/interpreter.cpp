@@ -168,8 +168,59 @@ Status evaluate_node(KernelContext& kc) {
 
 namespace {
 
-using Env = std::unordered_map<const Value*, Tensor>;
 using ValueSet = std::unordered_set<const Value*>;
+using SlotMap = std::unordered_map<const Value*, int32_t>;
+
+/// The tensors of one run of a graph, by value. A value the graph's facts number
+/// (GraphFacts::slot_of: its inputs, initializers and outputs, every node's inputs and
+/// outputs, the values its nodes' regions read from outside) has a slot in a vector, which
+/// the node facts index directly: a node's launch hashes nothing and allocates no map
+/// node (they were a large part of a small kernel's launch). Other values (a run without
+/// facts: a single loop node) live in a side map. A present value may hold an undefined
+/// tensor (an absent optional output).
+class Env {
+ public:
+  explicit Env(const SlotMap* slots = nullptr)
+      : slots_(slots), t_(slots ? slots->size() : 0), has_(slots ? slots->size() : 0, 0) {}
+  /// The tensor of `v`, or null when it has none.
+  Tensor* find(const Value* v) {
+    if (const int32_t s = slot(v); s >= 0) return at(s);
+    auto it = other_.find(v);
+    return it == other_.end() ? nullptr : &it->second;
+  }
+  bool count(const Value* v) { return find(v) != nullptr; }
+  /// The tensor of `v`, made present (undefined) when it had none.
+  Tensor& operator[](const Value* v) {
+    if (const int32_t s = slot(v); s >= 0) return put(s);
+    return other_[v];
+  }
+  void erase(const Value* v) {
+    if (const int32_t s = slot(v); s >= 0) return drop(s);
+    other_.erase(v);
+  }
+  /// By slot (GraphFacts::slot_of).
+  Tensor* at(int32_t s) { return has_[static_cast<size_t>(s)] ? &t_[static_cast<size_t>(s)] : nullptr; }
+  Tensor& put(int32_t s) {
+    has_[static_cast<size_t>(s)] = 1;
+    return t_[static_cast<size_t>(s)];
+  }
+  void drop(int32_t s) {
+    if (!has_[static_cast<size_t>(s)]) return;
+    t_[static_cast<size_t>(s)] = Tensor();
+    has_[static_cast<size_t>(s)] = 0;
+  }
+
+ private:
+  int32_t slot(const Value* v) const {
+    if (!slots_) return -1;
+    auto it = slots_->find(v);
+    return it == slots_->end() ? -1 : it->second;
+  }
+  const SlotMap* slots_;
+  std::vector<Tensor> t_;
+  std::vector<char> has_;
+  std::unordered_map<const Value*, Tensor> other_;
+};
 
 }  // namespace
 
@@ -189,11 +240,15 @@ struct GraphFacts {
     std::vector<int64_t> donate;  ///< kiln_donate
     bool view = false;            ///< ir::is_view_op
     std::vector<char> last_read;  ///< per input: this node is the value's last reader
+    /// Env slots (GraphFacts::slot_of) of its inputs (-1: an absent optional one), its
+    /// outputs and `captures`.
+    std::vector<int32_t> in_slot, out_slot, capture_slot;
     /// The node's kernel cache slot (KernelContext::cache): what its eager kernel
     /// prepared on an earlier run of this graph.
     mutable std::shared_ptr<void> kernel_cache;
   };
   std::unordered_map<const Value*, size_t> last_use;  ///< ir::last_reads
+  SlotMap slot_of;                                    ///< Env slot of every value a run of the graph holds
   std::vector<NodeFacts> nodes;
   const codegen::CpuProgram* program = nullptr;
   uint64_t structure = 0;  ///< Graph::structure_id() when computed
@@ -203,6 +258,12 @@ struct GraphFacts {
     structure = g.structure_id();
     last_use = last_reads(g);
     nodes.resize(ns.size());
+    auto number = [&](const Value* v) -> int32_t {
+      if (!v) return -1;
+      return slot_of.emplace(v, static_cast<int32_t>(slot_of.size())).first->second;
+    };
+    for (const Value* v : g.inputs) number(v);
+    for (const Value* v : g.initializers) number(v);
     for (size_t i = 0; i < ns.size(); ++i) {
       const Node& n = *ns[i];
       NodeFacts& f = nodes[i];
@@ -215,6 +276,9 @@ struct GraphFacts {
       ValueSet caps;
       for (auto& r : n.regions) collect_captures(*r, caps);
       f.captures.assign(caps.begin(), caps.end());
+      for (const Value* in : n.inputs) f.in_slot.push_back(number(in));
+      for (const Value* o : n.outputs) f.out_slot.push_back(number(o));
+      for (const Value* c : f.captures) f.capture_slot.push_back(number(c));
       f.inplace = n.attrs.get_int("kiln_inplace", -1);
       f.donate = n.attrs.get_ints("kiln_donate");
       f.view = ir::is_view_op(n.op);
@@ -239,6 +303,7 @@ struct GraphFacts {
         }
       }
     }
+    for (const Value* v : g.outputs) number(v);
   }
   /// Whether these facts were computed for `g` as it is now: same program and node list
   /// (Graph::structure_id: a node added, removed, replaced or moved, or another graph at
@@ -264,7 +329,14 @@ ScheduleCache& ScheduleCache::operator=(ScheduleCache&&) noexcept = default;
 
 namespace {
 
-Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts);
+Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const ValueSet& pinned, const RunOptions& opts);
+
+/// The facts of `g` for this run: the schedule cache's, else computed into `own`.
+const GraphFacts& facts_of(const Graph& g, const RunOptions& opts, std::unique_ptr<GraphFacts>& own) {
+  if (opts.schedule) return opts.schedule->impl().get(g, opts.program);
+  own = std::make_unique<GraphFacts>(g, opts.program);
+  return *own;
+}
 
 /// Runs an AccumulationLoop node (ir/ops/control.cpp): `trip_count` runs of the body
 /// on scan slices, carried values threaded through. Carried inputs whose last use is
@@ -281,13 +353,13 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
     return Status::error("node '" + n.name + "': AccumulationLoop body does not match the node");
   std::vector<Tensor> carried(k);
   for (size_t i = 0; i < k; ++i) {
-    auto it = env.find(n.inputs[i]);
-    if (it == env.end()) return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
+    Tensor* t = env.find(n.inputs[i]);
+    if (!t) return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
     if (steal_carried) {
-      carried[i] = std::move(it->second);
-      env.erase(it);
+      carried[i] = std::move(*t);
+      env.erase(n.inputs[i]);
     } else {
-      carried[i] = it->second;
+      carried[i] = *t;
     }
   }
   std::vector<const Value*> collected;
@@ -298,12 +370,14 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
   }
   const std::vector<const Value*>& captures = known_captures ? *known_captures : collected;
   ValueSet pinned(body.outputs.begin(), body.outputs.end());
+  std::unique_ptr<GraphFacts> own;
+  const GraphFacts& bf = facts_of(body, opts, own);
   for (int64_t t = 0; t < trips; ++t) {
-    Env benv;
+    Env benv(&bf.slot_of);
     for (size_t i = 0; i < k; ++i) benv[body.inputs[i]] = std::move(carried[i]);
     for (size_t i = k; i < n.inputs.size(); ++i) {
-      auto it = env.find(n.inputs[i]);
-      if (it == env.end() && opts.microbatch) {  // streamed: one microbatch at a time
+      Tensor* in = env.find(n.inputs[i]);
+      if (!in && opts.microbatch) {  // streamed: one microbatch at a time
         auto mb = opts.microbatch(*n.inputs[i], t, trips);
         if (!mb) return mb.status().with_context(n.name + " microbatch " + std::to_string(t));
         KILN_RETURN_IF_ERROR(
@@ -311,44 +385,45 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
         benv[body.inputs[i]] = std::move(*mb);
         continue;
       }
-      if (it == env.end())
-        return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
-      auto slice = microbatch_rows(it->second, t, trips);
+      if (!in) return Status::error("node '" + n.name + "': input '" + n.inputs[i]->name + "' has no value");
+      auto slice = microbatch_rows(*in, t, trips);
       if (!slice) return slice.status().with_context("node '" + n.name + "': scan input '" + n.inputs[i]->name + "'");
       benv[body.inputs[i]] = std::move(*slice);
     }
     for (const Value* v : captures) {
-      auto it = env.find(v);
-      if (it == env.end()) return Status::error("node '" + n.name + "': captured value '" + v->name + "' has no value");
-      benv[v] = it->second;  // shares storage: no copy, no extra bytes
+      Tensor* c = env.find(v);
+      if (!c) return Status::error("node '" + n.name + "': captured value '" + v->name + "' has no value");
+      benv[v] = *c;  // shares storage: no copy, no extra bytes
     }
     // Each microbatch draws fresh dropout masks: Philox offset step*N + t.
     RunOptions bo = opts;
     bo.step = opts.step * static_cast<uint64_t>(trips) + static_cast<uint64_t>(t);
     bo.keep.clear();
-    KILN_RETURN_IF_ERROR(run_nodes(body, benv, pinned, bo).with_context(n.name + " iteration " + std::to_string(t)));
+    KILN_RETURN_IF_ERROR(
+        run_nodes(body, bf, benv, pinned, bo).with_context(n.name + " iteration " + std::to_string(t)));
     for (size_t i = 0; i < k; ++i) {
-      auto it = benv.find(body.outputs[i]);
-      if (it == benv.end())
+      Tensor* out = benv.find(body.outputs[i]);
+      if (!out)
         return Status::error("node '" + n.name + "': body output '" + body.outputs[i]->name + "' was not computed");
-      carried[i] = std::move(it->second);
+      carried[i] = std::move(*out);
     }
   }
   for (size_t i = 0; i < k; ++i) env[n.outputs[i]] = std::move(carried[i]);
   return Status::ok();
 }
 
-/// The tensors of node `n`'s inputs from `env` (null for an absent optional input).
-/// Error: an input without a value.
-Status input_tensors(const Node& n, Env& env, std::vector<const Tensor*>& ins) {
-  for (Value* v : n.inputs) {
-    if (!v) {
+/// The tensors of node `n`'s inputs from `env` (null for an absent optional input), by
+/// the slots of its facts `nf`. Error: an input without a value.
+Status input_tensors(const Node& n, const GraphFacts::NodeFacts& nf, Env& env, std::vector<const Tensor*>& ins) {
+  ins.reserve(n.inputs.size());
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    if (!n.inputs[k]) {
       ins.push_back(nullptr);
       continue;
     }
-    auto it = env.find(v);
-    if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
-    ins.push_back(&it->second);
+    const Tensor* t = env.at(nf.in_slot[k]);
+    if (!t) return Status::error("node '" + n.name + "': input '" + n.inputs[k]->name + "' has no value");
+    ins.push_back(t);
   }
   return Status::ok();
 }
@@ -385,10 +460,10 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
     dims_buf = n.outputs[j]->shape.to_vector();
     return dims_buf;
   };
-  for (Value* v : n.inputs) {
-    auto it = env.find(v);
-    if (it == env.end()) return Status::error("node '" + n.name + "': input '" + v->name + "' has no value");
-    l.bufs.push_back(const_cast<void*>(it->second.raw()));
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const Tensor* t = n.inputs[k] ? env.at(nf.in_slot[k]) : nullptr;
+    if (!t) return Status::error("node '" + n.name + "': input " + std::to_string(k) + " has no value");
+    l.bufs.push_back(const_cast<void*>(t->raw()));
   }
   // kiln_inplace = k (passes/fused_inplace.cpp): the kernel was generated to write output
   // 0 through input k's pointer, so input k's slot must hold output 0's buffer: the
@@ -403,7 +478,7 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
     if (j < d.size() && d[j] >= 0) {
       if (d[j] >= n.num_inputs() || !n.inputs[d[j]])
         return Status::error("node '" + n.name + "': kiln_donate names no input");
-      const Tensor& in = env.find(n.inputs[d[j]])->second;
+      const Tensor& in = *env.at(nf.in_slot[static_cast<size_t>(d[j])]);
       if (in.dtype() != o->dtype || in.dims() != dims_of(j))
         return Status::error("node '" + n.name + "': kiln_donate input does not match output " + std::to_string(j));
       if (donate) {
@@ -417,7 +492,8 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
       continue;
     }
     if (j == 0 && ip >= 0 && ip < n.num_inputs()) {
-      const Tensor& in = env.find(n.inputs[ip])->second;
+      if (!n.inputs[ip]) return Status::error("node '" + n.name + "': kiln_inplace names no input");
+      const Tensor& in = *env.at(nf.in_slot[static_cast<size_t>(ip)]);
       if (in.dtype() != o->dtype || in.dims() != dims_of(j))
         return Status::error("node '" + n.name + "': kiln_inplace input does not match output 0");
       if (dying_inplace) {
@@ -461,9 +537,9 @@ inline void run_piece(const FusedLaunch& l, int64_t c) {
 
 /// Sets up an eager multi-tensor member (OpDef::pieces): its inputs from `env`, outputs
 /// placed as run_node would, the kernel's checks, and its pieces.
-Status prepare_pieced(const Node& n, const OpDef& def, const StaticOutputs* known, Env& env, const RunOptions& opts,
-                      uint64_t op_id, FusedLaunch& l) {
-  KILN_RETURN_IF_ERROR(input_tensors(n, env, l.ins));
+Status prepare_pieced(const Node& n, const GraphFacts::NodeFacts& nf, const OpDef& def, const StaticOutputs* known,
+                      Env& env, const RunOptions& opts, uint64_t op_id, FusedLaunch& l) {
+  KILN_RETURN_IF_ERROR(input_tensors(n, nf, env, l.ins));
   l.ctx = std::make_unique<KernelContext>(KernelContext{n, l.ins, {}, opts.training, opts.seed, opts.step, op_id});
   KILN_RETURN_IF_ERROR(allocate_kernel_outputs(n, l.ins, opts, nullptr, def, known, *l.ctx));
   auto pieces = def.pieces(*l.ctx);
@@ -488,7 +564,7 @@ Status run_fused_compiled(const Node& n, const GraphFacts::NodeFacts& nf, const 
     for (int64_t c = 0; c < l.chunks; ++c) run_piece(l, c);
   }
   codegen::combine_cpu_partitions(ck, l.bufs.data());
-  for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move(l.outs[k]);
+  for (size_t k = 0; k < n.outputs.size(); ++k) env.put(nf.out_slot[k]) = std::move(l.outs[k]);
   return Status::ok();
 }
 
@@ -511,56 +587,58 @@ void run_fused_group(const std::vector<FusedLaunch>& ls) {
 /// not at its own planned place (a kernel that returned one of its inputs, a view of an
 /// input that does not die here) would outlive that place's planned owner: it moves to
 /// its home when it has one, else to the heap.
-void relocate_misplaced(const Node& n, Env& env, const StepArena& arena) {
-  for (Value* o : n.outputs) {
-    if (!o) continue;
-    auto it = env.find(o);
-    if (it == env.end() || !it->second.defined()) continue;
-    const void* p = it->second.raw();
+void relocate_misplaced(const Node& n, const GraphFacts::NodeFacts& nf, Env& env, const StepArena& arena) {
+  for (size_t k = 0; k < n.outputs.size(); ++k) {
+    const Value* o = n.outputs[k];
+    Tensor* t = o ? env.at(nf.out_slot[k]) : nullptr;
+    if (!t || !t->defined()) continue;
+    const void* p = t->raw();
     if (!arena.contains(p) || arena.at_planned_place(o, p)) continue;
     // Its home (never `p`: that is its planned place) or the heap.
-    const Tensor& src = it->second;
-    Tensor moved = new_output(&arena, o, src.dtype(), src.dims(), false);
-    if (src.nbytes()) std::memcpy(moved.raw(), p, src.nbytes());
+    Tensor moved = new_output(&arena, o, t->dtype(), t->dims(), false);
+    if (t->nbytes()) std::memcpy(moved.raw(), p, t->nbytes());
     arena.count_relocation();
-    it->second = std::move(moved);
+    *t = std::move(moved);
   }
 }
 
-Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOptions& opts) {
+Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const ValueSet& pinned, const RunOptions& opts) {
   // Last use of each value (reads by nested regions count at their node), so its
-  // buffer is released right after; kernels and output types of the nodes.
-  std::unique_ptr<GraphFacts> own;
-  const GraphFacts& facts = opts.schedule ? opts.schedule->impl().get(g, opts.program)
-                                          : *(own = std::make_unique<GraphFacts>(g, opts.program));
+  // buffer is released right after; kernels, output types and Env slots of the nodes.
   const std::unordered_map<const Value*, size_t>& last_use = facts.last_use;
   auto last_at = [&](const Value* v, size_t i) {
     auto it = last_use.find(v);
     return it != last_use.end() && it->second == i;
   };
   const auto& nodes = g.nodes();
-  auto release = [&](const Value* v, size_t i) {
-    if (v && last_at(v, i) && !pinned.count(v)) env.erase(v);
-  };
-  // Node i's inputs after it ran: those it read last leave the environment.
+  // Pinned values by slot (a pinned value outside the slots cannot be released anyway).
+  std::vector<char> pinned_slot(facts.slot_of.size(), 0);
+  for (const Value* v : pinned)
+    if (auto it = facts.slot_of.find(v); it != facts.slot_of.end()) pinned_slot[static_cast<size_t>(it->second)] = 1;
+  // Node i's inputs after it ran: those it read last leave the environment, and so do
+  // the values its regions read for the last time.
   auto release_inputs = [&](size_t i) {
-    const Node& n = *nodes[i];
-    const std::vector<char>& last = facts.nodes[i].last_read;
-    for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (last[k] && !pinned.count(n.inputs[k])) env.erase(n.inputs[k]);
+    const GraphFacts::NodeFacts& f = facts.nodes[i];
+    for (size_t k = 0; k < f.in_slot.size(); ++k)
+      if (f.last_read[k] && f.in_slot[k] >= 0 && !pinned_slot[static_cast<size_t>(f.in_slot[k])])
+        env.drop(f.in_slot[k]);
+    for (size_t c = 0; c < f.captures.size(); ++c)
+      if (last_at(f.captures[c], i) && !pinned_slot[static_cast<size_t>(f.capture_slot[c])])
+        env.drop(f.capture_slot[c]);
   };
   // Input k's tensor of node `at` when that node may take its storage: its last use, not
   // pinned, nothing else shares the storage, and the node reads it only once.
   auto dying_input_of = [&](size_t at, int64_t k) -> Tensor* {
     const Node& n = *nodes[at];
+    const GraphFacts::NodeFacts& f = facts.nodes[at];
     if (k < 0 || k >= n.num_inputs() || !n.inputs[k]) return nullptr;
-    const Value* v = n.inputs[k];
-    if (!facts.nodes[at].last_read[static_cast<size_t>(k)] || pinned.count(v)) return nullptr;
-    auto it = env.find(v);
-    if (it == env.end() || !it->second.storage_unique()) return nullptr;
+    const int32_t s = f.in_slot[static_cast<size_t>(k)];
+    if (!f.last_read[static_cast<size_t>(k)] || pinned_slot[static_cast<size_t>(s)]) return nullptr;
+    Tensor* t = env.at(s);
+    if (!t || !t->storage_unique()) return nullptr;
     for (int j = 0; j < n.num_inputs(); ++j)
-      if (j != k && n.inputs[j] == v) return nullptr;
-    return &it->second;
+      if (j != k && n.inputs[j] == n.inputs[k]) return nullptr;
+    return t;
   };
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];
@@ -580,7 +658,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
                                              opts.donate_state, ls[k - i]));
         else
           KILN_RETURN_IF_ERROR(
-              prepare_pieced(*nodes[k], *mf.def, mf.has_static ? &mf.outs : nullptr, env, opts, k, ls[k - i]));
+              prepare_pieced(*nodes[k], mf, *mf.def, mf.has_static ? &mf.outs : nullptr, env, opts, k, ls[k - i]));
       }
       run_fused_group(ls);
       if (opts.profile) {
@@ -603,13 +681,10 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         const Node& m = *nodes[k];
         FusedLaunch& l = ls[k - i];
         std::vector<Tensor>& outs = l.ck ? l.outs : l.ctx->outputs;
-        for (size_t o = 0; o < m.outputs.size(); ++o) env[m.outputs[o]] = std::move(outs[o]);
-        if (opts.arena) relocate_misplaced(m, env, *opts.arena);
+        for (size_t o = 0; o < m.outputs.size(); ++o) env.put(facts.nodes[k].out_slot[o]) = std::move(outs[o]);
+        if (opts.arena) relocate_misplaced(m, facts.nodes[k], env, *opts.arena);
       }
-      for (size_t k = i; k <= j; ++k) {
-        release_inputs(k);
-        for (const Value* v : facts.nodes[k].captures) release(v, k);
-      }
+      for (size_t k = i; k <= j; ++k) release_inputs(k);
       i = j;
       continue;
     }
@@ -633,7 +708,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
       generated = true;
     } else {
       std::vector<const Tensor*> ins;
-      KILN_RETURN_IF_ERROR(input_tensors(n, env, ins));
+      KILN_RETURN_IF_ERROR(input_tensors(n, nf, env, ins));
       // kiln_inplace = k: output 0 may reuse input k's buffer when this is its last
       // use and nothing else shares it (set by passes for pointwise updates such as
       // the gradient accumulators; DESIGN.md invariant 2: visible in the IR).
@@ -645,7 +720,7 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         const std::vector<int64_t> od = nf.has_static ? nf.outs.dims[0] : n.outputs[0]->shape.to_vector();
         Tensor* in = dying_input(0);
         if (in && ir::numel_of(od) == in->numel() && in->dtype() == n.outputs[0]->dtype) {
-          env[n.outputs[0]] = in->reshaped(od);
+          env.put(nf.out_slot[0]) = in->reshaped(od);
           viewed = true;
         }
       }
@@ -653,15 +728,14 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
         auto outs =
             run_node_impl(n, ins, opts, i, inplace, nf.def, nf.has_static ? &nf.outs : nullptr, &nf.kernel_cache);
         if (!outs) return outs.status();
-        for (size_t k = 0; k < n.outputs.size(); ++k) env[n.outputs[k]] = std::move((*outs)[k]);
+        for (size_t k = 0; k < n.outputs.size(); ++k) env.put(nf.out_slot[k]) = std::move((*outs)[k]);
       }
     }
-    if (opts.arena) relocate_misplaced(n, env, *opts.arena);
+    if (opts.arena) relocate_misplaced(n, nf, env, *opts.arena);
     if (timed)
       opts.profile->add(profile_key(n, generated, opts.profile->group()),
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     release_inputs(i);
-    for (const Value* v : nf.captures) release(v, i);
   }
   return Status::ok();
 }
@@ -671,11 +745,9 @@ Status run_nodes(const Graph& g, Env& env, const ValueSet& pinned, const RunOpti
 Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map<std::string, Tensor>& feeds,
                                                   const RunOptions& opts) {
   register_eager_kernels();
-  Env env;
-  // Buckets for every value the graph can hold, so the step never rehashes its values.
-  size_t values = g.inputs.size() + g.initializers.size();
-  for (const auto& n : g.nodes()) values += n->outputs.size();
-  env.reserve(values);
+  std::unique_ptr<GraphFacts> own;
+  const GraphFacts& facts = facts_of(g, opts, own);
+  Env env(&facts.slot_of);
   // Scan inputs of top-level accumulation loops that nothing else reads may be streamed
   // (RunOptions::microbatch) instead of fed.
   const ValueSet streamable = opts.microbatch ? ir::streamable_scan_inputs(g) : ValueSet{};
@@ -696,7 +768,7 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
   for (auto& k : opts.keep)
     if (Value* v = g.find_value(k)) pinned.insert(v);
   for (Value* v : g.initializers) pinned.insert(v);
-  KILN_RETURN_IF_ERROR(run_nodes(g, env, pinned, opts));
+  KILN_RETURN_IF_ERROR(run_nodes(g, facts, env, pinned, opts));
   // Results outlive the step: unless the caller takes them as arena views
   // (RunOptions::results_in_arena), none may point into the arena, which the next step
   // overwrites.
@@ -705,13 +777,13 @@ Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map
   };
   std::map<std::string, Tensor> result;
   for (Value* o : g.outputs) {
-    auto it = env.find(o);
-    if (it == env.end()) return Status::error("graph output '" + o->name + "' was not computed");
-    result[o->name] = out_of_arena(it->second);
+    const Tensor* t = env.find(o);
+    if (!t) return Status::error("graph output '" + o->name + "' was not computed");
+    result[o->name] = out_of_arena(*t);
   }
   for (auto& k : opts.keep) {
     Value* v = g.find_value(k);
-    if (v && env.count(v)) result[k] = out_of_arena(env[v]);
+    if (const Tensor* t = v ? env.find(v) : nullptr) result[k] = out_of_arena(*t);
   }
   return result;
 }
