@@ -56,6 +56,17 @@ class HostBackend : public Backend {
     return run_graph(he->graph(), feeds, ro);  // run_graph's check_feed refuses non-host feeds
   }
 
+  Expected<std::vector<ir::Tensor>> run_positional(Executable& e, const std::vector<ir::Tensor>& feeds,
+                                                   const RunOptions& opts) override {
+    auto* he = dynamic_cast<HostExecutable*>(&e);
+    if (!he) return Status::error(name() + " backend: the executable was loaded by another backend");
+    RunOptions ro = opts;
+    ro.program = he->parts().cpu_kernels;
+    ro.arena = he->parts().arena;
+    ro.schedule = &he->schedule();
+    return run_graph_positional(he->graph(), feeds, ro);
+  }
+
  private:
   Expected<ir::Tensor> on_host(const ir::Tensor& t, const char* what) const {
     if (!t.device().is_cpu())

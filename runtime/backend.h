@@ -66,6 +66,25 @@ class Backend {
   /// Errors: as run_graph's (the node and op at fault, a missing or mismatched input).
   virtual Expected<std::map<std::string, ir::Tensor>> run(Executable& e, const std::map<std::string, ir::Tensor>& feeds,
                                                           const RunOptions& opts = {}) = 0;
+  /// run by position (run_graph_positional): feeds[i] is the graph's input i (undefined:
+  /// its default, or streamed), the result its outputs in order; no name is looked up on
+  /// the way (the trainer's step). This default goes through `run` by name.
+  virtual Expected<std::vector<ir::Tensor>> run_positional(Executable& e, const std::vector<ir::Tensor>& feeds,
+                                                           const RunOptions& opts = {}) {
+    const ir::Graph& g = e.graph();
+    std::map<std::string, ir::Tensor> named;
+    for (size_t i = 0; i < feeds.size() && i < g.inputs.size(); ++i)
+      if (feeds[i].defined()) named[g.inputs[i]->name] = feeds[i];
+    auto outs = run(e, named, opts);
+    if (!outs) return outs.status();
+    std::vector<ir::Tensor> r;
+    for (const ir::Value* o : g.outputs) {
+      auto it = outs->find(o->name);
+      if (it == outs->end()) return Status::error("graph output '" + o->name + "' was not computed");
+      r.push_back(it->second);
+    }
+    return r;
+  }
 };
 
 /// Makes a backend of each call. Errors: its device cannot be opened (the backend's own line).

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -742,48 +743,87 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const ValueS
 
 }  // namespace
 
-Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map<std::string, Tensor>& feeds,
-                                                  const RunOptions& opts) {
-  register_eager_kernels();
-  std::unique_ptr<GraphFacts> own;
-  const GraphFacts& facts = facts_of(g, opts, own);
-  Env env(&facts.slot_of);
+namespace {
+
+/// run_graph's work on `env` (slots of `facts`): the inputs from feed(i) (null: the
+/// default, or streamed), the initializers, then the nodes, with the graph outputs and
+/// `keep` pinned.
+Status run_graph_env(const Graph& g, const GraphFacts& facts, Env& env,
+                     const std::function<const Tensor*(size_t)>& feed, const RunOptions& opts) {
   // Scan inputs of top-level accumulation loops that nothing else reads may be streamed
   // (RunOptions::microbatch) instead of fed.
   const ValueSet streamable = opts.microbatch ? ir::streamable_scan_inputs(g) : ValueSet{};
-  for (Value* in : g.inputs) {
-    auto it = feeds.find(in->name);
-    if (it == feeds.end() && streamable.count(in)) continue;
-    if (it == feeds.end()) {
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    Value* in = g.inputs[i];
+    const Tensor* t = feed(i);
+    if (!t && streamable.count(in)) continue;
+    if (!t) {
       auto d = g.input_defaults.find(in->name);  // a run-time setting left at its default
       if (d == g.input_defaults.end() || !d->second) return Status::error("missing input '" + in->name + "'");
       env[in] = *d->second;
       continue;
     }
-    KILN_RETURN_IF_ERROR(check_feed(*in, it->second));
-    env[in] = it->second;
+    KILN_RETURN_IF_ERROR(check_feed(*in, *t));
+    env[in] = *t;
   }
   for (Value* v : g.initializers) env[v] = *v->data;
   ValueSet pinned(g.outputs.begin(), g.outputs.end());
   for (auto& k : opts.keep)
     if (Value* v = g.find_value(k)) pinned.insert(v);
   for (Value* v : g.initializers) pinned.insert(v);
-  KILN_RETURN_IF_ERROR(run_nodes(g, facts, env, pinned, opts));
-  // Results outlive the step: unless the caller takes them as arena views
-  // (RunOptions::results_in_arena), none may point into the arena, which the next step
-  // overwrites.
-  auto out_of_arena = [&](const Tensor& t) {
-    return opts.arena && !opts.results_in_arena && t.defined() && opts.arena->contains(t.raw()) ? t.clone() : t;
-  };
+  return run_nodes(g, facts, env, pinned, opts);
+}
+
+/// Results outlive the step: unless the caller takes them as arena views
+/// (RunOptions::results_in_arena), none may point into the arena, which the next step
+/// overwrites.
+Tensor out_of_arena(const Tensor& t, const RunOptions& opts) {
+  return opts.arena && !opts.results_in_arena && t.defined() && opts.arena->contains(t.raw()) ? t.clone() : t;
+}
+
+}  // namespace
+
+Expected<std::vector<Tensor>> run_graph_positional(const Graph& g, const std::vector<Tensor>& feeds,
+                                                   const RunOptions& opts) {
+  if (!opts.keep.empty()) return Status::error("run_graph_positional: RunOptions::keep names values; use run_graph");
+  register_eager_kernels();
+  std::unique_ptr<GraphFacts> own;
+  const GraphFacts& facts = facts_of(g, opts, own);
+  Env env(&facts.slot_of);
+  KILN_RETURN_IF_ERROR(run_graph_env(
+      g, facts, env, [&](size_t i) { return i < feeds.size() && feeds[i].defined() ? &feeds[i] : nullptr; }, opts));
+  std::vector<Tensor> result;
+  result.reserve(g.outputs.size());
+  for (Value* o : g.outputs) {
+    const Tensor* t = env.find(o);
+    if (!t) return Status::error("graph output '" + o->name + "' was not computed");
+    result.push_back(out_of_arena(*t, opts));
+  }
+  return result;
+}
+
+Expected<std::map<std::string, Tensor>> run_graph(const Graph& g, const std::map<std::string, Tensor>& feeds,
+                                                  const RunOptions& opts) {
+  register_eager_kernels();
+  std::unique_ptr<GraphFacts> own;
+  const GraphFacts& facts = facts_of(g, opts, own);
+  Env env(&facts.slot_of);
+  KILN_RETURN_IF_ERROR(run_graph_env(
+      g, facts, env,
+      [&](size_t i) -> const Tensor* {
+        auto it = feeds.find(g.inputs[i]->name);
+        return it == feeds.end() ? nullptr : &it->second;
+      },
+      opts));
   std::map<std::string, Tensor> result;
   for (Value* o : g.outputs) {
     const Tensor* t = env.find(o);
     if (!t) return Status::error("graph output '" + o->name + "' was not computed");
-    result[o->name] = out_of_arena(*t);
+    result[o->name] = out_of_arena(*t, opts);
   }
   for (auto& k : opts.keep) {
     Value* v = g.find_value(k);
-    if (const Tensor* t = v ? env.find(v) : nullptr) result[k] = out_of_arena(*t);
+    if (const Tensor* t = v ? env.find(v) : nullptr) result[k] = out_of_arena(*t, opts);
   }
   return result;
 }

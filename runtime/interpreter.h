@@ -86,6 +86,14 @@ struct RunOptions {
   ScheduleCache* schedule = nullptr;
 };
 
+/// run_graph with feeds and results by position, no names looked up: feeds[i] is
+/// g.inputs[i]'s tensor (an undefined one: the input's default, or an input streamed by
+/// RunOptions::microbatch; fewer feeds than inputs: the rest undefined); the result holds
+/// g.outputs' tensors in order. RunOptions::keep must be empty (kept values have names
+/// only). Errors: as run_graph's.
+Expected<std::vector<Tensor>> run_graph_positional(const ir::Graph& g, const std::vector<Tensor>& feeds,
+                                                   const RunOptions& opts = {});
+
 /// Runs `g` on `feeds` (graph input name -> tensor). Returns every graph output
 /// and every kept value by name. Errors name the node and op at fault, or the
 /// input whose dtype/shape does not match the graph.

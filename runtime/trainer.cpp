@@ -146,12 +146,6 @@ std::string join_flags(const std::vector<std::string>& f) {
   return r;
 }
 
-double scalar_of(const std::map<std::string, Tensor>& outs, const std::string& name) {
-  auto it = outs.find(name);
-  if (it == outs.end() || it->second.numel() < 1) return std::nan("");
-  return it->second.get_f64(0);
-}
-
 bool same_layout(const Tensor& a, const Tensor& b) { return a.dtype() == b.dtype() && a.dims() == b.dims(); }
 
 /// One memcpy of the state copy-back.
@@ -523,11 +517,11 @@ std::map<std::string, Tensor> Trainer::weights() const {
   return w;
 }
 
-Expected<std::map<std::string, Tensor>> Trainer::feeds_for(const ir::Graph& g, const Batch& batch,
-                                                           const std::vector<DataInputSpec>& specs,
-                                                           bool data_optional) const {
-  std::map<std::string, Tensor> feeds;
-  for (ir::Value* in : g.inputs) {
+Expected<std::vector<Tensor>> Trainer::feeds_for(const ir::Graph& g, const Batch& batch,
+                                                 const std::vector<DataInputSpec>& specs, bool data_optional) const {
+  std::vector<Tensor> feeds(g.inputs.size());
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const ir::Value* in = g.inputs[i];
     if (in->name == kNumItemsInput) continue;  // fed by step()
     if (data_optional && !batch.count(in->name)) {
       bool is_data = false;
@@ -540,16 +534,16 @@ Expected<std::map<std::string, Tensor>> Trainer::feeds_for(const ir::Graph& g, c
       for (auto& s : specs)
         if (s.name == in->name) spec = &s;
       if (!spec) return Status::error("graph '" + g.name + "': input '" + in->name + "' is not a data input");
-      KILN_ASSIGN_OR_RETURN(feeds[in->name], fit_to_input(b->second, *spec));
+      KILN_ASSIGN_OR_RETURN(feeds[i], fit_to_input(b->second, *spec));
       continue;
     }
     auto s = state_.find(in->name);
     if (s != state_.end()) {
-      feeds[in->name] = s->second;
+      feeds[i] = s->second;
       continue;
     }
     if (auto f = schedule_feeds_.find(in->name); f != schedule_feeds_.end()) {
-      feeds[in->name] = f->second;
+      feeds[i] = f->second;
       continue;
     }
     if (g.input_defaults.count(in->name)) continue;  // run_graph takes the default
@@ -678,8 +672,8 @@ Expected<StepResult> Trainer::step(const Batch* given) {
                           train_->train_batch_rows(cfg_.seed, epoch, index, job_rows_, first_row, rows, shape.length));
   }
   KILN_ASSIGN_OR_RETURN(auto feeds, feeds_for(g, batch, v->train_specs, /*data_optional=*/stream));
-  for (ir::Value* in : g.inputs)
-    if (in->name == kNumItemsInput) {
+  for (size_t i = 0; i < g.inputs.size(); ++i)
+    if (const ir::Value* in = g.inputs[i]; in->name == kNumItemsInput) {
       // The real labels of all N microbatches, counted before the loop (as Hugging
       // Face's Trainer counts num_items_in_batch over its accumulation batches).
       int64_t count = 0;
@@ -703,7 +697,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
         KILN_RETURN_IF_ERROR(
             w->all_reduce_sum(&count, 1, ir::DType::i64, "num_items_in_batch", comm::Traffic::control)->wait());
       }
-      feeds[in->name] = num_items_tensor(count, in->dtype);
+      feeds[i] = num_items_tensor(count, in->dtype);
     }
   RunOptions ro;
   ro.training = true;
@@ -742,44 +736,59 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   // The loss scale this step used: read before the step, whose update kernel may write
   // the next scale into the same buffer (RunOptions::donate_state).
   const double loss_scale_used = state_.count("loss_scale") ? state_.at("loss_scale").get_f64(0) : 0.0;
-  auto outs = backend_->run(*v->train_exec, feeds, ro);
+  auto outs = backend_->run_positional(*v->train_exec, feeds, ro);
   feeds.clear();  // the old state is held by state_ alone again
   if (!outs)
     return outs.status().with_context("step " + std::to_string(global_step_ + 1) +
                                       (chooser_ ? " (" + describe_shape(shape) + ")" : std::string()));
+  // The graph's outputs by name, once per program (the step reads them by position).
+  if (v->output_index.empty())
+    for (size_t i = 0; i < g.outputs.size(); ++i) v->output_index[g.outputs[i]->name] = i;
+  auto output = [&](const std::string& name) -> const Tensor* {
+    auto it = v->output_index.find(name);
+    return it == v->output_index.end() ? nullptr : &(*outs)[it->second];
+  };
+  auto scalar = [&](const std::string& name) {
+    const Tensor* t = output(name);
+    return t && t->numel() >= 1 ? t->get_f64(0) : std::nan("");
+  };
   StepResult r;
-  if (outs->count("found_inf") && state_.count("loss_scale")) {  // --fp16 loss scaling
-    r.skipped = outs->at("found_inf").get_f64(0) != 0;
+  if (output("found_inf") && state_.count("loss_scale")) {  // --fp16 loss scaling
+    r.skipped = output("found_inf")->get_f64(0) != 0;
     r.loss_scale = loss_scale_used;
-    r.loss_scale_next = scalar_of(*outs, "loss_scale.next");
+    r.loss_scale_next = scalar("loss_scale.next");
   }
-  std::map<std::string, Tensor> next;
-  std::vector<CopyTask> copies;  // state outputs in the step arena -> the old state's buffers
+  // Every state entry and its new value, checked before any is replaced.
+  std::vector<std::pair<Tensor*, const Tensor*>> updates;
+  updates.reserve(state_output_.size());
   for (auto& [name, out_name] : state_output_) {
-    auto it = outs->find(out_name);
-    if (it == outs->end()) return Status::error("train_step: state output '" + out_name + "' missing");
-    if (!same_layout(it->second, state_[name]))
-      return Status::error("train_step: state '" + name + "' changed from " + describe(state_[name]) + " to " +
-                           describe(it->second));
-    next[name] = it->second;
+    const Tensor* out = output(out_name);
+    if (!out) return Status::error("train_step: state output '" + out_name + "' missing");
+    auto st = state_.find(name);
+    if (st == state_.end()) return Status::error("train_step: no state '" + name + "'");
+    if (!same_layout(*out, st->second))
+      return Status::error("train_step: state '" + name + "' changed from " + describe(st->second) + " to " +
+                           describe(*out));
+    updates.push_back({&st->second, out});
+  }
+  std::vector<CopyTask> copies;  // state outputs in the step arena -> the old state's buffers
+  for (auto& [old, out] : updates) {
     // A state output in the step arena (RunOptions::results_in_arena) is overwritten by
     // the next step: it is copied into the old state's buffer, which nothing else holds
     // now (no allocation), or else into a fresh one.
-    if (vg.train_arena && vg.train_arena->contains(it->second.raw())) {
-      Tensor& old = state_[name];
-      if (old.storage_unique() && !vg.train_arena->contains(old.raw())) {
-        copies.push_back({old.raw(), it->second.raw(), old.nbytes()});
-        next[name] = old;
-      } else {
-        next[name] = it->second.clone();
-      }
+    if (vg.train_arena && vg.train_arena->contains(out->raw())) {
+      if (old->storage_unique() && !vg.train_arena->contains(old->raw()))
+        copies.push_back({old->raw(), out->raw(), old->nbytes()});
+      else
+        *old = out->clone();
+    } else {
+      *old = *out;
     }
   }
   copy_chunks(copies);
-  state_ = std::move(next);
-  r.loss = scalar_of(*outs, "loss");
-  r.grad_norm = scalar_of(*outs, "grad_norm");
-  r.learning_rate = scalar_of(*outs, "learning_rate");
+  r.loss = scalar("loss");
+  r.grad_norm = scalar("grad_norm");
+  r.learning_rate = scalar("learning_rate");
   ++global_step_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
@@ -837,18 +846,24 @@ Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
           backend_->load(*eg, ProgramParts{v->g.eval_program, eg == v->g.eval ? v->g.eval_arena : nullptr}));
       v->eval_exec = std::move(ex);
     }
-    auto outs = backend_->run(*v->eval_exec, feeds, ro);
+    auto outs = backend_->run_positional(*v->eval_exec, feeds, ro);
     if (!outs) return outs.status().with_context("eval batch " + std::to_string(i));
-    loss_sum += scalar_of(*outs, "loss");
+    auto output = [&](const std::string& name) -> const Tensor* {
+      for (size_t k = 0; k < eg->outputs.size(); ++k)
+        if (eg->outputs[k]->name == name) return &(*outs)[k];
+      return nullptr;
+    };
+    const Tensor* loss = output("loss");
+    loss_sum += loss && loss->numel() >= 1 ? loss->get_f64(0) : std::nan("");
     if (acc_ok) {
-      auto lg = outs->find(v->g.logits_output);
-      if (lg == outs->end()) lg = outs->find("logits");
+      const Tensor* lg = output(v->g.logits_output);
+      if (!lg) lg = output("logits");
       auto lb = batch.find(g_.label_input);
-      if (lg == outs->end() || lb == batch.end()) {
+      if (!lg || lb == batch.end()) {
         acc_ok = false;
         continue;
       }
-      auto [c, n] = accuracy_counts(lg->second, lb->second, cfg_.ignore_index);
+      auto [c, n] = accuracy_counts(*lg, lb->second, cfg_.ignore_index);
       if (n < 0) acc_ok = false;
       correct += c;
       counted += n;

@@ -195,11 +195,12 @@ class Trainer {
 
  private:
   Trainer() = default;
-  /// Feeds of `g`: data inputs from `batch`, state inputs from the state. With
-  /// `data_optional`, data inputs missing from `batch` are left out (streamed).
-  Expected<std::map<std::string, ir::Tensor>> feeds_for(const ir::Graph& g, const Batch& batch,
-                                                        const std::vector<DataInputSpec>& specs,
-                                                        bool data_optional = false) const;
+  /// Feeds of `g` by position (g.inputs order, for Backend::run_positional): data inputs
+  /// from `batch`, state inputs from the state; undefined for an input left at its default
+  /// and, with `data_optional`, for data inputs missing from `batch` (streamed).
+  Expected<std::vector<ir::Tensor>> feeds_for(const ir::Graph& g, const Batch& batch,
+                                              const std::vector<DataInputSpec>& specs,
+                                              bool data_optional = false) const;
   double epoch_now() const;
   /// One program of the run: its graphs and what the trainer derived from them.
   struct Variant {
@@ -209,6 +210,8 @@ class Trainer {
     /// Eval graph whose parameters are initializers (not inputs): a clone whose
     /// initializer data the trainer points at the current state before each eval.
     std::shared_ptr<ir::Graph> eval_clone;
+    /// The train step's outputs by name -> position (filled by the first step).
+    std::map<std::string, size_t> output_index;
   };
   /// Loads `graphs` as the program of `shape` (state checked against the trainer's).
   Expected<Variant*> add_variant(const StepShape& shape, const TrainGraphs& graphs);
