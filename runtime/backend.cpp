@@ -47,27 +47,29 @@ class HostBackend : public Backend {
 
   Expected<std::map<std::string, ir::Tensor>> run(Executable& e, const std::map<std::string, ir::Tensor>& feeds,
                                                   const RunOptions& opts) override {
-    auto* he = dynamic_cast<HostExecutable*>(&e);
-    if (!he) return Status::error(name() + " backend: the executable was loaded by another backend");
-    RunOptions ro = opts;
-    ro.program = he->parts().cpu_kernels;
-    ro.arena = he->parts().arena;
-    ro.schedule = &he->schedule();
+    RunOptions ro;
+    KILN_ASSIGN_OR_RETURN(HostExecutable * he, own(e, opts, ro));
     return run_graph(he->graph(), feeds, ro);  // run_graph's check_feed refuses non-host feeds
   }
 
   Expected<std::vector<ir::Tensor>> run_positional(Executable& e, const std::vector<ir::Tensor>& feeds,
                                                    const RunOptions& opts) override {
-    auto* he = dynamic_cast<HostExecutable*>(&e);
-    if (!he) return Status::error(name() + " backend: the executable was loaded by another backend");
-    RunOptions ro = opts;
-    ro.program = he->parts().cpu_kernels;
-    ro.arena = he->parts().arena;
-    ro.schedule = &he->schedule();
+    RunOptions ro;
+    KILN_ASSIGN_OR_RETURN(HostExecutable * he, own(e, opts, ro));
     return run_graph_positional(he->graph(), feeds, ro);
   }
 
  private:
+  /// `e` as this backend's executable, and `opts` with its program, arena and schedule.
+  Expected<HostExecutable*> own(Executable& e, const RunOptions& opts, RunOptions& ro) const {
+    auto* he = dynamic_cast<HostExecutable*>(&e);
+    if (!he) return Status::error(name() + " backend: the executable was loaded by another backend");
+    ro = opts;
+    ro.program = he->parts().cpu_kernels;
+    ro.arena = he->parts().arena;
+    ro.schedule = &he->schedule();
+    return he;
+  }
   Expected<ir::Tensor> on_host(const ir::Tensor& t, const char* what) const {
     if (!t.device().is_cpu())
       return Status::error(name() + " backend: " + what + " of a tensor on " + t.device().str() +

@@ -430,15 +430,7 @@ KILN_DROPOUT_AVX512 inline void dropout_avx512_vectors(const T* a, T* o, uint8_t
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + at));
         const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
         const __m512i u = _mm512_castps_si512(_mm512_maskz_mul_ps(keep, x, s_v));
-        // round to nearest even, NaN kept quiet (ir::f32_to_bf16)
-        const __mmask16 nan =
-            _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        const __m512i rounded =
-            _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-        const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + at),
-                            _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + at), round16_bf16(u));  // as ir::f32_to_bf16
       }
       if (pm) _mm_storeu_si128(reinterpret_cast<__m128i*>(pm + at), _mm_maskz_mov_epi8(keep, ones));
     }

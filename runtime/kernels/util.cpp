@@ -75,20 +75,11 @@ KILN_AVX512BW void widen_bf16_avx512(const uint16_t* in, float* out, int64_t n) 
   widen_bf16_avx2(in + i, out + i, n - i);
 }
 
-/// 16 lanes of store8_f32's rounding: nearest even, a NaN kept quiet (ir::f32_to_bf16).
 KILN_AVX512BW void narrow_to_bf16_avx512(const float* in, uint16_t* out, int64_t n) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(in + i));
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    const __m512i rounded =
-        _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, one), half)), 16);
-    const __m512i b = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(hi, quiet));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(b));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        round16_bf16(_mm512_castps_si512(_mm512_loadu_ps(in + i))));
   narrow_to_bf16_avx2(in + i, out + i, n - i);
 }
 }  // namespace

@@ -345,6 +345,17 @@ __attribute__((target("avx2"))) inline void store8_f32(T* p, __m256 v) {
   }
 }
 
+/// 16 f32 lanes (as bits) rounded to bf16 bit patterns, one per 16-bit lane: nearest
+/// even, a NaN kept quiet (ir::f32_to_bf16). Callers check for AVX-512BW first.
+__attribute__((target("avx512f,avx512bw"))) inline __m256i round16_bf16(__m512i u) {
+  const __mmask16 nan =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff))), 16);
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(hi, _mm512_set1_epi32(0x40))));
+}
+
 /// Whether this CPU runs the avx2 helpers above.
 bool cpu_has_avx2();
 
