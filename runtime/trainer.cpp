@@ -138,6 +138,7 @@ constexpr std::initializer_list<const char*> kResumeWarnFlags = {"seed",
                                                                  "gradient_accumulation_steps",
                                                                  "fp16_init_scale",
                                                                  "fp16_growth_interval",
+                                                                 "autocast_min_flops",
                                                                  "disable_dropout"};
 
 std::string join_flags(const std::vector<std::string>& f) {

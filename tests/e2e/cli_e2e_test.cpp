@@ -207,13 +207,13 @@ TEST(Resume, ChangedFlagsAreNamed) {
   EXPECT_EQ(sgd.out.find("--freeze"), std::string::npos) << "an unchanged flag named: " << sgd.out;
   expect_one_line_error(kiln_cmd(base + resume + "--freeze 'fc1.*' --per_device_train_batch_size 16"),
                         "written with --per_device_train_batch_size 32 (this run: 16)");
-  auto lr = kiln_cmd(base + resume + "--freeze 'fc1.*' --learning_rate 0.01 --seed 8 --bf16");
+  auto lr = kiln_cmd(base + resume + "--freeze 'fc1.*' --learning_rate 0.01 --seed 8 --bf16 --autocast_min_flops 0");
   EXPECT_EQ(lr.code, 0) << lr.out;
   const size_t w = lr.out.find("kiln: warning: resuming from a run with ");
   ASSERT_NE(w, std::string::npos) << lr.out;
   const std::string line = lr.out.substr(w, lr.out.find('\n', w) - w);
-  for (const char* f :
-       {"--bf16 false (this run: true)", "--seed 7 (this run: 8)", "--learning_rate 5e-05 (this run: 0.01)"})
+  for (const char* f : {"--bf16 false (this run: true)", "--seed 7 (this run: 8)",
+                        "--learning_rate 5e-05 (this run: 0.01)", "--autocast_min_flops -1.0 (this run: 0.0)"})
     EXPECT_NE(line.find(f), std::string::npos) << f << " not in: " << line;
   EXPECT_EQ(lr.out.find("kiln: warning", w + 1), std::string::npos) << "one warning line: " << lr.out;
   // --output_dir = the checkpoint: refused, and the checkpoint stays as it was.

@@ -731,7 +731,8 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
       if (f32_compute) compute = acc = ir::DType::f32;
       if (n->attrs.has("kiln_autocast_kept") || f32_compute) {
         std::ostringstream os;
-        os << std::setprecision(3)
+        // 4 digits: a node just below an explicit --autocast_min_flops still reads as below it.
+        os << std::setprecision(4)
            << n->attrs.get_float(f32_compute ? "kiln_compute_f32" : "kiln_autocast_kept", 0) / 1e6 << " MFLOP";
         const bool by_default = cfg.autocast_min_flops < 0;
         const double min = driver::autocast_min_flops(cfg, !ir::has_trait(*n, ir::OpTrait::matmul));
