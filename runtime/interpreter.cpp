@@ -250,6 +250,7 @@ struct GraphFacts {
   };
   std::unordered_map<const Value*, size_t> last_use;  ///< ir::last_reads
   SlotMap slot_of;                                    ///< Env slot of every value a run of the graph holds
+  std::vector<char> kept;                             ///< per slot: a graph output or initializer (never released)
   std::vector<NodeFacts> nodes;
   const codegen::CpuProgram* program = nullptr;
   uint64_t structure = 0;  ///< Graph::structure_id() when computed
@@ -305,6 +306,10 @@ struct GraphFacts {
       }
     }
     for (const Value* v : g.outputs) number(v);
+    // Never released during a run: the graph's outputs and initializers.
+    kept.assign(slot_of.size(), 0);
+    for (const Value* v : g.outputs) kept[static_cast<size_t>(slot_of.at(v))] = 1;
+    for (const Value* v : g.initializers) kept[static_cast<size_t>(slot_of.at(v))] = 1;
   }
   /// Whether these facts were computed for `g` as it is now: same program and node list
   /// (Graph::structure_id: a node added, removed, replaced or moved, or another graph at
@@ -330,7 +335,7 @@ ScheduleCache& ScheduleCache::operator=(ScheduleCache&&) noexcept = default;
 
 namespace {
 
-Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const ValueSet& pinned, const RunOptions& opts);
+Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOptions& opts);
 
 /// The facts of `g` for this run: the schedule cache's, else computed into `own`.
 const GraphFacts& facts_of(const Graph& g, const RunOptions& opts, std::unique_ptr<GraphFacts>& own) {
@@ -370,7 +375,6 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
     collected.assign(caps.begin(), caps.end());
   }
   const std::vector<const Value*>& captures = known_captures ? *known_captures : collected;
-  ValueSet pinned(body.outputs.begin(), body.outputs.end());
   std::unique_ptr<GraphFacts> own;
   const GraphFacts& bf = facts_of(body, opts, own);
   for (int64_t t = 0; t < trips; ++t) {
@@ -400,8 +404,7 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
     RunOptions bo = opts;
     bo.step = opts.step * static_cast<uint64_t>(trips) + static_cast<uint64_t>(t);
     bo.keep.clear();
-    KILN_RETURN_IF_ERROR(
-        run_nodes(body, bf, benv, pinned, bo).with_context(n.name + " iteration " + std::to_string(t)));
+    KILN_RETURN_IF_ERROR(run_nodes(body, bf, benv, bo).with_context(n.name + " iteration " + std::to_string(t)));
     for (size_t i = 0; i < k; ++i) {
       Tensor* out = benv.find(body.outputs[i]);
       if (!out)
@@ -603,7 +606,7 @@ void relocate_misplaced(const Node& n, const GraphFacts::NodeFacts& nf, Env& env
   }
 }
 
-Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const ValueSet& pinned, const RunOptions& opts) {
+Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOptions& opts) {
   // Last use of each value (reads by nested regions count at their node), so its
   // buffer is released right after; kernels, output types and Env slots of the nodes.
   const std::unordered_map<const Value*, size_t>& last_use = facts.last_use;
@@ -612,10 +615,12 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const ValueS
     return it != last_use.end() && it->second == i;
   };
   const auto& nodes = g.nodes();
-  // Pinned values by slot (a pinned value outside the slots cannot be released anyway).
-  std::vector<char> pinned_slot(facts.slot_of.size(), 0);
-  for (const Value* v : pinned)
-    if (auto it = facts.slot_of.find(v); it != facts.slot_of.end()) pinned_slot[static_cast<size_t>(it->second)] = 1;
+  // Values never released, by slot: the graph's outputs and initializers, and the
+  // values RunOptions::keep names.
+  std::vector<char> pinned_slot = facts.kept;
+  for (auto& k : opts.keep)
+    if (const Value* v = g.find_value(k))
+      if (auto it = facts.slot_of.find(v); it != facts.slot_of.end()) pinned_slot[static_cast<size_t>(it->second)] = 1;
   // Node i's inputs after it ran: those it read last leave the environment, and so do
   // the values its regions read for the last time.
   auto release_inputs = [&](size_t i) {
@@ -699,7 +704,7 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const ValueS
       bool steal = true;
       for (size_t c = 0; c < static_cast<size_t>(n.attrs.get_int("num_carried", 0)) && c < n.inputs.size(); ++c) {
         const Value* v = n.inputs[c];
-        if (!v || !last_at(v, i) || pinned.count(v)) steal = false;
+        if (!v || !last_at(v, i) || pinned_slot[static_cast<size_t>(nf.in_slot[c])]) steal = false;
         for (size_t c2 = 0; c2 < c; ++c2)
           if (n.inputs[c2] == v) steal = false;
       }
@@ -746,8 +751,8 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const ValueS
 namespace {
 
 /// run_graph's work on `env` (slots of `facts`): the inputs from feed(i) (null: the
-/// default, or streamed), the initializers, then the nodes, with the graph outputs and
-/// `keep` pinned.
+/// default, or streamed), the initializers, then the nodes (run_nodes pins the graph
+/// outputs, initializers and RunOptions::keep).
 Status run_graph_env(const Graph& g, const GraphFacts& facts, Env& env,
                      const std::function<const Tensor*(size_t)>& feed, const RunOptions& opts) {
   // Scan inputs of top-level accumulation loops that nothing else reads may be streamed
@@ -767,11 +772,7 @@ Status run_graph_env(const Graph& g, const GraphFacts& facts, Env& env,
     env[in] = *t;
   }
   for (Value* v : g.initializers) env[v] = *v->data;
-  ValueSet pinned(g.outputs.begin(), g.outputs.end());
-  for (auto& k : opts.keep)
-    if (Value* v = g.find_value(k)) pinned.insert(v);
-  for (Value* v : g.initializers) pinned.insert(v);
-  return run_nodes(g, facts, env, pinned, opts);
+  return run_nodes(g, facts, env, opts);
 }
 
 /// Results outlive the step: unless the caller takes them as arena views

@@ -214,18 +214,6 @@ Expected<Operand> dense_f32_copy(const Operand& o, const std::vector<int64_t>& s
 
 }  // namespace
 
-std::vector<float> bf16_to_f32(const void* src, int64_t n) {
-  std::vector<float> v(static_cast<size_t>(n));
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) v[i] = ir::bf16_to_f32(s[i]);
-  return v;
-}
-
-void f32_to_bf16(const float* src, void* dst, int64_t n) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = ir::f32_to_bf16(src[i]);
-}
-
 /// Convolutions (2 * N * M * C/G * kernel taps * output pixels) and matrix products
 /// (2 * batch * M * N * K) below this many FLOPs run on the calling thread alone: oneDNN creates and runs the primitive
 /// with one OpenMP thread, so a call enters no parallel region. Measured on a 2-core AVX-512 Xeon (docs/performance.md,
@@ -398,7 +386,7 @@ Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int
   if (out_dt == ir::DType::f32) return matmul(a32, b32, c, c_dims, ir::DType::f32, ir::DType::f32);
   std::vector<float> fc(static_cast<size_t>(numel(c_dims)));
   KILN_RETURN_IF_ERROR(matmul(a32, b32, fc.data(), c_dims, ir::DType::f32, ir::DType::f32));
-  f32_to_bf16(fc.data(), c, numel(c_dims));
+  narrow_to_bf16(fc.data(), static_cast<uint16_t*>(c), numel(c_dims));
   return Status::ok();
 }
 
@@ -496,6 +484,10 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
           return build(plain_cd);
         }
       });
+  // bf16 without a bf16 implementation (oneDNN 2.x needs AVX-512 for bf16): the f32
+  // primitive on widened operands, the result rounded on store, which computes the same
+  // function (bf16 products are exact in f32).
+  if (!p->prim->ok && p->compute == ir::DType::bf16) return prepare_conv(dir, g, dt, bias, ir::DType::f32, mixed);
   const ConvMds& m = p->m;
   auto role = [&](int r, int id, const memory::desc& plain) {
     p->args[r].id = id;
@@ -548,7 +540,6 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
 }
 
 Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias, void* out) {
-  const ConvGeometry& g = p.g;
   if (p.prim->ok) {
     try {
       static thread_local dnnl::stream s(engine());
@@ -578,21 +569,7 @@ Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias,
     return Status::ok();
   }
   static const char* const what[] = {"convolution", "convolution backward-data", "convolution backward-weights"};
-  if (p.dt != ir::DType::bf16 || p.compute != ir::DType::bf16)
-    return unimplemented(what[static_cast<int>(p.dir)], *p.prim);
-  // bf16 without a bf16 implementation: f32 on converted copies, rounded on store.
-  const std::vector<int64_t>& a_dims = p.dir == ConvDirection::forward ? g.x_dims : g.y_dims;
-  const std::vector<int64_t>& b_dims = p.dir == ConvDirection::backward_weights ? g.x_dims : g.w_dims;
-  const std::vector<int64_t>& o_dims = p.dir == ConvDirection::forward         ? g.y_dims
-                                       : p.dir == ConvDirection::backward_data ? g.x_dims
-                                                                               : g.w_dims;
-  auto fa = bf16_to_f32(a, numel(a_dims)), fb = bf16_to_f32(b, numel(b_dims));
-  std::vector<float> fbias = p.bias ? bf16_to_f32(bias, g.w_dims[0]) : std::vector<float>();
-  std::vector<float> fo(static_cast<size_t>(numel(o_dims)));
-  auto f32 = prepare_conv(p.dir, g, ir::DType::f32, p.bias);
-  KILN_RETURN_IF_ERROR(run_conv(*f32, fa.data(), fb.data(), p.bias ? fbias.data() : nullptr, fo.data()));
-  f32_to_bf16(fo.data(), out, numel(o_dims));
-  return Status::ok();
+  return unimplemented(what[static_cast<int>(p.dir)], *p.prim);
 }
 
 }  // namespace kiln::runtime::kernels::onednn

@@ -85,13 +85,8 @@ std::shared_ptr<PreparedConv> prepare_conv(ConvDirection dir, const ConvGeometry
 
 /// Runs `p`: forward: a = x, b = w, bias (null without), out = y; backward_data: a = dy,
 /// b = w, out = dx; backward_weights: a = dy, b = x, out = dw. Buffers are dense row-major
-/// in p's dtype. Errors: oneDNN has no implementation of the primitive (f32), or its
-/// execution failed.
+/// in the dtypes p was prepared for. Errors: oneDNN has no implementation of the primitive
+/// (f32), or its execution failed.
 Status run_conv(PreparedConv& p, const void* a, const void* b, const void* bias, void* out);
-
-/// Converts n bf16 values to f32.
-std::vector<float> bf16_to_f32(const void* src, int64_t n);
-/// Rounds n f32 values to bf16 (nearest even).
-void f32_to_bf16(const float* src, void* dst, int64_t n);
 
 }  // namespace kiln::runtime::kernels::onednn
