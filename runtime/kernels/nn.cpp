@@ -467,19 +467,18 @@ struct ConvNodeCache {
 /// Runs the node's convolution through oneDNN: the primitive in the node's cache slot when
 /// it was prepared for these dims, dtypes and bias, else conv_problem's checks and a newly
 /// prepared primitive (kept in the slot). a, b, bias, out: as onednn::run_conv; dts: their
-/// dtypes (the bias's undefined without one). A node that autocast marked kiln_compute_f32
-/// (below the convolution break-even) runs oneDNN's f32 primitive on operands of either
-/// float dtype, converted in the reorders that stage them.
+/// dtypes (the bias's undefined without one). `mixed`: the node is marked kiln_compute_f32
+/// (below the convolution break-even): oneDNN's f32 primitive runs on operands of either
+/// float dtype, the bf16 ones widened (and a bf16 result narrowed) around it.
 Status onednn_conv(KernelContext& ctx, onednn::ConvDirection dir, const std::vector<int64_t>& x,
                    const std::vector<int64_t>& w, const std::vector<int64_t>& y, const std::array<DType, 4>& dts,
-                   const void* a, const void* b, const void* bias, void* out) {
+                   bool mixed, const void* a, const void* b, const void* bias, void* out) {
   auto* c = ctx.cache ? static_cast<ConvNodeCache*>(ctx.cache->get()) : nullptr;
   if (!c || c->x != x || c->w != w || c->y != y || c->dts != dts || c->bias != (bias != nullptr)) {
     auto p = conv_problem(ctx, x, w, y);
     if (!p) return p.status();
     const DType dt = dts[0];
-    const bool f32_compute = ctx.attrs().has("kiln_compute_f32");
-    const DType compute = f32_compute ? DType::f32 : dt;
+    const DType compute = mixed ? DType::f32 : dt;
     auto fresh = std::make_shared<ConvNodeCache>(ConvNodeCache{
         x, w, y, dts, bias != nullptr, onednn::prepare_conv(dir, p->geo, dt, bias != nullptr, compute, &dts)});
     if (ctx.cache) *ctx.cache = fresh;
@@ -490,10 +489,11 @@ Status onednn_conv(KernelContext& ctx, onednn::ConvDirection dir, const std::vec
 
 /// The operand dtypes of a convolution node, checked: all equal, or, for a node marked
 /// kiln_compute_f32 (autocast rule (e)), each f32 or bf16. Errors name the operands.
-Expected<std::array<DType, 4>> conv_dtypes(const KernelContext& ctx, const char* names, DType a, DType b, DType out,
-                                           const Tensor* bias) {
+/// `mixed`: the node's kiln_compute_f32 mark.
+Expected<std::array<DType, 4>> conv_dtypes(const KernelContext& ctx, bool mixed, const char* names, DType a, DType b,
+                                           DType out, const Tensor* bias) {
   std::array<DType, 4> d = {a, b, out, bias ? bias->dtype() : DType::undefined};
-  if (ctx.attrs().has("kiln_compute_f32")) {
+  if (mixed) {
     for (int i = 0; i < (bias ? 4 : 3); ++i)
       if (!use_onednn(d[i]))
         return ctx.fail(std::string("a convolution computed in f32 (kiln_compute_f32) takes f32 or bf16 operands, ") +
@@ -511,11 +511,11 @@ Status conv_kernel(KernelContext& ctx) {
   const Tensor* B = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
   Tensor& Y = ctx.out(0);
   if (B && B->numel() != W.dim(0)) return ctx.fail("B must be (M)");
-  auto dts = conv_dtypes(ctx, B ? "X, W and B" : "X and W", X.dtype(), W.dtype(), Y.dtype(), B);
-  if (!dts) return dts.status();
   const bool mixed = ctx.attrs().has("kiln_compute_f32");
+  auto dts = conv_dtypes(ctx, mixed, B ? "X, W and B" : "X and W", X.dtype(), W.dtype(), Y.dtype(), B);
+  if (!dts) return dts.status();
   if ((mixed || use_onednn(X.dtype())) && X.numel() > 0 && Y.numel() > 0)
-    return onednn_conv(ctx, onednn::ConvDirection::forward, X.dims(), W.dims(), Y.dims(), *dts, X.raw(), W.raw(),
+    return onednn_conv(ctx, onednn::ConvDirection::forward, X.dims(), W.dims(), Y.dims(), *dts, mixed, X.raw(), W.raw(),
                        B ? B->raw() : nullptr, Y.raw());
   auto p = conv_problem(ctx, X.dims(), W.dims(), Y.dims());
   if (!p) return p.status();
@@ -530,11 +530,11 @@ Status conv_grad_input_kernel(KernelContext& ctx) {
   const Tensor& dY = ctx.in(0);
   const Tensor& W = ctx.in(1);
   Tensor& dX = ctx.out(0);
-  auto dts = conv_dtypes(ctx, "dY and W", dY.dtype(), W.dtype(), dX.dtype(), nullptr);
-  if (!dts) return dts.status();
   const bool mixed = ctx.attrs().has("kiln_compute_f32");
+  auto dts = conv_dtypes(ctx, mixed, "dY and W", dY.dtype(), W.dtype(), dX.dtype(), nullptr);
+  if (!dts) return dts.status();
   if ((mixed || use_onednn(dY.dtype())) && dX.numel() > 0 && dY.numel() > 0)
-    return onednn_conv(ctx, onednn::ConvDirection::backward_data, dX.dims(), W.dims(), dY.dims(), *dts, dY.raw(),
+    return onednn_conv(ctx, onednn::ConvDirection::backward_data, dX.dims(), W.dims(), dY.dims(), *dts, mixed, dY.raw(),
                        W.raw(), nullptr, dX.raw());
   auto p = conv_problem(ctx, dX.dims(), W.dims(), dY.dims());
   if (!p) return p.status();
@@ -549,12 +549,12 @@ Status conv_grad_weight_kernel(KernelContext& ctx) {
   const Tensor& dY = ctx.in(0);
   const Tensor& X = ctx.in(1);
   Tensor& dW = ctx.out(0);
-  auto dts = conv_dtypes(ctx, "dY and X", dY.dtype(), X.dtype(), dW.dtype(), nullptr);
-  if (!dts) return dts.status();
   const bool mixed = ctx.attrs().has("kiln_compute_f32");
+  auto dts = conv_dtypes(ctx, mixed, "dY and X", dY.dtype(), X.dtype(), dW.dtype(), nullptr);
+  if (!dts) return dts.status();
   if ((mixed || use_onednn(dY.dtype())) && dW.numel() > 0 && dY.numel() > 0)
-    return onednn_conv(ctx, onednn::ConvDirection::backward_weights, X.dims(), dW.dims(), dY.dims(), *dts, dY.raw(),
-                       X.raw(), nullptr, dW.raw());
+    return onednn_conv(ctx, onednn::ConvDirection::backward_weights, X.dims(), dW.dims(), dY.dims(), *dts, mixed,
+                       dY.raw(), X.raw(), nullptr, dW.raw());
   auto p = conv_problem(ctx, X.dims(), dW.dims(), dY.dims());
   if (!p) return p.status();
   if (dW.numel() == 0 || dY.numel() == 0) return Status::ok();
