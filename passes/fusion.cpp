@@ -234,8 +234,15 @@ Status repeat_shared_widening_casts(Graph& g) {
   std::unordered_set<const Value*> outs(g.outputs.begin(), g.outputs.end());
   for (auto& sb : g.state)
     if (sb.output) outs.insert(sb.output);
+  // Readers of every value in schedule order (each once), found in one pass.
+  std::unordered_map<const Value*, std::vector<Node*>> readers;
   std::vector<Node*> casts;
   for (auto& n : g.nodes()) {
+    for (const Value* in : n->inputs) {
+      if (!in) continue;
+      auto& r = readers[in];
+      if (r.empty() || r.back() != n.get()) r.push_back(n.get());
+    }
     const Value* x = n->num_inputs() == 1 ? n->inputs[0] : nullptr;
     if (has_trait(*n, OpTrait::cast) && x && is_float(x->dtype) && n->num_outputs() == 1 &&
         is_float(n->outputs[0]->dtype) && dtype_size(n->outputs[0]->dtype) > dtype_size(x->dtype) &&
@@ -244,13 +251,9 @@ Status repeat_shared_widening_casts(Graph& g) {
   }
   for (Node* c : casts) {
     Value* y = c->outputs[0];
-    std::vector<Node*> readers;
-    for (auto& u : g.uses(y))
-      if (std::find(readers.begin(), readers.end(), u.user) == readers.end()) readers.push_back(u.user);
-    if (readers.size() < 2) continue;
-    std::sort(readers.begin(), readers.end(), [&](Node* a, Node* b) { return g.index_of(a) < g.index_of(b); });
-    for (size_t k = 1; k < readers.size(); ++k) {
-      Node* r = readers[k];
+    const std::vector<Node*>& rs = readers[y];
+    for (size_t k = 1; k < rs.size(); ++k) {
+      Node* r = rs[k];
       if (!fusable(*r) && !reduction_fusable(*r) && !row_fusable(*r)) continue;
       Node* d = g.insert_node(static_cast<size_t>(g.index_of(r)), c->op, c->name + "/dup" + std::to_string(k),
                               {c->inputs[0]}, {g.unique_name(y->name + ".dup")}, c->attrs);
