@@ -32,8 +32,8 @@ Status fill_value_info(const ir::Value* v, onnx::ValueInfoProto* vi, const std::
     auto* dp = sh->add_dim();
     if (d.is_static())
       dp->set_dim_value(d.value);
-    else if (!d.symbol.empty())
-      dp->set_dim_param(d.symbol);
+    else if (d.is_symbolic())
+      dp->set_dim_param(d.to_string());
   }
   return Status::ok();
 }

@@ -61,6 +61,66 @@ Shape Shape::of(const std::vector<int64_t>& v) {
   return s;
 }
 
+Dim::Dim(const SymExpr& e) {
+  if (!e.valid()) return;
+  if (e.is_constant()) {
+    if (e.constant_value() >= 0) value = e.constant_value();
+    return;
+  }
+  expr = e;
+}
+
+std::optional<SymExpr> Dim::as_expr() const {
+  if (is_static()) return SymExpr::constant(value);
+  if (is_symbolic()) return expr;
+  return std::nullopt;
+}
+
+std::string Dim::to_string() const {
+  if (is_static()) return std::to_string(value);
+  if (is_symbolic()) return expr.to_string();
+  return "?";
+}
+
+Dim Dim::from_text(const std::string& text) {
+  if (text == "?") return Dim();
+  if (auto e = SymExpr::parse(text)) {
+    if (e->is_constant()) return e->constant_value() >= 0 ? Dim(e->constant_value()) : Dim();
+    return Dim(*e);
+  }
+  return Dim(text);
+}
+
+namespace {
+template <typename F>
+Dim combine(const Dim& a, const Dim& b, F f) {
+  auto ea = a.as_expr(), eb = b.as_expr();
+  if (!ea || !eb) return Dim();
+  return f(*ea, *eb);
+}
+}  // namespace
+
+Dim operator*(const Dim& a, const Dim& b) {
+  if (a.is_static() && b.is_static()) {
+    int64_t p;
+    return __builtin_mul_overflow(a.value, b.value, &p) ? Dim() : Dim(p);
+  }
+  return combine(a, b, [](const SymExpr& x, const SymExpr& y) { return Dim(x * y); });
+}
+Dim operator+(const Dim& a, const Dim& b) {
+  return combine(a, b, [](const SymExpr& x, const SymExpr& y) { return Dim(x + y); });
+}
+Dim operator-(const Dim& a, const Dim& b) {
+  return combine(a, b, [](const SymExpr& x, const SymExpr& y) { return Dim(x - y); });
+}
+Dim dim_exact_div(const Dim& a, const Dim& b) {
+  return combine(a, b, [](const SymExpr& x, const SymExpr& y) {
+    if (y.is_constant() && y.constant_value() == 0) return Dim();
+    auto q = x.exact_div(y);
+    return q ? Dim(*q) : Dim();
+  });
+}
+
 bool Shape::is_static() const {
   for (auto& d : dims)
     if (!d.is_static()) return false;
@@ -88,7 +148,7 @@ std::string Shape::to_string() const {
   std::string s = "[";
   for (size_t i = 0; i < dims.size(); ++i) {
     if (i) s += ", ";
-    s += dims[i].is_static() ? std::to_string(dims[i].value) : (dims[i].symbol.empty() ? "?" : dims[i].symbol);
+    s += dims[i].to_string();
   }
   return s + "]";
 }
@@ -125,6 +185,12 @@ std::vector<double> Attributes::get_floats(const std::string& k, const std::vect
   if (it == map_.end()) return def;
   if (auto p = std::get_if<std::vector<double>>(&it->second)) return *p;
   return def;
+}
+std::vector<std::string> Attributes::get_strings(const std::string& k) const {
+  auto it = map_.find(k);
+  if (it == map_.end()) return {};
+  if (auto p = std::get_if<std::vector<std::string>>(&it->second)) return *p;
+  return {};
 }
 const Tensor* Attributes::get_tensor(const std::string& k) const {
   auto it = map_.find(k);
@@ -347,6 +413,7 @@ std::unique_ptr<Graph> Graph::clone() const {
         nn->outputs[i]->dtype = n->outputs[i]->dtype;
         nn->outputs[i]->shape = n->outputs[i]->shape;
         nn->outputs[i]->arena = n->outputs[i]->arena;
+        nn->outputs[i]->sym_data = n->outputs[i]->sym_data;
         map[n->outputs[i]] = nn->outputs[i];
       }
       for (auto& r : n->regions) {

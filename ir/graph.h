@@ -17,21 +17,46 @@
 
 #include "ir/dtype.h"
 #include "ir/status.h"
+#include "ir/sym_expr.h"
 #include "ir/tensor.h"
 
 namespace kiln::ir {
 
-/// One dimension: a static extent, or a named symbol (ONNX dim_param) when
-/// value < 0 and `symbol` is non-empty. value == -1 with empty symbol means unknown.
+/// One dimension: a static extent (value >= 0), a symbolic extent (an expression over
+/// named symbols such as ONNX dim_params: `seq`, `batch*seq`; ir/sym_expr.h), or
+/// unknown (neither).
 struct Dim {
   int64_t value = -1;
-  std::string symbol;
+  SymExpr expr;  ///< the symbolic extent when value < 0 (never a constant; empty: unknown)
   Dim() = default;
   Dim(int64_t v) : value(v) {}  // NOLINT(implicit)
-  explicit Dim(std::string sym) : value(-1), symbol(std::move(sym)) {}
+  /// The symbol `sym` (ONNX dim_param).
+  explicit Dim(const std::string& sym) : expr(SymExpr::symbol(sym)) {}
+  /// An expression: static when it is a constant >= 0, unknown when it is another
+  /// constant or overflowed.
+  explicit Dim(const SymExpr& e);
   bool is_static() const { return value >= 0; }
-  bool operator==(const Dim& o) const { return value == o.value && symbol == o.symbol; }
+  bool is_symbolic() const { return value < 0 && !expr.is_constant(); }
+  bool is_unknown() const { return !is_static() && !is_symbolic(); }
+  /// The name of a dim that is one symbol, else "".
+  std::string symbol() const { return is_symbolic() ? expr.as_symbol() : std::string(); }
+  /// The extent as an expression (a constant for static dims); nullopt when unknown.
+  std::optional<SymExpr> as_expr() const;
+  /// "64", "batch*seq", or "?".
+  std::string to_string() const;
+  /// Reads to_string()'s text: "?" unknown, an integer, an expression (SymExpr::parse),
+  /// else one symbol named by the whole text (ONNX dim_params may be any string).
+  static Dim from_text(const std::string& text);
+  bool operator==(const Dim& o) const { return value == o.value && expr == o.expr; }
+  bool operator!=(const Dim& o) const { return !(*this == o); }
 };
+
+/// Products, sums and exact quotients of dims (unknown when an operand is unknown or
+/// the quotient is not exact).
+Dim operator*(const Dim& a, const Dim& b);
+Dim operator+(const Dim& a, const Dim& b);
+Dim operator-(const Dim& a, const Dim& b);
+Dim dim_exact_div(const Dim& a, const Dim& b);
 
 /// Tensor shape: rank and per-dimension extents (static or symbolic).
 struct Shape {
@@ -92,6 +117,11 @@ class Value {
   std::string role_source;
   /// Its place in the step arena, once the arena planning pass ran (ArenaPlacement).
   ArenaPlacement arena;
+  /// Contents of a small integer value that are known as expressions of shape symbols
+  /// but are not constants (Shape of a symbolic tensor, what the shape subgraph of an
+  /// export computes from it), flattened row-major; null when unknown or constant.
+  /// Written by inference (OpDef::sym_values), derived: not serialized.
+  std::shared_ptr<const std::vector<SymExpr>> sym_data;
 };
 
 /// Attribute value: int, float, string, tensor, or lists of int/float/string.
@@ -109,6 +139,7 @@ class Attributes {
   std::string get_string(const std::string& k, const std::string& def) const;
   std::vector<int64_t> get_ints(const std::string& k, const std::vector<int64_t>& def = {}) const;
   std::vector<double> get_floats(const std::string& k, const std::vector<double>& def = {}) const;
+  std::vector<std::string> get_strings(const std::string& k) const;
   const Tensor* get_tensor(const std::string& k) const;
   const AttrValue* find(const std::string& k) const;
   const std::map<std::string, AttrValue>& all() const { return map_; }

@@ -66,6 +66,7 @@ OpTable& OpTable::get() {
     register_scalar_rules(*t);
     register_op_traits(*t);
     register_decompositions(*t);
+    register_sym_values(*t);
     return t;
   }();
   return *table;
@@ -148,15 +149,19 @@ Status infer_node(Node& n) {
   for (int i = 0; i < def->min_inputs; ++i)
     if (!n.input(i))
       return Status::error("node '" + n.name + "' (" + n.op + "): required input " + std::to_string(i) + " is missing");
-  InferContext ctx{n, {}, {}, {}};
+  InferContext ctx{n, {}, {}, {}, {}};
+  bool symbolic = false;  // some input has a symbolic shape or symbolic contents
   for (Value* v : n.inputs) {
     TypeInfo ti;
     if (v) {
       ti.dtype = v->dtype;
       ti.shape = v->shape;
+      for (const Dim& d : v->shape.dims) symbolic |= d.is_symbolic();
+      symbolic |= v->sym_data != nullptr;
     }
     ctx.in.push_back(ti);
     ctx.values.push_back(v && v->data ? v->data.get() : nullptr);
+    ctx.syms.push_back(v && v->sym_data ? v->sym_data.get() : nullptr);
   }
   ctx.out.resize(n.outputs.size());
   KILN_RETURN_IF_ERROR(def->infer(ctx));
@@ -165,8 +170,31 @@ Status infer_node(Node& n) {
       n.outputs[i]->dtype = ctx.out[i].dtype;
       n.outputs[i]->shape = ctx.out[i].shape;
     }
+    n.outputs[i]->sym_data = nullptr;
+  }
+  if ((symbolic || n.num_inputs() == 0) && def->sym_values) {
+    std::vector<std::optional<SymValues>> sv = def->sym_values(ctx);
+    for (size_t i = 0; i < sv.size() && i < n.outputs.size(); ++i) {
+      if (!sv[i] || !is_integer(n.outputs[i]->dtype)) continue;
+      bool constant = true, valid = true;
+      for (const SymExpr& e : *sv[i]) {
+        constant &= e.is_constant();
+        valid &= e.valid();
+      }
+      if (valid && !constant) n.outputs[i]->sym_data = std::make_shared<const SymValues>(std::move(*sv[i]));
+    }
   }
   return Status::ok();
+}
+
+std::optional<SymValues> InferContext::int_values(int i) const {
+  if (!has_input(i) || !is_integer(in[i].dtype)) return std::nullopt;
+  if (i < static_cast<int>(syms.size()) && syms[i]) return *syms[i];
+  const Tensor* t = value(i);
+  if (!t || t->numel() > kMaxSymValues) return std::nullopt;
+  SymValues v;
+  for (int64_t x : t->to_i64_vector()) v.push_back(SymExpr::constant(x));
+  return v;
 }
 
 Status infer_graph(Graph& g) {
@@ -206,8 +234,15 @@ Expected<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
       out.dims[i] = db;
     else if (!db.is_static() && da.is_static())
       out.dims[i] = da;
-    else if (!da.is_static() && !db.is_static())
+    else if (da.is_unknown())
+      out.dims[i] = db;
+    else if (db.is_unknown())
       out.dims[i] = da;
+    else if (da.is_symbolic() && db.is_symbolic())
+      // Two different expressions are not assumed equal (nor is either assumed to be 1).
+      return Status::error("shapes " + a.to_string() + " and " + b.to_string() + " do not broadcast: dim " +
+                           da.to_string() + " against " + db.to_string() +
+                           " (symbolic dims broadcast only when they are the same expression or one is 1)");
     else
       return Status::error("shapes " + a.to_string() + " and " + b.to_string() + " do not broadcast");
   }

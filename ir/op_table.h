@@ -50,6 +50,11 @@ struct TypeInfo {
   bool present() const { return dtype != DType::undefined; }
 };
 
+/// Contents of an integer tensor as shape expressions, flattened row-major.
+using SymValues = std::vector<SymExpr>;
+/// Shape tensors longer than this are not tracked as expressions.
+inline constexpr int64_t kMaxSymValues = 64;
+
 /// Input of type/shape inference. `values[i]` is the constant value of input i
 /// when known (initializers, folded constants, or every input in eager mode), else nullptr.
 struct InferContext {
@@ -57,11 +62,15 @@ struct InferContext {
   std::vector<TypeInfo> in;  ///< dtype undefined for omitted optional inputs
   std::vector<const Tensor*> values;
   std::vector<TypeInfo> out;  ///< to be filled, one per node output
+  /// Per input: its contents as shape expressions when they are symbolic (Value::sym_data), else null.
+  std::vector<const SymValues*> syms;
 
   const Attributes& attrs() const { return node.attrs; }
   int num_inputs() const { return static_cast<int>(in.size()); }
   bool has_input(int i) const { return i < num_inputs() && in[i].present(); }
   const Tensor* value(int i) const { return i < static_cast<int>(values.size()) ? values[i] : nullptr; }
+  /// Contents of integer input i, constant or symbolic; nullopt when unknown (or not an integer tensor).
+  std::optional<SymValues> int_values(int i) const;
   /// Error naming the node and op.
   Status fail(const std::string& msg) const;
 };
@@ -88,6 +97,9 @@ struct KernelContext {
   /// slot (one-off runs); a kernel then prepares per call. A kernel must check that what
   /// it finds was prepared for the same input dims and dtypes.
   std::shared_ptr<void>* cache = nullptr;
+  /// Values of the graph's shape symbols in this run (bound from the dims of the fed
+  /// inputs; SymInts evaluates its expressions with them); null: none bound.
+  const std::map<std::string, int64_t>* symbols = nullptr;
   const Attributes& attrs() const { return node.attrs; }
   const Tensor& in(int i) const { return *inputs[i]; }
   bool has_input(int i) const { return i < static_cast<int>(inputs.size()) && inputs[i] != nullptr; }
@@ -358,6 +370,14 @@ struct OpDef {
   /// Output values computed from the static shapes of the inputs alone (Shape), for
   /// constant folding without the data; nullopt when the shapes are not static enough.
   std::function<std::optional<std::vector<Tensor>>(const Node& n)> eval_from_shapes;
+  /// Integer outputs as shape expressions of the inputs' shapes and contents
+  /// (InferContext::int_values), after `infer` filled the output types: Shape of a
+  /// symbolic tensor, and the Gather / Concat / Unsqueeze / arithmetic of the shape
+  /// subgraphs exports write (ir/ops/sym_values.cpp). Per output, nullopt when unknown.
+  /// Inference stores them in Value::sym_data, so that Reshape, Expand, Range and
+  /// ConstantOfShape give symbolic dims, and fold_constants turns such nodes into
+  /// SymInts nodes.
+  std::function<std::vector<std::optional<SymValues>>(const InferContext& c)> sym_values;
   /// Bytes of scratch memory the eager kernel allocates for node `n` beyond its outputs
   /// (the memory planner counts them as temporaries); empty: none.
   std::function<int64_t(const Node& n)> kernel_scratch_bytes;
@@ -459,5 +479,8 @@ void register_scalar_rules(OpTable& t);
 void register_op_traits(OpTable& t);
 /// Sets OpDef::decomposable / decompose (ir/ops/decompose.cpp), after every op is registered.
 void register_decompositions(OpTable& t);
+/// OpDef::sym_values of the ops that compute shapes, and the kiln-internal SymInts op
+/// (ir/ops/sym_values.cpp).
+void register_sym_values(OpTable& t);
 
 }  // namespace kiln::ir

@@ -106,12 +106,7 @@ class Parser {
     const std::string inner = t.substr(lb + 1, t.size() - lb - 2);
     if (inner.empty()) return Status::ok();
     for (const std::string& item : split_top(inner)) {
-      if (item == "?")
-        shape.dims.push_back(Dim());
-      else if (!item.empty() && (std::isdigit(static_cast<unsigned char>(item[0])) || item[0] == '-'))
-        shape.dims.push_back(Dim(std::strtoll(item.c_str(), nullptr, 10)));
-      else
-        shape.dims.push_back(Dim(item));
+      shape.dims.push_back(Dim::from_text(item));
     }
     return Status::ok();
   }

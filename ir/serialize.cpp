@@ -89,7 +89,7 @@ void write_shape(const Shape& s, ByteWriter& w) {
   w.u64(s.dims.size());
   for (const Dim& d : s.dims) {
     w.i64(d.value);
-    w.str(d.symbol);
+    w.str(d.is_symbolic() ? d.to_string() : std::string());
   }
 }
 
@@ -282,8 +282,12 @@ Status read_record(ByteReader& r, ValueRecord& rec) {
     return bad("value '" + rec.name + "': bad dtype " + std::to_string(dt));
   rec.dtype = static_cast<DType>(dt);
   rec.shape.dims.resize(rank);
-  for (Dim& d : rec.shape.dims)
-    if (!r.i64(d.value) || !r.str(d.symbol)) return bad("value '" + rec.name + "': truncated shape");
+  for (Dim& d : rec.shape.dims) {
+    int64_t value;
+    std::string text;
+    if (!r.i64(value) || !r.str(text)) return bad("value '" + rec.name + "': truncated shape");
+    d = value >= 0 ? Dim(value) : text.empty() ? Dim() : Dim::from_text(text);
+  }
   uint8_t home;
   if (!r.u8(role) || !r.str(rec.role_source) || !r.i64(rec.tensor) || !r.i64(rec.arena.offset) ||
       !r.i64(rec.arena.bytes) || !r.u8(home))

@@ -195,7 +195,7 @@ class AttachLoss : public Pass {
       if (!logits->shape.is_static()) {
         std::string syms;  // the unbound dims, for the hint
         for (const auto& d : logits->shape.dims)
-          if (!d.is_static() && !d.symbol.empty()) syms += (syms.empty() ? "" : ", ") + d.symbol;
+          if (!d.is_static() && !d.symbol().empty()) syms += (syms.empty() ? "" : ", ") + d.symbol();
         return Status::error("cross_entropy needs static logits of shape (..., classes); got " +
                              logits->shape.to_string() +
                              (syms.empty() ? std::string()

@@ -29,7 +29,10 @@
 //          the evaluator cannot run, or that fails, is left unfolded (the run time will
 //          evaluate it); a node that needs the evaluator when none was given is an error;
 //       4. the node is removed and each output becomes an initializer of the same name,
-//          with role constant (Value::role).
+//          with role constant (Value::role);
+//       (a node whose i64 output inference knows as symbolic shape expressions,
+//       Value::sym_data, is replaced by a SymInts node holding them instead: the shape
+//       subgraphs of a program with unbound symbols, issue 32.)
 //   then dead nodes are removed, initializers left unused by folding are dropped
 //   (other unused initializers are kept), and ir::infer_graph re-infers every node.
 #include <algorithm>
@@ -153,7 +156,32 @@ class FoldConstants : public Pass {
     return true;
   }
 
+  /// A node whose output is a symbolic shape value (Value::sym_data: Shape of a
+  /// symbolic tensor, the Gather / Concat / arithmetic of it) becomes one SymInts node
+  /// holding the expressions: the subgraph leaves the program, and nothing reads the
+  /// tensor whose shape it took (which would keep that tensor alive). A node with no
+  /// inputs (SymInts itself, a constant) is already a leaf and is left alone.
+  static bool try_fold_symbolic(ir::Graph& g, ir::Node* n) {
+    if (n->inputs.empty() || n->num_outputs() != 1 || !n->outputs[0]->sym_data) return false;
+    if (!foldable_node(g, n) || n->outputs[0]->dtype != ir::DType::i64) return false;
+    ir::Value* old = n->outputs[0];
+    std::vector<std::string> values;
+    for (const ir::SymExpr& e : *old->sym_data) values.push_back(e.to_string());
+    ir::Attributes a;
+    a.set("values", values);
+    a.set("dims", old->shape.to_vector());
+    size_t pos = 0;
+    while (g.nodes()[pos].get() != n) ++pos;
+    const std::string name = n->name, out = old->name;
+    g.remove_node(n);
+    ir::Node* s = g.insert_node(pos, "SymInts", name, {}, {out}, a);
+    if (!ir::infer_node(*s).is_ok()) return false;  // cannot happen: the expressions print and parse
+    g.replace_all_uses(old, s->outputs[0]);
+    return true;
+  }
+
   bool try_fold(ir::Graph& g, ir::Node* n) {
+    if (try_fold_symbolic(g, n)) return true;
     if (!foldable_node(g, n)) return false;
     std::vector<ir::Tensor> results;
     const ir::OpDef* def = ir::OpTable::get().find(n->op);

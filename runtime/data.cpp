@@ -73,7 +73,7 @@ Status check_trailing_dims(const NamedArray& a, const DataInputSpec& in) {
     std::string want = "[rows";
     for (size_t i = 1; i < in.shape.dims.size(); ++i) {
       const ir::Dim& d = in.shape.dims[i];
-      want += ", " + (d.is_static() ? std::to_string(d.value) : d.symbol.empty() ? std::string("?") : d.symbol);
+      want += ", " + d.to_string();
     }
     return Status::error(a.file + " (input '" + in.name + "'): expected shape " + want + "], got " +
                          ir::dims_to_string(fd));

@@ -62,7 +62,7 @@ Expected<Dataset> Dataset::from_sequences(std::shared_ptr<const SequenceSet> seq
                              ir::dtype_name(in.dtype) + ", not integer token ids");
       si.fill = static_cast<int>(Fill::tokens);
       ds.seq_token_input_ = static_cast<int>(ds.seq_inputs_.size());
-      if (in.shape.rank() == 2 && !in.shape.dims[1].is_static()) ds.seq_symbol_ = in.shape.dims[1].symbol;
+      if (in.shape.rank() == 2 && !in.shape.dims[1].is_static()) ds.seq_symbol_ = in.shape.dims[1].symbol();
     }
     if (in.shape.rank() != 2)
       return Status::error(file + ": input '" + in.name + "' has shape " + in.shape.to_string() +

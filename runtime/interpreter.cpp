@@ -152,7 +152,7 @@ Expected<std::vector<Tensor>> run_node_impl(const Node& n, const std::vector<con
   if (!def) def = OpTable::get().find(n.op);
   if (!def) return Status::error("node '" + n.name + "': unknown op '" + n.op + "'");
   if (!def->kernel) return Status::error("node '" + n.name + "': op '" + n.op + "' has no eager kernel");
-  KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id, cache};
+  KernelContext kctx{n, inputs, {}, opts.training, opts.seed, opts.step, op_id, cache, opts.symbols};
   KILN_RETURN_IF_ERROR(allocate_kernel_outputs(n, inputs, opts, inplace, *def, known, kctx));
   KILN_RETURN_IF_ERROR(def->kernel(kctx));
   return std::move(kctx.outputs);
@@ -254,6 +254,7 @@ struct GraphFacts {
   std::vector<NodeFacts> nodes;
   const codegen::CpuProgram* program = nullptr;
   uint64_t structure = 0;  ///< Graph::structure_id() when computed
+  bool symbolic = false;   ///< some graph input has a symbolic dim (run_graph binds the symbols)
 
   GraphFacts(const Graph& g, const codegen::CpuProgram* prog) : program(prog) {
     const auto& ns = g.nodes();
@@ -264,7 +265,10 @@ struct GraphFacts {
       if (!v) return -1;
       return slot_of.emplace(v, static_cast<int32_t>(slot_of.size())).first->second;
     };
-    for (const Value* v : g.inputs) number(v);
+    for (const Value* v : g.inputs) {
+      number(v);
+      for (const Dim& d : v->shape.dims) symbolic |= d.is_symbolic();
+    }
     for (const Value* v : g.initializers) number(v);
     for (size_t i = 0; i < ns.size(); ++i) {
       const Node& n = *ns[i];
@@ -544,7 +548,8 @@ inline void run_piece(const FusedLaunch& l, int64_t c) {
 Status prepare_pieced(const Node& n, const GraphFacts::NodeFacts& nf, const OpDef& def, const StaticOutputs* known,
                       Env& env, const RunOptions& opts, uint64_t op_id, FusedLaunch& l) {
   KILN_RETURN_IF_ERROR(input_tensors(n, nf, env, l.ins));
-  l.ctx = std::make_unique<KernelContext>(KernelContext{n, l.ins, {}, opts.training, opts.seed, opts.step, op_id});
+  l.ctx = std::make_unique<KernelContext>(
+      KernelContext{n, l.ins, {}, opts.training, opts.seed, opts.step, op_id, nullptr, opts.symbols});
   KILN_RETURN_IF_ERROR(allocate_kernel_outputs(n, l.ins, opts, nullptr, def, known, *l.ctx));
   auto pieces = def.pieces(*l.ctx);
   if (!pieces) return pieces.status();
@@ -750,6 +755,43 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOpt
 
 namespace {
 
+/// Binds every symbol that is a whole dim of a graph input to that dim of the tensor in
+/// `env`, then checks every other symbolic input dim (an expression) against its tensor.
+/// Errors: an input whose dims give one symbol two values, or an expression that does
+/// not evaluate to the tensor's dim.
+Status bind_symbols(const Graph& g, Env& env, std::map<std::string, int64_t>& symbols) {
+  std::map<std::string, std::string> bound_by;
+  for (Value* in : g.inputs) {
+    const Tensor* t = env.find(in);
+    if (!t) continue;
+    for (int k = 0; k < in->shape.rank() && k < t->rank(); ++k) {
+      const std::string s = in->shape.dims[k].symbol();
+      if (s.empty()) continue;
+      const int64_t v = t->dims()[k];
+      auto [it, fresh] = symbols.emplace(s, v);
+      if (!fresh && it->second != v)
+        return Status::error("input '" + in->name + "' dim " + std::to_string(k) + ": symbol " + s + " is " +
+                             std::to_string(v) + " here but " + std::to_string(it->second) + " in input '" +
+                             bound_by[s] + "'");
+      bound_by.emplace(s, in->name);
+    }
+  }
+  for (Value* in : g.inputs) {
+    const Tensor* t = env.find(in);
+    if (!t) continue;
+    for (int k = 0; k < in->shape.rank() && k < t->rank(); ++k) {
+      const Dim& d = in->shape.dims[k];
+      if (!d.is_symbolic() || !d.symbol().empty()) continue;
+      auto v = d.expr.evaluate(symbols);
+      if (!v || *v != t->dims()[k])
+        return Status::error("input '" + in->name + "': expected shape " + in->shape.to_string() + ", got " +
+                             dims_to_string(t->dims()) + " (dim " + std::to_string(k) + " is " + d.to_string() +
+                             (v ? " = " + std::to_string(*v) : std::string(", which its symbols do not bind")) + ")");
+    }
+  }
+  return Status::ok();
+}
+
 /// run_graph's work on `env` (slots of `facts`): the inputs from feed(i) (null: the
 /// default, or streamed), the initializers, then the nodes (run_nodes pins the graph
 /// outputs, initializers and RunOptions::keep).
@@ -772,7 +814,13 @@ Status run_graph_env(const Graph& g, const GraphFacts& facts, Env& env,
     env[in] = *t;
   }
   for (Value* v : g.initializers) env[v] = *v->data;
-  return run_nodes(g, facts, env, opts);
+  if (!facts.symbolic || opts.symbols) return run_nodes(g, facts, env, opts);
+  // A symbolic program: the symbols take their values from the inputs' dims.
+  std::map<std::string, int64_t> symbols;
+  KILN_RETURN_IF_ERROR(bind_symbols(g, env, symbols));
+  RunOptions bound = opts;
+  bound.symbols = &symbols;
+  return run_nodes(g, facts, env, bound);
 }
 
 /// Results outlive the step: unless the caller takes them as arena views

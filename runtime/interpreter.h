@@ -84,6 +84,9 @@ struct RunOptions {
   /// Per-graph executor facts reused across runs (see ScheduleCache); null: computed for
   /// this run only. Results are the same either way.
   ScheduleCache* schedule = nullptr;
+  /// Values of the shape symbols (KernelContext::symbols). Callers leave it null:
+  /// run_graph binds a symbolic graph's symbols from the fed inputs' dims.
+  const std::map<std::string, int64_t>* symbols = nullptr;
 };
 
 /// run_graph with feeds and results by position, no names looked up: feeds[i] is

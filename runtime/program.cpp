@@ -42,7 +42,7 @@ std::string to_hex(const std::string& raw) {
 nlohmann::json spec_json(const DataInputSpec& s) {
   nlohmann::json dims = nlohmann::json::array();
   for (const ir::Dim& d : s.shape.dims)
-    dims.push_back(d.is_static() ? nlohmann::json(d.value) : nlohmann::json(d.symbol));
+    dims.push_back(d.is_static() ? nlohmann::json(d.value) : nlohmann::json(d.to_string()));
   return {{"name", s.name}, {"dtype", ir::dtype_name(s.dtype)}, {"dims", dims}};
 }
 
@@ -61,7 +61,7 @@ Expected<DataInputSpec> spec_from_json(const nlohmann::json& j) {
   s.name = j.at("name").get<std::string>();
   KILN_ASSIGN_OR_RETURN(s.dtype, ir::dtype_from_name(j.at("dtype").get<std::string>()));
   for (const auto& d : j.at("dims"))
-    s.shape.dims.push_back(d.is_string() ? ir::Dim(d.get<std::string>()) : ir::Dim(json_int(d)));
+    s.shape.dims.push_back(d.is_string() ? ir::Dim::from_text(d.get<std::string>()) : ir::Dim(json_int(d)));
   return s;
 }
 

@@ -61,23 +61,40 @@ Status infer_passthrough_same(InferContext& c) {
 
 // ------------------------------------------------------------------ Reshape
 
-Status infer_reshape(InferContext& c) {
+/// Dims of a shape input whose contents are known as expressions (InferContext::int_values):
+/// constants become static dims (negative ones unknown), symbolic entries symbolic dims.
+std::optional<std::vector<Dim>> shape_dims(const InferContext& c, int i) {
+  auto v = c.int_values(i);
+  if (!v) return std::nullopt;
+  std::vector<Dim> d;
+  for (const SymExpr& e : *v) d.push_back(Dim(e));
+  return d;
+}
+
+/// Text of a Reshape target ("[2, -1]", "[batch, seq*4]") for error messages.
+std::string values_to_string(const SymValues& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i].to_string();
+  return s + "]";
+}
+
+/// Reshape to a target whose entries are known as expressions (constants, or symbolic
+/// ones from a shape subgraph). Element counts are products of dims (Dim operator*): a
+/// -1 becomes the exact quotient of the input's count by the rest of the target's
+/// ((batch*seq*64) / (seq*64) = batch; unknown when the quotient is not a polynomial),
+/// and a count mismatch is an error where both counts are static. 0 copies the input's
+/// dim unless allowzero.
+Status reshape_to(InferContext& c, const SymValues& tv, bool allowzero) {
   const Shape& in = c.in[0].shape;
-  bool allowzero = c.attrs().get_int("allowzero", 0) != 0;
-  auto tv = const_ints(c, 1);
-  if (!tv) {
-    if (c.attrs().has("shape")) tv = c.attrs().get_ints("shape");  // Reshape-1 attribute form
-  }
-  if (!tv) {
-    int64_t n = length_of_1d(c, 1);
-    if (n < 0) return c.fail("shape input is not constant and its length is unknown");
-    c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
-    return Status::ok();
-  }
   Shape out;
   int minus = -1;
-  for (size_t i = 0; i < tv->size(); ++i) {
-    int64_t v = (*tv)[i];
+  for (size_t i = 0; i < tv.size(); ++i) {
+    const SymExpr& e = tv[i];
+    if (!e.is_constant()) {
+      out.dims.push_back(Dim(e));
+      continue;
+    }
+    const int64_t v = e.constant_value();
     if (v == 0 && !allowzero) {
       if (static_cast<int>(i) >= in.rank())
         return c.fail("shape[" + std::to_string(i) + "] = 0 copies a missing input dim");
@@ -92,56 +109,50 @@ Status infer_reshape(InferContext& c) {
       out.dims.push_back(Dim(v));
     }
   }
-  // Static products and symbolic multisets of input vs. output (without the -1).
-  int64_t p_in = 1, p_out = 1;
-  std::vector<std::string> sym_in, sym_out;
-  bool unknown = false;
-  bool overflow = false;  // a product past int64 (fuzz/ onnx: shape values near 2^62)
-  for (auto& d : in.dims) {
-    if (d.is_static())
-      overflow |= __builtin_mul_overflow(p_in, d.value, &p_in);
-    else if (d.symbol.empty())
-      unknown = true;
-    else
-      sym_in.push_back(d.symbol);
-  }
-  for (int i = 0; i < out.rank(); ++i) {
-    if (i == minus) continue;
-    const Dim& d = out.dims[i];
-    if (d.is_static())
-      overflow |= __builtin_mul_overflow(p_out, d.value, &p_out);
-    else if (d.symbol.empty())
-      unknown = true;
-    else
-      sym_out.push_back(d.symbol);
-  }
-  if (overflow)
-    return c.fail("cannot reshape " + in.to_string() + " into " + dims_to_string(*tv) +
-                  ": the element count overflows int64");
-  if (!unknown) {
-    for (auto& s : sym_out) {
-      auto it = std::find(sym_in.begin(), sym_in.end(), s);
-      if (it == sym_in.end()) {
-        unknown = true;
-        break;
+  // A product of static dims that comes out unknown overflowed int64 (fuzz/ onnx:
+  // shape values near 2^62).
+  bool overflow = false;
+  auto count = [&](const std::vector<Dim>& dims, int skip) {
+    Dim p(1);
+    bool all_static = true;
+    for (int i = 0; i < static_cast<int>(dims.size()); ++i)
+      if (i != skip) {
+        p = p * dims[static_cast<size_t>(i)];
+        all_static &= dims[static_cast<size_t>(i)].is_static();
       }
-      sym_in.erase(it);
-    }
-  }
+    overflow |= all_static && !p.is_static();
+    return p;
+  };
+  const Dim p_in = count(in.dims, -1), p_out = count(out.dims, minus);
+  if (overflow)
+    return c.fail("cannot reshape " + in.to_string() + " into " + values_to_string(tv) +
+                  ": the element count overflows int64");
   if (minus >= 0) {
-    if (!unknown && sym_in.empty()) {
-      if (p_out == 0 || p_in % p_out != 0)
-        return c.fail("cannot reshape " + in.to_string() + " into " + dims_to_string(*tv));
-      out.dims[minus] = Dim(p_in / p_out);
-    } else if (!unknown && sym_in.size() == 1 && p_in == p_out) {
-      out.dims[minus] = Dim(sym_in[0]);
-    }
-  } else if (!unknown && sym_in.empty() && p_in != p_out) {
-    return c.fail("cannot reshape " + in.to_string() + " (" + std::to_string(p_in) + " elements) into " +
-                  dims_to_string(*tv));
+    if (p_in.is_static() && p_out.is_static() && (p_out.value == 0 || p_in.value % p_out.value != 0))
+      return c.fail("cannot reshape " + in.to_string() + " into " + values_to_string(tv));
+    out.dims[static_cast<size_t>(minus)] = dim_exact_div(p_in, p_out);
+  } else if (p_in.is_static() && p_out.is_static() && p_in.value != p_out.value) {
+    return c.fail("cannot reshape " + in.to_string() + " (" + p_in.to_string() + " elements) into " +
+                  values_to_string(tv));
   }
   c.out[0] = {c.in[0].dtype, out};
   return Status::ok();
+}
+
+Status infer_reshape(InferContext& c) {
+  const bool allowzero = c.attrs().get_int("allowzero", 0) != 0;
+  std::optional<SymValues> tv = c.int_values(1);
+  if (!tv && !c.has_input(1) && c.attrs().has("shape")) {  // Reshape-1 attribute form
+    tv.emplace();
+    for (int64_t x : c.attrs().get_ints("shape")) tv->push_back(SymExpr::constant(x));
+  }
+  if (!tv) {
+    int64_t n = length_of_1d(c, 1);
+    if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+    c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+    return Status::ok();
+  }
+  return reshape_to(c, *tv, allowzero);
 }
 
 // ------------------------------------------------------------------ Squeeze / Unsqueeze
@@ -876,7 +887,7 @@ void register_shape_ops(OpTable& t) {
     OpDef d = make_op(
         "Expand", kSpec + "Expand-13, broadcasts data to `shape` (bidirectional numpy rules)", 2, 2,
         [](InferContext& c) -> Status {
-          auto s = const_ints(c, 1);
+          auto s = shape_dims(c, 1);
           if (!s) {
             int64_t n = length_of_1d(c, 1);
             if (n < 0) return c.fail("shape input is not constant and its length is unknown");
@@ -884,7 +895,7 @@ void register_shape_ops(OpTable& t) {
             c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(r), Dim()))};
             return Status::ok();
           }
-          auto b = broadcast_shapes(c.in[0].shape, Shape::of(*s));
+          auto b = broadcast_shapes(c.in[0].shape, Shape(*s));
           if (!b) return c.fail(b.message());
           c.out[0] = {c.in[0].dtype, *b};
           return Status::ok();
@@ -930,6 +941,10 @@ void register_shape_ops(OpTable& t) {
             for (int64_t d : *s)
               if (d < 0) return c.fail("negative dim in shape");
             c.out[0] = {dt, Shape::of(*s)};
+            return Status::ok();
+          }
+          if (auto sd = shape_dims(c, 0)) {
+            c.out[0] = {dt, Shape(*sd)};
             return Status::ok();
           }
           int64_t n = length_of_1d(c, 0);
@@ -994,6 +1009,15 @@ void register_shape_ops(OpTable& t) {
               n = diff / dv + ((diff % dv != 0 && ((diff < 0) == (dv < 0))) ? 1 : 0);
             }
             c.out[0] = {dt, Shape::of({std::max<int64_t>(n, 0)})};
+          } else if (auto sv = [&]() -> std::optional<SymExpr> {
+                       // Integer ranges over symbolic bounds: n = (limit - start) / delta when exact
+                       // (arange(seq): n = seq).
+                       auto a = c.int_values(0), b = c.int_values(1), st = c.int_values(2);
+                       if (!a || !b || !st || a->size() != 1 || b->size() != 1 || st->size() != 1) return std::nullopt;
+                       if (!(*st)[0].is_constant() || (*st)[0].constant_value() <= 0) return std::nullopt;
+                       return ((*b)[0] - (*a)[0]).exact_div((*st)[0]);
+                     }()) {
+            c.out[0] = {dt, Shape({Dim(*sv)})};
           } else {
             c.out[0] = {dt, Shape({Dim()})};
           }

@@ -269,6 +269,25 @@ Status shape_kernel(KernelContext& c) {
   return Status::ok();
 }
 
+/// SymInts: each shape expression evaluated with the run's symbol values.
+Status sym_ints_kernel(KernelContext& c) {
+  const std::vector<std::string> values = c.attrs().get_strings("values");
+  int64_t* p = c.out(0).data<int64_t>();
+  for (size_t i = 0; i < values.size(); ++i) {
+    auto e = ir::SymExpr::parse(values[i]);
+    if (!e) return c.fail("'" + values[i] + "' is not a shape expression");
+    auto v = c.symbols ? e->evaluate(*c.symbols) : std::nullopt;
+    if (!v) {
+      std::string names;
+      for (const std::string& s : e->symbols()) names += (names.empty() ? "" : ", ") + s;
+      return c.fail("shape expression " + values[i] + ": symbol " + names +
+                    " has no value in this run (symbols take their values from the graph inputs' dims)");
+    }
+    p[i] = *v;
+  }
+  return Status::ok();
+}
+
 /// Fills `y` with copies of the single element of `v` (same dtype).
 void fill_with(Tensor& y, const Tensor& v) {
   with_word(ir::dtype_size(y.dtype()), [&](auto w) {
@@ -443,6 +462,7 @@ void register_shape_kernels(ir::OpTable& t) {
   set_kernel(t, "GatherGrad", gather_grad_kernel);
   set_kernel(t, "Expand", expand_kernel);
   set_kernel(t, "Shape", shape_kernel);
+  set_kernel(t, "SymInts", sym_ints_kernel);
   set_kernel(t, "ConstantOfShape", constant_of_shape_kernel);
   set_kernel(t, "Constant", constant_kernel);
   set_kernel(t, "Range", range_kernel);

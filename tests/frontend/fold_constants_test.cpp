@@ -89,15 +89,42 @@ TEST(FoldConstants, PyTorchShapeSubgraphFoldsOnceDimsAreBound) {
     EXPECT_NEAR(z1.get_f64(i), static_cast<double>(x.data<float>()[i]) * 6.0, 1e-6 * 12) << i;
 }
 
-TEST(FoldConstants, UnboundDimsStaySymbolic) {
+TEST(FoldConstants, UnboundDimsFoldToSymInts) {
   auto g = kiln::frontend::import_onnx(fixture("good_shape_fold.onnx"));
   ASSERT_TRUE(g) << g.message();
+  auto unfolded = (*g)->clone();
   auto changed = fold(**g);
   ASSERT_TRUE(changed) << changed.message();
-  // Shape(x) is not static; nothing downstream can fold.
-  EXPECT_FALSE(*changed);
-  EXPECT_EQ((*g)->nodes().size(), 9u);
-  EXPECT_EQ((*g)->inputs[0]->shape.to_string(), "[batch, seq, 8]");
+  Graph& G = **g;
+  // Shape(x) is [batch, seq, 8]: the integer subgraph becomes SymInts nodes holding
+  // expressions of the input's dims, and nothing reads x's shape any more.
+  EXPECT_TRUE(*changed);
+  EXPECT_EQ(G.inputs[0]->shape.to_string(), "[batch, seq, 8]");
+  const std::multiset<std::string> ops = ops_of(G);
+  EXPECT_EQ(ops.count("Shape"), 0u) << kiln::ir::graph_to_string(G);
+  EXPECT_EQ(ops.count("Gather"), 0u) << kiln::ir::graph_to_string(G);
+  EXPECT_GE(ops.count("SymInts"), 1u) << kiln::ir::graph_to_string(G);
+  // Reshape(x, [batch, -1]) is [batch, 8*seq] symbolically.
+  EXPECT_EQ(G.outputs[0]->shape.to_string(), "[batch, 8*seq]");
+  EXPECT_TRUE(kiln::ir::verify_graph(G).is_ok()) << kiln::ir::verify_graph(G).message();
+  // One folded graph serves every shape: equal to the unfolded graph and to the float64
+  // reference z = reshape(x, [batch, 8*seq]) * (batch * seq), at two shapes.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> U(-2, 2);
+  for (auto [batch, seq] : {std::pair<int64_t, int64_t>{2, 3}, {3, 5}}) {
+    Tensor x(DType::f32, {batch, seq, 8});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = U(rng);
+    auto r1 = kiln::runtime::run_graph(G, {{"x", x}});
+    ASSERT_TRUE(r1) << r1.message();
+    auto r0 = kiln::runtime::run_graph(*unfolded, {{"x", x}});
+    ASSERT_TRUE(r0) << r0.message();
+    const Tensor& z1 = r1->at("z");
+    ASSERT_EQ(z1.dims(), (std::vector<int64_t>{batch, 8 * seq}));
+    EXPECT_TRUE(kiln::test::tensors_equal(z1, r0->at("z")));
+    const double k = static_cast<double>(batch * seq);
+    for (int64_t i = 0; i < x.numel(); ++i)  // tolerance: one f32 rounding of the product
+      EXPECT_NEAR(z1.get_f64(i), static_cast<double>(x.data<float>()[i]) * k, 1e-6 * 2 * k) << i;
+  }
 }
 
 TEST(FoldConstants, ImportedConstantsFoldThroughElementwiseKernels) {

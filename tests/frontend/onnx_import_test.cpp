@@ -63,7 +63,7 @@ TEST(OnnxImport, MlpStructureAndSymbolicDims) {
   EXPECT_EQ(g->inputs[0]->name, "x");
   EXPECT_EQ(g->inputs[0]->shape.to_string(), "[batch, 4]");
   EXPECT_FALSE(g->inputs[0]->shape.dims[0].is_static());
-  EXPECT_EQ(g->inputs[0]->shape.dims[0].symbol, "batch");
+  EXPECT_EQ(g->inputs[0]->shape.dims[0].symbol(), "batch");
   ASSERT_EQ(g->initializers.size(), 2u);
   ASSERT_EQ(g->nodes().size(), 3u);
   EXPECT_EQ(g->nodes()[0]->op, "MatMul");

@@ -71,7 +71,7 @@ TEST(IrParser, SmallValuesAndAttributesComeBack) {
   EXPECT_EQ(n.attrs.get_string("mode", ""), "a, b");
   EXPECT_EQ((*g)->initializers[0]->data->get_f64(1), -2.0);
   EXPECT_FALSE((*g)->inputs[0]->shape.dims[0].is_static());
-  EXPECT_EQ((*g)->inputs[0]->shape.dims[0].symbol, "batch");
+  EXPECT_EQ((*g)->inputs[0]->shape.dims[0].symbol(), "batch");
 }
 
 TEST(IrParser, MalformedTextNamesTheLine) {

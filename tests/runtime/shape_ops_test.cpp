@@ -98,9 +98,20 @@ TEST(ShapeOps, SymbolicInference) {
   s = infer_shape("Reshape", {{Shape({Dim("B"), Dim(6)}), {}}, {{}, ints({-1, 3, 2})}});
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->to_string(), "[B, 3, 2]");
+  // Element counts are polynomials: -1 is the exact quotient (B*T*8) / 8.
   s = infer_shape("Reshape", {{btc, {}}, {{}, ints({-1, 8})}});
   ASSERT_TRUE(s.has_value());
-  EXPECT_EQ(s->to_string(), "[?, 8]");
+  EXPECT_EQ(s->to_string(), "[B*T, 8]");
+  s = infer_shape("Reshape", {{btc, {}}, {{}, ints({2, -1})}});
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->to_string(), "[2, 4*B*T]");
+  // (8*B*T) / 3 is no polynomial: the dim is unknown, not an error (B*T may be a multiple of 3).
+  s = infer_shape("Reshape", {{btc, {}}, {{}, ints({-1, 3})}});
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->to_string(), "[?, 3]");
+  // Static counts still have to agree.
+  EXPECT_FALSE(infer_shape("Reshape", {{Shape::of({2, 3}), {}}, {{}, ints({-1, 4})}}).has_value());
+  EXPECT_FALSE(infer_shape("Reshape", {{Shape::of({2, 3}), {}}, {{}, ints({5})}}).has_value());
   // Non-constant shape input: rank from its length, unknown dims.
   Graph g;
   Value* x = g.add_input("x", DType::f32, btc);

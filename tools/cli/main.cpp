@@ -877,8 +877,8 @@ int cmd_run(const std::string& model, const std::vector<std::string>& inputs, co
       auto t = runtime::io::load_npy(f->second);
       if (!t) continue;
       for (int i = 0; i < v->shape.rank() && i < t->rank(); ++i)
-        if (!v->shape.dims[i].is_static() && !v->shape.dims[i].symbol.empty())
-          shape[v->shape.dims[i].symbol] = t->dim(i);
+        if (!v->shape.dims[i].is_static() && !v->shape.dims[i].symbol().empty())
+          shape[v->shape.dims[i].symbol()] = t->dim(i);
     }
   }
   auto g = unwrap(driver::load_inference_model(model, shape));

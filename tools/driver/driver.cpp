@@ -81,8 +81,8 @@ Status bind_dims(Graph& g, const std::map<std::string, int64_t>& dims) {
   if (dims.empty()) return Status::ok();
   auto bind = [&](Value* v) {
     for (Dim& d : v->shape.dims)
-      if (!d.is_static() && !d.symbol.empty()) {
-        auto it = dims.find(d.symbol);
+      if (!d.is_static() && !d.symbol().empty()) {
+        auto it = dims.find(d.symbol());
         if (it != dims.end()) d = Dim(it->second);
       }
   };
@@ -117,7 +117,7 @@ static std::set<std::string> input_symbols(const Graph& g) {
   std::set<std::string> s;
   for (Value* v : g.inputs)
     for (const Dim& d : v->shape.dims)
-      if (!d.is_static() && !d.symbol.empty()) s.insert(d.symbol);
+      if (!d.is_static() && !d.symbol().empty()) s.insert(d.symbol());
   return s;
 }
 
@@ -304,7 +304,7 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
   const bool token_data = runtime::is_token_file(cfg.train_data);  // windows of --block_size
   for (Value* in : module.inputs) {
     if (in->shape.rank() == 0) continue;
-    const std::string& sym = in->shape.dims[0].symbol;
+    const std::string sym = in->shape.dims[0].symbol();
     // A batch dim set by --shape must be the batch.
     if (auto it = cfg.shape.find(sym); enforce && !sym.empty() && it != cfg.shape.end() && it->second != batch)
       return Status::error("--shape " + sym + "=" + std::to_string(it->second) + ": '" + sym +
@@ -323,14 +323,14 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
     // Token windows (--block_size): a symbolic sequence dim of an integer (batch, seq)
     // input is the window length, as the batch dim is the batch size.
     if (cfg.block_size > 0 && token_data && in->shape.rank() == 2 && ir::is_integer(in->dtype)) {
-      const std::string& seq = in->shape.dims[1].symbol;
+      const std::string seq = in->shape.dims[1].symbol();
       if (!in->shape.dims[1].is_static() && !seq.empty() && !b.count(seq)) b[seq] = cfg.block_size;
     }
     // Variable-length rows with --max_length: one program of that length (kiln compile,
     // kiln inspect; kiln train builds one per batch shape, runtime/shapes.h).
     if (cfg.max_length > 0 && runtime::is_sequence_data(cfg.train_data) && in->shape.rank() == 2 &&
         ir::is_integer(in->dtype)) {
-      const std::string& seq = in->shape.dims[1].symbol;
+      const std::string seq = in->shape.dims[1].symbol();
       if (!in->shape.dims[1].is_static() && !seq.empty() && !b.count(seq)) b[seq] = cfg.max_length;
     }
   }
@@ -350,27 +350,27 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
     if (!dims || static_cast<int>(dims->size()) != in->shape.rank()) continue;
     for (int k = 1; k < in->shape.rank(); ++k) {
       const ir::Dim& d = in->shape.dims[k];
-      if (d.is_static() || d.symbol.empty() || b.count(d.symbol)) continue;
+      if (d.is_static() || d.symbol().empty() || b.count(d.symbol())) continue;
       const int64_t v = (*dims)[static_cast<size_t>(k)];
       if (v <= 0)
         return Status::error(spec.substr(eq + 1) + ": shape " + ir::dims_to_string(*dims) + " gives input '" +
-                             in->name + "' dim " + std::to_string(k) + " ('" + d.symbol + "') the length " +
+                             in->name + "' dim " + std::to_string(k) + " ('" + d.symbol() + "') the length " +
                              std::to_string(v) + "; each dim must be > 0");
-      b[d.symbol] = v;
+      b[d.symbol()] = v;
     }
   }
   if (enforce)
     for (const Value* in : module.inputs)
       for (int k = 0; k < in->shape.rank(); ++k) {
         const ir::Dim& d = in->shape.dims[k];
-        if (d.is_static() || d.symbol.empty() || b.count(d.symbol)) continue;
-        return Status::error("input '" + in->name + "' dim " + std::to_string(k) + " ('" + d.symbol + "', shape " +
+        if (d.is_static() || d.symbol().empty() || b.count(d.symbol())) continue;
+        return Status::error("input '" + in->name + "' dim " + std::to_string(k) + " ('" + d.symbol() + "', shape " +
                              in->shape.to_string() + ") is bound by nothing: give data for it (--train_data " +
                              in->name + "=FILE.npy" +
                              (runtime::is_token_file(cfg.train_data)      ? ", or --block_size"
                               : runtime::is_sequence_data(cfg.train_data) ? ", or --max_length"
                                                                           : "") +
-                             ") or its value (--shape " + d.symbol + "=N)");
+                             ") or its value (--shape " + d.symbol() + "=N)");
       }
   return b;
 }

@@ -78,8 +78,8 @@ std::vector<std::string> sequence_symbols(const ir::Graph& module) {
   std::vector<std::string> r;
   for (const ir::Value* in : module.inputs)
     if (in->shape.rank() == 2 && ir::is_integer(in->dtype) && !in->shape.dims[1].is_static() &&
-        !in->shape.dims[1].symbol.empty() && std::find(r.begin(), r.end(), in->shape.dims[1].symbol) == r.end())
-      r.push_back(in->shape.dims[1].symbol);
+        !in->shape.dims[1].symbol().empty() && std::find(r.begin(), r.end(), in->shape.dims[1].symbol()) == r.end())
+      r.push_back(in->shape.dims[1].symbol());
   return r;
 }
 
