@@ -43,6 +43,21 @@ Value* Builder::ints(const std::vector<int64_t>& v) {
   return (consts_ ? *consts_ : g_).add_initializer(prefix_ + "/ints", Tensor::from_i64(v));
 }
 
+Value* Builder::dims(const std::vector<Dim>& d) {
+  std::vector<std::string> values;
+  bool all_static = true;
+  for (const Dim& x : d) {
+    if (x.is_unknown()) {
+      if (status_.is_ok()) status_ = Status::error("builder: a shape " + Shape(d).to_string() + " with unknown dims");
+      return nullptr;
+    }
+    all_static &= x.is_static();
+    values.push_back(x.to_string());
+  }
+  if (all_static) return ints(Shape(d).to_vector());
+  return op("SymInts", {}, make_attrs({{"values", values}, {"dims", std::vector<int64_t>{int64_t(d.size())}}}));
+}
+
 Attributes make_attrs(std::initializer_list<std::pair<std::string, AttrValue>> kv) {
   Attributes a;
   for (auto& [k, v] : kv) a.set(k, v);

@@ -23,6 +23,10 @@ class Builder {
   Value* scalar(double v, DType dtype);
   /// 1-D i64 constant, as an initializer.
   Value* ints(const std::vector<int64_t>& v);
+  /// 1-D i64 tensor of `d`'s extents (a Reshape or Expand target): ints() when every dim
+  /// is static, else a SymInts node of the dims' expressions, evaluated at run time from
+  /// the symbol values (issue 32). An unknown dim ('?') records an error and returns null.
+  Value* dims(const std::vector<Dim>& d);
   /// First inference error recorded by op(), or ok.
   const Status& status() const { return status_; }
   void set_prefix(std::string p) { prefix_ = std::move(p); }

@@ -120,8 +120,9 @@ void add_differentiable(OpTable& t, OpDef d, GradFn g) {
 }
 
 Value* shape_of(GradContext& g, Value* v) {
-  if (v->shape.is_static()) return g.const_i64(v->shape.to_vector());
-  return g.emit1("Shape", {v});
+  for (const Dim& d : v->shape.dims)
+    if (d.is_unknown()) return g.emit1("Shape", {v});
+  return g.dims(v->shape.dims);
 }
 
 Value* zeros_like(GradContext& g, Value* v) {

@@ -131,12 +131,15 @@ class GradContext {
   /// Scalar or 1-D constants as initializers of the graph.
   virtual Value* const_f(double v, DType dtype) = 0;
   virtual Value* const_i64(const std::vector<int64_t>& v) = 0;
+  /// 1-D i64 extents of `d` (ir::Builder::dims: a constant when static, else SymInts).
+  virtual Value* dims(const std::vector<Dim>& d) = 0;
   /// Sums `g` over broadcast dims so its shape becomes `target`'s shape (ReduceSum + Reshape).
   virtual Value* unbroadcast(Value* g, const Value* target) = 0;
 };
 
-/// The shape of `v` as a 1-D i64 value for a gradient rule: a constant when static,
-/// else a Shape node.
+/// The shape of `v` as a 1-D i64 value for a gradient rule: a constant when static, the
+/// dims' expressions (SymInts) when symbolic, a Shape node only when some dim is unknown
+/// (a Shape node keeps `v` alive until the gradient reads it).
 Value* shape_of(GradContext& g, Value* v);
 /// Zeros shaped and typed like `v` for a gradient rule (ConstantOfShape of shape_of(v)).
 Value* zeros_like(GradContext& g, Value* v);

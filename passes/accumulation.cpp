@@ -288,7 +288,7 @@ class Accumulation : public Pass {
         std::memset(zero->raw(), 0, zero->nbytes());
         Attributes za;
         za.set("value", *zero);
-        Value* z = b.op("ConstantOfShape", {b.ints(c.result->shape.to_vector())}, za, c.name + ".acc.init");
+        Value* z = b.op("ConstantOfShape", {b.dims(c.result->shape.dims)}, za, c.name + ".acc.init");
         loop_in.push_back(z);
       } else {
         loop_in.push_back(c.init);

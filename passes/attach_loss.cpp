@@ -192,28 +192,34 @@ class AttachLoss : public Pass {
         return Status::error("cross_entropy needs logits of shape (..., classes); output '" + logits->name +
                              "' is a scalar: if the model computes its own loss (an export with labels), train it "
                              "with --loss model");
-      if (!logits->shape.is_static()) {
+      // Every dim known (static, or a symbolic expression of the inputs' dims, issue
+      // 32), the classes static.
+      const std::vector<Dim>& dims = logits->shape.dims;
+      bool unknown = !dims.back().is_static();
+      for (const Dim& d : dims) unknown |= d.is_unknown();
+      if (unknown) {
         std::string syms;  // the unbound dims, for the hint
-        for (const auto& d : logits->shape.dims)
-          if (!d.is_static() && !d.symbol().empty()) syms += (syms.empty() ? "" : ", ") + d.symbol();
-        return Status::error("cross_entropy needs static logits of shape (..., classes); got " +
+        for (const auto& d : dims)
+          if (!d.symbol().empty()) syms += (syms.empty() ? "" : ", ") + d.symbol();
+        return Status::error("cross_entropy needs logits of shape (..., classes) with known dims and static classes; "
+                             "got " +
                              logits->shape.to_string() +
                              (syms.empty() ? std::string()
                                            : " (bind " + syms +
                                                  " with --shape NAME=N, or a sequence length with "
                                                  "--block_size N for token data)"));
       }
-      auto dims = logits->shape.to_vector();
-      int64_t classes = dims.back();
-      std::vector<int64_t> label_dims(dims.begin(), dims.end() - 1);
+      const Dim classes = dims.back();
+      const std::vector<Dim> label_dims(dims.begin(), dims.end() - 1);
       Value* labels = g.find_value(label_name);
-      if (!labels) labels = g.add_input(label_name, DType::i64, Shape::of(label_dims));
-      int64_t rows = numel_of(label_dims);
+      if (!labels) labels = g.add_input(label_name, DType::i64, Shape(label_dims));
+      Dim rows(1);
+      for (const Dim& d : label_dims) rows = rows * d;
       Value* x = logits;
       Value* y = labels;
       if (dims.size() != 2) {
-        x = b.op("Reshape", {logits, b.ints({rows, classes})});
-        y = b.op("Reshape", {labels, b.ints({rows})});
+        x = b.op("Reshape", {logits, b.dims({rows, classes})});
+        y = b.op("Reshape", {labels, b.dims({rows})});
       }
       int64_t ignore = lo.ignore_index;
       double eps = lo.label_smoothing;

@@ -48,6 +48,7 @@ class GradCtx : public GradContext {
   }
   Value* const_f(double v, DType dtype) override { return b_.scalar(v, dtype); }
   Value* const_i64(const std::vector<int64_t>& v) override { return b_.ints(v); }
+  Value* dims(const std::vector<Dim>& d) override { return b_.dims(d); }
   Value* unbroadcast(Value* g, const Value* target) override;
   Status status;
 
@@ -94,7 +95,14 @@ bool GradCtx::needs_grad(int i) const {
 void GradCtx::set_grad_input(int i, Value* g) {
   Value* v = n_.input(i);
   if (!v || !g || !needs_grad(i)) return;
-  if (!(g->shape == v->shape) && g->shape.to_vector() != v->shape.to_vector()) {
+  // Dims agree when equal (static values or symbolic expressions), or when one is unknown
+  // and neither static.
+  bool same = g->shape.rank() == v->shape.rank();
+  for (int k = 0; same && k < v->shape.rank(); ++k) {
+    const Dim &a = g->shape.dims[k], &e = v->shape.dims[k];
+    same = a == e || ((a.is_unknown() || e.is_unknown()) && !a.is_static() && !e.is_static());
+  }
+  if (!same) {
     if (status.is_ok())
       status =
           Status::error("gradient rule of node '" + n_.name + "' (" + n_.op + ") produced shape " +
@@ -107,18 +115,20 @@ void GradCtx::set_grad_input(int i, Value* g) {
 
 Value* GradCtx::unbroadcast(Value* g, const Value* target) {
   if (!g) return nullptr;
-  auto gs = g->shape.to_vector();
-  auto ts = target->shape.to_vector();
+  // Dims compare as expressions: a symbolic dim broadcasts only against 1 or itself
+  // (ir::broadcast_shapes), so a target dim of 1 against anything else is a sum.
+  const std::vector<Dim>& gs = g->shape.dims;
+  const std::vector<Dim>& ts = target->shape.dims;
   if (gs == ts) return g;
   int gr = static_cast<int>(gs.size()), tr = static_cast<int>(ts.size());
   std::vector<int64_t> axes;
   for (int i = 0; i < gr; ++i) {
     int ti = i - (gr - tr);
-    if (ti < 0 || (ts[ti] == 1 && gs[i] != 1)) axes.push_back(i);
+    if (ti < 0 || (ts[ti] == Dim(1) && gs[i] != Dim(1))) axes.push_back(i);
   }
   Value* r = g;
   if (!axes.empty()) r = b_.op("ReduceSum", {g, b_.ints(axes)}, make_attrs({{"keepdims", int64_t(1)}}));
-  if (r && r->shape.to_vector() != ts) r = b_.op("Reshape", {r, b_.ints(ts)});
+  if (r && r->shape.dims != ts) r = b_.op("Reshape", {r, b_.dims(ts)});
   if (!r && status.is_ok()) status = b_.status();
   return r;
 }
@@ -160,7 +170,7 @@ class Autodiff : public Pass {
 
     Builder b(g, "loss/grad");
     Value* seed = b.scalar(1.0, loss->dtype);
-    if (loss->shape.rank() != 0) seed = b.op("Reshape", {seed, b.ints(loss->shape.to_vector())});
+    if (loss->shape.rank() != 0) seed = b.op("Reshape", {seed, b.dims(loss->shape.dims)});
     st.contributions[loss].push_back(seed);
 
     for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
@@ -190,7 +200,7 @@ class Autodiff : public Pass {
         // Parameter does not reach the loss: zero gradient (PyTorch leaves .grad None;
         // the optimizer then skips it, which a zero gradient with no decay matches).
         Value* z = b.scalar(0.0, p->dtype);
-        out = b.op("Expand", {z, b.ints(p->shape.to_vector())}, {}, p->name + ".grad");
+        out = b.op("Expand", {z, b.dims(p->shape.dims)}, {}, p->name + ".grad");
       } else {
         out = b.op("Identity", {gsum}, {}, p->name + ".grad");
       }

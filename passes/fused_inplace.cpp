@@ -50,7 +50,7 @@ bool read_pointwise_only(const Graph& body, const Value* in) {
     const OpDef* d = OpTable::get().find(m->op);
     if (!d || d->fusion != FusionClass::pointwise || !m->regions.empty()) return false;
     for (const Value* o : m->outputs)
-      if (o && o->shape.to_vector() != in->shape.to_vector()) return false;
+      if (o && !(o->shape == in->shape)) return false;
   }
   return true;
 }
@@ -75,7 +75,7 @@ int mark_graph(Graph& g) {
     if (!o->shape.is_static() || body.inputs.size() != n.inputs.size()) continue;
     for (int k = 0; k < n.num_inputs(); ++k) {
       const Value* v = n.inputs[k];
-      if (!v || v->dtype != o->dtype || !v->shape.is_static() || v->shape.to_vector() != o->shape.to_vector()) continue;
+      if (!v || v->dtype != o->dtype || !v->shape.is_static() || !(v->shape == o->shape)) continue;
       if (outside.count(v) || v->is_initializer() || last_use[v] != i) continue;
       bool twice = false;
       for (int j = 0; j < n.num_inputs(); ++j) twice = twice || (j != k && n.inputs[j] == v);
@@ -121,7 +121,7 @@ int mark_donations(Graph& g) {
       for (int q = 0; q < n.num_inputs(); ++q)
         if (n.inputs[q] == v) k = q, ++reads;
       if (reads != 1 || taken.count(k) || v->dtype != o->dtype || !v->shape.is_static() || !o->shape.is_static() ||
-          v->shape.to_vector() != o->shape.to_vector() || graph_outputs.count(v) || last_use[v] != i)
+          !(v->shape == o->shape) || graph_outputs.count(v) || last_use[v] != i)
         continue;
       if (fused ? !read_pointwise_only(*n.regions[0], n.regions[0]->inputs[k])
                 : j >= def->in_place_outputs.size() || def->in_place_outputs[j] != k)

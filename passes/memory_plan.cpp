@@ -612,7 +612,7 @@ class Planner {
     if (opts_.honor_inplace_attr) {
       const int64_t ip = n.attrs.get_int("kiln_inplace", -1);
       const int from = dying_input(n, i, ip);
-      if (from >= 0 && n.inputs[ip]->shape.to_vector() == n.outputs[0]->shape.to_vector()) inplace_from = from;
+      if (from >= 0 && n.inputs[ip]->shape == n.outputs[0]->shape) inplace_from = from;
     }
     const std::vector<bool> donated = donate_outputs(n, i);
     // Reshape-family views (ir::is_view_op): the output shares its input's buffer when

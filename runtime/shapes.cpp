@@ -10,7 +10,8 @@ Expected<ShapeMode> parse_shape_mode(const std::string& text) {
   if (text == "pad") return ShapeMode::pad;
   if (text == "specialize") return ShapeMode::specialize;
   if (text == "buckets") return ShapeMode::buckets;
-  return Status::error("--shape_mode '" + text + "': expected pad, specialize or buckets");
+  if (text == "symbolic") return ShapeMode::symbolic;
+  return Status::error("--shape_mode '" + text + "': expected pad, specialize, buckets or symbolic");
 }
 
 const char* shape_mode_name(ShapeMode m) {
@@ -21,6 +22,8 @@ const char* shape_mode_name(ShapeMode m) {
       return "specialize";
     case ShapeMode::buckets:
       return "buckets";
+    case ShapeMode::symbolic:
+      return "symbolic";
   }
   return "?";
 }
@@ -43,6 +46,9 @@ ShapeChoice ShapeChooser::choose(int64_t need) const {
       c.length = it == buckets_.end() ? max_length_ : *it;
       break;
     }
+    case ShapeMode::symbolic:
+      c.length = need;
+      break;
     case ShapeMode::specialize: {
       if (built_.count(need) || static_cast<int64_t>(built_.size()) < limit_) {
         c.length = need;
@@ -56,7 +62,7 @@ ShapeChoice ShapeChooser::choose(int64_t need) const {
       break;
     }
   }
-  c.new_program = !built_.count(c.length);
+  c.new_program = mode_ == ShapeMode::symbolic ? built_.empty() : !built_.count(c.length);
   return c;
 }
 

@@ -1,7 +1,6 @@
-// Batch shapes of variable-length training data (issue 31, `--shape_mode`): which padded
-// length each batch gets, and which programs a run therefore needs. kiln compiles static
-// programs only (symbolic ones are the next issue), so every distinct padded length is
-// one program; the strategies trade padding against programs:
+// Batch shapes of variable-length training data (issues 31 and 32, `--shape_mode`): which
+// padded length each batch gets, and which programs a run therefore needs. A static
+// program serves one length, so the static strategies trade padding against programs:
 //   pad         every batch padded to --max_length: one program (the baseline);
 //   specialize  every batch padded to its own longest row: one program per distinct
 //               length, built when a batch first needs it, as torch.compile recompiles on
@@ -10,7 +9,10 @@
 //               a program, and --max_length's program is the last one built;
 //   buckets     every batch padded to the smallest of K boundaries that holds its longest
 //               row (runtime/buckets.h plans them from the length histogram); every
-//               program is built before step 1.
+//               program is built before step 1;
+//   symbolic    every batch padded to its own longest row, as specialize, and run by one
+//               program whose sequence dim stays a symbol (issue 32): one build, before
+//               step 1, for every length up to --max_length (eager backend for now).
 #pragma once
 #include <cstdint>
 #include <set>
@@ -22,9 +24,9 @@
 namespace kiln::runtime {
 
 /// --shape_mode.
-enum class ShapeMode { pad, specialize, buckets };
+enum class ShapeMode { pad, specialize, buckets, symbolic };
 
-/// Parses "pad", "specialize" or "buckets". Error: one line naming the modes.
+/// Parses "pad", "specialize", "buckets" or "symbolic". Error: one line naming the modes.
 Expected<ShapeMode> parse_shape_mode(const std::string& text);
 /// The flag's word for `m`.
 const char* shape_mode_name(ShapeMode m);

@@ -120,7 +120,7 @@ Status TrainConfig::validate() const {
     return bad("max_length", "must be in [0, 2^31], got " + num_str(max_length));
   if (pad_token_id < 0) return bad("pad_token_id", "must be >= 0 (a token id), got " + num_str(pad_token_id));
   if (recompile_limit < 1) return bad("recompile_limit", "must be > 0, got " + num_str(recompile_limit));
-  if (auto items = check_list("shape_mode", shape_mode, {"pad", "specialize", "buckets"}); !items)
+  if (auto items = check_list("shape_mode", shape_mode, {"pad", "specialize", "buckets", "symbolic"}); !items)
     return items.status();
   if (auto b = parse_shape_buckets(shape_buckets); !b) return b.status();
   if (max_steps == 0 || max_steps < -1)

@@ -23,7 +23,7 @@ struct TrainConfig {
   // Variable-length data (issue 31; runtime/shapes.h, runtime/data.h).
   int64_t pad_token_id = 0;          ///< token id of padding (labels pad with ignore_index)
   int64_t max_length = 0;            ///< rows truncated to this many tokens; pad mode pads to it (0: longest row)
-  std::string shape_mode = "pad";    ///< pad | specialize | buckets
+  std::string shape_mode = "pad";    ///< pad | specialize | buckets | symbolic
   std::string shape_buckets = "4";   ///< buckets mode: K boundaries planned from the data, or a list 32,64,128
   int64_t recompile_limit = 8;       ///< specialize mode: programs built before batches pad to a built length
   bool group_by_length = false;      ///< HF's length-grouped megabatches (implied by --shape_mode buckets)

@@ -417,8 +417,13 @@ std::string Trainer::rebuild_reason(const StepShape& shape, const std::string& w
   return r + ", " + std::to_string(variants_.size() + 1) + (variants_.empty() ? " program" : " programs") + " so far";
 }
 
+StepShape Trainer::program_key(StepShape shape) const {
+  if (chooser_ && chooser_->mode() == ShapeMode::symbolic) shape.length = 0;
+  return shape;
+}
+
 Expected<Trainer::Variant*> Trainer::variant_for(const StepShape& shape, const std::string& what) {
-  if (auto it = variants_.find(shape); it != variants_.end()) return &it->second;
+  if (auto it = variants_.find(program_key(shape)); it != variants_.end()) return &it->second;
   if (!opts_.programs)
     return Status::error("the batch of " + what + " needs a program for " + std::to_string(shape.micro_rows) +
                          " rows x " + std::to_string(shape.trips) + " microbatches" +
@@ -429,7 +434,7 @@ Expected<Trainer::Variant*> Trainer::variant_for(const StepShape& shape, const s
   TrainGraphs g = std::move(*built);
   if (!g.train_step) return Status::error("trainer: the program provider gave no train_step graph");
   if (eval_ && !g.eval) return Status::error("trainer: the program of another batch shape has no eval graph");
-  return add_variant(shape, g);
+  return add_variant(program_key(shape), g);
 }
 
 int64_t Trainer::padded_length(int64_t need) {
@@ -484,7 +489,7 @@ Status Trainer::prepare_programs() {
   // training (the lengths come from the fixed buckets, the rows from the data order).
   for (int64_t k = global_step_; k < total_steps_; ++k) {
     const StepShape s = step_shape(k);
-    if (!variants_.count(s)) {
+    if (!variants_.count(program_key(s))) {
       auto v = variant_for(s, "step " + std::to_string(k + 1) + " (built before step 1)");
       if (!v) return v.status();
       last_shape_ = s;
@@ -494,7 +499,7 @@ Status Trainer::prepare_programs() {
     for (int64_t i = 0; i < eval_->num_eval_batches(eval_rows_); ++i) {
       const int64_t len = chooser_->choose(eval_->eval_batch_length(i, eval_rows_)).length;
       bool have = false;
-      for (auto& [k, v] : variants_) have |= k.length == len;
+      for (auto& [k, v] : variants_) have |= k.length == program_key({0, 0, len}).length;
       if (!have) {
         const StepShape s{micro_rows_, trips_, len};
         auto v = variant_for(s, "eval batch " + std::to_string(i + 1) + " (built before step 1)");
@@ -818,7 +823,9 @@ Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
       }
       v = nullptr;
       for (auto& [k, x] : variants_)
-        if (k.length == length && (!v || (k.micro_rows == micro_rows_ && k.trips == trips_))) v = &x;
+        if (k.length == program_key({0, 0, length}).length &&
+            (!v || (k.micro_rows == micro_rows_ && k.trips == trips_)))
+          v = &x;
       if (!v) {
         const StepShape s{micro_rows_, trips_, length};
         KILN_ASSIGN_OR_RETURN(v, variant_for(s, "eval batch " + std::to_string(i + 1)));

@@ -215,6 +215,9 @@ class Trainer {
   };
   /// Loads `graphs` as the program of `shape` (state checked against the trainer's).
   Expected<Variant*> add_variant(const StepShape& shape, const TrainGraphs& graphs);
+  /// The key of the program that runs a batch of `shape`: the shape itself, or with
+  /// length 0 under --shape_mode symbolic (one program serves every length).
+  StepShape program_key(StepShape shape) const;
   /// step_shape without the padded length: rows and microbatches of step `step`.
   StepShape step_rows(int64_t step) const;
   /// The program of `shape`: loaded, or asked of TrainerOptions::programs with `reason`.

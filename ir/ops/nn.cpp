@@ -234,7 +234,7 @@ Status grad_matmul(GradContext& c) {
       Attributes a;
       a.set("transB", int64_t(1));
       Value* gA = c.emit1("Gemm", {g2, B}, a);  // (rows, K)
-      c.set_grad_input(0, c.emit1("Reshape", {gA, c.const_i64(A->shape.to_vector())}));
+      c.set_grad_input(0, c.emit1("Reshape", {gA, shape_of(c, A)}));
     }
     if (c.needs_grad(1)) {
       Attributes a;

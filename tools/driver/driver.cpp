@@ -329,7 +329,7 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
     // Variable-length rows with --max_length: one program of that length (kiln compile,
     // kiln inspect; kiln train builds one per batch shape, runtime/shapes.h).
     if (cfg.max_length > 0 && runtime::is_sequence_data(cfg.train_data) && in->shape.rank() == 2 &&
-        ir::is_integer(in->dtype)) {
+        ir::is_integer(in->dtype) && cfg.shape_mode != "symbolic") {
       const std::string seq = in->shape.dims[1].symbol();
       if (!in->shape.dims[1].is_static() && !seq.empty() && !b.count(seq)) b[seq] = cfg.max_length;
     }
@@ -359,11 +359,17 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
       b[d.symbol()] = v;
     }
   }
+  // --shape_mode symbolic leaves the sequence dims of variable-length data symbolic.
+  std::set<std::string> left_symbolic;
+  if (cfg.shape_mode == "symbolic" && runtime::is_sequence_data(cfg.train_data))
+    for (const Value* in : module.inputs)
+      if (in->shape.rank() == 2 && ir::is_integer(in->dtype) && !in->shape.dims[1].symbol().empty())
+        left_symbolic.insert(in->shape.dims[1].symbol());
   if (enforce)
     for (const Value* in : module.inputs)
       for (int k = 0; k < in->shape.rank(); ++k) {
         const ir::Dim& d = in->shape.dims[k];
-        if (d.is_static() || d.symbol().empty() || b.count(d.symbol())) continue;
+        if (d.is_static() || d.symbol().empty() || b.count(d.symbol()) || left_symbolic.count(d.symbol())) continue;
         return Status::error("input '" + in->name + "' dim " + std::to_string(k) + " ('" + d.symbol() + "', shape " +
                              in->shape.to_string() + ") is bound by nothing: give data for it (--train_data " +
                              in->name + "=FILE.npy" +
@@ -400,6 +406,10 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   if (total_steps <= 0) total_steps = cfg.max_steps > 0 ? cfg.max_steps : 1;
   if (cfg.backend.find(',') != std::string::npos)
     return Status::error("--backend: one backend per program (a list such as '" + cfg.backend + "' is for kiln bench)");
+  if (cfg.shape_mode == "symbolic" && cfg.backend != "eager")
+    return Status::error("--shape_mode symbolic: the " + cfg.backend +
+                         " backend runs static programs only so far (kernels with run-time extents are not built "
+                         "yet); give --backend eager, or --shape_mode specialize or buckets");
   TrainingProgram prog;
   // The pipelines as data (tools/driver/pipeline.h): what runs below, stage by stage.
   const Pipeline pipe = training_pipeline(pipeline_options(cfg, total_steps, to_f64));

@@ -87,7 +87,11 @@ ShapePrograms::ShapePrograms(TrainConfig cfg, passes::PassContext* dbg, int64_t 
                              std::unique_ptr<ir::Graph> module)
     : cfg_(std::move(cfg)), dbg_(dbg), total_steps_(total_steps), module_(std::move(module)) {}
 
-Expected<runtime::TrainGraphs> ShapePrograms::get(const runtime::StepShape& shape, const std::string& reason) {
+Expected<runtime::TrainGraphs> ShapePrograms::get(const runtime::StepShape& given, const std::string& reason) {
+  // --shape_mode symbolic: one program of every length, its sequence dim left a symbol.
+  const bool symbolic = cfg_.shape_mode == "symbolic";
+  runtime::StepShape shape = given;
+  if (symbolic) shape.length = 0;
   if (auto it = programs_.find(shape); it != programs_.end()) return graphs_of(it->second);
   const auto t0 = std::chrono::steady_clock::now();
   TrainConfig c = cfg_;
