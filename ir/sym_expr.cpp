@@ -45,8 +45,7 @@ void SymExpr::canonicalize() {
       merged.push_back(std::move(t));
     }
   }
-  merged.erase(std::remove_if(merged.begin(), merged.end(), [](const Term& t) { return t.coeff == 0; }),
-               merged.end());
+  merged.erase(std::remove_if(merged.begin(), merged.end(), [](const Term& t) { return t.coeff == 0; }), merged.end());
   terms_ = std::move(merged);
 }
 

@@ -201,13 +201,14 @@ class AttachLoss : public Pass {
         std::string syms;  // the unbound dims, for the hint
         for (const auto& d : dims)
           if (!d.symbol().empty()) syms += (syms.empty() ? "" : ", ") + d.symbol();
-        return Status::error("cross_entropy needs logits of shape (..., classes) with known dims and static classes; "
-                             "got " +
-                             logits->shape.to_string() +
-                             (syms.empty() ? std::string()
-                                           : " (bind " + syms +
-                                                 " with --shape NAME=N, or a sequence length with "
-                                                 "--block_size N for token data)"));
+        return Status::error(
+            "cross_entropy needs logits of shape (..., classes) with known dims and static classes; "
+            "got " +
+            logits->shape.to_string() +
+            (syms.empty() ? std::string()
+                          : " (bind " + syms +
+                                " with --shape NAME=N, or a sequence length with "
+                                "--block_size N for token data)"));
       }
       const Dim classes = dims.back();
       const std::vector<Dim> label_dims(dims.begin(), dims.end() - 1);

@@ -105,8 +105,8 @@ Out slice_rule(const InferContext& c) {
   const Tensor* sp = c.has_input(4) ? c.value(4) : nullptr;
   if (!data || !st || !en || st->numel() != 1 || en->numel() != 1 || (c.has_input(4) && !sp)) return {std::nullopt};
   if (c.has_input(3) && (!c.value(3) || c.value(3)->get_i64(0) != 0)) return {std::nullopt};
-  const SliceDim s = normalize_slice(static_cast<int64_t>(data->size()), st->get_i64(0), en->get_i64(0),
-                                     sp ? sp->get_i64(0) : 1);
+  const SliceDim s =
+      normalize_slice(static_cast<int64_t>(data->size()), st->get_i64(0), en->get_i64(0), sp ? sp->get_i64(0) : 1);
   SymValues v;
   for (int64_t k = 0; k < s.len; ++k) v.push_back((*data)[static_cast<size_t>(s.start + k * s.step)]);
   return one(std::move(v));
