@@ -177,12 +177,11 @@ Status infer_node(Node& n) {
     std::vector<std::optional<SymValues>> sv = def->sym_values(ctx);
     for (size_t i = 0; i < sv.size() && i < n.outputs.size(); ++i) {
       if (!sv[i] || !is_integer(n.outputs[i]->dtype)) continue;
-      bool constant = true, valid = true;
-      for (const SymExpr& e : *sv[i]) {
-        constant &= e.is_constant();
-        valid &= e.valid();
-      }
-      if (valid && !constant) n.outputs[i]->sym_data = std::make_shared<const SymValues>(std::move(*sv[i]));
+      // Constant contents are kept too: a SymInts node whose symbols were bound
+      // (ir::bind_symbols) gives its readers static dims, as an initializer would.
+      bool valid = true;
+      for (const SymExpr& e : *sv[i]) valid &= e.valid();
+      if (valid) n.outputs[i]->sym_data = std::make_shared<const SymValues>(std::move(*sv[i]));
     }
   }
   return Status::ok();
@@ -196,6 +195,14 @@ std::optional<SymValues> InferContext::int_values(int i) const {
   SymValues v;
   for (int64_t x : t->to_i64_vector()) v.push_back(SymExpr::constant(x));
   return v;
+}
+
+std::optional<Shape> InferContext::shape_input(int i) const {
+  auto v = int_values(i);
+  if (!v) return std::nullopt;
+  Shape s;
+  for (const SymExpr& e : *v) s.dims.push_back(Dim(e));
+  return s;
 }
 
 Status infer_graph(Graph& g) {

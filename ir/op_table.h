@@ -71,6 +71,10 @@ struct InferContext {
   const Tensor* value(int i) const { return i < static_cast<int>(values.size()) ? values[i] : nullptr; }
   /// Contents of integer input i, constant or symbolic; nullopt when unknown (or not an integer tensor).
   std::optional<SymValues> int_values(int i) const;
+  /// The shape that 1-D integer input i holds (a Reshape, Expand or ConstantOfShape
+  /// target, a gradient's input shape) when its contents are known: constants give
+  /// static dims, symbolic entries symbolic ones, negative constants unknown ones.
+  std::optional<Shape> shape_input(int i) const;
   /// Error naming the node and op.
   Status fail(const std::string& msg) const;
 };
@@ -450,6 +454,15 @@ void add_differentiable(OpTable& t, OpDef d, GradFn g);
 Status infer_node(Node& n);
 /// Infers every node of `g` in order.
 Status infer_graph(Graph& g);
+
+/// Binds symbolic dims (issue 32): replaces the symbols of `values` by their values in
+/// every dim of `g` (inputs, outputs, node outputs, nested regions) and in the
+/// expressions of its SymInts nodes, then re-infers the graph; symbols `values` leaves
+/// out stay symbolic (batch*seq with batch=2 becomes 2*seq). Inference computes the
+/// contents of shape subgraphs only where an input is symbolic: a Shape of a tensor that
+/// binding made static is left to fold_constants, as in any static graph. Errors:
+/// inference's, when a bound shape contradicts the graph (one line naming the node).
+Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& values);
 /// Cost of a node from the table (default: bytes of inputs and outputs, flops = output numel).
 Cost node_cost(const Node& n);
 

@@ -124,6 +124,20 @@ std::optional<int64_t> SymExpr::evaluate(const std::map<std::string, int64_t>& b
   });
 }
 
+SymExpr SymExpr::substitute(const std::map<std::string, int64_t>& bindings) const {
+  if (!valid_) return *this;
+  SymExpr sum = constant(0);
+  for (const Term& t : terms_) {
+    SymExpr p = constant(t.coeff);
+    for (const std::string& s : t.symbols) {
+      auto it = bindings.find(s);
+      p = p * (it == bindings.end() ? symbol(s) : constant(it->second));
+    }
+    sum = sum + p;
+  }
+  return sum;
+}
+
 std::string SymExpr::to_string() const {
   if (!valid_) return "?";
   if (terms_.empty()) return "0";
@@ -145,10 +159,13 @@ std::string SymExpr::to_string() const {
     else
       s += std::to_string(c) + "*" + mono;
   };
-  for (const Term& t : terms_)
-    if (!t.symbols.empty()) put(t);
-  for (const Term& t : terms_)
-    if (t.symbols.empty()) put(t);
+  // Highest degree first (seq*seq-seq), the canonical order within a degree, the
+  // constant term last.
+  std::vector<const Term*> order;
+  for (const Term& t : terms_) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Term* a, const Term* b) { return a->symbols.size() > b->symbols.size(); });
+  for (const Term* t : order) put(*t);
   return s;
 }
 

@@ -65,9 +65,12 @@ class SymExpr {
   std::optional<int64_t> evaluate(const std::function<std::optional<int64_t>(const std::string&)>& lookup) const;
   /// Same, from a map of bindings.
   std::optional<int64_t> evaluate(const std::map<std::string, int64_t>& bindings) const;
+  /// The expression with the symbols of `bindings` replaced by their values (the others
+  /// stay): `batch*seq` with batch=2 is `2*seq`. Invalid on overflow.
+  SymExpr substitute(const std::map<std::string, int64_t>& bindings) const;
 
   /// Text without spaces: `batch*seq`, `2*seq+1`, `seq*seq-seq`, `-1`, `0`; symbols in
-  /// sorted order, the constant term last. parse() reads it back.
+  /// sorted order, terms by descending degree, the constant term last. parse() reads it back.
   std::string to_string() const;
   /// Parses sums, differences and products of integers and identifiers
   /// ([A-Za-z_][A-Za-z0-9_.]*), with parentheses. nullopt when `text` is not such an

@@ -196,9 +196,9 @@ void register_indexing_ops(OpTable& t) {
         "positions (inputs indices, dy, shape as 1-D i64; adjoint of ONNX GatherND-13)",
         3, 3,
         [](InferContext& c) -> Status {
-          const Tensor* s = c.value(2);
-          if (!s) return c.fail("shape input must be constant");
-          c.out[0] = {c.in[1].dtype, Shape::of(s->to_i64_vector())};
+          auto s = c.shape_input(2);
+          if (!s) return c.fail("shape input must be constant or symbolic");
+          c.out[0] = {c.in[1].dtype, *s};
           return Status::ok();
         },
         P::follow_inputs, F::opaque);

@@ -35,22 +35,12 @@ int64_t length_of_1d(const InferContext& c, int i) {
   return c.in[i].shape.dims[0].value;
 }
 
-/// Product of dims [b, e): static product, the single symbolic dim when the rest are 1, else unknown.
+/// Product of dims [b, e) (Dim arithmetic: static, a symbolic expression such as
+/// batch*seq, or unknown when a dim is unknown or the product overflows).
 Dim dim_product(const Shape& s, int b, int e) {
-  int64_t p = 1;
-  int nonstatic = 0;
-  Dim sym;
-  for (int i = b; i < e; ++i) {
-    if (s.dims[i].is_static())
-      p *= s.dims[i].value;
-    else {
-      ++nonstatic;
-      sym = s.dims[i];
-    }
-  }
-  if (nonstatic == 0) return Dim(p);
-  if (nonstatic == 1 && p == 1) return sym;
-  return Dim();
+  Dim p(1);
+  for (int i = b; i < e; ++i) p = p * s.dims[static_cast<size_t>(i)];
+  return p;
 }
 
 Status infer_passthrough_same(InferContext& c) {
@@ -61,14 +51,18 @@ Status infer_passthrough_same(InferContext& c) {
 
 // ------------------------------------------------------------------ Reshape
 
-/// Dims of a shape input whose contents are known as expressions (InferContext::int_values):
-/// constants become static dims (negative ones unknown), symbolic entries symbolic dims.
-std::optional<std::vector<Dim>> shape_dims(const InferContext& c, int i) {
-  auto v = c.int_values(i);
-  if (!v) return std::nullopt;
-  std::vector<Dim> d;
-  for (const SymExpr& e : *v) d.push_back(Dim(e));
-  return d;
+/// Output 0 of dtype `dt` shaped by 1-D input i (ConstantOfShape, SliceGrad,
+/// GatherGrad): the shape it holds when known (InferContext::shape_input), else as many
+/// unknown dims as its length. Error: neither is known.
+Status shape_from_input(InferContext& c, int i, DType dt) {
+  if (auto s = c.shape_input(i)) {
+    c.out[0] = {dt, *s};
+    return Status::ok();
+  }
+  int64_t n = length_of_1d(c, i);
+  if (n < 0) return c.fail("shape input is not constant and its length is unknown");
+  c.out[0] = {dt, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
+  return Status::ok();
 }
 
 /// Text of a Reshape target ("[2, -1]", "[batch, seq*4]") for error messages.
@@ -429,6 +423,30 @@ Expected<GuardedRead> guarded_read(const Node& n, int k) {
 
 namespace {
 
+/// Slice whose starts or ends are symbolic (x[:, 0:seq] of a position table, issue 32):
+/// with step 1 and a constant start s >= 0, a symbolic end e gives the dim e - s. ONNX
+/// clamps e to the dim; the expression assumes e fits (the table is at least as long as
+/// any sequence the program runs, which --max_length bounds), as torch.export's range
+/// guards do. Anything else on a sliced axis is unknown. nullopt: not this case.
+std::optional<Status> infer_slice_symbolic(InferContext& c, const std::vector<int64_t>& axes,
+                                           const std::vector<int64_t>& steps) {
+  auto starts = c.int_values(1), ends = c.int_values(2);
+  if (!starts || !ends || starts->size() != ends->size() || axes.size() != starts->size() ||
+      steps.size() != starts->size())
+    return std::nullopt;
+  const Shape& in = c.in[0].shape;
+  Shape out = in;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    auto ax = normalize_axis(axes[i], in.rank());
+    if (!ax) return c.fail(ax.message());
+    const SymExpr &s = (*starts)[i], &e = (*ends)[i];
+    const bool plain = steps[i] == 1 && s.is_constant() && s.constant_value() >= 0 && !e.is_constant();
+    out.dims[*ax] = plain ? Dim(e - s) : Dim();
+  }
+  c.out[0] = {c.in[0].dtype, out};
+  return Status::ok();
+}
+
 Status infer_slice(InferContext& c) {
   const Shape& in = c.in[0].shape;
   const int r = in.rank();
@@ -446,6 +464,14 @@ Status infer_slice(InferContext& c) {
   }
   bool axes_known = attr_form || !c.has_input(3) || axes.has_value();
   bool steps_known = attr_form || !c.has_input(4) || steps.has_value();
+  if (!attr_form && (!starts || !ends) && axes_known && steps_known) {
+    std::vector<int64_t> ax = axes.value_or(std::vector<int64_t>{}), st = steps.value_or(std::vector<int64_t>{});
+    const size_t n = c.int_values(1) ? c.int_values(1)->size() : 0;
+    if (!axes)
+      for (size_t i = 0; i < n; ++i) ax.push_back(static_cast<int64_t>(i));
+    if (!steps) st.assign(n, 1);
+    if (auto r = infer_slice_symbolic(c, ax, st)) return *r;
+  }
   Shape out = in;
   if (!starts || !ends || !axes_known || !steps_known) {
     // Rank is kept; sliced dims become unknown.
@@ -818,19 +844,8 @@ void register_shape_ops(OpTable& t) {
         "SliceGrad",
         "kiln-internal: zeros of shape `shape` with dy written at Slice(starts, ends, axes?, steps?) "
         "positions (inputs dy, shape, starts, ends, axes?, steps?; ONNX Slice-13 clamping)",
-        4, 6,
-        [](InferContext& c) -> Status {
-          auto s = const_ints(c, 1);
-          if (s) {
-            c.out[0] = {c.in[0].dtype, Shape::of(*s)};
-            return Status::ok();
-          }
-          int64_t n = length_of_1d(c, 1);
-          if (n < 0) return c.fail("shape input is not constant and its length is unknown");
-          c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
-          return Status::ok();
-        },
-        P::follow_inputs, F::opaque);
+        4, 6, [](InferContext& c) -> Status { return shape_from_input(c, 1, c.in[0].dtype); }, P::follow_inputs,
+        F::opaque);
     d.onnx = false;
     t.add(d);
   }
@@ -866,19 +881,8 @@ void register_shape_ops(OpTable& t) {
         "GatherGrad",
         "kiln-internal: scatter-add of dy into zeros of shape `shape` at Gather(axis) positions "
         "(inputs indices, dy, shape as 1-D i64; adjoint of ONNX Gather-13)",
-        3, 3,
-        [](InferContext& c) -> Status {
-          auto s = const_ints(c, 2);
-          if (s) {
-            c.out[0] = {c.in[1].dtype, Shape::of(*s)};
-            return Status::ok();
-          }
-          int64_t n = length_of_1d(c, 2);
-          if (n < 0) return c.fail("shape input is not constant and its length is unknown");
-          c.out[0] = {c.in[1].dtype, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
-          return Status::ok();
-        },
-        P::follow_inputs, F::opaque);
+        3, 3, [](InferContext& c) -> Status { return shape_from_input(c, 2, c.in[1].dtype); }, P::follow_inputs,
+        F::opaque);
     d.attrs = {{"axis", AttrKind::i}};
     d.onnx = false;
     t.add(d);
@@ -887,7 +891,7 @@ void register_shape_ops(OpTable& t) {
     OpDef d = make_op(
         "Expand", kSpec + "Expand-13, broadcasts data to `shape` (bidirectional numpy rules)", 2, 2,
         [](InferContext& c) -> Status {
-          auto s = shape_dims(c, 1);
+          auto s = c.shape_input(1);
           if (!s) {
             int64_t n = length_of_1d(c, 1);
             if (n < 0) return c.fail("shape input is not constant and its length is unknown");
@@ -895,7 +899,7 @@ void register_shape_ops(OpTable& t) {
             c.out[0] = {c.in[0].dtype, Shape(std::vector<Dim>(static_cast<size_t>(r), Dim()))};
             return Status::ok();
           }
-          auto b = broadcast_shapes(c.in[0].shape, Shape(*s));
+          auto b = broadcast_shapes(c.in[0].shape, *s);
           if (!b) return c.fail(b.message());
           c.out[0] = {c.in[0].dtype, *b};
           return Status::ok();
@@ -936,21 +940,10 @@ void register_shape_ops(OpTable& t) {
             if (v->numel() != 1) return c.fail("value must have one element");
             dt = v->dtype();
           }
-          auto s = const_ints(c, 0);
-          if (s) {
+          if (auto s = const_ints(c, 0))
             for (int64_t d : *s)
               if (d < 0) return c.fail("negative dim in shape");
-            c.out[0] = {dt, Shape::of(*s)};
-            return Status::ok();
-          }
-          if (auto sd = shape_dims(c, 0)) {
-            c.out[0] = {dt, Shape(*sd)};
-            return Status::ok();
-          }
-          int64_t n = length_of_1d(c, 0);
-          if (n < 0) return c.fail("shape input is not constant and its length is unknown");
-          c.out[0] = {dt, Shape(std::vector<Dim>(static_cast<size_t>(n), Dim()))};
-          return Status::ok();
+          return shape_from_input(c, 0, dt);
         },
         P::not_float, F::opaque);
     d.attrs = {{"value", AttrKind::tensor}};

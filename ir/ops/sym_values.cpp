@@ -114,6 +114,35 @@ Out slice_rule(const InferContext& c) {
 
 }  // namespace
 
+namespace {
+
+void bind_in(Graph& g, const std::map<std::string, int64_t>& values) {
+  auto bind = [&](Value* v) {
+    for (Dim& d : v->shape.dims)
+      if (d.is_symbolic()) d = Dim(d.expr.substitute(values));
+  };
+  for (Value* v : g.inputs) bind(v);
+  for (Value* v : g.outputs) bind(v);
+  for (auto& n : g.nodes()) {
+    for (Value* v : n->outputs) bind(v);
+    if (n->op == "SymInts") {
+      std::vector<std::string> exprs = n->attrs.get_strings("values");
+      for (std::string& s : exprs)
+        if (auto e = SymExpr::parse(s)) s = e->substitute(values).to_string();
+      n->attrs.set("values", exprs);
+    }
+    for (auto& r : n->regions) bind_in(*r, values);
+  }
+}
+
+}  // namespace
+
+Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& values) {
+  if (values.empty()) return Status::ok();
+  bind_in(g, values);
+  return infer_graph(g);
+}
+
 void register_sym_values(OpTable& t) {
   auto set = [&](const char* op, std::function<Out(const InferContext&)> f) {
     OpDef* d = t.find_mutable(op);

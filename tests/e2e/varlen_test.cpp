@@ -178,9 +178,10 @@ TEST(VarLen, EveryShapeModeTrainsTheSameLosses) {
   // gpt2 exported with a dynamic sequence axis, trained on 24 random rows of 3..20 tokens
   // (JSON Lines), 4 rows per step, the same length-grouped batches in every mode: padded
   // to --max_length (pad), to each batch's longest row (specialize) and to 3 planned
-  // buckets. The losses agree within 1e-5 (eager, fp32); the 6 steps with
-  // --per_device_train_batch_size 1 under specialize pad nothing and agree with pad's
-  // (padded rows, masked labels) within 1e-6.
+  // buckets, and to each batch's longest row in one symbolic program (issue 32). The
+  // losses agree within 1e-5 (eager, fp32); the 6 steps with
+  // --per_device_train_batch_size 1 under specialize and symbolic pad nothing and agree
+  // with pad's (padded rows, masked labels) within 1e-6.
   const std::string dir = fresh_tmpdir("varlen_modes");
   const std::string data = write_rows(dir, 24, 20, 7);
   const std::string common = "'" + kKiln + "' train " + kHf + "gpt2/logits_dynamo.onnx --train_data " + data +
@@ -188,7 +189,7 @@ TEST(VarLen, EveryShapeModeTrainsTheSameLosses) {
                              "--backend eager --disable_dropout --learning_rate 1e-2 --seed 3 --disable_tqdm";
   std::map<std::string, std::map<int64_t, double>> losses;
   std::map<std::string, std::string> logs;
-  for (const std::string mode : {"pad", "specialize", "buckets"})
+  for (const std::string mode : {"pad", "specialize", "buckets", "symbolic"})
     for (int rows : {4, 1}) {
       const std::string key = mode + std::to_string(rows), out = dir + "/" + key;
       auto [code, text] = shell("KILN_LOGS=recompiles " + common + " --shape_mode " + mode +
@@ -199,11 +200,15 @@ TEST(VarLen, EveryShapeModeTrainsTheSameLosses) {
       logs[key] = text;
       ASSERT_EQ(losses[key].size(), 6u) << key << "\n" << text;
     }
-  for (const std::string mode : {"specialize", "buckets"})
+  for (const std::string mode : {"specialize", "buckets", "symbolic"})
     for (auto& [step, loss] : losses["pad4"])
       EXPECT_NEAR(losses[mode + "4"].at(step), loss, 1e-5 * std::fabs(loss)) << mode << " step " << step;
-  for (auto& [step, loss] : losses["pad1"])
-    EXPECT_NEAR(losses["specialize1"].at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
+  for (const std::string mode : {"specialize", "symbolic"})
+    for (auto& [step, loss] : losses["pad1"])
+      EXPECT_NEAR(losses[mode + "1"].at(step), loss, 1e-6 * std::fabs(loss)) << mode << " step " << step;
+  // symbolic: one program for every length, built before step 1.
+  for (const char* key : {"symbolic4", "symbolic1"})
+    EXPECT_EQ(count_of(logs[key], "[kiln:recompiles] program for "), 1) << logs[key];
   // pad: one program; specialize: one per distinct batch length, each logged with why;
   // buckets: at most 3, all before step 1 (none while training).
   EXPECT_EQ(count_of(logs["pad4"], "[kiln:recompiles] program for "), 1) << logs["pad4"];
@@ -341,3 +346,77 @@ TEST(VarLen, BucketsPadWithinAFewPercentOfTheirBoundOnJargonSentences) {
 }
 
 }  // namespace
+
+namespace {
+
+/// Loss and gradients of the one symbolic program (--shape_mode symbolic: the sequence dim
+/// left a symbol) at `len`, against the static program built for `len`; returns the
+/// number of gradients compared. Feeds: random token ids in [0, 50), attention_mask 1,
+/// token_type_ids 0, labels random classes (seeded per length).
+int compare_symbolic_to_static(const std::string& model, const std::string& dir, const std::vector<int64_t>& lengths) {
+  runtime::TrainConfig base;
+  base.model = model;
+  base.per_device_train_batch_size = 2;
+  base.per_device_eval_batch_size = 2;
+  base.backend = "eager";
+  base.disable_dropout = true;
+  runtime::TrainConfig sym = base;
+  sym.shape_mode = "symbolic";
+  sym.train_data = {write_rows(dir, 4, 20, 5)};  // variable-length data: what symbolic mode is for
+  sym.max_length = *std::max_element(lengths.begin(), lengths.end());
+  auto sprog = driver::build_training_program(sym, nullptr, /*want_grads=*/true);
+  EXPECT_TRUE(sprog) << sprog.message();
+  if (!sprog) return 0;
+  std::string seq;  // the symbol the program kept
+  for (const ir::Value* in : sprog->grads->inputs)
+    if (in->shape.rank() == 2 && ir::is_integer(in->dtype) && in->shape.dims[1].is_symbolic())
+      seq = in->shape.dims[1].symbol();
+  EXPECT_FALSE(seq.empty()) << "no symbolic sequence dim in the program of " << model;
+  int compared = 0;
+  for (int64_t len : lengths) {
+    runtime::TrainConfig st = base;
+    st.shape = {{seq, len}};
+    auto prog = driver::build_training_program(st, nullptr, /*want_grads=*/true);
+    EXPECT_TRUE(prog) << prog.message();
+    if (!prog) return 0;
+    std::mt19937_64 rng(static_cast<uint64_t>(len));
+    std::map<std::string, ir::Tensor> feeds;
+    for (const ir::Value* in : prog->grads->inputs) {
+      bool data = false;
+      for (const std::string& d : prog->data_inputs) data |= d == in->name;
+      if (!data) continue;
+      ir::Tensor t(in->dtype, in->shape.to_vector());
+      const int64_t classes = in->name == prog->label_input ? prog->signature.classes : 50;
+      for (int64_t i = 0; i < t.numel(); ++i)
+        t.set_f64(i, in->name == "attention_mask"   ? 1.0
+                     : in->name == "token_type_ids" ? 0.0
+                                                    : double(rng() % uint64_t(std::max<int64_t>(classes, 2))));
+      feeds[in->name] = t;
+    }
+    const auto a = grads_of(*sprog, feeds), b = grads_of(*prog, feeds);
+    EXPECT_FALSE(a.empty() || b.empty()) << model << " len " << len;
+    for (auto& [name, tb] : b) {
+      if (name != "loss" && name.find(".grad") == std::string::npos) continue;
+      if (!a.count(name)) {
+        ADD_FAILURE() << model << " len " << len << ": the symbolic program has no " << name;
+        continue;
+      }
+      // Same ops on the same data in the same order: only the shapes' origin differs.
+      EXPECT_LE(rel_diff(a.at(name), tb), 1e-5) << model << " len " << len << " " << name;
+      ++compared;
+    }
+  }
+  return compared;
+}
+
+}  // namespace
+
+TEST(VarLen, SymbolicProgramEqualsTheStaticProgramAtEachLength) {
+  // Issue 32: one program whose sequence dim is a symbol, run at 3, 7 and 12 tokens, gives
+  // the loss and every gradient of the static program built for that length, within 1e-5
+  // (relative L2; eager, fp32), for the Hugging Face exports with a dynamic sequence axis.
+  const std::string dir = fresh_tmpdir("varlen_symbolic");
+  for (const char* m : {"gpt2/logits_dynamo.onnx", "bert/logits_dynamo.onnx", "llama/logits_dynamo.onnx",
+                        "distilbert/logits_dynamo.onnx"})
+    EXPECT_GT(compare_symbolic_to_static(kHf + m, dir, {3, 7, 12}), 3 * 5) << m;
+}

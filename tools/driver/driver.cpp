@@ -77,22 +77,6 @@ double autocast_min_flops(const runtime::TrainConfig& cfg, bool convolution) {
 
 using namespace kiln::ir;
 
-Status bind_dims(Graph& g, const std::map<std::string, int64_t>& dims) {
-  if (dims.empty()) return Status::ok();
-  auto bind = [&](Value* v) {
-    for (Dim& d : v->shape.dims)
-      if (!d.is_static() && !d.symbol().empty()) {
-        auto it = dims.find(d.symbol());
-        if (it != dims.end()) d = Dim(it->second);
-      }
-  };
-  for (Value* v : g.inputs) bind(v);
-  for (auto& n : g.nodes())
-    for (Value* v : n->outputs) bind(v);
-  for (Value* v : g.outputs) bind(v);
-  return infer_graph(g);
-}
-
 /// Runs `pipeline` on `g` with `options`, under the debugging switches of `dbg` (a quiet
 /// context when null). Error: a name that is not a registered pass (unknown_pass), before
 /// anything runs.
@@ -215,7 +199,7 @@ Expected<std::unique_ptr<Graph>> specialize_model(const Graph& module, const std
                            "' (symbolic dims: " + (known.empty() ? "none" : known) + ")");
     }
   std::unique_ptr<Graph> g = module.clone();
-  KILN_RETURN_IF_ERROR(bind_dims(*g, shape).with_context(path));
+  KILN_RETURN_IF_ERROR(ir::bind_symbols(*g, shape).with_context(path));
   KILN_RETURN_IF_ERROR(run_passes(*g, specialize_pipeline(to_f64), dbg, {}).with_context(path));
   KILN_RETURN_IF_ERROR(check_value_sizes(*g).with_context(path));
   KILN_RETURN_IF_ERROR(check_constant_lookups(*g, shape).with_context(path));
@@ -406,10 +390,8 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   if (total_steps <= 0) total_steps = cfg.max_steps > 0 ? cfg.max_steps : 1;
   if (cfg.backend.find(',') != std::string::npos)
     return Status::error("--backend: one backend per program (a list such as '" + cfg.backend + "' is for kiln bench)");
-  if (cfg.shape_mode == "symbolic" && cfg.backend != "eager")
-    return Status::error("--shape_mode symbolic: the " + cfg.backend +
-                         " backend runs static programs only so far (kernels with run-time extents are not built "
-                         "yet); give --backend eager, or --shape_mode specialize or buckets");
+  if (cfg.shape_mode == "symbolic" && cfg.backend != "eager")  // TrainConfig::validate says why
+    return Status::error("--shape_mode symbolic needs --backend eager");
   TrainingProgram prog;
   // The pipelines as data (tools/driver/pipeline.h): what runs below, stage by stage.
   const Pipeline pipe = training_pipeline(pipeline_options(cfg, total_steps, to_f64));
@@ -492,8 +474,22 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     if (!prog.train_arena) return no_arena_plan("training", dbg);
     prog.signature.planned_peak_bytes = train->planned_peak_bytes;
     prog.train_times.arena_s = since(t0);
-  } else if (auto plan = passes::plan_memory(*train, passes::PlanOptions::eager())) {
-    prog.signature.planned_peak_bytes = plan->peak_bytes;
+  } else {
+    // A symbolic program (--shape_mode symbolic) is planned at its upper bound: every
+    // symbol of its inputs at --max_length, the longest row the loader gives it.
+    std::unique_ptr<Graph> bound;
+    std::map<std::string, int64_t> bounds;
+    for (const Value* in : train->inputs)
+      for (const Dim& d : in->shape.dims)
+        if (d.is_symbolic())
+          for (const std::string& s : d.expr.symbols()) bounds[s] = cfg.max_length;
+    if (!bounds.empty() && cfg.max_length > 0) {
+      bound = train->clone();
+      if (!ir::bind_symbols(*bound, bounds).is_ok()) bound.reset();
+    }
+    if (bounds.empty() || bound)
+      if (auto plan = passes::plan_memory(bound ? *bound : *train, passes::PlanOptions::eager()))
+        prog.signature.planned_peak_bytes = plan->peak_bytes;
   }
   prog.train_step = std::move(train);
 

@@ -129,10 +129,6 @@ Status run_pass_list(ir::Graph& g, const std::vector<std::string>& pipeline, con
 /// inputs index and the classes of cross_entropy labels.
 runtime::ProgramSignature model_signature(const ir::Graph& forward, const runtime::TrainConfig& cfg);
 
-/// Binds symbolic dims of every value of `g` (ONNX dim_params) to static sizes and
-/// re-infers types. Symbols not in `dims` stay symbolic.
-Status bind_dims(ir::Graph& g, const std::map<std::string, int64_t>& dims);
-
 /// What one rank of a data-parallel job does per optimizer step, from its training program
 /// (issue 35): the collectives it launches (ir::OpDef::comm_bytes), the bytes it sends
 /// (the count runtime/comm.h keeps), and its optimizer state in bytes (a shard under ZeRO-1).
