@@ -128,7 +128,9 @@ TEST(ShapeOps, SymbolicInference) {
   Attributes ax;
   ax.set("axis", int64_t(1));
   s = infer_shape("Flatten", {{btc, {}}}, ax);
-  EXPECT_EQ(s->to_string(), "[B, ?]");
+  EXPECT_EQ(s->to_string(), "[B, 8*T]");  // T * 8 as an expression
+  s = infer_shape("Flatten", {{Shape({Dim("B"), Dim(), Dim(8)}), {}}}, ax);
+  EXPECT_EQ(s->to_string(), "[B, ?]");  // an unknown factor
   ax.set("axis", int64_t(2));
   s = infer_shape("Flatten", {{Shape({Dim("B"), Dim(1), Dim(8)}), {}}}, ax);
   EXPECT_EQ(s->to_string(), "[B, 8]");
