@@ -81,7 +81,29 @@ class Accumulation : public Pass {
 
     // ---- 2. per-microbatch nodes ----
     // Everything downstream of the data, stopping at the carried results (the
-    // loop's outputs): what reads a carried result runs after the loop.
+    // loop's outputs): what reads a carried result runs after the loop. A symbolic
+    // program's shapes are data too: a node whose output's dims or contents
+    // (Value::sym_data) name a symbol of the scan inputs' dims (SymInts of `seq`, the
+    // Range and causal mask built from it) depends on the microbatch's shape, so it
+    // runs in the body, where the microbatch binds its symbols.
+    std::set<std::string> scan_symbols;
+    for (const Value* s : scan)
+      for (const Dim& d : s->shape.dims)
+        if (d.is_symbolic())
+          for (const std::string& x : d.expr.symbols()) scan_symbols.insert(x);
+    auto names_scan_symbol = [&](const Value* v) {
+      auto named = [&](const SymExpr& e) {
+        for (const std::string& x : e.symbols())
+          if (scan_symbols.count(x)) return true;
+        return false;
+      };
+      for (const Dim& d : v->shape.dims)
+        if (d.is_symbolic() && named(d.expr)) return true;
+      if (v->sym_data)
+        for (const SymExpr& e : *v->sym_data)
+          if (named(e)) return true;
+      return false;
+    };
     auto data_dependent = [&](const std::unordered_set<const Value*>& stop, std::unordered_set<const Value*>& dep,
                               std::unordered_set<const Node*>& nodes) -> Status {
       dep = std::unordered_set<const Value*>(scan.begin(), scan.end());
@@ -92,6 +114,8 @@ class Accumulation : public Pass {
         bool d = false;
         for (Value* in : n->inputs)
           if (in && dep.count(in) && !stop.count(in)) d = true;
+        if (!scan_symbols.empty())
+          for (const Value* o : n->outputs) d = d || names_scan_symbol(o);
         if (!d) continue;
         nodes.insert(n.get());
         for (Value* o : n->outputs) dep.insert(o);

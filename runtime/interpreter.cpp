@@ -348,6 +348,43 @@ const GraphFacts& facts_of(const Graph& g, const RunOptions& opts, std::unique_p
   return *own;
 }
 
+/// Binds every symbol that is a whole dim of a graph input to that dim of the tensor in
+/// `env`, then checks every other symbolic input dim (an expression) against its tensor.
+/// Errors: an input whose dims give one symbol two values, or an expression that does
+/// not evaluate to the tensor's dim.
+Status bind_symbols(const Graph& g, Env& env, std::map<std::string, int64_t>& symbols) {
+  std::map<std::string, std::string> bound_by;
+  for (Value* in : g.inputs) {
+    const Tensor* t = env.find(in);
+    if (!t) continue;
+    for (int k = 0; k < in->shape.rank() && k < t->rank(); ++k) {
+      const std::string s = in->shape.dims[k].symbol();
+      if (s.empty()) continue;
+      const int64_t v = t->dims()[k];
+      auto [it, fresh] = symbols.emplace(s, v);
+      if (!fresh && it->second != v)
+        return Status::error("input '" + in->name + "' dim " + std::to_string(k) + ": symbol " + s + " is " +
+                             std::to_string(v) + " here but " + std::to_string(it->second) + " in input '" +
+                             bound_by[s] + "'");
+      bound_by.emplace(s, in->name);
+    }
+  }
+  for (Value* in : g.inputs) {
+    const Tensor* t = env.find(in);
+    if (!t) continue;
+    for (int k = 0; k < in->shape.rank() && k < t->rank(); ++k) {
+      const Dim& d = in->shape.dims[k];
+      if (!d.is_symbolic() || !d.symbol().empty()) continue;
+      auto v = d.expr.evaluate(symbols);
+      if (!v || *v != t->dims()[k])
+        return Status::error("input '" + in->name + "': expected shape " + in->shape.to_string() + ", got " +
+                             dims_to_string(t->dims()) + " (dim " + std::to_string(k) + " is " + d.to_string() +
+                             (v ? " = " + std::to_string(*v) : std::string(", which its symbols do not bind")) + ")");
+    }
+  }
+  return Status::ok();
+}
+
 /// Runs an AccumulationLoop node (ir/ops/control.cpp): `trip_count` runs of the body
 /// on scan slices, carried values threaded through. Carried inputs whose last use is
 /// this node are moved into the loop, so an accumulator is never held twice.
@@ -408,6 +445,15 @@ Status run_accumulation_loop(const Node& n, Env& env, bool steal_carried, const 
     RunOptions bo = opts;
     bo.step = opts.step * static_cast<uint64_t>(trips) + static_cast<uint64_t>(t);
     bo.keep.clear();
+    // A symbolic body binds its symbols from this microbatch's slices (streamed scan
+    // inputs are not among the enclosing graph's fed inputs).
+    std::map<std::string, int64_t> body_symbols;
+    if (bf.symbolic) {
+      if (opts.symbols) body_symbols = *opts.symbols;
+      KILN_RETURN_IF_ERROR(
+          bind_symbols(body, benv, body_symbols).with_context(n.name + " microbatch " + std::to_string(t)));
+      bo.symbols = &body_symbols;
+    }
     KILN_RETURN_IF_ERROR(run_nodes(body, bf, benv, bo).with_context(n.name + " iteration " + std::to_string(t)));
     for (size_t i = 0; i < k; ++i) {
       Tensor* out = benv.find(body.outputs[i]);
@@ -754,43 +800,6 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOpt
 }  // namespace
 
 namespace {
-
-/// Binds every symbol that is a whole dim of a graph input to that dim of the tensor in
-/// `env`, then checks every other symbolic input dim (an expression) against its tensor.
-/// Errors: an input whose dims give one symbol two values, or an expression that does
-/// not evaluate to the tensor's dim.
-Status bind_symbols(const Graph& g, Env& env, std::map<std::string, int64_t>& symbols) {
-  std::map<std::string, std::string> bound_by;
-  for (Value* in : g.inputs) {
-    const Tensor* t = env.find(in);
-    if (!t) continue;
-    for (int k = 0; k < in->shape.rank() && k < t->rank(); ++k) {
-      const std::string s = in->shape.dims[k].symbol();
-      if (s.empty()) continue;
-      const int64_t v = t->dims()[k];
-      auto [it, fresh] = symbols.emplace(s, v);
-      if (!fresh && it->second != v)
-        return Status::error("input '" + in->name + "' dim " + std::to_string(k) + ": symbol " + s + " is " +
-                             std::to_string(v) + " here but " + std::to_string(it->second) + " in input '" +
-                             bound_by[s] + "'");
-      bound_by.emplace(s, in->name);
-    }
-  }
-  for (Value* in : g.inputs) {
-    const Tensor* t = env.find(in);
-    if (!t) continue;
-    for (int k = 0; k < in->shape.rank() && k < t->rank(); ++k) {
-      const Dim& d = in->shape.dims[k];
-      if (!d.is_symbolic() || !d.symbol().empty()) continue;
-      auto v = d.expr.evaluate(symbols);
-      if (!v || *v != t->dims()[k])
-        return Status::error("input '" + in->name + "': expected shape " + in->shape.to_string() + ", got " +
-                             dims_to_string(t->dims()) + " (dim " + std::to_string(k) + " is " + d.to_string() +
-                             (v ? " = " + std::to_string(*v) : std::string(", which its symbols do not bind")) + ")");
-    }
-  }
-  return Status::ok();
-}
 
 /// run_graph's work on `env` (slots of `facts`): the inputs from feed(i) (null: the
 /// default, or streamed), the initializers, then the nodes (run_nodes pins the graph

@@ -6,6 +6,14 @@
 
 namespace kiln::runtime {
 
+bool symbolic_rows(const ir::Graph& g, const std::vector<std::string>& data_inputs) {
+  for (const ir::Value* in : g.inputs)
+    if (in->shape.rank() > 0 && in->shape.dims[0].is_symbolic() &&
+        std::find(data_inputs.begin(), data_inputs.end(), in->name) != data_inputs.end())
+      return true;
+  return false;
+}
+
 Expected<ShapeMode> parse_shape_mode(const std::string& text) {
   if (text == "pad") return ShapeMode::pad;
   if (text == "specialize") return ShapeMode::specialize;

@@ -19,9 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "ir/graph.h"
 #include "ir/status.h"
 
 namespace kiln::runtime {
+
+/// True when a data input of `g` named in `data_inputs` has a symbolic batch dim (dim 0):
+/// the program then runs batches of any row count (--shape_mode symbolic, issue 32).
+bool symbolic_rows(const ir::Graph& g, const std::vector<std::string>& data_inputs);
 
 /// --shape_mode.
 enum class ShapeMode { pad, specialize, buckets, symbolic };

@@ -321,7 +321,10 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
         if (in->name == train_data->token_input() && in->shape.rank() == 2 && in->shape.dims[1].is_static())
           shape.length = in->shape.dims[1].value;
   }
-  KILN_ASSIGN_OR_RETURN(t.first_, t.add_variant(shape, graphs));
+  // A program whose batch dim is symbolic runs every row count (runtime/shapes.h).
+  t.symbolic_rows_ =
+      t.chooser_ && t.chooser_->mode() == ShapeMode::symbolic && symbolic_rows(*graphs.train_step, graphs.data_inputs);
+  KILN_ASSIGN_OR_RETURN(t.first_, t.add_variant(t.program_key(shape), graphs));
   t.first_shape_ = shape;
   t.last_shape_ = shape;
   if (t.chooser_ && shape.length > 0) t.chooser_->add_built(shape.length);
@@ -419,6 +422,7 @@ std::string Trainer::rebuild_reason(const StepShape& shape, const std::string& w
 
 StepShape Trainer::program_key(StepShape shape) const {
   if (chooser_ && chooser_->mode() == ShapeMode::symbolic) shape.length = 0;
+  if (symbolic_rows_) shape.micro_rows = 0;
   return shape;
 }
 

@@ -216,8 +216,10 @@ class Trainer {
   /// Loads `graphs` as the program of `shape` (state checked against the trainer's).
   Expected<Variant*> add_variant(const StepShape& shape, const TrainGraphs& graphs);
   /// The key of the program that runs a batch of `shape`: the shape itself, or with
-  /// length 0 under --shape_mode symbolic (one program serves every length).
+  /// length 0 under --shape_mode symbolic (one program serves every length), and rows 0
+  /// when that program's batch dim is symbolic too.
   StepShape program_key(StepShape shape) const;
+  bool symbolic_rows_ = false;  ///< the first program's batch dim is symbolic
   /// step_shape without the padded length: rows and microbatches of step `step`.
   StepShape step_rows(int64_t step) const;
   /// The program of `shape`: loaded, or asked of TrainerOptions::programs with `reason`.

@@ -286,6 +286,12 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
                                                                const char* flag, bool enforce) {
   std::map<std::string, int64_t> b = cfg.shape;
   const bool token_data = runtime::is_token_file(cfg.train_data);  // windows of --block_size
+  // --shape_mode symbolic (issue 32) leaves the sequence dims of variable-length data
+  // symbolic, and the batch dim too where no accumulation loop or data-parallel job
+  // slices the rows (the epoch's last partial batch then runs on the same program).
+  const bool symbolic = cfg.shape_mode == "symbolic" && runtime::is_sequence_data(cfg.train_data);
+  const bool free_batch = symbolic && cfg.gradient_accumulation_steps <= 1 && cfg.world_size <= 1;
+  std::set<std::string> left_symbolic;
   for (Value* in : module.inputs) {
     if (in->shape.rank() == 0) continue;
     const std::string sym = in->shape.dims[0].symbol();
@@ -303,7 +309,12 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
                            in->shape.to_string() + "; exported without dynamic_axes): pass " + flag + " " +
                            std::to_string(in->shape.dims[0].value) + ", or export with dynamic_axes={'" + in->name +
                            "': {0: 'batch'}}");
-    if (!in->shape.dims[0].is_static() && !sym.empty() && !b.count(sym)) b[sym] = batch;
+    if (!in->shape.dims[0].is_static() && !sym.empty() && !b.count(sym)) {
+      if (free_batch)
+        left_symbolic.insert(sym);
+      else
+        b[sym] = batch;
+    }
     // Token windows (--block_size): a symbolic sequence dim of an integer (batch, seq)
     // input is the window length, as the batch dim is the batch size.
     if (cfg.block_size > 0 && token_data && in->shape.rank() == 2 && ir::is_integer(in->dtype)) {
@@ -313,7 +324,7 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
     // Variable-length rows with --max_length: one program of that length (kiln compile,
     // kiln inspect; kiln train builds one per batch shape, runtime/shapes.h).
     if (cfg.max_length > 0 && runtime::is_sequence_data(cfg.train_data) && in->shape.rank() == 2 &&
-        ir::is_integer(in->dtype) && cfg.shape_mode != "symbolic") {
+        ir::is_integer(in->dtype) && !symbolic) {
       const std::string seq = in->shape.dims[1].symbol();
       if (!in->shape.dims[1].is_static() && !seq.empty() && !b.count(seq)) b[seq] = cfg.max_length;
     }
@@ -343,9 +354,7 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
       b[d.symbol()] = v;
     }
   }
-  // --shape_mode symbolic leaves the sequence dims of variable-length data symbolic.
-  std::set<std::string> left_symbolic;
-  if (cfg.shape_mode == "symbolic" && runtime::is_sequence_data(cfg.train_data))
+  if (symbolic)
     for (const Value* in : module.inputs)
       if (in->shape.rank() == 2 && ir::is_integer(in->dtype) && !in->shape.dims[1].symbol().empty())
         left_symbolic.insert(in->shape.dims[1].symbol());
@@ -475,14 +484,16 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     prog.signature.planned_peak_bytes = train->planned_peak_bytes;
     prog.train_times.arena_s = since(t0);
   } else {
-    // A symbolic program (--shape_mode symbolic) is planned at its upper bound: every
-    // symbol of its inputs at --max_length, the longest row the loader gives it.
+    // A symbolic program (--shape_mode symbolic) is planned at its upper bound: a
+    // symbolic batch dim (dim 0) at --per_device_train_batch_size, every other symbol at
+    // --max_length, the longest row the loader gives it.
     std::unique_ptr<Graph> bound;
     std::map<std::string, int64_t> bounds;
     for (const Value* in : train->inputs)
-      for (const Dim& d : in->shape.dims)
-        if (d.is_symbolic())
-          for (const std::string& s : d.expr.symbols()) bounds[s] = cfg.max_length;
+      for (int k = 0; k < in->shape.rank(); ++k)
+        if (in->shape.dims[k].is_symbolic())
+          for (const std::string& s : in->shape.dims[k].expr.symbols())
+            bounds.emplace(s, k == 0 ? cfg.per_device_train_batch_size : cfg.max_length);
     if (!bounds.empty() && cfg.max_length > 0) {
       bound = train->clone();
       if (!ir::bind_symbols(*bound, bounds).is_ok()) bound.reset();

@@ -88,14 +88,19 @@ ShapePrograms::ShapePrograms(TrainConfig cfg, passes::PassContext* dbg, int64_t 
     : cfg_(std::move(cfg)), dbg_(dbg), total_steps_(total_steps), module_(std::move(module)) {}
 
 Expected<runtime::TrainGraphs> ShapePrograms::get(const runtime::StepShape& given, const std::string& reason) {
-  // --shape_mode symbolic: one program of every length, its sequence dim left a symbol.
+  // --shape_mode symbolic: one program of every length, its sequence dim left a symbol;
+  // one of every row count too when its batch dim is symbolic (kept under rows 0).
   const bool symbolic = cfg_.shape_mode == "symbolic";
   runtime::StepShape shape = given;
-  if (symbolic) shape.length = 0;
+  if (symbolic) {
+    shape.length = 0;
+    if (auto it = programs_.find({0, shape.trips, 0}); it != programs_.end()) return graphs_of(it->second);
+  }
   if (auto it = programs_.find(shape); it != programs_.end()) return graphs_of(it->second);
   const auto t0 = std::chrono::steady_clock::now();
   TrainConfig c = cfg_;
-  c.per_device_train_batch_size = shape.micro_rows;
+  // Rows 0 (a key of programs()): the symbolic-rows program, bounded by the configured batch.
+  if (shape.micro_rows > 0) c.per_device_train_batch_size = shape.micro_rows;
   c.gradient_accumulation_steps = shape.trips;
   std::optional<TrainingProgram> prog;
   if (shape.length > 0) {
@@ -128,6 +133,8 @@ Expected<runtime::TrainGraphs> ShapePrograms::get(const runtime::StepShape& give
   }
   hit ? ++hits_ : ++built_;
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (symbolic && prog->train_step && runtime::symbolic_rows(*prog->train_step, prog->data_inputs))
+    shape.micro_rows = 0;
   return graphs_of(programs_[shape] = std::move(*prog));
 }
 
