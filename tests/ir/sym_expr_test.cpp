@@ -150,17 +150,30 @@ TEST(SymbolicDims, ShapeSubgraphGivesSymbolicReshape) {
   EXPECT_FALSE(cat->outputs[0]->sym_data);
 }
 
-TEST(SymbolicDims, SymIntsBindToConstants) {
-  // A SymInts node (what fold_constants leaves of a shape subgraph) gives its readers
-  // symbolic dims, and static ones once its symbols are bound.
-  Graph g;
-  Value* x = g.add_input("x", DType::f32, Shape({Dim("batch"), Dim("seq"), Dim(8)}));
+namespace {
+
+/// x [batch, seq, 8] -> Reshape(x, SymInts [batch*seq, 8]) -> y, inferred; `s`, `r` its nodes.
+std::unique_ptr<Graph> sym_ints_reshape(Node*& s, Node*& r) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_input("x", DType::f32, Shape({Dim("batch"), Dim("seq"), Dim(8)}));
   Attributes a;
   a.set("values", std::vector<std::string>{"batch*seq", "8"});
   a.set("dims", std::vector<int64_t>{2});
-  Node* s = g.add_node("SymInts", "s", {}, {"target"}, a);
-  Node* r = g.add_node("Reshape", "r", {x, s->outputs[0]}, {"y"});
-  ASSERT_TRUE(infer_graph(g).is_ok());
+  s = g->add_node("SymInts", "s", {}, {"target"}, a);
+  r = g->add_node("Reshape", "r", {x, s->outputs[0]}, {"y"});
+  EXPECT_TRUE(infer_graph(*g).is_ok());
+  g->outputs = {r->outputs[0]};
+  return g;
+}
+
+}  // namespace
+
+TEST(SymbolicDims, SymIntsBindToConstants) {
+  // A SymInts node (what fold_constants leaves of a shape subgraph) gives its readers
+  // symbolic dims, and static ones once its symbols are bound.
+  Node *s = nullptr, *r = nullptr;
+  auto gp = sym_ints_reshape(s, r);
+  Graph& g = *gp;
   EXPECT_EQ(r->outputs[0]->shape.to_string(), "[batch*seq, 8]");
   ASSERT_TRUE(bind_symbols(g, {{"batch", 3}, {"seq", 5}}).is_ok());
   EXPECT_EQ(s->attrs.get_strings("values"), (std::vector<std::string>{"15", "8"}));
@@ -176,15 +189,9 @@ TEST(SymbolicDims, SymIntsBindToConstants) {
 }
 
 TEST(SymbolicDims, ExpressionDimsRoundTripThroughIrText) {
-  Graph g;
-  Value* x = g.add_input("x", DType::f32, Shape({Dim("batch"), Dim("seq"), Dim(8)}));
-  Attributes a;
-  a.set("values", std::vector<std::string>{"batch*seq", "8"});
-  a.set("dims", std::vector<int64_t>{2});
-  Node* s = g.add_node("SymInts", "s", {}, {"target"}, a);
-  Node* r = g.add_node("Reshape", "r", {x, s->outputs[0]}, {"y"});
-  ASSERT_TRUE(infer_graph(g).is_ok());
-  g.outputs = {r->outputs[0]};
+  Node *s = nullptr, *r = nullptr;
+  auto gp = sym_ints_reshape(s, r);
+  Graph& g = *gp;
   const std::string text = graph_to_string(g);
   EXPECT_NE(text.find("[batch*seq, 8]"), std::string::npos) << text;
   auto back = parse_graph(text);
