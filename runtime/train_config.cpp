@@ -126,8 +126,9 @@ Status TrainConfig::validate() const {
   for (const std::string& m : comma_list(shape_mode))
     if (m == "symbolic" && backend.find("eager") == std::string::npos)
       return bad("shape_mode", "symbolic runs on --backend eager only so far (the " + backend +
-                                   " backend has no kernels with run-time extents yet); give --backend eager, or "
-                                   "--shape_mode specialize or buckets");
+                                   " backend has no kernels with run-time extents yet): kiln train, bench and "
+                                   "inspect take --backend eager; kiln compile builds static programs "
+                                   "(--shape_mode pad or buckets)");
   if (auto b = parse_shape_buckets(shape_buckets); !b) return b.status();
   if (max_steps == 0 || max_steps < -1)
     return bad("max_steps", "must be -1 (use epochs) or > 0, got " + num_str(max_steps));

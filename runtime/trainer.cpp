@@ -200,11 +200,15 @@ std::pair<int64_t, int64_t> accuracy_counts(const Tensor& logits, const Tensor& 
 
 }  // namespace
 
-/// "8 rows x 2 microbatches of 128 tokens" (the length only for variable-length data).
-static std::string describe_shape(const StepShape& s) {
+/// "8 rows x 2 microbatches padded to 128 tokens" (the length only for variable-length
+/// data; a symbolic program's is its bound).
+static std::string describe_shape(const StepShape& s, const std::optional<ShapeChooser>& chooser) {
   std::string r = std::to_string(s.micro_rows) + (s.micro_rows == 1 ? " row" : " rows");
   if (s.trips > 1) r += " x " + std::to_string(s.trips) + " microbatches";
-  if (s.length > 0) r += " padded to " + std::to_string(s.length) + " tokens (--max_length bounds it)";
+  if (chooser && chooser->mode() == ShapeMode::symbolic)
+    r += " of up to " + std::to_string(chooser->max_length()) + " tokens (--shape_mode symbolic, --max_length)";
+  else if (s.length > 0)
+    r += " padded to " + std::to_string(s.length) + " tokens (--max_length bounds it)";
   return r;
 }
 
@@ -284,7 +288,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
   const StepShape first_shape = t.step_shape(0);
   if (!graphs.train_step) {
     auto g = opts.programs(first_shape, t.rebuild_reason(first_shape, "the first step"));
-    if (!g) return g.status().with_context("the program of " + describe_shape(first_shape));
+    if (!g) return g.status().with_context("the program of " + describe_shape(first_shape, t.chooser_));
     graphs = *g;
     if (!graphs.train_step) return Status::error("trainer: the program provider gave no train_step graph");
   }
@@ -434,7 +438,7 @@ Expected<Trainer::Variant*> Trainer::variant_for(const StepShape& shape, const s
                          (shape.length > 0 ? " of length " + std::to_string(shape.length) : std::string()) +
                          ", and this run has one program (give --dataloader_drop_last true, or train with kiln train)");
   auto built = opts_.programs(shape, rebuild_reason(shape, what));
-  if (!built) return built.status().with_context("the program of " + describe_shape(shape));
+  if (!built) return built.status().with_context("the program of " + describe_shape(shape, chooser_));
   TrainGraphs g = std::move(*built);
   if (!g.train_step) return Status::error("trainer: the program provider gave no train_step graph");
   if (eval_ && !g.eval) return Status::error("trainer: the program of another batch shape has no eval graph");
@@ -750,7 +754,7 @@ Expected<StepResult> Trainer::step(const Batch* given) {
   feeds.clear();  // the old state is held by state_ alone again
   if (!outs)
     return outs.status().with_context("step " + std::to_string(global_step_ + 1) +
-                                      (chooser_ ? " (" + describe_shape(shape) + ")" : std::string()));
+                                      (chooser_ ? " (" + describe_shape(shape, std::nullopt) + ")" : std::string()));
   // The graph's outputs by name, once per program (the step reads them by position).
   if (v->output_index.empty())
     for (size_t i = 0; i < g.outputs.size(); ++i) v->output_index[g.outputs[i]->name] = i;
@@ -965,7 +969,9 @@ Expected<TrainResult> Trainer::run() {
           << " windows of a token file, to keep evaluation short)\n";
     else if (used < eval_->num_rows())
       out << "note: evaluation uses " << used << " of " << eval_->num_rows() << " eval rows (whole batches of "
-          << eval_rows_ << ": the program is compiled for one static batch shape)\n";
+          << eval_rows_
+          << (symbolic_rows_ ? ": evaluation does not run a partial batch yet, symbolic program or not)\n"
+                             : ": the program is compiled for one static batch shape)\n");
   }
   out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << job_rows_
       << " rows"
@@ -977,9 +983,10 @@ Expected<TrainResult> Trainer::run() {
       left > 0 && steps_per_epoch_ > 0 && !train_->is_tokens())
     out << "note: each epoch trains on " << steps_per_epoch_ * job_rows_ << " of the " << train_->num_rows()
         << " rows (whole steps of " << job_rows_ << " rows"
-        << (world_ > 1 || !opts_.suggest_program_flags
-                ? ""
-                : "; --dataloader_drop_last false trains the rest with a program of its size")
+        << (world_ > 1 || !opts_.suggest_program_flags ? ""
+            : symbolic_rows_ ? "; --dataloader_drop_last false trains the rest on the same program (its batch dim is "
+                               "symbolic)"
+                             : "; --dataloader_drop_last false trains the rest with a program of its size")
         << "); the " << left << (left == 1 ? " row left over differs" : " rows left over differ")
         << " from epoch to epoch (the order is reshuffled)\n";
   for (const Dataset* d : {train_, eval_})

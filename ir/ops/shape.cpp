@@ -22,11 +22,19 @@ namespace {
 constexpr int kVariadic = 1 << 20;
 const std::string kSpec = "ONNX spec (onnx.ai/onnx/operators): ";
 
-/// Constant integer contents of input i, if known.
+/// Constant integer contents of input i, if known: an initializer's, or shape contents
+/// that inference knows to be constant (a SymInts whose symbols were bound).
 std::optional<std::vector<int64_t>> const_ints(const InferContext& c, int i) {
-  const Tensor* t = c.value(i);
-  if (!t || !c.has_input(i)) return std::nullopt;
-  return t->to_i64_vector();
+  if (!c.has_input(i)) return std::nullopt;
+  if (const Tensor* t = c.value(i)) return t->to_i64_vector();
+  auto v = c.int_values(i);
+  if (!v) return std::nullopt;
+  std::vector<int64_t> r;
+  for (const SymExpr& e : *v) {
+    if (!e.is_constant()) return std::nullopt;
+    r.push_back(e.constant_value());
+  }
+  return r;
 }
 
 /// Length of a 1-D input whose contents are unknown (static first dim), or -1.
@@ -423,6 +431,21 @@ Expected<GuardedRead> guarded_read(const Node& n, int k) {
 
 namespace {
 
+/// Length of a step-1 slice [s, e) of a symbolic dim d with constant bounds, assuming
+/// the bounds lie within d (no clamping; the assumption of infer_slice_symbolic): x[:, 2:]
+/// is d-2, x[:, -1:] is 1, x[:, :3] is 3, x[:, :-1] is d-1. Unknown for other steps, for
+/// an unknown d, or when the length would be negative.
+Dim slice_of_symbolic(const Dim& d, int64_t s, int64_t e, int64_t step) {
+  if (step != 1 || !d.is_symbolic()) return Dim();
+  const bool to_end = e >= std::numeric_limits<int32_t>::max();
+  if (s >= 0 && to_end) return s == 0 ? d : d - Dim(s);
+  if (s < 0 && to_end) return Dim(-s);
+  if (s >= 0 && e >= 0) return e >= s ? Dim(e - s) : Dim();
+  if (s >= 0 && e < 0) return d - Dim(s - e);
+  if (s < 0 && e < 0) return e >= s ? Dim(e - s) : Dim();
+  return Dim();  // s < 0 <= e: depends on d
+}
+
 /// Slice whose starts or ends are symbolic (x[:, 0:seq] of a position table, issue 32):
 /// with step 1 and a constant start s >= 0, a symbolic end e gives the dim e - s. ONNX
 /// clamps e to the dim; the expression assumes e fits (the table is at least as long as
@@ -505,9 +528,7 @@ Status infer_slice(InferContext& c) {
     if (st == 0) return c.fail("step must not be 0");
     const Dim& d = in.dims[*ax];
     if (!d.is_static()) {
-      // Whole-dim slices keep the symbol; anything else is unknown.
-      bool whole = st == 1 && ((*starts)[i] == 0) && (*ends)[i] >= std::numeric_limits<int32_t>::max();
-      out.dims[*ax] = whole ? d : Dim();
+      out.dims[*ax] = slice_of_symbolic(d, (*starts)[i], (*ends)[i], st);
       continue;
     }
     out.dims[*ax] = Dim(normalize_slice(d.value, (*starts)[i], (*ends)[i], st).len);

@@ -493,3 +493,41 @@ TEST(VarLen, SymbolicWithGradientAccumulationTrainsSpecializesLosses) {
                                           5);
   EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 2) << logs["specialize"];
 }
+
+TEST(VarLen, SymbolicRefusesRowsPastThePositionTableBeforeStepOne) {
+  // The gpt2 fixture has 32 positions; rows of up to 40 tokens (no --max_length: the
+  // longest row bounds the symbolic program) are refused in one line before step 1, as
+  // pad mode refuses them, and nothing is left behind.
+  const std::string dir = fresh_tmpdir("varlen_symbolic_bound");
+  const std::string data = write_rows(dir, 12, 40, 17);
+  const std::string out = dir + "/out";
+  auto [code, text] = shell("'" + kKiln + "' train " + kHf + "gpt2/logits_dynamo.onnx --train_data " + data +
+                            " --per_device_train_batch_size 2 --max_steps 3 --backend eager --disable_tqdm "
+                            "--no_cache --shape_mode symbolic --output_dir " +
+                            out);
+  EXPECT_NE(code, 0) << text;
+  EXPECT_NE(text.find("which has 32 rows"), std::string::npos) << text;
+  EXPECT_EQ(text.find("step 1"), std::string::npos) << text;
+  EXPECT_EQ(count_of(text, "kiln: error: "), 1) << text;  // (the import's notes come first)
+  EXPECT_FALSE(std::filesystem::exists(out)) << text;
+}
+
+TEST(VarLen, SymbolicProgramCacheKeysItsBound) {
+  // A symbolic program is checked and planned at --max_length: a run with another bound
+  // builds its own program instead of taking the cached one of the first; the same bound
+  // again is a cache hit.
+  const std::string dir = fresh_tmpdir("varlen_symbolic_cache");
+  const std::string data = write_rows(dir, 12, 20, 19);
+  auto run = [&](int max_length, const std::string& out) {
+    auto [code, text] =
+        shell("'" + kKiln + "' train " + kHf + "gpt2/logits_dynamo.onnx --train_data " + data +
+              " --per_device_train_batch_size 2 --max_steps 2 --backend eager --disable_tqdm "
+              "--shape_mode symbolic --cache_dir " +
+              dir + "/cache --max_length " + std::to_string(max_length) + " --output_dir " + dir + "/" + out);
+    EXPECT_EQ(code, 0) << text;
+    return text;
+  };
+  EXPECT_NE(run(12, "a").find("(1 built, 0 from the program cache"), std::string::npos);
+  EXPECT_NE(run(20, "b").find("(1 built, 0 from the program cache"), std::string::npos);
+  EXPECT_NE(run(20, "c").find("(0 built, 1 from the program cache"), std::string::npos);
+}

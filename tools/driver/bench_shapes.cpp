@@ -91,6 +91,7 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
     r.cfg.shape_mode = modes[i];
     r.cfg.cache_dir = (cache_root / modes[i]).string();  // cold: nothing cached yet
     r.programs.emplace(r.cfg, nullptr, total, nullptr);
+    r.programs->set_longest_row(ds->max_length());
     runtime::TrainerOptions to;
     to.write_files = false;
     to.programs = r.programs->provider();

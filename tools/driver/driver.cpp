@@ -393,6 +393,19 @@ const std::vector<std::string>& compiled_pipeline() {
   return p;
 }
 
+/// The bound of each symbol left in `g`'s inputs (--shape_mode symbolic): a batch dim
+/// (dim 0) at --per_device_train_batch_size, every other at --max_length, the longest row
+/// the loader gives. Empty when no input dim is symbolic.
+static std::map<std::string, int64_t> symbolic_bounds(const Graph& g, const runtime::TrainConfig& cfg) {
+  std::map<std::string, int64_t> bounds;
+  for (const Value* in : g.inputs)
+    for (int k = 0; k < in->shape.rank(); ++k)
+      if (in->shape.dims[k].is_symbolic())
+        for (const std::string& s : in->shape.dims[k].expr.symbols())
+          bounds.emplace(s, k == 0 ? cfg.per_device_train_batch_size : cfg.max_length);
+  return bounds;
+}
+
 Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg, passes::PassContext* dbg,
                                                  bool want_grads, bool to_f64, int64_t total_steps,
                                                  const Graph* module_in) {
@@ -428,6 +441,14 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   {
     KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(module, cfg.model, cfg.shape, false, nullptr));
     prog.signature = model_signature(*forward, cfg);
+  }
+  // A symbolic program is checked at its bound as a static one is at its length: a
+  // position table shorter than --max_length is refused before step 1.
+  if (const auto bounds = symbolic_bounds(module, cfg);
+      cfg.shape_mode == "symbolic" && !bounds.empty() && cfg.max_length > 0) {
+    std::map<std::string, int64_t> at_bound = train_dims;
+    at_bound.insert(bounds.begin(), bounds.end());
+    KILN_ASSIGN_OR_RETURN(auto probe, specialize_model(module, cfg.model, at_bound, false, nullptr));
   }
 
   // Training step: forward + loss + backward + optimizer.
@@ -484,16 +505,9 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     prog.signature.planned_peak_bytes = train->planned_peak_bytes;
     prog.train_times.arena_s = since(t0);
   } else {
-    // A symbolic program (--shape_mode symbolic) is planned at its upper bound: a
-    // symbolic batch dim (dim 0) at --per_device_train_batch_size, every other symbol at
-    // --max_length, the longest row the loader gives it.
+    // A symbolic program (--shape_mode symbolic) is planned at its upper bound.
     std::unique_ptr<Graph> bound;
-    std::map<std::string, int64_t> bounds;
-    for (const Value* in : train->inputs)
-      for (int k = 0; k < in->shape.rank(); ++k)
-        if (in->shape.dims[k].is_symbolic())
-          for (const std::string& s : in->shape.dims[k].expr.symbols())
-            bounds.emplace(s, k == 0 ? cfg.per_device_train_batch_size : cfg.max_length);
+    const std::map<std::string, int64_t> bounds = symbolic_bounds(*train, cfg);
     if (!bounds.empty() && cfg.max_length > 0) {
       bound = train->clone();
       if (!ir::bind_symbols(*bound, bounds).is_ok()) bound.reset();
@@ -501,6 +515,8 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     if (bounds.empty() || bound)
       if (auto plan = passes::plan_memory(bound ? *bound : *train, passes::PlanOptions::eager()))
         prog.signature.planned_peak_bytes = plan->peak_bytes;
+      else
+        log_text("memory", "no memory plan of the training program: " + plan.status().message());
   }
   prog.train_step = std::move(train);
 

@@ -96,6 +96,10 @@ Expected<std::string> program_cache_key(const runtime::TrainConfig& cfg) {
   key["world_size"] = cfg.world_size;  // not a config field: the launcher's (passes/data_parallel.cpp)
   key["token_data"] = runtime::is_token_file(cfg.train_data);
   key["eval_data"] = !cfg.eval_data.empty();
+  // --shape_mode symbolic on variable-length data builds another program (its sequence
+  // dim, and its batch dim without accumulation, left symbols), checked and planned at
+  // --max_length (issue 32).
+  if (cfg.shape_mode == "symbolic" && runtime::is_sequence_data(cfg.train_data)) key["symbolic_bound"] = cfg.max_length;
   // Symbolic dims are bound from the .npy files' shapes (driver.cpp's batch_bindings):
   // each file's dims past its rows are part of the key, the row count is not.
   nlohmann::json shapes = nlohmann::json::array();

@@ -580,6 +580,7 @@ Status run_training(TrainConfig cfg, passes::PassContext* dbg, std::ostream& out
             e->files());
       eval_ds = std::move(*e);
     }
+    shapes->set_longest_row(std::max(train_ds->max_length(), eval_ds ? eval_ds->max_length() : 0));
     const int64_t mem_base = ir::MemoryStats::current_bytes();
     ir::MemoryStats::reset_peak();
     runtime::TrainerOptions topts;

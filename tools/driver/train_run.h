@@ -128,6 +128,11 @@ class ShapePrograms {
   Expected<runtime::TrainGraphs> get(const runtime::StepShape& shape, const std::string& reason);
   /// The provider for runtime::TrainerOptions::programs (valid while this object lives).
   runtime::ProgramProvider provider();
+  /// The longest row the data gives (tokens, runtime::Dataset::max_length): the bound a
+  /// symbolic program is checked and planned at when --max_length is 0 (its default).
+  void set_longest_row(int64_t tokens) {
+    if (cfg_.max_length == 0) cfg_.max_length = tokens;
+  }
   /// Programs built by the passes, and taken from the program cache.
   int64_t built() const { return built_; }
   int64_t cache_hits() const { return hits_; }
