@@ -117,10 +117,11 @@ class Value {
   std::string role_source;
   /// Its place in the step arena, once the arena planning pass ran (ArenaPlacement).
   ArenaPlacement arena;
-  /// Contents of a small integer value that are known as expressions of shape symbols
-  /// but are not constants (Shape of a symbolic tensor, what the shape subgraph of an
-  /// export computes from it), flattened row-major; null when unknown or constant.
-  /// Written by inference (OpDef::sym_values), derived: not serialized.
+  /// Contents of a small integer value known as expressions of shape symbols (Shape of a
+  /// symbolic tensor, what the shape subgraph of an export computes from it, a SymInts
+  /// node, constant once its symbols are bound), flattened row-major; null when unknown
+  /// or when no input of its node is symbolic. Written by inference (OpDef::sym_values),
+  /// derived: not serialized.
   std::shared_ptr<const std::vector<SymExpr>> sym_data;
 };
 
