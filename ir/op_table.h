@@ -465,6 +465,10 @@ Status infer_graph(Graph& g);
 Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& values);
 /// Cost of a node from the table (default: bytes of inputs and outputs, flops = output numel).
 Cost node_cost(const Node& n);
+/// node_cost of `n` with the symbols of its values' dims replaced by `values` (a symbolic
+/// program's cost at its bound, issue 32): evaluated on a copy of the node over copies of
+/// its values; node_cost(n) when `values` is empty or `n`'s shapes are static.
+Cost node_cost_at(const Node& n, const std::map<std::string, int64_t>& values);
 
 // ---- Helpers shared by inference functions and eager kernels ----
 

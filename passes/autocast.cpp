@@ -16,7 +16,9 @@
 //   (--autocast_min_flops, by default the CPU's modelled break-even): it stays f32
 //   (attribute kiln_autocast_kept = its FLOPs, shown by `kiln inspect --precision`),
 //   since its casts and the bf16 pointwise kernels around it cost more than a small
-//   product saves; what follows it then follows its f32 output.
+//   product saves; what follows it then follows its f32 output. A node with symbolic
+//   dims is decided by its FLOPs at AutocastOptions::symbol_bounds (the bound a
+//   symbolic program is planned at), and takes the low dtype when there are none.
 //   (d) A convolution (low_precision, not a product) below its own break-even
 //   (AutocastOptions::min_conv_flops) under --bf16 is not kept f32: its values stay bf16
 //   (storage, so its saved activations are bf16, as torch.autocast's) and it is marked
@@ -250,11 +252,16 @@ class Autocast : public Pass {
  public:
   std::string name() const override { return "autocast"; }
   std::string describe_options(const PassOptions& o) const override {
-    return OptionText()
-        .add("autocast_dtype", dtype_name(o.autocast.dtype))
+    OptionText t;
+    t.add("autocast_dtype", dtype_name(o.autocast.dtype))
         .add("autocast_min_flops", o.autocast.min_flops)
-        .add("autocast_min_conv_flops", o.autocast.min_conv_flops)
-        .str();
+        .add("autocast_min_conv_flops", o.autocast.min_conv_flops);
+    if (!o.autocast.symbol_bounds.empty()) {
+      std::string b;
+      for (const auto& [s, v] : o.autocast.symbol_bounds) b += (b.empty() ? "" : ",") + s + "=" + std::to_string(v);
+      t.add("autocast_symbol_bounds", b);
+    }
+    return t.str();
   }
 
   Expected<bool> run(Graph& g, PassContext& ctx) override {
@@ -301,8 +308,9 @@ class Autocast : public Pass {
         // Too small to pay for its casts (AutocastOptions::min_flops): f32, unless an
         // input is already wider (it then follows, as follow_inputs would).
         const double min_flops = has_trait(*n, OpTrait::matmul) ? min_product_flops : min_conv_flops;
-        if (min_flops > 0 && n->shapes_static()) {
-          const double flops = node_cost(*n).flops;
+        const auto& bounds = ctx.options.autocast.symbol_bounds;
+        if (min_flops > 0 && (n->shapes_static() || !bounds.empty())) {
+          const double flops = node_cost_at(*n, bounds).flops;
           if (flops < min_flops && mark_compute_f32(*n, low_, min_conv_flops)) {
             // A convolution: bf16 storage, f32 compute (rule (d)).
           } else if (flops < min_flops) {

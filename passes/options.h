@@ -4,6 +4,7 @@
 // a pass sees when nobody set anything, the defaults below being the passes' own.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -61,6 +62,10 @@ struct AutocastOptions {
   /// at other sizes).
   double min_flops = 0;
   double min_conv_flops = 0;
+  /// A symbolic program's bounds (--shape_mode symbolic: each symbol's largest value): a
+  /// node with symbolic dims is decided by its FLOPs at them (ir::node_cost_at), as its
+  /// memory is planned; empty: such a node takes `dtype`.
+  std::map<std::string, int64_t> symbol_bounds;
 };
 
 /// remat: the gradient-checkpointing policy.

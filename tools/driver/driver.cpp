@@ -416,7 +416,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     return Status::error("--shape_mode symbolic needs --backend eager");
   TrainingProgram prog;
   // The pipelines as data (tools/driver/pipeline.h): what runs below, stage by stage.
-  const Pipeline pipe = training_pipeline(pipeline_options(cfg, total_steps, to_f64));
+  Pipeline pipe = training_pipeline(pipeline_options(cfg, total_steps, to_f64));
   // Runs stage `stage` of `program` on `g`, with the debugging switches where it has them.
   auto run_stage = [&](Graph& g, const ProgramPipeline& program, const std::string& stage) -> Status {
     for (const PipelineStage& s : program.stages)
@@ -443,12 +443,14 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
     prog.signature = model_signature(*forward, cfg);
   }
   // A symbolic program is checked at its bound as a static one is at its length: a
-  // position table shorter than --max_length is refused before step 1.
+  // position table shorter than --max_length is refused before step 1. Autocast decides
+  // its symbolic products by their FLOPs at the bound.
   if (const auto bounds = symbolic_bounds(module, cfg);
       cfg.shape_mode == "symbolic" && !bounds.empty() && cfg.max_length > 0) {
     std::map<std::string, int64_t> at_bound = train_dims;
     at_bound.insert(bounds.begin(), bounds.end());
     KILN_ASSIGN_OR_RETURN(auto probe, specialize_model(module, cfg.model, at_bound, false, nullptr));
+    for (ProgramPipeline* p : {&pipe.train, &pipe.grads, &pipe.eval}) p->options.autocast.symbol_bounds = bounds;
   }
 
   // Training step: forward + loss + backward + optimizer.
