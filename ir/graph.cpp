@@ -84,10 +84,7 @@ std::string Dim::to_string() const {
 
 Dim Dim::from_text(const std::string& text) {
   if (text == "?") return Dim();
-  if (auto e = SymExpr::parse(text)) {
-    if (e->is_constant()) return e->constant_value() >= 0 ? Dim(e->constant_value()) : Dim();
-    return Dim(*e);
-  }
+  if (auto e = SymExpr::parse(text)) return Dim(*e);  // constants: static (unknown when negative)
   return Dim(text);
 }
 

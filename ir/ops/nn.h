@@ -3,6 +3,7 @@
 // kernel_shape, strides, dilations, pads, auto_pad and ceil_mode resolved into explicit
 // begin/end pads and output extents, ONNX opsets 11-18), Reduce* axes, and Slice views.
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -55,6 +56,11 @@ struct SliceDim {
   int64_t start = 0, step = 1, len = 0;
 };
 SliceDim normalize_slice(int64_t dim, int64_t start, int64_t end, int64_t step);
+
+/// The dims [start, end) an ONNX Shape-15 node `attrs` takes of a rank-`rank` input:
+/// negative values count from the end, both are clamped to [0, rank] (end may be < start:
+/// nothing is taken).
+std::pair<int64_t, int64_t> shape_op_range(const Attributes& attrs, int64_t rank);
 
 /// A Slice of a dense row-major tensor of `dims` as a strided view of it: element
 /// offset of the first taken element, per-dim element strides (step times the dense

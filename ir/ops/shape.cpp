@@ -241,6 +241,13 @@ Status infer_unsqueeze(InferContext& c) {
 
 }  // namespace
 
+std::pair<int64_t, int64_t> shape_op_range(const Attributes& attrs, int64_t rank) {
+  int64_t s = attrs.get_int("start", 0), e = attrs.get_int("end", rank);
+  if (s < 0) s += rank;
+  if (e < 0) e += rank;
+  return {std::clamp<int64_t>(s, 0, rank), std::clamp<int64_t>(e, 0, rank)};
+}
+
 SliceDim normalize_slice(int64_t dim, int64_t start, int64_t end, int64_t step) {
   SliceDim s;
   s.step = step;
@@ -432,7 +439,7 @@ Expected<GuardedRead> guarded_read(const Node& n, int k) {
 namespace {
 
 /// Length of a step-1 slice [s, e) of a symbolic dim d with constant bounds, assuming
-/// the bounds lie within d (no clamping; the assumption of infer_slice_symbolic): x[:, 2:]
+/// the bounds lie within d (no clamping, as infer_slice assumes for symbolic ends): x[:, 2:]
 /// is d-2, x[:, -1:] is 1, x[:, :3] is 3, x[:, :-1] is d-1. Unknown for other steps, for
 /// an unknown d, or when the length would be negative.
 Dim slice_of_symbolic(const Dim& d, int64_t s, int64_t e, int64_t step) {
@@ -446,55 +453,35 @@ Dim slice_of_symbolic(const Dim& d, int64_t s, int64_t e, int64_t step) {
   return Dim();  // s < 0 <= e: depends on d
 }
 
-/// Slice whose starts or ends are symbolic (x[:, 0:seq] of a position table, issue 32):
-/// with step 1 and a constant start s >= 0, a symbolic end e gives the dim e - s. ONNX
-/// clamps e to the dim; the expression assumes e fits (the table is at least as long as
-/// any sequence the program runs, which --max_length bounds), as torch.export's range
-/// guards do. Anything else on a sliced axis is unknown. nullopt: not this case.
-std::optional<Status> infer_slice_symbolic(InferContext& c, const std::vector<int64_t>& axes,
-                                           const std::vector<int64_t>& steps) {
-  auto starts = c.int_values(1), ends = c.int_values(2);
-  if (!starts || !ends || starts->size() != ends->size() || axes.size() != starts->size() ||
-      steps.size() != starts->size())
-    return std::nullopt;
-  const Shape& in = c.in[0].shape;
-  Shape out = in;
-  for (size_t i = 0; i < axes.size(); ++i) {
-    auto ax = normalize_axis(axes[i], in.rank());
-    if (!ax) return c.fail(ax.message());
-    const SymExpr &s = (*starts)[i], &e = (*ends)[i];
-    const bool plain = steps[i] == 1 && s.is_constant() && s.constant_value() >= 0 && !e.is_constant();
-    out.dims[*ax] = plain ? Dim(e - s) : Dim();
-  }
-  c.out[0] = {c.in[0].dtype, out};
-  return Status::ok();
-}
-
 Status infer_slice(InferContext& c) {
   const Shape& in = c.in[0].shape;
   const int r = in.rank();
-  std::optional<std::vector<int64_t>> starts, ends, axes, steps;
+  // starts and ends as expressions: constants, or symbolic (x[:, 0:seq] of a position
+  // table, issue 32); axes and steps constant.
+  std::optional<SymValues> starts, ends;
+  std::optional<std::vector<int64_t>> axes, steps;
+  auto constants = [](const std::vector<int64_t>& v) {
+    SymValues e;
+    for (int64_t x : v) e.push_back(SymExpr::constant(x));
+    return e;
+  };
   bool attr_form = !c.has_input(1) && c.attrs().has("starts");
   if (attr_form) {  // Slice-1
-    starts = c.attrs().get_ints("starts");
-    ends = c.attrs().get_ints("ends");
+    starts = constants(c.attrs().get_ints("starts"));
+    ends = constants(c.attrs().get_ints("ends"));
     if (c.attrs().has("axes")) axes = c.attrs().get_ints("axes");
   } else {
-    starts = const_ints(c, 1);
-    ends = const_ints(c, 2);
+    for (int k : {1, 2}) {  // long constant lists are past int_values' limit
+      std::optional<SymValues>& v = k == 1 ? starts : ends;
+      v = c.int_values(k);
+      if (!v)
+        if (auto x = const_ints(c, k)) v = constants(*x);
+    }
     if (c.has_input(3)) axes = const_ints(c, 3);
     if (c.has_input(4)) steps = const_ints(c, 4);
   }
   bool axes_known = attr_form || !c.has_input(3) || axes.has_value();
   bool steps_known = attr_form || !c.has_input(4) || steps.has_value();
-  if (!attr_form && (!starts || !ends) && axes_known && steps_known) {
-    std::vector<int64_t> ax = axes.value_or(std::vector<int64_t>{}), st = steps.value_or(std::vector<int64_t>{});
-    const size_t n = c.int_values(1) ? c.int_values(1)->size() : 0;
-    if (!axes)
-      for (size_t i = 0; i < n; ++i) ax.push_back(static_cast<int64_t>(i));
-    if (!steps) st.assign(n, 1);
-    if (auto r = infer_slice_symbolic(c, ax, st)) return *r;
-  }
   Shape out = in;
   if (!starts || !ends || !axes_known || !steps_known) {
     // Rank is kept; sliced dims become unknown.
@@ -527,11 +514,19 @@ Status infer_slice(InferContext& c) {
     int64_t st = (*steps)[i];
     if (st == 0) return c.fail("step must not be 0");
     const Dim& d = in.dims[*ax];
-    if (!d.is_static()) {
-      out.dims[*ax] = slice_of_symbolic(d, (*starts)[i], (*ends)[i], st);
-      continue;
+    const SymExpr &b = (*starts)[i], &e = (*ends)[i];
+    if (!b.is_constant() || !e.is_constant()) {
+      // A symbolic end e with step 1 and a constant start b >= 0 gives e - b. ONNX clamps
+      // e to the dim; the expression assumes e fits (the table is at least as long as any
+      // sequence the program runs, which --max_length bounds), as torch.export's range
+      // guards do. Anything else is unknown.
+      const bool plain = st == 1 && b.is_constant() && b.constant_value() >= 0 && !e.is_constant();
+      out.dims[*ax] = plain ? Dim(e - b) : Dim();
+    } else if (!d.is_static()) {
+      out.dims[*ax] = slice_of_symbolic(d, b.constant_value(), e.constant_value(), st);
+    } else {
+      out.dims[*ax] = Dim(normalize_slice(d.value, b.constant_value(), e.constant_value(), st).len);
     }
-    out.dims[*ax] = Dim(normalize_slice(d.value, (*starts)[i], (*ends)[i], st).len);
   }
   c.out[0] = {c.in[0].dtype, out};
   return Status::ok();
@@ -937,12 +932,7 @@ void register_shape_ops(OpTable& t) {
     OpDef d = make_op(
         "Shape", kSpec + "Shape-15, 1-D i64 dims of the input, sliced by start/end (clamped)", 1, 1,
         [](InferContext& c) -> Status {
-          int r = c.in[0].shape.rank();
-          int64_t s = c.attrs().get_int("start", 0), e = c.attrs().get_int("end", r);
-          if (s < 0) s += r;
-          if (e < 0) e += r;
-          s = std::clamp<int64_t>(s, 0, r);
-          e = std::clamp<int64_t>(e, 0, r);
+          const auto [s, e] = shape_op_range(c.attrs(), c.in[0].shape.rank());
           c.out[0] = {DType::i64, Shape({Dim(std::max<int64_t>(0, e - s))})};
           return Status::ok();
         },

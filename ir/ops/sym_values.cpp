@@ -53,12 +53,7 @@ Out elementwise(const InferContext& c, F f) {
 /// Shape of a tensor (with ONNX start / end): its dims as expressions.
 Out shape_rule(const InferContext& c) {
   const Shape& s = c.in[0].shape;
-  const int r = s.rank();
-  int64_t b = c.attrs().get_int("start", 0), e = c.attrs().get_int("end", r);
-  if (b < 0) b += r;
-  if (e < 0) e += r;
-  b = std::clamp<int64_t>(b, 0, r);
-  e = std::clamp<int64_t>(e, 0, r);
+  const auto [b, e] = shape_op_range(c.attrs(), s.rank());
   SymValues v;
   for (int64_t i = b; i < e; ++i) {
     auto x = s.dims[static_cast<size_t>(i)].as_expr();
@@ -112,10 +107,7 @@ Out slice_rule(const InferContext& c) {
   return one(std::move(v));
 }
 
-}  // namespace
-
-namespace {
-
+/// ir::bind_symbols' substitution in `g` and its regions (the caller re-infers).
 void bind_in(Graph& g, const std::map<std::string, int64_t>& values) {
   auto bind = [&](Value* v) {
     for (Dim& d : v->shape.dims)

@@ -55,11 +55,7 @@ std::optional<std::vector<Tensor>> shape_from_shapes(const Node& n) {
   auto out = static_dims_of_input(n, dims);
   if (!out) return std::nullopt;
   const int64_t r = static_cast<int64_t>(dims.size());
-  int64_t start = n.attrs.get_int("start", 0), end = n.attrs.get_int("end", r);
-  if (start < 0) start += r;
-  if (end < 0) end += r;
-  start = std::clamp<int64_t>(start, 0, r);
-  end = std::clamp<int64_t>(end, 0, r);
+  const auto [start, end] = shape_op_range(n.attrs, r);
   std::vector<int64_t> v;
   for (int64_t i = start; i < end; ++i) v.push_back(dims[i]);
   out->push_back(Tensor::from_i64(v));

@@ -258,29 +258,43 @@ Status expand_kernel(KernelContext& c) {
 
 Status shape_kernel(KernelContext& c) {
   const auto& d = c.in(0).dims();
-  int r = static_cast<int>(d.size());
-  int64_t s = c.attrs().get_int("start", 0), e = c.attrs().get_int("end", r);
-  if (s < 0) s += r;
-  if (e < 0) e += r;
-  s = std::clamp<int64_t>(s, 0, r);
-  e = std::clamp<int64_t>(e, 0, r);
+  const auto [s, e] = ir::shape_op_range(c.attrs(), static_cast<int64_t>(d.size()));
   int64_t* p = c.out(0).data<int64_t>();
   for (int64_t i = s; i < e; ++i) p[i - s] = d[i];
   return Status::ok();
 }
 
+/// A SymInts node's expressions, parsed once per node (KernelContext::cache) from its
+/// `values` text.
+struct SymIntsCache {
+  std::vector<std::string> text;
+  std::vector<ir::SymExpr> exprs;
+};
+
 /// SymInts: each shape expression evaluated with the run's symbol values.
 Status sym_ints_kernel(KernelContext& c) {
-  const std::vector<std::string> values = c.attrs().get_strings("values");
+  const auto* attr = c.attrs().find("values");
+  const auto* values = attr ? std::get_if<std::vector<std::string>>(attr) : nullptr;
+  if (!values) return c.fail("no values");
+  auto cached = c.cache ? std::static_pointer_cast<SymIntsCache>(*c.cache) : nullptr;
+  if (!cached || cached->text != *values) {
+    cached = std::make_shared<SymIntsCache>();
+    cached->text = *values;
+    for (const std::string& v : *values) {
+      auto e = ir::SymExpr::parse(v);
+      if (!e) return c.fail("'" + v + "' is not a shape expression");
+      cached->exprs.push_back(*e);
+    }
+    if (c.cache) *c.cache = cached;
+  }
   int64_t* p = c.out(0).data<int64_t>();
-  for (size_t i = 0; i < values.size(); ++i) {
-    auto e = ir::SymExpr::parse(values[i]);
-    if (!e) return c.fail("'" + values[i] + "' is not a shape expression");
-    auto v = c.symbols ? e->evaluate(*c.symbols) : std::nullopt;
+  for (size_t i = 0; i < cached->exprs.size(); ++i) {
+    const ir::SymExpr& e = cached->exprs[i];
+    auto v = c.symbols ? e.evaluate(*c.symbols) : std::nullopt;
     if (!v) {
       std::string names;
-      for (const std::string& s : e->symbols()) names += (names.empty() ? "" : ", ") + s;
-      return c.fail("shape expression " + values[i] + ": symbol " + names +
+      for (const std::string& s : e.symbols()) names += (names.empty() ? "" : ", ") + s;
+      return c.fail("shape expression " + (*values)[i] + ": symbol " + names +
                     " has no value in this run (symbols take their values from the graph inputs' dims)");
     }
     p[i] = *v;
