@@ -420,6 +420,14 @@ std::unique_ptr<Graph> Graph::clone() const {
           map[v] = nr->add_input(v->name, v->dtype, v->shape);
           map[v]->arena = v->arena;
         }
+        for (Value* v : r->initializers) {  // a fused body's constants
+          Value* nv = nr->new_value(v->name, v->dtype, v->shape);
+          nv->data = v->data;
+          nv->role = v->role;
+          nv->role_source = v->role_source;
+          nr->initializers.push_back(nv);
+          map[v] = nv;
+        }
         copy_nodes(*r, *nr);
         for (Value* o : r->outputs) nr->outputs.push_back(mapv(o));
         nn->regions.push_back(std::move(nr));

@@ -11,6 +11,7 @@
 // dead at its node, kernel scratch counted); values that outlive an iteration of an
 // accumulation loop (body inputs and outputs, loop outputs) stay on the heap.
 #include <functional>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ir/op_table.h"
@@ -60,16 +61,69 @@ void clear_placements(Graph& g) {
   }
 }
 
+/// Every value of `g` in one fixed order (inputs, initializers, then per node its regions'
+/// values and its outputs): a clone of `g` lists its copies at the same positions.
+void list_values(const Graph& g, std::vector<const Value*>& out) {
+  out.insert(out.end(), g.inputs.begin(), g.inputs.end());
+  out.insert(out.end(), g.initializers.begin(), g.initializers.end());
+  for (const auto& n : g.nodes()) {
+    for (const auto& r : n->regions) list_values(*r, out);
+    out.insert(out.end(), n->outputs.begin(), n->outputs.end());
+  }
+}
+
+bool has_symbolic_dims(const Graph& g) {
+  std::vector<const Value*> vs;
+  list_values(g, vs);
+  for (const Value* v : vs)
+    for (const Dim& d : v ? v->shape.dims : std::vector<Dim>{})
+      if (!d.is_static()) return true;
+  return false;
+}
+
 class ArenaPlanPass : public Pass {
  public:
   std::string name() const override { return "arena_plan"; }
-  Expected<bool> run(Graph& g, PassContext&) override {
-    KILN_ASSIGN_OR_RETURN(MemoryPlan plan, plan_step_arena_layout(g));
+  std::string describe_options(const PassOptions& o) const override {
+    std::string b;
+    for (const auto& [s, v] : o.symbol_bounds) b += (b.empty() ? "" : ",") + s + "=" + std::to_string(v);
+    return b.empty() ? std::string() : OptionText().add("symbol_bounds", b).str();
+  }
+  Expected<bool> run(Graph& g, PassContext& ctx) override {
+    // A symbolic program (--shape_mode symbolic) is laid out at its bounds
+    // (PassOptions::symbol_bounds): a copy with every symbol bound to its largest value is
+    // planned, and each value of `g` takes its copy's place. Lifetimes do not depend on
+    // the symbols and no buffer is smaller than its value at the bound, so the offsets
+    // hold for every smaller value of the symbols.
+    std::unique_ptr<Graph> bound;
+    const Graph* planned = &g;
+    if (has_symbolic_dims(g)) {
+      if (ctx.options.symbol_bounds.empty())
+        return Status::error("arena_plan: the program has symbolic dims and no bounds for them (--max_length)");
+      bound = g.clone();
+      KILN_RETURN_IF_ERROR(bind_symbols(*bound, ctx.options.symbol_bounds).with_context("arena_plan at the bound"));
+      if (has_symbolic_dims(*bound))
+        return Status::error("arena_plan: a dim stays symbolic or unknown at the bounds (--max_length)");
+      planned = bound.get();
+    }
+    KILN_ASSIGN_OR_RETURN(MemoryPlan plan, plan_step_arena_layout(*planned));
+    // The value of `g` each planned value stands for.
+    std::unordered_map<const Value*, Value*> of_g;
+    if (bound) {
+      std::vector<const Value*> mine, theirs;
+      list_values(g, mine);
+      list_values(*bound, theirs);
+      if (mine.size() != theirs.size())
+        return Status::error("arena_plan: the bound copy differs from the program " + std::to_string(mine.size()) + " " + std::to_string(theirs.size()));
+      for (size_t i = 0; i < mine.size(); ++i)
+        if (theirs[i]) of_g[theirs[i]] = const_cast<Value*>(mine[i]);
+    }
     clear_placements(g);
     for (const ValuePlan& vp : plan.values) {
       if (vp.persistent || vp.buffer < 0 || vp.offset < 0 || !vp.value) continue;
       const BufferPlan& b = plan.buffers[static_cast<size_t>(vp.buffer)];
-      ArenaPlacement& a = const_cast<Value*>(vp.value)->arena;  // a value of `g`
+      Value* v = bound ? of_g.at(vp.value) : const_cast<Value*>(vp.value);  // a value of `g`
+      ArenaPlacement& a = v->arena;
       a.offset = vp.offset;
       a.bytes = b.size;
       // The first value of its buffer, produced by a node: the others get there by the

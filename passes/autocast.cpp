@@ -17,7 +17,7 @@
 //   (attribute kiln_autocast_kept = its FLOPs, shown by `kiln inspect --precision`),
 //   since its casts and the bf16 pointwise kernels around it cost more than a small
 //   product saves; what follows it then follows its f32 output. A node with symbolic
-//   dims is decided by its FLOPs at AutocastOptions::symbol_bounds (the bound a
+//   dims is decided by its FLOPs at PassOptions::symbol_bounds (the bound a
 //   symbolic program is planned at), and takes the low dtype when there are none.
 //   (d) A convolution (low_precision, not a product) below its own break-even
 //   (AutocastOptions::min_conv_flops) under --bf16 is not kept f32: its values stay bf16
@@ -256,10 +256,10 @@ class Autocast : public Pass {
     t.add("autocast_dtype", dtype_name(o.autocast.dtype))
         .add("autocast_min_flops", o.autocast.min_flops)
         .add("autocast_min_conv_flops", o.autocast.min_conv_flops);
-    if (!o.autocast.symbol_bounds.empty()) {
+    if (!o.symbol_bounds.empty()) {
       std::string b;
-      for (const auto& [s, v] : o.autocast.symbol_bounds) b += (b.empty() ? "" : ",") + s + "=" + std::to_string(v);
-      t.add("autocast_symbol_bounds", b);
+      for (const auto& [s, v] : o.symbol_bounds) b += (b.empty() ? "" : ",") + s + "=" + std::to_string(v);
+      t.add("symbol_bounds", b);
     }
     return t.str();
   }
@@ -308,7 +308,7 @@ class Autocast : public Pass {
         // Too small to pay for its casts (AutocastOptions::min_flops): f32, unless an
         // input is already wider (it then follows, as follow_inputs would).
         const double min_flops = has_trait(*n, OpTrait::matmul) ? min_product_flops : min_conv_flops;
-        const auto& bounds = ctx.options.autocast.symbol_bounds;
+        const auto& bounds = ctx.options.symbol_bounds;
         if (min_flops > 0 && (n->shapes_static() || !bounds.empty())) {
           const double flops = node_cost_at(*n, bounds).flops;
           if (flops < min_flops && mark_compute_f32(*n, low_, min_conv_flops)) {

@@ -62,10 +62,6 @@ struct AutocastOptions {
   /// at other sizes).
   double min_flops = 0;
   double min_conv_flops = 0;
-  /// A symbolic program's bounds (--shape_mode symbolic: each symbol's largest value): a
-  /// node with symbolic dims is decided by its FLOPs at them (ir::node_cost_at), as its
-  /// memory is planned; empty: such a node takes `dtype`.
-  std::map<std::string, int64_t> symbol_bounds;
 };
 
 /// remat: the gradient-checkpointing policy.
@@ -108,9 +104,16 @@ struct LoweringOptions {
 };
 
 /// Every option a pass reads. Each pass reads only its own family's fields (and
-/// `mode`); Pass::describe_options names them for `kiln inspect --pipeline`.
+/// `mode` and `symbol_bounds`); Pass::describe_options names them for `kiln inspect
+/// --pipeline`.
 struct PassOptions {
   Mode mode = Mode::train;
+  /// A symbolic program's bounds (--shape_mode symbolic: each symbol's largest value,
+  /// --max_length and the batch size). Autocast decides a node with symbolic dims by its
+  /// FLOPs at them (ir::node_cost_at; empty: such a node takes the low dtype); arena_plan
+  /// lays out the step arena at them (offsets valid for every smaller value); fusion
+  /// chooses schedules for them. Empty for static programs.
+  std::map<std::string, int64_t> symbol_bounds;
   LossOptions loss;
   AutodiffOptions autodiff;
   OptimizerOptions optimizer;

@@ -122,13 +122,6 @@ Status TrainConfig::validate() const {
   if (recompile_limit < 1) return bad("recompile_limit", "must be > 0, got " + num_str(recompile_limit));
   if (auto items = check_list("shape_mode", shape_mode, {"pad", "specialize", "buckets", "symbolic"}); !items)
     return items.status();
-  // Symbolic programs run on the reference executor until kernels take run-time extents.
-  for (const std::string& m : comma_list(shape_mode))
-    if (m == "symbolic" && backend.find("eager") == std::string::npos)
-      return bad("shape_mode", "symbolic runs on --backend eager only so far (the " + backend +
-                                   " backend has no kernels with run-time extents yet): kiln train, bench and "
-                                   "inspect take --backend eager; kiln compile builds static programs "
-                                   "(--shape_mode pad or buckets)");
   if (auto b = parse_shape_buckets(shape_buckets); !b) return b.status();
   if (max_steps == 0 || max_steps < -1)
     return bad("max_steps", "must be -1 (use epochs) or > 0, got " + num_str(max_steps));
@@ -307,8 +300,8 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
        "are truncated; --shape_mode pad pads every batch to it (0: the longest row)"},
       {"shape_mode", Kind::str, &c.shape_mode,
        "variable-length data: pad (default: one program at --max_length) | specialize (one per batch length) | "
-       "buckets (--shape_buckets lengths) | symbolic (one program, its sequence dim a symbol; --backend eager for "
-       "now); bench takes a list: pad,specialize,buckets,symbolic"},
+       "buckets (--shape_buckets lengths) | symbolic (one program, its sequence dim a symbol, "
+       "planned at --max_length); bench takes a list: pad,specialize,buckets,symbolic"},
       {"shape_buckets", Kind::str, &c.shape_buckets,
        "--shape_mode buckets: K (default 4), the number of padded lengths planned from the data's length "
        "histogram, or the lengths themselves: 32,64,128"},

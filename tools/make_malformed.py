@@ -578,7 +578,6 @@ def make_sequences():
     seq_case("token_out_of_vocab", "seq/out_of_vocab.jsonl")
     seq_case("pad_token_out_of_vocab", "seq/good.jsonl", "--pad_token_id", "16")
     seq_case("shape_mode_unknown", "seq/good.jsonl", "--shape_mode", "dynamic")
-    seq_case("shape_mode_symbolic_compiled", "seq/good.jsonl", "--shape_mode", "symbolic")
     seq_case("shape_buckets_descending", "seq/good.jsonl", "--shape_mode", "buckets", "--shape_buckets", "4,2")
     seq_case("shape_buckets_too_short", "seq/good.jsonl", "--shape_mode", "buckets", "--shape_buckets", "2,3")
 

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "e2e_util.h"
+#include "frontend/onnx_import.h"
 #include "runtime/buckets.h"
 #include "runtime/sequences.h"
 #include "runtime/trainer.h"
@@ -441,17 +442,21 @@ TEST(VarLen, SymbolicProgramEqualsTheStaticProgramUnderBf16) {
 
 namespace {
 
-/// gpt2 (dynamic axes) trained on `rows` random rows of 3..20 tokens with `flags`, under
-/// --shape_mode symbolic and specialize (eager, fp32, no dropout): each mode's recompiles
-/// log, after checking that both ran `steps` steps, that symbolic built one program, and
-/// that its losses are specialize's within 1e-5.
+/// gpt2 (dynamic axes) trained on `rows` random rows of 3..20 tokens with `flags` (which
+/// name the backend), under --shape_mode symbolic and specialize (fp32, no dropout): each
+/// mode's recompiles log, after checking that both ran `steps` steps, that symbolic built
+/// one program, and that its losses and trained weights are specialize's within 1e-5
+/// (relative; weights in relative L2). SGD, not AdamW: AdamW divides each gradient entry by
+/// its own magnitude, so an entry that is zero in exact arithmetic (gpt2's key bias: softmax
+/// does not change when a row's scores move together) takes learning-rate-sized steps of
+/// rounding noise whose sign differs between any two programs; SGD keeps it noise-sized.
 std::map<std::string, std::string> symbolic_against_specialize(const std::string& name, int rows, uint64_t seed,
                                                                const std::string& flags, size_t steps) {
   const std::string dir = fresh_tmpdir(name);
   const std::string data = write_rows(dir, rows, 20, seed);
   const std::string common = "KILN_LOGS=recompiles '" + kKiln + "' train " + kHf +
                              "gpt2/logits_dynamo.onnx --train_data " + data + " --max_length 20 " + flags +
-                             " --logging_steps 1 --backend eager --disable_dropout --learning_rate 1e-2 --seed 5 "
+                             " --logging_steps 1 --disable_dropout --optim sgd --learning_rate 1e-1 --seed 5 "
                              "--disable_tqdm --no_cache --shape_mode ";
   std::map<std::string, std::map<int64_t, double>> losses;
   std::map<std::string, std::string> logs;
@@ -468,6 +473,20 @@ std::map<std::string, std::string> symbolic_against_specialize(const std::string
     if (it == losses["symbolic"].end()) continue;  // counted above
     EXPECT_NEAR(it->second, loss, 1e-5 * std::fabs(loss)) << "step " << step;
   }
+  auto sym = frontend::import_onnx(dir + "/symbolic/model.onnx");
+  auto spec = frontend::import_onnx(dir + "/specialize/model.onnx");
+  EXPECT_TRUE(sym && spec) << (sym ? spec.message() : sym.message());
+  if (!sym || !spec) return logs;
+  int weights = 0;
+  for (const ir::Value* w : (*spec)->initializers) {
+    const ir::Value* v = (*sym)->find_value(w->name);
+    if (!w->data || !ir::is_float(w->dtype) || w->data->numel() < 2) continue;
+    EXPECT_TRUE(v && v->data) << w->name;
+    if (!v || !v->data) continue;
+    EXPECT_LE(rel_diff(*v->data, *w->data), 1e-5) << w->name;
+    ++weights;
+  }
+  EXPECT_GT(weights, 5);
   return logs;
 }
 
@@ -480,7 +499,7 @@ TEST(VarLen, SymbolicTrainsTheLastPartialBatchWithoutARebuild) {
   // its losses are specialize's (a program per length and one for the partial batch).
   auto logs = symbolic_against_specialize("varlen_symbolic_partial", 22, 9,
                                           "--num_train_epochs 1 --per_device_train_batch_size 4 "
-                                          "--dataloader_drop_last false",
+                                          "--dataloader_drop_last false --backend eager",
                                           6);
   EXPECT_NE(logs["specialize"].find("-> 2 x 1 (microbatch rows x microbatches)"), std::string::npos)
       << logs["specialize"];
@@ -493,9 +512,20 @@ TEST(VarLen, SymbolicWithGradientAccumulationTrainsSpecializesLosses) {
   // of specialize's programs.
   auto logs = symbolic_against_specialize("varlen_symbolic_accum", 24, 13,
                                           "--max_steps 5 --per_device_train_batch_size 2 "
-                                          "--gradient_accumulation_steps 2",
+                                          "--gradient_accumulation_steps 2 --backend eager",
                                           5);
   EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 2) << logs["specialize"];
+}
+
+TEST(VarLen, SymbolicCompiledProgramTrainsSpecializesLossesAndWeights) {
+  // The compiled backend (generated kernels, step arena planned at the bound): 20 steps of
+  // 4 rows of 3..20 tokens, every batch length and the last partial batch on the one
+  // symbolic program, the losses and weights of specialize's compiled programs.
+  auto logs = symbolic_against_specialize("varlen_symbolic_compiled", 78, 21,
+                                          "--num_train_epochs 1 --per_device_train_batch_size 4 "
+                                          "--dataloader_drop_last false --backend compiled",
+                                          20);
+  EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 3) << logs["specialize"];
 }
 
 TEST(VarLen, SymbolicRefusesRowsPastThePositionTableBeforeStepOne) {

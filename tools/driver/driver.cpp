@@ -394,15 +394,16 @@ const std::vector<std::string>& compiled_pipeline() {
 }
 
 /// The bound of each symbol left in `g`'s inputs (--shape_mode symbolic): a batch dim
-/// (dim 0) at --per_device_train_batch_size, every other at --max_length, the longest row
-/// the loader gives. Empty when no input dim is symbolic.
-static std::map<std::string, int64_t> symbolic_bounds(const Graph& g, const runtime::TrainConfig& cfg) {
+/// (dim 0) at `batch` (the program's batch size), every other at --max_length, the
+/// longest row the loader gives. Empty when no input dim is symbolic.
+static std::map<std::string, int64_t> symbolic_bounds(const Graph& g, const runtime::TrainConfig& cfg,
+                                                      int64_t batch) {
   std::map<std::string, int64_t> bounds;
   for (const Value* in : g.inputs)
     for (int k = 0; k < in->shape.rank(); ++k)
       if (in->shape.dims[k].is_symbolic())
         for (const std::string& s : in->shape.dims[k].expr.symbols())
-          bounds.emplace(s, k == 0 ? cfg.per_device_train_batch_size : cfg.max_length);
+          bounds.emplace(s, k == 0 ? batch : cfg.max_length);
   return bounds;
 }
 
@@ -412,8 +413,6 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   if (total_steps <= 0) total_steps = cfg.max_steps > 0 ? cfg.max_steps : 1;
   if (cfg.backend.find(',') != std::string::npos)
     return Status::error("--backend: one backend per program (a list such as '" + cfg.backend + "' is for kiln bench)");
-  if (cfg.shape_mode == "symbolic" && cfg.backend != "eager")  // TrainConfig::validate says why
-    return Status::error("--shape_mode symbolic needs --backend eager");
   TrainingProgram prog;
   // The pipelines as data (tools/driver/pipeline.h): what runs below, stage by stage.
   Pipeline pipe = training_pipeline(pipeline_options(cfg, total_steps, to_f64));
@@ -445,12 +444,13 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   // A symbolic program is checked at its bound as a static one is at its length: a
   // position table shorter than --max_length is refused before step 1. Autocast decides
   // its symbolic products by their FLOPs at the bound.
-  if (const auto bounds = symbolic_bounds(module, cfg);
+  if (const auto bounds = symbolic_bounds(module, cfg, cfg.per_device_train_batch_size);
       cfg.shape_mode == "symbolic" && !bounds.empty() && cfg.max_length > 0) {
     std::map<std::string, int64_t> at_bound = train_dims;
     at_bound.insert(bounds.begin(), bounds.end());
     KILN_ASSIGN_OR_RETURN(auto probe, specialize_model(module, cfg.model, at_bound, false, nullptr));
-    for (ProgramPipeline* p : {&pipe.train, &pipe.grads, &pipe.eval}) p->options.autocast.symbol_bounds = bounds;
+    for (ProgramPipeline* p : {&pipe.train, &pipe.grads}) p->options.symbol_bounds = bounds;
+    pipe.eval.options.symbol_bounds = symbolic_bounds(module, cfg, cfg.per_device_eval_batch_size);
   }
 
   // Training step: forward + loss + backward + optimizer.
@@ -509,7 +509,7 @@ Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg
   } else {
     // A symbolic program (--shape_mode symbolic) is planned at its upper bound.
     std::unique_ptr<Graph> bound;
-    const std::map<std::string, int64_t> bounds = symbolic_bounds(*train, cfg);
+    const std::map<std::string, int64_t> bounds = symbolic_bounds(*train, cfg, cfg.per_device_train_batch_size);
     if (!bounds.empty() && cfg.max_length > 0) {
       bound = train->clone();
       if (!ir::bind_symbols(*bound, bounds).is_ok()) bound.reset();
