@@ -114,7 +114,8 @@ class ArenaPlanPass : public Pass {
       list_values(g, mine);
       list_values(*bound, theirs);
       if (mine.size() != theirs.size())
-        return Status::error("arena_plan: the bound copy differs from the program " + std::to_string(mine.size()) + " " + std::to_string(theirs.size()));
+        return Status::error("arena_plan: the bound copy differs from the program " + std::to_string(mine.size()) +
+                             " " + std::to_string(theirs.size()));
       for (size_t i = 0; i < mine.size(); ++i)
         if (theirs[i]) of_g[theirs[i]] = const_cast<Value*>(mine[i]);
     }
