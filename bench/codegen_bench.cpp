@@ -146,11 +146,11 @@ struct KB {
   Kernel k;
   KB(std::string name, std::vector<int64_t> domain, std::vector<bool> reduced = {}) {
     k.name = std::move(name);
-    k.domain = std::move(domain);
+    k.domain.assign(domain.begin(), domain.end());
     k.reduced = std::move(reduced);
   }
   int param(const std::string& name, std::vector<int64_t> strides, bool out = false) {
-    return k.add_param(name, DType::f32, std::move(strides), out);
+    return k.add_param(name, DType::f32, {strides.begin(), strides.end()}, out);
   }
   int load(int p) { return k.add_load(p); }
   int cst(double v) { return k.add_constant(v, DType::f32); }
@@ -279,13 +279,6 @@ Kernel cross_entropy_grad_kernel(int64_t rows, int64_t cols) {
   return b.k;
 }
 
-/// Number of elements (of the param's dtype) param `p` of `k` spans.
-int64_t param_elems(const Kernel& k, const KernelParam& p) {
-  int64_t n = p.offset + 1;
-  for (size_t d = 0; d < k.domain.size(); ++d) n += (k.domain[d] - 1) * p.strides[d];
-  return n;
-}
-
 /// Compiles `k` and runs it over its whole domain with the runtime's OpenMP split;
 /// reports the bytes its parameters span (inputs read once, outputs written once).
 void run_kernel(benchmark::State& state, const Kernel& k) {
@@ -302,14 +295,14 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
   std::vector<void*> ptrs;
   int64_t bytes = 0;
   for (auto& p : k.params) {
-    const int64_t n = param_elems(k, p);
+    const int64_t n = codegen::param_elements(k, p);
     bufs.push_back(std::make_unique<Buf>(n, p.dtype, p.is_output ? 0.f : 0.5f));
     ptrs.push_back(bufs.back()->p);
     const int64_t width = static_cast<int64_t>(ir::dtype_size(p.dtype));
     if (p.dtype == DType::boolean) {
       auto* m = static_cast<uint8_t*>(bufs.back()->p);
       if (p.name == "mask" && k.domain.size() >= 2) {  // causal: key j > query i is masked (true)
-        const int64_t seq = k.domain.back();
+        const int64_t seq = codegen::static_extent(k.domain.back());
         for (int64_t i = 0; i < seq; ++i)
           for (int64_t j = i + 1; j < seq; ++j) m[i * seq + j] = 1;
       }
@@ -318,8 +311,8 @@ void run_kernel(benchmark::State& state, const Kernel& k) {
   }
   const double copy_bw = copy_bandwidth();
   // The split of run_fused_compiled (runtime/interpreter.cpp).
-  const int64_t extent = ck.parallel_dim < 0 ? 1 : ck.parallel_extent;
-  const int64_t work = extent * std::max<int64_t>(1, ck.work_per_index);
+  const int64_t extent = ck.parallel_dim < 0 ? 1 : codegen::static_extent(ck.parallel_extent);
+  const int64_t work = extent * std::max<int64_t>(1, codegen::static_extent(ck.work_per_index));
   const int threads = omp_get_max_threads();
   const int64_t chunks = std::min<int64_t>({extent, static_cast<int64_t>(threads), std::max<int64_t>(1, work / 32768)});
   std::vector<double> scratch(static_cast<size_t>((ck.scratch_bytes + 7) / 8));

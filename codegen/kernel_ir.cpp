@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "ir/ops/nn.h"
 
@@ -16,10 +18,38 @@ namespace kiln::codegen {
 using ir::DType;
 using ir::ScalarOp;
 
-int64_t Kernel::domain_size() const {
-  int64_t n = 1;
-  for (int64_t e : domain) n *= e;
+Extent Kernel::domain_size() const {
+  Extent n = 1;
+  for (const Extent& e : domain) n = n * e;
   return n;
+}
+
+bool Kernel::is_symbolic() const {
+  for (const Extent& e : domain)
+    if (!e.is_constant()) return true;
+  for (const KernelParam& p : params)
+    for (const Extent& st : p.strides)
+      if (!st.is_constant()) return true;
+  return false;
+}
+
+std::vector<std::string> Kernel::symbols() const {
+  std::set<std::string> names;
+  auto add = [&](const Extent& e) {
+    for (const std::string& n : e.symbols()) names.insert(n);
+  };
+  for (const Extent& e : domain) add(e);
+  for (const KernelParam& p : params)
+    for (const Extent& st : p.strides) add(st);
+  return {names.begin(), names.end()};
+}
+
+Kernel Kernel::bind(const std::map<std::string, int64_t>& values) const {
+  Kernel b = *this;
+  for (Extent& e : b.domain) e = e.substitute(values);
+  for (KernelParam& p : b.params)
+    for (Extent& st : p.strides) st = st.substitute(values);
+  return b;
 }
 
 bool Kernel::has_reduction() const {
@@ -48,9 +78,10 @@ std::vector<bool> Kernel::row_invariant() const {
       if (e.param < 0 || e.param >= static_cast<int>(params.size())) continue;
       const KernelParam& p = params[e.param];
       for (size_t d = 0; d < reduced.size() && d < p.strides.size(); ++d) {
-        if (reduced[d] && p.strides[d] != 0 && domain[d] > 1) inv[i] = false;
+        // (A symbolic extent may exceed 1.)
+        if (reduced[d] && p.strides[d] != 0 && domain[d] != 1) inv[i] = false;
         // A guard that cuts a reduced dim makes the value change along it.
-        if (reduced[d] && p.guarded() && (p.guard_lo[d] > 0 || p.guard_hi[d] < domain[d])) inv[i] = false;
+        if (reduced[d] && p.guarded() && (p.guard_lo[d] > 0 || Extent(p.guard_hi[d]) != domain[d])) inv[i] = false;
       }
       if (!e.args.empty() && e.args[0] >= 0 && e.args[0] < static_cast<int>(i) && !inv[e.args[0]]) inv[i] = false;
       continue;
@@ -79,19 +110,20 @@ int Kernel::row_passes() const {
 }
 
 int64_t Kernel::column_split_parts() const {
-  if (!has_reduction() || is_row_program() || domain.empty()) return 0;
+  if (!has_reduction() || is_row_program() || domain.empty() || is_symbolic()) return 0;
   // The dims of extent > 1, whatever the strides (so that the eager ReduceSum, which
   // sees only the shape, decides alike): reduced ones first, then kept ones.
   int64_t rows = 1, cols = 1;
   bool seen_kept = false;
   for (size_t d = 0; d < domain.size(); ++d) {
-    if (domain[d] == 1) continue;
+    const int64_t e = static_extent(domain[d]);
+    if (e == 1) continue;
     if (reduced[d]) {
       if (seen_kept) return 0;  // a reduced dim after a kept one
-      rows *= domain[d];
+      rows *= e;
     } else {
       seen_kept = true;
-      cols *= domain[d];
+      cols *= e;
     }
   }
   if (!seen_kept || rows == 1) return 0;
@@ -123,7 +155,12 @@ const char* reduce_name(ReduceKind r) {
 template <typename T>
 std::string join(const std::vector<T>& v) {
   std::ostringstream os;
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  for (size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_same_v<T, Extent>)
+      os << (i ? ", " : "") << v[i].to_string();
+    else
+      os << (i ? ", " : "") << v[i];
+  }
   return os.str();
 }
 
@@ -250,8 +287,11 @@ Status Kernel::verify() const {
   auto fail = [&](const std::string& msg) { return Status::error("kernel '" + name + "': " + msg); };
   if (!valid_identifier(name)) return fail("name must be a non-empty C identifier");
   const size_t rank = domain.size();
-  for (int64_t e : domain)
-    if (e < 0) return fail("negative domain extent " + std::to_string(e));
+  for (const Extent& e : domain) {
+    if (!e.valid()) return fail("an extent overflowed");
+    if (e.is_constant() && e.constant_value() < 0) return fail("negative domain extent " + e.to_string());
+  }
+  const bool symbolic = is_symbolic();
   if (!reduced.empty() && reduced.size() != rank)
     return fail("reduced has " + std::to_string(reduced.size()) + " flags for a rank-" + std::to_string(rank) +
                 " domain");
@@ -264,16 +304,17 @@ Status Kernel::verify() const {
     if (p.strides.size() != rank)
       return fail(pn + " has " + std::to_string(p.strides.size()) + " strides for a rank-" + std::to_string(rank) +
                   " domain");
-    for (int64_t s : p.strides)
-      if (s < 0) return fail(pn + " has a negative stride");
+    for (const Extent& st : p.strides)
+      if (!st.valid() || (st.is_constant() && st.constant_value() < 0)) return fail(pn + " has a negative stride");
     if (p.guarded()) {
       if (p.is_output) return fail(pn + " is an output with a guard");
+      if (symbolic) return fail(pn + " has a guard in a symbolic kernel");
       if (p.guard_lo.size() != rank || p.guard_hi.size() != rank) return fail(pn + " has a guard of the wrong rank");
       int64_t first = p.offset;  // the smallest element offset inside the box
       for (size_t d = 0; d < rank; ++d) {
-        if (p.guard_lo[d] < 0 || p.guard_lo[d] >= p.guard_hi[d] || p.guard_hi[d] > domain[d])
+        if (p.guard_lo[d] < 0 || p.guard_lo[d] >= p.guard_hi[d] || p.guard_hi[d] > domain[d].constant_value())
           return fail(pn + " has an empty or out-of-domain guard on dim " + std::to_string(d));
-        first += p.guard_lo[d] * p.strides[d];
+        first += p.guard_lo[d] * p.strides[d].constant_value();
       }
       if (first < 0) return fail(pn + " reads before its buffer inside its guard");
     } else if (p.offset < 0) {
@@ -414,13 +455,14 @@ Kernel collapse_dims(const Kernel& k) {
     }
     keep.push_back(d);
   }
-  std::vector<int64_t> dom;
+  std::vector<Extent> dom;
   std::vector<bool> rflags;
-  std::vector<std::vector<int64_t>> strides(k.params.size()), glo(k.params.size()), ghi(k.params.size());
+  std::vector<std::vector<Extent>> strides(k.params.size());
+  std::vector<std::vector<int64_t>> glo(k.params.size()), ghi(k.params.size());
   // A guard that cuts dim d (not the whole extent) keeps d a dim of its own.
   auto cut = [&](size_t p, size_t d) {
     const KernelParam& q = k.params[p];
-    return q.guarded() && (q.guard_lo[d] != 0 || q.guard_hi[d] != k.domain[d]);
+    return q.guarded() && (q.guard_lo[d] != 0 || Extent(q.guard_hi[d]) != k.domain[d]);
   };
   size_t prev = 0;
   for (size_t d : keep) {
@@ -430,10 +472,10 @@ Kernel collapse_dims(const Kernel& k) {
       for (size_t p = 0; p < k.params.size(); ++p)
         if (strides[p].back() != k.params[p].strides[d] * k.domain[d] || cut(p, d) || cut(p, prev)) merge = false;
     if (merge) {
-      dom.back() *= k.domain[d];
+      dom.back() = dom.back() * k.domain[d];
       for (size_t p = 0; p < k.params.size(); ++p) {
         strides[p].back() = k.params[p].strides[d];
-        if (k.params[p].guarded()) ghi[p].back() = dom.back();
+        if (k.params[p].guarded()) ghi[p].back() = static_extent(dom.back());
       }
     } else {
       dom.push_back(k.domain[d]);
@@ -851,18 +893,30 @@ void for_each_point(const std::vector<int64_t>& dom, F&& f) {
 
 }  // namespace
 
-Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
-  KILN_RETURN_IF_ERROR(k.verify());
+Status evaluate_reference(const Kernel& symbolic, const std::vector<void*>& buffers,
+                          const std::map<std::string, int64_t>& symbols) {
+  KILN_RETURN_IF_ERROR(symbolic.verify());
+  const Kernel k = symbolic.bind(symbols);
+  if (k.is_symbolic())
+    return Status::error("kernel '" + k.name + "': no value for a symbol of " + k.domain_size().to_string());
+  // Every extent and stride is a constant from here on.
+  std::vector<int64_t> domain;
+  for (const Extent& e : k.domain) domain.push_back(e.constant_value());
+  std::vector<std::vector<int64_t>> strides;
+  for (const KernelParam& p : k.params) {
+    strides.emplace_back();
+    for (const Extent& st : p.strides) strides.back().push_back(st.constant_value());
+  }
   if (buffers.size() != k.params.size())
     return Status::error("kernel '" + k.name + "': " + std::to_string(buffers.size()) + " buffers for " +
                          std::to_string(k.params.size()) + " params");
   for (size_t i = 0; i < buffers.size(); ++i)
-    if (!buffers[i] && k.domain_size() > 0)
+    if (!buffers[i] && k.domain_size().constant_value() > 0)
       return Status::error("kernel '" + k.name + "': null buffer for param " + std::to_string(i));
   const size_t rank = k.domain.size();
-  auto offset_of = [&](const KernelParam& p, const std::vector<int64_t>& idx) {
-    int64_t o = p.offset;
-    for (size_t d = 0; d < rank; ++d) o += idx[d] * p.strides[d];
+  auto offset_of = [&](int p, const std::vector<int64_t>& idx) {
+    int64_t o = k.params[p].offset;
+    for (size_t d = 0; d < rank; ++d) o += idx[d] * strides[p][d];
     return o;
   };
   std::vector<Val> vals(k.exprs.size());
@@ -881,7 +935,7 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
         for (size_t d = 0; d < rank && p.guarded(); ++d)
           inside = inside && idx[d] >= p.guard_lo[d] && idx[d] < p.guard_hi[d];
         if (inside)
-          vals[i] = load_val(e.dtype, buffers[e.param], offset_of(p, idx));
+          vals[i] = load_val(e.dtype, buffers[e.param], offset_of(e.param, idx));
         else
           vals[i] = e.args.empty() ? Val{} : vals[e.args[0]];
       } else if (e.kind == KExpr::Kind::constant)
@@ -893,10 +947,10 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
     }
   };
   auto store_at = [&](const KStore& s, const std::vector<int64_t>& idx, const Val& v) {
-    store_val(k.params[s.param].dtype, buffers[s.param], offset_of(k.params[s.param], idx), v);
+    store_val(k.params[s.param].dtype, buffers[s.param], offset_of(s.param, idx), v);
   };
   if (!k.has_reduction()) {
-    for_each_point(k.domain, [&](const std::vector<int64_t>& idx) {
+    for_each_point(domain, [&](const std::vector<int64_t>& idx) {
       eval_point(idx, 1);
       for (const KStore& s : k.stores) store_at(s, idx, vals[s.expr]);
     });
@@ -907,7 +961,7 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
   // the reduce expressions of level p and the reduction stores of level p - 1, and
   // writes the point stores of level p - 1. Row stores are written once, after the
   // pass that finishes their level. Accumulation is in index order (the oracle order).
-  std::vector<int64_t> kept_dom = k.domain, red_dom = k.domain;
+  std::vector<int64_t> kept_dom = domain, red_dom = domain;
   for (size_t d = 0; d < rank; ++d) (k.reduced[d] ? kept_dom : red_dom)[d] = 1;
   auto varies = [&](const KStore& s) { return k.varies_along_reduced(s); };
   const int passes = k.row_passes();
@@ -916,7 +970,7 @@ Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers) {
   const int64_t parts = k.column_split_parts();
   int64_t red_rows = 1;
   for (size_t d = 0; d < rank; ++d)
-    if (k.reduced[d]) red_rows *= k.domain[d];
+    if (k.reduced[d]) red_rows *= domain[d];
   for_each_point(kept_dom, [&](const std::vector<int64_t>& kp) {
     for (size_t s = 0; s < k.stores.size(); ++s)
       if (k.stores[s].reduce == ReduceKind::none && !varies(k.stores[s]) && level[k.stores[s].expr] == 0) {
@@ -993,6 +1047,16 @@ std::string structure_key(const Kernel& k) {
   return c.to_string();
 }
 
+int64_t param_elements(const Kernel& k, const KernelParam& p) {
+  if (k.is_symbolic()) return -1;
+  for (const Extent& e : k.domain)
+    if (e.constant_value() == 0) return 0;
+  int64_t hi = p.offset;
+  for (size_t d = 0; d < k.domain.size(); ++d)
+    hi += std::max<int64_t>(0, (k.domain[d].constant_value() - 1) * p.strides[d].constant_value());
+  return hi + 1;
+}
+
 int64_t ipow_wrapping(int64_t base, int64_t e) {
   if (e < 0) {
     if (base == 1) return 1;
@@ -1008,7 +1072,7 @@ int64_t ipow_wrapping(int64_t base, int64_t e) {
   return static_cast<int64_t>(r);
 }
 
-int Kernel::add_param(std::string pname, ir::DType dt, std::vector<int64_t> strides, bool output, int64_t offset) {
+int Kernel::add_param(std::string pname, ir::DType dt, std::vector<Extent> strides, bool output, int64_t offset) {
   KernelParam p;
   p.name = std::move(pname);
   p.dtype = dt;

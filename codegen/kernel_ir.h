@@ -1,6 +1,9 @@
 // Kernel IR: the target-neutral, loop-level form of one fused group of the training
-// program (DESIGN.md, codegen/). A kernel is an iteration domain with static extents,
-// a DAG of scalar expressions over strided loads, and stores. Views (broadcasting,
+// program (DESIGN.md, codegen/). A kernel is an iteration domain, a DAG of scalar
+// expressions over strided loads, and stores. Extents and strides are expressions over
+// the program's shape symbols (ir/sym_expr.h; constants in a static program): a symbolic
+// kernel (issue 32) is generated once and computes its loop bounds and addresses from
+// the symbol values the executor passes at launch (tinygrad's launch_dims(var_vals)). Views (broadcasting,
 // and later Transpose/Reshape/Slice) are index arithmetic: each parameter carries its
 // own element strides per domain dimension, 0 for a broadcast dimension. Reductions
 // are domain dimensions marked `reduced`: a reduction store accumulates over them, and
@@ -15,14 +18,24 @@
 // its schedule (loop order, vectorization and threads, chosen by each emitter).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ir/dtype.h"
 #include "ir/op_table.h"
 #include "ir/status.h"
+#include "ir/sym_expr.h"
 
 namespace kiln::codegen {
+
+/// An extent or element stride of a kernel: a constant, or a polynomial over shape
+/// symbols evaluated at launch (`seq`, `64*seq`).
+using Extent = ir::SymExpr;
+
+/// The value of a constant extent, -1 for a symbolic one (for code that handles static
+/// kernels only: the CUDA emitter, schedule choices).
+inline int64_t static_extent(const Extent& e) { return e.is_constant() ? e.constant_value() : -1; }
 
 /// One buffer the kernel reads or writes.
 struct KernelParam {
@@ -30,8 +43,8 @@ struct KernelParam {
   ir::DType dtype = ir::DType::f32;
   /// Element strides, one per domain dimension (0: broadcast along that dimension).
   /// Element (i0, i1, ...) of the domain is at sum(i_d * strides[d]) + offset.
-  std::vector<int64_t> strides;
-  int64_t offset = 0;  ///< element offset of domain index (0, ..., 0)
+  std::vector<Extent> strides;
+  int64_t offset = 0;  ///< element offset of domain index (0, ..., 0); static
   bool is_output = false;
   /// Outputs only: written in place of input param `in_place_of` (same dtype, strides and
   /// offset; -1: its own buffer). Emitters address both through the input's pointer, so
@@ -43,6 +56,7 @@ struct KernelParam {
   /// memory and gives its fallback (KExpr: a Concat's other input, a Pad's constant);
   /// inside it the element offset + sum i_d * strides[d] lies in the buffer, so `offset`
   /// may be negative (a Concat input starting at index c of the axis: -c * stride).
+  /// Static kernels only (verify refuses a guard in a symbolic kernel).
   std::vector<int64_t> guard_lo, guard_hi;
   bool guarded() const { return !guard_lo.empty(); }
 };
@@ -92,16 +106,24 @@ struct KStore {
 
 /// One generated kernel.
 struct Kernel {
-  std::string name;             ///< unique in its program (C identifier characters)
-  std::vector<int64_t> domain;  ///< iteration extents (static)
-  std::vector<bool> reduced;    ///< per domain dim: summed/maxed over (empty = none)
+  std::string name;            ///< unique in its program (C identifier characters)
+  std::vector<Extent> domain;  ///< iteration extents
+  std::vector<bool> reduced;   ///< per domain dim: summed/maxed over (empty = none)
   std::vector<KernelParam> params;
   std::vector<KExpr> exprs;  ///< topological order
   std::vector<KStore> stores;
   std::vector<std::string> fused_nodes;  ///< IR node names the kernel computes (for dumps)
 
   /// Number of domain points (product of extents; 1 for rank 0).
-  int64_t domain_size() const;
+  Extent domain_size() const;
+  /// True when an extent or stride names a symbol.
+  bool is_symbolic() const;
+  /// The symbols the extents and strides name, sorted: the order of the values a
+  /// symbolic kernel takes at launch (see llvm_cpu.h).
+  std::vector<std::string> symbols() const;
+  /// Copy with the symbols of `values` replaced by their values (a static kernel when
+  /// every symbol is bound).
+  Kernel bind(const std::map<std::string, int64_t>& values) const;
   /// True when some domain dim is reduced (reduction stores or reduce expressions).
   bool has_reduction() const;
   /// True when the kernel has reduce expressions or plain stores beside reduced dims
@@ -121,7 +143,8 @@ struct Kernel {
   /// expression's level, or one more than the level of a reduction or point store's
   /// expression, whichever is larger (see evaluate_reference).
   int row_passes() const;
-  /// Partitions of a split column reduction (ir::column_sum_partitions), 0 for none:
+  /// Partitions of a split column reduction (ir::column_sum_partitions), 0 for none
+  /// (always for a symbolic kernel):
   /// a reduction kernel (not a row program) whose reduced dims of extent > 1 all precede
   /// its kept dims of extent > 1 (from the shape alone, as the eager ReduceSum decides;
   /// rows and columns are the products of each). Float sums of such a kernel follow the
@@ -140,7 +163,7 @@ struct Kernel {
 
   // Builders: each appends one entry and returns its index (no checks; verify() checks).
   /// A buffer parameter: element strides per domain dim (0: broadcast), element offset.
-  int add_param(std::string name, ir::DType dt, std::vector<int64_t> strides, bool is_output = false,
+  int add_param(std::string name, ir::DType dt, std::vector<Extent> strides, bool is_output = false,
                 int64_t offset = 0);
   /// A load of parameter `param`, in its dtype; `fallback` (guarded params only, -1:
   /// zero) is the value outside the param's guard box.
@@ -154,6 +177,11 @@ struct Kernel {
   /// Stores expression `expr` into output parameter `param` (a reduction when r != none).
   void add_store(int param, int expr, ReduceKind r = ReduceKind::none);
 };
+
+/// Elements the buffer of param `p` of a static kernel must hold: the largest element
+/// index it reaches over the domain, plus one (0 for an empty domain; -1 when `k` is
+/// symbolic).
+int64_t param_elements(const Kernel& k, const KernelParam& p);
 
 /// base^e for 64-bit integers by squaring, wrapping on overflow, with ONNX/numpy rules
 /// for negative exponents (1 for base 1, +-1 for base -1, else 0), as the eager Pow
@@ -173,7 +201,9 @@ Kernel collapse_dims(const Kernel& k);
 /// Reference evaluator (the oracle for emitter tests): runs `k` point by point on raw
 /// buffers (one pointer per parameter) in each dtype's compute type, as the eager
 /// kernels do: f32 for f32/bf16/f16 (bf16/f16 results rounded to nearest even),
-/// double for f64, int64 for integers. Slow; for tests only.
-Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers);
+/// double for f64, int64 for integers. Slow; for tests only. A symbolic kernel runs at
+/// the symbol values `symbols` (every symbol it names; else an error).
+Status evaluate_reference(const Kernel& k, const std::vector<void*>& buffers,
+                          const std::map<std::string, int64_t>& symbols = {});
 
 }  // namespace kiln::codegen

@@ -50,18 +50,6 @@ class KernelBuilder : public ScalarBuilder {
   bool allow_reduce_ = false;
 };
 
-/// Numpy broadcast strides of `shape` against `domain` (right-aligned; size-1 dims 0).
-std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, const std::vector<int64_t>& domain) {
-  std::vector<int64_t> st(domain.size(), 0);
-  int64_t stride = 1;
-  const int off = static_cast<int>(domain.size()) - static_cast<int>(shape.size());
-  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
-    st[d + off] = shape[d] == 1 ? 0 : stride;
-    stride *= shape[d];
-  }
-  return st;
-}
-
 void collect_fused(const Graph& g, std::vector<const Node*>& out) {
   for (auto& n : g.nodes()) {
     if (ir::has_trait(*n, ir::OpTrait::fused_kernel)) {
@@ -109,12 +97,23 @@ Expected<Kernel> lower_fused(const Node& fused) {
   const Shape& dom_shape = row_node    ? row_node->input(0)->shape
                            : reduction ? last.input(0)->shape
                                        : body.outputs[0]->shape;
-  if (!dom_shape.is_static()) return fail("domain shape " + dom_shape.to_string() + " is not static");
   Kernel k;
   k.name = fused.name;
   for (char& c : k.name)
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  k.domain = dom_shape.to_vector();
+  // Static extents, or expressions over the program's shape symbols (a symbolic kernel).
+  for (const Dim& d : dom_shape.dims) {
+    auto e = d.as_expr();
+    if (!e) return fail("domain shape " + dom_shape.to_string() + " has an unknown dim");
+    k.domain.push_back(*e);
+  }
+  const int rank = dom_shape.rank();
+  // Dense strides of `s` read at the domain's points (numpy broadcasting).
+  auto strides_for = [&](const Shape& s) -> Expected<std::vector<Extent>> {
+    auto st = ir::broadcast_strides(s, rank);
+    if (!st) return fail("shape " + s.to_string() + " does not broadcast to the domain " + dom_shape.to_string());
+    return *st;
+  };
   std::unordered_map<const Value*, ScalarBuilder::Ref> env;
   KernelBuilder b(k, env);
   // A body input read by a view member (Transpose, Expand, Slice, AsStrided, the Reshape
@@ -136,14 +135,15 @@ Expected<Kernel> lower_fused(const Node& fused) {
       for (int kk : ir::guarded_view_inputs(*n))
         if (n->input(kk)) guarded_by[n->input(kk)] = {n.get(), kk};
   for (const Value* in : body.inputs) {
-    if (!in->shape.is_static()) return fail("input '" + in->name + "' shape is not static");
     if (auto gt = guarded_by.find(in); gt != guarded_by.end()) {
       const Node& t = *gt->second.first;
+      if (!in->shape.is_static() || !dom_shape.is_static())
+        return fail(t.op + " '" + t.name + "' reads with a guard, which a symbolic kernel does not take");
       if (!(t.outputs[0]->shape == dom_shape))
         return fail(t.op + " '" + t.name + "' does not span the domain " + dom_shape.to_string());
       auto gr = ir::guarded_read(t, gt->second.second);
       if (!gr) return fail(gr.message());
-      const int p = k.add_param(in->name, in->dtype, gr->strides, false, gr->offset);
+      const int p = k.add_param(in->name, in->dtype, {gr->strides.begin(), gr->strides.end()}, false, gr->offset);
       k.params[p].guard_lo = gr->lo;
       k.params[p].guard_hi = gr->hi;
       guarded_params[&t][gt->second.second] = p;
@@ -160,13 +160,12 @@ Expected<Kernel> lower_fused(const Node& fused) {
       if (!vdef || !vdef->strided_read) return fail(t.op + " '" + t.name + "' has no strided read");
       auto sr = vdef->strided_read(t);
       if (!sr) return fail(sr.message());
-      const std::vector<int64_t>& strides = sr->strides;
-      const int64_t offset = sr->offset;
-      env[t.outputs[0]] = b.load(k.add_param(in->name, in->dtype, strides, false, offset));
+      env[t.outputs[0]] = b.load(k.add_param(in->name, in->dtype, sr->strides, false, sr->offset));
       continue;
     }
     if (in->shape.rank() > dom_shape.rank()) return fail("input '" + in->name + "' has a higher rank than the domain");
-    env[in] = b.load(k.add_param(in->name, in->dtype, broadcast_strides(in->shape.to_vector(), k.domain)));
+    KILN_ASSIGN_OR_RETURN(auto st, strides_for(in->shape));
+    env[in] = b.load(k.add_param(in->name, in->dtype, std::move(st)));
   }
   for (const Value* c : body.initializers)
     if (c->data->numel() == 1) env[c] = b.constant(c->data->get_f64(0), c->dtype);  // else: reduction axes
@@ -247,13 +246,14 @@ Expected<Kernel> lower_fused(const Node& fused) {
     // The output in the domain's rank with 1 on reduced dims (its keepdims layout is the
     // same memory order either way): broadcast strides give 0 along reduced dims.
     k.reduced.assign(k.domain.size(), false);
-    std::vector<int64_t> kept = k.domain;
+    Shape kept = dom_shape;
     for (int a : spec->axes) {
       k.reduced[a] = true;
-      kept[a] = 1;
+      kept.dims[a] = 1;
     }
     const Value* o = body.outputs[0];
-    const int p = k.add_param(o->name, o->dtype, broadcast_strides(kept, k.domain), /*is_output=*/true);
+    KILN_ASSIGN_OR_RETURN(auto st, strides_for(kept));
+    const int p = k.add_param(o->name, o->dtype, std::move(st), /*is_output=*/true);
     k.add_store(p, it->second, *def->reduce_combine == ScalarOp::max ? ReduceKind::max : ReduceKind::sum);
     k.fused_nodes.push_back(last.name);
     return k;
@@ -263,10 +263,10 @@ Expected<Kernel> lower_fused(const Node& fused) {
   for (const Value* o : body.outputs) {
     auto it = env.find(o);
     if (it == env.end()) return fail("output '" + o->name + "' is not computed by the body");
-    if (!o->shape.is_static() || o->shape.rank() > dom_shape.rank())
+    if (o->shape.rank() > dom_shape.rank())
       return fail("output '" + o->name + "' shape " + o->shape.to_string() + " does not fit the domain");
-    k.add_store(k.add_param(o->name, o->dtype, broadcast_strides(o->shape.to_vector(), k.domain), /*is_output=*/true),
-                it->second);
+    KILN_ASSIGN_OR_RETURN(auto st, strides_for(o->shape));
+    k.add_store(k.add_param(o->name, o->dtype, std::move(st), /*is_output=*/true), it->second);
   }
   // kiln_inplace = i (passes/fused_inplace.cpp): output 0 is written where input i is read.
   if (const int64_t ip = fused.attrs.get_int("kiln_inplace", -1); ip >= 0) {

@@ -124,6 +124,12 @@ bool Shape::is_static() const {
   return true;
 }
 
+bool Shape::is_known() const {
+  for (auto& d : dims)
+    if (d.is_unknown()) return false;
+  return true;
+}
+
 std::vector<int64_t> Shape::to_vector() const {
   std::vector<int64_t> v;
   for (auto& d : dims) v.push_back(d.is_static() ? d.value : -1);

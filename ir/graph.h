@@ -66,6 +66,8 @@ struct Shape {
   static Shape of(const std::vector<int64_t>& v);
   int rank() const { return static_cast<int>(dims.size()); }
   bool is_static() const;
+  /// Every dim static or symbolic (none unknown): code generation can address it.
+  bool is_known() const;
   /// Static dims as int64 (-1 for non-static ones).
   std::vector<int64_t> to_vector() const;
   /// Product of static dims; -1 if any dim is not static; 0 when a dim is 0; INT64_MAX

@@ -304,9 +304,15 @@ constexpr OpTraits operator|(OpTraits a, OpTrait b) { return a | static_cast<OpT
 /// at the index of its output: input element offset + sum i_d * strides[d] (dims of
 /// size 1 get stride 0).
 struct StridedRead {
-  std::vector<int64_t> strides;
+  std::vector<SymExpr> strides;  ///< constants, or expressions over the shape symbols
   int64_t offset = 0;
 };
+
+/// Element strides reading a dense row-major tensor of `shape` at each index of a
+/// rank-`domain_rank` domain (numpy broadcasting: right-aligned, 0 along missing leading
+/// dims and dims of static extent 1), as expressions over its symbolic dims; nullopt when
+/// a dim is unknown or the shape has the higher rank.
+std::optional<std::vector<SymExpr>> broadcast_strides(const Shape& shape, int domain_rank);
 
 /// One op kind.
 struct OpDef {

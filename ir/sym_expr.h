@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ class SymExpr {
   };
 
   SymExpr() = default;
+  /// The constant `c` (implicit, so that a static extent or stride reads as itself:
+  /// kernel IR's `domain = {4, seq}`).
+  SymExpr(int64_t c) : SymExpr(constant(c)) {}  // NOLINT(implicit)
   /// The constant `c`.
   static SymExpr constant(int64_t c);
   /// The symbol `name` (non-empty).
@@ -82,5 +86,8 @@ class SymExpr {
   std::vector<Term> terms_;
   bool valid_ = true;
 };
+
+/// Writes to_string() (messages, test output).
+inline std::ostream& operator<<(std::ostream& os, const SymExpr& e) { return os << e.to_string(); }
 
 }  // namespace kiln::ir

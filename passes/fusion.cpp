@@ -5,7 +5,8 @@
 // of XLA's instruction fusion and TorchInductor's pointwise scheduler, without
 // horizontal fusion yet):
 //  * A node is fusable when its op-table entry is pointwise and has a scalar rule
-//    (OpDef::scalar) that accepts the node's dtypes, every output has a static shape,
+//    (OpDef::scalar) that accepts the node's dtypes, every output has a known shape
+//    (static, or symbolic: a kernel with run-time extents, issue 32),
 //    and it carries no kiln_inplace attribute (in-place accumulator updates keep their
 //    buffer-reuse contract with the executor).
 //  * Walking the nodes in order, a fusable node joins (and merges) the groups of its
@@ -92,28 +93,28 @@ bool fusable(const Node& n) {
   if (!def || def->fusion != FusionClass::pointwise || !def->scalar) return false;
   if (n.attrs.has("kiln_inplace") || !n.regions.empty()) return false;
   for (const Value* o : n.outputs)
-    if (!o->shape.is_static() || o->dtype == DType::undefined) return false;
+    if (!o->shape.is_known() || o->dtype == DType::undefined) return false;
   if (n.num_outputs() != 1) return false;
   for (const Value* in : n.inputs)
-    if (!in || !in->shape.is_static()) return false;
+    if (!in || !in->shape.is_known()) return false;
   DryRunBuilder b(n);
   std::vector<ScalarBuilder::Ref> outs;
   if (!def->scalar(b, outs).is_ok() || outs.size() != 1) return false;
   return b.dtype(outs[0]) == n.outputs[0]->dtype;
 }
 
-/// A row op code generation can emit as one kernel (OpDef::row): static shapes, float
+/// A row op code generation can emit as one kernel (OpDef::row): known shapes, float
 /// input 0, row dims that are the trailing dims of input 0 (the rows are contiguous, the
 /// fast layout of every emitter), and a row rule whose results match the outputs.
 bool row_fusable(const Node& n) {
   const OpDef* def = OpTable::get().find(n.op);
   if (!def || !def->row || !def->row_dims || !n.regions.empty() || n.attrs.has("kiln_inplace")) return false;
   const Value* x = n.input(0);
-  if (!x || !x->shape.is_static() || !is_float(x->dtype) || x->shape.rank() == 0) return false;
+  if (!x || !x->shape.is_known() || !is_float(x->dtype) || x->shape.rank() == 0) return false;
   for (const Value* in : n.inputs)
-    if (in && (!in->shape.is_static() || in->shape.rank() > x->shape.rank())) return false;
+    if (in && (!in->shape.is_known() || in->shape.rank() > x->shape.rank())) return false;
   for (const Value* o : n.outputs)
-    if (!o->shape.is_static() || o->dtype == DType::undefined) return false;
+    if (!o->shape.is_known() || o->dtype == DType::undefined) return false;
   auto dims = def->row_dims(n);
   if (!dims || dims->empty()) return false;
   for (size_t i = 0; i < dims->size(); ++i)
@@ -145,8 +146,8 @@ bool is_viewed_input(const Node& n, int k) {
 /// parameter with permuted (Transpose), broadcast (Expand: stride 0 along expanded
 /// dims), stepped and offset (Slice, positive steps) or its own (AsStrided, non-negative)
 /// strides, no copy of its own.
-/// Static shapes; Expand's shape and Slice's starts/ends/axes/steps are constants (they
-/// are copied into the kernel body).
+/// Known shapes (guarded views: static); Expand's shape and Slice's starts/ends/axes/steps
+/// are constants (they are copied into the kernel body).
 bool view_fusable(const Node& n) {
   if (!is_view_node(n) || n.num_outputs() != 1 || !n.regions.empty() || n.attrs.has("kiln_inplace")) return false;
   if (is_guarded_view_op(n.op)) {
@@ -169,10 +170,10 @@ bool view_fusable(const Node& n) {
   }
   const Value* x = n.input(0);
   const Value* y = n.outputs[0];
-  if (!x || !x->shape.is_static() || !y->shape.is_static() || x->dtype == DType::undefined) return false;
+  if (!x || !x->shape.is_known() || !y->shape.is_known() || x->dtype == DType::undefined) return false;
   for (int k = 1; k < n.num_inputs(); ++k)
     if (n.inputs[k] && !n.inputs[k]->is_initializer()) return false;
-  if (y->shape.numel() <= 0) return false;
+  if (y->shape.is_static() && y->shape.numel() <= 0) return false;
   // The op's own conditions (OpDef::view_fusable): Transpose keeps the rank, AsStrided's
   // strides are non-negative, Slice's steps positive, ...
   const OpDef* def = OpTable::get().find(n.op);
@@ -200,13 +201,13 @@ struct Group {
 };
 
 /// A reduction code generation can emit: ReduceSum-like op (OpDef::reduce_combine) on a
-/// static float input, constant axes, not the no-op form, one output.
+/// known-shape float input, constant axes, not the no-op form, one output.
 bool reduction_fusable(const Node& n) {
   const OpDef* def = OpTable::get().find(n.op);
   if (!def || !def->reduce_combine || n.num_outputs() != 1 || !n.regions.empty()) return false;
   const Value* x = n.input(0);
-  if (!x || !x->shape.is_static() || !is_float(x->dtype) || x->shape.rank() == 0) return false;
-  if (!n.outputs[0]->shape.is_static() || n.outputs[0]->dtype != x->dtype) return false;
+  if (!x || !x->shape.is_known() || !is_float(x->dtype) || x->shape.rank() == 0) return false;
+  if (!n.outputs[0]->shape.is_known() || n.outputs[0]->dtype != x->dtype) return false;
   const Value* ax = n.input(1);
   if (ax && !ax->is_initializer()) return false;
   auto spec = reduce_spec(n.attrs, ax != nullptr, ax ? ax->data.get() : nullptr, x->shape.rank());

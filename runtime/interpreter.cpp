@@ -488,8 +488,9 @@ struct FusedLaunch {
   std::vector<void*> bufs;
   std::vector<Tensor> outs;
   const codegen::CpuKernel* ck = nullptr;
-  int64_t extent = 1;  ///< parallel-dim extent
-  int64_t chunks = 1;  ///< pieces of it worth a thread each (about 32K domain points at least)
+  std::vector<int64_t> symbol_values;  ///< a symbolic kernel's symbols (CpuKernel::symbols), passed after the buffers
+  int64_t extent = 1;                  ///< parallel-dim extent
+  int64_t chunks = 1;                  ///< pieces of it worth a thread each (about 32K domain points at least)
   /// A multi-tensor member run by its eager kernel's pieces (OpDef::pieces; ck null):
   /// the call's context (inputs, outputs) and its pieces (chunks of them).
   std::vector<const Tensor*> ins;
@@ -501,17 +502,38 @@ struct FusedLaunch {
 /// `scratch`: where a kernel with scratch_bytes gets its scratch (null: such a kernel is refused).
 /// `donate`: outputs marked kiln_donate take their state input's buffer (the caller owns
 /// it: RunOptions::donate_state); else each gets a copy of that input to update.
+/// `symbols`: the run's symbol values (a symbolic kernel's extents and its outputs' dims).
 Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codegen::CpuKernel& ck, Env& env,
                      const StepArena* arena, Tensor* dying_inplace, bool donate, FusedLaunch& l,
-                     std::vector<double>* scratch = nullptr) {
+                     const std::map<std::string, int64_t>* symbols, std::vector<double>* scratch = nullptr) {
   l.ck = &ck;
-  l.bufs.reserve(n.inputs.size() + n.outputs.size() + 1);
+  l.bufs.reserve(n.inputs.size() + n.outputs.size() + 2);
   l.outs.reserve(n.outputs.size());
-  // Output j's dims: the facts' static dims, else the graph's.
+  static const std::map<std::string, int64_t> none;
+  const std::map<std::string, int64_t>& syms = symbols ? *symbols : none;
+  // An extent of the kernel or a dim of the graph at this run's symbol values.
+  auto value_of = [&](const ir::SymExpr& e, const std::string& what) -> Expected<int64_t> {
+    if (e.is_constant()) return e.constant_value();
+    auto v = e.evaluate(syms);
+    if (!v) return Status::error("node '" + n.name + "': " + what + " " + e.to_string() + " has no value in this run");
+    return *v;
+  };
+  // Output j's dims: the facts' static dims, else the graph's at the run's symbol values.
   std::vector<int64_t> dims_buf;
+  Status dims_status = Status::ok();
   auto dims_of = [&](size_t j) -> const std::vector<int64_t>& {
     if (nf.has_static) return nf.outs.dims[j];
-    dims_buf = n.outputs[j]->shape.to_vector();
+    dims_buf.clear();
+    for (const Dim& d : n.outputs[j]->shape.dims) {
+      auto e = d.as_expr();
+      auto v = e ? value_of(*e, "output dim") : Expected<int64_t>(Status::error("node '" + n.name + "': unknown dim"));
+      if (!v) {
+        dims_status = v.status();
+        dims_buf.push_back(0);
+        continue;
+      }
+      dims_buf.push_back(*v);
+    }
     return dims_buf;
   };
   for (size_t k = 0; k < n.inputs.size(); ++k) {
@@ -561,8 +583,20 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
       continue;
     }
     // A generated kernel writes every element of each output: no zero fill.
-    l.outs.push_back(new_output(arena, o, o->dtype, dims_of(j), false));
+    const std::vector<int64_t>& od = dims_of(j);
+    if (!dims_status) return dims_status;
+    l.outs.push_back(new_output(arena, o, o->dtype, od, false));
     l.bufs.push_back(l.outs.back().raw());
+  }
+  if (!ck.symbols.empty()) {
+    // A symbolic kernel (codegen/cpu/llvm_cpu.h): its symbols' values after the buffers.
+    l.symbol_values.clear();
+    for (const std::string& s : ck.symbols) {
+      auto it = syms.find(s);
+      if (it == syms.end()) return Status::error("node '" + n.name + "': symbol '" + s + "' has no value in this run");
+      l.symbol_values.push_back(it->second);
+    }
+    l.bufs.push_back(l.symbol_values.data());
   }
   if (ck.scratch_bytes > 0) {
     // A split column reduction's partial rows (codegen::CpuKernel::scratch_bytes): one
@@ -572,8 +606,10 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
       scratch->resize(static_cast<size_t>((ck.scratch_bytes + 7) / 8));
     l.bufs.push_back(scratch->data());
   }
-  l.extent = ck.parallel_dim < 0 ? 1 : ck.parallel_extent;
-  const int64_t work = l.extent * std::max<int64_t>(1, ck.work_per_index);
+  KILN_ASSIGN_OR_RETURN(const int64_t extent, value_of(ck.parallel_extent, "parallel extent"));
+  KILN_ASSIGN_OR_RETURN(const int64_t per_index, value_of(ck.work_per_index, "work per index"));
+  l.extent = ck.parallel_dim < 0 ? 1 : extent;
+  const int64_t work = l.extent * std::max<int64_t>(1, per_index);
   const int threads = omp_get_max_threads();
   // About 32K domain points per chunk at least: smaller kernels run on one thread.
   l.chunks = std::min<int64_t>({l.extent, static_cast<int64_t>(threads), std::max<int64_t>(1, work / 32768)});
@@ -608,10 +644,11 @@ Status prepare_pieced(const Node& n, const GraphFacts::NodeFacts& nf, const OpDe
 /// kernel's parallel dimension split across the OpenMP threads (and a split column
 /// reduction's partitions combined).
 Status run_fused_compiled(const Node& n, const GraphFacts::NodeFacts& nf, const codegen::CpuKernel& ck, Env& env,
-                          const StepArena* arena, Tensor* dying_inplace, bool donate) {
+                          const StepArena* arena, Tensor* dying_inplace, bool donate,
+                          const std::map<std::string, int64_t>* symbols) {
   FusedLaunch l;
   thread_local std::vector<double> scratch;
-  KILN_RETURN_IF_ERROR(prepare_fused(n, nf, ck, env, arena, dying_inplace, donate, l, &scratch));
+  KILN_RETURN_IF_ERROR(prepare_fused(n, nf, ck, env, arena, dying_inplace, donate, l, symbols, &scratch));
   if (l.chunks <= 1) {
     run_piece(l, 0);
   } else {
@@ -712,7 +749,7 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOpt
         const GraphFacts::NodeFacts& mf = facts.nodes[k];
         if (mf.kernel)
           KILN_RETURN_IF_ERROR(prepare_fused(*nodes[k], mf, *mf.kernel, env, opts.arena, dying_input_of(k, mf.inplace),
-                                             opts.donate_state, ls[k - i]));
+                                             opts.donate_state, ls[k - i], opts.symbols));
         else
           KILN_RETURN_IF_ERROR(
               prepare_pieced(*nodes[k], mf, *mf.def, mf.has_static ? &mf.outs : nullptr, env, opts, k, ls[k - i]));
@@ -761,7 +798,8 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOpt
       }
       KILN_RETURN_IF_ERROR(run_accumulation_loop(n, env, steal, opts, &nf.captures));
     } else if (const codegen::CpuKernel* ck = nf.kernel) {
-      KILN_RETURN_IF_ERROR(run_fused_compiled(n, nf, *ck, env, opts.arena, dying_input(nf.inplace), opts.donate_state));
+      KILN_RETURN_IF_ERROR(
+          run_fused_compiled(n, nf, *ck, env, opts.arena, dying_input(nf.inplace), opts.donate_state, opts.symbols));
       generated = true;
     } else {
       std::vector<const Tensor*> ins;

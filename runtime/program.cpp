@@ -68,13 +68,7 @@ Expected<DataInputSpec> spec_from_json(const nlohmann::json& j) {
 void write_kernels(const codegen::CpuObject& obj, ir::ByteWriter& w) {
   w.u64(obj.kernels.size());
   for (size_t i = 0; i < obj.kernels.size(); ++i) {
-    const codegen::CpuKernel& k = obj.kernels[i];
-    w.str(k.name);
-    w.i64(k.parallel_dim);
-    w.i64(k.parallel_extent);
-    w.i64(k.work_per_index);
-    w.i64(k.split_parts);
-    w.i64(k.scratch_bytes);
+    w.str(codegen::encode_cpu_schedule(obj.kernels[i]));
     w.str(i < obj.symbols.size() ? obj.symbols[i] : std::string());
   }
   w.i64(obj.stats.num_kernels);
@@ -85,16 +79,11 @@ void write_kernels(const codegen::CpuObject& obj, ir::ByteWriter& w) {
 
 bool read_kernels(ir::ByteReader& r, codegen::CpuObject& obj) {
   uint64_t n;
-  if (!r.count(n, 56)) return false;
+  if (!r.count(n, 16)) return false;
   for (uint64_t i = 0; i < n; ++i) {
     codegen::CpuKernel k;
-    int64_t dim;
-    std::string sym;
-    if (!r.str(k.name) || !r.i64(dim) || !r.i64(k.parallel_extent) || !r.i64(k.work_per_index) ||
-        !r.i64(k.split_parts) || !r.i64(k.scratch_bytes) || !r.str(sym))
-      return false;
-    if (dim < -1 || dim > 64 || k.parallel_extent < 0 || k.split_parts < 0 || k.scratch_bytes < 0) return false;
-    k.parallel_dim = static_cast<int>(dim);
+    std::string sched, sym;
+    if (!r.str(sched) || !r.str(sym) || !codegen::decode_cpu_schedule(sched, k)) return false;
     obj.kernels.push_back(std::move(k));
     obj.symbols.push_back(std::move(sym));
   }

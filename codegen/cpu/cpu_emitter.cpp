@@ -81,13 +81,30 @@ CpuKernel KernelEmitter::emit() {
       noalias_[p] = llvm::MDNode::get(C_, others);
     }
   }
+  if (k_.is_symbolic()) {
+    // The symbol values (after the buffers), loaded once; ext() computes the extents and
+    // strides from them at the end of the entry block, which branches to the loops.
+    llvm::Value* vals = B_.CreateLoad(ptr, B_.CreateConstInBoundsGEP1_64(ptr, buffers, k_.params.size()), "symbols");
+    const std::vector<std::string> names = k_.symbols();
+    for (size_t i = 0; i < names.size(); ++i)
+      sym_[names[i]] = B_.CreateLoad(i64_, B_.CreateConstInBoundsGEP1_64(i64_, vals, i), "sym." + names[i]);
+    llvm::BasicBlock* start = llvm::BasicBlock::Create(C_, "start", F_);
+    B_.CreateBr(start);
+    B_.SetInsertPoint(start);
+  }
   CpuKernel ck;
   ck.name = k_.name;
   level_ = k_.expr_levels();
   LoopSchedule(*this).emit(ck);
   B_.CreateRetVoid();
-  const int64_t total = k_.domain_size();
-  ck.work_per_index = ck.parallel_extent > 0 ? std::max<int64_t>(1, total / ck.parallel_extent) : 1;
+  // Domain points per parallel index: the product of the other extents (an expression
+  // in a symbolic kernel, evaluated at launch).
+  Extent work = 1;
+  for (size_t d = 0; d < k_.domain.size(); ++d)
+    if (static_cast<int>(d) != ck.parallel_dim) work = work * k_.domain[d];
+  ck.work_per_index =
+      ck.split_parts > 0 ? Extent(std::max<int64_t>(1, static_extent(k_.domain_size()) / ck.split_parts)) : work;
+  ck.symbols = k_.symbols();
   return ck;
 }
 
@@ -164,16 +181,16 @@ llvm::Value* KernelEmitter::address(int p, const std::vector<llvm::Value*>& idx)
   llvm::Value* off = i64c(kp.offset);
   const size_t fd = static_cast<size_t>(flat_d_);
   const bool flat = flat_d_ >= 0 && fd + 1 < idx.size() && idx[fd] && idx[fd + 1] &&
-                    kp.strides[fd] == flat_inner_ * kp.strides[fd + 1];
+                    kp.strides[fd] == kp.strides[fd + 1] * flat_inner_;
   for (size_t d = 0; d < idx.size(); ++d) {
     if (flat && (d == fd || d == fd + 1)) {
       if (d == fd && kp.strides[fd + 1] != 0)  // j * stride: consecutive in j
-        off = B_.CreateNSWAdd(off,
-                              kp.strides[fd + 1] == 1 ? flat_j_ : B_.CreateNSWMul(flat_j_, i64c(kp.strides[fd + 1])));
+        off =
+            B_.CreateNSWAdd(off, kp.strides[fd + 1] == 1 ? flat_j_ : B_.CreateNSWMul(flat_j_, ext(kp.strides[fd + 1])));
       continue;
     }
     if (idx[d] && kp.strides[d] != 0)
-      off = B_.CreateNSWAdd(off, kp.strides[d] == 1 ? idx[d] : B_.CreateNSWMul(idx[d], i64c(kp.strides[d])));
+      off = B_.CreateNSWAdd(off, kp.strides[d] == 1 ? idx[d] : B_.CreateNSWMul(idx[d], ext(kp.strides[d])));
   }
   return B_.CreateInBoundsGEP(mem_type(kp.dtype), base_[p], off);
 }
@@ -203,7 +220,7 @@ llvm::Value* KernelEmitter::guarded_load(int p, const std::vector<llvm::Value*>&
   const KernelParam& q = k_.params[p];
   llvm::Value* in = nullptr;
   for (size_t d = 0; d < idx.size() && d < q.guard_lo.size(); ++d) {
-    if (q.guard_lo[d] == 0 && q.guard_hi[d] == k_.domain[d]) continue;
+    if (q.guard_lo[d] == 0 && k_.domain[d] == q.guard_hi[d]) continue;
     llvm::Value* c = B_.CreateICmpSLT(idx[d], i64c(q.guard_hi[d]));
     if (q.guard_lo[d] > 0) c = B_.CreateAnd(B_.CreateICmpSGE(idx[d], i64c(q.guard_lo[d])), c);
     in = in ? B_.CreateAnd(in, c) : c;
@@ -590,6 +607,26 @@ void KernelEmitter::guard_once(const std::function<void()>& body) {
   B_.CreateBr(done);
   done->insertInto(F_);
   B_.SetInsertPoint(done);
+}
+
+llvm::Value* KernelEmitter::ext(const Extent& e) {
+  if (e.is_constant()) return i64c(e.constant_value());
+  const std::string key = e.to_string();
+  if (auto it = ext_.find(key); it != ext_.end()) return it->second;
+  // sum of coeff * product of symbols, in the entry block (before its branch).
+  llvm::IRBuilder<> eb(entry_->getTerminator());
+  llvm::Value* sum = nullptr;
+  for (const ir::SymExpr::Term& t : e.terms()) {
+    llvm::Value* term = t.coeff == 1 && !t.symbols.empty() ? nullptr : eb.getInt64(static_cast<uint64_t>(t.coeff));
+    for (const std::string& s : t.symbols) {
+      llvm::Value* v = sym_.at(s);
+      term = term ? eb.CreateNSWMul(term, v) : v;
+    }
+    sum = sum ? eb.CreateNSWAdd(sum, term) : term;
+  }
+  if (!sum) sum = eb.getInt64(0);
+  ext_[key] = sum;
+  return sum;
 }
 
 llvm::Value* KernelEmitter::entry_alloca(llvm::Type* t, llvm::Value* n) {

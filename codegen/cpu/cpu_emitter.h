@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,10 @@ class KernelEmitter {
   llvm::Type* mem_type(ir::DType t);
   /// An i64 constant.
   llvm::Value* i64c(int64_t v) { return B_.getInt64(static_cast<uint64_t>(v)); }
+  /// An extent or stride as an i64 value: a constant, or (a symbolic kernel) computed once
+  /// in the entry block from the symbol values the call passes (llvm_cpu.h), so that it
+  /// dominates every use and is loop-invariant.
+  llvm::Value* ext(const Extent& e);
   /// `v` as a register constant of dtype `t` (rounded to bf16/f16 precision).
   llvm::Value* constant(ir::DType t, double v);
   /// A quiet NaN of float type `t`.
@@ -110,7 +115,7 @@ class KernelEmitter {
   void guard_once(const std::function<void()>& body);
   /// Lower and upper bound of dim d's loop ([begin, end) for the parallel dim).
   llvm::Value* range_lo(int d, int parallel) { return d == parallel ? begin_ : i64c(0); }
-  llvm::Value* range_hi(int d, int parallel) { return d == parallel ? end_ : i64c(k_.domain[d]); }
+  llvm::Value* range_hi(int d, int parallel) { return d == parallel ? end_ : ext(k_.domain[d]); }
   /// An alloca of n (null: one) `t` in the entry block.
   llvm::Value* entry_alloca(llvm::Type* t, llvm::Value* n);
 
@@ -146,7 +151,9 @@ class KernelEmitter {
   int flat_d_ = -1;  ///< set_flat
   llvm::Value* flat_j_ = nullptr;
   int64_t flat_inner_ = 1;
-  std::vector<int> level_;  ///< Kernel::expr_levels()
+  std::vector<int> level_;                   ///< Kernel::expr_levels()
+  std::map<std::string, llvm::Value*> sym_;  ///< symbol -> its value (loaded in the entry block)
+  std::map<std::string, llvm::Value*> ext_;  ///< ext(): expression text -> its value
 };
 
 }  // namespace kiln::codegen::cpu

@@ -2,6 +2,7 @@
 #include "codegen/cpu/cpu_rows.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "codegen/cpu/cpu_emitter.h"
 #include "codegen/cpu/cpu_schedule.h"
@@ -44,8 +45,8 @@ RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, cons
       if (need[i] && k.exprs[i].kind == KExpr::Kind::op)
         for (int a : k.exprs[i].args) need[a] = true;
   }
-  int64_t row = 1;
-  for (int d : red) row *= k.domain[d];
+  int64_t row = 1;  // -1: a symbolic row length (no scratch: its size is not known here)
+  for (int d : red) row = row < 0 || static_extent(k.domain[d]) < 0 ? -1 : row * static_extent(k.domain[d]);
   std::vector<bool> heavy(ne, false), costly(ne, false);  // holds a transcendental; heavy or 3+ ops
   std::vector<int> ops(ne, 0);                            // vector operations recomputing it takes (capped)
   for (size_t i = 0; i < ne; ++i) {
@@ -111,7 +112,7 @@ RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, cons
   int64_t bytes = 0;
   for (bool want_heavy : {true, false})
     for (size_t i = 0; i < ne; ++i) {
-      if (!keep_it[i] || heavy[i] != want_heavy) continue;
+      if (!keep_it[i] || heavy[i] != want_heavy || row < 0) continue;
       const int64_t b = row * static_cast<int64_t>(k.exprs[i].dtype == DType::f64 ? 8 : 4);
       if (bytes + b > kScratchBytes) continue;
       bytes += b;
@@ -153,7 +154,7 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
     if (scratch.first[i] > 0) scratch_buf[i] = e_.entry_alloca(e_.reg_type(k_.exprs[i].dtype), i64c(scratch.row));
   auto row_pos = [&] {
     llvm::Value* r = i64c(0);
-    for (int d : red) r = B_.CreateNSWAdd(B_.CreateNSWMul(r, i64c(k_.domain[d])), idx[d]);
+    for (int d : red) r = B_.CreateNSWAdd(B_.CreateNSWMul(r, e_.ext(k_.domain[d])), idx[d]);
     return r;
   };
   auto row_stores = [&](int lvl) {
@@ -231,7 +232,10 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
               e_.store(st.param, idx, v[st.expr], /*rounded=*/true);
           }
         },
-        row_vector_width(e_.features(), k_.domain[red.back()]));
+        // A symbolic row: the vector width of a long one (remainders run scalar).
+        row_vector_width(e_.features(), static_extent(k_.domain[red.back()]) < 0
+                                            ? std::numeric_limits<int64_t>::max()
+                                            : static_extent(k_.domain[red.back()])));
     for (size_t i = 0; i < ne; ++i)
       if (acc[i]) {
         const KExpr& e = k_.exprs[i];

@@ -71,13 +71,15 @@ void LoopSchedule::pointwise_loops(int d, std::vector<llvm::Value*>& idx) {
   // powers of two), so the loop vectorizer sees one long loop, the broadcast operand a
   // gather, instead of a scalar loop of E iterations per channel.
   constexpr int64_t kShortInner = 8;
-  if (d == n - 2 && d > 0 && k_.domain[n - 1] > 1 && k_.domain[n - 1] < kShortInner &&
-      k_.domain[n - 2] * k_.domain[n - 1] >= 2 * kShortInner) {
-    llvm::Value* inner = e_.i64c(k_.domain[n - 1]);
-    e_.for_range(e_.i64c(0), e_.i64c(k_.domain[n - 2] * k_.domain[n - 1]), [&](llvm::Value* j) {
+  const int64_t inner_e = n >= 2 ? static_extent(k_.domain[n - 1]) : -1;
+  const int64_t outer_e = n >= 2 ? static_extent(k_.domain[n - 2]) : -1;
+  if (d == n - 2 && d > 0 && inner_e > 1 && inner_e < kShortInner && outer_e >= 0 &&
+      outer_e * inner_e >= 2 * kShortInner) {
+    llvm::Value* inner = e_.i64c(inner_e);
+    e_.for_range(e_.i64c(0), e_.i64c(outer_e * inner_e), [&](llvm::Value* j) {
       idx[n - 2] = B_.CreateUDiv(j, inner);
       idx[n - 1] = B_.CreateURem(j, inner);
-      e_.set_flat(n - 2, j, k_.domain[n - 1]);
+      e_.set_flat(n - 2, j, inner_e);
       store_point(idx);
       e_.set_flat(-1, nullptr, 1);
     });
@@ -120,7 +122,7 @@ void LoopSchedule::reduced_loops(const std::vector<int>& red, size_t ri, std::ve
   }
   const int d = red[ri];
   e_.for_range(
-      i64c(0), i64c(k_.domain[d]),
+      i64c(0), e_.ext(k_.domain[d]),
       [&](llvm::Value* i) {
         idx[d] = i;
         reduced_loops(red, ri + 1, idx, body, vector_width);
@@ -139,8 +141,8 @@ void LoopSchedule::flat_reduced_loop(const std::vector<int>& red, std::vector<ll
       if (k == 0) {
         idx[d] = r;
       } else {
-        idx[d] = B_.CreateSRem(r, i64c(k_.domain[d]));
-        r = B_.CreateSDiv(r, i64c(k_.domain[d]));
+        idx[d] = B_.CreateSRem(r, e_.ext(k_.domain[d]));
+        r = B_.CreateSDiv(r, e_.ext(k_.domain[d]));
       }
     }
     body();
@@ -188,8 +190,8 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
   auto* ptr = llvm::PointerType::getUnqual(C_);
   const int inner = kept.back();
   int64_t rows = 1, cols = 1;
-  for (int d : red) rows *= k_.domain[d];
-  for (int d : kept) cols *= k_.domain[d];
+  for (int d : red) rows *= static_extent(k_.domain[d]);  // a split kernel is static (column_split_parts)
+  for (int d : kept) cols *= static_extent(k_.domain[d]);
   llvm::Value* scratch = B_.CreateLoad(
       ptr, B_.CreateConstInBoundsGEP1_64(ptr, e_.buffers(), static_cast<uint64_t>(k_.params.size())), "scratch");
   std::vector<llvm::Type*> ty;
@@ -208,7 +210,7 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
   // The flat (row-major) index of the kept point in idx.
   auto flat_kept = [&] {
     llvm::Value* f = i64c(0);
-    for (int d : kept) f = B_.CreateNSWAdd(B_.CreateNSWMul(f, i64c(k_.domain[d])), idx[d]);
+    for (int d : kept) f = B_.CreateNSWAdd(B_.CreateNSWMul(f, e_.ext(k_.domain[d])), idx[d]);
     return f;
   };
   // Loops over the kept dims but the innermost, then body.
@@ -218,7 +220,7 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
       body();
       return;
     }
-    e_.for_range(i64c(0), i64c(k_.domain[kept[ki]]), [&](llvm::Value* i) {
+    e_.for_range(i64c(0), e_.ext(k_.domain[kept[ki]]), [&](llvm::Value* i) {
       idx[kept[ki]] = i;
       outer_kept(ki + 1, body);
     });
@@ -234,7 +236,7 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
     llvm::Value* hi = B_.CreateSDiv(B_.CreateNSWMul(B_.CreateNSWAdd(p, i64c(1)), i64c(rows)), i64c(parts));
     llvm::Value* row0 = B_.CreateNSWMul(p, i64c(cols));
     outer_kept(0, [&] {
-      column_tile_loops(inner, red, idx, i64c(0), i64c(k_.domain[inner]), {lo, hi}, [&](size_t s, llvm::Value* acc) {
+      column_tile_loops(inner, red, idx, i64c(0), e_.ext(k_.domain[inner]), {lo, hi}, [&](size_t s, llvm::Value* acc) {
         B_.CreateStore(acc, B_.CreateInBoundsGEP(ty[s], base[s], B_.CreateNSWAdd(row0, flat_kept())));
       });
       idx[inner] = nullptr;
@@ -243,7 +245,7 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
   B_.CreateBr(done);
   B_.SetInsertPoint(combine);
   outer_kept(0, [&] {
-    e_.for_range(i64c(0), i64c(k_.domain[inner]), [&](llvm::Value* j) {
+    e_.for_range(i64c(0), e_.ext(k_.domain[inner]), [&](llvm::Value* j) {
       idx[inner] = j;
       llvm::Value* col = flat_kept();
       for (size_t s = 0; s < k_.stores.size(); ++s) {

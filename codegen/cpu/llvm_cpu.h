@@ -6,7 +6,10 @@
 //     void kernel(void* const* buffers, int64_t begin, int64_t end)
 // that computes the domain points whose *parallel dimension* index lies in
 // [begin, end) (see CpuKernel::parallel_dim); the runtime splits [0, parallel_extent)
-// across threads with one parallel-for. Inner loops are written so that LLVM's loop
+// across threads with one parallel-for. buffers[i] is parameter i's; after them, a
+// symbolic kernel (issue 32) takes a `const int64_t*` to the values of its symbols
+// (CpuKernel::symbols, in that order), from which it computes its loop bounds and
+// strides once per call, and a split reduction its scratch (never both). Inner loops are written so that LLVM's loop
 // vectorizer turns them into SIMD code (unit-stride loads, broadcasts hoisted).
 //
 // Ahead of time: compile_cpu_object stops at a relocatable ELF object (host triple, CPU and
@@ -32,9 +35,12 @@ using CpuKernelFn = void (*)(void* const* buffers, int64_t begin, int64_t end);
 struct CpuKernel {
   std::string name;
   CpuKernelFn fn = nullptr;
-  int parallel_dim = -1;        ///< domain dim split across threads (-1: run as fn(b, 0, 1))
-  int64_t parallel_extent = 1;  ///< extent of that dim
-  int64_t work_per_index = 1;   ///< domain points per parallel index (for choosing chunk sizes)
+  int parallel_dim = -1;       ///< domain dim split across threads (-1: run as fn(b, 0, 1))
+  Extent parallel_extent = 1;  ///< extent of that dim (an expression in a symbolic kernel)
+  Extent work_per_index = 1;   ///< domain points per parallel index (for choosing chunk sizes)
+  /// A symbolic kernel's symbols (Kernel::symbols): the values the executor passes after
+  /// the buffers, in this order, and evaluates parallel_extent and work_per_index with.
+  std::vector<std::string> symbols;
   /// > 0: a split column reduction in this many row partitions (the parallel indices):
   /// after fn(b, begin, end) has run for every index of [0, split_parts), the caller runs
   /// fn(b, split_parts, split_parts + 1) once, which combines the partial results.
@@ -43,6 +49,12 @@ struct CpuKernel {
   /// the parameters' buffers; 0: none.
   int64_t scratch_bytes = 0;
 };
+
+/// The schedule fields of `k` (name, parallel dim and extents, split parts, scratch,
+/// symbols) as bytes, for the compile cache and the program file; decode_cpu_schedule
+/// reads them back (false: malformed).
+std::string encode_cpu_schedule(const CpuKernel& k);
+bool decode_cpu_schedule(const std::string& bytes, CpuKernel& k);
 
 /// The last call of a split reduction (CpuKernel::split_parts > 0): combines the
 /// partitions' partial results, once fn(buffers, begin, end) has run for every parallel

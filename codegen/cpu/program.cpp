@@ -37,10 +37,10 @@ namespace fs = std::filesystem;
 
 /// Bumped whenever the payload layout or anything the key does not cover changes.
 constexpr uint32_t kCacheFormatVersion =
-    9;  // 2: zmm-preferring kernels on AVX-512; 4: one-polynomial erf (3 was an intermediate build); 5: exp without
-        // range selects; 6: exp of results that are 0 without underflow; 7: split column reductions (CpuKernel
-        // split_parts, scratch_bytes); 8: erf in grouped Horner chains; 9: f32 row sums of reduce expressions, row
-        // scratch for 3-op values
+    10;  // 10: symbolic kernels (extents as expressions, CpuKernel::symbols);  // 2: zmm-preferring kernels on AVX-512;
+         // 4: one-polynomial erf (3 was an intermediate build); 5: exp without range selects; 6: exp of results that
+         // are 0 without underflow; 7: split column reductions (CpuKernel split_parts, scratch_bytes); 8: erf in
+         // grouped Horner chains; 9: f32 row sums of reduce expressions, row scratch for 3-op values
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'C', 'H', '\0'};
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 32;
 
@@ -196,13 +196,7 @@ std::string encode_payload(const std::string& key, const CpuObject& obj) {
   w.str(key);
   w.u64(obj.kernels.size());
   for (size_t i = 0; i < obj.kernels.size(); ++i) {
-    const CpuKernel& k = obj.kernels[i];
-    w.str(k.name);
-    w.i64(k.parallel_dim);
-    w.i64(k.parallel_extent);
-    w.i64(k.work_per_index);
-    w.i64(k.split_parts);
-    w.i64(k.scratch_bytes);
+    w.str(encode_cpu_schedule(obj.kernels[i]));
     w.str(obj.symbols[i]);
   }
   w.f64(obj.stats.emit_s);
@@ -222,12 +216,8 @@ std::string decode_payload(const std::string& p, std::string& key, CpuObject& ob
   if (!r.str(key) || !r.u64(n) || n > p.size()) return "corrupt (bad kernel table)";
   for (uint64_t i = 0; i < n; ++i) {
     CpuKernel k;
-    int64_t dim;
-    std::string sym;
-    if (!r.str(k.name) || !r.i64(dim) || !r.i64(k.parallel_extent) || !r.i64(k.work_per_index) ||
-        !r.i64(k.split_parts) || !r.i64(k.scratch_bytes) || !r.str(sym))
-      return "corrupt (bad kernel table)";
-    k.parallel_dim = static_cast<int>(dim);
+    std::string sched, sym;
+    if (!r.str(sched) || !r.str(sym) || !decode_cpu_schedule(sched, k)) return "corrupt (bad kernel table)";
     obj.kernels.push_back(std::move(k));
     obj.symbols.push_back(std::move(sym));
   }

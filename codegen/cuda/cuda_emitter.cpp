@@ -328,7 +328,7 @@ struct KernelEmitter {
     os << ";\n" << ind << "{\n" << ind << "  " << idx_t << " q = (" << idx_t << ")(" << var << ");\n";
     for (size_t j = dims.size(); j-- > 0;) {
       const int d = dims[j];
-      const int64_t ext = k.domain[d];
+      const int64_t ext = static_extent(k.domain[d]);
       if (j == 0) {
         os << ind << "  i" << d << " = q;\n";
       } else if (ext == 1) {
@@ -344,8 +344,8 @@ struct KernelEmitter {
   std::string linear(int p, const std::vector<int>& dims) {
     std::string s;
     for (int d : dims) {
-      const int64_t st = k.params[p].strides[d];
-      if (st == 0 || k.domain[d] == 1) continue;
+      const int64_t st = static_extent(k.params[p].strides[d]);
+      if (st == 0 || static_extent(k.domain[d]) == 1) continue;
       if (!s.empty()) s += " + ";
       s += st == 1 ? "i" + std::to_string(d)
                    : "i" + std::to_string(d) + " * (" + idx_t + ")(" + std::to_string(st) + ")";
@@ -373,7 +373,7 @@ struct KernelEmitter {
         const KernelParam& q = k.params[e.param];
         std::string pred;  // a guarded load reads memory only inside its box
         for (size_t d = 0; d < q.guard_lo.size(); ++d) {
-          if (q.guard_lo[d] == 0 && q.guard_hi[d] == k.domain[d]) continue;
+          if (q.guard_lo[d] == 0 && q.guard_hi[d] == static_extent(k.domain[d])) continue;
           const std::string id = "i" + std::to_string(d);
           pred += (pred.empty() ? "" : " && ") + std::string("(") + id + " < " + std::to_string(q.guard_hi[d]) +
                   (q.guard_lo[d] > 0 ? " && " + id + " >= " + std::to_string(q.guard_lo[d]) : "") + ")";
@@ -399,23 +399,14 @@ struct KernelEmitter {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/// Largest element index (+1) a param can reach over the domain; 0 for an empty domain.
-int64_t param_extent(const Kernel& k, const KernelParam& p) {
-  for (int64_t e : k.domain)
-    if (e == 0) return 0;
-  int64_t hi = p.offset;
-  for (size_t d = 0; d < k.domain.size(); ++d) hi += std::max<int64_t>(0, (k.domain[d] - 1) * p.strides[d]);
-  return hi + 1;
-}
-
 /// True when the elements param p's strides reach over `dims` form one dense range
 /// [offset, offset + count).
 bool dense_over(const Kernel& k, int p, const std::vector<int>& dims) {
   std::vector<std::pair<int64_t, int64_t>> se;  // (stride, extent)
   for (int d : dims) {
-    if (k.domain[d] == 1) continue;
-    if (k.params[p].strides[d] <= 0) return false;
-    se.push_back({k.params[p].strides[d], k.domain[d]});
+    if (static_extent(k.domain[d]) == 1) continue;
+    if (static_extent(k.params[p].strides[d]) <= 0) return false;
+    se.push_back({static_extent(k.params[p].strides[d]), static_extent(k.domain[d])});
   }
   std::sort(se.begin(), se.end());
   int64_t expect = 1;
@@ -661,6 +652,10 @@ Status emit_row_program(KernelEmitter& em, const std::vector<int>& kept, const s
 }
 
 Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& info) {
+  // Every extent and stride below is a constant (static_extent).
+  if (orig.is_symbolic())
+    return Status::error("emit_cuda: kernel " + orig.name + " has symbolic extents (" + orig.domain_size().to_string() +
+                         " points); the CUDA emitter generates static kernels only");
   const Kernel k = collapse_dims(orig);
   const int rank = static_cast<int>(k.domain.size());
   KernelEmitter em(k);
@@ -668,12 +663,14 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
   info.num_params = static_cast<int>(k.params.size());
 
   // Index width: 32-bit when every index and offset fits comfortably.
-  bool need64 = k.domain_size() > (int64_t(1) << 30);
+  bool need64 = static_extent(k.domain_size()) > (int64_t(1) << 30);
   for (const KernelParam& p : k.params) {
     int64_t bound = std::abs(p.offset);
-    for (int d = 0; d < rank; ++d) bound += std::abs((k.domain[d] > 0 ? k.domain[d] - 1 : 0) * p.strides[d]);
+    for (int d = 0; d < rank; ++d)
+      bound +=
+          std::abs((static_extent(k.domain[d]) > 0 ? static_extent(k.domain[d]) - 1 : 0) * static_extent(p.strides[d]));
     if (bound > (int64_t(1) << 30)) need64 = true;
-    info.param_bytes.push_back(param_extent(k, p) * static_cast<int64_t>(ir::dtype_size(p.dtype)));
+    info.param_bytes.push_back(param_elements(k, p) * static_cast<int64_t>(ir::dtype_size(p.dtype)));
   }
   em.idx_t = need64 ? "long long" : "int";
 
@@ -703,7 +700,8 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
   std::ostream& os = em.os;
   os << "// kernel " << k.name << ": domain [";
   for (int d = 0; d < rank; ++d)
-    os << (d ? ", " : "") << k.domain[d] << (static_cast<int>(k.reduced.size()) > d && k.reduced[d] ? "r" : "");
+    os << (d ? ", " : "") << static_extent(k.domain[d])
+       << (static_cast<int>(k.reduced.size()) > d && k.reduced[d] ? "r" : "");
   os << "]";
   if (!k.fused_nodes.empty()) {
     os << " nodes:";
@@ -724,7 +722,7 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
   if (!k.has_reduction()) {
     // ---- pointwise ----
     info.schedule = "pointwise";
-    const int64_t n = k.domain_size();
+    const int64_t n = static_extent(k.domain_size());
     info.grid[0] = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(n, kBlock), 1, kMaxGridX));
     // One point per thread when the grid covers the domain, else a grid-stride loop.
     os << "  const long long n = " << n << "LL;\n";
@@ -751,8 +749,8 @@ Status emit_kernel(const Kernel& orig, std::ostringstream& out, CudaKernelInfo& 
 
   // ---- reductions ----
   int64_t M = 1, R = 1;
-  for (int d : kept) M *= k.domain[d];
-  for (int d : red) R *= k.domain[d];
+  for (int d : kept) M *= static_extent(k.domain[d]);
+  for (int d : red) R *= static_extent(k.domain[d]);
   bool row_like = true;  // every reduced dim after every kept dim
   for (int d : kept)
     if (!red.empty() && d > red.front()) row_like = false;

@@ -9,6 +9,20 @@
 
 namespace kiln::ir {
 
+std::optional<std::vector<SymExpr>> broadcast_strides(const Shape& shape, int domain_rank) {
+  const int off = domain_rank - shape.rank();
+  if (off < 0) return std::nullopt;
+  std::vector<SymExpr> st(static_cast<size_t>(domain_rank), 0);
+  SymExpr stride = 1;
+  for (int d = shape.rank() - 1; d >= 0; --d) {
+    auto e = shape.dims[d].as_expr();
+    if (!e) return std::nullopt;
+    st[d + off] = shape.dims[d] == Dim(1) ? SymExpr(0) : stride;
+    stride = stride * *e;
+  }
+  return st;
+}
+
 namespace {
 
 constexpr OpTraits bits(OpTrait t) { return static_cast<OpTraits>(t); }
@@ -80,47 +94,63 @@ int64_t gemm_scratch_bytes(const Node& n) {
 
 Status view_fail(const Node& n, const std::string& m) { return Status::error(n.op + " '" + n.name + "' " + m); }
 
-/// Element strides reading `shape` (dense row-major) broadcast to `domain`: 0 along
-/// size-1 and missing leading dims.
-std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, const std::vector<int64_t>& domain) {
-  std::vector<int64_t> st(domain.size(), 0);
-  int64_t stride = 1;
-  const int off = static_cast<int>(domain.size()) - static_cast<int>(shape.size());
-  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
-    st[d + off] = shape[d] == 1 ? 0 : stride;
-    stride *= shape[d];
+/// The extents of `s` as expressions (static or symbolic); an error naming `n` when one
+/// is unknown.
+Expected<std::vector<SymExpr>> extents(const Node& n, const Shape& s) {
+  std::vector<SymExpr> out;
+  for (const Dim& d : s.dims) {
+    auto e = d.as_expr();
+    if (!e) return view_fail(n, "has an unknown dim in " + s.to_string());
+    out.push_back(*e);
   }
-  return st;
+  return out;
 }
 
 /// Reshape family: the same elements in order, read with the dense strides of the output dims.
 bool reshape_view_fusable(const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.outputs[0];
-  return x->dtype == y->dtype && x->shape.numel() == y->shape.numel();
+  if (x->dtype != y->dtype || x->shape.rank() < 0) return false;
+  if (x->shape.is_static() && y->shape.is_static()) return x->shape.numel() == y->shape.numel();
+  // Symbolic: the element counts must be the same expression.
+  SymExpr a = 1, b = 1;
+  for (const Dim& d : x->shape.dims) {
+    auto e = d.as_expr();
+    if (!e) return false;
+    a = a * *e;
+  }
+  for (const Dim& d : y->shape.dims) {
+    auto e = d.as_expr();
+    if (!e) return false;
+    b = b * *e;
+  }
+  return a.valid() && a == b;
 }
 Expected<StridedRead> reshape_strided_read(const Node& n) {
-  const std::vector<int64_t> dom = n.outputs[0]->shape.to_vector();
-  return StridedRead{broadcast_strides(dom, dom), 0};
+  KILN_ASSIGN_OR_RETURN(auto dom, extents(n, n.outputs[0]->shape));
+  auto st = broadcast_strides(n.outputs[0]->shape, static_cast<int>(dom.size()));
+  if (!st) return view_fail(n, "has an unknown output dim");
+  return StridedRead{*st, 0};
 }
 
 /// Transpose: the input permuted.
 bool transpose_view_fusable(const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.outputs[0];
-  return x->shape.rank() == y->shape.rank() && x->shape.numel() > 1;
+  return x->shape.rank() == y->shape.rank() && (!x->shape.is_static() || x->shape.numel() > 1);
 }
 Expected<StridedRead> transpose_strided_read(const Node& n) {
-  const std::vector<int64_t> in_dims = n.input(0)->shape.to_vector();
-  const int r = static_cast<int>(in_dims.size());
-  const std::vector<int64_t> contiguous = strides_of(in_dims);
+  const Shape& in = n.input(0)->shape;
+  const int r = in.rank();
+  auto contiguous = broadcast_strides(in, r);
+  if (!contiguous) return view_fail(n, "has an unknown input dim");
   std::vector<int64_t> perm = n.attrs.get_ints("perm");
   if (perm.empty())
     for (int i = r - 1; i >= 0; --i) perm.push_back(i);
   if (static_cast<int>(perm.size()) != r) return view_fail(n, "perm does not match its input");
   StridedRead s;
   s.strides.assign(r, 0);
-  for (int d = 0; d < r; ++d) s.strides[d] = in_dims[perm[d]] == 1 ? 0 : contiguous[perm[d]];
+  for (int d = 0; d < r; ++d) s.strides[d] = (*contiguous)[perm[d]];
   return s;
 }
 
@@ -129,21 +159,81 @@ bool expand_view_fusable(const Node& n) {
   return n.num_inputs() == 2 && n.input(0)->shape.rank() <= n.outputs[0]->shape.rank();
 }
 Expected<StridedRead> expand_strided_read(const Node& n) {
-  return StridedRead{broadcast_strides(n.input(0)->shape.to_vector(), n.outputs[0]->shape.to_vector()), 0};
+  auto st = broadcast_strides(n.input(0)->shape, n.outputs[0]->shape.rank());
+  if (!st) return view_fail(n, "has an unknown input dim");
+  return StridedRead{*st, 0};
 }
 
 /// AsStrided: its own non-negative element strides and offset into the dense input.
 bool as_strided_view_fusable(const Node& n) {
   for (int64_t st : n.attrs.get_ints("stride"))
     if (st < 0) return false;
-  return n.input(0)->dtype == n.outputs[0]->dtype;
+  return n.input(0)->dtype == n.outputs[0]->dtype && n.outputs[0]->shape.is_static();
 }
 Expected<StridedRead> as_strided_strided_read(const Node& n) {
+  if (!n.outputs[0]->shape.is_static()) return view_fail(n, "has a symbolic output shape");
   const std::vector<int64_t> dom = n.outputs[0]->shape.to_vector();
-  StridedRead s{n.attrs.get_ints("stride"), n.attrs.get_int("storage_offset", 0)};
+  StridedRead s;
+  const std::vector<int64_t> stride = n.attrs.get_ints("stride");
+  s.strides.assign(stride.begin(), stride.end());
+  s.offset = n.attrs.get_int("storage_offset", 0);
   if (s.strides.size() != dom.size()) return view_fail(n, "does not span the domain");
   for (size_t d = 0; d < s.strides.size(); ++d)
     if (dom[d] == 1) s.strides[d] = 0;
+  return s;
+}
+
+/// Slice's strided read. Static input: slice_view. Symbolic input: each sliced axis must
+/// be static (its start, step and length from slice_view of that axis alone) and the
+/// offset, sum start * dense stride, a constant (a slice at a non-zero start of an axis
+/// whose stride is symbolic is not a view here).
+Expected<StridedRead> slice_strided_read_of(const Node& n) {
+  auto ints = [&](int i) {
+    const Value* v = n.input(i);
+    return v && v->data ? v->data->to_i64_vector() : std::vector<int64_t>{};
+  };
+  if (!n.input(1) || !n.input(1)->data || !n.input(2) || !n.input(2)->data)
+    return view_fail(n, "has no constant starts and ends");
+  const Shape& in = n.input(0)->shape;
+  const Shape& out = n.outputs[0]->shape;
+  if (in.is_static() && out.is_static()) {
+    const std::vector<int64_t> in_dims = in.to_vector();
+    const std::vector<int64_t> dom = out.to_vector();
+    auto view = slice_view(in_dims, ints(1), ints(2), ints(3), ints(4));
+    if (!view) return Status::error(n.op + " '" + n.name + "': " + view.message());
+    if (view->dims != dom) return view_fail(n, "does not span the domain " + out.to_string());
+    StridedRead s;
+    s.strides.assign(view->strides.begin(), view->strides.end());
+    s.offset = view->offset;
+    for (size_t d = 0; d < in_dims.size(); ++d)
+      if (dom[d] == 1) s.strides[d] = 0;  // one index: its stride never counts
+    return s;
+  }
+  auto dense = broadcast_strides(in, in.rank());
+  if (!dense || out.rank() != in.rank()) return view_fail(n, "has an unknown dim");
+  const std::vector<int64_t> starts = ints(1), ends = ints(2), steps = ints(4);
+  std::vector<int64_t> axes = ints(3);
+  if (axes.empty())
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  if (ends.size() != starts.size() || axes.size() != starts.size() || (!steps.empty() && steps.size() != starts.size()))
+    return view_fail(n, "has starts, ends, axes and steps of different lengths");
+  StridedRead s;
+  s.strides = *dense;
+  SymExpr offset = 0;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const int64_t a = axes[i] < 0 ? axes[i] + in.rank() : axes[i];
+    if (a < 0 || a >= in.rank()) return view_fail(n, "has an axis out of range");
+    if (!in.dims[a].is_static()) return view_fail(n, "slices symbolic dim " + std::to_string(a));
+    auto one = slice_view({in.dims[a].value}, {starts[i]}, {ends[i]}, {0}, {steps.empty() ? 1 : steps[i]});
+    if (!one) return Status::error(n.op + " '" + n.name + "': " + one.message());
+    if (!(Dim(one->dims[0]) == out.dims[a])) return view_fail(n, "does not span the domain " + out.to_string());
+    offset = offset + (*dense)[a] * one->offset;
+    s.strides[a] = (*dense)[a] * one->strides[0];
+  }
+  if (!offset.is_constant()) return view_fail(n, "starts at a symbolic offset " + offset.to_string());
+  s.offset = offset.constant_value();
+  for (int d = 0; d < out.rank(); ++d)
+    if (out.dims[d] == Dim(1)) s.strides[d] = 0;
   return s;
 }
 
@@ -155,26 +245,9 @@ bool slice_view_fusable(const Node& n) {
   if (n.num_inputs() > 4)
     for (int64_t st : n.inputs[4]->data->to_i64_vector())
       if (st <= 0) return false;
+  if (!x->shape.is_static()) return static_cast<bool>(slice_strided_read_of(n));  // symbolic: only what reads as a view
   return true;
 }
-Expected<StridedRead> slice_strided_read(const Node& n) {
-  auto ints = [&](int i) {
-    const Value* v = n.input(i);
-    return v && v->data ? v->data->to_i64_vector() : std::vector<int64_t>{};
-  };
-  if (!n.input(1) || !n.input(1)->data || !n.input(2) || !n.input(2)->data)
-    return view_fail(n, "has no constant starts and ends");
-  const std::vector<int64_t> in_dims = n.input(0)->shape.to_vector();
-  const std::vector<int64_t> dom = n.outputs[0]->shape.to_vector();
-  auto view = slice_view(in_dims, ints(1), ints(2), ints(3), ints(4));
-  if (!view) return Status::error(n.op + " '" + n.name + "': " + view.message());
-  if (view->dims != dom) return view_fail(n, "does not span the domain " + n.outputs[0]->shape.to_string());
-  StridedRead s{view->strides, view->offset};
-  for (size_t d = 0; d < in_dims.size(); ++d)
-    if (dom[d] == 1) s.strides[d] = 0;  // one index: its stride never counts
-  return s;
-}
-
 void set_strided(OpTable& t, const char* name, std::function<bool(const Node&)> fusable,
                  std::function<Expected<StridedRead>(const Node&)> read) {
   OpDef* d = t.find_mutable(name);
@@ -193,7 +266,7 @@ void register_op_traits(OpTable& t) {
   for (const char* op : {"Transpose", "Expand", "Slice", "AsStrided"}) add_traits(t, op, bits(T::strided_view));
   set_strided(t, "Transpose", transpose_view_fusable, transpose_strided_read);
   set_strided(t, "Expand", expand_view_fusable, expand_strided_read);
-  set_strided(t, "Slice", slice_view_fusable, slice_strided_read);
+  set_strided(t, "Slice", slice_view_fusable, slice_strided_read_of);
   set_strided(t, "AsStrided", as_strided_view_fusable, as_strided_strided_read);
   for (const char* op : {"Concat", "Pad", "SliceGrad", "AsStridedScatter"}) add_traits(t, op, bits(T::guarded_view));
 

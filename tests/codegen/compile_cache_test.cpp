@@ -63,13 +63,6 @@ void write_file(const fs::path& p, const std::string& s) {
   f.write(s.data(), static_cast<std::streamsize>(s.size()));
 }
 
-int64_t buffer_elems(const KernelParam& p, const std::vector<int64_t>& dom) {
-  int64_t n = p.offset + 1;
-  for (size_t d = 0; d < dom.size(); ++d)
-    if (dom[d] > 0) n += (dom[d] - 1) * p.strides[d];
-  return n;
-}
-
 /// Deterministic inputs: floats in [-2.5, 2.5] with some NaN/inf, integers in [-4, 4].
 void fill(DType t, void* b, int64_t n, uint32_t seed) {
   std::mt19937 g(seed);
@@ -166,7 +159,7 @@ std::vector<std::pair<Kernel, double>> test_kernels() {
 std::vector<std::vector<uint8_t>> make_buffers(const Kernel& k) {
   std::vector<std::vector<uint8_t>> bufs(k.params.size());
   for (size_t p = 0; p < k.params.size(); ++p) {
-    const int64_t n = buffer_elems(k.params[p], k.domain);
+    const int64_t n = codegen::param_elements(k, k.params[p]);
     bufs[p].assign(static_cast<size_t>(n * ir::dtype_size(k.params[p].dtype)), 0xAB);
     if (!k.params[p].is_output) fill(k.params[p].dtype, bufs[p].data(), n, 99u + 31u * p);
   }
@@ -185,7 +178,7 @@ void run_chunked(const CpuKernel& ck, std::vector<void*> p) {
   std::vector<double> scratch(static_cast<size_t>(ck.scratch_bytes / 8 + 1));
   if (ck.scratch_bytes > 0) p.push_back(scratch.data());
   if (ck.parallel_dim < 0) return ck.fn(p.data(), 0, 1);
-  const int64_t e = ck.parallel_extent;
+  const int64_t e = codegen::static_extent(ck.parallel_extent);
   for (int i = 2; i >= 0; --i)
     if (e * i / 3 < e * (i + 1) / 3) ck.fn(p.data(), e * i / 3, e * (i + 1) / 3);
   combine_cpu_partitions(ck, p.data());
@@ -201,7 +194,7 @@ void expect_close(const Kernel& k, const std::vector<std::vector<uint8_t>>& got,
       EXPECT_EQ(got[p], ref[p]) << what << ": kernel " << k.name << " param " << p << " not bit-equal";
       continue;
     }
-    const int64_t n = buffer_elems(k.params[p], k.domain);
+    const int64_t n = codegen::param_elements(k, k.params[p]);
     int bad = 0;
     for (int64_t i = 0; i < n && bad < 5; ++i) {
       const double a = read(t, got[p].data(), i), r = read(t, ref[p].data(), i);

@@ -15,11 +15,11 @@ struct KB {
   Kernel k;
   explicit KB(std::string name, std::vector<int64_t> domain, std::vector<bool> reduced = {}) {
     k.name = std::move(name);
-    k.domain = std::move(domain);
+    k.domain.assign(domain.begin(), domain.end());
     k.reduced = std::move(reduced);
   }
   int param(const std::string& name, ir::DType dt, std::vector<int64_t> strides, bool out = false, int64_t offset = 0) {
-    return k.add_param(name, dt, std::move(strides), out, offset);
+    return k.add_param(name, dt, {strides.begin(), strides.end()}, out, offset);
   }
   int load(int p) { return k.add_load(p); }
   int cst(double v, ir::DType dt) { return k.add_constant(v, dt); }

@@ -100,8 +100,8 @@ TEST(KernelIr, CollapseDims) {
     int o = b.param("o", DType::f32, {30, 6, 1}, true);
     b.store(o, b.load(x));
     Kernel c = collapse_dims(b.k);
-    EXPECT_EQ(c.domain, (std::vector<int64_t>{120}));
-    EXPECT_EQ(c.params[0].strides, (std::vector<int64_t>{1}));
+    EXPECT_EQ(c.domain, (std::vector<Extent>{120}));
+    EXPECT_EQ(c.params[0].strides, (std::vector<Extent>{1}));
     EXPECT_TRUE(c.verify().is_ok());
   }
   {  // broadcast of the inner dims blocks the merge with the outer dim only
@@ -110,8 +110,8 @@ TEST(KernelIr, CollapseDims) {
     int o = b.param("o", DType::f32, {30, 6, 1}, true);
     b.store(o, b.load(x));
     Kernel c = collapse_dims(b.k);
-    EXPECT_EQ(c.domain, (std::vector<int64_t>{4, 30}));
-    EXPECT_EQ(c.params[0].strides, (std::vector<int64_t>{0, 1}));
+    EXPECT_EQ(c.domain, (std::vector<Extent>{4, 30}));
+    EXPECT_EQ(c.params[0].strides, (std::vector<Extent>{0, 1}));
   }
   {  // reduction: kept/reduced blocks merge separately; extent-1 dims vanish
     KB b("c", {4, 1, 5, 6}, {false, false, true, true});
@@ -119,10 +119,10 @@ TEST(KernelIr, CollapseDims) {
     int o = b.param("o", DType::f32, {1, 3, 0, 0}, true);
     b.store(o, b.load(x), ReduceKind::sum);
     Kernel c = collapse_dims(b.k);
-    EXPECT_EQ(c.domain, (std::vector<int64_t>{4, 30}));
+    EXPECT_EQ(c.domain, (std::vector<Extent>{4, 30}));
     EXPECT_EQ(c.reduced, (std::vector<bool>{false, true}));
-    EXPECT_EQ(c.params[0].strides, (std::vector<int64_t>{30, 1}));
-    EXPECT_EQ(c.params[1].strides, (std::vector<int64_t>{1, 0}));
+    EXPECT_EQ(c.params[0].strides, (std::vector<Extent>{30, 1}));
+    EXPECT_EQ(c.params[1].strides, (std::vector<Extent>{1, 0}));
     EXPECT_TRUE(c.verify().is_ok()) << c.verify().message();
   }
   {  // a reduction over an extent-1 dim keeps that dim
@@ -131,7 +131,7 @@ TEST(KernelIr, CollapseDims) {
     int o = b.param("o", DType::f32, {1, 0}, true);
     b.store(o, b.load(x), ReduceKind::sum);
     Kernel c = collapse_dims(b.k);
-    EXPECT_EQ(c.domain, (std::vector<int64_t>{3, 1}));
+    EXPECT_EQ(c.domain, (std::vector<Extent>{3, 1}));
     EXPECT_TRUE(c.verify().is_ok()) << c.verify().message();
   }
 }

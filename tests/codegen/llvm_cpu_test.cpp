@@ -28,11 +28,12 @@ using testing::KB;
 using testing::row_layernorm_kernel;
 using testing::row_softmax_kernel;
 
-int64_t buffer_elems(const KernelParam& p, const std::vector<int64_t>& dom) {
+/// Elements param p's buffer holds (a static kernel): its guard box or the domain.
+int64_t buffer_elems(const KernelParam& p, const std::vector<Extent>& dom) {
   int64_t n = p.offset + 1;
   for (size_t d = 0; d < dom.size(); ++d) {
-    const int64_t hi = p.guarded() ? p.guard_hi[d] : dom[d];  // a guarded param: its box
-    if (hi > 0) n += (hi - 1) * p.strides[d];
+    const int64_t hi = p.guarded() ? p.guard_hi[d] : static_extent(dom[d]);  // a guarded param: its box
+    if (hi > 0) n += (hi - 1) * static_extent(p.strides[d]);
   }
   return n;
 }
@@ -128,7 +129,7 @@ void run_chunked(const CpuKernel& ck, const std::vector<void*>& buffers, int pie
     ck.fn(ptrs.data(), 0, 1);
     return;
   }
-  const int64_t e = ck.parallel_extent;
+  const int64_t e = static_extent(ck.parallel_extent);
   std::vector<int64_t> cut;
   for (int i = 0; i <= pieces; ++i) cut.push_back(e * i / pieces);
   for (int i = pieces - 1; i >= 0; --i)

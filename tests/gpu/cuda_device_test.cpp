@@ -32,13 +32,7 @@ using runtime::CudaDevice;
 using runtime::CudaDevicePtr;
 
 /// Elements a param's buffer must hold.
-int64_t extent(const Kernel& k, const KernelParam& p) {
-  for (int64_t e : k.domain)
-    if (e == 0) return 0;
-  int64_t hi = p.offset;
-  for (size_t d = 0; d < k.domain.size(); ++d) hi += (k.domain[d] - 1) * p.strides[d];
-  return hi + 1;
-}
+int64_t extent(const Kernel& k, const KernelParam& p) { return codegen::param_elements(k, p); }
 
 void fill_random(DType dt, std::vector<uint8_t>& buf, int64_t n, std::pair<double, double> range,
                  std::mt19937_64& rng) {

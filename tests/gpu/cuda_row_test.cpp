@@ -63,8 +63,9 @@ Kernel mixed_kernel(const std::string& name, int64_t a, int64_t b, int reduced_d
   k.name = name;
   k.domain = {a, b};
   k.reduced = {reduced_dim == 0, reduced_dim == 1};
-  const std::vector<int64_t> dense = {b, 1};
-  const std::vector<int64_t> kept = reduced_dim == 0 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{1, 0};
+  const std::vector<codegen::Extent> dense = {b, 1};
+  const std::vector<codegen::Extent> kept =
+      reduced_dim == 0 ? std::vector<codegen::Extent>{0, 1} : std::vector<codegen::Extent>{1, 0};
   const int y = k.add_load(k.add_param("y", f, dense));
   const int dy = k.add_load(k.add_param("dy", f, dense));
   const int s = k.add_reduce(ReduceKind::sum, k.add_op(ScalarOp::mul, {dy, y}, f));
@@ -154,7 +155,7 @@ TEST(CudaRowEmit, SchedulesAndLaunchGeometry) {
     EXPECT_EQ(info.schedule, cs[i].schedule) << info.name;
     EXPECT_EQ(info.block[0], 256u);
     EXPECT_TRUE(info.inits.empty()) << info.name << ": row programs never need pre-launch fills";
-    const int64_t rows = cs[i].k.domain[cs[i].k.reduced[0] ? 1 : 0];
+    const int64_t rows = codegen::static_extent(cs[i].k.domain[cs[i].k.reduced[0] ? 1 : 0]);
     const int64_t per_block = info.schedule == "row_warp" ? 8 : info.schedule == "row_block" ? 1 : 256;
     EXPECT_EQ(info.grid[0], static_cast<unsigned>((rows + per_block - 1) / per_block)) << info.name;
   }
@@ -192,13 +193,7 @@ TEST(CudaRowEmit, CompilesForSm80AndSm90WithoutSpills) {
 
 // ---- On a GPU ------------------------------------------------------------------------
 
-int64_t extent(const Kernel& k, const codegen::KernelParam& p) {
-  for (int64_t e : k.domain)
-    if (e == 0) return 0;
-  int64_t hi = p.offset;
-  for (size_t d = 0; d < k.domain.size(); ++d) hi += (k.domain[d] - 1) * p.strides[d];
-  return hi + 1;
-}
+int64_t extent(const Kernel& k, const codegen::KernelParam& p) { return codegen::param_elements(k, p); }
 
 void fill_inputs(DType dt, std::vector<uint8_t>& buf, int64_t n, const RowCase& c, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(c.range.first, c.range.second);

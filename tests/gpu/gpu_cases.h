@@ -41,13 +41,13 @@ struct KB {
   Case c;
   KB(std::string name, std::vector<int64_t> domain, std::vector<bool> reduced = {}) {
     c.k.name = std::move(name);
-    c.k.domain = std::move(domain);
+    c.k.domain.assign(domain.begin(), domain.end());
     c.k.reduced = std::move(reduced);
   }
   int param(const std::string& name, DType dt, std::vector<int64_t> strides, bool out = false, int64_t offset = 0,
             std::pair<double, double> range = {-2, 2}) {
     c.range.push_back(range);
-    return c.k.add_param(name, dt, std::move(strides), out, offset);
+    return c.k.add_param(name, dt, {strides.begin(), strides.end()}, out, offset);
   }
   /// Dense row-major strides of the domain (an input read contiguously).
   std::vector<int64_t> dense() const {
@@ -55,7 +55,7 @@ struct KB {
     int64_t m = 1;
     for (size_t d = s.size(); d-- > 0;) {
       s[d] = m;
-      m *= c.k.domain[d];
+      m *= codegen::static_extent(c.k.domain[d]);
     }
     return s;
   }
@@ -66,7 +66,7 @@ struct KB {
     for (size_t d = s.size(); d-- > 0;) {
       if (d < c.k.reduced.size() && c.k.reduced[d]) continue;
       s[d] = m;
-      m *= c.k.domain[d];
+      m *= codegen::static_extent(c.k.domain[d]);
     }
     return s;
   }
