@@ -831,10 +831,15 @@ Expected<LnStats> ln_row_stats(ScalarBuilder& b, int x_input) {
   auto dims = ln_row_dims(n, x_input);
   if (!dims) return dims.status();
   double count = 1;
-  for (int d : *dims) count *= static_cast<double>(n.input(x_input)->shape.dims[d].value);
+  bool symbolic = false;  // a symbolic row length: counted by the kernel (a sum of ones, exact in f64)
+  for (int d : *dims) {
+    const Dim& e = n.input(x_input)->shape.dims[d];
+    symbolic |= !e.is_static();
+    count *= static_cast<double>(e.value);
+  }
   LnStats s;
   s.x = row_in(b, x_input, ct);
-  s.count = b.constant(count, ct);
+  s.count = symbolic ? b.reduce(ScalarOp::add, b.constant(1, ct)) : b.constant(count, ct);
   s.mean = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, s.x), s.count}, ct);
   s.d = b.apply(ScalarOp::sub, {s.x, s.mean}, ct);
   Ref var = b.apply(ScalarOp::div, {b.reduce(ScalarOp::add, b.apply(ScalarOp::mul, {s.d, s.d}, ct)), s.count}, ct);

@@ -12,7 +12,9 @@
 //                kernel each; a row op's dtype here is its input's): the eager
 //                kernels compute in double, the generated ones in f32 with double
 //                sums: 1e-5 relative in f32, 1e-12 in f64, one bf16 ulp in bf16.
-// Each case also checks that the compiled program really has a generated kernel.
+// Each case also checks that the compiled program really has a generated kernel, and runs
+// again with symbolic input dims (one kernel with run-time extents, issue 32) at two
+// bindings of its symbols, with the same tolerances.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -173,29 +175,26 @@ std::vector<OpCase> cases() {
 
 class OpsCompiled : public ::testing::TestWithParam<OpCase> {};
 
-TEST_P(OpsCompiled, MatchesEager) {
-  const OpCase& c = GetParam();
+/// Builds case `c`'s graph, runs it eagerly and through its generated kernel, and
+/// compares (tolerances in the file comment). `symbolic`: every input dim of extent > 1
+/// is a symbol named after its extent (4 -> n, 5 -> m, 6 -> k), so the fusion pass and
+/// the code generator see symbolic shapes and the kernel takes its extents at launch
+/// (issue 32); the one compiled program then also runs at a second binding (n=2, m=3,
+/// k=9), each run against the eager result of the same inputs.
+void check_case(const OpCase& c, bool symbolic) {
   runtime::register_eager_kernels();
+  const std::map<int64_t, std::string> names = {{4, "n"}, {5, "m"}, {6, "k"}};
+  auto shape_of = [&](const std::vector<int64_t>& d) {
+    if (!symbolic) return ir::Shape::of(d);
+    ir::Shape s;
+    for (int64_t e : d) s.dims.push_back(e > 1 ? ir::Dim(names.at(e)) : ir::Dim(e));
+    return s;
+  };
   // y = op(inputs); for pointwise ops also z = y * y so the kernel fuses two nodes.
   ir::Graph g;
   std::vector<ir::Value*> ins;
-  std::map<std::string, ir::Tensor> feeds;
-  for (size_t i = 0; i < c.in_dtypes.size(); ++i) {
-    const std::string n = "x" + std::to_string(i);
-    ins.push_back(g.add_input(n, c.in_dtypes[i], ir::Shape::of(c.dims[i])));
-    feeds[n] = random_tensor(c.in_dtypes[i], c.dims[i], c.lo, c.hi, 1000 + i);
-  }
-  if (c.op == "SoftmaxCrossEntropyRows") {  // labels in [0, C), classes 0..C-1
-    for (int64_t i = 0; i < 5; ++i) feeds["x1"].set_f64(i, static_cast<double>((i * 2) % 6));
-    for (int64_t i = 0; i < 6; ++i) feeds["x2"].set_f64(i, static_cast<double>(i));
-  }
-  if (c.op == "Cast" && c.dtype == DType::boolean) {  // zeros, a NaN and -0.0 for x != 0
-    for (int64_t i = 0; i < feeds["x0"].numel(); i += 3) feeds["x0"].set_f64(i, 0.0);
-    if (ir::is_float(c.in_dtypes[0])) {
-      feeds["x0"].set_f64(1, std::nan(""));
-      feeds["x0"].set_f64(4, -0.0);
-    }
-  }
+  for (size_t i = 0; i < c.in_dtypes.size(); ++i)
+    ins.push_back(g.add_input("x" + std::to_string(i), c.in_dtypes[i], shape_of(c.dims[i])));
   if (c.op == "ReduceSum") {
     // Bias-gradient shape: sum over the leading dims of x*x, keepdims 0.
     ir::Value* sq = g.add_node("Mul", "sq", {ins[0], ins[0]}, {"sq"})->outputs[0];
@@ -209,38 +208,71 @@ TEST_P(OpsCompiled, MatchesEager) {
   }
   ASSERT_TRUE(ir::infer_graph(g).is_ok());
   ASSERT_TRUE(ir::verify_graph(g).is_ok());
-  auto ref = runtime::run_graph(g, feeds);
-  ASSERT_TRUE(ref) << ref.message();
-
   auto fused = g.clone();
   passes::PassContext ctx;
   ctx.verify_each = true;
   auto st = passes::run_pipeline(*fused, {"fusion"}, ctx);
   ASSERT_TRUE(st.is_ok()) << st.message();
-  std::shared_ptr<codegen::CpuProgram> prog;
-  auto got = kiln::testing::run_compiled(*fused, feeds, &prog);
-  ASSERT_TRUE(got) << got.message();
-  ASSERT_EQ(prog->kernels.size(), 1u) << "expected one generated kernel";
+  auto prog = codegen::compile_graph_cpu(*fused);
+  ASSERT_TRUE(prog) << prog.message();
+  ASSERT_EQ((*prog)->kernels.size(), 1u) << "expected one generated kernel";
+  EXPECT_EQ((*prog)->kernels[0].is_symbolic(), symbolic) << (*prog)->kernels[0].to_string();
 
-  const ir::Tensor& a = got->at("y");
-  const ir::Tensor& b = ref->at("y");
-  ASSERT_EQ(a.dims(), b.dims());
-  ASSERT_EQ(a.dtype(), b.dtype());
-  // Row ops: the eager kernels compute in double, the generated ones in f32 (f64 for f64)
-  // with double sums: 1e-5 relative in f32, 1e-12 in f64, one bf16 ulp.
-  double tol = c.dtype == DType::bf16 ? std::ldexp(1.0, -8) : c.transcendental ? 1e-6 : 0.0;
-  if (c.row && c.dtype == DType::f32) tol = 1e-5;
-  if (c.row && c.dtype == DType::f64) tol = 1e-12;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    const double x = a.get_f64(i), r = b.get_f64(i);
-    if (std::isnan(r)) {
-      EXPECT_TRUE(std::isnan(x)) << "element " << i;
-      continue;
+  std::vector<std::map<int64_t, int64_t>> bindings = {{{4, 4}, {5, 5}, {6, 6}}};
+  if (symbolic) bindings.push_back({{4, 2}, {5, 3}, {6, 9}});
+  for (const auto& at : bindings) {
+    std::map<std::string, ir::Tensor> feeds;
+    std::vector<std::vector<int64_t>> dims = c.dims;
+    for (auto& d : dims)
+      for (int64_t& e : d) e = e > 1 ? at.at(e) : e;
+    for (size_t i = 0; i < c.in_dtypes.size(); ++i)
+      feeds["x" + std::to_string(i)] = random_tensor(c.in_dtypes[i], dims[i], c.lo, c.hi, 1000 + i);
+    if (c.op == "SoftmaxCrossEntropyRows") {  // labels in [0, C), classes 0..C-1
+      const int64_t rows = dims[0][0], classes = dims[0][1];
+      for (int64_t i = 0; i < rows; ++i) feeds["x1"].set_f64(i, static_cast<double>((i * 2) % classes));
+      for (int64_t i = 0; i < classes; ++i) feeds["x2"].set_f64(i, static_cast<double>(i));
     }
-    EXPECT_LE(std::fabs(x - r), tol * std::max(1.0, std::fabs(r)))
-        << "element " << i << ": compiled " << x << ", eager " << r;
+    if (c.op == "Cast" && c.dtype == DType::boolean) {  // zeros, a NaN and -0.0 for x != 0
+      for (int64_t i = 0; i < feeds["x0"].numel(); i += 3) feeds["x0"].set_f64(i, 0.0);
+      if (ir::is_float(c.in_dtypes[0])) {
+        feeds["x0"].set_f64(1, std::nan(""));
+        feeds["x0"].set_f64(4, -0.0);
+      }
+    }
+    const std::string where = symbolic ? " at n=" + std::to_string(at.at(4)) + " m=" + std::to_string(at.at(5)) +
+                                             " k=" + std::to_string(at.at(6))
+                                       : std::string();
+    auto ref = runtime::run_graph(g, feeds);
+    ASSERT_TRUE(ref) << ref.message() << where;
+    runtime::RunOptions ro;
+    ro.program = prog->get();
+    auto got = runtime::run_graph(*fused, feeds, ro);
+    ASSERT_TRUE(got) << got.message() << where;
+
+    const ir::Tensor& a = got->at("y");
+    const ir::Tensor& b = ref->at("y");
+    ASSERT_EQ(a.dims(), b.dims()) << where;
+    ASSERT_EQ(a.dtype(), b.dtype());
+    // Row ops: the eager kernels compute in double, the generated ones in f32 (f64 for f64)
+    // with double sums: 1e-5 relative in f32, 1e-12 in f64, one bf16 ulp.
+    double tol = c.dtype == DType::bf16 ? std::ldexp(1.0, -8) : c.transcendental ? 1e-6 : 0.0;
+    if (c.row && c.dtype == DType::f32) tol = 1e-5;
+    if (c.row && c.dtype == DType::f64) tol = 1e-12;
+    for (int64_t i = 0; i < b.numel(); ++i) {
+      const double x = a.get_f64(i), r = b.get_f64(i);
+      if (std::isnan(r)) {
+        EXPECT_TRUE(std::isnan(x)) << "element " << i << where;
+        continue;
+      }
+      EXPECT_LE(std::fabs(x - r), tol * std::max(1.0, std::fabs(r)))
+          << "element " << i << ": compiled " << x << ", eager " << r << where;
+    }
   }
 }
+
+TEST_P(OpsCompiled, MatchesEager) { check_case(GetParam(), false); }
+
+TEST_P(OpsCompiled, MatchesEagerWithSymbolicExtents) { check_case(GetParam(), true); }
 
 /// A bias-gradient column sum long enough to be split into row partitions
 /// (ir::column_sum_partitions): compiled and eager add in the same partitioned order, so

@@ -64,9 +64,12 @@ Expected<runtime::Batch> synthetic_batch(const std::vector<runtime::DataInputSpe
 /// One program variant: its label names what varies (backend, then policy, then optimizer).
 struct Variant {
   std::string label, backend, policy, optim;
+  std::string shape_mode = "pad";  ///< "symbolic": the sequence dim left a symbol (issue 32)
 };
 
-/// The variants of `cfg`'s backend x remat_policy x optim lists, each item once.
+/// The variants of `cfg`'s backend x remat_policy x optim x shape_mode lists, each item
+/// once. On fixed-shape data --shape_mode pad,symbolic compares the static program of the
+/// --shape length with the symbolic program run at that length (--compare_static).
 std::vector<Variant> bench_variants(const TrainConfig& cfg, bool* by_policy) {
   auto split = [](const std::string& text) {  // validated items, each once
     std::vector<std::string> items;
@@ -77,18 +80,21 @@ std::vector<Variant> bench_variants(const TrainConfig& cfg, bool* by_policy) {
   const std::vector<std::string> backend_items = split(cfg.backend);
   const std::vector<std::string> policy_items = split(cfg.remat_policy);
   const std::vector<std::string> optim_items = split(cfg.optim);
+  const std::vector<std::string> shape_items = split(cfg.shape_mode);
   std::vector<Variant> variants;
   for (const std::string& b : backend_items)
     for (const std::string& p : policy_items)
-      for (const std::string& o : optim_items) {
-        std::string label;
-        auto add = [&](const std::string& part) { label += (label.empty() ? "" : "/") + part; };
-        if (backend_items.size() > 1) add(b);
-        if (policy_items.size() > 1) add(p.empty() ? "none" : p);
-        if (optim_items.size() > 1) add(o);
-        if (label.empty()) label = b;
-        variants.push_back({label, b, p, o});
-      }
+      for (const std::string& o : optim_items)
+        for (const std::string& m : shape_items) {
+          std::string label;
+          auto add = [&](const std::string& part) { label += (label.empty() ? "" : "/") + part; };
+          if (backend_items.size() > 1) add(b);
+          if (policy_items.size() > 1) add(p.empty() ? "none" : p);
+          if (optim_items.size() > 1) add(o);
+          if (shape_items.size() > 1) add(m == "symbolic" ? "symbolic" : "static");
+          if (label.empty()) label = b;
+          variants.push_back({label, b, p, o, m});
+        }
   *by_policy = policy_items.size() > 1 || optim_items.size() > 1;
   return variants;
 }
@@ -224,6 +230,28 @@ Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream
     c.backend = variants[r].backend;
     c.remat_policy = variants[r].policy;
     c.optim = variants[r].optim;
+    c.shape_mode = variants[r].shape_mode;
+    if (c.shape_mode == "symbolic") {
+      // The symbolic program (issue 32): the sequence dims --shape binds stay symbols,
+      // bounded by --max_length (default: that length), and the program runs the same
+      // batch as the static variant (the synthetic batch of the --shape length).
+      if (!cfg.train_data.empty())
+        return Status::error("--shape_mode " + cfg.shape_mode +
+                             ": a static and a symbolic program compare on a synthetic batch (no --train_data)");
+      KILN_ASSIGN_OR_RETURN(auto module, import_model(c.model, c.untie_initializers));
+      int64_t length = 0;
+      for (const std::string& sym : sequence_symbols(*module))
+        if (auto it = c.shape.find(sym); it != c.shape.end()) {
+          length = std::max(length, it->second);
+          c.shape.erase(it);
+        }
+      if (length == 0)
+        return Status::error("--shape_mode symbolic: give the sequence length to compare at (--shape SEQ=N)");
+      if (c.max_length == 0) c.max_length = length;
+      if (c.max_length < length)
+        return Status::error("--max_length " + std::to_string(c.max_length) + ": below the --shape length " +
+                             std::to_string(length) + " the symbolic program runs at");
+    }
     if (c.effective_remat_policy() != "budget") c.memory_budget.clear();  // --memory_budget is the budget variant's
     runs[r].backend = backends[r];
     if (!dump_root.empty() && backends.size() > 1) {  // one --dump-ir-dir folder per backend

@@ -289,7 +289,9 @@ static Expected<std::map<std::string, int64_t>> batch_bindings(const runtime::Tr
   // --shape_mode symbolic (issue 32) leaves the sequence dims of variable-length data
   // symbolic, and the batch dim too where no accumulation loop or data-parallel job
   // slices the rows (the epoch's last partial batch then runs on the same program).
-  const bool symbolic = cfg.shape_mode == "symbolic" && runtime::is_sequence_data(cfg.train_data);
+  // (Without data: kiln bench's symbolic variant, run on a synthetic batch.)
+  const bool symbolic =
+      cfg.shape_mode == "symbolic" && (runtime::is_sequence_data(cfg.train_data) || cfg.train_data.empty());
   const bool free_batch = symbolic && cfg.gradient_accumulation_steps <= 1 && cfg.world_size <= 1;
   std::set<std::string> left_symbolic;
   for (Value* in : module.inputs) {
