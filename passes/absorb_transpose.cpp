@@ -30,7 +30,7 @@ namespace {
 Node* transpose_in(Graph& g, Value* v) {
   if (!v || !v->producer || !has_trait(*v->producer, OpTrait::transpose) || g.index_of(v->producer) < 0) return nullptr;
   Node* t = v->producer;
-  if (!t->inputs[0] || !t->inputs[0]->shape.is_static() || !v->shape.is_static()) return nullptr;
+  if (!t->inputs[0] || !t->inputs[0]->shape.is_known() || !v->shape.is_known()) return nullptr;  // static or symbolic
   return t;
 }
 

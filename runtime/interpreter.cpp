@@ -482,6 +482,22 @@ Status input_tensors(const Node& n, const GraphFacts::NodeFacts& nf, Env& env, s
   return Status::ok();
 }
 
+/// The dims of `s` at the run's symbol values (static dims as they are); false when a
+/// dim is unknown or names a symbol `symbols` does not bind.
+bool dims_at(const ir::Shape& s, const std::map<std::string, int64_t>* symbols, std::vector<int64_t>& out) {
+  out.clear();
+  for (const Dim& d : s.dims) {
+    if (d.is_static()) {
+      out.push_back(d.value);
+      continue;
+    }
+    std::optional<int64_t> v = d.is_symbolic() && symbols ? d.expr.evaluate(*symbols) : std::nullopt;
+    if (!v) return false;
+    out.push_back(*v);
+  }
+  return true;
+}
+
 /// One generated kernel call being set up: argument pointers (inputs, then outputs) and
 /// the output tensors, written into the environment once the kernel has run.
 struct FusedLaunch {
@@ -523,17 +539,9 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
   Status dims_status = Status::ok();
   auto dims_of = [&](size_t j) -> const std::vector<int64_t>& {
     if (nf.has_static) return nf.outs.dims[j];
-    dims_buf.clear();
-    for (const Dim& d : n.outputs[j]->shape.dims) {
-      auto e = d.as_expr();
-      auto v = e ? value_of(*e, "output dim") : Expected<int64_t>(Status::error("node '" + n.name + "': unknown dim"));
-      if (!v) {
-        dims_status = v.status();
-        dims_buf.push_back(0);
-        continue;
-      }
-      dims_buf.push_back(*v);
-    }
+    if (!dims_at(n.outputs[j]->shape, symbols, dims_buf))
+      dims_status = Status::error("node '" + n.name + "': output " + std::to_string(j) + " shape " +
+                                  n.outputs[j]->shape.to_string() + " has no value in this run");
     return dims_buf;
   };
   for (size_t k = 0; k < n.inputs.size(); ++k) {
@@ -811,8 +819,9 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOpt
       // Reshape-family ops (ir::is_view_op) whose input dies here: the output is the
       // same storage with new dims, no copy (the planner models the same rule).
       bool viewed = false;
-      if (nf.view && n.num_outputs() == 1 && n.outputs[0]->shape.is_static()) {
-        const std::vector<int64_t> od = nf.has_static ? nf.outs.dims[0] : n.outputs[0]->shape.to_vector();
+      std::vector<int64_t> od;
+      if (nf.view && n.num_outputs() == 1 &&
+          (nf.has_static ? (od = nf.outs.dims[0], true) : dims_at(n.outputs[0]->shape, opts.symbols, od))) {
         Tensor* in = dying_input(0);
         if (in && ir::numel_of(od) == in->numel() && in->dtype() == n.outputs[0]->dtype) {
           env.put(nf.out_slot[0]) = in->reshaped(od);

@@ -75,6 +75,17 @@ namespace {
 
 bool used(const Graph& g, const Value* v) { return v && (!g.uses(v).empty() || g.is_graph_output(v)); }
 
+/// `n` has `inputs` inputs, no region, and known shapes everywhere (static, or symbolic:
+/// a symbolic program's leading dims; the rules below need static rows and classes).
+bool known_node(const Node& n, int inputs) {
+  if (n.num_inputs() != inputs || !n.regions.empty()) return false;
+  for (const Value* v : n.inputs)
+    if (!v || !v->shape.is_known()) return false;
+  for (const Value* v : n.outputs)
+    if (!v || !v->shape.is_known()) return false;
+  return true;
+}
+
 /// `n` has `inputs` inputs, no region, and static shapes everywhere.
 bool static_node(const Node& n, int inputs) {
   if (n.num_inputs() != inputs || !n.regions.empty()) return false;
@@ -83,17 +94,21 @@ bool static_node(const Node& n, int inputs) {
   return n.shapes_static();
 }
 
-/// Eligible LayerNormalizationGrad: static float shapes, Scale with as many elements as a row.
+/// Eligible LayerNormalizationGrad: float shapes, static row dims (the leading dims may be
+/// symbolic), Scale static with as many elements as a row.
 bool decomposable_ln_grad(const Node& n) {
-  if (!static_node(n, 3)) return false;
+  if (!known_node(n, 3)) return false;
   for (const Value* v : n.inputs)
     if (!is_float(v->dtype)) return false;
   const Shape& x = n.inputs[1]->shape;
   auto ax = normalize_axis(n.attrs.get_int("axis", -1), x.rank());
   if (!ax || *ax == 0) return false;  // no row dims: nothing to sum over
   int64_t row = 1;
-  for (int i = *ax; i < x.rank(); ++i) row *= x.dims[i].value;
-  return n.inputs[2]->shape.numel() == row && row > 0;
+  for (int i = *ax; i < x.rank(); ++i) {
+    if (!x.dims[i].is_static()) return false;
+    row *= x.dims[i].value;
+  }
+  return n.inputs[2]->shape.is_static() && n.inputs[2]->shape.numel() == row && row > 0;
 }
 
 Attributes cast_to(DType t) {
@@ -137,7 +152,7 @@ Status decompose_ln_grad(Graph& g, Graph& root, Node* n) {
   auto f64 = [&](Value* v) { return v->dtype == DType::f64 ? v : b.op("Cast", {v}, cast_to(DType::f64)); };
   // A column sum over the rows in Scale's dtype and shape; the last node's output is named `out`.
   auto column_sum = [&](Value* v, const std::string& out) -> Value* {
-    const std::vector<int64_t> xd = X->shape.to_vector();
+    const std::vector<int64_t> xd = X->shape.to_vector();  // the row dims (from ax) are static
     const bool reshape = scale->shape.to_vector() != std::vector<int64_t>(xd.begin() + ax, xd.end());
     const bool cast = scale->dtype != DType::f64;
     Value* s = b.op("ReduceSum", {v, b.ints(rows)}, make_attrs({{"keepdims", int64_t(0)}}), reshape || cast ? "" : out);
@@ -166,7 +181,7 @@ struct SceParts {
   std::string name, out_name, reduction;
   Attributes attrs;
   Value *X = nullptr, *L = nullptr, *old = nullptr;
-  int64_t N = 0, C = 0;
+  int64_t N = 0, C = 0;  ///< N: -1 when symbolic (label_count then counts valid labels)
 };
 SceParts detach_sce(Graph& g, Node* n, int x_input) {
   SceParts p;
@@ -205,14 +220,24 @@ Value* class_indices(Builder& b, int64_t C) {
   return b.ints(iota);
 }
 
+/// The scores (N, C) and labels (N) of a cross entropy: C static, N static or symbolic
+/// (equal in both); a symbolic N with a mean over every label needs its count at run time
+/// (ignore_index: the count of valid labels is computed anyway).
+bool sce_shapes(const Node& n, const Value* x, const Value* l) {
+  if (x->shape.rank() != 2 || l->shape.rank() != 1 || !x->shape.dims[1].is_static() || x->shape.dims[1].value <= 0)
+    return false;
+  if (x->shape.dims[0] != l->shape.dims[0]) return false;
+  if (x->shape.dims[0].is_static()) return x->shape.dims[0].value > 0;
+  return n.attrs.has("ignore_index") || n.attrs.get_string("reduction", "mean") != "mean";
+}
+
 /// Eligible SoftmaxCrossEntropyLossGrad: (dLoss, scores (N, C), labels (N) i64), no
-/// weights, static shapes.
+/// weights, known shapes (sce_shapes).
 bool decomposable_sce_grad(const Node& n) {
-  if (!static_node(n, 3) || n.num_outputs() != 1) return false;
+  if (!known_node(n, 3) || n.num_outputs() != 1) return false;
   const Value* x = n.inputs[1];
   const Value* l = n.inputs[2];
-  return is_float(x->dtype) && is_float(n.inputs[0]->dtype) && x->shape.rank() == 2 && l->dtype == DType::i64 &&
-         l->shape.rank() == 1 && x->shape.dims[0].value == l->shape.dims[0].value && x->shape.numel() > 0;
+  return is_float(x->dtype) && is_float(n.inputs[0]->dtype) && l->dtype == DType::i64 && sce_shapes(n, x, l);
 }
 
 /// SoftmaxCrossEntropyLossGrad(dLoss, scores, labels) becomes, in f64 after the softmax
@@ -229,7 +254,6 @@ Status decompose_sce_grad(Graph& g, Graph& root, Node* n) {
   const SceParts s = detach_sce(g, n, 1);
   Value* X = s.X;
   const DType t = X->dtype;
-  const int64_t N = s.N;
   const std::string& out_name = s.out_name;
 
   Builder b(g, s.name);
@@ -241,8 +265,8 @@ Status decompose_sce_grad(Graph& g, Graph& root, Node* n) {
   Value* coef = to(dL, f);  // rank 0 (mean, sum) or (N) (none)
   if (s.reduction == "mean") coef = b.op("Div", {coef, label_count(b, s, valid)});
   if (valid) coef = b.op("Where", {valid, coef, zero});
-  if (coef && coef->shape.rank() == 1) coef = b.op("Reshape", {coef, b.ints({N, 1})});
-  Value* onehot = b.op("Equal", {class_indices(b, s.C), b.op("Reshape", {s.L, b.ints({N, 1})})});
+  if (coef && coef->shape.rank() == 1) coef = b.op("Reshape", {coef, b.ints({-1, 1})});
+  Value* onehot = b.op("Equal", {class_indices(b, s.C), b.op("Reshape", {s.L, b.ints({-1, 1})})});
   Attributes sa;
   sa.set("axis", int64_t(1));
   // The softmax in f64 (libm exp), as the eager kernel: dX rounded to f32 then equals the
@@ -261,15 +285,14 @@ Status decompose_sce_grad(Graph& g, Graph& root, Node* n) {
 }
 
 /// Eligible SoftmaxCrossEntropyLoss: scores (N, C) float, labels (N) i64/i32, no
-/// weights, static shapes, no log_prob output read.
+/// weights, known shapes (sce_shapes), no log_prob output read.
 bool decomposable_sce(const Graph& g, const Node& n) {
-  if (!static_node(n, 2) || n.num_outputs() < 1) return false;
+  if (!known_node(n, 2) || n.num_outputs() < 1) return false;
   for (int k = 1; k < n.num_outputs(); ++k)
     if (used(g, n.outputs[k])) return false;
   const Value* x = n.inputs[0];
   const Value* l = n.inputs[1];
-  return is_float(x->dtype) && x->shape.rank() == 2 && (l->dtype == DType::i64 || l->dtype == DType::i32) &&
-         l->shape.rank() == 1 && x->shape.dims[0].value == l->shape.dims[0].value && x->shape.numel() > 0;
+  return is_float(x->dtype) && (l->dtype == DType::i64 || l->dtype == DType::i32) && sce_shapes(n, x, l);
 }
 
 /// SoftmaxCrossEntropyLoss(scores, labels) becomes, in f64 after the row kernel (as the
@@ -297,11 +320,11 @@ Status decompose_sce(Graph& g, Graph& root, Node* n) {
   }
   Value* checked = b.op("CheckLabels", {s.L}, ca);
   Value* rows = checked ? b.op("SoftmaxCrossEntropyRows",
-                               {s.X, b.op("Reshape", {checked, b.ints({s.N, 1})}), class_indices(b, s.C)}, ra)
+                               {s.X, b.op("Reshape", {checked, b.ints({-1, 1})}), class_indices(b, s.C)}, ra)
                         : nullptr;
   Value* res = nullptr;  // f64: (N) for none, else rank 0
   if (rows && s.reduction == "none") {
-    res = b.op("Reshape", {rows, b.ints({s.N})});
+    res = b.op("Reshape", {rows, b.ints({-1})});
   } else if (rows) {
     res = b.op("ReduceSum", {rows, b.ints({0, 1})}, make_attrs({{"keepdims", int64_t(0)}}));
     if (res && s.reduction == "mean") res = b.op("Div", {res, label_count(b, s, counted_labels(b, s))});

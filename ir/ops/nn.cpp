@@ -223,11 +223,13 @@ Status grad_matmul(GradContext& c) {
     if (c.needs_grad(1)) c.set_grad_input(1, c.emit1("Mul", {dY, A}));
     return Status::ok();
   }
-  if (ra >= 3 && rb == 2 && A->shape.is_static() && dY->shape.is_static()) {
+  if (ra >= 3 && rb == 2 && A->shape.dims.back().is_static() && B->shape.is_static() && A->shape.is_known() &&
+      dY->shape.is_known()) {
     // A linear layer on batched activations, (..., M, K) x (K, N): both gradients as
     // one 2-D Gemm over the flattened rows, transposes folded into transA/transB. The
     // general rule below would copy B^T and A^T and form (..., K, N) per batch before
-    // summing over the batch (the unbroadcast).
+    // summing over the batch (the unbroadcast). The leading dims may be symbolic (the
+    // rows are then an expression, A's shape a SymInts).
     const int64_t K = A->shape.dims.back().value, N = B->shape.dims.back().value;
     Value* g2 = c.emit1("Reshape", {dY, c.const_i64({-1, N})});  // (rows, N)
     if (c.needs_grad(0)) {
