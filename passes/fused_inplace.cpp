@@ -72,10 +72,11 @@ int mark_graph(Graph& g) {
       continue;
     const Value* o = n.outputs[0];
     const Graph& body = *n.regions[0];
-    if (!o->shape.is_static() || body.inputs.size() != n.inputs.size()) continue;
+    // Static or symbolic: the same dims (one expression) are the same elements.
+    if (!o->shape.is_known() || body.inputs.size() != n.inputs.size()) continue;
     for (int k = 0; k < n.num_inputs(); ++k) {
       const Value* v = n.inputs[k];
-      if (!v || v->dtype != o->dtype || !v->shape.is_static() || !(v->shape == o->shape)) continue;
+      if (!v || v->dtype != o->dtype || !v->shape.is_known() || !(v->shape == o->shape)) continue;
       if (outside.count(v) || v->is_initializer() || last_use[v] != i) continue;
       bool twice = false;
       for (int j = 0; j < n.num_inputs(); ++j) twice = twice || (j != k && n.inputs[j] == v);

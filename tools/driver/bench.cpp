@@ -161,6 +161,7 @@ Status prepare_bench_run(BenchRun& run, const TrainConfig& c, passes::PassContex
   KILN_ASSIGN_OR_RETURN(auto tr, runtime::Trainer::create(bc, graphs_of(prog), &*ds, nullptr, to));
   run.tr.emplace(std::move(tr));
   run.plan = executor_plan(prog);
+  run.planned_peak = run.plan ? run.plan->peak_bytes : prog.signature.planned_peak_bytes;
   return Status::ok();
 }
 
@@ -341,8 +342,9 @@ Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream
     out << "precision " << precision << " | median step time " << runtime::format_time(med) << " | "
         << fmt("%.1f", med > 0 ? rows / med : 0.0) << " samples/s\n";
     out << "peak memory: "
-        << (r.plan ? planned_vs_measured(r.plan->peak_bytes, r.peak)
-                   : "measured " + passes::human_bytes(r.peak) + " (" + std::to_string(r.peak) + " B), no plan")
+        << (r.planned_peak >= 0
+                ? planned_vs_measured(r.planned_peak, r.peak)
+                : "measured " + passes::human_bytes(r.peak) + " (" + std::to_string(r.peak) + " B), no plan")
         << "\n";
     print_allocations();
     print_data_parallel();
@@ -364,7 +366,8 @@ Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream
     const double med = median(r.times);
     out << pad(r.backend, label_w, true) << pad(runtime::format_time(med), 16)
         << pad(fmt("%.1f", med > 0 ? rows / med : 0.0), 12) << pad(fmt("%.2fx", med > 0 ? base / med : 0.0), vs_w)
-        << pad(passes::human_bytes(r.peak), 16) << pad(r.plan ? passes::human_bytes(r.plan->peak_bytes) : "-", 16)
+        << pad(passes::human_bytes(r.peak), 16)
+        << pad(r.planned_peak >= 0 ? passes::human_bytes(r.planned_peak) : "-", 16)
         << pad(runtime::format_time(r.compile_s), 10) << "\n";
   }
   print_allocations();

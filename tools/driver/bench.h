@@ -49,12 +49,15 @@ struct BenchRun {
   TrainingProgram prog;
   std::optional<runtime::Trainer> tr;
   std::optional<passes::MemoryPlan> plan;  ///< executor_plan of the program
-  int64_t resident = 0;                    ///< the step's own resident bytes: constants and state
-  int64_t peak = 0;                        ///< measured step peak (bytes)
-  std::vector<double> times;               ///< seconds of each timed step
-  int64_t allocations = 0;                 ///< tensor storage allocations (ir::MemoryStats) in the timed steps
-  double compile_s = 0;                    ///< seconds to build the program
-  runtime::OpProfile profile;              ///< --profile: the timed steps only
+  /// Planned step peak (bytes): the plan's, else the program's own (a symbolic program's
+  /// step arena planned at its bound); -1: none.
+  int64_t planned_peak = -1;
+  int64_t resident = 0;        ///< the step's own resident bytes: constants and state
+  int64_t peak = 0;            ///< measured step peak (bytes)
+  std::vector<double> times;   ///< seconds of each timed step
+  int64_t allocations = 0;     ///< tensor storage allocations (ir::MemoryStats) in the timed steps
+  double compile_s = 0;        ///< seconds to build the program
+  runtime::OpProfile profile;  ///< --profile: the timed steps only
   /// A data-parallel job (runtime/comm.h): what the communication layer counted in the
   /// timed steps (their sums) for this variant.
   runtime::comm::CommStats comm;

@@ -189,6 +189,10 @@ int64_t initializer_bytes(const ir::Graph& g) {
 
 std::optional<passes::MemoryPlan> executor_plan(const TrainingProgram& p) {
   if (!p.train_arena) return eager_plan(*p.train_step);
+  // A symbolic program's arena is planned at its bound (arena_plan; signature's
+  // planned_peak_bytes): nothing to plan here at unbound dims.
+  for (const ir::Value* in : p.train_step->inputs)
+    if (!in->shape.is_static()) return std::nullopt;
   auto plan = plan_step_arena_layout(*p.train_step);
   if (!plan) {
     std::cerr << "kiln: note: no memory plan: " << plan.message() << "\n";
