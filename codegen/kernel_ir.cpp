@@ -241,7 +241,7 @@ std::string Kernel::to_string() const {
   std::ostringstream os;
   os << "kernel " << name << " domain [" << join(domain) << "] reduced [";
   for (size_t d = 0; d < domain.size(); ++d) os << (d ? ", " : "") << (d < reduced.size() && reduced[d] ? "r" : "-");
-  os << "]\n";
+  os << "]" << (!versions && is_symbolic() ? " generic" : "") << "\n";
   if (!fused_nodes.empty()) os << "  nodes " << join(fused_nodes) << "\n";
   for (size_t i = 0; i < params.size(); ++i) {
     const KernelParam& p = params[i];

@@ -99,6 +99,7 @@ Expected<Kernel> lower_fused(const Node& fused) {
                                        : body.outputs[0]->shape;
   Kernel k;
   k.name = fused.name;
+  k.versions = fused.attrs.get_int("kiln_symbolic_versions", 1) != 0;
   for (char& c : k.name)
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   // Static extents, or expressions over the program's shape symbols (a symbolic kernel).

@@ -541,16 +541,35 @@ Status fuse_graph(Graph& g, int min_nodes, int& counter) {
   return Status::ok();
 }
 
+/// --symbolic_versions off: every FusedKernel with a symbolic shape gets
+/// kiln_symbolic_versions = 0 (codegen generates its generic form only; Kernel::versions).
+void mark_generic(Graph& g) {
+  for (auto& n : g.nodes()) {
+    if (has_trait(*n, OpTrait::fused_kernel)) {
+      bool symbolic = false;
+      for (const Value* v : n->inputs) symbolic |= v && !v->shape.is_static();
+      for (const Value* v : n->outputs) symbolic |= v && !v->shape.is_static();
+      if (symbolic) n->attrs.set("kiln_symbolic_versions", int64_t(0));
+      continue;
+    }
+    for (auto& r : n->regions) mark_generic(*r);
+  }
+}
+
 class Fusion : public Pass {
  public:
   std::string name() const override { return "fusion"; }
   std::string describe_options(const PassOptions& o) const override {
-    return OptionText().add("fusion_min_nodes", o.lowering.fusion_min_nodes).str();
+    OptionText t;
+    t.add("fusion_min_nodes", o.lowering.fusion_min_nodes);
+    if (!o.lowering.symbolic_versions) t.add("symbolic_versions", false);
+    return t.str();
   }
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     const int min_nodes = ctx.options.lowering.fusion_min_nodes;
     int counter = 0;
     KILN_RETURN_IF_ERROR(fuse_graph(g, std::max(1, min_nodes), counter));
+    if (!ctx.options.lowering.symbolic_versions) mark_generic(g);
     // Rank-0 constants now copied into every kernel that read them (the decompositions'
     // counts and epsilons) no longer need to stay resident.
     if (counter > 0) g.remove_unused_initializers();

@@ -120,6 +120,7 @@ Status TrainConfig::validate() const {
     return bad("max_length", "must be in [0, 2^31], got " + num_str(max_length));
   if (pad_token_id < 0) return bad("pad_token_id", "must be >= 0 (a token id), got " + num_str(pad_token_id));
   if (recompile_limit < 1) return bad("recompile_limit", "must be > 0, got " + num_str(recompile_limit));
+  KILN_RETURN_IF_ERROR(one_of("symbolic_versions", symbolic_versions, {"on", "off"}));
   if (auto items = check_list("shape_mode", shape_mode, {"pad", "specialize", "buckets", "symbolic"}); !items)
     return items.status();
   if (auto b = parse_shape_buckets(shape_buckets); !b) return b.status();
@@ -305,6 +306,10 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
       {"shape_buckets", Kind::str, &c.shape_buckets,
        "--shape_mode buckets: K (default 4), the number of padded lengths planned from the data's length "
        "histogram, or the lengths themselves: 32,64,128"},
+      {"symbolic_versions", Kind::str, &c.symbolic_versions,
+       "--shape_mode symbolic, compiled backend: on (default) | off. on: a generated kernel with run-time extents "
+       "also holds specialized versions chosen at launch by a guard (a row program whose row fits its scratch "
+       "array keeps its values there); off: the generic kernel only"},
       {"recompile_limit", Kind::i64, &c.recompile_limit,
        "--shape_mode specialize: programs built before batches pad up to a built length (Dynamo's default 8)"},
       {"group_by_length", Kind::boolean, &c.group_by_length,

@@ -21,13 +21,14 @@ struct TrainConfig {
   std::vector<std::string> eval_data;
   int64_t block_size = 0;  ///< token windows for .bin data
   // Variable-length data (issue 31; runtime/shapes.h, runtime/data.h).
-  int64_t pad_token_id = 0;          ///< token id of padding (labels pad with ignore_index)
-  int64_t max_length = 0;            ///< rows truncated to this many tokens; pad mode pads to it (0: longest row)
-  std::string shape_mode = "pad";    ///< pad | specialize | buckets | symbolic
-  std::string shape_buckets = "4";   ///< buckets mode: K boundaries planned from the data, or a list 32,64,128
-  int64_t recompile_limit = 8;       ///< specialize mode: programs built before batches pad to a built length
-  bool group_by_length = false;      ///< HF's length-grouped megabatches (implied by --shape_mode buckets)
-  bool dataloader_drop_last = true;  ///< drop the epoch's last partial batch (HF's default is false)
+  int64_t pad_token_id = 0;              ///< token id of padding (labels pad with ignore_index)
+  int64_t max_length = 0;                ///< rows truncated to this many tokens; pad mode pads to it (0: longest row)
+  std::string shape_mode = "pad";        ///< pad | specialize | buckets | symbolic
+  std::string shape_buckets = "4";       ///< buckets mode: K boundaries planned from the data, or a list 32,64,128
+  std::string symbolic_versions = "on";  ///< on | off: specialized versions of symbolic kernels (issue 32)
+  int64_t recompile_limit = 8;           ///< specialize mode: programs built before batches pad to a built length
+  bool group_by_length = false;          ///< HF's length-grouped megabatches (implied by --shape_mode buckets)
+  bool dataloader_drop_last = true;      ///< drop the epoch's last partial batch (HF's default is false)
   // --- loss and parameters ---
   std::string loss = "cross_entropy";  ///< cross_entropy | mse | bce_with_logits | l1 | model
   std::string label_input;             ///< graph input fed with labels (default: "labels")

@@ -24,7 +24,8 @@ using ir::ScalarOp;
 /// max; its masked, scaled scores Where(mask, -inf, x * scale) in the max's pass).
 /// Rows longer than kScratchBytes / element size keep nothing. The values are
 /// bit-identical to recomputation, so the reference evaluator is unchanged.
-RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, const std::vector<int>& red) {
+RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, const std::vector<int>& red,
+                            int64_t symbolic_row) {
   constexpr int64_t kScratchBytes = 128 * 1024;
   constexpr int kScratchMinOps = 3;
   const size_t ne = k.exprs.size();
@@ -45,8 +46,9 @@ RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, cons
       if (need[i] && k.exprs[i].kind == KExpr::Kind::op)
         for (int a : k.exprs[i].args) need[a] = true;
   }
-  int64_t row = 1;  // -1: a symbolic row length (no scratch: its size is not known here)
+  int64_t row = 1;  // -1: a symbolic row length without a planned size (no scratch)
   for (int d : red) row = row < 0 || static_extent(k.domain[d]) < 0 ? -1 : row * static_extent(k.domain[d]);
+  if (row < 0 && symbolic_row > 0) row = symbolic_row;
   std::vector<bool> heavy(ne, false), costly(ne, false);  // holds a transcendental; heavy or 3+ ops
   std::vector<int> ops(ne, 0);                            // vector operations recomputing it takes (capped)
   for (size_t i = 0; i < ne; ++i) {
@@ -141,17 +143,46 @@ RowProgramEmitter::RowProgramEmitter(KernelEmitter& e, LoopSchedule& s)
 /// reduction stores of level p - 1 and writing the point stores of level p - 1; row
 /// stores are written once their level is finished (kernel_ir.h, evaluate_reference).
 void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Value*>& idx) {
+  const size_t ne = k_.exprs.size();
+  // Row scratch: the values of the expressions row_scratch_plan picks are kept in a
+  // stack array indexed by the position in the row during the first pass that computes
+  // them and reloaded in later passes (a softmax's exp is computed once, not twice).
+  Extent row_len = 1;
+  for (int d : red) row_len = row_len * k_.domain[d];
+  const bool symbolic_row = !row_len.is_constant();
+  const RowScratch scratch = row_scratch_plan(k_, level_, red, symbolic_row && k_.versions ? kSymbolicScratchRow : 0);
+  std::vector<llvm::Value*> scratch_buf(ne, nullptr);
+  for (size_t i = 0; i < ne; ++i)
+    if (scratch.first[i] > 0) scratch_buf[i] = e_.entry_alloca(e_.reg_type(k_.exprs[i].dtype), i64c(scratch.row));
+  if (!symbolic_row || scratch.row == 0) {
+    emit_passes(red, idx, scratch, scratch_buf);
+    return;
+  }
+  // A symbolic row (BladeDISC-style speculation on its length): the scratch version when
+  // the row fits the arrays, the generic one otherwise.
+  RowScratch none = scratch;
+  none.row = 0;
+  std::fill(none.first.begin(), none.first.end(), 0);
+  llvm::BasicBlock* fits = llvm::BasicBlock::Create(e_.context(), "row.scratch", e_.function());
+  llvm::BasicBlock* generic = llvm::BasicBlock::Create(e_.context(), "row.generic", e_.function());
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(e_.context(), "row.end");
+  B_.CreateCondBr(B_.CreateICmpSLE(e_.ext(row_len), i64c(scratch.row)), fits, generic);
+  B_.SetInsertPoint(fits);
+  emit_passes(red, idx, scratch, scratch_buf);
+  B_.CreateBr(done);
+  B_.SetInsertPoint(generic);
+  emit_passes(red, idx, none, std::vector<llvm::Value*>(ne, nullptr));
+  B_.CreateBr(done);
+  done->insertInto(e_.function());
+  B_.SetInsertPoint(done);
+}
+
+void RowProgramEmitter::emit_passes(const std::vector<int>& red, std::vector<llvm::Value*>& idx,
+                                    const RowScratch& scratch, const std::vector<llvm::Value*>& scratch_buf) {
   const size_t ne = k_.exprs.size(), ns = k_.stores.size();
   auto varies = [&](const KStore& s) { return k_.varies_along_reduced(s); };
   const int passes = k_.row_passes();
   std::vector<llvm::Value*> known(ne, nullptr);
-  // Row scratch: the values of the expressions row_scratch_plan picks are kept in a
-  // stack array indexed by the position in the row during the first pass that computes
-  // them and reloaded in later passes (a softmax's exp is computed once, not twice).
-  const RowScratch scratch = row_scratch_plan(k_, level_, red);
-  std::vector<llvm::Value*> scratch_buf(ne, nullptr);
-  for (size_t i = 0; i < ne; ++i)
-    if (scratch.first[i] > 0) scratch_buf[i] = e_.entry_alloca(e_.reg_type(k_.exprs[i].dtype), i64c(scratch.row));
   auto row_pos = [&] {
     llvm::Value* r = i64c(0);
     for (int d : red) r = B_.CreateNSWAdd(B_.CreateNSWMul(r, e_.ext(k_.domain[d])), idx[d]);

@@ -32,7 +32,14 @@ struct RowScratch {
 };
 
 /// The row scratch of row program `k` (`level`: k.expr_levels(); `red`: its reduced dims).
-RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, const std::vector<int>& red);
+/// A symbolic row length is planned as `symbolic_row` elements (0: no scratch): the
+/// emitter then guards the scratch version with row <= symbolic_row at run time.
+RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, const std::vector<int>& red,
+                            int64_t symbolic_row = 0);
+
+/// Row elements the scratch version of a symbolic row program is planned for (16 KiB per
+/// f32 array): rows up to this long take it, longer ones the generic version.
+inline constexpr int64_t kSymbolicScratchRow = 4096;
 
 /// Vector width (f32 lanes) for a reduced loop of `trip` iterations of a row program on
 /// a target with features `feats` (0: the vectorizer's own choice).
@@ -44,10 +51,16 @@ class RowProgramEmitter {
   /// `e`: the kernel's emitter; `s`: its schedule (for the reduced loops).
   RowProgramEmitter(KernelEmitter& e, LoopSchedule& s);
 
-  /// Emits all passes of the row at kept point `idx` (`red`: the reduced dims).
+  /// Emits all passes of the row at kept point `idx` (`red`: the reduced dims). A
+  /// symbolic row with a scratch plan (Kernel::versions) gets two versions: with the
+  /// scratch array when the run-time row fits it, else without (the guard is
+  /// loop-invariant).
   void emit(const std::vector<int>& red, std::vector<llvm::Value*>& idx);
 
  private:
+  /// The passes of one row with `scratch` (its arrays in `buf`; none when scratch.row == 0).
+  void emit_passes(const std::vector<int>& red, std::vector<llvm::Value*>& idx, const RowScratch& scratch,
+                   const std::vector<llvm::Value*>& buf);
   llvm::Value* i64c(int64_t v) { return B_.getInt64(static_cast<uint64_t>(v)); }
 
   KernelEmitter& e_;

@@ -856,3 +856,63 @@ TEST(LlvmCpuRow, LongMaskedRowsKeepTheExpFirst) {
 
 }  // namespace
 }  // namespace kiln::codegen
+
+namespace kiln::codegen {
+namespace {
+
+/// A softmax over rows of symbolic length `n` (the row_softmax_kernel with its row extent
+/// and row stride replaced by the symbol), `rows` rows.
+Kernel symbolic_softmax(int64_t rows, bool versions) {
+  Kernel k = testing::row_softmax_kernel("sym_softmax", rows, 1, DType::f32);
+  const Extent n = ir::SymExpr::symbol("n");
+  k.domain[1] = n;
+  for (KernelParam& p : k.params) p.strides[0] = n;
+  k.versions = versions;
+  return k;
+}
+
+TEST(LlvmCpu, SymbolicRowProgramTakesItsRowLengthAtLaunch) {
+  // One compiled softmax whose row length is the symbol n, run at rows shorter and
+  // longer than its scratch version's 4096 (the guard picks the scratch version or the
+  // generic one) and with --symbolic_versions off (generic only), each
+  // against the reference evaluator at the same n: within 2e-6 relative (f32 exp).
+  for (bool versions : {true, false}) {
+    const Kernel k = symbolic_softmax(3, versions);
+    ASSERT_TRUE(k.verify().is_ok()) << k.verify().message();
+    ASSERT_TRUE(k.is_symbolic());
+    EXPECT_EQ(k.symbols(), std::vector<std::string>{"n"});
+    auto mod = compile_cpu({k});
+    ASSERT_TRUE(mod) << mod.message();
+    const CpuKernel& ck = (*mod)->kernels()[0];
+    EXPECT_EQ(ck.symbols, std::vector<std::string>{"n"});
+    // (kSymbolicScratchRow, codegen/cpu/cpu_rows.h, is 4096.)
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(300), int64_t(4096), int64_t(5000), int64_t(20000)}) {
+      std::vector<float> x(static_cast<size_t>(3 * n)), got(x.size(), -1.f), ref(x.size(), -2.f);
+      fill(DType::f32, x.data(), static_cast<int64_t>(x.size()), 77u + static_cast<uint32_t>(n), false);
+      ASSERT_TRUE(evaluate_reference(k, {x.data(), ref.data()}, {{"n", n}}).is_ok());
+      int64_t values[] = {n};
+      std::vector<void*> bufs = {x.data(), got.data(), values};
+      const int64_t extent = *ck.parallel_extent.evaluate(std::map<std::string, int64_t>{{"n", n}});
+      ck.fn(bufs.data(), 0, extent);
+      for (size_t i = 0; i < x.size(); ++i)
+        ASSERT_NEAR(got[i], ref[i], 2e-6 * std::max(1.f, std::fabs(ref[i])))
+            << "n " << n << " versions " << versions << " element " << i;
+    }
+  }
+}
+
+TEST(LlvmCpu, SymbolicKernelIsGeneratedOnceForEveryLength) {
+  // The kernel text of a symbolic kernel names its symbols, not a length: the versions
+  // flag is part of it (printed "generic"), the length is not.
+  const Kernel a = symbolic_softmax(3, true), b = symbolic_softmax(3, false);
+  EXPECT_NE(a.to_string().find("domain [3, n]"), std::string::npos) << a.to_string();
+  EXPECT_EQ(a.to_string().find("generic"), std::string::npos);
+  EXPECT_NE(b.to_string().find("generic"), std::string::npos) << b.to_string();
+  EXPECT_NE(structure_key(a), structure_key(b));
+  const Kernel bound = a.bind({{"n", 12}});
+  EXPECT_FALSE(bound.is_symbolic());
+  EXPECT_NE(bound.to_string().find("domain [3, 12]"), std::string::npos) << bound.to_string();
+}
+
+}  // namespace
+}  // namespace kiln::codegen

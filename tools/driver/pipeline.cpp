@@ -55,6 +55,7 @@ PipelineOptions pipeline_options(const runtime::TrainConfig& cfg, int64_t total_
   // GEMMs always run as f32 GEMMs of the widened operands.
   o.lowering.widen_bf16_gemm = po.compiled && cfg.bf16 && !host_has_native_bf16();
   o.lowering.widen_f16_gemm = po.compiled && cfg.fp16;
+  o.lowering.symbolic_versions = cfg.symbolic_versions != "off";
   return po;
 }
 
