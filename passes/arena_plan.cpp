@@ -72,13 +72,14 @@ void list_values(const Graph& g, std::vector<const Value*>& out) {
   }
 }
 
-bool has_symbolic_dims(const Graph& g) {
+/// The first value of `g` with a dim that is not static, or nullptr.
+const Value* first_symbolic(const Graph& g) {
   std::vector<const Value*> vs;
   list_values(g, vs);
   for (const Value* v : vs)
     for (const Dim& d : v ? v->shape.dims : std::vector<Dim>{})
-      if (!d.is_static()) return true;
-  return false;
+      if (!d.is_static()) return v;
+  return nullptr;
 }
 
 class ArenaPlanPass : public Pass {
@@ -97,13 +98,14 @@ class ArenaPlanPass : public Pass {
     // hold for every smaller value of the symbols.
     std::unique_ptr<Graph> bound;
     const Graph* planned = &g;
-    if (has_symbolic_dims(g)) {
+    if (first_symbolic(g)) {
       if (ctx.options.symbol_bounds.empty())
         return Status::error("arena_plan: the program has symbolic dims and no bounds for them (--max_length)");
       bound = g.clone();
       KILN_RETURN_IF_ERROR(bind_symbols(*bound, ctx.options.symbol_bounds).with_context("arena_plan at the bound"));
-      if (has_symbolic_dims(*bound))
-        return Status::error("arena_plan: a dim stays symbolic or unknown at the bounds (--max_length)");
+      if (const Value* v = first_symbolic(*bound))
+        return Status::error("arena_plan: value '" + v->name + "' has shape " + v->shape.to_string() +
+                             " at the bounds (a dim the bounds do not fix)");
       planned = bound.get();
     }
     KILN_ASSIGN_OR_RETURN(MemoryPlan plan, plan_step_arena_layout(*planned));

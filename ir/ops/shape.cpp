@@ -741,8 +741,7 @@ void register_shape_ops(OpTable& t) {
           auto ax = normalize_axis(c.attrs().get_int("axis", 0), r);
           if (!ax) return c.fail(ax.message());
           Shape out = c.in[0].shape;
-          int64_t sum = 0;
-          bool unknown = false;
+          Dim sum = 0;  // static, or an expression of symbolic lengths (seq + 1), or unknown
           for (int i = 0; i < c.num_inputs(); ++i) {
             if (!c.has_input(i)) return c.fail("missing input " + std::to_string(i));
             const Shape& s = c.in[i].shape;
@@ -757,15 +756,9 @@ void register_shape_ops(OpTable& t) {
                               c.in[0].shape.to_string() + " outside the axis");
               if (!a.is_static() && b.is_static()) out.dims[k] = b;
             }
-            if (s.dims[*ax].is_static())
-              sum += s.dims[*ax].value;
-            else
-              unknown = true;
+            sum = sum + s.dims[*ax];
           }
-          if (c.num_inputs() == 1)
-            unknown = false, out.dims[*ax] = c.in[0].shape.dims[*ax];
-          else
-            out.dims[*ax] = unknown ? Dim() : Dim(sum);
+          out.dims[*ax] = c.num_inputs() == 1 ? c.in[0].shape.dims[*ax] : sum;
           c.out[0] = {c.in[0].dtype, out};
           return Status::ok();
         },

@@ -517,6 +517,17 @@ TEST(VarLen, SymbolicWithGradientAccumulationTrainsSpecializesLosses) {
   EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 2) << logs["specialize"];
 }
 
+TEST(VarLen, SymbolicCompiledWithGradientAccumulationTrainsSpecializesLosses) {
+  // The compiled backend under accumulation: the loop body's position ids concatenate a
+  // [b, 1] and a [b, seq] tensor, whose [b, seq+1] the step arena is planned at the bound
+  // with (this failed when Concat left the length unknown).
+  auto logs = symbolic_against_specialize("varlen_symbolic_compiled_accum", 24, 13,
+                                          "--max_steps 5 --per_device_train_batch_size 2 "
+                                          "--gradient_accumulation_steps 2 --backend compiled",
+                                          5);
+  EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 2) << logs["specialize"];
+}
+
 TEST(VarLen, SymbolicCompiledProgramTrainsSpecializesLossesAndWeights) {
   // The compiled backend (generated kernels, step arena planned at the bound): 20 steps of
   // 4 rows of 3..20 tokens, every batch length and the last partial batch on the one

@@ -119,6 +119,16 @@ TEST(ShapeOps, SymbolicInference) {
   Node* n = g.add_node("Reshape", "r", {x, shp}, {"y"});
   ASSERT_TRUE(infer_node(*n).is_ok());
   EXPECT_EQ(n->outputs[0]->shape.to_string(), "[?, ?, ?]");
+  // Concat adds the lengths along its axis: [B, 1] and [B, T] give [B, T+1] (gpt2's
+  // position ids); an unknown length keeps the sum unknown.
+  Attributes last;
+  last.set("axis", int64_t(-1));
+  s = infer_shape("Concat", {{Shape({Dim("B"), Dim(1)}), {}}, {Shape({Dim("B"), Dim("T")}), {}}}, last);
+  ASSERT_TRUE(s.has_value()) << s.message();
+  EXPECT_EQ(s->to_string(), "[B, T+1]");
+  s = infer_shape("Concat", {{Shape({Dim("B"), Dim()}), {}}, {Shape({Dim("B"), Dim("T")}), {}}}, last);
+  ASSERT_TRUE(s.has_value()) << s.message();
+  EXPECT_EQ(s->to_string(), "[B, ?]");
   Attributes perm;
   perm.set("perm", std::vector<int64_t>{2, 0, 1});
   s = infer_shape("Transpose", {{btc, {}}}, perm);
