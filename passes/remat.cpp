@@ -686,6 +686,9 @@ Expected<Fit> planned_fit(const Graph& g, PassContext& ctx, double opt_bytes) {
   } else {
     copy = g.clone();
   }
+  // A symbolic program is planned at its bounds (PassOptions::symbol_bounds), as its memory is.
+  if (!ctx.options.symbol_bounds.empty())
+    KILN_RETURN_IF_ERROR(bind_symbols(*copy, ctx.options.symbol_bounds).with_context("remat: the plan at the bound"));
   KILN_ASSIGN_OR_RETURN(MemoryPlan p, plan_memory(*copy, PlanOptions::eager()));
   Fit f;
   f.peak = p.peak_bytes + static_cast<int64_t>(opt_bytes);

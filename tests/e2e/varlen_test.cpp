@@ -2,6 +2,7 @@
 // unchanged, every --shape_mode trains the same losses on the same batches, and the
 // programs each mode builds are logged with their reasons.
 #include <random>
+#include <sstream>
 
 #include "e2e_util.h"
 #include "frontend/onnx_import.h"
@@ -537,6 +538,34 @@ TEST(VarLen, SymbolicCompiledProgramTrainsSpecializesLossesAndWeights) {
                                           "--dataloader_drop_last false --backend compiled",
                                           20);
   EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 3) << logs["specialize"];
+}
+
+TEST(VarLen, BenchComparesTheSymbolicProgramWithTheStaticOneAtALength) {
+  // kiln bench --shape seq=12 --shape_mode pad,symbolic: the static program of 12 tokens
+  // and the symbolic program run at 12 on the same synthetic batch, one row each, the
+  // symbolic one planned at its bound (planned = measured within 1%); specialize and
+  // buckets are the static program here (one row). Without --shape, one error line.
+  const std::string common = "'" + kKiln + "' bench " + kHf + "gpt2/logits_dynamo.onnx --bench_steps 2 " +
+                             "--per_device_train_batch_size 2 --backend compiled ";
+  auto [code, text] = shell(common + "--shape seq=12 --shape_mode pad,specialize,symbolic");
+  ASSERT_EQ(code, 0) << text;
+  std::istringstream lines(text);
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("static ", 0) != 0 && line.rfind("symbolic ", 0) != 0) continue;
+    ++rows;
+    // backend, median, unit, samples/s, vs, measured, MiB, planned, MiB
+    std::istringstream f(line);
+    std::string name, med, unit, sps, vs, measured, mib1, planned;
+    f >> name >> med >> unit >> sps >> vs >> measured >> mib1 >> planned;
+    if (name == "symbolic") EXPECT_NEAR(std::stod(measured), std::stod(planned), 0.01 * std::stod(planned)) << line;
+  }
+  EXPECT_EQ(rows, 2) << text;
+  auto [code2, text2] = shell(common + "--shape_mode pad,symbolic");
+  EXPECT_NE(code2, 0) << text2;
+  EXPECT_EQ(count_of(text2, "kiln: error: "), 1) << text2;
+  EXPECT_NE(text2.find("--shape seq=N"), std::string::npos) << text2;
 }
 
 TEST(VarLen, SymbolicRefusesRowsPastThePositionTableBeforeStepOne) {

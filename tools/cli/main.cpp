@@ -757,9 +757,23 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlag
   passes::PassContext dbg = flags.pass_context();
   auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
   note_unrun_pass(dbg);
-  const ir::Graph& g = *prog.train_step;
+  // A symbolic program (--shape_mode symbolic) is planned at its bound, as kiln train plans it.
+  const auto bounds = driver::symbolic_bounds(*prog.train_step, cfg, cfg.per_device_train_batch_size);
+  std::unique_ptr<ir::Graph> at_bound;
+  if (!bounds.empty()) {
+    if (cfg.max_length <= 0)
+      throw Failure{2, "inspect --memory: a symbolic program is planned at its bound: give --max_length"};
+    at_bound = prog.train_step->clone();
+    check(ir::bind_symbols(*at_bound, bounds), "memory plan at the bound");
+  }
+  const ir::Graph& g = at_bound ? *at_bound : *prog.train_step;
   auto eager = unwrap(passes::plan_memory(g, passes::PlanOptions::eager()), "memory plan");
   auto compiled = unwrap(passes::plan_memory(g), "memory plan");
+  if (!bounds.empty()) {
+    std::cout << "symbolic program, planned at its bound:";
+    for (const auto& [sym, v] : bounds) std::cout << " " << sym << "=" << v;
+    std::cout << "\n";
+  }
   std::cout << "training step of " << model << ": batch " << cfg.per_device_train_batch_size;
   if (cfg.gradient_accumulation_steps > 1)
     std::cout << " x " << cfg.gradient_accumulation_steps << " accumulated microbatches";

@@ -105,6 +105,10 @@ Status check_compile_flags(const TrainConfig& cfg) {
     return Status::error(
         "--overwrite_output_dir deletes checkpoints: it is a per-run flag of DIR/train, not "
         "compiled into the binary (give it when running DIR/train)");
+  if (cfg.shape_mode == "symbolic")
+    return Status::error(
+        "--shape_mode symbolic: DIR/train runs one static program (variable-length data pads to the compiled "
+        "--max_length); compile with --shape_mode pad, or train the symbolic program with kiln train");
   if (!cfg.resume_from_checkpoint.empty())  // was accepted and then ignored: the binary trained from step 0
     return Status::error(
         "--resume_from_checkpoint is a per-run flag of DIR/train, not compiled into the binary "

@@ -80,7 +80,13 @@ std::vector<Variant> bench_variants(const TrainConfig& cfg, bool* by_policy) {
   const std::vector<std::string> backend_items = split(cfg.backend);
   const std::vector<std::string> policy_items = split(cfg.remat_policy);
   const std::vector<std::string> optim_items = split(cfg.optim);
-  const std::vector<std::string> shape_items = split(cfg.shape_mode);
+  // On a synthetic batch every static mode (pad, specialize, buckets) builds the program
+  // of the --shape length: one "static" variant.
+  std::vector<std::string> shape_items;
+  for (const std::string& m : split(cfg.shape_mode)) {
+    const std::string item = m == "symbolic" ? m : "pad";
+    if (std::find(shape_items.begin(), shape_items.end(), item) == shape_items.end()) shape_items.push_back(item);
+  }
   std::vector<Variant> variants;
   for (const std::string& b : backend_items)
     for (const std::string& p : policy_items)
@@ -123,7 +129,7 @@ double bench_median(std::vector<double> t) {
 }
 
 Status prepare_bench_run(BenchRun& run, const TrainConfig& c, passes::PassContext& dbg, int64_t total_steps,
-                         std::optional<runtime::Dataset>& ds) {
+                         std::optional<runtime::Dataset>& ds, int64_t length) {
   const auto t0 = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(run.prog, build_training_program(c, &dbg, false, false, total_steps));
   run.compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -133,6 +139,12 @@ Status prepare_bench_run(BenchRun& run, const TrainConfig& c, passes::PassContex
     const int64_t rows =
         c.per_device_train_batch_size * c.gradient_accumulation_steps * std::max<int64_t>(1, c.world_size);
     KILN_ASSIGN_OR_RETURN(auto specs, program_specs(*prog.train_step, prog.data_inputs));
+    // A symbolic program's synthetic batch: its symbolic dims at the rows (dim 0) and
+    // the length (the others).
+    if (length > 0)
+      for (auto& sp : specs)
+        for (size_t k = 0; k < sp.shape.dims.size(); ++k)
+          if (!sp.shape.dims[k].is_static()) sp.shape.dims[k] = ir::Dim(k == 0 ? rows : length);
     if (!c.train_data.empty()) {
       auto raw = runtime::load_raw_data(c.train_data);
       if (!raw) return raw.status().with_context("--train_data");
@@ -232,6 +244,7 @@ Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream
     c.remat_policy = variants[r].policy;
     c.optim = variants[r].optim;
     c.shape_mode = variants[r].shape_mode;
+    int64_t length = 0;  // the symbolic variant's: the --shape length it runs at
     if (c.shape_mode == "symbolic") {
       // The symbolic program (issue 32): the sequence dims --shape binds stay symbols,
       // bounded by --max_length (default: that length), and the program runs the same
@@ -240,7 +253,6 @@ Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream
         return Status::error("--shape_mode " + cfg.shape_mode +
                              ": a static and a symbolic program compare on a synthetic batch (no --train_data)");
       KILN_ASSIGN_OR_RETURN(auto module, import_model(c.model, c.untie_initializers));
-      int64_t length = 0;
       for (const std::string& sym : sequence_symbols(*module))
         if (auto it = c.shape.find(sym); it != c.shape.end()) {
           length = std::max(length, it->second);
@@ -261,7 +273,7 @@ Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream
       dbg.dump_ir_dir = (fs::path(dump_root) / folder).string();
       dbg.dump_index = 0;
     }
-    KILN_RETURN_IF_ERROR(prepare_bench_run(runs[r], c, dbg, warmup + steps, ds));
+    KILN_RETURN_IF_ERROR(prepare_bench_run(runs[r], c, dbg, warmup + steps, ds, length));
   }
   if (opts.after_build) opts.after_build(dbg);
   for (auto& r : runs)

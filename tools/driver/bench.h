@@ -68,8 +68,10 @@ struct BenchRun {
 /// train checks it) or, without data, a synthetic batch of c's rows per step (normal
 /// floats, random class ids, seeded by c.seed); later calls reuse it. Errors: the build's,
 /// the data's (prefixed --train_data).
+/// `length` > 0: the program is symbolic (--shape_mode symbolic on a synthetic batch) and
+/// its synthetic batch has this sequence length (its batch dim: the rows).
 Status prepare_bench_run(BenchRun& run, const runtime::TrainConfig& c, passes::PassContext& dbg, int64_t total_steps,
-                         std::optional<runtime::Dataset>& ds);
+                         std::optional<runtime::Dataset>& ds, int64_t length = 0);
 /// Records the resident bytes before the timed steps (after the warm-up steps).
 void start_timing(BenchRun& r);
 /// One timed step: appends its seconds and raises the measured peak (MemoryStats peak

@@ -395,10 +395,7 @@ const std::vector<std::string>& compiled_pipeline() {
   return p;
 }
 
-/// The bound of each symbol left in `g`'s inputs (--shape_mode symbolic): a batch dim
-/// (dim 0) at `batch` (the program's batch size), every other at --max_length, the
-/// longest row the loader gives. Empty when no input dim is symbolic.
-static std::map<std::string, int64_t> symbolic_bounds(const Graph& g, const runtime::TrainConfig& cfg, int64_t batch) {
+std::map<std::string, int64_t> symbolic_bounds(const Graph& g, const runtime::TrainConfig& cfg, int64_t batch) {
   std::map<std::string, int64_t> bounds;
   for (const Value* in : g.inputs)
     for (int k = 0; k < in->shape.rank(); ++k)

@@ -101,6 +101,12 @@ std::shared_ptr<runtime::StepArena> arena_of_plan(const passes::MemoryPlan& plan
 /// body inputs, body outputs and outputs of AccumulationLoop nodes).
 Expected<passes::MemoryPlan> plan_step_arena_layout(const ir::Graph& g);
 
+/// The bound of each symbol left in `g`'s inputs (--shape_mode symbolic): a batch dim
+/// (dim 0) at `batch` (the program's batch size), every other at cfg.max_length. Empty
+/// when no input dim is symbolic. What a symbolic program is checked, planned and
+/// autocast at.
+std::map<std::string, int64_t> symbolic_bounds(const ir::Graph& g, const runtime::TrainConfig& cfg, int64_t batch);
+
 /// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule): runs the
 /// stages of training_pipeline(pipeline_options(cfg, total_steps, to_f64))
 /// (tools/driver/pipeline.h), and records in the signature the batch shapes the trainer
