@@ -96,14 +96,24 @@ using namespace kiln::ir;
 
 namespace {
 
-int64_t value_bytes(const Value* v) {
-  if (!v || v->dtype == DType::undefined) return 0;
-  int64_t n = v->shape.numel();
-  return n < 0 ? 0 : n * static_cast<int64_t>(dtype_size(v->dtype));
+/// Elements of `v` at `bounds` (a symbolic program's: PassOptions::symbol_bounds, what
+/// its memory is planned at); -1 when a dim is unknown or unbound.
+int64_t numel_at(const Value* v, const std::map<std::string, int64_t>& bounds) {
+  int64_t n = 1;
+  for (const Dim& d : v->shape.dims) {
+    std::optional<int64_t> e = d.is_static() ? std::optional<int64_t>(d.value) : std::nullopt;
+    if (d.is_symbolic()) e = d.expr.evaluate(bounds);
+    if (!e || *e < 0) return -1;
+    n *= *e;
+  }
+  return n;
 }
 
 /// The forward/backward split of a graph right after autodiff.
 struct Sections {
+  /// A symbolic program's bounds (PassOptions::symbol_bounds): sizes and FLOPs of
+  /// symbolic values are taken there.
+  std::map<std::string, int64_t> bounds;
   int bwd_start = 0;                               ///< index of the first backward node
   std::vector<Node*> forward;                      ///< nodes [0, bwd_start)
   std::unordered_map<const Node*, int> fwd_index;  ///< forward node -> index
@@ -113,10 +123,19 @@ struct Sections {
   std::unordered_set<const Value*> saved_set;
 
   bool is_forward_value(const Value* v) const { return v && v->producer && fwd_index.count(v->producer); }
+  /// Bytes of `v` (at the bounds); 0 when unknown.
+  int64_t bytes(const Value* v) const {
+    if (!v || v->dtype == DType::undefined) return 0;
+    const int64_t n = numel_at(v, bounds);
+    return n < 0 ? 0 : n * static_cast<int64_t>(dtype_size(v->dtype));
+  }
+  /// FLOPs of `n` (at the bounds).
+  double flops(const Node& n) const { return node_cost_at(n, bounds).flops; }
 };
 
-Sections split_sections(const Graph& g) {
+Sections split_sections(const Graph& g, const std::map<std::string, int64_t>& bounds) {
   Sections s;
+  s.bounds = bounds;
   const auto& nodes = g.nodes();
   s.bwd_start = static_cast<int>(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i)
@@ -144,14 +163,14 @@ Sections split_sections(const Graph& g) {
 
 /// Whether a node may be cloned at all (any policy): it has an eager kernel, no nested
 /// regions, and, if it draws random numbers, a stable stream id.
-bool recomputable_at_all(const Node& n) {
+bool recomputable_at_all(const Node& n, const Sections& s) {
   const OpDef* def = OpTable::get().find(n.op);
   if (!def || !n.regions.empty()) return false;
   // A random op's Philox stream (Dropout's) falls back to the node's position without
   // kiln_rng_id, which a clone would not share (runtime/kernels/util.h rng_id).
   if (has_trait(n, OpTrait::random) && !n.attrs.has("kiln_rng_id")) return false;
   for (Value* o : n.outputs)
-    if (o->dtype == DType::undefined || o->shape.numel() < 0) return false;
+    if (o->dtype == DType::undefined || numel_at(o, s.bounds) < 0) return false;
   return true;
 }
 
@@ -171,7 +190,7 @@ class Rematerializer {
       : g_(g), s_(s), keep_(keep), may_(std::move(may_recompute)) {}
 
   Status run(RematStats& st) {
-    for (Node* n : s_.forward) st.forward_flops += node_cost(*n).flops;
+    for (Node* n : s_.forward) st.forward_flops += s_.flops(*n);
     std::vector<Node*> bwd;
     for (size_t i = s_.bwd_start; i < g_.nodes().size(); ++i) bwd.push_back(g_.nodes()[i].get());
     for (Node* b : bwd)
@@ -198,7 +217,7 @@ class Rematerializer {
     Node* p = v->producer;
     auto it = clones_.find(p);
     if (it == clones_.end()) {
-      if (!may_(*p) || !recomputable_at_all(*p)) return v;
+      if (!may_(*p) || !recomputable_at_all(*p, s_)) return v;
       std::vector<Value*> ins;
       for (Value* in : p->inputs) {
         if (!in) {
@@ -220,7 +239,7 @@ class Rematerializer {
       }
       KILN_RETURN_IF_ERROR(infer_node(*c).with_context("remat of node '" + p->name + "'"));
       st.cloned_nodes++;
-      st.recompute_flops += node_cost(*c).flops;
+      st.recompute_flops += s_.flops(*c);
       it = clones_.emplace(p, c).first;
     }
     Node* c = it->second;
@@ -380,8 +399,8 @@ std::vector<int> structural_segments(const Sections& s, TandemRepeat* found) {
   for (const auto& [v, j] : last_use) {
     int i = s.fwd_index.at(v->producer);
     if (j <= i) continue;
-    diff[i + 1] += value_bytes(v);
-    diff[j + 1] -= value_bytes(v);
+    diff[i + 1] += s.bytes(v);
+    diff[j + 1] -= s.bytes(v);
   }
   std::vector<int64_t> cut(n + 1, 0);
   int64_t acc = 0;
@@ -577,9 +596,9 @@ std::unordered_set<const Value*> min_cut_keep(const Sections& s) {
     // output rather than its input) and with fewer values wins. AOTAutograd scales its
     // weights by 1.1^dist_from_bw; here distance is a tie-break worth about one byte per
     // cut value, so the saved bytes stay minimal.
-    mf.add_edge(in_node(i), out_node(i), value_bytes(v) * 4096 + 4 * std::min(dist[i], kFar) + 1);
+    mf.add_edge(in_node(i), out_node(i), s.bytes(v) * 4096 + 4 * std::min(dist[i], kFar) + 1);
     if (s.graph_outputs.count(v)) mf.add_edge(S, out_node(i), MaxFlow::kInf);  // resident anyway
-    if (!cheap_op(*p) || !recomputable_at_all(*p)) {
+    if (!cheap_op(*p) || !recomputable_at_all(*p, s)) {
       mf.add_edge(S, in_node(i), MaxFlow::kInf);  // must be computed in forward
     } else {
       for (Value* in : p->inputs)
@@ -638,7 +657,7 @@ class Remat : public Pass {
   Expected<bool> run(Graph& g, PassContext& ctx) override {
     const std::string& policy = ctx.options.remat.policy;
     if (policy == "none" || policy.empty()) return false;
-    Sections s = split_sections(g);
+    Sections s = split_sections(g, ctx.options.symbol_bounds);
     if (s.bwd_start >= static_cast<int>(g.nodes().size()))
       return Status::error("remat: no backward nodes (run autodiff first)");
     RematStats st;
@@ -724,7 +743,7 @@ Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematSta
 
   // Applies "recompute the segments in `on`" to a copy and returns its fit.
   auto trial = [&](const std::vector<bool>& on, Graph& target, RematStats& ts) -> Expected<Fit> {
-    Sections ss = split_sections(target);
+    Sections ss = split_sections(target, ctx.options.symbol_bounds);
     std::vector<int> sg(ss.forward.size(), -1);
     for (size_t i = 0; i < ss.forward.size(); ++i) sg[i] = seg[i] >= 0 && on[seg[i]] ? seg[i] : -1;
     KILN_RETURN_IF_ERROR(recompute_segments(target, ss, sg, ts));
@@ -752,7 +771,7 @@ Status Remat::run_budget(Graph& g, PassContext& ctx, const Sections& s, RematSta
     KILN_ASSIGN_OR_RETURN(Fit all, trial(std::vector<bool>(nseg, true), *copy, ts));
     if (all.peak > budget) {
       auto apply = [&](const std::string& policy, Graph& target, RematStats& rs) -> Status {
-        Sections ss = split_sections(target);
+        Sections ss = split_sections(target, ctx.options.symbol_bounds);
         return policy == "sqrt" ? recompute_segments(target, ss, sqrt_segments(ss), rs)
                                 : recompute_min_cut(target, ss, rs);
       };
