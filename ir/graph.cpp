@@ -397,14 +397,16 @@ std::unique_ptr<Graph> Graph::clone() const {
     map[v]->role = v->role;
     map[v]->role_source = v->role_source;
   }
-  for (Value* v : initializers) {
-    Value* nv = g->new_value(v->name, v->dtype, v->shape);
+  // An initializer of `src` (this graph's, or a fused body's constant) copied into `dst`.
+  auto copy_initializer = [&](Value* v, Graph& dst) {
+    Value* nv = dst.new_value(v->name, v->dtype, v->shape);
     nv->data = v->data;
     nv->role = v->role;
     nv->role_source = v->role_source;
-    g->initializers.push_back(nv);
+    dst.initializers.push_back(nv);
     map[v] = nv;
-  }
+  };
+  for (Value* v : initializers) copy_initializer(v, *g);
   std::function<void(const Graph&, Graph&)> copy_nodes = [&](const Graph& src, Graph& dst) {
     for (auto& n : src.nodes()) {
       std::vector<Value*> ins;
@@ -426,14 +428,7 @@ std::unique_ptr<Graph> Graph::clone() const {
           map[v] = nr->add_input(v->name, v->dtype, v->shape);
           map[v]->arena = v->arena;
         }
-        for (Value* v : r->initializers) {  // a fused body's constants
-          Value* nv = nr->new_value(v->name, v->dtype, v->shape);
-          nv->data = v->data;
-          nv->role = v->role;
-          nv->role_source = v->role_source;
-          nr->initializers.push_back(nv);
-          map[v] = nv;
-        }
+        for (Value* v : r->initializers) copy_initializer(v, *nr);  // a fused body's constants
         copy_nodes(*r, *nr);
         for (Value* o : r->outputs) nr->outputs.push_back(mapv(o));
         nn->regions.push_back(std::move(nr));

@@ -510,23 +510,17 @@ TEST(VarLen, SymbolicWithGradientAccumulationTrainsSpecializesLosses) {
   // 2 microbatches of 2 rows per step: the symbolic program's accumulation loop binds
   // `seq` from each microbatch, and the nodes computed from it (position ids, the causal
   // mask) run in the loop body. One program for 5 steps of different lengths, the losses
-  // of specialize's programs.
-  auto logs = symbolic_against_specialize("varlen_symbolic_accum", 24, 13,
-                                          "--max_steps 5 --per_device_train_batch_size 2 "
-                                          "--gradient_accumulation_steps 2 --backend eager",
-                                          5);
-  EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 2) << logs["specialize"];
-}
-
-TEST(VarLen, SymbolicCompiledWithGradientAccumulationTrainsSpecializesLosses) {
-  // The compiled backend under accumulation: the loop body's position ids concatenate a
-  // [b, 1] and a [b, seq] tensor, whose [b, seq+1] the step arena is planned at the bound
-  // with (this failed when Concat left the length unknown).
-  auto logs = symbolic_against_specialize("varlen_symbolic_compiled_accum", 24, 13,
-                                          "--max_steps 5 --per_device_train_batch_size 2 "
-                                          "--gradient_accumulation_steps 2 --backend compiled",
-                                          5);
-  EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 2) << logs["specialize"];
+  // of specialize's programs, on both backends (compiled: the body's position ids
+  // concatenate a [b, 1] and a [b, seq] tensor, whose [b, seq+1] the step arena is planned
+  // at the bound with; this failed when Concat left the length unknown).
+  for (const std::string backend : {"eager", "compiled"}) {
+    auto logs = symbolic_against_specialize("varlen_symbolic_accum_" + backend, 24, 13,
+                                            "--max_steps 5 --per_device_train_batch_size 2 "
+                                            "--gradient_accumulation_steps 2 --backend " +
+                                                backend,
+                                            5);
+    EXPECT_GE(count_of(logs["specialize"], "[kiln:recompiles] program for "), 2) << backend << logs["specialize"];
+  }
 }
 
 TEST(VarLen, SymbolicCompiledProgramTrainsSpecializesLossesAndWeights) {
