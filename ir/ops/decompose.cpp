@@ -374,11 +374,16 @@ Status decompose_reduce_mean(Graph& g, Graph& root, Node* n) {
 
 /// Eligible Split: static shapes, every output read (an unread output is left alone).
 bool decomposable_split(const Graph& g, const Node& n) {
-  if (!n.regions.empty() || !n.input(0) || !n.input(0)->shape.is_static() || n.num_outputs() < 2) return false;
+  if (!n.regions.empty() || !n.input(0) || !n.input(0)->shape.is_known() || n.num_outputs() < 2) return false;
+  const auto axis = normalize_axis(n.attrs.get_int("axis", 0), n.input(0)->shape.rank());
+  if (!axis) return false;
+  // Known shapes, static along the axis (the other dims may be symbolic: q, k and v of a
+  // symbolic program's attention).
   for (const Value* o : n.outputs)
-    if (!o->shape.is_static() || o->shape.rank() != n.input(0)->shape.rank()) return false;
+    if (!o->shape.is_known() || o->shape.rank() != n.input(0)->shape.rank() || !o->shape.dims[*axis].is_static())
+      return false;
   (void)g;
-  return normalize_axis(n.attrs.get_int("axis", 0), n.input(0)->shape.rank()).has_value();
+  return true;
 }
 
 Status decompose_split(Graph& g, Graph& root, Node* n) {
