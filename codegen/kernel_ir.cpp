@@ -155,12 +155,7 @@ const char* reduce_name(ReduceKind r) {
 template <typename T>
 std::string join(const std::vector<T>& v) {
   std::ostringstream os;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if constexpr (std::is_same_v<T, Extent>)
-      os << (i ? ", " : "") << v[i].to_string();
-    else
-      os << (i ? ", " : "") << v[i];
-  }
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];  // Extent: ir::operator<< (to_string)
   return os.str();
 }
 

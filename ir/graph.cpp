@@ -130,6 +130,13 @@ bool Shape::is_known() const {
   return true;
 }
 
+Shape Shape::bound(const std::map<std::string, int64_t>& values) const {
+  Shape s = *this;
+  for (Dim& d : s.dims)
+    if (d.is_symbolic()) d = Dim(d.expr.substitute(values));
+  return s;
+}
+
 std::vector<int64_t> Shape::to_vector() const {
   std::vector<int64_t> v;
   for (auto& d : dims) v.push_back(d.is_static() ? d.value : -1);

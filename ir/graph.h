@@ -68,6 +68,9 @@ struct Shape {
   bool is_static() const;
   /// Every dim static or symbolic (none unknown): code generation can address it.
   bool is_known() const;
+  /// The shape with the symbols of `values` replaced by their values (`batch*seq` with
+  /// batch=2 is `2*seq`; a dim naming only bound symbols becomes static).
+  Shape bound(const std::map<std::string, int64_t>& values) const;
   /// Static dims as int64 (-1 for non-static ones).
   std::vector<int64_t> to_vector() const;
   /// Product of static dims; -1 if any dim is not static; 0 when a dim is 0; INT64_MAX

@@ -212,16 +212,11 @@ Status infer_graph(Graph& g) {
 
 Cost node_cost_at(const Node& n, const std::map<std::string, int64_t>& values) {
   if (values.empty() || n.shapes_static()) return node_cost(n);
-  auto bound = [&](Shape s) {
-    for (Dim& d : s.dims)
-      if (d.is_symbolic()) d = Dim(d.expr.substitute(values));
-    return s;
-  };
   Graph g;
   std::vector<Value*> ins;
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     const Value* v = n.inputs[i];
-    ins.push_back(v ? g.add_input("in" + std::to_string(i), v->dtype, bound(v->shape)) : nullptr);
+    ins.push_back(v ? g.add_input("in" + std::to_string(i), v->dtype, v->shape.bound(values)) : nullptr);
     if (v && v->data) ins.back()->data = v->data;  // costs may read constant operands
   }
   std::vector<std::string> outs;
@@ -229,7 +224,7 @@ Cost node_cost_at(const Node& n, const std::map<std::string, int64_t>& values) {
   Node* m = g.add_node(n.op, n.name, ins, outs, n.attrs);
   for (size_t i = 0; i < n.outputs.size(); ++i) {
     m->outputs[i]->dtype = n.outputs[i]->dtype;
-    m->outputs[i]->shape = bound(n.outputs[i]->shape);
+    m->outputs[i]->shape = n.outputs[i]->shape.bound(values);
   }
   return node_cost(*m);
 }

@@ -99,14 +99,7 @@ namespace {
 /// Elements of `v` at `bounds` (a symbolic program's: PassOptions::symbol_bounds, what
 /// its memory is planned at); -1 when a dim is unknown or unbound.
 int64_t numel_at(const Value* v, const std::map<std::string, int64_t>& bounds) {
-  int64_t n = 1;
-  for (const Dim& d : v->shape.dims) {
-    std::optional<int64_t> e = d.is_static() ? std::optional<int64_t>(d.value) : std::nullopt;
-    if (d.is_symbolic()) e = d.expr.evaluate(bounds);
-    if (!e || *e < 0) return -1;
-    n *= *e;
-  }
-  return n;
+  return bounds.empty() ? v->shape.numel() : v->shape.bound(bounds).numel();
 }
 
 /// The forward/backward split of a graph right after autodiff.

@@ -181,7 +181,7 @@ struct SceParts {
   std::string name, out_name, reduction;
   Attributes attrs;
   Value *X = nullptr, *L = nullptr, *old = nullptr;
-  int64_t N = 0, C = 0;  ///< N: -1 when symbolic (label_count then counts valid labels)
+  int64_t N = 0, C = 0;  ///< N: -1 when symbolic (sce_shapes admits that only where label_count does not read N)
 };
 SceParts detach_sce(Graph& g, Node* n, int x_input) {
   SceParts p;

@@ -109,10 +109,7 @@ Out slice_rule(const InferContext& c) {
 
 /// ir::bind_symbols' substitution in `g` and its regions (the caller re-infers).
 void bind_in(Graph& g, const std::map<std::string, int64_t>& values) {
-  auto bind = [&](Value* v) {
-    for (Dim& d : v->shape.dims)
-      if (d.is_symbolic()) d = Dim(d.expr.substitute(values));
-  };
+  auto bind = [&](Value* v) { v->shape = v->shape.bound(values); };
   for (Value* v : g.inputs) bind(v);
   for (Value* v : g.outputs) bind(v);
   for (auto& n : g.nodes()) {

@@ -94,41 +94,29 @@ int64_t gemm_scratch_bytes(const Node& n) {
 
 Status view_fail(const Node& n, const std::string& m) { return Status::error(n.op + " '" + n.name + "' " + m); }
 
-/// The extents of `s` as expressions (static or symbolic); an error naming `n` when one
-/// is unknown.
-Expected<std::vector<SymExpr>> extents(const Node& n, const Shape& s) {
-  std::vector<SymExpr> out;
+/// The element count of `s` as an expression (static or symbolic); nullopt when a dim is
+/// unknown or the product overflows.
+std::optional<SymExpr> element_count(const Shape& s) {
+  SymExpr n = 1;
   for (const Dim& d : s.dims) {
     auto e = d.as_expr();
-    if (!e) return view_fail(n, "has an unknown dim in " + s.to_string());
-    out.push_back(*e);
+    if (!e) return std::nullopt;
+    n = n * *e;
   }
-  return out;
+  return n.valid() ? std::optional<SymExpr>(n) : std::nullopt;
 }
 
 /// Reshape family: the same elements in order, read with the dense strides of the output dims.
 bool reshape_view_fusable(const Node& n) {
   const Value* x = n.input(0);
   const Value* y = n.outputs[0];
-  if (x->dtype != y->dtype || x->shape.rank() < 0) return false;
-  if (x->shape.is_static() && y->shape.is_static()) return x->shape.numel() == y->shape.numel();
-  // Symbolic: the element counts must be the same expression.
-  SymExpr a = 1, b = 1;
-  for (const Dim& d : x->shape.dims) {
-    auto e = d.as_expr();
-    if (!e) return false;
-    a = a * *e;
-  }
-  for (const Dim& d : y->shape.dims) {
-    auto e = d.as_expr();
-    if (!e) return false;
-    b = b * *e;
-  }
-  return a.valid() && a == b;
+  if (x->dtype != y->dtype) return false;
+  const auto a = element_count(x->shape), b = element_count(y->shape);  // the same expression
+  return a && b && *a == *b;
 }
 Expected<StridedRead> reshape_strided_read(const Node& n) {
-  KILN_ASSIGN_OR_RETURN(auto dom, extents(n, n.outputs[0]->shape));
-  auto st = broadcast_strides(n.outputs[0]->shape, static_cast<int>(dom.size()));
+  const Shape& out = n.outputs[0]->shape;
+  auto st = broadcast_strides(out, out.rank());
   if (!st) return view_fail(n, "has an unknown output dim");
   return StridedRead{*st, 0};
 }
