@@ -574,6 +574,33 @@ TEST(VarLen, BenchComparesTheSymbolicProgramWithTheStaticOneAtALength) {
   EXPECT_NE(text2.find("--shape seq=N"), std::string::npos) << text2;
 }
 
+TEST(VarLen, SymbolicRefusalsOfCompileAndInspectAreOneLine) {
+  // kiln compile builds one static program, so --shape_mode symbolic is refused; kiln
+  // inspect --memory plans a symbolic program at its bound, so it needs --max_length
+  // (the step arena's planning names the flag).
+  // Each: one error line, a non-zero exit, no output folder left behind.
+  const std::string dir = fresh_tmpdir("varlen_symbolic_refusals");
+  const std::string data = write_rows(dir, 12, 20, 29);
+  const std::string model = kHf + "gpt2/logits_dynamo.onnx";
+  const std::string out = dir + "/compiled";
+  auto [code, text] = shell("'" + kKiln + "' compile " + model + " --train_data " + data +
+                            " --shape_mode symbolic --max_length 20 --per_device_train_batch_size 2 -o " + out);
+  EXPECT_NE(code, 0) << text;
+  EXPECT_EQ(count_of(text, "kiln: error: "), 1) << text;
+  EXPECT_NE(text.find("DIR/train runs one static program"), std::string::npos) << text;
+  EXPECT_FALSE(std::filesystem::exists(out)) << text;
+  auto [code2, text2] = shell("'" + kKiln + "' inspect " + model + " --train_data " + data +
+                              " --shape_mode symbolic --per_device_train_batch_size 2 --memory");
+  EXPECT_NE(code2, 0) << text2;
+  EXPECT_EQ(count_of(text2, "kiln: error: "), 1) << text2;
+  EXPECT_NE(text2.find("--max_length"), std::string::npos) << text2;
+  // With the bound it prints the plan at the bound.
+  auto [code3, text3] = shell("'" + kKiln + "' inspect " + model + " --train_data " + data +
+                              " --shape_mode symbolic --max_length 20 --per_device_train_batch_size 2 --memory");
+  EXPECT_EQ(code3, 0) << text3;
+  EXPECT_NE(text3.find("symbolic program, planned at its bound: batch=2 seq=20"), std::string::npos) << text3;
+}
+
 TEST(VarLen, SymbolicRefusesRowsPastThePositionTableBeforeStepOne) {
   // The gpt2 fixture has 32 positions; rows of up to 40 tokens (no --max_length: the
   // longest row bounds the symbolic program) are refused in one line before step 1, as
