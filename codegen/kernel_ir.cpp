@@ -109,25 +109,36 @@ int Kernel::row_passes() const {
   return passes;
 }
 
-int64_t Kernel::column_split_parts() const {
-  if (!has_reduction() || is_row_program() || domain.empty() || is_symbolic()) return 0;
+bool Kernel::column_split_shape(Extent* rows_out, int64_t* cols_out) const {
+  if (!has_reduction() || is_row_program() || domain.empty()) return false;
   // The dims of extent > 1, whatever the strides (so that the eager ReduceSum, which
   // sees only the shape, decides alike): reduced ones first, then kept ones.
-  int64_t rows = 1, cols = 1;
+  Extent rows = 1;
+  int64_t cols = 1;
   bool seen_kept = false;
   for (size_t d = 0; d < domain.size(); ++d) {
     const int64_t e = static_extent(domain[d]);
     if (e == 1) continue;
     if (reduced[d]) {
-      if (seen_kept) return 0;  // a reduced dim after a kept one
-      rows *= e;
+      if (seen_kept) return false;  // a reduced dim after a kept one
+      rows = rows * domain[d];
     } else {
+      if (e < 0) return false;  // symbolic columns
       seen_kept = true;
       cols *= e;
     }
   }
-  if (!seen_kept || rows == 1) return 0;
-  return ir::column_sum_partitions(rows, cols);
+  if (!seen_kept || (rows.is_constant() && rows.constant_value() == 1)) return false;
+  *rows_out = rows;
+  *cols_out = cols;
+  return true;
+}
+
+int64_t Kernel::column_split_parts() const {
+  Extent rows = 1;
+  int64_t cols = 0;
+  if (!column_split_shape(&rows, &cols) || !rows.is_constant()) return 0;
+  return ir::column_sum_partitions(rows.constant_value(), cols);
 }
 
 bool Kernel::is_row_program() const {

@@ -149,13 +149,20 @@ struct Kernel {
   /// expression, whichever is larger (see evaluate_reference).
   int row_passes() const;
   /// Partitions of a split column reduction (ir::column_sum_partitions), 0 for none
-  /// (always for a symbolic kernel):
+  /// (and for a kernel whose row count is symbolic: see column_split_shape):
   /// a reduction kernel (not a row program) whose reduced dims of extent > 1 all precede
   /// its kept dims of extent > 1 (from the shape alone, as the eager ReduceSum decides;
   /// rows and columns are the products of each). Float sums of such a kernel follow the
   /// partitioned order (evaluate_reference, the emitters); max and integer sums do not
   /// depend on the order.
   int64_t column_split_parts() const;
+  /// The shape of a column reduction that may be split (column_split_parts' rule) with
+  /// static columns: true with `rows` (the product of the reduced extents, an expression
+  /// where a reduced extent is symbolic) and `cols` (the product of the kept extents).
+  /// False for other kernels and when a kept extent or a reduced extent after a kept one
+  /// is symbolic. A symbolic `rows` is split at launch (ir::column_sum_partitions of its
+  /// value), which is the order the bound kernel's column_split_parts gives.
+  bool column_split_shape(Extent* rows, int64_t* cols) const;
   /// Text form, e.g.
   ///   kernel fused_3 domain [512, 64] reduced [-, -]
   ///     param 0 %x f32 strides [64, 1] in

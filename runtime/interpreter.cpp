@@ -234,6 +234,17 @@ struct GraphFacts {
     int64_t group = -1;                          ///< kiln_multi_tensor_group (passes/multi_tensor.cpp), -1: none
     bool has_static = false;                     ///< `outs` holds the output types
     StaticOutputs outs;
+    /// Every type of the node is defined and every dim static or an expression of
+    /// symbols (a symbolic program's node): outputs_at binds them per run.
+    bool bindable = false;
+    /// The output types at the run's symbol values: `outs` for a static node; for a
+    /// bindable one the graph's types evaluated at `symbols`, kept until the next run
+    /// with other values (shape inference on every call cost a symbolic program's
+    /// library ops 1-6 us each); null otherwise (the op infers from its inputs).
+    const StaticOutputs* outputs_at(const Node& n, const std::map<std::string, int64_t>* symbols) const;
+    mutable std::map<std::string, int64_t> bound_symbols;  ///< the values bound_outs holds
+    mutable StaticOutputs bound_outs;
+    mutable bool bound = false;
     std::vector<const Value*> captures;  ///< values its regions read from outside
     // Read once here instead of per run (string-keyed attribute lookups, op-name
     // comparisons and hash lookups were a large part of a small kernel's launch).
@@ -294,9 +305,13 @@ struct GraphFacts {
       }
       // Only types type inference has filled in (a graph built without infer_graph
       // has undefined dtypes): such nodes infer per run, as before.
-      bool ok = !n.outputs.empty();
+      bool ok = !n.outputs.empty(), known = ok;
       for (const Value* in : n.inputs) ok = ok && (!in || (in->dtype != DType::undefined && in->shape.is_static()));
       for (const Value* o : n.outputs) ok = ok && o && o->dtype != DType::undefined && o->shape.is_static();
+      for (const Value* in : n.inputs)
+        known = known && (!in || (in->dtype != DType::undefined && in->shape.is_known()));
+      for (const Value* o : n.outputs) known = known && o && o->dtype != DType::undefined && o->shape.is_known();
+      f.bindable = known && !ok;
       if (ok) {
         f.has_static = true;
         for (const Value* o : n.outputs) {
@@ -498,6 +513,34 @@ bool dims_at(const ir::Shape& s, const std::map<std::string, int64_t>* symbols, 
   return true;
 }
 
+}  // namespace
+
+const StaticOutputs* GraphFacts::NodeFacts::outputs_at(const Node& n,
+                                                       const std::map<std::string, int64_t>* symbols) const {
+  if (has_static) return &outs;
+  if (!bindable || !symbols) return nullptr;
+  if (bound && bound_symbols == *symbols) return &bound_outs;
+  bound = false;
+  StaticOutputs o;
+  std::vector<int64_t> dims;
+  for (const Value* v : n.outputs) {
+    if (!dims_at(v->shape, symbols, dims)) return nullptr;
+    o.dtype.push_back(v->dtype);
+    o.dims.push_back(dims);
+  }
+  for (const Value* v : n.inputs) {
+    if (v && !dims_at(v->shape, symbols, dims)) return nullptr;
+    o.in_dtype.push_back(v ? v->dtype : DType::undefined);
+    o.in_dims.push_back(v ? dims : std::vector<int64_t>{});
+  }
+  bound_outs = std::move(o);
+  bound_symbols = *symbols;
+  bound = true;
+  return &bound_outs;
+}
+
+namespace {
+
 /// One generated kernel call being set up: argument pointers (inputs, then outputs) and
 /// the output tensors, written into the environment once the kernel has run.
 struct FusedLaunch {
@@ -507,6 +550,7 @@ struct FusedLaunch {
   std::vector<int64_t> symbol_values;  ///< a symbolic kernel's symbols (CpuKernel::symbols), passed after the buffers
   int64_t extent = 1;                  ///< parallel-dim extent
   int64_t chunks = 1;                  ///< pieces of it worth a thread each (about 32K domain points at least)
+  int64_t split_parts = 0;             ///< a split reduction's row partitions (codegen::launch_split_parts)
   /// A multi-tensor member run by its eager kernel's pieces (OpDef::pieces; ck null):
   /// the call's context (inputs, outputs) and its pieces (chunks of them).
   std::vector<const Tensor*> ins;
@@ -538,7 +582,7 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
   std::vector<int64_t> dims_buf;
   Status dims_status = Status::ok();
   auto dims_of = [&](size_t j) -> const std::vector<int64_t>& {
-    if (nf.has_static) return nf.outs.dims[j];
+    if (const StaticOutputs* known = nf.outputs_at(n, symbols)) return known->dims[j];
     if (!dims_at(n.outputs[j]->shape, symbols, dims_buf))
       dims_status = Status::error("node '" + n.name + "': output " + std::to_string(j) + " shape " +
                                   n.outputs[j]->shape.to_string() + " has no value in this run");
@@ -596,14 +640,31 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
     l.outs.push_back(new_output(arena, o, o->dtype, od, false));
     l.bufs.push_back(l.outs.back().raw());
   }
+  KILN_ASSIGN_OR_RETURN(int64_t extent, value_of(ck.parallel_extent, "parallel extent"));
+  KILN_ASSIGN_OR_RETURN(int64_t per_index, value_of(ck.work_per_index, "work per index"));
+  if (ck.split_parts != 0) {
+    // A split reduction: its row partitions are the parallel indices (a symbolic one's
+    // from this run's row count, passed after the symbols' values).
+    int64_t rows = 0;
+    if (ck.split_parts < 0) {
+      KILN_ASSIGN_OR_RETURN(rows, value_of(ck.split_rows, "row count"));
+    }
+    l.split_parts = codegen::launch_split_parts(ck, rows);
+    if (ck.split_parts < 0) {
+      extent = l.split_parts;
+      per_index = std::max<int64_t>(1, per_index / l.split_parts);
+    }
+  }
   if (!ck.symbols.empty()) {
-    // A symbolic kernel (codegen/cpu/llvm_cpu.h): its symbols' values after the buffers.
+    // A symbolic kernel (codegen/cpu/llvm_cpu.h): its symbols' values after the buffers,
+    // then its launch value.
     l.symbol_values.clear();
     for (const std::string& s : ck.symbols) {
       auto it = syms.find(s);
       if (it == syms.end()) return Status::error("node '" + n.name + "': symbol '" + s + "' has no value in this run");
       l.symbol_values.push_back(it->second);
     }
+    l.symbol_values.push_back(l.split_parts);
     l.bufs.push_back(l.symbol_values.data());
   }
   if (ck.scratch_bytes > 0) {
@@ -614,8 +675,6 @@ Status prepare_fused(const Node& n, const GraphFacts::NodeFacts& nf, const codeg
       scratch->resize(static_cast<size_t>((ck.scratch_bytes + 7) / 8));
     l.bufs.push_back(scratch->data());
   }
-  KILN_ASSIGN_OR_RETURN(const int64_t extent, value_of(ck.parallel_extent, "parallel extent"));
-  KILN_ASSIGN_OR_RETURN(const int64_t per_index, value_of(ck.work_per_index, "work per index"));
   l.extent = ck.parallel_dim < 0 ? 1 : extent;
   const int64_t work = l.extent * std::max<int64_t>(1, per_index);
   const int threads = omp_get_max_threads();
@@ -663,7 +722,7 @@ Status run_fused_compiled(const Node& n, const GraphFacts::NodeFacts& nf, const 
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < l.chunks; ++c) run_piece(l, c);
   }
-  codegen::combine_cpu_partitions(ck, l.bufs.data());
+  codegen::combine_cpu_partitions(ck, l.bufs.data(), l.split_parts);
   for (size_t k = 0; k < n.outputs.size(); ++k) env.put(nf.out_slot[k]) = std::move(l.outs[k]);
   return Status::ok();
 }
@@ -760,7 +819,7 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOpt
                                              opts.donate_state, ls[k - i], opts.symbols));
         else
           KILN_RETURN_IF_ERROR(
-              prepare_pieced(*nodes[k], mf, *mf.def, mf.has_static ? &mf.outs : nullptr, env, opts, k, ls[k - i]));
+              prepare_pieced(*nodes[k], mf, *mf.def, mf.outputs_at(*nodes[k], opts.symbols), env, opts, k, ls[k - i]));
       }
       run_fused_group(ls);
       if (opts.profile) {
@@ -820,8 +879,9 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOpt
       // same storage with new dims, no copy (the planner models the same rule).
       bool viewed = false;
       std::vector<int64_t> od;
+      const StaticOutputs* known = nf.outputs_at(n, opts.symbols);
       if (nf.view && n.num_outputs() == 1 &&
-          (nf.has_static ? (od = nf.outs.dims[0], true) : dims_at(n.outputs[0]->shape, opts.symbols, od))) {
+          (known ? (od = known->dims[0], true) : dims_at(n.outputs[0]->shape, opts.symbols, od))) {
         Tensor* in = dying_input(0);
         if (in && ir::numel_of(od) == in->numel() && in->dtype() == n.outputs[0]->dtype) {
           env.put(nf.out_slot[0]) = in->reshaped(od);
@@ -829,8 +889,7 @@ Status run_nodes(const Graph& g, const GraphFacts& facts, Env& env, const RunOpt
         }
       }
       if (!viewed) {
-        auto outs =
-            run_node_impl(n, ins, opts, i, inplace, nf.def, nf.has_static ? &nf.outs : nullptr, &nf.kernel_cache);
+        auto outs = run_node_impl(n, ins, opts, i, inplace, nf.def, known, &nf.kernel_cache);
         if (!outs) return outs.status();
         for (size_t k = 0; k < n.outputs.size(); ++k) env.put(nf.out_slot[k]) = std::move((*outs)[k]);
       }

@@ -38,7 +38,8 @@
 namespace kiln::runtime {
 
 /// Version of the program file layout; a file of another version is refused.
-inline constexpr uint32_t kProgramFormatVersion = 3;  // 2: state bindings carry full_dims (ZeRO-1); 3: symbolic kernels
+inline constexpr uint32_t kProgramFormatVersion =
+    4;  // 2: state bindings carry full_dims (ZeRO-1); 3: symbolic kernels; 4: symbolic split reductions
 
 /// What training needs to know of the model without importing it: recorded when the
 /// program is built (tools/driver/driver.cpp), read from the program file.

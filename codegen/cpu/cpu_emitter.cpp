@@ -88,6 +88,7 @@ CpuKernel KernelEmitter::emit() {
     const std::vector<std::string> names = k_.symbols();
     for (size_t i = 0; i < names.size(); ++i)
       sym_[names[i]] = B_.CreateLoad(i64_, B_.CreateConstInBoundsGEP1_64(i64_, vals, i), "sym." + names[i]);
+    sym_vals_ = vals;
     llvm::BasicBlock* start = llvm::BasicBlock::Create(C_, "start", F_);
     B_.CreateBr(start);
     B_.SetInsertPoint(start);
@@ -102,8 +103,12 @@ CpuKernel KernelEmitter::emit() {
   Extent work = 1;
   for (size_t d = 0; d < k_.domain.size(); ++d)
     if (static_cast<int>(d) != ck.parallel_dim) work = work * k_.domain[d];
-  ck.work_per_index =
-      ck.split_parts > 0 ? Extent(std::max<int64_t>(1, static_extent(k_.domain_size()) / ck.split_parts)) : work;
+  // A symbolic split reduction: the whole domain (the executor divides it by the
+  // launch's partitions).
+  ck.work_per_index = ck.split_parts > 0
+                          ? Extent(std::max<int64_t>(1, static_extent(k_.domain_size()) / ck.split_parts))
+                      : ck.split_parts < 0 ? k_.domain_size()
+                                           : work;
   ck.symbols = k_.symbols();
   return ck;
 }
@@ -627,6 +632,20 @@ llvm::Value* KernelEmitter::ext(const Extent& e) {
   if (!sum) sum = eb.getInt64(0);
   ext_[key] = sum;
   return sum;
+}
+
+llvm::Value* KernelEmitter::launch_value() {
+  if (!launch_value_ && sym_vals_) {
+    llvm::IRBuilder<> eb(entry_->getTerminator());
+    launch_value_ = eb.CreateLoad(i64_, eb.CreateConstInBoundsGEP1_64(i64_, sym_vals_, k_.symbols().size()), "launch");
+  }
+  return launch_value_;
+}
+
+llvm::Value* KernelEmitter::scratch() {
+  auto* ptr = llvm::PointerType::getUnqual(C_);
+  const uint64_t at = k_.params.size() + (k_.is_symbolic() ? 1 : 0);
+  return B_.CreateLoad(ptr, B_.CreateConstInBoundsGEP1_64(ptr, buffers_, at), "scratch");
 }
 
 llvm::Value* KernelEmitter::entry_alloca(llvm::Type* t, llvm::Value* n) {

@@ -60,6 +60,13 @@ class KernelEmitter {
   /// in the entry block from the symbol values the call passes (llvm_cpu.h), so that it
   /// dominates every use and is loop-invariant.
   llvm::Value* ext(const Extent& e);
+  /// A symbolic kernel's launch value: the i64 after its symbols' values (the row
+  /// partitions of a symbolic split reduction, CpuKernel::split_parts -1); null in a
+  /// static kernel.
+  llvm::Value* launch_value();
+  /// The scratch pointer (CpuKernel::scratch_bytes): the buffer after the parameters'
+  /// (and the symbol values' in a symbolic kernel), loaded at the insertion point.
+  llvm::Value* scratch();
   /// `v` as a register constant of dtype `t` (rounded to bf16/f16 precision).
   llvm::Value* constant(ir::DType t, double v);
   /// A quiet NaN of float type `t`.
@@ -153,6 +160,8 @@ class KernelEmitter {
   int64_t flat_inner_ = 1;
   std::vector<int> level_;                   ///< Kernel::expr_levels()
   std::map<std::string, llvm::Value*> sym_;  ///< symbol -> its value (loaded in the entry block)
+  llvm::Value* sym_vals_ = nullptr;          ///< the symbol values' pointer (a symbolic kernel)
+  llvm::Value* launch_value_ = nullptr;      ///< see launch_value() (loaded on first use)
   std::map<std::string, llvm::Value*> ext_;  ///< ext(): expression text -> its value
 };
 

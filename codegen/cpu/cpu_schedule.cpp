@@ -4,6 +4,7 @@
 
 #include "codegen/cpu/cpu_emitter.h"
 #include "codegen/cpu/cpu_rows.h"
+#include "ir/ops/nn.h"
 
 namespace kiln::codegen::cpu {
 
@@ -43,7 +44,13 @@ void LoopSchedule::emit(CpuKernel& ck) {
         kept_loops(kept, 0, red, idx, false);  // kept empty: one row
     };
     const int64_t parts = column ? k_.column_split_parts() : 0;
-    if (parts > 0)
+    Extent split_rows = 1;
+    int64_t split_cols = 0;
+    // A symbolic row count: split at launch when ir::column_sum_partitions splits a
+    // static one of these columns at some row count.
+    const bool symbolic_split = column && parts == 0 && k_.column_split_shape(&split_rows, &split_cols) &&
+                                !split_rows.is_constant() && ir::column_sum_partitions(1 << 20, split_cols) > 0;
+    if (parts > 0 || symbolic_split)
       split_column(kept, red, idx, parts, ck);
     else if (kept.empty())
       e_.guard_once(body);
@@ -185,15 +192,20 @@ void LoopSchedule::row_body(const std::vector<int>& red, std::vector<llvm::Value
 /// accumulator type; kept dims that did not merge loop around the column tiles);
 /// fn(b, K, K + 1) then folds each column's K partial results in partition order (the
 /// same reduce step) and stores them: the eager ReduceSum's and the reference's order.
+/// `parts` 0: the row count is symbolic, and K is the launch value the executor passes
+/// (CpuKernel::split_parts -1, launch_split_parts), the scratch sized for the most
+/// partitions.
 void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<int>& red,
                                 std::vector<llvm::Value*>& idx, int64_t parts, CpuKernel& ck) {
-  auto* ptr = llvm::PointerType::getUnqual(C_);
   const int inner = kept.back();
-  int64_t rows = 1, cols = 1;
-  for (int d : red) rows *= static_extent(k_.domain[d]);  // a split kernel is static (column_split_parts)
-  for (int d : kept) cols *= static_extent(k_.domain[d]);
-  llvm::Value* scratch = B_.CreateLoad(
-      ptr, B_.CreateConstInBoundsGEP1_64(ptr, e_.buffers(), static_cast<uint64_t>(k_.params.size())), "scratch");
+  Extent rows_e = 1;
+  int64_t cols = 1;
+  for (int d : red) rows_e = rows_e * k_.domain[d];
+  for (int d : kept) cols *= static_extent(k_.domain[d]);  // static (column_split_shape)
+  llvm::Value* rows = e_.ext(rows_e);
+  llvm::Value* nparts = parts > 0 ? i64c(parts) : e_.launch_value();
+  llvm::Value* scratch = e_.scratch();
+  const int64_t max_parts = parts > 0 ? parts : ir::kMaxColumnSumPartitions;
   std::vector<llvm::Type*> ty;
   std::vector<llvm::Value*> base;  // per store: its K x cols partial rows, 8-byte aligned
   int64_t bytes = 0;
@@ -201,11 +213,15 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
     ty.push_back(e_.acc_type(s));
     base.push_back(B_.CreateConstInBoundsGEP1_64(B_.getInt8Ty(), scratch, static_cast<uint64_t>(bytes)));
     const int64_t width = (static_cast<int64_t>(ty.back()->getPrimitiveSizeInBits()) + 7) / 8;  // i1: 1 byte
-    bytes += (parts * cols * width + 7) / 8 * 8;
+    bytes += (max_parts * cols * width + 7) / 8 * 8;
   }
   ck.parallel_dim = red[0];
-  ck.parallel_extent = parts;
-  ck.split_parts = parts;
+  ck.parallel_extent = parts > 0 ? Extent(parts) : Extent(ir::kMaxColumnSumPartitions);
+  ck.split_parts = parts > 0 ? parts : -1;
+  if (parts == 0) {
+    ck.split_rows = rows_e;
+    ck.split_cols = cols;
+  }
   ck.scratch_bytes = bytes;
   // The flat (row-major) index of the kept point in idx.
   auto flat_kept = [&] {
@@ -229,11 +245,11 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
   llvm::BasicBlock* partial = llvm::BasicBlock::Create(C_, "split.partial", e_.function());
   llvm::BasicBlock* combine = llvm::BasicBlock::Create(C_, "split.combine", e_.function());
   llvm::BasicBlock* done = llvm::BasicBlock::Create(C_, "split.end");
-  B_.CreateCondBr(B_.CreateICmpSGE(e_.begin(), i64c(parts)), combine, partial);
+  B_.CreateCondBr(B_.CreateICmpSGE(e_.begin(), nparts), combine, partial);
   B_.SetInsertPoint(partial);
   e_.for_range(e_.begin(), e_.end(), [&](llvm::Value* p) {
-    llvm::Value* lo = B_.CreateSDiv(B_.CreateNSWMul(p, i64c(rows)), i64c(parts));
-    llvm::Value* hi = B_.CreateSDiv(B_.CreateNSWMul(B_.CreateNSWAdd(p, i64c(1)), i64c(rows)), i64c(parts));
+    llvm::Value* lo = B_.CreateSDiv(B_.CreateNSWMul(p, rows), nparts);
+    llvm::Value* hi = B_.CreateSDiv(B_.CreateNSWMul(B_.CreateNSWAdd(p, i64c(1)), rows), nparts);
     llvm::Value* row0 = B_.CreateNSWMul(p, i64c(cols));
     outer_kept(0, [&] {
       column_tile_loops(inner, red, idx, i64c(0), e_.ext(k_.domain[inner]), {lo, hi}, [&](size_t s, llvm::Value* acc) {
@@ -251,7 +267,7 @@ void LoopSchedule::split_column(const std::vector<int>& kept, const std::vector<
       for (size_t s = 0; s < k_.stores.size(); ++s) {
         llvm::Value* acc = e_.entry_alloca(ty[s], nullptr);
         B_.CreateStore(B_.CreateLoad(ty[s], B_.CreateInBoundsGEP(ty[s], base[s], col)), acc);
-        e_.for_range(i64c(1), i64c(parts), [&](llvm::Value* q) {
+        e_.for_range(i64c(1), nparts, [&](llvm::Value* q) {
           llvm::Value* x = B_.CreateLoad(
               ty[s], B_.CreateInBoundsGEP(ty[s], base[s], B_.CreateNSWAdd(B_.CreateNSWMul(q, i64c(cols)), col)));
           B_.CreateStore(e_.reduce_step(k_.stores[s], B_.CreateLoad(ty[s], acc), x, false), acc);

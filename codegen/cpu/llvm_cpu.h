@@ -41,14 +41,26 @@ struct CpuKernel {
   /// A symbolic kernel's symbols (Kernel::symbols): the values the executor passes after
   /// the buffers, in this order, and evaluates parallel_extent and work_per_index with.
   std::vector<std::string> symbols;
-  /// > 0: a split column reduction in this many row partitions (the parallel indices):
-  /// after fn(b, begin, end) has run for every index of [0, split_parts), the caller runs
-  /// fn(b, split_parts, split_parts + 1) once, which combines the partial results.
+  /// > 0: a split column reduction in this many row partitions K (the parallel indices):
+  /// after fn(b, begin, end) has run for every index of [0, K), the caller runs
+  /// fn(b, K, K + 1) once, which combines the partial results. -1: a split column
+  /// reduction whose row count is symbolic: K = launch_split_parts(*this, rows) with rows
+  /// = split_rows at the run's symbol values, passed to fn after the symbols' values.
   int64_t split_parts = 0;
-  /// Bytes of scratch the kernel needs (8-byte aligned), passed as buffers[params] after
-  /// the parameters' buffers; 0: none.
+  /// A symbolic split reduction (split_parts -1): its flat reduced extent and its
+  /// (static) flat kept extent, the shape ir::column_sum_partitions decides from.
+  Extent split_rows = 0;
+  int64_t split_cols = 0;
+  /// Bytes of scratch the kernel needs (8-byte aligned), passed after the parameters'
+  /// buffers (and after the symbols' values in a symbolic kernel); 0: none.
   int64_t scratch_bytes = 0;
 };
+
+/// Row partitions of split reduction `k` (CpuKernel::split_parts != 0) in a launch whose
+/// flat reduced extent is `rows`: split_parts, or for a symbolic split
+/// ir::column_sum_partitions(rows, split_cols), at least 1 (one partition sums in index
+/// order, the unsplit order).
+int64_t launch_split_parts(const CpuKernel& k, int64_t rows);
 
 /// The schedule fields of `k` (name, parallel dim and extents, split parts, scratch,
 /// symbols) as bytes, for the compile cache and the program file; decode_cpu_schedule
@@ -56,11 +68,15 @@ struct CpuKernel {
 std::string encode_cpu_schedule(const CpuKernel& k);
 bool decode_cpu_schedule(const std::string& bytes, CpuKernel& k);
 
-/// The last call of a split reduction (CpuKernel::split_parts > 0): combines the
-/// partitions' partial results, once fn(buffers, begin, end) has run for every parallel
-/// index; nothing for other kernels. `buffers` as for fn (scratch included).
+/// The last call of a split reduction (CpuKernel::split_parts != 0): combines the
+/// `parts` partitions' partial results (launch_split_parts; split_parts for a static
+/// kernel), once fn(buffers, begin, end) has run for every parallel index; nothing for
+/// other kernels. `buffers` as for fn (scratch included).
+inline void combine_cpu_partitions(const CpuKernel& k, void* const* buffers, int64_t parts) {
+  if (k.split_parts != 0) k.fn(buffers, parts, parts + 1);
+}
 inline void combine_cpu_partitions(const CpuKernel& k, void* const* buffers) {
-  if (k.split_parts > 0) k.fn(buffers, k.split_parts, k.split_parts + 1);
+  combine_cpu_partitions(k, buffers, k.split_parts);
 }
 
 /// Times of one compile, in seconds.

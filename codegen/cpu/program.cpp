@@ -37,10 +37,11 @@ namespace fs = std::filesystem;
 
 /// Bumped whenever the payload layout or anything the key does not cover changes.
 constexpr uint32_t kCacheFormatVersion =
-    10;  // 2: zmm-preferring kernels on AVX-512; 4: one-polynomial erf (3 was an intermediate build); 5: exp without
+    11;  // 2: zmm-preferring kernels on AVX-512; 4: one-polynomial erf (3 was an intermediate build); 5: exp without
          // range selects; 6: exp of results that are 0 without underflow; 7: split column reductions (CpuKernel
          // split_parts, scratch_bytes); 8: erf in grouped Horner chains; 9: f32 row sums of reduce expressions, row
-         // scratch for 3-op values; 10: symbolic kernels (extents as expressions, CpuKernel::symbols)
+         // scratch for 3-op values; 10: symbolic kernels (extents as expressions, CpuKernel::symbols); 11: split
+         // reductions of symbolic row counts (CpuKernel::split_rows, split_cols)
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'C', 'H', '\0'};
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 32;
 

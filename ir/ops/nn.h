@@ -48,6 +48,8 @@ Expected<ReduceSpec> reduce_spec(const Attributes& a, bool axes_given, const Ten
 /// index order, and the K partial sums are then added in partition order. Returns K,
 /// or 0 for the plain index-order sum. Depends on the shape only, never on threads.
 int64_t column_sum_partitions(int64_t rows, int64_t cols);
+/// The most partitions column_sum_partitions returns.
+inline constexpr int64_t kMaxColumnSumPartitions = 16;
 
 /// One dim of an ONNX Slice-13 with its indices clamped (negative start/end count from
 /// the end; positive steps clamp to [0, dim], negative ones to [-1, dim - 1]): the first

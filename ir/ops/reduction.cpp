@@ -18,7 +18,7 @@ namespace kiln::ir {
 
 int64_t column_sum_partitions(int64_t rows, int64_t cols) {
   if (cols > 2048 || cols < 1) return 0;
-  const int64_t k = std::min<int64_t>(16, rows / 256);
+  const int64_t k = std::min<int64_t>(kMaxColumnSumPartitions, rows / 256);
   return k >= 2 ? k : 0;
 }
 

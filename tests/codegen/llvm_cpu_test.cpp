@@ -16,6 +16,7 @@
 #include <random>
 
 #include "codegen/kernel_ir.h"
+#include "ir/ops/nn.h"
 #include "kernel_builder.h"
 
 namespace kiln::codegen {
@@ -912,6 +913,45 @@ TEST(LlvmCpu, SymbolicKernelIsGeneratedOnceForEveryLength) {
   const Kernel bound = a.bind({{"n", 12}});
   EXPECT_FALSE(bound.is_symbolic());
   EXPECT_NE(bound.to_string().find("domain [3, 12]"), std::string::npos) << bound.to_string();
+}
+
+TEST(LlvmCpu, SymbolicColumnSumSplitsItsRowsAtLaunch) {
+  // A column sum over n rows of 48 columns (a bias gradient over batch*seq rows) with
+  // n symbolic: the kernel splits its rows into the partitions ir::column_sum_partitions
+  // gives n (1, unsplit, below 512 rows), the executor passing their count after the
+  // symbols. Each run, its threads' pieces in any order, equals the reference evaluator
+  // of the bound kernel exactly (the same partitioned double sums, the eager
+  // ReduceSum's order), as a max does.
+  KB c("sym_col_sum", {1, 48}, {true, false});  // params x, s, y, m
+  c.out("s", c.load(c.param("x", DType::f32, {48, 1})), {0, 1}, ReduceKind::sum);
+  c.out("m", c.load(c.param("y", DType::f32, {48, 1})), {0, 1}, ReduceKind::max);
+  c.k.domain[0] = ir::SymExpr::symbol("n");
+  ASSERT_TRUE(c.k.verify().is_ok()) << c.k.verify().message();
+  auto mod = compile_cpu({c.k});
+  ASSERT_TRUE(mod) << mod.message();
+  const CpuKernel& ck = (*mod)->kernels()[0];
+  EXPECT_EQ(ck.split_parts, -1);
+  EXPECT_EQ(ck.split_cols, 48);
+  EXPECT_EQ(ck.split_rows.to_string(), "n");
+  EXPECT_EQ(ck.scratch_bytes, ir::kMaxColumnSumPartitions * 48 * (8 + 4));
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(300), int64_t(511), int64_t(512), int64_t(1000), int64_t(5000)}) {
+    const int64_t parts = launch_split_parts(ck, n);
+    EXPECT_EQ(parts, std::max<int64_t>(1, ir::column_sum_partitions(n, 48))) << n;
+    std::vector<float> x(static_cast<size_t>(n * 48)), y(x.size());
+    fill(DType::f32, x.data(), n * 48, 5u + static_cast<uint32_t>(n), false);
+    fill(DType::f32, y.data(), n * 48, 9u + static_cast<uint32_t>(n), false);
+    std::vector<float> s(48, -1.f), m(48, -1.f), rs(48, -2.f), rm(48, -2.f);
+    ASSERT_TRUE(evaluate_reference(c.k, {x.data(), rs.data(), y.data(), rm.data()}, {{"n", n}}).is_ok());
+    std::vector<double> scratch(static_cast<size_t>(ck.scratch_bytes / 8), std::nan(""));
+    int64_t values[] = {n, parts};
+    std::vector<void*> bufs = {x.data(), s.data(), y.data(), m.data(), values, scratch.data()};
+    for (int64_t p = parts; p-- > 0;) ck.fn(bufs.data(), p, p + 1);  // pieces last first
+    combine_cpu_partitions(ck, bufs.data(), parts);
+    for (size_t i = 0; i < 48; ++i) {
+      ASSERT_EQ(s[i], rs[i]) << "n " << n << " column " << i;
+      ASSERT_EQ(m[i], rm[i]) << "n " << n << " column " << i;
+    }
+  }
 }
 
 }  // namespace
