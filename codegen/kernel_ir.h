@@ -114,9 +114,10 @@ struct Kernel {
   std::vector<KStore> stores;
   std::vector<std::string> fused_nodes;  ///< IR node names the kernel computes (for dumps)
   /// A symbolic kernel may hold specialized versions chosen at launch by a guard (a row
-  /// program whose run-time row fits its scratch array keeps values there); false
-  /// (--symbolic_versions off, the FusedKernel's kiln_symbolic_versions = 0): the generic
-  /// form only. Printed as `generic` in to_string(); no effect on a static kernel.
+  /// program whose run-time innermost row extent is a multiple of the vector width runs
+  /// whole vectors, with no remainder loop); false (--symbolic_versions off, the
+  /// FusedKernel's kiln_symbolic_versions = 0): the generic form only. Printed as
+  /// `generic` in to_string(); no effect on a static kernel.
   bool versions = true;
 
   /// Number of domain points (product of extents; 1 for rank 0).

@@ -307,9 +307,9 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
        "--shape_mode buckets: K (default 4), the number of padded lengths planned from the data's length "
        "histogram, or the lengths themselves: 32,64,128"},
       {"symbolic_versions", Kind::str, &c.symbolic_versions,
-       "--shape_mode symbolic, compiled backend: on (default) | off. on: a generated kernel with run-time extents "
-       "also holds specialized versions chosen at launch by a guard (a row program whose row fits its scratch "
-       "array keeps its values there); off: the generic kernel only"},
+       "--shape_mode symbolic, compiled backend: on (default) | off. on: a generated row kernel with a run-time "
+       "row length also holds a specialized version chosen at launch by a guard (a row length that is a multiple "
+       "of the vector width: no scalar remainder loop); off: the generic kernel only"},
       {"recompile_limit", Kind::i64, &c.recompile_limit,
        "--shape_mode specialize: programs built before batches pad up to a built length (Dynamo's default 8)"},
       {"group_by_length", Kind::boolean, &c.group_by_length,

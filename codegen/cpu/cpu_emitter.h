@@ -123,6 +123,9 @@ class KernelEmitter {
   /// Lower and upper bound of dim d's loop ([begin, end) for the parallel dim).
   llvm::Value* range_lo(int d, int parallel) { return d == parallel ? begin_ : i64c(0); }
   llvm::Value* range_hi(int d, int parallel) { return d == parallel ? end_ : ext(k_.domain[d]); }
+  /// The end of the entry block (before its branch to the loops) in a symbolic kernel,
+  /// where values computed from the symbols (ext) are placed.
+  llvm::Instruction* entry_end() { return entry_->getTerminator(); }
   /// An alloca of n (null: one) `t` in the entry block.
   llvm::Value* entry_alloca(llvm::Type* t, llvm::Value* n);
 

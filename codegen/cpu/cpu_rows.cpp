@@ -2,6 +2,7 @@
 #include "codegen/cpu/cpu_rows.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include "codegen/cpu/cpu_emitter.h"
@@ -22,11 +23,10 @@ using ir::ScalarOp;
 /// the vector ALUs that bound these loops). Only the outermost such expressions are
 /// kept (Softmax keeps its exp, not also the exp's argument, in the pass after its
 /// max; its masked, scaled scores Where(mask, -inf, x * scale) in the max's pass).
-/// Rows longer than kScratchBytes / element size keep nothing. The values are
+/// Rows longer than kRowScratchBytes / element size keep nothing. The values are
 /// bit-identical to recomputation, so the reference evaluator is unchanged.
 RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, const std::vector<int>& red,
                             int64_t symbolic_row) {
-  constexpr int64_t kScratchBytes = 128 * 1024;
   constexpr int kScratchMinOps = 3;
   const size_t ne = k.exprs.size();
   const int passes = k.row_passes();
@@ -116,7 +116,7 @@ RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, cons
     for (size_t i = 0; i < ne; ++i) {
       if (!keep_it[i] || heavy[i] != want_heavy || row < 0) continue;
       const int64_t b = row * static_cast<int64_t>(k.exprs[i].dtype == DType::f64 ? 8 : 4);
-      if (bytes + b > kScratchBytes) continue;
+      if (bytes + b > kRowScratchBytes) continue;
       bytes += b;
       r.first[i] = first_need[i];
     }
@@ -150,35 +150,72 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
   Extent row_len = 1;
   for (int d : red) row_len = row_len * k_.domain[d];
   const bool symbolic_row = !row_len.is_constant();
-  const RowScratch scratch = row_scratch_plan(k_, level_, red, symbolic_row && k_.versions ? kSymbolicScratchRow : 0);
+  const RowScratch scratch = row_scratch_plan(k_, level_, red, symbolic_row ? kSymbolicScratchRow : 0);
   std::vector<llvm::Value*> scratch_buf(ne, nullptr);
-  for (size_t i = 0; i < ne; ++i)
-    if (scratch.first[i] > 0) scratch_buf[i] = e_.entry_alloca(e_.reg_type(k_.exprs[i].dtype), i64c(scratch.row));
-  if (!symbolic_row || scratch.row == 0) {
-    emit_passes(red, idx, scratch, scratch_buf);
+  if (!symbolic_row) {
+    for (size_t i = 0; i < ne; ++i)
+      if (scratch.first[i] > 0) scratch_buf[i] = e_.entry_alloca(e_.reg_type(k_.exprs[i].dtype), i64c(scratch.row));
+    emit_passes(red, idx, scratch, scratch_buf, false);
     return;
   }
-  // A symbolic row (BladeDISC-style speculation on its length): the scratch version when
-  // the row fits the arrays, the generic one otherwise.
+  // A two-way branch at the row; both arms end at `done`.
+  auto branch = [&](llvm::Value* cond, const char* name, const std::function<void()>& yes,
+                    const std::function<void()>& no) {
+    llvm::BasicBlock* a = llvm::BasicBlock::Create(e_.context(), std::string(name), e_.function());
+    llvm::BasicBlock* b = llvm::BasicBlock::Create(e_.context(), std::string(name) + ".else", e_.function());
+    llvm::BasicBlock* done = llvm::BasicBlock::Create(e_.context(), std::string(name) + ".end");
+    B_.CreateCondBr(cond, a, b);
+    B_.SetInsertPoint(a);
+    yes();
+    B_.CreateBr(done);
+    B_.SetInsertPoint(b);
+    no();
+    B_.CreateBr(done);
+    done->insertInto(e_.function());
+    B_.SetInsertPoint(done);
+  };
+  // The whole-vectors version (BladeDISC-style speculation on the extent, Nimble's
+  // residue dispatch): an innermost extent that is a multiple of the vector width.
+  const Extent& inner = k_.domain[red.back()];
+  const int vw = row_vector_width(e_.features(), std::numeric_limits<int64_t>::max());
+  auto with_versions = [&](const RowScratch& s, const std::vector<llvm::Value*>& buf) {
+    if (!k_.versions || vw <= 1 || inner.is_constant()) {
+      emit_passes(red, idx, s, buf, false);
+      return;
+    }
+    branch(
+        B_.CreateICmpEQ(B_.CreateURem(e_.ext(inner), i64c(vw)), i64c(0)), "row.whole",
+        [&] { emit_passes(red, idx, s, buf, true); }, [&] { emit_passes(red, idx, s, buf, false); });
+  };
+  int64_t elem_bytes = 0;  // scratch bytes per row element
+  for (size_t i = 0; i < ne; ++i)
+    if (scratch.first[i] > 0) elem_bytes += k_.exprs[i].dtype == DType::f64 ? 8 : 4;
+  if (elem_bytes == 0) {
+    with_versions(scratch, scratch_buf);
+    return;
+  }
+  // A symbolic row keeps its values in arrays of the run-time row length when they fit
+  // kRowScratchBytes (the static rows' rule, checked at launch), else recomputes them.
+  llvm::Value* fits = nullptr;
+  {
+    llvm::IRBuilder<> eb(e_.entry_end());
+    llvm::Value* row = e_.ext(row_len);
+    fits = eb.CreateICmpSLE(row, eb.getInt64(static_cast<uint64_t>(kRowScratchBytes / elem_bytes)), "row.fits");
+    llvm::Value* n = eb.CreateSelect(fits, row, eb.getInt64(1));
+    for (size_t i = 0; i < ne; ++i)
+      if (scratch.first[i] > 0) scratch_buf[i] = eb.CreateAlloca(e_.reg_type(k_.exprs[i].dtype), n, "row.scratch");
+  }
   RowScratch none = scratch;
   none.row = 0;
   std::fill(none.first.begin(), none.first.end(), 0);
-  llvm::BasicBlock* fits = llvm::BasicBlock::Create(e_.context(), "row.scratch", e_.function());
-  llvm::BasicBlock* generic = llvm::BasicBlock::Create(e_.context(), "row.generic", e_.function());
-  llvm::BasicBlock* done = llvm::BasicBlock::Create(e_.context(), "row.end");
-  B_.CreateCondBr(B_.CreateICmpSLE(e_.ext(row_len), i64c(scratch.row)), fits, generic);
-  B_.SetInsertPoint(fits);
-  emit_passes(red, idx, scratch, scratch_buf);
-  B_.CreateBr(done);
-  B_.SetInsertPoint(generic);
-  emit_passes(red, idx, none, std::vector<llvm::Value*>(ne, nullptr));
-  B_.CreateBr(done);
-  done->insertInto(e_.function());
-  B_.SetInsertPoint(done);
+  branch(
+      fits, "row.kept", [&] { with_versions(scratch, scratch_buf); },
+      [&] { emit_passes(red, idx, none, std::vector<llvm::Value*>(ne, nullptr), false); });
 }
 
 void RowProgramEmitter::emit_passes(const std::vector<int>& red, std::vector<llvm::Value*>& idx,
-                                    const RowScratch& scratch, const std::vector<llvm::Value*>& scratch_buf) {
+                                    const RowScratch& scratch, const std::vector<llvm::Value*>& scratch_buf,
+                                    bool whole_vectors) {
   const size_t ne = k_.exprs.size(), ns = k_.stores.size();
   auto varies = [&](const KStore& s) { return k_.varies_along_reduced(s); };
   const int passes = k_.row_passes();
@@ -266,7 +303,8 @@ void RowProgramEmitter::emit_passes(const std::vector<int>& red, std::vector<llv
         // A symbolic row: the vector width of a long one (remainders run scalar).
         row_vector_width(e_.features(), static_extent(k_.domain[red.back()]) < 0
                                             ? std::numeric_limits<int64_t>::max()
-                                            : static_extent(k_.domain[red.back()])));
+                                            : static_extent(k_.domain[red.back()])),
+        whole_vectors);
     for (size_t i = 0; i < ne; ++i)
       if (acc[i]) {
         const KExpr& e = k_.exprs[i];

@@ -32,13 +32,17 @@ struct RowScratch {
 };
 
 /// The row scratch of row program `k` (`level`: k.expr_levels(); `red`: its reduced dims).
-/// A symbolic row length is planned as `symbolic_row` elements (0: no scratch): the
-/// emitter then guards the scratch version with row <= symbolic_row at run time.
+/// A symbolic row length is planned as `symbolic_row` elements (0: no scratch): which
+/// values to keep is decided for rows that long; the emitter then sizes the arrays by
+/// the run-time row and keeps them when they fit kRowScratchBytes.
 RowScratch row_scratch_plan(const Kernel& k, const std::vector<int>& level, const std::vector<int>& red,
                             int64_t symbolic_row = 0);
 
-/// Row elements the scratch version of a symbolic row program is planned for (16 KiB per
-/// f32 array): rows up to this long take it, longer ones the generic version.
+/// Bytes of row scratch a row program keeps per calling thread, on its stack (all
+/// arrays together): a static row keeps what fits; a symbolic row checks at launch.
+inline constexpr int64_t kRowScratchBytes = 128 * 1024;
+
+/// Row elements a symbolic row program's scratch plan assumes (16 KiB per f32 array).
 inline constexpr int64_t kSymbolicScratchRow = 4096;
 
 /// Vector width (f32 lanes) for a reduced loop of `trip` iterations of a row program on
@@ -52,15 +56,17 @@ class RowProgramEmitter {
   RowProgramEmitter(KernelEmitter& e, LoopSchedule& s);
 
   /// Emits all passes of the row at kept point `idx` (`red`: the reduced dims). A
-  /// symbolic row with a scratch plan (Kernel::versions) gets two versions: with the
-  /// scratch array when the run-time row fits it, else without (the guard is
-  /// loop-invariant).
+  /// symbolic row with a scratch plan keeps its values in stack arrays of the run-time
+  /// row length when they fit kRowScratchBytes, else recomputes them (a loop-invariant
+  /// guard). With Kernel::versions, a symbolic innermost row extent that is a multiple
+  /// of the vector width also takes a whole-vectors version (no scalar remainder loop).
   void emit(const std::vector<int>& red, std::vector<llvm::Value*>& idx);
 
  private:
-  /// The passes of one row with `scratch` (its arrays in `buf`; none when scratch.row == 0).
+  /// The passes of one row with `scratch` (its arrays in `buf`; none when scratch.row == 0);
+  /// `whole_vectors`: see LoopSchedule::reduced_loops.
   void emit_passes(const std::vector<int>& red, std::vector<llvm::Value*>& idx, const RowScratch& scratch,
-                   const std::vector<llvm::Value*>& buf);
+                   const std::vector<llvm::Value*>& buf, bool whole_vectors);
   llvm::Value* i64c(int64_t v) { return B_.getInt64(static_cast<uint64_t>(v)); }
 
   KernelEmitter& e_;

@@ -35,8 +35,11 @@ class LoopSchedule {
 
   /// Nested loops over the reduced dims red[ri..] (setting idx), then body(); the
   /// innermost loop carries `vector_width` as a vectorize.width hint when > 0.
+  /// `whole_vectors`: the caller has checked that the innermost extent is a multiple of
+  /// vector_width, and its trip count is written (e / w) * w, which the vectorizer then
+  /// knows needs no scalar remainder.
   void reduced_loops(const std::vector<int>& red, size_t ri, std::vector<llvm::Value*>& idx,
-                     const std::function<void()>& body, int vector_width = 0);
+                     const std::function<void()>& body, int vector_width = 0, bool whole_vectors = false);
 
  private:
   void store_point(const std::vector<llvm::Value*>& idx);

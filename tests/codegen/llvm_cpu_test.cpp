@@ -873,10 +873,11 @@ Kernel symbolic_softmax(int64_t rows, bool versions) {
 }
 
 TEST(LlvmCpu, SymbolicRowProgramTakesItsRowLengthAtLaunch) {
-  // One compiled softmax whose row length is the symbol n, run at rows shorter and
-  // longer than its scratch version's 4096 (the guard picks the scratch version or the
-  // generic one) and with --symbolic_versions off (generic only), each
-  // against the reference evaluator at the same n: within 2e-6 relative (f32 exp).
+  // One compiled softmax whose row length is the symbol n, run at rows whose scratch
+  // arrays fit kRowScratchBytes and longer ones (which recompute the exp), at multiples
+  // of the vector width (the whole-vectors version) and others, and with
+  // --symbolic_versions off (generic only), each against the reference evaluator at the
+  // same n: within 2e-6 relative (f32 exp).
   for (bool versions : {true, false}) {
     const Kernel k = symbolic_softmax(3, versions);
     ASSERT_TRUE(k.verify().is_ok()) << k.verify().message();
@@ -886,8 +887,9 @@ TEST(LlvmCpu, SymbolicRowProgramTakesItsRowLengthAtLaunch) {
     ASSERT_TRUE(mod) << mod.message();
     const CpuKernel& ck = (*mod)->kernels()[0];
     EXPECT_EQ(ck.symbols, std::vector<std::string>{"n"});
-    // (kSymbolicScratchRow, codegen/cpu/cpu_rows.h, is 4096.)
-    for (int64_t n : {int64_t(1), int64_t(7), int64_t(300), int64_t(4096), int64_t(5000), int64_t(20000)}) {
+    // (The softmax keeps its f32 exp: rows up to 32768 fit 128 KiB; 40000 recomputes.)
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(16), int64_t(64), int64_t(300), int64_t(4096), int64_t(5000),
+                      int64_t(32768), int64_t(40000)}) {
       std::vector<float> x(static_cast<size_t>(3 * n)), got(x.size(), -1.f), ref(x.size(), -2.f);
       fill(DType::f32, x.data(), static_cast<int64_t>(x.size()), 77u + static_cast<uint32_t>(n), false);
       ASSERT_TRUE(evaluate_reference(k, {x.data(), ref.data()}, {{"n", n}}).is_ok());
