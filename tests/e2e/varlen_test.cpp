@@ -2,6 +2,7 @@
 // unchanged, every --shape_mode trains the same losses on the same batches, and the
 // programs each mode builds are logged with their reasons.
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "e2e_util.h"
@@ -572,6 +573,93 @@ TEST(VarLen, BenchComparesTheSymbolicProgramWithTheStaticOneAtALength) {
   EXPECT_NE(code2, 0) << text2;
   EXPECT_EQ(count_of(text2, "kiln: error: "), 1) << text2;
   EXPECT_NE(text2.find("--shape seq=N"), std::string::npos) << text2;
+}
+
+TEST(VarLen, BenchCompareStaticTimesEachLengthAgainstItsStaticProgram) {
+  // kiln bench --shape_mode symbolic --compare_static on variable-length rows: a
+  // "static" mode (a program per batch length, no recompile limit) runs the same batches,
+  // one program per length its batches had, and the comparison names exactly the lengths
+  // the symbolic program ran at. Without symbolic in --shape_mode, one error line.
+  const std::string dir = fresh_tmpdir("varlen_compare_static");
+  const std::string data = write_rows(dir, 40, 30, 41);
+  const std::string common = "'" + kKiln + "' bench " + kHf + "gpt2/logits_dynamo.onnx --train_data " + data +
+                             " --bench_steps 6 --per_device_train_batch_size 2 --backend compiled --compare_static ";
+  auto [code, text] = shell(common + "--shape_mode symbolic");
+  ASSERT_EQ(code, 0) << text;
+  // "  static       L: T ms (n) L: ..." and "  symbolic     L: ...": the lengths of each.
+  auto lengths_of = [&](const std::string& mode) {
+    std::set<int64_t> lens;
+    std::istringstream lines(text);
+    std::string line;
+    while (std::getline(lines, line))
+      if (line.rfind("  " + mode + " ", 0) == 0)
+        for (size_t at = line.find(": "); at != std::string::npos; at = line.find(": ", at + 1))
+          lens.insert(std::stoll(line.substr(line.rfind(' ', at - 1) + 1)));
+    return lens;
+  };
+  const std::set<int64_t> sym = lengths_of("symbolic"), fixed = lengths_of("static");
+  ASSERT_FALSE(sym.empty()) << text;
+  EXPECT_EQ(sym, fixed) << text;
+  const size_t at = text.find("(--compare_static), median step:");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string cmp = text.substr(at, text.find('\n', at) - at);
+  for (int64_t len : sym) EXPECT_NE(cmp.find(" " + std::to_string(len) + ": "), std::string::npos) << cmp;
+  EXPECT_NE(text.find("geometric mean over " + std::to_string(sym.size()) + " lengths"), std::string::npos) << text;
+  // The static mode's programs: one per length (warm-up steps' lengths included).
+  std::istringstream lines(text);
+  std::string line;
+  int64_t programs = -1;
+  while (std::getline(lines, line))
+    if (line.rfind("static ", 0) == 0) programs = std::stoll(line.substr(6));
+  EXPECT_GE(programs, static_cast<int64_t>(sym.size())) << text;
+  auto [code2, text2] = shell(common + "--shape_mode pad,buckets");
+  EXPECT_NE(code2, 0) << text2;
+  EXPECT_EQ(count_of(text2, "kiln: error: "), 1) << text2;
+  EXPECT_NE(text2.find("add symbolic to --shape_mode"), std::string::npos) << text2;
+}
+
+TEST(VarLen, InspectMemoryPerShapeEqualsTheStaticProgramOfThatShape) {
+  // kiln inspect --memory of a symbolic program with --train_data lists, per batch shape
+  // of the epoch, the live peak of the program at that shape. Each listed length's peak
+  // is the peak kiln inspect plans for the static program of that length (--shape_mode
+  // pad --max_length L), built on its own: within 1% (the static program folds its
+  // position ids and mask into constants). Without remat, whose choices the symbolic
+  // program makes at its bound and a static one at its length.
+  const std::string dir = fresh_tmpdir("varlen_inspect_shapes");
+  const std::string data = write_rows(dir, 12, 30, 43);
+  const std::string model = kHf + "gpt2/logits_dynamo.onnx";
+  const std::string common = "'" + kKiln + "' inspect " + model + " --train_data " + data +
+                             " --per_device_train_batch_size 4 --memory --remat_policy none ";
+  auto [code, text] = shell(common + "--shape_mode symbolic --max_length 30");
+  ASSERT_EQ(code, 0) << text;
+  const size_t at = text.find("  rows  length  batches  live peak\n");
+  ASSERT_NE(at, std::string::npos) << text;
+  std::istringstream rows(text.substr(at));
+  std::string line;
+  std::getline(rows, line);  // the header
+  int checked = 0, batches = 0;
+  while (std::getline(rows, line) && line.rfind("  mean", 0) != 0) {
+    std::istringstream f(line);
+    int64_t nrows = 0, len = 0, count = 0;
+    double human = 0;
+    std::string unit, open;
+    ASSERT_TRUE(static_cast<bool>(f >> nrows >> len >> count >> human >> unit >> open)) << line;
+    const double bytes = std::stod(open.substr(1));  // "(N B, P% of the bound's)"
+    batches += static_cast<int>(count);
+    EXPECT_EQ(nrows, 4) << line;
+    if (checked >= 2) continue;  // the two shortest lengths against their static programs
+    auto [c2, t2] = shell(common + "--shape_mode pad --max_length " + std::to_string(len));
+    ASSERT_EQ(c2, 0) << t2;
+    const size_t p = t2.find("planned peak for this run: ");
+    ASSERT_NE(p, std::string::npos) << t2;
+    const std::string rest = t2.substr(t2.find('(', p) + 1);
+    const double fixed = std::stod(rest);  // "(N B)"
+    EXPECT_NEAR(bytes, fixed, 0.01 * fixed) << line << "\n" << t2;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2) << text;
+  EXPECT_EQ(batches, 3) << text;  // 12 rows in batches of 4
+  EXPECT_NE(text.find("mean live peak over the epoch's batches: "), std::string::npos) << text;
 }
 
 TEST(VarLen, SymbolicRefusalsOfCompileAndInspectAreOneLine) {

@@ -528,7 +528,7 @@ int cmd_gradcheck(const ConfigFlags& flags, int per_param, double tol, double ep
 
 // ------------------------------------------------------------------ bench
 int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, const std::string& profile_by,
-              int row_limit) {
+              int row_limit, bool compare_static) {
   TrainConfig cfg = flags.build();
   if (warmup < 0 || steps < 1) throw Failure{2, "--warmup_steps_bench must be >= 0 and --bench_steps >= 1"};
   // kiln bench times steps from the model's initial weights and writes nothing: a flag
@@ -560,6 +560,7 @@ int cmd_bench(const ConfigFlags& flags, int warmup, int steps, bool profile, con
   opts.profile = profile;
   opts.profile_by = profile_by;
   opts.profile_row_limit = row_limit;
+  opts.compare_static = compare_static;
   opts.pass_context = [&flags] { return flags.pass_context(); };
   opts.after_build = note_unrun_pass;
   check(driver::run_bench(opts, std::cout, std::cerr));
@@ -789,6 +790,41 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlag
             << compiled.arena_bytes << " B), " << compiled.in_place_reuses << " in-place reuses\n";
   std::cout << "planned peak for this run: " << passes::human_bytes(eager.peak_bytes) << " (" << eager.peak_bytes
             << " B)\n";
+  if (!bounds.empty() && !cfg.train_data.empty()) {
+    // Per batch shape of the data's first epoch: the bytes live at that shape's peak
+    // (the program's values at the shape's sizes, planned as at the bound) against the
+    // bound's plan, whose offsets every smaller shape uses.
+    const auto shapes = unwrap(driver::epoch_batch_shapes(cfg));
+    std::map<std::pair<int64_t, int64_t>, int64_t> seen;  // (rows, length) -> batches
+    for (const auto& s : shapes) ++seen[s];
+    const int64_t micro = cfg.per_device_train_batch_size;
+    std::cout << "per batch shape of one epoch of --train_data (" << shapes.size() << " batches, " << seen.size()
+              << " shapes): the step's live peak at that shape, against " << passes::human_bytes(eager.peak_bytes)
+              << " at the bound\n";
+    std::cout << "  rows  length  batches  live peak\n";
+    double weighted = 0;  // live peak bytes summed over the epoch's batches
+    for (const auto& [shape, count] : seen) {
+      // Under gradient accumulation the batch dim is the micro-batch's (static).
+      const int64_t rows = cfg.gradient_accumulation_steps > 1 ? micro : shape.first;
+      auto at = prog.train_step->clone();
+      check(ir::bind_symbols(*at, driver::symbol_values(*prog.train_step, rows, shape.second)),
+            "memory plan at a batch shape");
+      auto p = unwrap(passes::plan_memory(*at, passes::PlanOptions::eager()), "memory plan");
+      char line[96];
+      std::snprintf(line, sizeof line, "  %-5lld %-7lld %-8lld ", static_cast<long long>(shape.first),
+                    static_cast<long long>(shape.second), static_cast<long long>(count));
+      std::cout << line << passes::human_bytes(p.peak_bytes) << " (" << p.peak_bytes << " B, "
+                << fmt("%.1f%% of the bound's", eager.peak_bytes > 0 ? 100.0 * static_cast<double>(p.peak_bytes) /
+                                                                           static_cast<double>(eager.peak_bytes)
+                                                                     : 0)
+                << ")\n";
+      weighted += static_cast<double>(p.peak_bytes) * static_cast<double>(count);
+    }
+    const double mean = shapes.empty() ? 0 : weighted / static_cast<double>(shapes.size());
+    std::cout << "  mean live peak over the epoch's batches: " << passes::human_bytes(static_cast<int64_t>(mean))
+              << " (" << fmt("%.1f%% of the bound's", eager.peak_bytes > 0 ? 100.0 * mean / eager.peak_bytes : 0)
+              << ")\n";
+  }
   if (cfg.world_size > 1) {
     const driver::DataParallelPlan dp = driver::data_parallel_plan(g, cfg.world_size);
     std::cout << "data parallel, per rank of " << cfg.world_size << (cfg.zero_stage == 1 ? " (ZeRO stage 1)" : "")
@@ -983,6 +1019,11 @@ int real_main(int argc, char** argv) {
                    "op (default: one row per op type) | node (one row per node or generated kernel, with the IR "
                    "nodes it fuses); implies --profile")
       ->check(CLI::IsMember({"op", "node"}));
+  bool bench_compare_static = false;
+  bench->add_flag("--compare_static", bench_compare_static,
+                  "with --shape_mode symbolic: also time the static program of exactly each shape the symbolic "
+                  "program runs (variable-length data: a program per batch length, compared per length seen; a "
+                  "synthetic batch: the --shape length, as --shape_mode pad,symbolic)");
   int bench_row_limit = 25;
   bench->add_option("--profile_row_limit", bench_row_limit,
                     "rows of the profile table before one \"(N other keys)\" row; 0: every key (as the row_limit "
@@ -1087,7 +1128,7 @@ int real_main(int argc, char** argv) {
     if (*bench)
       return cmd_bench(bench_flags, bench_warmup, bench_steps,
                        bench_profile || bench->count("--profile_by") > 0 || bench->count("--profile_row_limit") > 0,
-                       bench_profile_by, bench_row_limit);
+                       bench_profile_by, bench_row_limit, bench_compare_static);
     if (*inspect && inspect_memory && inspect_precision)
       throw Failure{2, "inspect: give one of --memory and --precision"};
     if (*inspect && inspect_pipeline && (inspect_memory || inspect_precision))

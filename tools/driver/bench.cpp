@@ -70,7 +70,7 @@ struct Variant {
 /// The variants of `cfg`'s backend x remat_policy x optim x shape_mode lists, each item
 /// once. On fixed-shape data --shape_mode pad,symbolic compares the static program of the
 /// --shape length with the symbolic program run at that length (--compare_static).
-std::vector<Variant> bench_variants(const TrainConfig& cfg, bool* by_policy) {
+std::vector<Variant> bench_variants(const TrainConfig& cfg, bool compare_static, bool* by_policy) {
   auto split = [](const std::string& text) {  // validated items, each once
     std::vector<std::string> items;
     for (const std::string& item : runtime::comma_list(text))
@@ -87,6 +87,9 @@ std::vector<Variant> bench_variants(const TrainConfig& cfg, bool* by_policy) {
     const std::string item = m == "symbolic" ? m : "pad";
     if (std::find(shape_items.begin(), shape_items.end(), item) == shape_items.end()) shape_items.push_back(item);
   }
+  // --compare_static: the symbolic program against the static one of its shape.
+  if (compare_static && std::find(shape_items.begin(), shape_items.end(), "pad") == shape_items.end())
+    shape_items.insert(shape_items.begin(), "pad");
   std::vector<Variant> variants;
   for (const std::string& b : backend_items)
     for (const std::string& p : policy_items)
@@ -207,6 +210,14 @@ Status timed_bench_step(BenchRun& r) {
 
 Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream& err) {
   TrainConfig cfg = opts.config;
+  if (opts.compare_static) {
+    const std::vector<std::string> modes = runtime::comma_list(cfg.shape_mode);
+    if (std::find(modes.begin(), modes.end(), "symbolic") == modes.end())
+      return Status::error(
+          "--compare_static: compares a symbolic program with static ones (add symbolic to "
+          "--shape_mode, got '" +
+          cfg.shape_mode + "')");
+  }
   if (runtime::is_sequence_data(cfg.train_data)) {
     if (runtime::comm::launch_info().world_size > 1)
       return Status::error("kiln bench: variable-length data is benchmarked on one process (run it without mpirun)");
@@ -225,7 +236,7 @@ Status run_bench(const BenchOptions& opts, std::ostream& out_given, std::ostream
   // steps interleaved so that the machine's load falls on each alike (ratios from one
   // run, not absolute times).
   bool by_policy = false;
-  const std::vector<Variant> variants = bench_variants(cfg, &by_policy);
+  const std::vector<Variant> variants = bench_variants(cfg, opts.compare_static, &by_policy);
   std::vector<std::string> backends;
   for (const Variant& v : variants) backends.push_back(v.label);
   std::vector<Run> runs(backends.size());

@@ -33,6 +33,11 @@ struct BenchOptions {
   bool profile = false;           ///< print a profile table per variant of the timed steps
   std::string profile_by = "op";  ///< profile rows per "op" or per "node"
   int profile_row_limit = 25;     ///< profile rows before the rest is summed (0: every row)
+  /// --compare_static: with a symbolic shape mode, also time the static program of
+  /// exactly each shape the symbolic program runs (variable-length data: the program of
+  /// each batch length, specialize without a recompile limit, compared per length seen;
+  /// a synthetic batch: the static variant of the --shape length is added).
+  bool compare_static = false;
   /// Makes the pass context of the builds (--print-ir-after, --dump-ir-dir: one subfolder
   /// per variant when there are several, ...); called once, before the first build (the
   /// command line parses its pass flags there, after the warm-up note). Empty: defaults.

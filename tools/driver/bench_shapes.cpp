@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <vector>
@@ -51,6 +53,9 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
   std::vector<std::string> modes;
   for (const std::string& m : runtime::comma_list(cfg.shape_mode))
     if (std::find(modes.begin(), modes.end(), m) == modes.end()) modes.push_back(m);
+  // --compare_static: "static", the program of exactly each batch length (specialize
+  // without a recompile limit), on the same batches as the symbolic program.
+  if (opts.compare_static) modes.push_back("static");
   for (const char* list : {"backend", "remat_policy", "optim"}) {
     const std::string& v = std::string(list) == "backend" ? cfg.backend
                            : std::string(list) == "optim" ? cfg.optim
@@ -88,7 +93,8 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
     ModeRun& r = runs[i];
     r.mode = modes[i];
     r.cfg = base;
-    r.cfg.shape_mode = modes[i];
+    r.cfg.shape_mode = modes[i] == "static" ? "specialize" : modes[i];
+    if (modes[i] == "static") r.cfg.recompile_limit = std::numeric_limits<int32_t>::max();
     r.cfg.cache_dir = (cache_root / modes[i]).string();  // cold: nothing cached yet
     r.programs.emplace(r.cfg, nullptr, total, nullptr);
     r.programs->set_longest_row(ds->max_length());
@@ -127,6 +133,7 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
   // Warm: every program of the mode again, from the program cache its cold run filled.
   for (ModeRun& r : runs) {
     ShapePrograms warm(r.cfg, nullptr, total, nullptr);
+    warm.set_longest_row(ds->max_length());  // the cold run's bound (a symbolic program's key)
     for (const auto& [shape, prog] : r.programs->programs())
       if (auto g = warm.get(shape, "warm"); !g) return g.status();
     r.warm_s = warm.seconds();
@@ -198,6 +205,29 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
     for (auto& [len, t] : r.by_len)
       out << " " << len << ": " << runtime::format_time(bench_median(t)) << " (" << t.size() << ")";
     out << "\n";
+  }
+  if (opts.compare_static) {
+    // Per length the symbolic program ran at: its median step against the static
+    // program's of that length (the same batches), and the geometric mean of the ratios.
+    const ModeRun* sym = nullptr;
+    const ModeRun* fixed = nullptr;
+    for (const ModeRun& r : runs) {
+      if (r.mode == "symbolic") sym = &r;
+      if (r.mode == "static") fixed = &r;
+    }
+    out << "symbolic against the static program of each length (--compare_static), median step:";
+    double log_sum = 0;
+    int n = 0;
+    for (const auto& [len, t] : sym->by_len) {
+      auto it = fixed->by_len.find(len);
+      if (it == fixed->by_len.end()) continue;
+      const double a = bench_median(t), b = bench_median(it->second);
+      out << " " << len << ": " << runtime::format_time(a) << " / " << runtime::format_time(b) << " = "
+          << bench_fmt("%.3f", b > 0 ? a / b : 0);
+      if (a > 0 && b > 0) log_sum += std::log(a / b), ++n;
+    }
+    out << "\n  geometric mean over " << n << " lengths: " << bench_fmt("%.3f", n ? std::exp(log_sum / n) : 0)
+        << " (per kernel: kiln bench --shape SEQ=LEN --shape_mode pad,symbolic --profile_by node)\n";
   }
   out << "rebuilds: programs built after step 1 (the compile time of those steps is left out of their step time); "
          "peak measured: the step's transient peak plus the state and every step arena of the mode's programs\n";

@@ -23,6 +23,7 @@
 #include "runtime/trainer.h"
 #include "tools/driver/logs.h"
 #include "tools/driver/pipeline.h"
+#include "tools/driver/train_run.h"
 
 namespace kiln::driver {
 
@@ -395,14 +396,38 @@ const std::vector<std::string>& compiled_pipeline() {
   return p;
 }
 
-std::map<std::string, int64_t> symbolic_bounds(const Graph& g, const runtime::TrainConfig& cfg, int64_t batch) {
-  std::map<std::string, int64_t> bounds;
+std::map<std::string, int64_t> symbol_values(const Graph& g, int64_t batch, int64_t length) {
+  std::map<std::string, int64_t> values;
   for (const Value* in : g.inputs)
     for (int k = 0; k < in->shape.rank(); ++k)
       if (in->shape.dims[k].is_symbolic())
-        for (const std::string& s : in->shape.dims[k].expr.symbols())
-          bounds.emplace(s, k == 0 ? batch : cfg.max_length);
-  return bounds;
+        for (const std::string& s : in->shape.dims[k].expr.symbols()) values.emplace(s, k == 0 ? batch : length);
+  return values;
+}
+
+std::map<std::string, int64_t> symbolic_bounds(const Graph& g, const runtime::TrainConfig& cfg, int64_t batch) {
+  return symbol_values(g, batch, cfg.max_length);
+}
+
+Expected<std::vector<std::pair<int64_t, int64_t>>> epoch_batch_shapes(const runtime::TrainConfig& cfg) {
+  if (!runtime::is_sequence_data(cfg.train_data))
+    return Status::error("--train_data: the batch shapes of an epoch need variable-length rows (.jsonl or .idx)");
+  auto raw = runtime::load_raw_data(cfg.train_data);
+  if (!raw) return raw.status().with_context("--train_data");
+  KILN_ASSIGN_OR_RETURN(auto module, import_model(cfg.model, cfg.untie_initializers));
+  KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(*module, cfg.model, cfg.shape, false, nullptr));
+  const runtime::ProgramSignature sig = model_signature(*forward, cfg);
+  KILN_RETURN_IF_ERROR(check_data_values(*raw, "--train_data", sig, cfg));
+  auto ds = runtime::Dataset::bind(*raw, sig.forward_specs, data_options(cfg));
+  if (!ds) return ds.status().with_context("--train_data");
+  const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (int64_t b = 0, n = ds->steps_per_epoch(rows); b < n; ++b) {
+    const int64_t in_batch = ds->rows_in_batch(b, rows);
+    const int64_t need = std::max<int64_t>(1, ds->train_batch_length(cfg.seed, 0, b, rows, 0, in_batch));
+    shapes.push_back({in_batch, cfg.max_length > 0 ? std::min(need, cfg.max_length) : need});
+  }
+  return shapes;
 }
 
 Expected<TrainingProgram> build_training_program(const runtime::TrainConfig& cfg, passes::PassContext* dbg,

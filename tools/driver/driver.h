@@ -106,6 +106,17 @@ Expected<passes::MemoryPlan> plan_step_arena_layout(const ir::Graph& g);
 /// when no input dim is symbolic. What a symbolic program is checked, planned and
 /// autocast at.
 std::map<std::string, int64_t> symbolic_bounds(const ir::Graph& g, const runtime::TrainConfig& cfg, int64_t batch);
+/// The values of the symbols left in `g`'s inputs for a batch of `batch` rows of
+/// `length` tokens (the model's input length): a batch dim (dim 0) at `batch`, every
+/// other at `length`.
+std::map<std::string, int64_t> symbol_values(const ir::Graph& g, int64_t batch, int64_t length);
+
+/// The shape of each training batch of epoch 0 of `cfg`'s --train_data (variable-length
+/// rows, in the training order of --seed and --group_by_length; the last partial batch
+/// unless --dataloader_drop_last): (rows, length), the length the batch's longest row
+/// gives the model (at most --max_length). Errors: the
+/// data's (unreadable, not variable-length, out of the model's range).
+Expected<std::vector<std::pair<int64_t, int64_t>>> epoch_batch_shapes(const runtime::TrainConfig& cfg);
 
 /// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule): runs the
 /// stages of training_pipeline(pipeline_options(cfg, total_steps, to_f64))
