@@ -20,6 +20,7 @@
 #include "runtime/buckets.h"
 #include "runtime/data.h"
 #include "runtime/metrics.h"
+#include "runtime/profile.h"
 #include "runtime/trainer.h"
 #include "tools/driver/bench.h"
 #include "tools/driver/driver.h"
@@ -44,6 +45,7 @@ struct ModeRun {
   std::map<int64_t, std::vector<double>> by_len;  // padded length -> step seconds
   int64_t peak = 0;                               // measured step peak
   double warm_s = 0;                              // the same programs from the program cache
+  runtime::OpProfile profile;                     // --profile: the timed steps' ops or nodes
 };
 
 }  // namespace
@@ -113,6 +115,10 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
       const double compile_before = r.programs->seconds();
       ir::MemoryStats::reset_peak();
       const int64_t before = ir::MemoryStats::current_bytes();
+      if (k == warmup && opts.profile) {
+        r.profile.set_group(opts.profile_by == "node" ? runtime::ProfileGroup::node : runtime::ProfileGroup::op);
+        r.tr->set_profile(&r.profile);
+      }
       auto st = r.tr->step();
       if (!st) return st.status().with_context("--shape_mode " + r.mode);
       if (k < warmup) continue;
@@ -227,8 +233,19 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
       if (a > 0 && b > 0) log_sum += std::log(a / b), ++n;
     }
     out << "\n  geometric mean over " << n << " lengths: " << bench_fmt("%.3f", n ? std::exp(log_sum / n) : 0)
-        << " (per kernel: kiln bench --shape SEQ=LEN --shape_mode pad,symbolic --profile_by node)\n";
+        << (opts.profile ? "" : " (per kernel: add --profile_by node)") << "\n";
   }
+  // --profile: per op (--profile_by node: per node or generated kernel) over each mode's
+  // timed steps, the same batches in every mode (with --compare_static, the symbolic
+  // program's kernels against those of the static programs of the same lengths).
+  if (opts.profile)
+    for (const ModeRun& r : runs) {
+      const double ops_s = r.profile.total_seconds();
+      out << "profile (" << r.mode << "): " << steps << " timed steps, " << bench_fmt("%.3f", r.step_s * 1e3)
+          << " ms in steps, " << bench_fmt("%.3f", ops_s * 1e3) << " ms in ops ("
+          << bench_fmt("%.1f", r.step_s > 0 ? 100.0 * ops_s / r.step_s : 0.0) << "%)\n"
+          << r.profile.table(opts.profile_row_limit);
+    }
   out << "rebuilds: programs built after step 1 (the compile time of those steps is left out of their step time); "
          "peak measured: the step's transient peak plus the state and every step arena of the mode's programs\n";
   return Status::ok();
