@@ -378,28 +378,33 @@ Expected<Batch> Dataset::first_batch(int64_t rows) const {
   return gather_rows(sel);
 }
 
-int64_t Dataset::num_eval_batches(int64_t rows) const {
+int64_t Dataset::num_eval_batches(int64_t rows, bool with_partial) const {
   if (rows <= 0) return 0;
   if (tokens_) {
     // Non-overlapping windows available: (n-1) / T.
     int64_t windows = (static_cast<int64_t>(tokens_->size()) - 1) / block_size_;
     return std::min(max_eval_batches_, windows / rows);
   }
-  return num_rows() / rows;
+  return with_partial ? (num_rows() + rows - 1) / rows : num_rows() / rows;
+}
+
+int64_t Dataset::eval_rows_in_batch(int64_t index, int64_t rows) const {
+  if (tokens_) return rows;
+  return std::max<int64_t>(0, std::min(rows, num_rows() - index * rows));
 }
 
 int64_t Dataset::eval_batch_length(int64_t index, int64_t rows) const {
-  if (!seqs_ || index < 0 || index >= num_eval_batches(rows)) return 0;
-  std::vector<int64_t> sel(rows);
-  for (int64_t i = 0; i < rows; ++i) sel[i] = index * rows + i;
+  if (!seqs_ || index < 0 || index >= num_eval_batches(rows, true)) return 0;
+  std::vector<int64_t> sel(static_cast<size_t>(eval_rows_in_batch(index, rows)));
+  for (size_t i = 0; i < sel.size(); ++i) sel[i] = index * rows + static_cast<int64_t>(i);
   return sequence_batch_length(sel);
 }
 
 Expected<Batch> Dataset::eval_batch(int64_t index, int64_t rows, int64_t pad_to) const {
-  int64_t nb = num_eval_batches(rows);
+  int64_t nb = num_eval_batches(rows, true);
   if (index < 0 || index >= nb)
     return Status::error("eval batch " + std::to_string(index) + " out of range (" + std::to_string(nb) + " batches)");
-  std::vector<int64_t> sel(rows);
+  std::vector<int64_t> sel(static_cast<size_t>(eval_rows_in_batch(index, rows)));
   if (tokens_) {
     // nb*rows windows spread at a regular stride over [0, n-T-1].
     int64_t W = nb * rows;
@@ -408,7 +413,7 @@ Expected<Batch> Dataset::eval_batch(int64_t index, int64_t rows, int64_t pad_to)
     for (int64_t i = 0; i < rows; ++i) sel[i] = (index * rows + i) * stride;
     return token_windows(sel);
   }
-  for (int64_t i = 0; i < rows; ++i) sel[i] = index * rows + i;
+  for (size_t i = 0; i < sel.size(); ++i) sel[i] = index * rows + static_cast<int64_t>(i);
   if (seqs_) return sequence_batch(sel, pad_to);
   return gather_rows(sel);
 }

@@ -197,8 +197,14 @@ class Dataset {
   /// The first `rows` rows in file order (arrays) or windows at 0, T, 2T, ... (tokens).
   Expected<Batch> first_batch(int64_t rows) const;
   /// Number of sequential eval batches of `rows` rows.
-  int64_t num_eval_batches(int64_t rows) const;
-  /// Eval batch `index` (sequential, not shuffled); sequences padded to `pad_to` (0: its longest row).
+  /// `with_partial`: also the last partial batch of the remaining rows (arrays and
+  /// sequences, for a program whose batch dim is symbolic; a token file's eval windows
+  /// come in whole batches).
+  int64_t num_eval_batches(int64_t rows, bool with_partial = false) const;
+  /// Rows of eval batch `index`: `rows`, or fewer for the last partial batch.
+  int64_t eval_rows_in_batch(int64_t index, int64_t rows) const;
+  /// Eval batch `index` (sequential, not shuffled; the last partial one too, see
+  /// num_eval_batches); sequences padded to `pad_to` (0: its longest row).
   Expected<Batch> eval_batch(int64_t index, int64_t rows, int64_t pad_to = 0) const;
   /// Sequences: the longest row of eval batch `index` (0 for fixed-length data).
   int64_t eval_batch_length(int64_t index, int64_t rows) const;

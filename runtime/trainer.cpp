@@ -328,6 +328,8 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
   // A program whose batch dim is symbolic runs every row count (runtime/shapes.h).
   t.symbolic_rows_ =
       t.chooser_ && t.chooser_->mode() == ShapeMode::symbolic && symbolic_rows(*graphs.train_step, graphs.data_inputs);
+  t.eval_partial_ = t.symbolic_rows_ && eval_data && !eval_data->is_tokens() && graphs.eval &&
+                    symbolic_rows(*graphs.eval, graphs.data_inputs);
   KILN_ASSIGN_OR_RETURN(t.first_, t.add_variant(t.program_key(shape), graphs));
   t.first_shape_ = shape;
   t.last_shape_ = shape;
@@ -504,7 +506,7 @@ Status Trainer::prepare_programs() {
     }
   }
   if (eval_ && chooser_)
-    for (int64_t i = 0; i < eval_->num_eval_batches(eval_rows_); ++i) {
+    for (int64_t i = 0; i < eval_->num_eval_batches(eval_rows_, eval_partial_); ++i) {
       const int64_t len = chooser_->choose(eval_->eval_batch_length(i, eval_rows_)).length;
       bool have = false;
       for (auto& [k, v] : variants_) have |= k.length == program_key({0, 0, len}).length;
@@ -810,8 +812,10 @@ Expected<StepResult> Trainer::step(const Batch* given) {
 
 Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
   if (!eval_ || !g_.eval) return Status::error("evaluate: no eval data or eval graph");
-  const int64_t nb = eval_->num_eval_batches(eval_rows_);
-  double loss_sum = 0;
+  const int64_t nb = eval_->num_eval_batches(eval_rows_, eval_partial_);
+  double loss_sum = 0, row_loss_sum = 0;  // per batch; weighted by the batch's rows
+  int64_t rows_seen = 0;
+  bool partial = false;
   int64_t correct = 0, counted = 0;
   bool acc_ok = cfg_.loss == "cross_entropy" && !g_.label_input.empty();
   if (bar) bar->start(nb);
@@ -870,7 +874,12 @@ Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
       return nullptr;
     };
     const Tensor* loss = output("loss");
-    loss_sum += loss && loss->numel() >= 1 ? loss->get_f64(0) : std::nan("");
+    const double l = loss && loss->numel() >= 1 ? loss->get_f64(0) : std::nan("");
+    const int64_t rows = eval_->eval_rows_in_batch(i, eval_rows_);
+    loss_sum += l;
+    row_loss_sum += l * static_cast<double>(rows);
+    rows_seen += rows;
+    partial = partial || rows < eval_rows_;
     if (acc_ok) {
       const Tensor* lg = output(v->g.logits_output);
       if (!lg) lg = output("logits");
@@ -886,7 +895,9 @@ Expected<std::map<std::string, double>> Trainer::evaluate(ProgressBar* bar) {
     }
   }
   std::map<std::string, double> m;
-  m["eval_loss"] = loss_sum / static_cast<double>(nb);
+  // A partial last batch weighs by its rows (Hugging Face's Trainer repeats each batch's
+  // mean loss once per row); whole batches alone keep the plain mean of batch losses.
+  m["eval_loss"] = partial ? row_loss_sum / static_cast<double>(rows_seen) : loss_sum / static_cast<double>(nb);
   if (acc_ok && counted > 0) m["eval_accuracy"] = static_cast<double>(correct) / static_cast<double>(counted);
   return m;
 }
@@ -960,7 +971,7 @@ Expected<TrainResult> Trainer::run() {
       return tb.write_metrics(j);
     }
   } metrics{metrics_file, tensorboard};
-  if (eval_) {
+  if (eval_ && !eval_partial_) {
     int64_t used = eval_->num_eval_batches(eval_rows_) * eval_rows_;
     const int64_t whole = eval_->num_rows() / eval_rows_ * eval_rows_;
     if (used < whole)
@@ -969,9 +980,7 @@ Expected<TrainResult> Trainer::run() {
           << " windows of a token file, to keep evaluation short)\n";
     else if (used < eval_->num_rows())
       out << "note: evaluation uses " << used << " of " << eval_->num_rows() << " eval rows (whole batches of "
-          << eval_rows_
-          << (symbolic_rows_ ? ": evaluation does not run a partial batch yet, symbolic program or not)\n"
-                             : ": the program is compiled for one static batch shape)\n");
+          << eval_rows_ << ": the program is compiled for one static batch shape)\n";
   }
   out << "training: " << train_->num_rows() << " rows, " << steps_per_epoch_ << " steps/epoch of " << job_rows_
       << " rows"

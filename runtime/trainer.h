@@ -220,6 +220,9 @@ class Trainer {
   /// when that program's batch dim is symbolic too.
   StepShape program_key(StepShape shape) const;
   bool symbolic_rows_ = false;  ///< the first program's batch dim is symbolic
+  /// The eval program's batch dim is symbolic too: evaluation runs the eval data's last
+  /// partial batch on it (its loss weighted by its rows, as Hugging Face's Trainer).
+  bool eval_partial_ = false;
   /// step_shape without the padded length: rows and microbatches of step `step`.
   StepShape step_rows(int64_t step) const;
   /// The program of `shape`: loaded, or asked of TrainerOptions::programs with `reason`.

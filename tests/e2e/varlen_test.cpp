@@ -1,6 +1,7 @@
 // Variable-length training (issue 31): padding and masking leave the loss and gradients
 // unchanged, every --shape_mode trains the same losses on the same batches, and the
 // programs each mode builds are logged with their reasons.
+#include <cmath>
 #include <random>
 #include <set>
 #include <sstream>
@@ -660,6 +661,52 @@ TEST(VarLen, InspectMemoryPerShapeEqualsTheStaticProgramOfThatShape) {
   EXPECT_EQ(checked, 2) << text;
   EXPECT_EQ(batches, 3) << text;  // 12 rows in batches of 4
   EXPECT_NE(text.find("mean live peak over the epoch's batches: "), std::string::npos) << text;
+}
+
+TEST(VarLen, SymbolicEvaluationRunsTheLastPartialEvalBatch) {
+  // A symbolic-batch program evaluates all 10 eval rows in batches of 4 (4, 4 and a
+  // partial 2 on the same program), the partial batch's loss weighted by its rows as
+  // Hugging Face's Trainer does. Every eval row has 12 tokens, so the row-weighted mean
+  // equals the mean over rows: eval_loss equals the runs with batches of 1 and 5 (whole
+  // batches) within 1e-6 relative. pad mode still evaluates whole batches and says so.
+  const std::string dir = fresh_tmpdir("varlen_eval_partial");
+  const std::string train = write_rows(dir, 24, 20, 47);
+  runtime::SequenceSet ev;
+  ev.file = dir + "/eval.jsonl";
+  std::mt19937_64 rng(53);
+  for (int i = 0; i < 10; ++i) {
+    for (int j = 0; j < 13; ++j) ev.tokens.push_back(static_cast<int32_t>(rng() % 96));
+    ev.offsets.push_back(static_cast<int64_t>(ev.tokens.size()));
+  }
+  ASSERT_TRUE(runtime::write_jsonl_dataset(ev, ev.file));
+  auto eval_loss = [&](const std::string& mode, int batch, std::string* log) {
+    const std::string out = dir + "/out_" + mode + std::to_string(batch);
+    auto [code, text] = shell("'" + kKiln + "' train " + kHf + "gpt2/logits_dynamo.onnx --train_data " + train +
+                              " --eval_data " + ev.file + " --shape_mode " + mode +
+                              " --max_steps 2 --per_device_train_batch_size 4 --disable_tqdm --seed 3 "
+                              "--per_device_eval_batch_size " +
+                              std::to_string(batch) + " --output_dir " + out);
+    EXPECT_EQ(code, 0) << text;
+    if (log) *log = text;
+    std::ifstream f(out + "/metrics.jsonl");
+    std::string line;
+    double loss = std::nan("");
+    while (std::getline(f, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("eval_loss")) loss = j["eval_loss"].get<double>();
+    }
+    return loss;
+  };
+  std::string log4;
+  const double l4 = eval_loss("symbolic", 4, &log4), l1 = eval_loss("symbolic", 1, nullptr),
+               l5 = eval_loss("symbolic", 5, nullptr);
+  ASSERT_TRUE(std::isfinite(l4)) << log4;
+  EXPECT_NEAR(l4, l1, 1e-6 * std::fabs(l1));
+  EXPECT_NEAR(l4, l5, 1e-6 * std::fabs(l5));
+  EXPECT_EQ(log4.find("evaluation uses"), std::string::npos) << log4;
+  std::string pad_log;
+  eval_loss("pad", 4, &pad_log);
+  EXPECT_NE(pad_log.find("evaluation uses 8 of 10 eval rows"), std::string::npos) << pad_log;
 }
 
 TEST(VarLen, SymbolicRefusalsOfCompileAndInspectAreOneLine) {
