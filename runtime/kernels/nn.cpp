@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <string>
 #include <type_traits>
 
 #include "runtime/kernels/kernels.h"
@@ -136,9 +138,44 @@ std::vector<int64_t> padded_strides(const OperandView& v, bool is_a, size_t r) {
 /// product prepared for the input dims and dtypes it was first called with.
 struct MatmulNodeCache {
   std::vector<int64_t> a, b, c;  ///< dims of inputs A, B and C (empty without C)
-  DType in_dt, out_dt;
+  DType in_dt = DType::undefined, out_dt = DType::undefined;
   std::shared_ptr<onednn::PreparedMatmul> prim;
+  /// A node of a symbolic program (its graph shape names a symbol): per operand layout
+  /// (OperandKey), the calls seen and the layout's own product once made (see
+  /// matmul_into).
+  struct Seen {
+    int64_t calls = 0;
+    std::shared_ptr<onednn::PreparedMatmul> prim;
+  };
+  std::map<std::string, Seen> shapes;
 };
+
+/// Calls of one operand layout that a symbolic program's product runs on oneDNN's
+/// shape-generic primitive (onednn::matmul_any_shape) before it makes the layout's own:
+/// a length seen once or twice (the first epoch of variable-length data) costs no
+/// primitive creation (0.2-1.8 ms each), one that recurs gets the faster kernel (up to
+/// 2x in bf16) from its third call on.
+constexpr int64_t kOwnPrimitiveAfter = 3;
+
+/// The operands of a product as one 2-D product (M = the rows of A's leading dims) when
+/// A is row-major and B has no batch dims other than 1; false otherwise.
+bool as_2d(const onednn::Operand& a, const onednn::Operand& b, const std::vector<int64_t>& c_dims, onednn::Operand& a2,
+           onednn::Operand& b2, std::vector<int64_t>& c2) {
+  const size_t r = a.dims.size();
+  if (r < 2 || b.dims.size() != r || c_dims.size() != r) return false;
+  if (r > 2 && !a.strides.empty() && a.strides != ir::strides_of(a.dims)) return false;
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (b.dims[i] != 1) return false;
+  const int64_t K = a.dims[r - 1], N = b.dims[r - 1];
+  int64_t M = 1;
+  for (size_t i = 0; i + 1 < r; ++i) M *= a.dims[i];
+  a2 = {a.data, {M, K}, r == 2 ? a.strides : std::vector<int64_t>{}};
+  b2 = {b.data,
+        {K, N},
+        b.strides.empty() ? std::vector<int64_t>{} : std::vector<int64_t>{b.strides[r - 2], b.strides[r - 1]}};
+  c2 = {M, N};
+  return true;
+}
 
 std::vector<int64_t> dims_of_input(const KernelContext& ctx, int i) {
   return ctx.has_input(i) ? ctx.in(i).dims() : std::vector<int64_t>{};
@@ -164,6 +201,32 @@ Status in_node(Status st, const KernelContext& ctx) { return st ? st : st.with_c
 /// direct primitive applies. Errors: onednn::matmul's.
 Status matmul_into(KernelContext& ctx, const onednn::Operand& a, const onednn::Operand& b, Tensor& y,
                    const onednn::Operand* bias) {
+  const ir::Value* out = ctx.node.outputs.empty() ? nullptr : ctx.node.outputs[0];
+  if (ctx.cache && out && !out->shape.is_static()) {
+    // A symbolic program's product: its lengths change from call to call. Each layout
+    // runs on the shape-generic primitive for its first calls, then on its own
+    // primitive, kept per layout in the node's cache.
+    if (!*ctx.cache) *ctx.cache = std::make_shared<MatmulNodeCache>();
+    auto& nc = *static_cast<MatmulNodeCache*>(ctx.cache->get());
+    std::string key = std::to_string(static_cast<int>(ctx.in(0).dtype())) + "/" +
+                      std::to_string(static_cast<int>(y.dtype())) + (bias ? "b" : "");
+    for (const auto* v : {&a.dims, &a.strides, &b.dims, &b.strides, &y.dims()}) {
+      key += '|';
+      for (int64_t d : *v) key += std::to_string(d) + ",";
+    }
+    if (bias)
+      for (int64_t d : bias->dims) key += std::to_string(d) + ",";
+    MatmulNodeCache::Seen& seen = nc.shapes[key];
+    ++seen.calls;
+    if (!seen.prim && seen.calls >= kOwnPrimitiveAfter)
+      seen.prim = onednn::prepare_matmul(a, b, y.dims(), ctx.in(0).dtype(), y.dtype(), bias);
+    if (seen.prim) return onednn::run_matmul(*seen.prim, a.data, b.data, y.raw(), bias ? bias->data : nullptr);
+    onednn::Operand a2, b2;
+    std::vector<int64_t> c2;
+    if (seen.calls < kOwnPrimitiveAfter && !bias && as_2d(a, b, y.dims(), a2, b2, c2))
+      if (onednn::matmul_any_shape(a2, b2, y.raw(), c2, ctx.in(0).dtype(), y.dtype())) return Status::ok();
+    return onednn::matmul(a, b, y.raw(), y.dims(), ctx.in(0).dtype(), y.dtype(), bias);
+  }
   auto p = onednn::prepare_matmul(a, b, y.dims(), ctx.in(0).dtype(), y.dtype(), bias);
   if (!p) return onednn::matmul(a, b, y.raw(), y.dims(), ctx.in(0).dtype(), y.dtype(), bias);
   if (ctx.cache)

@@ -352,6 +352,49 @@ Status run_matmul(PreparedMatmul& p, const void* a, const void* b, void* c, cons
   return Status::ok();
 }
 
+Status matmul_any_shape(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims,
+                        ir::DType in_dt, ir::DType out_dt) {
+  if (a.dims.size() != 2 || b.dims.size() != 2 || c_dims.size() != 2)
+    return Status::error("matmul_any_shape: 2-D operands only");
+  const Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
+  // Each operand row-major (format ab) or transposed (ba): oneDNN 2.6 has a gemm
+  // implementation for run-time dims with these layouts, only its reference code for
+  // run-time strides.
+  auto layout = [](const Operand& o) {
+    if (o.strides.empty() || o.strides == row_major(o.dims)) return 0;
+    if (o.strides == std::vector<int64_t>{1, o.dims[0]}) return 1;
+    return -1;
+  };
+  const int la = layout(a), lb = layout(b);
+  if (la < 0 || lb < 0) return Status::error("matmul_any_shape: operands row-major or transposed only");
+  const std::string key = "mm_any_" + std::to_string(static_cast<int>(idt)) + "_" +
+                          std::to_string(static_cast<int>(odt)) + (la ? "_ta" : "") + (lb ? "_tb" : "");
+  auto prim = get_or_build(key, [&] {
+    using tag = memory::format_tag;
+    const memory::dims rt{DNNL_RUNTIME_DIM_VAL, DNNL_RUNTIME_DIM_VAL};
+    dnnl::matmul::primitive_desc pd(
+        dnnl::matmul::desc(memory::desc(rt, idt, la ? tag::ba : tag::ab), memory::desc(rt, idt, lb ? tag::ba : tag::ab),
+                           memory::desc(rt, odt, tag::ab)),
+        engine());
+    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
+      throw dnnl::error(dnnl_unimplemented, "only the reference implementation takes run-time dims");
+    return dnnl::primitive(dnnl::matmul(pd));
+  });
+  if (!prim->ok) return unimplemented("matmul", *prim);
+  try {
+    static thread_local dnnl::stream s(engine());
+    const std::vector<int64_t> as = a.strides.empty() ? row_major(a.dims) : a.strides;
+    const std::vector<int64_t> bs = b.strides.empty() ? row_major(b.dims) : b.strides;
+    prim->prim.execute(s, {{DNNL_ARG_SRC, mem(md(a.dims, idt, as), a.data)},
+                           {DNNL_ARG_WEIGHTS, mem(md(b.dims, idt, bs), b.data)},
+                           {DNNL_ARG_DST, mem(md(c_dims, odt), c)}});
+    s.wait();
+  } catch (const dnnl::error& e) {
+    return Status::error(std::string("oneDNN execution failed: ") + e.what());
+  }
+  return Status::ok();
+}
+
 Status matmul(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims, ir::DType in_dt,
               ir::DType out_dt, const Operand* bias) {
   if (auto p = prepare_matmul(a, b, c_dims, in_dt, out_dt, bias))

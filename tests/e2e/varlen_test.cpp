@@ -404,14 +404,29 @@ int compare_symbolic_to_static(const std::string& model, const std::string& dir,
     }
     const auto a = grads_of(*sprog, feeds), b = grads_of(*prog, feeds);
     EXPECT_FALSE(a.empty() || b.empty()) << model << " len " << len;
+    // The global L2 norm of the static program's gradients.
+    double global = 0;
+    for (auto& [name, tb] : b)
+      if (name.find(".grad") != std::string::npos)
+        for (int64_t i = 0; i < tb.numel(); ++i) global += tb.get_f64(i) * tb.get_f64(i);
+    global = std::sqrt(global);
     for (auto& [name, tb] : b) {
       if (name != "loss" && name.find(".grad") == std::string::npos) continue;
       if (!a.count(name)) {
         ADD_FAILURE() << model << " len " << len << ": the symbolic program has no " << name;
         continue;
       }
-      // Same ops on the same data in the same order: only the shapes' origin differs.
-      EXPECT_LE(rel_diff(a.at(name), tb), tol) << model << " len " << len << " " << name;
+      // The same ops on the same data; the products of a shape the symbolic program has
+      // not seen run on oneDNN's shape-generic kernels, which round differently. A
+      // gradient that is zero in exact arithmetic (a key bias: softmax does not change
+      // when a row's scores all shift by one value) is rounding noise on both sides,
+      // whose relative difference means nothing: its difference is measured against
+      // 1e-3 of the global gradient norm instead of its own norm.
+      double norm = 0;
+      for (int64_t i = 0; i < tb.numel(); ++i) norm += tb.get_f64(i) * tb.get_f64(i);
+      norm = std::sqrt(norm);
+      const double scale = name == "loss" ? norm : std::max(norm, 1e-3 * global);
+      EXPECT_LE(rel_diff(a.at(name), tb) * norm, tol * scale) << model << " len " << len << " " << name;
       ++compared;
     }
   }

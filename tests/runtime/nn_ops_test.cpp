@@ -15,6 +15,7 @@
 
 #include "ir/op_table.h"
 #include "runtime/interpreter.h"
+#include "runtime/kernels/onednn.h"
 #include "tests/runtime/op_test_util.h"
 
 using namespace kiln;
@@ -804,3 +805,57 @@ TEST(NnOps, MaxPoolF32PathEqualsGenericPath) {
     EXPECT_EQ(bad, 0);
   }
 }
+
+namespace kiln::runtime {
+namespace {
+
+TEST(NnOps, ShapeGenericMatmulMatchesFloat64) {
+  // onednn::matmul_any_shape (one primitive with run-time dims per dtype pair and
+  // layout, what a symbolic program's product runs on a shape it has not seen) against
+  // float64 loops: f32 within 1e-5 relative to the largest |C|, every layout (A and B
+  // row-major or transposed), shapes with dims of 1 among them; bf16 operands within 1e-2.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  struct Case {
+    int64_t M, K, N;
+  };
+  for (ir::DType dt : {ir::DType::f32, ir::DType::bf16})
+    for (Case c : {Case{1, 1, 1}, Case{3, 5, 7}, Case{17, 64, 33}, Case{1, 64, 256}, Case{96, 1, 12}, Case{130, 70, 1}})
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+          std::vector<float> a(static_cast<size_t>(c.M * c.K)), b(static_cast<size_t>(c.K * c.N));
+          for (float& x : a) x = u(rng);
+          for (float& x : b) x = u(rng);
+          // A (M, K) stored row-major or as its transpose (K, M); B likewise.
+          auto at = [&](int64_t m, int64_t k) { return a[static_cast<size_t>(ta ? k * c.M + m : m * c.K + k)]; };
+          auto bt = [&](int64_t k, int64_t n) { return b[static_cast<size_t>(tb ? n * c.K + k : k * c.N + n)]; };
+          std::vector<uint16_t> a16(a.size()), b16(b.size());
+          if (dt == ir::DType::bf16) {
+            for (size_t i = 0; i < a.size(); ++i) a16[i] = ir::f32_to_bf16(a[i]), a[i] = ir::bf16_to_f32(a16[i]);
+            for (size_t i = 0; i < b.size(); ++i) b16[i] = ir::f32_to_bf16(b[i]), b[i] = ir::bf16_to_f32(b16[i]);
+          }
+          const void* pa = dt == ir::DType::bf16 ? static_cast<const void*>(a16.data()) : a.data();
+          const void* pb = dt == ir::DType::bf16 ? static_cast<const void*>(b16.data()) : b.data();
+          const kernels::onednn::Operand A{pa, {c.M, c.K}, ta ? std::vector<int64_t>{1, c.M} : std::vector<int64_t>{}};
+          const kernels::onednn::Operand B{pb, {c.K, c.N}, tb ? std::vector<int64_t>{1, c.K} : std::vector<int64_t>{}};
+          std::vector<float> got(static_cast<size_t>(c.M * c.N), std::nanf(""));
+          Status st = kernels::onednn::matmul_any_shape(A, B, got.data(), {c.M, c.N}, dt, ir::DType::f32);
+          ASSERT_TRUE(st.is_ok()) << st.message();
+          double scale = 0;
+          std::vector<double> ref(got.size());
+          for (int64_t m = 0; m < c.M; ++m)
+            for (int64_t n = 0; n < c.N; ++n) {
+              double s = 0;
+              for (int64_t k = 0; k < c.K; ++k) s += static_cast<double>(at(m, k)) * bt(k, n);
+              ref[static_cast<size_t>(m * c.N + n)] = s;
+              scale = std::max(scale, std::fabs(s));
+            }
+          const double tol = (dt == ir::DType::bf16 ? 1e-2 : 1e-5) * std::max(1.0, scale);
+          for (size_t i = 0; i < got.size(); ++i)
+            ASSERT_NEAR(got[i], ref[i], tol) << c.M << "x" << c.K << "x" << c.N << " ta " << ta << " tb " << tb
+                                             << " dtype " << ir::dtype_name(dt) << " element " << i;
+        }
+}
+
+}  // namespace
+}  // namespace kiln::runtime
