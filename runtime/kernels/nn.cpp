@@ -201,8 +201,13 @@ Status in_node(Status st, const KernelContext& ctx) { return st ? st : st.with_c
 /// direct primitive applies. Errors: onednn::matmul's.
 Status matmul_into(KernelContext& ctx, const onednn::Operand& a, const onednn::Operand& b, Tensor& y,
                    const onednn::Operand* bias) {
-  const ir::Value* out = ctx.node.outputs.empty() ? nullptr : ctx.node.outputs[0];
-  if (ctx.cache && out && !out->shape.is_static()) {
+  // A node of a symbolic program: an operand's or the result's graph shape names a
+  // symbol (a weight gradient X^T dY has a static result and a symbolic K).
+  bool symbolic = false;
+  for (const auto* vs : {&ctx.node.inputs, &ctx.node.outputs})
+    for (const ir::Value* v : *vs)
+      for (size_t d = 0; v && d < v->shape.dims.size(); ++d) symbolic = symbolic || v->shape.dims[d].is_symbolic();
+  if (ctx.cache && symbolic) {
     // A symbolic program's product: its lengths change from call to call. Each layout
     // runs on the shape-generic primitive for its first calls, then on its own
     // primitive, kept per layout in the node's cache.
@@ -223,8 +228,14 @@ Status matmul_into(KernelContext& ctx, const onednn::Operand& a, const onednn::O
     if (seen.prim) return onednn::run_matmul(*seen.prim, a.data, b.data, y.raw(), bias ? bias->data : nullptr);
     onednn::Operand a2, b2;
     std::vector<int64_t> c2;
-    if (seen.calls < kOwnPrimitiveAfter && !bias && as_2d(a, b, y.dims(), a2, b2, c2))
-      if (onednn::matmul_any_shape(a2, b2, y.raw(), c2, ctx.in(0).dtype(), y.dtype())) return Status::ok();
+    if (seen.calls < kOwnPrimitiveAfter && !bias) {
+      // One 2-D product where the leading dims flatten (a Linear layer), else the
+      // batched one (attention), on the shape-generic primitive of their layout.
+      if (as_2d(a, b, y.dims(), a2, b2, c2) &&
+          onednn::matmul_any_shape(a2, b2, y.raw(), c2, ctx.in(0).dtype(), y.dtype()))
+        return Status::ok();
+      if (onednn::matmul_any_shape(a, b, y.raw(), y.dims(), ctx.in(0).dtype(), y.dtype())) return Status::ok();
+    }
     return onednn::matmul(a, b, y.raw(), y.dims(), ctx.in(0).dtype(), y.dtype(), bias);
   }
   auto p = onednn::prepare_matmul(a, b, y.dims(), ctx.in(0).dtype(), y.dtype(), bias);

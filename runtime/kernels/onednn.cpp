@@ -354,28 +354,51 @@ Status run_matmul(PreparedMatmul& p, const void* a, const void* b, void* c, cons
 
 Status matmul_any_shape(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims,
                         ir::DType in_dt, ir::DType out_dt) {
-  if (a.dims.size() != 2 || b.dims.size() != 2 || c_dims.size() != 2)
-    return Status::error("matmul_any_shape: 2-D operands only");
+  const size_t r = c_dims.size();
+  if (r < 2 || r > 4 || a.dims.size() != r || b.dims.size() != r)
+    return Status::error("matmul_any_shape: operands of rank 2 to 4");
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (a.dims[i] != c_dims[i] || b.dims[i] != c_dims[i])
+      return Status::error("matmul_any_shape: broadcast batch dims");  // fixed when the primitive is made
   const Dt idt = to_dnnl(in_dt), odt = to_dnnl(out_dt);
-  // Each operand row-major (format ab) or transposed (ba): oneDNN 2.6 has a gemm
-  // implementation for run-time dims with these layouts, only its reference code for
-  // run-time strides.
-  auto layout = [](const Operand& o) {
-    if (o.strides.empty() || o.strides == row_major(o.dims)) return 0;
-    if (o.strides == std::vector<int64_t>{1, o.dims[0]}) return 1;
+  // Each operand a dense tensor in some order of its dims (a transposed or permuted
+  // view), named by its oneDNN format tag: oneDNN 2.6 has a gemm implementation for
+  // run-time dims with format tags, only its reference code for run-time strides.
+  using tag = memory::format_tag;
+  static const std::vector<std::pair<std::string, tag>> tags = {
+      {"ab", tag::ab},     {"ba", tag::ba},     {"abc", tag::abc},   {"acb", tag::acb},
+      {"bac", tag::bac},   {"abcd", tag::abcd}, {"abdc", tag::abdc}, {"acbd", tag::acbd},
+      {"acdb", tag::acdb}, {"adbc", tag::adbc}, {"adcb", tag::adcb}, {"bacd", tag::bacd}};
+  // The tag whose dense strides (dims in the tag's order, the last fastest) are the
+  // operand's; dims of extent 1 match any stride.
+  auto tag_of = [&](const Operand& o) -> int {
+    const std::vector<int64_t> st = o.strides.empty() ? row_major(o.dims) : o.strides;
+    for (size_t t = 0; t < tags.size(); ++t) {
+      const std::string& order = tags[t].first;
+      if (order.size() != r) continue;
+      bool ok = true;
+      int64_t step = 1;
+      for (size_t k = r; k-- > 0 && ok;) {
+        const size_t d = static_cast<size_t>(order[k] - 'a');
+        ok = o.dims[d] == 1 || st[d] == step;
+        step *= o.dims[d];
+      }
+      if (ok) return static_cast<int>(t);
+    }
     return -1;
   };
-  const int la = layout(a), lb = layout(b);
-  if (la < 0 || lb < 0) return Status::error("matmul_any_shape: operands row-major or transposed only");
+  const int ta = tag_of(a), tb = tag_of(b);
+  if (ta < 0 || tb < 0) return Status::error("matmul_any_shape: an operand is not a dense tensor in a known order");
   const std::string key = "mm_any_" + std::to_string(static_cast<int>(idt)) + "_" +
-                          std::to_string(static_cast<int>(odt)) + (la ? "_ta" : "") + (lb ? "_tb" : "");
+                          std::to_string(static_cast<int>(odt)) + "_" + tags[static_cast<size_t>(ta)].first + "_" +
+                          tags[static_cast<size_t>(tb)].first;
   auto prim = get_or_build(key, [&] {
-    using tag = memory::format_tag;
-    const memory::dims rt{DNNL_RUNTIME_DIM_VAL, DNNL_RUNTIME_DIM_VAL};
-    dnnl::matmul::primitive_desc pd(
-        dnnl::matmul::desc(memory::desc(rt, idt, la ? tag::ba : tag::ab), memory::desc(rt, idt, lb ? tag::ba : tag::ab),
-                           memory::desc(rt, odt, tag::ab)),
-        engine());
+    const memory::dims rt(r, DNNL_RUNTIME_DIM_VAL);
+    static const tag dense[] = {tag::undef, tag::undef, tag::ab, tag::abc, tag::abcd};
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(memory::desc(rt, idt, tags[static_cast<size_t>(ta)].second),
+                                                       memory::desc(rt, idt, tags[static_cast<size_t>(tb)].second),
+                                                       memory::desc(rt, odt, dense[r])),
+                                    engine());
     if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
       throw dnnl::error(dnnl_unimplemented, "only the reference implementation takes run-time dims");
     return dnnl::primitive(dnnl::matmul(pd));

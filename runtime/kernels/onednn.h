@@ -55,7 +55,9 @@ Status run_matmul(PreparedMatmul& p, const void* a, const void* b, void* c, cons
 /// once and run at any shape, so a shape seen for the first time costs no primitive of
 /// its own (creating one took 0.2-0.7 ms on AVX-512 / AMX; the shape's own primitive
 /// runs up to 2.5x faster in bf16, where oneDNN 2.6 has no AMX kernel with run-time
-/// dims, and alike in f32). A and B 2-D, each row-major or transposed (strides {1, rows});
+/// dims, and alike in f32). Rank 2 to 4, batch dims equal (no broadcast); A and B each a
+/// dense tensor in some order of its dims (a transposed or permuted view: one of the
+/// oneDNN format tags ab, ba, abc, acb, bac, abcd, abdc, acbd, acdb, adbc, adcb, bacd);
 /// C dense. Errors: another layout, oneDNN has no implementation with run-time dims
 /// ("no matmul implementation"; the caller takes another way), or the execution failed.
 Status matmul_any_shape(const Operand& a, const Operand& b, void* c, const std::vector<int64_t>& c_dims,

@@ -857,5 +857,46 @@ TEST(NnOps, ShapeGenericMatmulMatchesFloat64) {
         }
 }
 
+TEST(NnOps, ShapeGenericBatchedMatmulOfPermutedViewsMatchesFloat64) {
+  // The batched form: A (2, 3, 5, 4) read as a permuted view of a (2, 5, 3, 4) buffer
+  // (attention's q, format acbd) or row-major, B (2, 3, 4, 6) as a view of (2, 6, 3, 4)
+  // (k transposed, adbc) or row-major; f32 within 1e-5 of float64 loops. A view in an
+  // order oneDNN has no tag for is refused (the caller makes the shape's own primitive).
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t Bt = 2, H = 3, S = 5, D = 4, T = 6;
+  std::vector<float> a(static_cast<size_t>(Bt * H * S * D)), b(static_cast<size_t>(Bt * H * D * T));
+  for (float& x : a) x = u(rng);
+  for (float& x : b) x = u(rng);
+  for (int pa = 0; pa < 2; ++pa)
+    for (int pb = 0; pb < 2; ++pb) {
+      // Element strides of the (b, h, s, d) and (b, h, d, t) views.
+      const std::vector<int64_t> as = pa ? std::vector<int64_t>{S * H * D, D, H * D, 1} : ir::strides_of({Bt, H, S, D});
+      const std::vector<int64_t> bs = pb ? std::vector<int64_t>{T * H * D, D, 1, H * D} : ir::strides_of({Bt, H, D, T});
+      std::vector<float> got(static_cast<size_t>(Bt * H * S * T), std::nanf(""));
+      Status st = kernels::onednn::matmul_any_shape({a.data(), {Bt, H, S, D}, as}, {b.data(), {Bt, H, D, T}, bs},
+                                                    got.data(), {Bt, H, S, T}, ir::DType::f32, ir::DType::f32);
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      for (int64_t i = 0; i < Bt; ++i)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t s = 0; s < S; ++s)
+            for (int64_t t = 0; t < T; ++t) {
+              double ref = 0;
+              for (int64_t d = 0; d < D; ++d)
+                ref += static_cast<double>(a[static_cast<size_t>(i * as[0] + h * as[1] + s * as[2] + d * as[3])]) *
+                       b[static_cast<size_t>(i * bs[0] + h * bs[1] + d * bs[2] + t * bs[3])];
+              ASSERT_NEAR(got[static_cast<size_t>(((i * H + h) * S + s) * T + t)], ref,
+                          1e-5 * std::max(1.0, std::fabs(ref)))
+                  << "views " << pa << pb << " at " << i << "," << h << "," << s << "," << t;
+            }
+    }
+  // (b, h, s, d) over a (s, b, h, d) buffer: an order without a oneDNN tag here.
+  std::vector<float> got(static_cast<size_t>(Bt * H * S * T));
+  Status st = kernels::onednn::matmul_any_shape({a.data(), {Bt, H, S, D}, {H * D, D, Bt * H * D, 1}},
+                                                {b.data(), {Bt, H, D, T}, {}}, got.data(), {Bt, H, S, T},
+                                                ir::DType::f32, ir::DType::f32);
+  EXPECT_FALSE(st.is_ok());
+}
+
 }  // namespace
 }  // namespace kiln::runtime
