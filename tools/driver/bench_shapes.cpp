@@ -66,12 +66,6 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
       return Status::error(std::string("--") + list +
                            ": one value with variable-length data (kiln bench compares --shape_mode lists there)");
   }
-  auto raw = runtime::load_raw_data(cfg.train_data);
-  if (!raw) return raw.status().with_context("--train_data");
-  KILN_ASSIGN_OR_RETURN(auto module, import_model(cfg.model, cfg.untie_initializers));
-  KILN_ASSIGN_OR_RETURN(auto forward, specialize_model(*module, cfg.model, cfg.shape, false, nullptr));
-  const runtime::ProgramSignature sig = model_signature(*forward, cfg);
-  KILN_RETURN_IF_ERROR(check_data_values(*raw, "--train_data", sig, cfg));
   const int steps = opts.steps, warmup = std::max(opts.warmup, 1);
   const int64_t total = warmup + steps;
   // The same batches in every mode: length-grouped order for all (buckets needs it;
@@ -79,9 +73,9 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
   TrainConfig base = cfg;
   base.group_by_length = true;
   base.max_steps = total;
+  auto ds = bind_train_data(base);
+  if (!ds) return ds.status();
   if (!cfg.group_by_length) err << "kiln: note: every mode trains length-grouped batches (--group_by_length)\n";
-  auto ds = runtime::Dataset::bind(*raw, sig.forward_specs, data_options(base));
-  if (!ds) return ds.status().with_context("--train_data");
   const fs::path cache_root = fs::temp_directory_path() / ("kiln_bench_shapes_" + std::to_string(::getpid()));
   struct Cleanup {
     fs::path p;

@@ -409,9 +409,7 @@ std::map<std::string, int64_t> symbolic_bounds(const Graph& g, const runtime::Tr
   return symbol_values(g, batch, cfg.max_length);
 }
 
-Expected<std::vector<std::pair<int64_t, int64_t>>> epoch_batch_shapes(const runtime::TrainConfig& cfg) {
-  if (!runtime::is_sequence_data(cfg.train_data))
-    return Status::error("--train_data: the batch shapes of an epoch need variable-length rows (.jsonl or .idx)");
+Expected<runtime::Dataset> bind_train_data(const runtime::TrainConfig& cfg) {
   auto raw = runtime::load_raw_data(cfg.train_data);
   if (!raw) return raw.status().with_context("--train_data");
   KILN_ASSIGN_OR_RETURN(auto module, import_model(cfg.model, cfg.untie_initializers));
@@ -420,6 +418,14 @@ Expected<std::vector<std::pair<int64_t, int64_t>>> epoch_batch_shapes(const runt
   KILN_RETURN_IF_ERROR(check_data_values(*raw, "--train_data", sig, cfg));
   auto ds = runtime::Dataset::bind(*raw, sig.forward_specs, data_options(cfg));
   if (!ds) return ds.status().with_context("--train_data");
+  return std::move(*ds);
+}
+
+Expected<std::vector<std::pair<int64_t, int64_t>>> epoch_batch_shapes(const runtime::TrainConfig& cfg) {
+  if (!runtime::is_sequence_data(cfg.train_data))
+    return Status::error("--train_data: the batch shapes of an epoch need variable-length rows (.jsonl or .idx)");
+  KILN_ASSIGN_OR_RETURN(runtime::Dataset data, bind_train_data(cfg));
+  const runtime::Dataset* ds = &data;
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   std::vector<std::pair<int64_t, int64_t>> shapes;
   for (int64_t b = 0, n = ds->steps_per_epoch(rows); b < n; ++b) {

@@ -111,6 +111,10 @@ std::map<std::string, int64_t> symbolic_bounds(const ir::Graph& g, const runtime
 /// other at `length`.
 std::map<std::string, int64_t> symbol_values(const ir::Graph& g, int64_t batch, int64_t length);
 
+/// `cfg`'s --train_data bound to the inputs of its model (--model, --shape) as the
+/// trainer binds it (data_options). Errors: the data's or the model's, naming the flag.
+Expected<runtime::Dataset> bind_train_data(const runtime::TrainConfig& cfg);
+
 /// The shape of each training batch of epoch 0 of `cfg`'s --train_data (variable-length
 /// rows, in the training order of --seed and --group_by_length; the last partial batch
 /// unless --dataloader_drop_last): (rows, length), the length the batch's longest row
