@@ -115,7 +115,8 @@ struct Kernel {
   std::vector<std::string> fused_nodes;  ///< IR node names the kernel computes (for dumps)
   /// A symbolic kernel may hold specialized versions chosen at launch by a guard (a row
   /// program whose run-time innermost row extent is a multiple of the vector width runs
-  /// whole vectors, with no remainder loop); false (--symbolic_versions off, the
+  /// whole vectors, with no remainder loop; one shorter than a vector runs one masked
+  /// vector iteration); false (--symbolic_versions off, the
   /// FusedKernel's kiln_symbolic_versions = 0): the generic form only. Printed as
   /// `generic` in to_string(); no effect on a static kernel.
   bool versions = true;

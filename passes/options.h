@@ -101,8 +101,9 @@ struct LoweringOptions {
   bool widen_f16_gemm = false;   ///< the same for f16
   int fusion_min_nodes = 1;      ///< smallest pointwise group fusion makes a kernel of
   bool multi_tensor = true;      ///< false: multi_tensor leaves the graph as it is
-  /// --symbolic_versions: symbolic row kernels also hold a whole-vectors version chosen
-  /// at launch (false: fusion marks them kiln_symbolic_versions = 0, the generic form only).
+  /// --symbolic_versions: symbolic row kernels also hold whole-vectors and short-row
+  /// versions chosen at launch (false: fusion marks them kiln_symbolic_versions = 0, the
+  /// generic form only).
   bool symbolic_versions = true;
 };
 

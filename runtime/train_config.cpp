@@ -308,8 +308,9 @@ std::vector<ConfigField> config_fields(TrainConfig& c) {
        "histogram, or the lengths themselves: 32,64,128"},
       {"symbolic_versions", Kind::str, &c.symbolic_versions,
        "--shape_mode symbolic, compiled backend: on (default) | off. on: a generated row kernel with a run-time "
-       "row length also holds a specialized version chosen at launch by a guard (a row length that is a multiple "
-       "of the vector width: no scalar remainder loop); off: the generic kernel only"},
+       "row length also holds specialized versions chosen at launch by a guard (a row length that is a multiple "
+       "of the vector width: no scalar remainder loop; one shorter than a vector: one masked vector iteration); "
+       "off: the generic kernel only"},
       {"recompile_limit", Kind::i64, &c.recompile_limit,
        "--shape_mode specialize: programs built before batches pad up to a built length (Dynamo's default 8)"},
       {"group_by_length", Kind::boolean, &c.group_by_length,

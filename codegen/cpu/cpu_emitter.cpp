@@ -573,7 +573,7 @@ llvm::Value* KernelEmitter::reduce_step(const KStore& s, llvm::Value* acc, llvm:
 
 /// for (i = lo; i < hi; ++i) body(i); the builder ends at the loop exit.
 void KernelEmitter::for_range(llvm::Value* lo, llvm::Value* hi, const std::function<void(llvm::Value*)>& body,
-                              int vector_width) {
+                              int vector_width, bool predicated) {
   llvm::BasicBlock* pre = B_.GetInsertBlock();
   llvm::BasicBlock* loop = llvm::BasicBlock::Create(C_, "loop", F_);
   llvm::BasicBlock* exit = llvm::BasicBlock::Create(C_, "loop.end");
@@ -593,7 +593,10 @@ void KernelEmitter::for_range(llvm::Value* lo, llvm::Value* hi, const std::funct
                                llvm::ConstantAsMetadata::get(B_.getInt32(vector_width))};
     llvm::Metadata* inter[] = {llvm::MDString::get(C_, "llvm.loop.interleave.count"),
                                llvm::ConstantAsMetadata::get(B_.getInt32(1))};
-    llvm::Metadata* ops[] = {nullptr, llvm::MDNode::get(C_, width), llvm::MDNode::get(C_, inter)};
+    llvm::Metadata* pred[] = {llvm::MDString::get(C_, "llvm.loop.vectorize.predicate.enable"),
+                              llvm::ConstantAsMetadata::get(B_.getInt1(true))};
+    std::vector<llvm::Metadata*> ops = {nullptr, llvm::MDNode::get(C_, width), llvm::MDNode::get(C_, inter)};
+    if (predicated) ops.push_back(llvm::MDNode::get(C_, pred));
     llvm::MDNode* md = llvm::MDNode::getDistinct(C_, ops);
     md->replaceOperandWith(0, md);
     latch->setMetadata(llvm::LLVMContext::MD_loop, md);

@@ -115,9 +115,11 @@ class KernelEmitter {
   llvm::Value* reduce_step(const KStore& s, llvm::Value* acc, llvm::Value* v, bool reassoc);
 
   // ---- control flow
-  /// for (i = lo; i < hi; ++i) body(i), with a vectorize.width hint when vector_width > 0;
-  /// the builder ends at the loop exit.
-  void for_range(llvm::Value* lo, llvm::Value* hi, const std::function<void(llvm::Value*)>& body, int vector_width = 0);
+  /// for (i = lo; i < hi; ++i) body(i), with a vectorize.width hint when vector_width > 0
+  /// (`predicated`: and tail folding into masked vector operations); the builder ends
+  /// at the loop exit.
+  void for_range(llvm::Value* lo, llvm::Value* hi, const std::function<void(llvm::Value*)>& body, int vector_width = 0,
+                 bool predicated = false);
   /// if (begin < end) body().
   void guard_once(const std::function<void()>& body);
   /// Lower and upper bound of dim d's loop ([begin, end) for the parallel dim).

@@ -155,7 +155,7 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
   if (!symbolic_row) {
     for (size_t i = 0; i < ne; ++i)
       if (scratch.first[i] > 0) scratch_buf[i] = e_.entry_alloca(e_.reg_type(k_.exprs[i].dtype), i64c(scratch.row));
-    emit_passes(red, idx, scratch, scratch_buf, false);
+    emit_passes(red, idx, scratch, scratch_buf, LoopSchedule::Trip::any);
     return;
   }
   // A two-way branch at the row; both arms end at `done`.
@@ -174,18 +174,26 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
     done->insertInto(e_.function());
     B_.SetInsertPoint(done);
   };
-  // The whole-vectors version (BladeDISC-style speculation on the extent, Nimble's
-  // residue dispatch): an innermost extent that is a multiple of the vector width.
+  // The specialized versions (BladeDISC-style speculation on the extent, Nimble's
+  // residue dispatch): an innermost extent that is a multiple of the vector width (no
+  // remainder loop), and one shorter than a vector (one masked vector iteration).
+  using Trip = LoopSchedule::Trip;
   const Extent& inner = k_.domain[red.back()];
   const int vw = row_vector_width(e_.features(), std::numeric_limits<int64_t>::max());
   auto with_versions = [&](const RowScratch& s, const std::vector<llvm::Value*>& buf) {
     if (!k_.versions || vw <= 1 || inner.is_constant()) {
-      emit_passes(red, idx, s, buf, false);
+      emit_passes(red, idx, s, buf, Trip::any);
       return;
     }
     branch(
         B_.CreateICmpEQ(B_.CreateURem(e_.ext(inner), i64c(vw)), i64c(0)), "row.whole",
-        [&] { emit_passes(red, idx, s, buf, true); }, [&] { emit_passes(red, idx, s, buf, false); });
+        [&] { emit_passes(red, idx, s, buf, Trip::whole_vectors); },
+        [&] {
+          branch(
+              B_.CreateICmpSLT(e_.ext(inner), i64c(vw)), "row.short",
+              [&] { emit_passes(red, idx, s, buf, Trip::short_row); },
+              [&] { emit_passes(red, idx, s, buf, Trip::any); });
+        });
   };
   int64_t elem_bytes = 0;  // scratch bytes per row element
   for (size_t i = 0; i < ne; ++i)
@@ -210,12 +218,12 @@ void RowProgramEmitter::emit(const std::vector<int>& red, std::vector<llvm::Valu
   std::fill(none.first.begin(), none.first.end(), 0);
   branch(
       fits, "row.kept", [&] { with_versions(scratch, scratch_buf); },
-      [&] { emit_passes(red, idx, none, std::vector<llvm::Value*>(ne, nullptr), false); });
+      [&] { emit_passes(red, idx, none, std::vector<llvm::Value*>(ne, nullptr), Trip::any); });
 }
 
 void RowProgramEmitter::emit_passes(const std::vector<int>& red, std::vector<llvm::Value*>& idx,
                                     const RowScratch& scratch, const std::vector<llvm::Value*>& scratch_buf,
-                                    bool whole_vectors) {
+                                    LoopSchedule::Trip trip) {
   const size_t ne = k_.exprs.size(), ns = k_.stores.size();
   auto varies = [&](const KStore& s) { return k_.varies_along_reduced(s); };
   const int passes = k_.row_passes();
@@ -304,7 +312,7 @@ void RowProgramEmitter::emit_passes(const std::vector<int>& red, std::vector<llv
         row_vector_width(e_.features(), static_extent(k_.domain[red.back()]) < 0
                                             ? std::numeric_limits<int64_t>::max()
                                             : static_extent(k_.domain[red.back()])),
-        whole_vectors);
+        trip);
     for (size_t i = 0; i < ne; ++i)
       if (acc[i]) {
         const KExpr& e = k_.exprs[i];

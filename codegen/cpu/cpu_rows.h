@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/cpu/cpu_schedule.h"
 #include "codegen/kernel_ir.h"
 #include "llvm/IR/IRBuilder.h"
 #include "llvm/IR/Module.h"
@@ -21,7 +22,6 @@
 namespace kiln::codegen::cpu {
 
 class KernelEmitter;
-class LoopSchedule;
 
 /// Which expressions of a row program are computed once per row and reloaded: see
 /// row_scratch_plan.
@@ -59,14 +59,15 @@ class RowProgramEmitter {
   /// symbolic row with a scratch plan keeps its values in stack arrays of the run-time
   /// row length when they fit kRowScratchBytes, else recomputes them (a loop-invariant
   /// guard). With Kernel::versions, a symbolic innermost row extent that is a multiple
-  /// of the vector width also takes a whole-vectors version (no scalar remainder loop).
+  /// of the vector width takes a whole-vectors version (no scalar remainder loop), and
+  /// one shorter than a vector a short-row version (one masked vector iteration).
   void emit(const std::vector<int>& red, std::vector<llvm::Value*>& idx);
 
  private:
   /// The passes of one row with `scratch` (its arrays in `buf`; none when scratch.row == 0);
-  /// `whole_vectors`: see LoopSchedule::reduced_loops.
+  /// `trip`: see LoopSchedule::Trip.
   void emit_passes(const std::vector<int>& red, std::vector<llvm::Value*>& idx, const RowScratch& scratch,
-                   const std::vector<llvm::Value*>& buf, bool whole_vectors);
+                   const std::vector<llvm::Value*>& buf, LoopSchedule::Trip trip);
   llvm::Value* i64c(int64_t v) { return B_.getInt64(static_cast<uint64_t>(v)); }
 
   KernelEmitter& e_;

@@ -122,23 +122,23 @@ void LoopSchedule::kept_loops(const std::vector<int>& kept, size_t ki, const std
 }
 
 void LoopSchedule::reduced_loops(const std::vector<int>& red, size_t ri, std::vector<llvm::Value*>& idx,
-                                 const std::function<void()>& body, int vector_width, bool whole_vectors) {
+                                 const std::function<void()>& body, int vector_width, Trip trip) {
   if (ri == red.size()) {
     body();
     return;
   }
   const int d = red[ri];
   const bool inner = ri + 1 == red.size();
-  llvm::Value* trip = e_.ext(k_.domain[d]);
-  if (inner && whole_vectors && vector_width > 1)
-    trip = B_.CreateNUWMul(B_.CreateUDiv(trip, i64c(vector_width)), i64c(vector_width));
+  llvm::Value* count = e_.ext(k_.domain[d]);
+  if (inner && trip == Trip::whole_vectors && vector_width > 1)
+    count = B_.CreateNUWMul(B_.CreateUDiv(count, i64c(vector_width)), i64c(vector_width));
   e_.for_range(
-      i64c(0), trip,
+      i64c(0), count,
       [&](llvm::Value* i) {
         idx[d] = i;
-        reduced_loops(red, ri + 1, idx, body, vector_width, whole_vectors);
+        reduced_loops(red, ri + 1, idx, body, vector_width, trip);
       },
-      inner ? vector_width : 0);
+      inner ? vector_width : 0, inner && trip == Trip::short_row);
   idx[d] = nullptr;
 }
 

@@ -33,13 +33,18 @@ class LoopSchedule {
   /// parallel dim and extent (and split_parts, scratch_bytes for a split reduction).
   void emit(CpuKernel& ck);
 
+  /// What the caller has checked about the innermost reduced extent e (a symbolic row's
+  /// specialized versions): `whole_vectors`: e is a multiple of the vector width w, and
+  /// the trip count is written (e / w) * w, which the vectorizer then knows needs no
+  /// scalar remainder; `short_row`: e < w, and the loop is vectorized with its tail
+  /// folded into masked vector operations (llvm.loop.vectorize.predicate.enable), one
+  /// masked iteration instead of e scalar ones.
+  enum class Trip { any, whole_vectors, short_row };
+
   /// Nested loops over the reduced dims red[ri..] (setting idx), then body(); the
   /// innermost loop carries `vector_width` as a vectorize.width hint when > 0.
-  /// `whole_vectors`: the caller has checked that the innermost extent is a multiple of
-  /// vector_width, and its trip count is written (e / w) * w, which the vectorizer then
-  /// knows needs no scalar remainder.
   void reduced_loops(const std::vector<int>& red, size_t ri, std::vector<llvm::Value*>& idx,
-                     const std::function<void()>& body, int vector_width = 0, bool whole_vectors = false);
+                     const std::function<void()>& body, int vector_width = 0, Trip trip = Trip::any);
 
  private:
   void store_point(const std::vector<llvm::Value*>& idx);
