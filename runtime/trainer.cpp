@@ -350,7 +350,7 @@ Expected<Trainer> Trainer::create(const TrainConfig& cfg, const TrainGraphs& giv
       }
   }
   t.eval_rows_ = graphs.eval_rows > 0 ? graphs.eval_rows : cfg.per_device_eval_batch_size;
-  if (eval_data && eval_data->num_eval_batches(t.eval_rows_) <= 0)
+  if (eval_data && eval_data->num_eval_batches(t.eval_rows_, t.eval_partial_) <= 0)
     return Status::error("--eval_data " + eval_data->files() + ": " + std::to_string(eval_data->num_rows()) +
                          " rows, fewer than one eval batch of " + std::to_string(t.eval_rows_) +
                          " (--per_device_eval_batch_size)");

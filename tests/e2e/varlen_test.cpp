@@ -620,7 +620,9 @@ TEST(VarLen, BenchCompareStaticTimesEachLengthAgainstItsStaticProgram) {
   ASSERT_NE(at, std::string::npos) << text;
   const std::string cmp = text.substr(at, text.find('\n', at) - at);
   for (int64_t len : sym) EXPECT_NE(cmp.find(" " + std::to_string(len) + ": "), std::string::npos) << cmp;
-  EXPECT_NE(text.find("geometric mean over " + std::to_string(sym.size()) + " lengths"), std::string::npos) << text;
+  EXPECT_NE(text.find("(cold: the static program's first run) over " + std::to_string(sym.size()) + " lengths"),
+            std::string::npos)
+      << text;
   // The static mode's programs: one per length (warm-up steps' lengths included).
   std::istringstream lines(text);
   std::string line;
@@ -726,9 +728,11 @@ TEST(VarLen, SymbolicEvaluationRunsTheLastPartialEvalBatch) {
 
 TEST(VarLen, SymbolicRefusalsOfCompileAndInspectAreOneLine) {
   // kiln compile builds one static program, so --shape_mode symbolic is refused; kiln
-  // inspect --memory plans a symbolic program at its bound, so it needs --max_length
-  // (the step arena's planning names the flag).
-  // Each: one error line, a non-zero exit, no output folder left behind.
+  // inspect --memory plans a symbolic program at its bound: --max_length, else the
+  // longest row of variable-length --train_data (as kiln train), else one error line
+  // naming --max_length. A missing data file or a list of modes is one error line too,
+  // before any plan is printed.
+  // Each refusal: one error line, a non-zero exit, no output folder left behind.
   const std::string dir = fresh_tmpdir("varlen_symbolic_refusals");
   const std::string data = write_rows(dir, 12, 20, 29);
   const std::string model = kHf + "gpt2/logits_dynamo.onnx";
@@ -741,9 +745,17 @@ TEST(VarLen, SymbolicRefusalsOfCompileAndInspectAreOneLine) {
   EXPECT_FALSE(std::filesystem::exists(out)) << text;
   auto [code2, text2] = shell("'" + kKiln + "' inspect " + model + " --train_data " + data +
                               " --shape_mode symbolic --per_device_train_batch_size 2 --memory");
-  EXPECT_NE(code2, 0) << text2;
-  EXPECT_EQ(count_of(text2, "kiln: error: "), 1) << text2;
-  EXPECT_NE(text2.find("--max_length"), std::string::npos) << text2;
+  EXPECT_EQ(code2, 0) << text2;
+  EXPECT_NE(text2.find("symbolic program, planned at its bound: batch=2 seq="), std::string::npos) << text2;
+  for (const std::string& bad :
+       std::vector<std::string>{" --shape_mode symbolic", " --shape_mode symbolic,pad --max_length 20",
+                                " --train_data " + dir + "/missing.jsonl --shape_mode symbolic --max_length 20"}) {
+    auto [c, t] = shell("'" + kKiln + "' inspect " + model + bad + " --per_device_train_batch_size 2 --memory");
+    EXPECT_NE(c, 0) << bad << "\n" << t;
+    EXPECT_EQ(count_of(t, "kiln: error: "), 1) << bad << "\n" << t;
+    EXPECT_EQ(t.find("memory plan"), std::string::npos) << bad << "\n" << t;
+    if (bad == " --shape_mode symbolic") EXPECT_NE(t.find("give --max_length"), std::string::npos) << t;
+  }
   // With the bound it prints the plan at the bound.
   auto [code3, text3] = shell("'" + kKiln + "' inspect " + model + " --train_data " + data +
                               " --shape_mode symbolic --max_length 20 --per_device_train_batch_size 2 --memory");

@@ -754,7 +754,21 @@ int cmd_inspect_precision(ConfigFlags flags, const std::string& model) {
 
 /// One policy's part of `kiln inspect --memory`: builds the program of `cfg`, prints its
 /// plan, and returns its memory profile for --plot.
-driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlags& flags, const std::string& model) {
+driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg_in, const ConfigFlags& flags, const std::string& model) {
+  TrainConfig cfg = cfg_in;
+  if (cfg.shape_mode.find(',') != std::string::npos)
+    throw Failure{2, "--shape_mode " + cfg.shape_mode + ": one mode for kiln inspect (kiln bench compares lists)"};
+  // A symbolic program's bound: --max_length, else (as kiln train) the data's longest row.
+  const bool symbolic_data = cfg.shape_mode == "symbolic" && runtime::is_sequence_data(cfg.train_data);
+  std::vector<std::pair<int64_t, int64_t>> shapes;  // the data's batch shapes (symbolic, with --train_data)
+  if (symbolic_data) {
+    if (cfg.max_length <= 0) cfg.max_length = unwrap(driver::bind_train_data(cfg)).max_length();
+    shapes = unwrap(driver::epoch_batch_shapes(cfg));
+  } else if (cfg.shape_mode == "symbolic" && cfg.max_length <= 0) {
+    throw Failure{2,
+                  "inspect --memory --shape_mode symbolic: the program is planned at its bound: give --max_length "
+                  "(or variable-length --train_data, whose longest row bounds it)"};
+  }
   passes::PassContext dbg = flags.pass_context();
   auto prog = unwrap(driver::build_training_program(cfg, &dbg, false, false, cfg.max_steps > 0 ? cfg.max_steps : 1));
   note_unrun_pass(dbg);
@@ -763,7 +777,9 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlag
   std::unique_ptr<ir::Graph> at_bound;
   if (!bounds.empty()) {
     if (cfg.max_length <= 0)
-      throw Failure{2, "inspect --memory: a symbolic program is planned at its bound: give --max_length"};
+      throw Failure{2,
+                    "inspect --memory: a symbolic program is planned at its bound: give --max_length (or "
+                    "--train_data, whose longest row bounds it)"};
     at_bound = prog.train_step->clone();
     check(ir::bind_symbols(*at_bound, bounds), "memory plan at the bound");
   }
@@ -790,11 +806,10 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg, const ConfigFlag
             << compiled.arena_bytes << " B), " << compiled.in_place_reuses << " in-place reuses\n";
   std::cout << "planned peak for this run: " << passes::human_bytes(eager.peak_bytes) << " (" << eager.peak_bytes
             << " B)\n";
-  if (!bounds.empty() && !cfg.train_data.empty()) {
+  if (!bounds.empty() && !shapes.empty()) {
     // Per batch shape of the data's first epoch: the bytes live at that shape's peak
     // (the program's values at the shape's sizes, planned as at the bound) against the
     // bound's plan, whose offsets every smaller shape uses.
-    const auto shapes = unwrap(driver::epoch_batch_shapes(cfg));
     std::map<std::pair<int64_t, int64_t>, int64_t> seen;  // (rows, length) -> batches
     for (const auto& s : shapes) ++seen[s];
     const int64_t micro = cfg.per_device_train_batch_size;

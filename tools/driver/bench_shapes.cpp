@@ -215,19 +215,33 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
       if (r.mode == "symbolic") sym = &r;
       if (r.mode == "static") fixed = &r;
     }
+    // A step at a length its program has not run before is a cold run: the static
+    // program of that length makes its oneDNN primitives and touches its new step arena
+    // then (the symbolic program runs a new length's first two products per layout on
+    // shape-generic primitives and makes its own on the third). From the third step at
+    // a length on, both run their own primitives (warm); both are summarized apart.
     out << "symbolic against the static program of each length (--compare_static), median step:";
-    double log_sum = 0;
-    int n = 0;
+    double log_cold = 0, log_warm = 0;
+    int n_cold = 0, n_warm = 0;
     for (const auto& [len, t] : sym->by_len) {
       auto it = fixed->by_len.find(len);
       if (it == fixed->by_len.end()) continue;
       const double a = bench_median(t), b = bench_median(it->second);
       out << " " << len << ": " << runtime::format_time(a) << " / " << runtime::format_time(b) << " = "
           << bench_fmt("%.3f", b > 0 ? a / b : 0);
-      if (a > 0 && b > 0) log_sum += std::log(a / b), ++n;
+      if (t[0] > 0 && it->second[0] > 0) log_cold += std::log(t[0] / it->second[0]), ++n_cold;
+      if (t.size() > 2 && it->second.size() > 2) {
+        const double wa = bench_median(std::vector<double>(t.begin() + 2, t.end()));
+        const double wb = bench_median(std::vector<double>(it->second.begin() + 2, it->second.end()));
+        if (wa > 0 && wb > 0) log_warm += std::log(wa / wb), ++n_warm;
+      }
     }
-    out << "\n  geometric mean over " << n << " lengths: " << bench_fmt("%.3f", n ? std::exp(log_sum / n) : 0)
-        << (opts.profile ? "" : " (per kernel: add --profile_by node)") << "\n";
+    out << "\n  geometric mean of the first steps at each length (cold: the static program's first run) over " << n_cold
+        << " lengths: " << bench_fmt("%.3f", n_cold ? std::exp(log_cold / n_cold) : 0)
+        << "; of the third and later steps (warm) over the " << n_warm << " lengths run 3 times or more: "
+        << (n_warm ? bench_fmt("%.3f", std::exp(log_warm / n_warm)) : std::string("none"))
+        << (opts.profile ? "" : " (per kernel: add --profile_by node; steady state at one length: --shape SEQ=N)")
+        << "\n";
   }
   // --profile: per op (--profile_by node: per node or generated kernel) over each mode's
   // timed steps, the same batches in every mode (with --compare_static, the symbolic
