@@ -761,8 +761,13 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg_in, const ConfigF
   // A symbolic program's bound: --max_length, else (as kiln train) the data's longest row.
   const bool symbolic_data = cfg.shape_mode == "symbolic" && runtime::is_sequence_data(cfg.train_data);
   std::vector<std::pair<int64_t, int64_t>> shapes;  // the data's batch shapes (symbolic, with --train_data)
+  // --train_data is read and checked against the model before any plan is printed, as
+  // kiln train reads it (an unreadable or malformed file is one error line).
+  if (!cfg.train_data.empty()) {
+    const runtime::Dataset ds = unwrap(driver::bind_train_data(cfg));
+    if (symbolic_data && cfg.max_length <= 0) cfg.max_length = ds.max_length();
+  }
   if (symbolic_data) {
-    if (cfg.max_length <= 0) cfg.max_length = unwrap(driver::bind_train_data(cfg)).max_length();
     shapes = unwrap(driver::epoch_batch_shapes(cfg));
   } else if (cfg.shape_mode == "symbolic" && cfg.max_length <= 0) {
     throw Failure{2,

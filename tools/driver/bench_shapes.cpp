@@ -43,9 +43,14 @@ struct ModeRun {
   int64_t real_tokens = 0, padded_tokens = 0;
   double step_s = 0;                              // timed steps, compile time excluded
   std::map<int64_t, std::vector<double>> by_len;  // padded length -> step seconds
-  int64_t peak = 0;                               // measured step peak
-  double warm_s = 0;                              // the same programs from the program cache
-  runtime::OpProfile profile;                     // --profile: the timed steps' ops or nodes
+  std::map<int64_t, int64_t> runs_at;             // padded length -> steps run there (warm-up included)
+  // --compare_static: per length, the timed step that was the mode's first run there
+  // (cold), and the timed steps from its third run on (warm).
+  std::map<int64_t, double> cold;
+  std::map<int64_t, std::vector<double>> warm;
+  int64_t peak = 0;            // measured step peak
+  double warm_s = 0;           // the same programs from the program cache
+  runtime::OpProfile profile;  // --profile: the timed steps' ops or nodes
 };
 
 }  // namespace
@@ -115,6 +120,7 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
       }
       auto st = r.tr->step();
       if (!st) return st.status().with_context("--shape_mode " + r.mode);
+      const int64_t nth = ++r.runs_at[shape.length];  // this step is the mode's nth run at its length
       if (k < warmup) continue;
       // The step's own time: a program built during it is compile time, counted apart.
       const double s = std::max(0.0, st->seconds - (r.programs->seconds() - compile_before));
@@ -126,6 +132,8 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
       r.padded_tokens += n * length;
       r.step_s += s;
       r.by_len[length].push_back(s);
+      if (nth == 1) r.cold[length] = s;
+      if (nth >= 3) r.warm[length].push_back(s);
       int64_t state = 0;
       for (auto& [name, t] : r.tr->state()) state += static_cast<int64_t>(t.nbytes());
       r.peak = std::max(r.peak, ir::MemoryStats::peak_bytes() - before + state + r.programs->arena_bytes());
@@ -207,39 +215,47 @@ Status run_shape_bench(const BenchOptions& opts, std::ostream& out, std::ostream
     out << "\n";
   }
   if (opts.compare_static) {
-    // Per length the symbolic program ran at: its median step against the static
-    // program's of that length (the same batches), and the geometric mean of the ratios.
+    // Per length both ran at (the same batches): the symbolic program's step time against
+    // the static program's of that length.
     const ModeRun* sym = nullptr;
     const ModeRun* fixed = nullptr;
     for (const ModeRun& r : runs) {
       if (r.mode == "symbolic") sym = &r;
       if (r.mode == "static") fixed = &r;
     }
-    // A step at a length its program has not run before is a cold run: the static
+    // A timed step that is a program's first run at its length is cold: the static
     // program of that length makes its oneDNN primitives and touches its new step arena
     // then (the symbolic program runs a new length's first two products per layout on
-    // shape-generic primitives and makes its own on the third). From the third step at
-    // a length on, both run their own primitives (warm); both are summarized apart.
-    out << "symbolic against the static program of each length (--compare_static), median step:";
+    // shape-generic primitives and makes its own on the third). From a program's third
+    // run at a length on, both run their own primitives (warm). Per length: the cold
+    // ratio (both first runs timed) and the warm ratio of the medians; then the
+    // geometric mean of each.
+    out << "symbolic / static step time per length (--compare_static; cold: each program's first run at the "
+           "length, warm: median of its third and later runs):\n ";
     double log_cold = 0, log_warm = 0;
     int n_cold = 0, n_warm = 0;
     for (const auto& [len, t] : sym->by_len) {
-      auto it = fixed->by_len.find(len);
-      if (it == fixed->by_len.end()) continue;
-      const double a = bench_median(t), b = bench_median(it->second);
-      out << " " << len << ": " << runtime::format_time(a) << " / " << runtime::format_time(b) << " = "
-          << bench_fmt("%.3f", b > 0 ? a / b : 0);
-      if (t[0] > 0 && it->second[0] > 0) log_cold += std::log(t[0] / it->second[0]), ++n_cold;
-      if (t.size() > 2 && it->second.size() > 2) {
-        const double wa = bench_median(std::vector<double>(t.begin() + 2, t.end()));
-        const double wb = bench_median(std::vector<double>(it->second.begin() + 2, it->second.end()));
-        if (wa > 0 && wb > 0) log_warm += std::log(wa / wb), ++n_warm;
+      if (!fixed->by_len.count(len)) continue;
+      std::string item;
+      auto c1 = sym->cold.find(len), c2 = fixed->cold.find(len);
+      if (c1 != sym->cold.end() && c2 != fixed->cold.end() && c1->second > 0 && c2->second > 0) {
+        item += " cold " + bench_fmt("%.3f", c1->second / c2->second);
+        log_cold += std::log(c1->second / c2->second), ++n_cold;
       }
+      auto w1 = sym->warm.find(len), w2 = fixed->warm.find(len);
+      if (w1 != sym->warm.end() && w2 != fixed->warm.end()) {
+        const double a = bench_median(w1->second), b = bench_median(w2->second);
+        if (a > 0 && b > 0) {
+          item += std::string(item.empty() ? "" : ",") + " warm " + bench_fmt("%.3f", a / b);
+          log_warm += std::log(a / b), ++n_warm;
+        }
+      }
+      if (!item.empty()) out << " " << len << ":" << item;
     }
-    out << "\n  geometric mean of the first steps at each length (cold: the static program's first run) over " << n_cold
-        << " lengths: " << bench_fmt("%.3f", n_cold ? std::exp(log_cold / n_cold) : 0)
-        << "; of the third and later steps (warm) over the " << n_warm << " lengths run 3 times or more: "
-        << (n_warm ? bench_fmt("%.3f", std::exp(log_warm / n_warm)) : std::string("none"))
+    out << "\n  geometric mean: cold "
+        << (n_cold ? bench_fmt("%.3f", std::exp(log_cold / n_cold)) : std::string("none")) << " over " << n_cold
+        << " lengths, warm " << (n_warm ? bench_fmt("%.3f", std::exp(log_warm / n_warm)) : std::string("none"))
+        << " over " << n_warm << " lengths"
         << (opts.profile ? "" : " (per kernel: add --profile_by node; steady state at one length: --shape SEQ=N)")
         << "\n";
   }
