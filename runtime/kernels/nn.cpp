@@ -140,14 +140,14 @@ struct MatmulNodeCache {
   std::vector<int64_t> a, b, c;  ///< dims of inputs A, B and C (empty without C)
   DType in_dt = DType::undefined, out_dt = DType::undefined;
   std::shared_ptr<onednn::PreparedMatmul> prim;
-  /// A node of a symbolic program (its graph shape names a symbol): per operand layout
-  /// (OperandKey), the calls seen and the layout's own product once made (see
-  /// matmul_into).
+  /// A node of a symbolic program (an operand's or its result's graph shape names a
+  /// symbol): per operand layout (dtypes, dims and strides), the calls seen and the
+  /// layout's own product once made (see matmul_into).
   struct Seen {
     int64_t calls = 0;
     std::shared_ptr<onednn::PreparedMatmul> prim;
   };
-  std::map<std::string, Seen> shapes;
+  std::map<std::vector<int64_t>, Seen> shapes;
 };
 
 /// Calls of one operand layout that a symbolic program's product runs on oneDNN's
@@ -213,14 +213,14 @@ Status matmul_into(KernelContext& ctx, const onednn::Operand& a, const onednn::O
     // primitive, kept per layout in the node's cache.
     if (!*ctx.cache) *ctx.cache = std::make_shared<MatmulNodeCache>();
     auto& nc = *static_cast<MatmulNodeCache*>(ctx.cache->get());
-    std::string key = std::to_string(static_cast<int>(ctx.in(0).dtype())) + "/" +
-                      std::to_string(static_cast<int>(y.dtype())) + (bias ? "b" : "");
-    for (const auto* v : {&a.dims, &a.strides, &b.dims, &b.strides, &y.dims()}) {
-      key += '|';
-      for (int64_t d : *v) key += std::to_string(d) + ",";
+    // The layout: dtypes, then each operand's dims and strides, each list after its length.
+    std::vector<int64_t> key = {static_cast<int64_t>(ctx.in(0).dtype()), static_cast<int64_t>(y.dtype())};
+    key.reserve(32);
+    for (const std::vector<int64_t>* v :
+         {&a.dims, &a.strides, &b.dims, &b.strides, &y.dims(), bias ? &bias->dims : nullptr}) {
+      key.push_back(v ? static_cast<int64_t>(v->size()) : -1);
+      if (v) key.insert(key.end(), v->begin(), v->end());
     }
-    if (bias)
-      for (int64_t d : bias->dims) key += std::to_string(d) + ",";
     MatmulNodeCache::Seen& seen = nc.shapes[key];
     ++seen.calls;
     if (!seen.prim && seen.calls >= kOwnPrimitiveAfter)

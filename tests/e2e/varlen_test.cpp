@@ -42,6 +42,15 @@ int count_of(const std::string& text, const std::string& needle) {
   return n;
 }
 
+/// Runs `cmd` and expects a refusal: a non-zero exit and exactly one "kiln: error: " line,
+/// which names `what`.
+void expect_refused(const std::string& cmd, const std::string& what) {
+  auto [code, text] = shell(cmd);
+  EXPECT_NE(code, 0) << text;
+  EXPECT_EQ(count_of(text, "kiln: error: "), 1) << text;
+  EXPECT_NE(text.find(what), std::string::npos) << text;
+}
+
 /// Relative L2 distance of two float tensors of the same size (f64 accumulation).
 double rel_diff(const ir::Tensor& a, const ir::Tensor& ref) {
   if (a.numel() != ref.numel()) return 1e30;
@@ -585,10 +594,7 @@ TEST(VarLen, BenchComparesTheSymbolicProgramWithTheStaticOneAtALength) {
     if (name == "symbolic") EXPECT_NEAR(std::stod(measured), std::stod(planned), 0.01 * std::stod(planned)) << line;
   }
   EXPECT_EQ(rows, 2) << text;
-  auto [code2, text2] = shell(common + "--shape_mode pad,symbolic");
-  EXPECT_NE(code2, 0) << text2;
-  EXPECT_EQ(count_of(text2, "kiln: error: "), 1) << text2;
-  EXPECT_NE(text2.find("--shape seq=N"), std::string::npos) << text2;
+  expect_refused(common + "--shape_mode pad,symbolic", "--shape seq=N");
 }
 
 TEST(VarLen, BenchCompareStaticTimesEachLengthAgainstItsStaticProgram) {
@@ -638,10 +644,7 @@ TEST(VarLen, BenchCompareStaticTimesEachLengthAgainstItsStaticProgram) {
   while (std::getline(lines, line))
     if (line.rfind("static ", 0) == 0) programs = std::stoll(line.substr(6));
   EXPECT_GE(programs, static_cast<int64_t>(sym.size())) << text;
-  auto [code2, text2] = shell(common + "--shape_mode pad,buckets");
-  EXPECT_NE(code2, 0) << text2;
-  EXPECT_EQ(count_of(text2, "kiln: error: "), 1) << text2;
-  EXPECT_NE(text2.find("add symbolic to --shape_mode"), std::string::npos) << text2;
+  expect_refused(common + "--shape_mode pad,buckets", "add symbolic to --shape_mode");
 }
 
 TEST(VarLen, InspectMemoryPerShapeEqualsTheStaticProgramOfThatShape) {

@@ -766,10 +766,9 @@ driver::MemoryProfile inspect_memory_of(const TrainConfig& cfg_in, const ConfigF
   if (!cfg.train_data.empty()) {
     const runtime::Dataset ds = unwrap(driver::bind_train_data(cfg));
     if (symbolic_data && cfg.max_length <= 0) cfg.max_length = ds.max_length();
+    if (symbolic_data) shapes = driver::epoch_batch_shapes(ds, cfg);
   }
-  if (symbolic_data) {
-    shapes = unwrap(driver::epoch_batch_shapes(cfg));
-  } else if (cfg.shape_mode == "symbolic" && cfg.max_length <= 0) {
+  if (!symbolic_data && cfg.shape_mode == "symbolic" && cfg.max_length <= 0) {
     throw Failure{2,
                   "inspect --memory --shape_mode symbolic: the program is planned at its bound: give --max_length "
                   "(or variable-length --train_data, whose longest row bounds it)"};

@@ -421,11 +421,9 @@ Expected<runtime::Dataset> bind_train_data(const runtime::TrainConfig& cfg) {
   return std::move(*ds);
 }
 
-Expected<std::vector<std::pair<int64_t, int64_t>>> epoch_batch_shapes(const runtime::TrainConfig& cfg) {
-  if (!runtime::is_sequence_data(cfg.train_data))
-    return Status::error("--train_data: the batch shapes of an epoch need variable-length rows (.jsonl or .idx)");
-  KILN_ASSIGN_OR_RETURN(runtime::Dataset data, bind_train_data(cfg));
-  const runtime::Dataset* ds = &data;
+std::vector<std::pair<int64_t, int64_t>> epoch_batch_shapes(const runtime::Dataset& data,
+                                                            const runtime::TrainConfig& cfg) {
+  const runtime::Dataset* ds = &data;  // variable-length rows: train_batch_length is 0 otherwise
   const int64_t rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps;
   std::vector<std::pair<int64_t, int64_t>> shapes;
   for (int64_t b = 0, n = ds->steps_per_epoch(rows); b < n; ++b) {

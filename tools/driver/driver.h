@@ -115,12 +115,12 @@ std::map<std::string, int64_t> symbol_values(const ir::Graph& g, int64_t batch, 
 /// trainer binds it (data_options). Errors: the data's or the model's, naming the flag.
 Expected<runtime::Dataset> bind_train_data(const runtime::TrainConfig& cfg);
 
-/// The shape of each training batch of epoch 0 of `cfg`'s --train_data (variable-length
-/// rows, in the training order of --seed and --group_by_length; the last partial batch
-/// unless --dataloader_drop_last): (rows, length), the length the batch's longest row
-/// gives the model (at most --max_length). Errors: the
-/// data's (unreadable, not variable-length, out of the model's range).
-Expected<std::vector<std::pair<int64_t, int64_t>>> epoch_batch_shapes(const runtime::TrainConfig& cfg);
+/// The shape of each training batch of epoch 0 of `data` (cfg's --train_data as
+/// bind_train_data binds it: variable-length rows, in the training order of --seed and
+/// --group_by_length; the last partial batch unless --dataloader_drop_last): (rows,
+/// length), the length the batch's longest row gives the model (at most --max_length).
+std::vector<std::pair<int64_t, int64_t>> epoch_batch_shapes(const runtime::Dataset& data,
+                                                            const runtime::TrainConfig& cfg);
 
 /// Builds the training program for `cfg` (loss, autodiff, optimizer, schedule): runs the
 /// stages of training_pipeline(pipeline_options(cfg, total_steps, to_f64))
